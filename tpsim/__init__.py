@@ -1,0 +1,28 @@
+"""tpsim: tensor-parallelism performance simulator and parallelism planner for large-model training.
+
+Python API (torch-free)::
+
+    import tpsim
+    model = tpsim.load_model("gpt3-175b")
+    cluster = tpsim.load_cluster("dgx-a100", gpus=1024)
+    plan = tpsim.make_plan(model, 1024, tp=8, pp=16, sp=True, recompute="selective")
+    result = tpsim.estimate(model, cluster, plan)   # frozen dataclass, same fields as `--json`
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import InputError, PlanError, TpsimError  # noqa: E402
+from .model import ModelSpec, load_model, with_overrides  # noqa: E402
+from .plan import Plan, make_plan, validate_plan  # noqa: E402
+
+
+def __getattr__(name: str):  # lazy: keep `import tpsim` light
+    if name in ("estimate", "estimate_batch", "Estimate"):
+        from . import estimator
+        return getattr(estimator, name)
+    if name in ("load_cluster", "Cluster"):
+        from . import topology
+        return getattr(topology, name)
+    raise AttributeError(name)
