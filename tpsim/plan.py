@@ -182,3 +182,81 @@ def plan_from_mapping(data: Mapping[str, Any]) -> Plan:
     plan = Plan(**data)
     _check_types(plan)
     return plan
+
+
+ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
+
+
+@dataclass(frozen=True)
+class PlanBatch:
+    """Many plans as numpy arrays (struct of arrays) for the vectorized estimator.
+
+    ``recompute`` is coded 0 none / 1 selective / 2 full; ``order`` indexes :data:`ORDERS`. ``dtype`` and
+    ``attention`` are shared by the whole batch. Build with :meth:`from_plans` or directly from arrays.
+    """
+
+    tp: "np.ndarray"
+    pp: "np.ndarray"
+    vpp: "np.ndarray"
+    dp: "np.ndarray"
+    sp: "np.ndarray"
+    recompute: "np.ndarray"
+    zero: "np.ndarray"
+    micro_batch: "np.ndarray"
+    global_batch: "np.ndarray"
+    overlap: "np.ndarray"
+    order: "np.ndarray"
+    dtype: str = "bf16"
+    attention: str = "flash"
+
+    def __len__(self) -> int:
+        return int(self.tp.shape[0])
+
+    @classmethod
+    def from_arrays(cls, *, dtype: str = "bf16", attention: str = "flash", **arrays: Any) -> "PlanBatch":
+        import numpy as np
+
+        n = max(np.size(v) for v in arrays.values())
+        defaults = dict(tp=1, pp=1, vpp=1, dp=1, sp=False, recompute=0, zero=0, micro_batch=1, global_batch=1,
+                        overlap=True, order=0)
+        cols = {}
+        for key, default in defaults.items():
+            value = np.asarray(arrays.get(key, default))
+            dt = bool if key in ("sp", "overlap") else np.int64
+            cols[key] = np.broadcast_to(value, (n,)).astype(dt)
+        return cls(**cols, dtype=dtype, attention=attention)
+
+    @classmethod
+    def from_plans(cls, plans: "list[Plan]") -> "PlanBatch":
+        if not plans:
+            raise InputError("an empty list of plans")
+        dtypes = {p.dtype for p in plans}
+        attentions = {p.attention for p in plans}
+        if len(dtypes) > 1 or len(attentions) > 1:
+            raise InputError("a plan batch shares one dtype and one attention kind")
+        return cls.from_arrays(
+            dtype=plans[0].dtype, attention=plans[0].attention,
+            tp=[p.tp for p in plans], pp=[p.pp for p in plans], vpp=[p.vpp for p in plans],
+            dp=[p.dp for p in plans], sp=[p.sp for p in plans],
+            recompute=[RECOMPUTE.index(p.recompute) for p in plans], zero=[p.zero for p in plans],
+            micro_batch=[p.micro_batch for p in plans], global_batch=[p.global_batch for p in plans],
+            overlap=[p.overlap for p in plans], order=[_order_index(p.order) for p in plans])
+
+    def plan(self, i: int) -> Plan:
+        """The i-th plan as a :class:`Plan`."""
+        return Plan(tp=int(self.tp[i]), pp=int(self.pp[i]), vpp=int(self.vpp[i]), dp=int(self.dp[i]),
+                    sp=bool(self.sp[i]), recompute=RECOMPUTE[int(self.recompute[i])], zero=int(self.zero[i]),
+                    micro_batch=int(self.micro_batch[i]), global_batch=int(self.global_batch[i]),
+                    dtype=self.dtype, overlap=bool(self.overlap[i]), order=ORDERS[int(self.order[i])],
+                    attention=self.attention)
+
+    def take(self, index: "np.ndarray") -> "PlanBatch":
+        """Sub-batch of the rows ``index`` (boolean mask or integer indices)."""
+        fields = {f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)
+                  if f.name not in ("dtype", "attention")}
+        return PlanBatch(**fields, dtype=self.dtype, attention=self.attention)
+
+
+def _order_index(order: str) -> int:
+    dims = "-".join(parse_order(order))
+    return ORDERS.index(dims)
