@@ -29,7 +29,11 @@ Two runtimes differ, and ``flavor`` says which one is predicted:
 * ``dtensor`` (torch.distributed.tensor.parallel, as ``tpsim validate`` runs it): separate q/k/v and w1/w3
   unless fused; without sequence parallelism every colwise linear reduces its own input gradient
   (``DTensor.from_local`` backward), with it the gather boundary reduces once; the gathered input is saved
-  for backward (no re-gather); nothing overlaps.
+  for backward (no re-gather); nothing overlaps. Under sequence parallelism the replicated norm weights
+  (``SequenceParallel``) get ``Partial(sum)`` gradients: backward issues no collective for them, the sum is
+  taken when the gradient is first materialized (optimizer step, grad clipping), so it is a per-step cost
+  like Megatron's, not a per-layer one. Verified with ``CommDebugMode`` on torch 2.13 (``tpsim validate``,
+  tests/test_validate_distributed.py): forward/backward counts per collective type equal this function's.
 """
 
 from __future__ import annotations
@@ -119,12 +123,8 @@ def layer_collectives(model: ModelSpec, tp: int, sp: bool, flavor: str = "megatr
             ops.append(CommOp("bwd", "all_gather", row))
         else:
             ops.append(CommOp("fwd", "all_reduce", row))
-    if sp and not megatron:
-        # SequenceParallel keeps norm weights replicated; their gradients are partial sums over the local
-        # tokens and are all-reduced in backward (Megatron defers this to once per step).
-        norm_numel = model.hidden_size * (2 if model.norm == "layernorm" else 1)
-        for name in ("attention_norm", "ffn_norm"):
-            ops.append(CommOp("bwd", "all_reduce", name, activation=False, numel=norm_numel))
+    # Norm-weight gradients under SP: none per layer in either flavor. DTensor leaves them Partial(sum) until
+    # they are materialized (once per step); Megatron all-reduces them in finalize_model_grads (once per step).
     return sorted(ops, key=lambda c: c.phase != "fwd")
 
 
