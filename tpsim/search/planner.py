@@ -1,0 +1,325 @@
+"""The planner: enumerate every plan of a space, drop invalid ones with a reason, evaluate the rest in
+batches with the vectorized estimator, and rank them.
+
+Ranking (deterministic): plans that fit come first; then the objective ascending (``time``: step time;
+``memory``: peak memory per GPU; ``cost``: dollars per million tokens); then step time, peak memory, GPUs and
+the plan fields as tie-breakers. Cost = GPUs x price per GPU-hour / 3600 / (tokens per second) x 1e6, so with
+the default price of 1 $/GPU-hour it reads as GPU-hours per million tokens.
+
+With ``objective="cost"`` the caller passes several clusters (one per GPU count, from one node up to N; see
+:func:`cost_gpu_counts`) and plans of every count are ranked together.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from ..model import ModelSpec
+from ..plan import ORDERS, RECOMPUTE, PlanBatch
+from .pareto import pareto_front, pareto_front_max_y
+from .space import SearchSpace, enumerate_plans
+from .validity import MEM_LIMIT, MEMORY, REASONS, count_reasons, violations
+
+OBJECTIVES = ("time", "memory", "cost")
+DEFAULT_GPU_HOUR_PRICE = 1.0
+"""dollars per GPU-hour; 1.0 makes the cost column read as GPU-hours per million tokens."""
+CHUNK = 1 << 17
+"""plans per estimator call (bounds memory; large enough that per-call overhead is negligible)."""
+
+# EstimateBatch arrays the planner keeps for every evaluated plan
+ESTIMATE_FIELDS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
+                   "peak_memory_gib", "fits", "compute_s", "recompute_s", "bubble_s", "optimizer_s",
+                   "exposed_comm_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "mem_weights_gib", "mem_grads_gib",
+                   "mem_optimizer_states_gib", "mem_activations_gib", "mem_other_gib")
+PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order")
+BREAKDOWN = ("compute", "recompute", "bubble", "optimizer", "exposed_comm")
+"""the components that sum to the step time."""
+
+Estimator = Callable[..., Any]
+
+
+def _default_estimator() -> Estimator:
+    from ..estimator import estimate_batch
+    return estimate_batch
+
+
+@dataclass(frozen=True)
+class Part:
+    """Plans of one GPU count: the cluster and the estimator's batches (chunks) with their offsets."""
+
+    cluster: Any
+    chunks: tuple[Any, ...]
+    offsets: tuple[int, ...]
+    """global index of each chunk's first row."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankedPlan:
+    """One ranked plan: its rank (1 = best), GPU count, plan and full estimate."""
+
+    rank: int
+    gpus: int
+    cost_per_mtok: float
+    """dollars per million tokens at the search's GPU-hour price."""
+    estimate: Any
+    """:class:`tpsim.estimator.Estimate`."""
+
+    @property
+    def plan(self) -> Any:
+        return self.estimate.plan if hasattr(self.estimate, "plan") else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan's fields at top level, then every field of ``tpsim estimate --json``."""
+        est = self.estimate.to_dict()
+        plan = est.get("plan", {})
+        out: dict[str, Any] = {"rank": self.rank, "gpus": self.gpus}
+        out.update({k: plan[k] for k in PLAN_FIELDS if k in plan})
+        out["cost_per_mtok"] = self.cost_per_mtok
+        out.update(est)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    """Everything a search found. ``columns`` are numpy arrays over all evaluated plans (all GPU counts);
+    ``ranking`` indexes them, best first, and holds only the plans kept (fitting, or all with include_unfit)."""
+
+    model: ModelSpec
+    objective: str
+    gpu_hour_price: float
+    parts: tuple[Part, ...]
+    columns: Mapping[str, np.ndarray]
+    ranking: np.ndarray
+    enumerated: int
+    evaluated: int
+    rejected: Mapping[str, int]
+    elapsed_s: float
+    mem_limit_gib: float | None = None
+
+    def __len__(self) -> int:
+        return int(self.ranking.size)
+
+    # ---- single plans --------------------------------------------------------------------------------
+    def estimate(self, i: int) -> Any:
+        """The full :class:`Estimate` of evaluated plan ``i`` (an index into ``columns``)."""
+        part = self.parts[int(self.columns["part"][i])]
+        k = int(np.searchsorted(part.offsets, i, side="right")) - 1
+        return part.chunks[k].to_estimate(int(i - part.offsets[k]))
+
+    def top(self, k: int | None = None) -> list[RankedPlan]:
+        idx = self.ranking if k is None else self.ranking[:k]
+        return [RankedPlan(rank=r + 1, gpus=int(self.columns["gpus"][i]),
+                           cost_per_mtok=float(self.columns["cost_per_mtok"][i]), estimate=self.estimate(int(i)))
+                for r, i in enumerate(idx)]
+
+    def label(self, i: int) -> str:
+        """Short label of evaluated plan ``i`` (``tp8 pp16 dp8 sp sel z1 mb1``, with GPUs if they vary)."""
+        c = self.columns
+        parts = [f"tp{c['tp'][i]}", f"pp{c['pp'][i]}"]
+        if c["vpp"][i] > 1:
+            parts.append(f"v{c['vpp'][i]}")
+        parts.append(f"dp{c['dp'][i]}")
+        if c["sp"][i]:
+            parts.append("sp")
+        rc = ("", "sel", "full")[int(c["recompute"][i])]
+        if rc:
+            parts.append(rc)
+        if c["zero"][i]:
+            parts.append(f"z{c['zero'][i]}")
+        parts.append(f"mb{c['micro_batch'][i]}")
+        if not c["overlap"][i]:
+            parts.append("no-ovl")
+        if c["order"][i]:
+            parts.append(ORDERS[int(c["order"][i])])
+        if len(self.parts) > 1:
+            parts.insert(0, f"{c['gpus'][i]}g")
+        return " ".join(parts)
+
+    # ---- fronts --------------------------------------------------------------------------------------
+    def kept(self) -> np.ndarray:
+        """Indices of the kept plans (ranked order)."""
+        return self.ranking
+
+    def pareto_time_memory(self) -> np.ndarray:
+        """Indices (into columns) of the fitting plans on the step-time vs. memory-per-GPU front."""
+        fit = np.flatnonzero(self.columns["fits_effective"])
+        front = pareto_front(self.columns["peak_memory_gib"][fit], self.columns["step_time_s"][fit])
+        return fit[front]
+
+    def pareto_gpus_throughput(self) -> np.ndarray:
+        """Indices of the fitting plans on the throughput vs. number-of-GPUs front (fewer GPUs, more tokens/s)."""
+        fit = np.flatnonzero(self.columns["fits_effective"])
+        front = pareto_front_max_y(self.columns["gpus"][fit], self.columns["tokens_per_s"][fit])
+        return fit[front]
+
+    # ---- output --------------------------------------------------------------------------------------
+    def to_json(self, top: int | None = 10) -> dict[str, Any]:
+        return {
+            "model": self.model.name,
+            "objective": self.objective,
+            "gpu_hour_price": self.gpu_hour_price,
+            "gpus": sorted({int(p.cluster.num_gpus) for p in self.parts}),
+            "enumerated": self.enumerated,
+            "evaluated": self.evaluated,
+            "kept": int(self.ranking.size),
+            "rejected": dict(self.rejected),
+            "elapsed_s": self.elapsed_s,
+            "plans": [p.to_dict() for p in self.top(top)],
+        }
+
+    def table(self, top: int | None = 10) -> "Any":
+        """A pandas DataFrame of the ranked plans with the breakdown columns (imports pandas lazily)."""
+        import pandas as pd
+
+        idx = self.ranking if top is None else self.ranking[:top]
+        c = self.columns
+        data: dict[str, Any] = {"rank": np.arange(1, idx.size + 1)}
+        if len(self.parts) > 1:
+            data["gpus"] = c["gpus"][idx]
+        data.update({
+            "tp": c["tp"][idx], "pp": c["pp"][idx], "vpp": c["vpp"][idx], "dp": c["dp"][idx],
+            "sp": np.where(c["sp"][idx], "y", "-"), "recompute": [RECOMPUTE[int(r)] for r in c["recompute"][idx]],
+            "zero": c["zero"][idx], "mb": c["micro_batch"][idx], "overlap": np.where(c["overlap"][idx], "y", "-"),
+            "order": [ORDERS[int(o)] for o in c["order"][idx]],
+            "step_s": c["step_time_s"][idx], "tok/s": c["tokens_per_s"][idx], "mfu": c["mfu"][idx],
+            "mem_GiB": c["peak_memory_gib"][idx], "fits": c["fits_effective"][idx],
+        })
+        for name in BREAKDOWN:
+            data[name] = c[f"{name}_s"][idx]
+        data["tp_comm"] = c["tp_comm_s"][idx]
+        data["dp_comm"] = c["dp_comm_s"][idx]
+        if self.objective == "cost":
+            data["$/Mtok"] = c["cost_per_mtok"][idx]
+        return pd.DataFrame(data)
+
+    def why(self) -> list[tuple[str, str, int]]:
+        """(reason key, explanation, count) for every rejection reason, most frequent first."""
+        rows = [(key, next(r.text for r in REASONS if r.key == key), n) for key, n in self.rejected.items()]
+        return sorted(rows, key=lambda r: (-r[2], r[0]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+def cost_gpu_counts(gpus_per_node: int, max_gpus: int) -> tuple[int, ...]:
+    """GPU counts searched by the cost objective: one node, doubling, up to ``max_gpus`` (always included)."""
+    if max_gpus < gpus_per_node:
+        return (max_gpus,)
+    counts, n = [], gpus_per_node
+    while n < max_gpus:
+        counts.append(n)
+        n *= 2
+    counts.append(max_gpus)
+    return tuple(counts)
+
+
+def _check_args(objective: str, gpu_hour_price: float, mem_limit_gib: float | None) -> None:
+    if objective not in OBJECTIVES:
+        raise InputError(f"objective={objective!r} is not one of {', '.join(OBJECTIVES)}")
+    if not (gpu_hour_price > 0 and np.isfinite(gpu_hour_price)):
+        raise InputError(f"gpu_hour_price={gpu_hour_price!r} must be a positive number of dollars per GPU-hour")
+    if mem_limit_gib is not None and not (mem_limit_gib > 0 and np.isfinite(mem_limit_gib)):
+        raise InputError(f"mem_limit_gib={mem_limit_gib!r} must be a positive number of GiB")
+
+
+def _evaluate(model: ModelSpec, cluster: Any, plans: PlanBatch, compute: Any, estimator: Estimator,
+              bar: Any) -> list[Any]:
+    chunks = []
+    for start in range(0, len(plans), CHUNK):
+        sub = plans.take(slice(start, start + CHUNK))
+        chunks.append(estimator(model, cluster, sub, compute=compute))
+        bar.update(len(sub))
+    return chunks
+
+
+def _columns(chunks: Sequence[Any], plans: PlanBatch) -> dict[str, np.ndarray]:
+    cols = {name: np.concatenate([np.asarray(getattr(c, name)) for c in chunks]) for name in ESTIMATE_FIELDS}
+    for name in PLAN_FIELDS + ("global_batch",):
+        cols[name] = getattr(plans, name)
+    return cols
+
+
+def _rank(cols: Mapping[str, np.ndarray], objective: str) -> np.ndarray:
+    """Indices of all rows, best first (np.lexsort: the last key is the primary one)."""
+    primary = {"time": cols["step_time_s"], "memory": cols["peak_memory_gib"],
+               "cost": cols["cost_per_mtok"]}[objective]
+    keys = [cols[name] for name in reversed(("gpus",) + PLAN_FIELDS)]
+    keys += [cols["peak_memory_gib"], cols["step_time_s"], primary, ~cols["fits_effective"]]
+    return np.lexsort(keys)
+
+
+def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchSpace | None = None,
+           objective: str = "time", gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE,
+           mem_limit_gib: float | None = None, include_unfit: bool = False, compute: Any = None,
+           progress: bool = False, estimator: Estimator | None = None) -> SearchResult:
+    """Rank every valid plan of ``space`` on ``clusters`` (one Cluster, or one per GPU count).
+
+    ``estimator`` defaults to :func:`tpsim.estimator.estimate_batch`; ``progress`` shows a tqdm bar on
+    stderr when the search takes more than about a second.
+    """
+    started = time.perf_counter()
+    _check_args(objective, gpu_hour_price, mem_limit_gib)
+    space = space or SearchSpace()
+    estimator = estimator or _default_estimator()
+    clusters = tuple(clusters) if isinstance(clusters, (list, tuple)) else (clusters,)
+    if not clusters:
+        raise InputError("no cluster to search")
+    enumerations = [enumerate_plans(model, int(c.num_gpus), global_batch, space) for c in clusters]
+    codes = [violations(model, e.plans, e.num_gpus) for e in enumerations]
+    enumerated = sum(len(e.plans) for e in enumerations)
+    valid = [e.plans.take(np.flatnonzero(code == 0)) for e, code in zip(enumerations, codes)]
+    evaluated = sum(len(v) for v in valid)
+    rejected = count_reasons(np.concatenate(codes)) if codes else {}
+
+    from tqdm import tqdm
+
+    parts, col_parts, offset = [], [], 0
+    with tqdm(total=evaluated, desc="evaluating plans", unit="plan", unit_scale=True, delay=1.0,
+              disable=not progress, leave=False) as bar:
+        for p, (cluster, plans) in enumerate(zip(clusters, valid)):
+            if not len(plans):
+                continue
+            chunks = _evaluate(model, cluster, plans, compute, estimator, bar)
+            offsets = tuple(offset + i * CHUNK for i in range(len(chunks)))
+            parts.append(Part(cluster=cluster, chunks=tuple(chunks), offsets=offsets))
+            cols = _columns(chunks, plans)
+            cols["part"] = np.full(len(plans), len(parts) - 1, dtype=np.int32)
+            cols["gpus"] = np.full(len(plans), int(cluster.num_gpus), dtype=np.int64)
+            col_parts.append(cols)
+            offset += len(plans)
+    columns = _merge(col_parts)
+    columns["fits"] = columns["fits"].astype(bool)
+    over_limit = (columns["peak_memory_gib"] > mem_limit_gib) if mem_limit_gib else np.zeros_like(columns["fits"])
+    columns["fits_effective"] = columns["fits"] & ~over_limit
+    columns["cost_per_mtok"] = columns["gpus"] * gpu_hour_price / 3600.0 / columns["tokens_per_s"] * 1e6
+    order = _rank(columns, objective)
+    if not include_unfit:
+        order = order[columns["fits_effective"][order]]
+        extra = np.zeros(len(REASONS), dtype=np.int64)
+        extra[MEMORY] = int((~columns["fits"]).sum())
+        extra[MEM_LIMIT] = int((columns["fits"] & over_limit).sum())
+        for code in (MEMORY, MEM_LIMIT):
+            if extra[code]:
+                rejected[REASONS[code].key] = int(extra[code])
+    return SearchResult(model=model, objective=objective, gpu_hour_price=gpu_hour_price, parts=tuple(parts),
+                        columns=columns, ranking=order, enumerated=enumerated, evaluated=evaluated,
+                        rejected=rejected, elapsed_s=time.perf_counter() - started, mem_limit_gib=mem_limit_gib)
+
+
+def _merge(col_parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if not col_parts:
+        empty = {name: np.zeros(0) for name in ESTIMATE_FIELDS + PLAN_FIELDS + ("global_batch",)}
+        empty.update(part=np.zeros(0, dtype=np.int32), gpus=np.zeros(0, dtype=np.int64),
+                     fits=np.zeros(0, dtype=bool))
+        for name in PLAN_FIELDS:
+            empty[name] = np.zeros(0, dtype=bool if name in ("sp", "overlap") else np.int64)
+        return empty
+    if len(col_parts) == 1:
+        return dict(col_parts[0])
+    return {k: np.concatenate([c[k] for c in col_parts]) for k in col_parts[0]}
+
+
+__all__ = ["search", "SearchResult", "RankedPlan", "OBJECTIVES", "cost_gpu_counts", "DEFAULT_GPU_HOUR_PRICE"]
