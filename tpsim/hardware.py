@@ -25,6 +25,8 @@ class DeviceSpec:
     """bytes/s."""
     memory_bytes: int
     usable_memory_fraction: float
+    compute_units: int
+    """SMs (NVIDIA), CUs (AMD), MXUs (TPU): the parallel units a GEMM's tiles are spread over."""
     source: str
 
     def peak(self, dtype: str) -> float:
@@ -47,7 +49,8 @@ def _table() -> dict[str, DeviceSpec]:
         table[name] = DeviceSpec(
             name=name, peak_flops={k: float(v) * 1e12 for k, v in d["peak_tflops"].items()},
             hbm_bandwidth=float(d["hbm_TBps"]) * 1e12, memory_bytes=int(d["memory_bytes"]),
-            usable_memory_fraction=float(d.get("usable_memory_fraction", frac)), source=str(d["source"]))
+            usable_memory_fraction=float(d.get("usable_memory_fraction", frac)),
+            compute_units=int(d["compute_units"]), source=str(d["source"]))
     return table
 
 

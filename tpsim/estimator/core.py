@@ -1,0 +1,364 @@
+"""The estimator: step time, throughput and memory of a batch of plans, all as numpy arrays.
+
+``estimate`` is ``estimate_batch`` on a batch of one; there is one implementation. The expensive parts are
+computed once per distinct key and gathered: layer costs per (tp, sp, micro_batch, recompute), collective cost
+curves per (tp, pp, dp, order) layout from the topology model's cache.
+
+Step time of the slowest pipeline rank (Narayanan et al. 2021, sections 2.2 and 3.3):
+``m x t_stage + (pp - 1) / vpp x t_stage + exposed PP + exposed DP + optimizer``, with ``t_stage`` the forward +
+backward (+ recomputation + exposed TP communication) time of one micro-batch on that rank and m the
+micro-batches per replica. The breakdown ``compute + recompute + bubble + optimizer + exposed_comm`` sums to the
+step time; ``tp_comm``, ``pp_comm``, ``dp_comm`` are totals, partly hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..compute.base import ComputeModel
+from ..compute.roofline import RooflineModel, activation_bytes
+from ..errors import InputError
+from ..model import ModelSpec
+from ..plan import ORDERS, Plan, PlanBatch, validate_plan
+from ..tp_plan import CommOp, layer_collectives
+from ..units import GiB
+from .layer import EdgeCost, LayerCost, edge_cost, layer_cost
+from .memory import (activation_bytes_per_layer, full_layer_activations, layer_params_local, stage_layers)
+from .result import Estimate, EstimateBatch
+
+GRAD_BYTES = 4.0  # fp32 gradient accumulation and reduction (Megatron main_grad)
+
+
+def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique rows of the stacked columns and the inverse index (row i of the batch -> unique row)."""
+    stacked = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
+    uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    return uniq, inverse.reshape(-1)
+
+
+def _layer_costs(model: ModelSpec, compute: ComputeModel, plans: PlanBatch) -> tuple[LayerCost, EdgeCost]:
+    uniq, inv = _unique_rows(plans.tp, plans.sp, plans.micro_batch, plans.recompute)
+    kw = dict(tp=uniq[:, 0], sp=uniq[:, 1].astype(bool), micro_batch=uniq[:, 2])
+    lc = layer_cost(model, compute, recompute=uniq[:, 3], dtype=plans.dtype, attention=plans.attention, **kw)
+    ec = edge_cost(model, compute, dtype=plans.dtype, **kw)
+    take = lambda a: np.asarray(a)[inv]  # noqa: E731
+    lc = LayerCost(fwd=take(lc.fwd), bwd=take(lc.bwd), recompute=take(lc.recompute),
+                   dgrad={k: take(v) for k, v in lc.dgrad.items()},
+                   wgrad={k: take(v) for k, v in lc.wgrad.items()}, measured=take(lc.measured))
+    ec = EdgeCost(*(take(getattr(ec, f)) for f in ("first_fwd", "first_bwd", "last_fwd", "last_bwd")))
+    return lc, ec
+
+
+# ---- collectives -------------------------------------------------------------------------------------------
+TP_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+DP_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+@dataclass
+class _Curves:
+    """Collective cost curves per plan: op -> (latency (N, K), sec_per_byte (N, K))."""
+
+    tp: dict[str, tuple[np.ndarray, np.ndarray]]
+    dp: dict[str, tuple[np.ndarray, np.ndarray]]
+    pp: dict[str, tuple[np.ndarray, np.ndarray]]
+    objects: list[dict[str, Any]]
+    inverse: np.ndarray
+
+    @staticmethod
+    def time(curve: tuple[np.ndarray, np.ndarray], nbytes: np.ndarray) -> np.ndarray:
+        lat, spb = curve
+        b = np.asarray(nbytes, dtype=float)
+        t = (lat + b[:, None] * spb).min(axis=1)
+        return np.where(b > 0, t, 0.0)
+
+
+def _stack(curves: list, inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    k = max(len(c.latency_s) for c in curves)
+    lat = np.full((len(curves), k), np.inf)
+    spb = np.zeros((len(curves), k))
+    for i, c in enumerate(curves):
+        lat[i, : len(c.latency_s)] = c.latency_s
+        spb[i, : len(c.sec_per_byte)] = c.sec_per_byte
+    return lat[inverse], spb[inverse]
+
+
+def _collective_curves(cluster, plans: PlanBatch) -> _Curves:
+    from ..collectives.curve import CostCurve
+    from ..collectives.model import get_collective_model
+    from ..topology.placement import rank_groups
+
+    cm = get_collective_model(cluster)
+    uniq, inv = _unique_rows(plans.tp, plans.pp, plans.dp, plans.order)
+    objects: list[dict[str, Any]] = []
+    for tp, pp, dp, order in uniq:
+        groups = rank_groups(int(tp), int(dp), int(pp), ORDERS[int(order)])
+        entry: dict[str, Any] = {}
+        for axis, size, ops in (("tp", tp, TP_OPS), ("dp", dp, DP_OPS), ("pp", pp, ("send_recv",))):
+            for op in ops:
+                entry[f"{axis}.{op}"] = cm.curve(op, groups[axis]) if size > 1 else CostCurve.zero()
+        objects.append(entry)
+
+    def axis(name: str, ops: tuple[str, ...]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        return {op: _stack([o[f"{name}.{op}"] for o in objects], inv) for op in ops}
+
+    return _Curves(tp=axis("tp", TP_OPS), dp=axis("dp", DP_OPS), pp=axis("pp", ("send_recv",)),
+                   objects=objects, inverse=inv)
+
+
+def _tp_layer_comm(model: ModelSpec, plans: PlanBatch, curves: _Curves, lc: LayerCost, act_bytes: int,
+                   flavor: str) -> dict[str, np.ndarray]:
+    """TP communication per layer and micro-batch: totals and exposed parts, forward and backward."""
+    n = len(plans)
+    T = plans.micro_batch * float(model.seq_len)
+    act = T * model.hidden_size * act_bytes
+    out = {k: np.zeros(n) for k in ("fwd", "bwd", "fwd_exposed", "bwd_exposed")}
+    for sp_value in (False, True):
+        mask = (plans.sp == sp_value) & (plans.tp > 1)
+        if not mask.any():
+            continue
+        ops: list[CommOp] = layer_collectives(model, 2, sp_value, flavor)
+        for c in ops:
+            nbytes = act if c.activation else np.full(n, float(c.numel * 4))
+            t = _Curves.time(curves.tp[c.op], np.where(mask, nbytes, 0.0))
+            block = c.module.split(".")[0]
+            hide = {"wgrad": lc.wgrad, "dgrad": lc.dgrad}.get(c.overlap, {}).get(block, 0.0)
+            out[c.phase] += t
+            out[f"{c.phase}_exposed"] += np.maximum(t - hide, 0.0)
+    return out
+
+
+def _edge_comm(model: ModelSpec, plans: PlanBatch, curves: _Curves, act_bytes: int) -> dict[str, np.ndarray]:
+    """Vocab-parallel embedding (first stage) and output layer / cross-entropy (last stage) TP traffic."""
+    T = plans.micro_batch * float(model.seq_len)
+    act = np.where(plans.tp > 1, T * model.hidden_size * act_bytes, 0.0)
+    sp = plans.sp
+    ar, ag, rs = (curves.tp[o] for o in ("all_reduce", "all_gather", "reduce_scatter"))
+    tm = _Curves.time
+    emb_fwd = np.where(sp, tm(rs, act), tm(ar, act))
+    small = np.where(plans.tp > 1, T * 4.0, 0.0)  # max, sum-exp, target logit (fp32 per token)
+    logit_fwd = np.where(sp, tm(ag, act), 0.0) + 3 * tm(ar, small)
+    logit_bwd = np.where(sp, tm(rs, act), tm(ar, act))
+    return {"first_fwd": emb_fwd, "first_bwd": np.zeros(len(plans)), "last_fwd": logit_fwd, "last_bwd": logit_bwd}
+
+
+# ---- FLOPs ---------------------------------------------------------------------------------------------
+def layer_forward_flops(model: ModelSpec) -> tuple[float, float]:
+    """(matmul FLOPs of one layer's forward per sequence, of which the attention-score matmuls)."""
+    s, h, q, kv, f = (float(x) for x in (model.seq_len, model.hidden_size, model.q_size, model.kv_size,
+                                         model.ffn_hidden_size))
+    linears = 2 * s * (h * (q + 2 * kv) + q * h + (3 if model.gated else 2) * h * f)
+    scores = 4 * s * s * q  # QK^T and attention x V, full (non-causal), as Korthikanti et al. count
+    return linears + scores, scores
+
+
+def model_flops_per_sequence(model: ModelSpec) -> float:
+    """3 x forward matmul FLOPs; GPT: 72 L s h^2 (1 + s/6h + V/12hL) per sequence (Korthikanti et al. 2022)."""
+    layer, _ = layer_forward_flops(model)
+    logits = 2.0 * model.seq_len * model.hidden_size * model.vocab_size
+    return 3.0 * (model.num_layers * layer + logits)
+
+
+# ---- the estimator -------------------------------------------------------------------------------------
+def _pick(sel: np.ndarray, first: np.ndarray, last: np.ndarray, middle: np.ndarray) -> np.ndarray:
+    return np.where(sel == 0, first, np.where(sel == 1, last, middle))
+
+
+def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: ComputeModel | None = None,
+                   flavor: str = "megatron") -> EstimateBatch:
+    """Estimate every plan of the batch (plans must be valid for ``model`` on ``cluster``)."""
+    n = len(plans)
+    if n == 0:
+        raise InputError("no plans to estimate")
+    if np.any(plans.tp * plans.pp * plans.dp != cluster.num_gpus):
+        bad = int(np.argmax(plans.tp * plans.pp * plans.dp != cluster.num_gpus))
+        raise InputError(f"plan {plans.plan(bad).short()} uses {int(plans.tp[bad] * plans.pp[bad] * plans.dp[bad])}"
+                         f" GPUs but the cluster has gpus={cluster.num_gpus}")
+    device = cluster.device
+    compute = compute or RooflineModel(device)
+    roofline = compute if isinstance(compute, RooflineModel) else RooflineModel(device)
+    act_bytes = activation_bytes(plans.dtype)
+    w_bytes = 4.0 if plans.dtype in ("fp32", "tf32") else 2.0
+    master_bytes = 0.0 if plans.dtype in ("fp32", "tf32") else 4.0
+
+    lc, ec = _layer_costs(model, compute, plans)
+    curves = _collective_curves(cluster, plans)
+    tpc = _tp_layer_comm(model, plans, curves, lc, act_bytes, flavor)
+    edge = _edge_comm(model, plans, curves, act_bytes)
+
+    rc = plans.recompute
+    full = rc == 2
+    # per layer and micro-batch
+    c_layer = lc.fwd + lc.bwd
+    r_layer = lc.recompute
+    x_layer = tpc["fwd_exposed"] + tpc["bwd_exposed"] + np.where(full, tpc["fwd_exposed"], 0.0)
+    tp_layer_total = tpc["fwd"] + tpc["bwd"] + np.where(full, tpc["fwd"], 0.0)
+
+    layers = stage_layers(model.num_layers, plans.pp, plans.vpp)
+    single = plans.pp == 1
+    first_extra_c = ec.first_fwd + ec.first_bwd + np.where(single, ec.last_fwd + ec.last_bwd, 0.0)
+    first_extra_x = edge["first_fwd"] + edge["first_bwd"] + np.where(single, edge["last_fwd"] + edge["last_bwd"], 0.0)
+    last_extra_c = ec.last_fwd + ec.last_bwd
+    last_extra_x = edge["last_fwd"] + edge["last_bwd"]
+    rank_c = [layers.first * c_layer + first_extra_c, layers.last * c_layer + last_extra_c, layers.middle * c_layer]
+    rank_r = [layers.first * r_layer, layers.last * r_layer, layers.middle * r_layer]
+    rank_x = [layers.first * x_layer + first_extra_x, layers.last * x_layer + last_extra_x,
+              layers.middle * x_layer]
+    totals = np.stack([c + r + x for c, r, x in zip(rank_c, rank_r, rank_x)])
+    totals[1] = np.where(single, -1.0, totals[1])
+    slow = np.argmax(totals, axis=0)
+    c_stage, r_stage, x_stage = (_pick(slow, *v) for v in (rank_c, rank_r, rank_x))
+    t_stage = c_stage + r_stage + x_stage
+    layers_slow = _pick(slow, layers.first, layers.last, layers.middle)
+
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    v = plans.vpp
+    bubble = (plans.pp - 1) / v * t_stage
+
+    # pipeline point-to-point: activations forward, gradients backward, per model chunk and micro-batch;
+    # Megatron's scatter/gather optimization (or SP) sends 1/tp of the tensor per rank.
+    p2p_bytes = np.where(plans.pp > 1, plans.micro_batch * float(model.seq_len) * model.hidden_size * act_bytes
+                         / plans.tp, 0.0)
+    t_p2p = _Curves.time(curves.pp["send_recv"], p2p_bytes)
+    pp_total = 2.0 * m * v * t_p2p
+    pp_exposed = pp_total + 2.0 * (plans.pp - 1) * t_p2p
+
+    # parameters per rank (the largest stage sets DP traffic and memory)
+    p_layer = layer_params_local(model, plans.tp)
+    tp_vals = np.unique(plans.tp)
+    emb_local = np.array([model.padded_vocab(int(t)) * model.hidden_size / t for t in tp_vals])[
+        np.searchsorted(tp_vals, plans.tp)]
+    pos = model.max_positions * model.hidden_size if model.position == "learned" else 0.0
+    final_norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
+    head_local = np.where(model.tie_embeddings & single, 0.0, emb_local)
+    params_first = layers.first * p_layer + emb_local + pos + np.where(single, head_local + final_norm, 0.0)
+    params_last = layers.last * p_layer + head_local + final_norm
+    params_mid = layers.middle * p_layer
+    params_max = np.maximum(np.maximum(params_first, np.where(single, 0.0, params_last)), params_mid)
+
+    # data-parallel gradient reduction (and parameter all-gather with ZeRO)
+    dp = plans.dp.astype(float)
+    zero = plans.zero
+    tm = _Curves.time
+    grad_b = params_max * GRAD_BYTES
+    weight_b = params_max * w_bytes
+    has_dp = plans.dp > 1
+    t_ar = tm(curves.dp["all_reduce"], np.where(has_dp & (zero == 0), grad_b, 0.0))
+    t_rs = tm(curves.dp["reduce_scatter"], np.where(has_dp & (zero >= 1) & (zero <= 2), grad_b, 0.0))
+    t_ag = tm(curves.dp["all_gather"], np.where(has_dp & (zero >= 1) & (zero <= 2), weight_b, 0.0))
+    # ZeRO-3: per micro-batch, gather each layer's weights in forward and backward, reduce-scatter its grads
+    layer_w = np.where(has_dp & (zero == 3), p_layer * w_bytes, 0.0)
+    layer_g = np.where(has_dp & (zero == 3), p_layer * GRAD_BYTES, 0.0)
+    z3_ag = tm(curves.dp["all_gather"], layer_w)
+    z3_rs = tm(curves.dp["reduce_scatter"], layer_g)
+    f_layer = lc.fwd + tpc["fwd_exposed"]
+    b_layer = lc.bwd + r_layer + tpc["bwd_exposed"]
+    z3_total = m * layers_slow * (2 * z3_ag + z3_rs)
+    z3_exposed = m * layers_slow * (np.maximum(z3_ag - f_layer, 0.0) + np.maximum(z3_ag + z3_rs - b_layer, 0.0))
+    # overlap: grads hide behind the backward of the last micro-batch (bucketed), the ZeRO parameter
+    # all-gather behind the forward of the first micro-batch of the next step
+    bwd_window = layers_slow * b_layer
+    fwd_window = layers_slow * f_layer
+    grad_t = t_ar + t_rs
+    ovl = plans.overlap
+    dp_exposed = np.where(ovl, np.maximum(grad_t - bwd_window, 0.0) + np.maximum(t_ag - fwd_window, 0.0),
+                          grad_t + t_ag) + z3_exposed
+    dp_total = grad_t + t_ag + z3_total
+
+    # optimizer step over the rank's (sharded) parameters
+    opt_params = np.where(zero >= 1, params_max / dp, params_max)
+    t_opt = roofline.optimizer_time(opt_params)
+
+    compute_s = m * c_stage
+    recompute_s = m * r_stage
+    exposed = m * x_stage + pp_exposed + dp_exposed
+    step = compute_s + recompute_s + bubble + t_opt + exposed
+    tp_total = m * (layers_slow * tp_layer_total + _pick(slow, first_extra_x, last_extra_x, 0.0 * x_layer))
+
+    # memory per GPU: first and last ranks (activations peak on the first, logits on the last)
+    kw = dict(tp=plans.tp, sp=plans.sp, micro_batch=plans.micro_batch, recompute=rc,
+              attention=plans.attention, act_bytes=act_bytes)
+    act_layer = activation_bytes_per_layer(model, **kw)
+    working = np.where(full, full_layer_activations(model, **kw), 0.0)
+    in_flight = np.minimum(plans.pp, m).astype(float)
+    in_flight = in_flight * np.where(v > 1, 1.0 + (plans.pp - 1) / (plans.pp * v), 1.0)
+    T = plans.micro_batch * float(model.seq_len)
+    emb_buf = np.where(plans.sp, T * model.hidden_size * act_bytes / plans.tp, T * model.hidden_size * act_bytes)
+    logits_buf = 4.0 * T * emb_local / model.hidden_size
+    z3_buf = np.where(zero == 3, 2.0 * p_layer * w_bytes, 0.0)
+
+    def state(params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        wts = params * w_bytes / np.where(zero == 3, dp, 1.0)
+        grads = params * GRAD_BYTES / np.where(zero >= 2, dp, 1.0)
+        opt = params * (master_bytes + 8.0) / np.where(zero >= 1, dp, 1.0)
+        return wts, grads, opt
+
+    wf, gf, of = state(params_first)
+    act_f = layers.first * act_layer * in_flight + working
+    other_f = emb_buf + z3_buf + np.where(single, logits_buf, 0.0)
+    wl, gl, ol = state(params_last)
+    act_l = layers.last * act_layer + working
+    other_l = logits_buf + z3_buf
+    tot_f = wf + gf + of + act_f + other_f
+    tot_l = np.where(single, -1.0, wl + gl + ol + act_l + other_l)
+    use_last = tot_l > tot_f
+    sel = lambda a, b: np.where(use_last, b, a)  # noqa: E731
+    mem = {"weights": sel(wf, wl), "grads": sel(gf, gl), "optimizer_states": sel(of, ol),
+           "activations": sel(act_f, act_l), "other": sel(other_f, other_l)}
+    peak = np.maximum(tot_f, tot_l)
+    fits = peak <= device.usable_memory_bytes
+
+    # throughput and FLOP rates
+    tokens = plans.global_batch * float(model.seq_len)
+    mflops = plans.global_batch * model_flops_per_sequence(model)
+    layer_f, score_f = layer_forward_flops(model)
+    extra = np.where(full, layer_f, np.where(rc == 1, score_f, 0.0)) * model.num_layers * plans.global_batch
+    hflops = mflops + extra
+    gpus = float(cluster.num_gpus)
+    peak_flops = device.peak(plans.dtype)
+    collectives: tuple = ()
+    if n <= 64:
+        collectives = tuple(_algorithms(curves, i, act=T[i] * model.hidden_size * act_bytes,
+                                        grad=float(grad_b[i]), p2p=float(p2p_bytes[i]), sp=bool(plans.sp[i]),
+                                        zero=int(zero[i])) for i in range(n))
+    return EstimateBatch(
+        plans=plans, step_time_s=step, tokens_per_s=tokens / step,
+        model_tflops_per_gpu=mflops / (step * gpus) / 1e12, hardware_tflops_per_gpu=hflops / (step * gpus) / 1e12,
+        mfu=mflops / (step * gpus * peak_flops), hfu=hflops / (step * gpus * peak_flops),
+        peak_memory_gib=peak / GiB, fits=fits, compute_s=compute_s, recompute_s=recompute_s, bubble_s=bubble,
+        optimizer_s=t_opt, exposed_comm_s=exposed, tp_comm_s=tp_total, pp_comm_s=pp_total, dp_comm_s=dp_total,
+        mem_weights_gib=mem["weights"] / GiB, mem_grads_gib=mem["grads"] / GiB,
+        mem_optimizer_states_gib=mem["optimizer_states"] / GiB, mem_activations_gib=mem["activations"] / GiB,
+        mem_other_gib=mem["other"] / GiB, measured_compute_fraction=lc.measured, model_name=model.name,
+        cluster_info={"name": cluster.name, "gpus": cluster.num_gpus, "device": device.name,
+                      "gpus_per_node": cluster.gpus_per_node},
+        compute_model=compute.source, collectives=collectives)
+
+
+def _algorithms(curves: _Curves, i: int, *, act: float, grad: float, p2p: float, sp: bool,
+                zero: int) -> dict[str, str]:
+    entry = curves.objects[curves.inverse[i]]
+    tp_op = "reduce_scatter" if sp else "all_reduce"
+    dp_op = "reduce_scatter" if zero else "all_reduce"
+    return {"tp": f"{tp_op}: {entry[f'tp.{tp_op}'].best(act)[1]}",
+            "dp": f"{dp_op}: {entry[f'dp.{dp_op}'].best(grad)[1]}",
+            "pp": f"send_recv: {entry['pp.send_recv'].best(p2p)[1]}"}
+
+
+def estimate(model: ModelSpec, cluster, plan: Plan, compute: ComputeModel | None = None,
+             flavor: str = "megatron") -> Estimate:
+    """Estimate one plan (a batch of one)."""
+    validate_plan(model, plan, cluster.num_gpus)
+    batch = estimate_batch(model, cluster, PlanBatch.from_plans([plan]), compute, flavor)
+    warnings = []
+    from ..topology.placement import nodes_spanned, rank_groups
+    tp_group = rank_groups(plan.tp, plan.dp, plan.pp, plan.order)["tp"][0]
+    if nodes_spanned(tp_group, cluster.gpus_per_node) > 1:
+        warnings.append(f"TP group of {plan.tp} spans {nodes_spanned(tp_group, cluster.gpus_per_node)} nodes: "
+                        f"tensor-parallel traffic crosses the inter-node network")
+    if not batch.fits[0]:
+        warnings.append(f"does not fit: {batch.peak_memory_gib[0]:.1f} GiB needed, "
+                        f"{cluster.device.usable_memory_bytes / GiB:.1f} GiB usable on {cluster.device.name}")
+    return batch.to_estimate(0, tuple(warnings))

@@ -1,0 +1,102 @@
+"""Memory per GPU: weights, gradients, optimizer states, activations, buffers (vectorized over plans).
+
+Per parameter (mixed precision, Megatron): 2 B 16-bit weights, 4 B fp32 gradient accumulation, 4 B fp32
+master weights, 8 B Adam moments = 18 B. ZeRO-1 shards the 12 B of optimizer state over dp, ZeRO-2 also the
+gradients, ZeRO-3 also the weights. fp32/tf32 training keeps 4 B weights and no separate master copy.
+
+Activations per layer and micro-batch: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models", section 4), bytes with 16-bit activations:
+TP only ``s b h (10 + 24/t + 5 a s/(h t))``; TP+SP ``s b h (34/t + 5 a s / (h t))``; selective recomputation
+drops the ``5 a s / (h t)`` score terms; full recomputation stores the ``2 s b h`` layer input (/t with SP).
+Generalized here term by term to grouped-query attention, SwiGLU and any ffn size, and to models without
+dropout (Llama: the two 1-byte dropout masks vanish): see :func:`activation_bytes_per_layer`.
+The first pipeline stage holds ``min(pp, micro-batches)`` micro-batches in flight under 1F1B, times
+``1 + (pp - 1) / (pp x vpp)`` with interleaving (Korthikanti et al. 2022, section 4.2.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import ModelSpec
+
+
+def layer_params_local(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
+    """Parameters of one layer held by one TP rank (column/row-split weights / t, norms and row biases whole)."""
+    t = tp.astype(float)
+    h, d, f = float(model.hidden_size), float(model.head_dim), float(model.ffn_hidden_size)
+    q_local = model.num_attention_heads / t * d
+    kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
+    n_in = 2.0 if model.gated else 1.0
+    weights = h * (q_local + 2 * kv_local) + q_local * h + n_in * h * f / t + f / t * h
+    biases = (q_local + 2 * kv_local if model.qkv_bias else 0.0)
+    if model.linear_bias:
+        biases = biases + n_in * f / t + 2 * h
+    norms = 2 * h * (2 if model.norm == "layernorm" else 1)
+    return weights + biases + norms
+
+
+def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarray, micro_batch: np.ndarray,
+                               recompute: np.ndarray, attention: str, act_bytes: int) -> np.ndarray:
+    """Stored activations of one layer for one micro-batch on one TP rank (bytes)."""
+    t = tp.astype(float)
+    s = float(model.seq_len)
+    T = micro_batch.astype(float) * s
+    h, d = float(model.hidden_size), float(model.head_dim)
+    heads = model.num_attention_heads / t
+    q_local = heads * d
+    kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
+    f_local = model.ffn_hidden_size / t
+    e = act_bytes / 2.0  # formulas below are for 16-bit activations
+    dropout = model.family == "gpt"
+    replicated = T * h * ((8.0 + (2.0 if dropout else 0.0)) * e)       # norm inputs, QKV/MLP inputs, masks
+    replicated = np.where(sp, replicated / t, replicated)
+    sharded = 2 * e * T * (q_local + kv_local) + 2 * e * T * kv_local + 2 * e * T * q_local
+    sharded = sharded + (6.0 if model.gated else 4.0) * e * T * f_local
+    if attention == "unfused":
+        scores = micro_batch * heads * s * s * ((5.0 if dropout else 2.0) * e)
+    else:
+        scores = micro_batch * heads * s * 4.0  # fp32 log-sum-exp kept by flash attention
+    rc = np.asarray(recompute)
+    per_layer = replicated + sharded + np.where((rc == 1) & (attention == "unfused"), 0.0, scores)
+    layer_input = np.where(sp, 2 * e * T * h / t, 2 * e * T * h)
+    return np.where(rc == 2, layer_input, per_layer)
+
+
+def full_layer_activations(model: ModelSpec, **kw) -> np.ndarray:
+    """One layer's activations without recomputation: the working set recomputed during backward."""
+    kw = dict(kw)
+    kw["recompute"] = np.zeros_like(kw["recompute"])
+    return activation_bytes_per_layer(model, **kw)
+
+
+@dataclass(frozen=True)
+class StageLayers:
+    """Layers held by the first, last and the busiest middle pipeline rank (arrays over plans)."""
+
+    first: np.ndarray
+    last: np.ndarray
+    middle: np.ndarray
+
+
+def stage_layers(num_layers: int, pp: np.ndarray, vpp: np.ndarray) -> StageLayers:
+    """Split layers over pp x vpp model chunks that differ by at most one layer; extra layers go to the
+    middle ranks first (the first and last ranks also hold the embedding and the output layer)."""
+    chunks = pp * vpp
+    base = num_layers // chunks
+    extra = num_layers - base * chunks
+    per_rank = base * vpp
+    middle_ranks = np.maximum(pp - 2, 0)
+    middle_capacity = middle_ranks * vpp
+    to_middle = np.minimum(extra, middle_capacity)
+    middle = per_rank + np.where(middle_ranks > 0, -(-to_middle // np.maximum(middle_ranks, 1)), 0)
+    left = extra - to_middle
+    first = per_rank + left // 2
+    last = per_rank + (left - left // 2)
+    single = pp == 1
+    first = np.where(single, num_layers, first)
+    last = np.where(single, num_layers, last)
+    middle = np.where(middle_ranks > 0, middle, 0)
+    return StageLayers(first=first, last=last, middle=middle)
