@@ -1,0 +1,190 @@
+"""Launch the ranks through torch.distributed's launcher and collect what they wrote (torch-free here).
+
+Single node: ``python -m torch.distributed.run --standalone`` (c10d rendezvous on a port the OS picks, never a
+fixed one). Several nodes: the same command on every node with ``--nnodes``, ``--rdzv-endpoint HOST:PORT`` and
+``--rdzv-id`` (see docs/VALIDATION.md). Every process of a run carries an environment marker so that, whatever
+happens (a rank fails, the launcher is killed, the run times out), no process of the run is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, TpsimError
+from .case import Case
+
+MARK_ENV = "TPSIM_VALIDATE_RUN"
+"""environment variable set to a unique token in every process of one run."""
+
+BACKENDS = ("gloo", "nccl")
+
+# Messages of ranks that failed because a peer died or stopped answering: consequences, not causes.
+_SECONDARY = re.compile(r"connection (closed|reset)|peer|timed? ?out|timeout|broken pipe|socket|"
+                        r"SIGTERM|terminated|ECONNRESET|EPIPE|gloo", re.I)
+
+
+class RankFailure(TpsimError):
+    """A rank (or the launcher) failed; the message is the first real error, naming the rank."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    """How to start the ranks."""
+
+    nproc: int
+    """ranks on this node."""
+    backend: str = "gloo"
+    timeout_s: float = 30.0
+    """process-group timeout (every collective) and rendezvous join timeout, seconds."""
+    threads: int = 1
+    """intra-op threads per rank (torch.set_num_threads, OMP_NUM_THREADS)."""
+    nnodes: int = 1
+    rdzv_endpoint: str = ""
+    """HOST:PORT of the c10d rendezvous for several nodes; "" = standalone (free port on this node)."""
+    rdzv_id: str = "tpsim-validate"
+    run_timeout_s: float | None = None
+    """wall-clock limit of the whole launch (None: none beyond the process-group timeout)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise InputError(f"--backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
+        for name in ("nproc", "threads", "nnodes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise InputError(f"--{name}={value!r} must be a positive integer")
+        if not self.timeout_s > 0:
+            raise InputError(f"--timeout={self.timeout_s!r} must be a positive number of seconds")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise InputError(f"--nnodes={self.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+
+    def command(self, job_path: Path) -> list[str]:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}",
+               "--max-restarts=0", "--monitor-interval=0.2"]
+        if self.nnodes == 1 and not self.rdzv_endpoint:
+            cmd.append("--standalone")
+        else:
+            cmd += [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}",
+                    f"--rdzv-id={self.rdzv_id}", f"--rdzv-conf=join_timeout={int(self.timeout_s)}"]
+        return cmd + ["-m", "tpsim.validate.worker", "--job", str(job_path)]
+
+
+def marked_pids(token: str) -> list[int]:
+    """PIDs of live processes whose environment carries ``MARK_ENV=token`` (Linux /proc)."""
+    needle = f"{MARK_ENV}={token}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_all(proc: subprocess.Popen, token: str, grace_s: float = 3.0) -> None:
+    """SIGTERM the launcher and every process of the run, then SIGKILL what is left after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        targets = set(marked_pids(token))
+        if proc.poll() is None:
+            targets.add(proc.pid)
+        for pid in targets:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (proc.poll() is None or marked_pids(token)):
+            time.sleep(0.05)
+        if proc.poll() is not None and not marked_pids(token):
+            return
+    proc.wait()
+
+
+def first_error(run_dir: Path) -> dict[str, Any] | None:
+    """The first real error among the ranks' error files: the earliest one that is not a consequence of a
+    peer failing (closed connection, timeout), else the earliest one."""
+    errors = []
+    for path in run_dir.glob("error-rank*.json"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if not errors:
+        return None
+    errors.sort(key=lambda e: e["time"])
+    primary = [e for e in errors if not _SECONDARY.search(f"{e['type']}: {e['message']}")]
+    return (primary or errors)[0]
+
+
+def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
+           env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``cases`` on ``cfg.nproc`` ranks; return rank 0's ``result.json`` ({"meta", "ranks"}).
+
+    Raises :class:`RankFailure` with the first real error (rank, type, message) if any rank fails, or if the
+    run exceeds ``cfg.run_timeout_s``; in every case no process of the run is left.
+    """
+    run_dir = Path(run_dir or tempfile.mkdtemp(prefix="tpsim-validate-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job = {"cases": [c.to_dict() for c in cases], "backend": cfg.backend, "timeout_s": cfg.timeout_s,
+           "threads": cfg.threads, "out_dir": str(run_dir)}
+    job_path = run_dir / "job.json"
+    job_path.write_text(json.dumps(job))
+    token = uuid.uuid4().hex
+    penv = {**os.environ, **(env or {}), MARK_ENV: token, "OMP_NUM_THREADS": str(cfg.threads),
+            "PYTHONUNBUFFERED": "1"}
+    log_path = run_dir / "launcher.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cfg.command(job_path), stdout=log, stderr=subprocess.STDOUT, env=penv,
+                                start_new_session=True)
+        try:
+            _supervise(proc, cfg, run_dir, token)
+        finally:
+            _kill_all(proc, token)
+    return _collect(proc.returncode, run_dir, log_path)
+
+
+def _supervise(proc: subprocess.Popen, cfg: LaunchConfig, run_dir: Path, token: str) -> None:
+    """Wait for the launcher; stop everything on the wall-clock limit or when a failed rank's peers linger
+    longer than the process-group timeout."""
+    start = time.monotonic()
+    failed_at = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if cfg.run_timeout_s is not None and now - start > cfg.run_timeout_s:
+            (run_dir / "error-rank-launcher.json").write_text(json.dumps(
+                {"rank": "launcher", "time": time.time(), "type": "Timeout",
+                 "message": f"the run exceeded --run-timeout={cfg.run_timeout_s:g} s"}))
+            return
+        if failed_at is None and any(run_dir.glob("error-rank*.json")):
+            failed_at = now
+        if failed_at is not None and now - failed_at > cfg.timeout_s:
+            return
+        time.sleep(0.1)
+
+
+def _collect(returncode: int | None, run_dir: Path, log_path: Path) -> dict[str, Any]:
+    result_path = run_dir / "result.json"
+    err = first_error(run_dir)
+    if err is None and returncode == 0 and result_path.exists():
+        return json.loads(result_path.read_text())
+    if err is not None:
+        where = f"rank {err['rank']}" if err["rank"] != "launcher" else "launcher"
+        raise RankFailure(f"{where} failed: {err['type']}: {err['message']} (logs: {run_dir})")
+    tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
+    raise RankFailure(f"the launcher exited with status {returncode} and no rank reported an error"
+                      f"{': ' + tail[0] if tail else ''} (logs: {run_dir})")

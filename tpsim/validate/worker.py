@@ -1,0 +1,107 @@
+"""Entry point of one rank, started by torch.distributed's launcher (``tpsim validate`` runs
+``python -m torch.distributed.run ... -m tpsim.validate.worker --job JOB.json``).
+
+Every rank: one thread (unless told otherwise), a process group with a timeout, a 1-D TP device mesh; for each
+case the checks (numerics, collectives) then the timing; rank 0 gathers every rank's results and writes
+``result.json`` atomically. A rank that fails writes ``error-rank<r>.json`` (time, type, message, traceback)
+and exits at once without waiting for its peers; the launcher stops the others and reports the first real
+error. ``TPSIM_VALIDATE_FAIL=<rank>:<stage>`` injects a failure (stage ``start``, ``check``, ``time``) or a hang
+(``hang``) in one rank, for the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+FAIL_ENV = "TPSIM_VALIDATE_FAIL"
+
+
+def _inject(rank: int, stage: str) -> None:
+    spec = os.environ.get(FAIL_ENV, "")
+    if not spec:
+        return
+    want_rank, _, want_stage = spec.partition(":")
+    if int(want_rank) != rank:
+        return
+    if want_stage == "hang" and stage == "check":
+        while True:  # a rank that never reaches its next collective
+            time.sleep(1)
+    if want_stage == stage:
+        raise RuntimeError(f"injected failure in rank {rank} at stage {stage!r} ({FAIL_ENV}={spec})")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename (never half-written)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _run(job: dict[str, Any], out: Path, rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .case import Case
+    from .measure import check_case, time_case
+
+    torch.set_num_threads(int(job.get("threads", 1)))
+    backend = job.get("backend", "gloo")
+    device_type = "cuda" if backend == "nccl" else "cpu"
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    _inject(rank, "start")
+    dist.init_process_group(backend, timeout=timedelta(seconds=float(job["timeout_s"])))
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("tp",))
+    results = []
+    for data in job["cases"]:
+        case = Case.from_dict(data)
+        if case.tp != world:
+            raise ValueError(f"case {case.name}: tp={case.tp} but {world} ranks were started")
+        _inject(rank, "check")
+        checks = check_case(case, mesh, rank)
+        _inject(rank, "time")
+        timing = time_case(case, mesh, rank)
+        results.append({"case": case.name, "rank": rank, **checks, **timing})
+        print(f"[tpsim validate] rank {rank}: {case.name} done", file=sys.stderr, flush=True)
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(results, gathered, dst=0)
+    if rank == 0:
+        meta = {"world": world, "backend": backend, "torch": torch.__version__,
+                "threads": torch.get_num_threads(), "hostname": os.uname().nodename}
+        write_json_atomic(out / "result.json", {"meta": meta, "ranks": gathered})
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tpsim.validate.worker")
+    parser.add_argument("--job", required=True, type=Path)
+    args = parser.parse_args(argv)
+    job = json.loads(args.job.read_text())
+    out = Path(job["out_dir"])
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        _run(job, out, rank)
+    except BaseException as exc:  # report and leave at once: peers are stopped by the launcher
+        err = {"rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
+               "traceback": traceback.format_exc()}
+        try:
+            write_json_atomic(out / f"error-rank{rank}.json", err)
+        finally:
+            print(f"[tpsim validate] rank {rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr,
+                  flush=True)
+            os._exit(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
