@@ -1,0 +1,77 @@
+"""``tpsim estimate``: step time, throughput, MFU and memory of one plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import add_cluster_args, add_model_args, add_plan_args, build_cluster, build_model, build_plan
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "estimate", help="predict step time, throughput and memory of one plan",
+        description="Predict the step time, throughput, MFU and memory per GPU of one training plan. With no "
+                    "arguments: GPT-3 175B on 1024 A100s (dgx-a100) with the Megatron plan tp=8 pp=16 sp "
+                    "selective recomputation.")
+    add_model_args(p)
+    add_cluster_args(p)
+    add_plan_args(p)
+    p.add_argument("--profile", help="kernel profile CSV (tpsim profile) for compute times instead of the roofline")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def compute_model(args: argparse.Namespace, cluster):
+    if not getattr(args, "profile", None):
+        return None
+    from ..compute.profile import ProfileModel
+    from ..compute.roofline import RooflineModel
+
+    return ProfileModel(args.profile, fallback=RooflineModel(cluster.device))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..estimator import estimate
+
+    model = build_model(args)
+    cluster = build_cluster(args, model)
+    plan = build_plan(args, model, cluster)
+    result = estimate(model, cluster, plan, compute=compute_model(args, cluster))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print(format_estimate(result))
+    return 0
+
+
+def format_estimate(e) -> str:
+    p = e.plan
+    b, m = e.breakdown, e.memory_gib
+    lines = [
+        f"model    {e.model}",
+        f"cluster  {e.cluster['name']}: {e.cluster['gpus']} x {e.cluster['device']}",
+        f"plan     {p.short()}  (global batch {p.global_batch}, {p.num_microbatches} micro-batches per replica,"
+        f" {p.dtype}, {p.attention} attention, order {p.order})",
+        f"compute  {e.compute_model}" + (f" ({100 * e.measured_compute_fraction:.0f}% of compute time measured)"
+                                         if e.compute_model != "roofline" else ""),
+        "",
+        f"step time            {e.step_time_s:10.3f} s",
+        f"throughput           {e.tokens_per_s:10.0f} tokens/s",
+        f"model TFLOP/s/GPU    {e.model_tflops_per_gpu:10.1f}   MFU {100 * e.mfu:5.1f}%",
+        f"hardware TFLOP/s/GPU {e.hardware_tflops_per_gpu:10.1f}   HFU {100 * e.hfu:5.1f}%",
+        "",
+        "time breakdown (s)   " + "  ".join(f"{k} {b[k]:.3f}" for k in
+                                            ("compute", "recompute", "bubble", "optimizer", "exposed_comm")),
+        "communication (s)    " + "  ".join(f"{k} {b[k]:.3f}" for k in ("tp_comm", "pp_comm", "dp_comm"))
+        + "  (totals, partly hidden)",
+        "",
+        f"memory per GPU       {e.peak_memory_gib:10.2f} GiB  "
+        f"({'fits' if e.fits else 'DOES NOT FIT'})",
+        "  " + "  ".join(f"{k} {v:.2f}" for k, v in m.items()),
+    ]
+    if e.collectives:
+        lines.append("collectives          " + "; ".join(f"{v}" for v in e.collectives.values()))
+    for w in e.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
