@@ -1,0 +1,74 @@
+"""``tpsim profile``: measure kernel times with torch (``--check``: leave-one-out error of a profile)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import InputError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "profile", help="measure GEMM, attention and memory-kernel times into a profile file",
+        description="Measure kernel times with torch on this machine's CPU or GPU and write a profile file "
+                    "(profiles/README.md). Resumable: rerunning with the same --out measures only the missing "
+                    "points. --check FILE reports the profile's leave-one-out interpolation error.")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to measure (default cpu)")
+    p.add_argument("--dtype", action="append", default=[], metavar="DTYPE",
+                   help="dtype to measure, repeatable or comma-separated (default: fp32,bf16 on cpu; "
+                        "bf16,fp16,fp8 on cuda where supported)")
+    p.add_argument("--out", type=Path, help="profile file to write or resume (default profiles/<device>.csv)")
+    p.add_argument("--quick", action="store_true", help="coarse grid (under a minute on CPU); same as --grid quick")
+    p.add_argument("--grid", choices=("tiny", "quick", "full"), help="grid size (default full; tiny: tests)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads, torch.set_num_threads (default 1)")
+    p.add_argument("--kinds", default="gemm,attention,memory", help="kernel kinds to measure (default all)")
+    p.add_argument("--max-kernel-s", type=float, help="skip points predicted slower than this (seconds)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--check", type=Path, metavar="FILE", help="report leave-one-out interpolation error of FILE")
+    p.add_argument("--json", action="store_true", help="with --check: print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.check:
+        return _check(args.check, args.json)
+    if args.json:
+        raise InputError("--json goes with --check FILE")
+    from ..profiler.run import RunOptions, run_profile
+
+    dtypes = tuple(d.strip() for item in args.dtype for d in item.split(",") if d.strip())
+    grid = args.grid or ("quick" if args.quick else "full")
+    if args.quick and args.grid not in (None, "quick"):
+        raise InputError(f"--quick contradicts --grid={args.grid}")
+    options = RunOptions(device=args.device, dtypes=dtypes, out=args.out, grid=grid, threads=args.threads,
+                         kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
+                         max_kernel_s=args.max_kernel_s, progress=not args.no_progress)
+    summary = run_profile(options)
+    for line in summary.warnings:
+        print(f"warning: {line}")
+    print(f"{summary.path}: {summary.measured} points measured, {summary.already} already in the file, "
+          f"{summary.skipped_slow} skipped (over the time cap or failed) in {summary.seconds:.1f} s")
+    return 0
+
+
+def _check(path: Path, as_json: bool) -> int:
+    from ..compute.profile import load_profile, profile_device_name
+    from ..profiler.check import check_profile
+
+    profile = load_profile(path)
+    result = check_profile(profile)
+    if as_json:
+        print(json.dumps({"file": str(path), "device": profile_device_name(profile), **result.to_dict()}))
+        return 0
+    print(f"{path} ({profile_device_name(profile)}, {profile.meta.threads} thread(s), "
+          f"{len(profile.points)} points): leave-one-out interpolation error")
+    rows = [("all", result.to_dict())] + list(result.per_kind.items())
+    for label, s in rows:
+        if not s["points"]:
+            print(f"  {label:<10}     0 points (no axis has 3 values: nothing to leave out)")
+            continue
+        print(f"  {label:<10} {s['points']:5d} points  median {s['median_error_pct']:6.2f}%  "
+              f"p90 {s['p90_error_pct']:6.2f}%  max {s['max_error_pct']:7.2f}%")
+    return 0

@@ -1,0 +1,22 @@
+"""``python -m tpsim.profiler ...`` = ``tpsim profile ...``, without loading the other verbs (for a GPU
+machine's bare Python: ``PYTHONPATH=. python -m tpsim.profiler --device cuda``)."""
+
+import argparse
+import sys
+
+from ..cli import profile as verb
+from ..errors import TpsimError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpsim.profiler")
+    verb.register(parser.add_subparsers(dest="verb"))
+    args = parser.parse_args(["profile", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except TpsimError as exc:
+        print(f"tpsim profile: error: {exc}", file=sys.stderr)
+        return 2
+
+
+sys.exit(main())

@@ -1,0 +1,113 @@
+"""Writing profile files (torch-free): the header, one flushed and fsynced row per measured point, and the
+repair of a file whose last row a killed run left half-written. The format is in ``profiles/README.md``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, TextIO
+
+from ..compute.profile import COLUMNS, DIM_COLUMNS, META_KEYS, Profile, ProfilePoint, parse_profile
+from ..errors import InputError
+from .grid import PointKey
+
+TITLE = "# tpsim kernel profile: median seconds per kernel call (format: profiles/README.md)"
+#: header keys that must agree between a file and the run resuming it
+RESUME_KEYS = ("device", "device_type", "threads", "format_version")
+
+
+def header_text(meta: Mapping[str, object]) -> str:
+    """The ``# key: value`` header and the column line."""
+    lines = [TITLE]
+    lines += [f"# {key}: {meta[key]}" for key in META_KEYS]
+    lines += [f"# {key}: {value}" for key, value in meta.items() if key not in META_KEYS]
+    lines.append(",".join(COLUMNS))
+    return "\n".join(lines) + "\n"
+
+
+def format_row(point: ProfilePoint) -> str:
+    cells = dict.fromkeys(COLUMNS, "")
+    cells.update({"kind": point.kind, "op": point.op, "dtype": point.dtype, "pass": point.pass_})
+    for column, value in zip(DIM_COLUMNS[point.kind], point.dims):
+        cells[column] = str(value)
+    cells.update(time_s=f"{point.time_s:.6g}", reps=str(point.reps), spread_pct=f"{point.spread_pct:.1f}")
+    return ",".join(cells[c] for c in COLUMNS) + "\n"
+
+
+def point_key(point: ProfilePoint) -> PointKey:
+    return (point.kind, point.op, point.dtype, point.pass_, point.dims)
+
+
+def _repair(path: Path) -> None:
+    """Drop a trailing half-written row (no final newline), rewriting the file atomically."""
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    keep = data[: data.rfind(b"\n") + 1]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(keep)
+    os.replace(tmp, path)
+
+
+def _check_resumable(existing: Profile, meta: Mapping[str, object], path: Path) -> None:
+    have = {"device": existing.meta.device, "device_type": existing.meta.device_type,
+            "threads": existing.meta.threads, "format_version": existing.meta.format_version}
+    for key in RESUME_KEYS:
+        if str(have[key]) != str(meta[key]):
+            raise InputError(f"profile {path}: {key}={have[key]!r} in the file but this run has {meta[key]!r}; "
+                             f"resume it with the same settings or write to another --out")
+
+
+class ProfileWriter:
+    """Append-only writer: every row is flushed and fsynced as soon as it is measured, so a killed run loses
+    no finished point; opening an existing file resumes it (``done`` maps its points to their seconds)."""
+
+    def __init__(self, path: Path, meta: Mapping[str, object]) -> None:
+        self.path = Path(path)
+        self.done: dict[PointKey, float] = {}
+        if self.path.exists() and self.path.stat().st_size > 0:
+            _repair(self.path)
+            text = self.path.read_text()
+            rows = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+            if len(rows) >= 2:  # column line + measured rows: resume
+                existing = parse_profile(text, str(self.path))
+                _check_resumable(existing, meta, self.path)
+                self.done = {point_key(p): p.time_s for p in existing.points}
+                self._file: TextIO = open(self.path, "a")
+                return
+            self._check_header_only(text, meta)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "w")
+        self._file.write(header_text(meta))
+        self._sync()
+
+    def _check_header_only(self, text: str, meta: Mapping[str, object]) -> None:
+        """A file with no measured row (killed before the first point) is rewritten, if it is a profile of
+        the same device: never overwrite another file."""
+        if not text.startswith(TITLE[:22]):
+            raise InputError(f"profile {self.path}: exists and is not a tpsim profile; choose another --out")
+        for line in text.splitlines():
+            body = line.lstrip("#").strip()
+            if line.startswith("#") and ":" in body:
+                key, value = (s.strip() for s in body.split(":", 1))
+                if key in RESUME_KEYS and value != str(meta[key]):
+                    raise InputError(f"profile {self.path}: {key}={value!r} in the file but this run has "
+                                     f"{meta[key]!r}; write to another --out")
+
+    def append(self, point: ProfilePoint) -> None:
+        self._file.write(format_row(point))
+        self._sync()
+        self.done[point_key(point)] = point.time_s
+
+    def _sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "ProfileWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
