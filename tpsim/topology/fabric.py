@@ -1,0 +1,281 @@
+"""Fabrics that connect nodes: a folded-Clos fat tree (also rail-optimized) and a 3D torus.
+
+Both are built from their parameters (no graph search): routes are computed from the structure and cached per
+pair of leaf switches / chips, so a route costs a dictionary lookup after the first time.
+
+Fat tree (folded Clos, Leiserson 1985; the DGX SuperPOD reference architecture is a rail-optimized instance):
+a switch of radix k at the leaf level has d = round(k * o / (1 + o)) ports down to NICs and u = k - d up
+(o = oversubscription, down:up). Leaves are filled with NIC k of consecutive nodes (``placement: rail``) or
+with consecutive NICs (``placement: node``). Two levels: ceil(L * u / k) spines, each leaf spreading its u
+uplinks evenly over them. Three levels: pods of k/2 leaves with u spines each (one uplink per leaf to each),
+spine j of every pod connects to core group j (ceil(pods / 2) cores of radix k, k/2 uplinks spread evenly).
+Routing is up/down (shortest), traffic split over the uplinks in proportion to their lanes (ECMP).
+
+Torus (TPU v4, Jouppi et al. 2023): chips on an X x Y x Z grid, each linked to its neighbours in every
+dimension (with wraparound: 6 links per chip); a host ("node") holds a ``host_shape`` block of chips.
+Routing is dimension-order (X, then Y, then Z) along the shorter direction; a tie splits the traffic 50/50.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from functools import lru_cache
+from typing import Iterator
+
+from ..errors import InputError
+from .node import EdgeAttrs, NodeLayout, Route, link_attrs
+from .spec import CalibrationSpec, FabricSpec
+
+SwitchRoute = tuple[tuple[float, tuple[str, ...]], ...]
+
+
+def spread(ports: int, switches: int) -> list[int]:
+    """``ports`` uplinks spread evenly over ``switches`` (the first ones take the remainder)."""
+    base, extra = divmod(ports, switches)
+    return [base + (1 if s < extra else 0) for s in range(switches)]
+
+
+class FatTree:
+    """Fat tree / rail-optimized fabric over the NICs of ``num_nodes`` nodes (``rails`` NICs each)."""
+
+    def __init__(self, spec: FabricSpec, num_nodes: int, rails: int, nic_group: str, default_eff: float,
+                 calibration: CalibrationSpec | None) -> None:
+        self.spec, self.num_nodes, self.rails, self.nic_group = spec, num_nodes, rails, nic_group
+        k, levels = spec.radix, spec.levels
+        where = f"{spec.path}" if spec.path else f"fabric {spec.name}"
+        self.down = k if levels == 1 else max(1, min(k - 1, round(k * spec.oversubscription
+                                                                  / (1 + spec.oversubscription))))
+        self.up = k - self.down if levels > 1 else 0
+        if spec.placement == "rail":
+            self.num_leaves = math.ceil(num_nodes / self.down) * rails
+        else:
+            self.num_leaves = math.ceil(num_nodes * rails / self.down)
+        self.nic_attrs = link_attrs(spec.nic_link, 1, default_eff, calibration)
+        self._switch_link = (spec.switch_link, default_eff, calibration)
+        if levels == 1 and self.num_leaves > 1:
+            raise InputError(f"{where}: one switch of radix {k} cannot hold {num_nodes * rails} NICs "
+                             f"({num_nodes} nodes x {rails}); use more levels")
+        self.pod_size = k // 2 if levels == 3 else self.num_leaves
+        self.pods = math.ceil(self.num_leaves / self.pod_size) if levels == 3 else 1
+        if levels == 2:
+            self.spines = max(1, math.ceil(self.num_leaves * self.up / k))
+            if self.spines > self.up:
+                raise InputError(f"{where}: {self.num_leaves} leaf switches exceed what 2 levels of radix {k} "
+                                 f"connect (at most {k}); use levels: 3 or a larger radix")
+            self.leaf_lanes = spread(self.up, self.spines)
+        if levels == 3:
+            self.cores_per_group = math.ceil(self.pods / 2)
+            if self.pods > k:
+                raise InputError(f"{where}: {self.pods} pods exceed what 3 levels of radix {k} connect "
+                                 f"(at most {k} pods of {k // 2} leaves)")
+            self.core_lanes = spread(k // 2, self.cores_per_group)
+        self._routes: dict[tuple[int, int], SwitchRoute] = {}
+
+    # ------------------------------------------------------------------------------------------ structure
+    def leaf_of(self, node: int, rail: int) -> int:
+        if self.spec.placement == "rail":
+            return (node // self.down) * self.rails + rail
+        return (node * self.rails + rail) // self.down
+
+    def nic_id(self, node: int, rail: int) -> str:
+        return f"n{node}/{self.nic_group}{rail}"
+
+    def _has_core(self) -> bool:
+        return self.spec.levels == 3 and self.pods > 1
+
+    def switches(self) -> dict[str, dict]:
+        """Switch id -> node attributes (kind switch, level 1 leaf / 2 spine / 3 core)."""
+        out = {}
+        attrs = lambda level: {"kind": "switch", "node_index": -1, "local_index": -1, "level": level,
+                               "sharp": self.spec.sharp}
+        for leaf in range(self.num_leaves):
+            out[f"leaf{leaf}"] = attrs(1)
+        if self.spec.levels == 2:
+            for s in range(self.spines):
+                out[f"spine{s}"] = attrs(2)
+        if self.spec.levels == 3:
+            for p in range(self.pods):
+                for j in range(self.up):
+                    out[f"spine{p}.{j}"] = attrs(2)
+            if self._has_core():
+                for j in range(self.up):
+                    for c in range(self.cores_per_group):
+                        out[f"core{j}.{c}"] = attrs(3)
+        return out
+
+    def edges(self) -> Iterator[tuple[str, str, EdgeAttrs]]:
+        """Every directed fabric edge (both directions of each physical link)."""
+        for node in range(self.num_nodes):
+            for rail in range(self.rails):
+                nic, leaf = self.nic_id(node, rail), f"leaf{self.leaf_of(node, rail)}"
+                yield nic, leaf, self.nic_attrs
+                yield leaf, nic, self.nic_attrs
+        for u, v, lanes in self._switch_links():
+            attrs = link_attrs(*self._switch_link[:1], lanes, *self._switch_link[1:])
+            yield u, v, attrs
+            yield v, u, attrs
+
+    def _switch_links(self) -> Iterator[tuple[str, str, int]]:
+        if self.spec.levels == 2:
+            for leaf in range(self.num_leaves):
+                for s, lanes in enumerate(self.leaf_lanes):
+                    if lanes:
+                        yield f"leaf{leaf}", f"spine{s}", lanes
+        if self.spec.levels == 3:
+            for leaf in range(self.num_leaves):
+                for j in range(self.up):
+                    yield f"leaf{leaf}", f"spine{leaf // self.pod_size}.{j}", 1
+            if self._has_core():
+                for p in range(self.pods):
+                    for j in range(self.up):
+                        for c, lanes in enumerate(self.core_lanes):
+                            if lanes:
+                                yield f"spine{p}.{j}", f"core{j}.{c}", lanes
+
+    # ------------------------------------------------------------------------------------------ routing
+    def route(self, node_a: int, rail_a: int, node_b: int, rail_b: int) -> Route:
+        """Weighted paths NIC (node_a, rail_a) -> NIC (node_b, rail_b), up/down with ECMP."""
+        la, lb = self.leaf_of(node_a, rail_a), self.leaf_of(node_b, rail_b)
+        key = (la, lb)
+        if key not in self._routes:
+            self._routes[key] = self._switch_route(la, lb)
+        nic_a, nic_b = self.nic_id(node_a, rail_a), self.nic_id(node_b, rail_b)
+        out = []
+        for frac, hops in self._routes[key]:
+            chain = (nic_a,) + hops + (nic_b,)
+            out.append((frac, tuple(zip(chain[:-1], chain[1:]))))
+        return tuple(out)
+
+    def _switch_route(self, la: int, lb: int) -> SwitchRoute:
+        a, b = f"leaf{la}", f"leaf{lb}"
+        if la == lb:
+            return ((1.0, (a,)),)
+        if self.spec.levels == 2:
+            return tuple((lanes / self.up, (a, f"spine{s}", b)) for s, lanes in enumerate(self.leaf_lanes) if lanes)
+        pa, pb = la // self.pod_size, lb // self.pod_size
+        if pa == pb:
+            return tuple((1.0 / self.up, (a, f"spine{pa}.{j}", b)) for j in range(self.up))
+        half = self.spec.radix // 2
+        return tuple((lanes / (self.up * half), (a, f"spine{pa}.{j}", f"core{j}.{c}", f"spine{pb}.{j}", b))
+                     for j in range(self.up) for c, lanes in enumerate(self.core_lanes) if lanes)
+
+
+class Torus:
+    """3D torus of chips; ranks fill hosts of ``host_shape`` chips, hosts fill the grid X first."""
+
+    def __init__(self, spec: FabricSpec, num_gpus: int, gpus_per_node: int, gpu_group: str, default_eff: float,
+                 calibration: CalibrationSpec | None) -> None:
+        where = f"{spec.path}" if spec.path else f"fabric {spec.name}"
+        self.spec, self.gpu_group, self.gpus_per_node = spec, gpu_group, gpus_per_node
+        self.shape = spec.host_shape
+        if math.prod(self.shape) != gpus_per_node:
+            raise InputError(f"{where}: host_shape={list(self.shape)} holds {math.prod(self.shape)} chips but "
+                             f"the node has {gpus_per_node}")
+        self.dims = spec.dims or auto_dims(num_gpus, self.shape)
+        if self.dims is None or math.prod(self.dims) != num_gpus or any(
+                d % s for d, s in zip(self.dims, self.shape)):
+            raise InputError(f"{where}: dims={list(spec.dims) if spec.dims else 'auto'} cannot hold {num_gpus} "
+                             f"chips in hosts of {list(self.shape)}")
+        self.hosts = tuple(d // s for d, s in zip(self.dims, self.shape))
+        self.attrs = link_attrs(spec.link, 1, default_eff, calibration)
+
+    def coord(self, rank: int) -> tuple[int, int, int]:
+        host, local = divmod(rank, self.gpus_per_node)
+        h = (host % self.hosts[0], host // self.hosts[0] % self.hosts[1], host // (self.hosts[0] * self.hosts[1]))
+        s = self.shape
+        loc = (local % s[0], local // s[0] % s[1], local // (s[0] * s[1]))
+        return tuple(h[i] * s[i] + loc[i] for i in range(3))  # type: ignore[return-value]
+
+    @property
+    def _rank_of(self) -> dict[tuple[int, int, int], int]:
+        if not hasattr(self, "_rank_table"):
+            self._rank_table = {self.coord(r): r for r in range(math.prod(self.dims))}
+        return self._rank_table
+
+    def chip_id(self, rank: int) -> str:
+        return f"n{rank // self.gpus_per_node}/{self.gpu_group}{rank % self.gpus_per_node}"
+
+    def _neighbour(self, c: tuple[int, int, int], dim: int, step: int) -> tuple[int, int, int] | None:
+        n = self.dims[dim]
+        value = c[dim] + step
+        if not 0 <= value < n:
+            if not self.spec.wraparound or n <= 2:
+                return None
+            value %= n
+        return c[:dim] + (value,) + c[dim + 1:]
+
+    def edges(self) -> Iterator[tuple[str, str, EdgeAttrs]]:
+        for rank in range(math.prod(self.dims)):
+            c = self.coord(rank)
+            for dim in range(3):
+                nb = self._neighbour(c, dim, +1)
+                if nb is None or nb == c:
+                    continue
+                u, v = self.chip_id(rank), self.chip_id(self._rank_of[nb])
+                yield u, v, self.attrs
+                yield v, u, self.attrs
+
+    def route(self, src: int, dst: int) -> Route:
+        return _torus_route(self, src, dst)
+
+    def _moves(self, a: int, b: int, dim: int) -> list[tuple[float, int, int]]:
+        """(fraction, step, count) choices to go from a to b along one dimension."""
+        n = self.dims[dim]
+        if a == b:
+            return [(1.0, 0, 0)]
+        if not self.spec.wraparound or n <= 2:
+            return [(1.0, 1 if b > a else -1, abs(b - a))]
+        fwd, back = (b - a) % n, (a - b) % n
+        if fwd < back:
+            return [(1.0, 1, fwd)]
+        if back < fwd:
+            return [(1.0, -1, back)]
+        return [(0.5, 1, fwd), (0.5, -1, back)]
+
+
+@lru_cache(maxsize=1 << 16)
+def _torus_route(torus: Torus, src: int, dst: int) -> Route:
+    if src == dst:
+        return ()
+    a, b = torus.coord(src), torus.coord(dst)
+    choices = [torus._moves(a[d], b[d], d) for d in range(3)]
+    out = []
+    for combo in itertools.product(*choices):
+        frac, cur, chain = 1.0, a, [src]
+        for dim, (f, step, count) in enumerate(combo):
+            frac *= f
+            for _ in range(count):
+                cur = torus._neighbour(cur, dim, step)
+                chain.append(torus._rank_of[cur])
+        ids = [torus.chip_id(r) for r in chain]
+        out.append((frac, tuple(zip(ids[:-1], ids[1:]))))
+    return tuple(out)
+
+
+def auto_dims(num: int, shape: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """The most cubic X x Y x Z = num whose sizes are multiples of the host shape (X >= Y >= Z)."""
+    best = None
+    for x in range(1, num + 1):
+        if num % x:
+            continue
+        for y in range(1, num // x + 1):
+            if (num // x) % y:
+                continue
+            dims = (x, y, num // (x * y))
+            if any(d % s for d, s in zip(dims, shape)):
+                continue
+            key = (max(dims) - min(dims), tuple(-d for d in dims))
+            if best is None or key < best[0]:
+                best = (key, dims)
+    return best[1] if best else None
+
+
+def check_fabric_fits(spec: FabricSpec, layout: NodeLayout, num_nodes: int) -> None:
+    """Fabric/template combinations that cannot work, as InputError."""
+    where = f"{spec.path}" if spec.path else f"fabric {spec.name}"
+    if spec.type == "none" and num_nodes > 1:
+        raise InputError(f"{where}: fabric type none connects one node, not {num_nodes}")
+    if spec.type in ("fat_tree", "rail_optimized") and num_nodes > 1 and len(layout.nic_groups) != 1:
+        raise InputError(f"{layout.template.path}: devices: a node on a {spec.type} fabric needs exactly one "
+                         f"group of kind nic, found {len(layout.nic_groups)}")
