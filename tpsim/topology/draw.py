@@ -1,0 +1,106 @@
+"""Drawing of a cluster graph (matplotlib, imported here only): devices laid out by level.
+
+Rows from top to bottom: core (3), spine (2), leaf (1) switches, then inside nodes NICs, PCIe switches and
+CPUs, NVSwitches, GPUs. A big cluster is drawn with its first few nodes and the switches they use, and a note.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+_ROW = {("switch", 3): 0, ("switch", 2): 1, ("switch", 1): 2, ("nic", 0): 3, ("cpu", 0): 4,
+        ("pcie_switch", 0): 5, ("nvswitch", 0): 6, ("gpu", 0): 7}
+_COLOR = {"gpu": "#76b900", "nvswitch": "#1f77b4", "pcie_switch": "#9467bd", "cpu": "#8c564b",
+          "nic": "#ff7f0e", "switch": "#d62728"}
+_EDGE_COLOR = {"nvlink": "#76b900", "pcie": "#9467bd", "ib": "#ff7f0e", "ethernet": "#ff7f0e",
+               "ici": "#17becf", "loopback": "#7f7f7f", "cpu": "#8c564b"}
+
+
+def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gpus_per_node: int = 16) -> str:
+    """Write a PNG of (part of) the cluster graph to ``out``; returns the note describing what was drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown_nodes = min(cluster.num_nodes, max_nodes)
+    keep = _kept_devices(cluster, shown_nodes, max_gpus_per_node)
+    pos = _layout(cluster, keep)
+    fig, ax = plt.subplots(figsize=(max(8.0, 2.2 * shown_nodes + 4), 7))
+    for (u, v), attrs in cluster.edge_table.items():
+        if u in pos and v in pos and u < v:
+            ax.plot([pos[u][0], pos[v][0]], [pos[u][1], pos[v][1]], color=_EDGE_COLOR[attrs.type],
+                    lw=0.4 + 0.15 * min(attrs.lanes, 6), alpha=0.5, zorder=1)
+    for kind, color in _COLOR.items():
+        pts = [pos[d] for d, a in keep.items() if a["kind"] == kind]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.scatter(xs, ys, s=60 if kind != "gpu" else 90, color=color, label=kind, zorder=2,
+                       edgecolors="black", linewidths=0.4)
+    note = _note(cluster, shown_nodes, max_gpus_per_node)
+    ax.set_title(f"{cluster.name}: {cluster.num_gpus} x {cluster.device.name}, {cluster.num_nodes} nodes "
+                 f"({cluster.node_template_name}), fabric {cluster.fabric_name}\n{note}", fontsize=9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    ax.set_yticks([])
+    ax.set_xticks([])
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as exc:
+        raise InputError(f"--out={out}: cannot write ({exc.strerror})") from None
+    finally:
+        plt.close(fig)
+    return note
+
+
+def _kept_devices(cluster: "Cluster", shown_nodes: int, max_gpus: int) -> dict[str, dict]:
+    keep: dict[str, dict] = {}
+    for dev, attrs in cluster.devices():
+        node = attrs["node_index"]
+        if node >= shown_nodes and node != -1:
+            continue
+        if attrs["kind"] == "gpu" and attrs["local_index"] >= max_gpus:
+            continue
+        keep[dev] = attrs
+    switches = [d for d, a in keep.items() if a["kind"] == "switch"]
+    used = {v for (u, v) in cluster.edge_table if u in keep and keep[u]["kind"] == "nic"}
+    for level in (2, 3):
+        used |= {v for (u, v) in cluster.edge_table if u in used and v in keep and keep[v]["level"] == level}
+    for dev in switches:
+        if dev not in used:
+            del keep[dev]
+    return keep
+
+
+def _layout(cluster: "Cluster", keep: dict[str, dict]) -> dict[str, tuple[float, float]]:
+    rows: dict[tuple[int, int], list[str]] = {}
+    for dev, attrs in keep.items():
+        row = _ROW.get((attrs["kind"], attrs["level"]), 7)
+        rows.setdefault((row, attrs["node_index"]), []).append(dev)
+    width = 10.0
+    shown = max(1, len({a["node_index"] for a in keep.values() if a["node_index"] >= 0}))
+    pos = {}
+    for (row, node), devs in rows.items():
+        if node < 0:
+            lo, hi = 0.0, width * shown
+        else:
+            lo, hi = node * width + 0.5, (node + 1) * width - 0.5
+        step = (hi - lo) / (len(devs) + 1)
+        for i, dev in enumerate(devs):
+            pos[dev] = (lo + step * (i + 1), -float(row))
+    return pos
+
+
+def _note(cluster: "Cluster", shown_nodes: int, max_gpus: int) -> str:
+    parts = []
+    if shown_nodes < cluster.num_nodes:
+        parts.append(f"showing {shown_nodes} of {cluster.num_nodes} nodes and the switches they use")
+    if cluster.gpus_per_node > max_gpus:
+        parts.append(f"{max_gpus} of {cluster.gpus_per_node} GPUs per node")
+    return "; ".join(parts) if parts else "all devices shown"
