@@ -189,10 +189,8 @@ class SearchResult:
             "step_s": c["step_time_s"][idx], "tok/s": c["tokens_per_s"][idx], "mfu": c["mfu"][idx],
             "mem_GiB": c["peak_memory_gib"][idx], "fits": c["fits_effective"][idx],
         })
-        for name in BREAKDOWN:
-            data[name] = c[f"{name}_s"][idx]
-        data["tp_comm"] = c["tp_comm_s"][idx]
-        data["dp_comm"] = c["dp_comm_s"][idx]
+        for name in BREAKDOWN + ("tp_comm", "pp_comm", "dp_comm"):
+            data[f"{name}_s"] = c[f"{name}_s"][idx]
         if self.objective == "cost":
             data["$/Mtok"] = c["cost_per_mtok"][idx]
         return pd.DataFrame(data)

@@ -1,0 +1,207 @@
+"""``tpsim plan``: rank every valid sharding plan for a model on a cluster.
+
+Examples::
+
+    tpsim plan --model gpt3-175b --cluster dgx-a100 --gpus 1024 --global-batch 1536 --top 5
+    tpsim plan --model llama3-70b --cluster dgx-h100 --gpus 64 --max-tp 8 --json
+    tpsim plan --model llama3-8b --cluster dgx-h100 --gpus 64 --objective cost --gpu-hour-price 2.5 --why
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..errors import InputError
+from .common import add_cluster_args, add_model_args, build_model, cluster_and_gpus, positive_int
+
+ORDER_CHOICES = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
+
+
+def add_problem_arguments(p: argparse.ArgumentParser) -> None:
+    """Model, cluster, GPU count and batch (shared groups of :mod:`tpsim.cli.common`); used by plan and report."""
+    add_model_args(p)
+    add_cluster_args(p)
+    g = p.add_argument_group("batch and precision")
+    g.add_argument("--global-batch", type=positive_int, default=None, help="sequences per step (default: the preset's)")
+    g.add_argument("--dtype", default=None, choices=("fp32", "tf32", "bf16", "fp16", "fp8"),
+                   help="GEMM precision (default: the preset's, else bf16)")
+    g.add_argument("--attention", default=None, choices=("flash", "unfused"), help="attention kernel (flash)")
+    g.add_argument("--profile", default=None, metavar="CSV",
+                   help="kernel profile CSV (tpsim profile) for compute times (default: the device roofline)")
+
+
+def add_space_arguments(p: argparse.ArgumentParser) -> None:
+    """Constraints that narrow the search space."""
+    g = p.add_argument_group("search space (constraints)")
+    g.add_argument("--tp", type=positive_int, nargs="+", default=None, help="only these tensor-parallel degrees")
+    g.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel degree")
+    g.add_argument("--pp", type=positive_int, nargs="+", default=None, help="only these pipeline degrees")
+    g.add_argument("--no-pp", action="store_true", help="no pipeline parallelism (pp = 1)")
+    g.add_argument("--vpp", type=positive_int, nargs="+", default=None, help="only these virtual pipeline sizes")
+    g.add_argument("--sp", choices=("on", "off"), default=None, help="sequence parallelism on/off (default both)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), nargs="+", default=None, help="only these ZeRO stages (0-3)")
+    g.add_argument("--recompute", nargs="+", default=None, choices=("none", "selective", "full"),
+                   help="only these recomputation modes")
+    g.add_argument("--micro-batch", type=positive_int, nargs="+", default=None, help="micro-batch sizes (default 1 2 4 8)")
+    g.add_argument("--order", nargs="+", default=None, choices=ORDER_CHOICES, help="only these rank orders")
+    g.add_argument("--no-overlap", action="store_true", help="only plans without DP overlap")
+    g.add_argument("--mem-limit-gib", type=float, default=None, help="reject plans above this peak memory per GPU")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("plan", help="rank every valid sharding plan (time, memory or cost)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_problem_arguments(p)
+    add_space_arguments(p)
+    o = p.add_argument_group("ranking and output")
+    o.add_argument("--objective", default="time", choices=("time", "memory", "cost"),
+                   help="rank by step time, peak memory per GPU, or $ per million tokens (searches GPU counts "
+                        "from one node up to --gpus)")
+    o.add_argument("--gpu-hour-price", type=float, default=None,
+                   help="dollars per GPU-hour for --objective cost (default 1.0: cost = GPU-hours per M tokens)")
+    o.add_argument("--top", type=positive_int, default=10, help="plans to show (default 10)")
+    o.add_argument("--include-unfit", action="store_true", help="also rank plans that do not fit (after fitting ones)")
+    o.add_argument("--csv", default=None, metavar="FILE", help="write the ranked plans (--top of them) as CSV")
+    o.add_argument("--json", action="store_true", help="print one JSON object (plans, evaluated, rejected)")
+    o.add_argument("--why", action="store_true", help="show how many plans were rejected and why")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+# ---------------------------------------------------------------------------------------------------------
+def load_problem(args: argparse.Namespace) -> tuple[Any, str, int, int]:
+    """(model, cluster name, GPU count, global batch) from the arguments, with the preset's defaults."""
+    from ..topology import load_cluster
+
+    model = build_model(args)
+    name, gpus = cluster_and_gpus(args, model)
+    gpus = int(load_cluster(name, gpus=gpus).num_gpus)
+    batch = args.global_batch if args.global_batch is not None else model.global_batch
+    if not batch:
+        raise InputError(f"--global-batch is required (model {model.name} has no default global batch)")
+    return model, name, gpus, int(batch)
+
+
+def _positive(name: str, values: list[int] | None) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    for v in values:
+        if v <= 0:
+            raise InputError(f"--{name}={v} must be a positive integer")
+    return tuple(values)
+
+
+def build_space(args: argparse.Namespace, model: Any) -> Any:
+    """The SearchSpace of the constraint flags (defaults: the whole space)."""
+    from ..search import SearchSpace
+
+    defaults = dict(model.default_plan)
+    kw: dict[str, Any] = {"dtype": args.dtype or defaults.get("dtype", "bf16"),
+                          "attention": args.attention or defaults.get("attention", "flash")}
+    if args.no_pp and args.pp:
+        raise InputError(f"--no-pp conflicts with --pp={' '.join(map(str, args.pp))}")
+    kw["tp"] = _positive("tp", args.tp)
+    kw["pp"] = (1,) if args.no_pp else _positive("pp", args.pp)
+    if args.max_tp is not None:
+        if args.max_tp <= 0:
+            raise InputError(f"--max-tp={args.max_tp} must be a positive integer")
+        kw["max_tp"] = args.max_tp
+    for name, flag in (("vpp", "vpp"), ("micro_batch", "micro-batch")):
+        values = _positive(flag, getattr(args, name))
+        if values:
+            kw[name] = values
+    if args.sp:
+        kw["sp"] = (args.sp == "on",)
+    if args.zero is not None:
+        kw["zero"] = tuple(args.zero)
+    if args.recompute is not None:
+        kw["recompute"] = tuple(args.recompute)
+    if args.order:
+        kw["order"] = tuple(args.order)
+    if args.no_overlap:
+        kw["overlap"] = (False,)
+    return SearchSpace(**kw)
+
+
+def load_compute(args: argparse.Namespace, cluster: Any) -> Any:
+    """None (the estimator's roofline) or a ProfileModel for ``--profile``."""
+    if not args.profile:
+        return None
+    from ..compute.profile import ProfileModel
+    from ..compute.roofline import RooflineModel
+
+    return ProfileModel(args.profile, fallback=RooflineModel(cluster.device))
+
+
+def clusters_for(name: str, gpus: int, objective: str) -> list[Any]:
+    """The cluster at ``gpus``, or with ``--objective cost`` one per searched GPU count."""
+    from ..search import cost_gpu_counts
+    from ..topology import load_cluster
+
+    cluster = load_cluster(name, gpus=gpus)
+    if objective != "cost":
+        return [cluster]
+    counts = cost_gpu_counts(cluster.gpus_per_node, gpus)
+    return [load_cluster(name, gpus=n) for n in counts[:-1]] + [cluster]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..search import DEFAULT_GPU_HOUR_PRICE, search
+
+    if args.top <= 0:
+        raise InputError(f"--top={args.top} must be a positive integer")
+    model, cluster_name, gpus, batch = load_problem(args)
+    space = build_space(args, model)
+    clusters = clusters_for(cluster_name, gpus, args.objective)
+    result = search(model, clusters, batch, space=space, objective=args.objective,
+                    gpu_hour_price=args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE,
+                    mem_limit_gib=args.mem_limit_gib, include_unfit=args.include_unfit,
+                    compute=load_compute(args, clusters[-1]), progress=not args.no_progress and not args.json)
+    if args.csv:
+        _write_csv(result, args.csv, args.top)
+    if args.json:
+        json.dump(result.to_json(args.top), sys.stdout, indent=1, allow_nan=False)
+        print()
+        return 0
+    print(_header(result, model, clusters[-1], batch))
+    if len(result):
+        print(format_table(result.table(args.top)))
+    else:
+        print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
+    if args.why:
+        print(format_why(result))
+    return 0
+
+
+def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
+    gpus = ", ".join(str(int(p.cluster.num_gpus)) for p in result.parts) or str(cluster.num_gpus)
+    return (f"{model.name} on {cluster.name} ({gpus} x {cluster.device.name}), global batch {batch}, "
+            f"seq {model.seq_len}: {result.enumerated} plans enumerated, {result.evaluated} evaluated, "
+            f"{len(result)} ranked by {result.objective} in {result.elapsed_s:.2f} s")
+
+
+def format_table(frame: Any) -> str:
+    """The ranked-plan DataFrame as fixed-width text (seconds with 3 decimals, MFU in %)."""
+    fmt = {c: "{:.3f}".format for c in frame.columns if c.endswith("_s")}
+    fmt.update({"tok/s": "{:,.0f}".format, "mfu": lambda v: f"{100 * v:.1f}%", "mem_GiB": "{:.1f}".format,
+                "$/Mtok": "{:.3f}".format})
+    return frame.to_string(index=False, formatters={k: v for k, v in fmt.items() if k in frame.columns})
+
+
+def format_why(result: Any) -> str:
+    lines = [f"rejected {sum(result.rejected.values())} of {result.enumerated} plans:"]
+    for key, text, count in result.why():
+        lines.append(f"  {count:>10}  {key:<24} {text}")
+    if not result.rejected:
+        lines.append("  (none)")
+    return "\n".join(lines)
+
+
+def _write_csv(result: Any, path: str, top: int) -> None:
+    try:
+        result.table(top).to_csv(path, index=False)
+    except OSError as exc:
+        raise InputError(f"--csv {path}: cannot write ({exc.strerror})") from None

@@ -1,0 +1,10 @@
+"""Reports: the studies behind the charts (:mod:`.analysis`), the five charts (:mod:`.charts`, matplotlib
+imported inside the functions) and the Markdown report (:mod:`.markdown`)."""
+
+from __future__ import annotations
+
+from .analysis import BandwidthGrid, Sweep, bandwidth_grid, best_per, scaling, tp_sweep
+from .markdown import ReportInputs, md_table, write_report
+
+__all__ = ["ReportInputs", "write_report", "md_table", "tp_sweep", "scaling", "bandwidth_grid", "best_per",
+           "Sweep", "BandwidthGrid"]

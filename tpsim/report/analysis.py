@@ -1,0 +1,120 @@
+"""The studies behind the charts: best plan per TP degree, per GPU count, and per (TP degree, inter-node
+bandwidth). Each is a search (:func:`tpsim.search.search`) reduced to the best-ranked plan of each group, so
+charts and tables show numbers the estimator produced for real plans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..model import ModelSpec
+from ..search import SearchResult, SearchSpace, search
+
+SWEEP_COLUMNS = ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "compute_s", "recompute_s", "bubble_s",
+                 "optimizer_s", "exposed_comm_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "fits_effective", "tp",
+                 "pp", "dp", "gpus")
+TP_SWEEP_MAX = 64
+"""largest TP degree of the TP sweep (issue 5: every valid tp up to 64)."""
+BANDWIDTH_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""multiples of the cluster's inter-node link bandwidth in the heat map (0.5x HDR ~ EDR, 2x HDR = NDR)."""
+
+
+def best_per(result: SearchResult, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values of column ``key`` ascending, index of the best-ranked plan of each)."""
+    ranked = result.ranking
+    values = result.columns[key][ranked]
+    uniq, first = np.unique(values, return_index=True)  # first occurrence in ranked order = best
+    return uniq, ranked[first]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The best plan for each value of one axis (``x``): its label and its estimate columns."""
+
+    axis: str
+    x: np.ndarray
+    labels: tuple[str, ...]
+    columns: Mapping[str, np.ndarray]
+    gpus_per_node: int
+    device_memory_gib: float
+
+    def __len__(self) -> int:
+        return int(self.x.size)
+
+
+def _sweep(result: SearchResult, axis: str, cluster: Any) -> Sweep:
+    x, idx = best_per(result, axis)
+    cols = {name: result.columns[name][idx] for name in SWEEP_COLUMNS}
+    return Sweep(axis=axis, x=x, labels=tuple(result.label(int(i)) for i in idx), columns=cols,
+                 gpus_per_node=int(cluster.gpus_per_node), device_memory_gib=_usable_gib(cluster))
+
+
+def _usable_gib(cluster: Any) -> float:
+    device = getattr(cluster, "device", None)
+    usable = getattr(device, "usable_memory_bytes", None)
+    return float(usable) / 2**30 if usable else float("nan")
+
+
+def tp_sweep(model: ModelSpec, cluster: Any, global_batch: int, space: SearchSpace | None = None,
+             max_tp: int = TP_SWEEP_MAX, **kw: Any) -> Sweep:
+    """Best plan per TP degree (every valid tp up to ``max_tp``); unfitting plans only where none fits."""
+    space = space or SearchSpace()
+    limit = min(max_tp, space.max_tp or max_tp)
+    result = search(model, cluster, global_batch, space=dataclasses.replace(space, max_tp=limit),
+                    include_unfit=True, **kw)
+    return _sweep(result, "tp", cluster)
+
+
+def scaling(model: ModelSpec, clusters: Sequence[Any], global_batch: int, space: SearchSpace | None = None,
+            **kw: Any) -> Sweep:
+    """Best fitting plan (by step time) per GPU count; counts where nothing fits are left out."""
+    result = search(model, list(clusters), global_batch, space=space, objective="time", **kw)
+    return _sweep(result, "gpus", clusters[-1])
+
+
+@dataclass(frozen=True)
+class BandwidthGrid:
+    """TP-communication share of the step time of the best plan per (tp, inter-node bandwidth)."""
+
+    tp: np.ndarray
+    scales: np.ndarray
+    """multiples of the cluster's inter-node bandwidth (columns)."""
+    bandwidth_GBps: np.ndarray
+    """inter-node bandwidth per GPU at each scale, GB/s per direction."""
+    tp_share: np.ndarray
+    """[tp, scale] tp_comm_s / step_time_s; NaN where that tp has no plan."""
+    step_time_s: np.ndarray
+    """[tp, scale] step time of the best plan."""
+    fits: np.ndarray
+    """[tp, scale] whether that best plan fits (else it is the best of the unfitting ones)."""
+    gpus_per_node: int
+
+
+def bandwidth_grid(model: ModelSpec, cluster: Any, global_batch: int,
+                   variant: Callable[[Any, float], Any], base_bandwidth_GBps: float,
+                   space: SearchSpace | None = None, scales: Sequence[float] = BANDWIDTH_SCALES,
+                   max_tp: int = TP_SWEEP_MAX, **kw: Any) -> BandwidthGrid:
+    """Search the space once per bandwidth scale on ``variant(cluster, scale)`` (a cluster whose inter-node
+    links are ``scale`` times faster) and keep the best plan per tp."""
+    space = space or SearchSpace()
+    space = dataclasses.replace(space, max_tp=min(max_tp, space.max_tp or max_tp))
+    per_scale = []
+    for s in scales:
+        result = search(model, variant(cluster, float(s)), global_batch, space=space, include_unfit=True, **kw)
+        per_scale.append(best_per(result, "tp") + (result,))
+    tps = np.unique(np.concatenate([p[0] for p in per_scale]))
+    shape = (tps.size, len(scales))
+    share, step, fits = np.full(shape, np.nan), np.full(shape, np.nan), np.zeros(shape, dtype=bool)
+    for j, (values, idx, result) in enumerate(per_scale):
+        rows = np.searchsorted(tps, values)
+        c = result.columns
+        step[rows, j] = c["step_time_s"][idx]
+        share[rows, j] = c["tp_comm_s"][idx] / c["step_time_s"][idx]
+        fits[rows, j] = c["fits_effective"][idx]
+    return BandwidthGrid(tp=tps, scales=np.asarray(scales, dtype=float),
+                         bandwidth_GBps=np.asarray(scales, dtype=float) * base_bandwidth_GBps, tp_share=share,
+                         step_time_s=step, fits=fits, gpus_per_node=int(cluster.gpus_per_node))

@@ -1,0 +1,265 @@
+"""``tpsim report``: a Markdown report with the five charts and the tables behind them.
+
+:func:`write_report` runs the searches (:mod:`tpsim.report.analysis`), draws the charts
+(:mod:`tpsim.report.charts`) and writes into ``out_dir``: ``README.md`` (the report), ``plans.csv`` (the top
+plans with their breakdown), ``summary.json`` (the ``tpsim plan --json`` object) and each chart as PNG and SVG.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..model import ModelSpec
+from ..search import SearchResult, SearchSpace, cost_gpu_counts, search
+from . import analysis, charts
+from .network import inter_node_bandwidth_GBps, scale_inter_node_bandwidth
+
+CHART_FILES = ("breakdown", "tp_sweep", "time_memory", "scaling", "tp_bandwidth")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportInputs:
+    """What a report is about. ``cluster`` is the name or path given to ``load_cluster``."""
+
+    model: ModelSpec
+    cluster: str
+    gpus: int
+    global_batch: int
+    space: SearchSpace = field(default_factory=SearchSpace)
+    gpu_hour_price: float = 1.0
+    top: int = 10
+    compute: Any = None
+    command: str = ""
+    """the command that regenerates the report (printed in it)."""
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    """A GitHub Markdown table; ``align`` is one char per column (l/r), default right for numbers."""
+    align = align or "".join("r" if rows and isinstance(rows[0][i], (int, float, np.number)) else "l"
+                             for i in range(len(headers)))
+    sep = ["---:" if a == "r" else ":---" for a in align]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(sep) + "|"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (float, np.floating)):
+        if not np.isfinite(v):
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 1 else f"{v:.2f}"
+    return str(v)
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def _plan_rows(result: SearchResult, idx: np.ndarray) -> list[list[Any]]:
+    c = result.columns
+    rows = []
+    for r, i in enumerate(idx):
+        rows.append([r + 1, result.label(int(i)), _ms(c["step_time_s"][i]), float(c["tokens_per_s"][i]),
+                     f"{c['model_tflops_per_gpu'][i]:.0f}", f"{100 * c['mfu'][i]:.1f}%",
+                     f"{c['peak_memory_gib'][i]:.1f}", _ms(c["compute_s"][i]), _ms(c["recompute_s"][i]),
+                     _ms(c["bubble_s"][i]), _ms(c["optimizer_s"][i]), _ms(c["exposed_comm_s"][i]),
+                     _ms(c["tp_comm_s"][i]), _ms(c["dp_comm_s"][i])])
+    return rows
+
+
+PLAN_HEADERS = ("#", "plan", "step (s)", "tokens/s", "TFLOP/s/GPU", "MFU", "mem (GiB)", "compute", "recompute",
+                "bubble", "optimizer", "exposed comm", "TP comm (total)", "DP comm (total)")
+
+
+def _section_best(result: SearchResult, top: int) -> str:
+    idx = result.ranking[:top]
+    if not idx.size:
+        return "## Best plans\n\nNo plan fits on this cluster (see the rejections below).\n"
+    best = result.top(1)[0].estimate.to_dict()
+    algos = best.get("collectives", {})
+    text = [f"## Best plans\n",
+            f"The {idx.size} fastest plans that fit (seconds per step; the five components from *compute* to "
+            f"*exposed comm* add up to the step time; TP/DP comm are totals, partly hidden behind compute).\n",
+            md_table(PLAN_HEADERS, _plan_rows(result, idx), align="rl" + "r" * (len(PLAN_HEADERS) - 2)), "",
+            f"Best plan: `{result.label(int(idx[0]))}`"
+            + ("; collectives chosen: " + ", ".join(f"{k}: {v}" for k, v in algos.items()) if algos else "") + ".",
+            "", "![Step-time breakdown of the top plans](breakdown.png)", ""]
+    return "\n".join(text)
+
+
+def _section_rejections(result: SearchResult) -> str:
+    rows = [[key, text, n] for key, text, n in result.why()]
+    return "\n".join(["## Rejected plans\n",
+                      f"{result.enumerated} plans enumerated, {result.evaluated} evaluated by the estimator, "
+                      f"{len(result)} fit. Reasons for the rest (first constraint broken):\n",
+                      md_table(("reason", "constraint", "plans"), rows) if rows else "(none)", ""])
+
+
+def _section_pareto(result: SearchResult) -> str:
+    front = result.pareto_time_memory()
+    c = result.columns
+    rows = [[f"{c['peak_memory_gib'][i]:.1f}", _ms(c["step_time_s"][i]), result.label(int(i))] for i in front]
+    return "\n".join([
+        "## Step time vs. memory\n",
+        "Every fitting plan, coloured by tp (left) and pp (right). The Pareto front (black) is the fastest plan "
+        "for each memory budget: anything above it is slower *and* uses more memory than a plan on it.\n",
+        "![Step time vs. memory per GPU](time_memory.png)\n",
+        md_table(("memory (GiB)", "step (s)", "plan"), rows, align="rrl") if rows else "(no fitting plan)", ""])
+
+
+def _section_tp_sweep(sweep: analysis.Sweep) -> str:
+    c = sweep.columns
+    rows = [[int(t), sweep.labels[k], _ms(c["step_time_s"][k]), f"{100 * c['tp_comm_s'][k] / c['step_time_s'][k]:.1f}%",
+             f"{c['peak_memory_gib'][k]:.1f}", bool(c["fits_effective"][k]),
+             "yes" if t > sweep.gpus_per_node else "no"] for k, t in enumerate(sweep.x)]
+    return "\n".join([
+        "## Tensor-parallel degree sweep\n",
+        f"The best plan for each tp (every valid tp up to {analysis.TP_SWEEP_MAX}). Right of the dashed line the "
+        f"TP group spans more than one node ({sweep.gpus_per_node} GPUs), so its all-reduces cross the network.\n",
+        "![TP sweep](tp_sweep.png)\n",
+        md_table(("tp", "best plan", "step (s)", "TP comm / step", "mem (GiB)", "fits", "crosses nodes"), rows,
+                 align="rlrrrll"), ""])
+
+
+def _section_scaling(scaling: analysis.Sweep, cost: SearchResult, price: float) -> str:
+    c = scaling.columns
+    counts = scaling.x
+    cost_best = {}
+    values, idx = analysis.best_per(cost, "gpus")
+    for g, i in zip(values, idx):
+        cost_best[int(g)] = (float(cost.columns["cost_per_mtok"][i]), cost.label(int(i)))
+    front = {int(cost.columns["gpus"][i]) for i in cost.pareto_gpus_throughput()}
+    rows = []
+    for k, g in enumerate(counts):
+        best_cost = cost_best.get(int(g), (float("nan"), "-"))
+        rows.append([int(g), scaling.labels[k].partition(" ")[2], float(c["tokens_per_s"][k]),
+                     f"{100 * c['mfu'][k]:.1f}%", _ms(c["step_time_s"][k]), f"{best_cost[0]:.2f}",
+                     "yes" if int(g) in front else "no"])
+    searched = ", ".join(str(int(p.cluster.num_gpus)) for p in cost.parts)
+    return "\n".join([
+        "## Scaling and cost\n",
+        f"The fastest fitting plan at each GPU count (searched: {searched}; counts where no plan fits are left out). "
+        f"Cost is dollars per million tokens at ${price:g} per GPU-hour, from the cheapest plan at that count; "
+        "a count is on the throughput-vs-GPUs Pareto front when no smaller count is as fast.\n",
+        "![Scaling](scaling.png)\n",
+        md_table(("GPUs", "fastest plan", "tokens/s", "MFU", "step (s)", "$/M tokens", "on front"), rows,
+                 align="rlrrrrl") if rows else "(no GPU count fits)", ""])
+
+
+def _section_bandwidth(grid: analysis.BandwidthGrid, base: float) -> str:
+    rows = []
+    for i, t in enumerate(grid.tp):
+        rows.append([int(t)] + [f"{100 * v:.1f}% ({s:.2f} s)" if np.isfinite(v) else "-"
+                                for v, s in zip(grid.tp_share[i], grid.step_time_s[i])])
+    heads = ["tp"] + [f"{b:g} GB/s ({s:g}x)" for b, s in zip(grid.bandwidth_GBps, grid.scales)]
+    best = np.nanmin(grid.step_time_s, axis=0)
+    gain = ", ".join(f"{s:g}x: {b:.3f} s" for s, b in zip(grid.scales, best))
+    return "\n".join([
+        "## What would more inter-node bandwidth buy?\n",
+        f"TP communication as a share of the step time of the best plan for each (tp, inter-node bandwidth), with "
+        f"every network link of the cluster scaled (1x = {base:g} GB/s per GPU per direction; for scale: HDR "
+        "200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s per NIC). "
+        "Cells with * (chart) do not fit. Best step time over all tp at each bandwidth: " + gain + ".\n",
+        "![TP communication share over tp x bandwidth](tp_bandwidth.png)\n",
+        md_table(heads, rows, align="r" * len(heads)), ""])
+
+
+def write_report(inputs: ReportInputs, out_dir: str | Path, *,
+                 loader: Callable[..., Any] | None = None, progress: bool = False,
+                 log: Callable[[str], None] = lambda s: None) -> Path:
+    """Run every study, draw the five charts and write the report; returns the README.md path."""
+    from ..topology import load_cluster
+
+    loader = loader or load_cluster
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model, space = inputs.model, inputs.space
+    cluster = loader(inputs.cluster, gpus=inputs.gpus)
+    kw = dict(compute=inputs.compute, progress=progress)
+    log("searching the full space")
+    result = search(model, cluster, inputs.global_batch, space=space, gpu_hour_price=inputs.gpu_hour_price, **kw)
+    log("TP sweep")
+    sweep = analysis.tp_sweep(model, cluster, inputs.global_batch, space, **kw)
+    log("GPU-count scaling and cost")
+    counts = cost_gpu_counts(cluster.gpus_per_node, inputs.gpus)
+    clusters = [loader(inputs.cluster, gpus=n) for n in counts[:-1]] + [cluster]
+    cost = search(model, clusters, inputs.global_batch, space=space, objective="cost",
+                  gpu_hour_price=inputs.gpu_hour_price, **kw)
+    scaling = analysis.scaling(model, clusters, inputs.global_batch, space, **kw)
+    log("inter-node bandwidth grid")
+    base = inter_node_bandwidth_GBps(cluster)
+    grid = analysis.bandwidth_grid(model, cluster, inputs.global_batch, scale_inter_node_bandwidth, base, space,
+                                   **kw)
+    log("charts")
+    title = f"{model.name}, {inputs.gpus} x {cluster.device.name}"
+    figures = {
+        "breakdown": charts.breakdown_chart(result, top=inputs.top, title=f"Step-time breakdown of the top plans "
+                                                                          f"({title})"),
+        "tp_sweep": charts.tp_sweep_chart(sweep, title=f"TP-degree sweep ({title})"),
+        "time_memory": charts.time_memory_chart(result),
+        "scaling": charts.scaling_chart(scaling, title=f"Scaling of {model.name} on {cluster.name}"),
+        "tp_bandwidth": charts.bandwidth_heatmap(grid, title=f"TP communication share ({title}; * = does not fit)"),
+    }
+    for name, fig in figures.items():
+        charts.save_figure(fig, out / name)
+    result.table(max(inputs.top, 50)).to_csv(out / "plans.csv", index=False)
+    (out / "summary.json").write_text(json.dumps(result.to_json(inputs.top), indent=1, allow_nan=False) + "\n")
+    text = _render(inputs, cluster, result, sweep, scaling, cost, grid, base)
+    path = out / "README.md"
+    path.write_text(text)
+    return path
+
+
+def _render(inputs: ReportInputs, cluster: Any, result: SearchResult, sweep: analysis.Sweep,
+            scaling: analysis.Sweep, cost: SearchResult, grid: analysis.BandwidthGrid, base: float) -> str:
+    m = inputs.model
+    compute = getattr(inputs.compute, "source", "roofline") if inputs.compute else "roofline"
+    params = m.total_params() / 1e9
+    head = [
+        f"# {m.name} on {inputs.gpus} x {cluster.device.name} ({cluster.name})\n",
+        f"Predicted by tpsim {__version__} (compute model: {compute}; estimator flavor: megatron). "
+        f"All numbers below come from running the planner; regenerate with:\n",
+        f"```\n{inputs.command}\n```\n" if inputs.command else "",
+        "## Setup\n",
+        md_table(("", ""), [
+            ["model", f"{m.name}: {params:.1f} B parameters, {m.num_layers} layers, hidden {m.hidden_size}, "
+                      f"{m.num_attention_heads} heads ({m.num_kv_heads} KV), FFN {m.ffn_hidden_size}, "
+                      f"vocabulary {m.vocab_size}, {m.family} family"],
+            ["sequence length", m.seq_len],
+            ["global batch", f"{inputs.global_batch} sequences ({inputs.global_batch * m.seq_len:,} tokens)"],
+            ["cluster", f"{cluster.name}: {cluster.num_nodes} nodes x {cluster.gpus_per_node} "
+                        f"{cluster.device.name}"],
+            ["GEMM dtype / attention", f"{inputs.space.dtype} / {inputs.space.attention}"],
+            ["search space", _describe_space(inputs.space)],
+            ["search", f"{result.enumerated:,} plans enumerated, {result.evaluated:,} evaluated, "
+                       f"{len(result):,} fit; {result.elapsed_s:.2f} s"],
+        ], align="ll"), ""]
+    body = [_section_best(result, inputs.top), _section_rejections(result), _section_pareto(result),
+            _section_tp_sweep(sweep), _section_scaling(scaling, cost, inputs.gpu_hour_price),
+            _section_bandwidth(grid, base)]
+    foot = [f"---\nCharts are also saved as SVG next to the PNGs; `plans.csv` holds the top plans with every "
+            f"breakdown column and `summary.json` the `tpsim plan --json` object. Generated with Python "
+            f"{platform.python_version()}.\n"]
+    return "\n".join(head + body + foot)
+
+
+def _describe_space(space: SearchSpace) -> str:
+    def vals(v: Any) -> str:
+        return "all divisors" if v is None else " ".join(str(x) for x in v)
+    parts = [f"tp {vals(space.tp)}" + (f" (<= {space.max_tp})" if space.max_tp else ""),
+             f"pp {vals(space.pp)}", f"vpp {vals(space.vpp)}", f"sp {vals(['off' if not s else 'on' for s in space.sp])}",
+             f"recompute {vals(space.recompute)}", f"ZeRO {vals(space.zero)}", f"micro-batch {vals(space.micro_batch)}",
+             f"overlap {vals(['on' if o else 'off' for o in space.overlap])}", f"{len(space.order)} rank orders"]
+    return "; ".join(parts)
+
+
+__all__ = ["ReportInputs", "write_report", "md_table", "CHART_FILES"]
