@@ -1,0 +1,318 @@
+"""The collective cost model on the topology graph.
+
+``get_collective_model(cluster).curve(op, groups)`` returns the :class:`CostCurve` of the slowest of the
+concurrent ``groups`` (every group of one plan axis), with the links loaded by all of them. Each candidate
+(ring with channels, double binary tree, NVLS, hierarchical, direct all-to-all, point-to-point; NCCL protocols
+LL / LL128 / Simple; gloo's own set on CPU ranks) is one term of the curve; the fastest is NCCL's choice.
+The graph is walked once per (op, layout): later calls are a dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from ..units import GB
+from .algorithms import (NVLS_TRAFFIC, RING_FACTOR, GroupShape, Line, combine, direct_lines, gloo_lines,
+                         nvls_line, p2p_lines, ring_lines, tree_lines)
+from .constants import NcclConstants, nccl_constants
+from .curve import OPS, CostCurve
+from .fabric import Fabric, Flow
+
+Groups = tuple[tuple[int, ...], ...]
+BUSBW_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+                "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+                "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0}
+"""nccl-tests doc/PERFORMANCE.md: busbw = algbw x factor."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveResult:
+    op: str
+    nbytes: int
+    nranks: int
+    time_s: float
+    algbw_GBps: float
+    """bytes / time in 1e9 B/s (nccl-tests algbw)."""
+    busbw_GBps: float
+    """algbw x the op's bus factor (nccl-tests busbw)."""
+    algorithm: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "bytes": self.nbytes, "nranks": self.nranks, "time_s": self.time_s,
+                "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps, "algorithm": self.algorithm}
+
+
+class CollectiveModel:
+    """Cost of collectives on one cluster. ``calibration``: ``{link_type: {efficiency, latency_us, bw_GBps}}``
+    or the path of a calibration YAML written by ``tpsim calibrate``."""
+
+    def __init__(self, cluster: Any, calibration: Mapping[str, Mapping[str, float]] | str | os.PathLike | None = None,
+                 nccl: NcclConstants | None = None):
+        if calibration is not None and not isinstance(calibration, Mapping):
+            from .calibration import load_calibration
+            calibration = load_calibration(calibration)
+        self.cluster = cluster
+        self.k = nccl or nccl_constants()
+        self.device = cluster.device.name
+        arch = self.k.arch_of(self.device)
+        self.fabric = Fabric(cluster, calibration, lane_limit_GBps={"nvlink": self.k.nvlink_lane_GBps[arch]},
+                             efficiency_limit=self.k.link_efficiency)
+        self._curves: dict[tuple, CostCurve] = {}
+
+    # --------------------------------------------------------------------------------------- public
+    def curve(self, op: str, groups: Sequence[Sequence[int]], algorithms: Sequence[str] | None = None) -> CostCurve:
+        """Cost curve of ``op`` on every group of ``groups`` at once (the slowest group's).
+        ``algorithms`` keeps only candidates whose name starts with one of them (like ``NCCL_ALGO``)."""
+        key = (op, groups, tuple(algorithms) if algorithms else None)
+        hit = self._curves.get(key)
+        if hit is None:
+            groups = self._check(op, groups)
+            hit = self._curves[key] = self._build(op, groups, algorithms)
+        return hit
+
+    def run(self, op: str, nbytes: float, groups: Sequence[Sequence[int]],
+            algorithms: Sequence[str] | None = None) -> CollectiveResult:
+        """Time, algbw, busbw and chosen algorithm of one collective of ``nbytes`` (nccl-tests convention)."""
+        if not nbytes > 0:
+            raise InputError(f"bytes={nbytes!r} must be a positive size")
+        groups = self._check(op, groups)
+        n = len(groups[0])
+        t, name = self.curve(op, groups, algorithms).best(nbytes)
+        algbw = nbytes / t / GB if t > 0 else float("inf")
+        return CollectiveResult(op=op, nbytes=int(nbytes), nranks=n, time_s=t, algbw_GBps=algbw,
+                                busbw_GBps=algbw * BUSBW_FACTOR[op](n), algorithm=name)
+
+    def candidates(self, op: str, groups: Sequence[Sequence[int]]) -> list[Line]:
+        """Every candidate line (uncached; for tests and ``--sweep`` explanations)."""
+        return self._lines(op, self._check(op, groups))
+
+    # ------------------------------------------------------------------------------------- checking
+    def _check(self, op: str, groups: Sequence[Sequence[int]]) -> Groups:
+        if op not in OPS:
+            raise InputError(f"op={op!r} is not a collective (known: {', '.join(OPS)})")
+        groups = tuple(tuple(int(r) for r in g) for g in groups)
+        if not groups or not groups[0]:
+            raise InputError("groups must hold at least one group of ranks")
+        n = len(groups[0])
+        if any(len(g) != n for g in groups):
+            raise InputError(f"groups have different sizes {sorted({len(g) for g in groups})}; "
+                             "every group of one axis must have the same size")
+        total = self.cluster.num_gpus
+        for g in groups:
+            bad = [r for r in g if not 0 <= r < total]
+            if bad:
+                raise InputError(f"rank {bad[0]} is outside the cluster's {total} GPUs (ranks 0-{total - 1})")
+            if len(set(g)) != n:
+                raise InputError(f"group {list(g)} lists a rank twice")
+        return groups
+
+    # -------------------------------------------------------------------------------------- building
+    def _build(self, op: str, groups: Groups, algorithms: Sequence[str] | None) -> CostCurve:
+        if len(groups[0]) == 1:
+            return CostCurve.zero()
+        lines = self._lines(op, groups)
+        if algorithms:
+            lines = [ln for ln in lines if ln.name.startswith(tuple(algorithms))]
+            if not lines:
+                raise InputError(f"algorithms={list(algorithms)} match no candidate of {op} here")
+        return CostCurve(tuple(ln.latency_s for ln in lines), tuple(ln.sec_per_byte for ln in lines),
+                         tuple(ln.name for ln in lines), tuple(ln.sqrt_coef for ln in lines))
+
+    def _lines(self, op: str, groups: Groups) -> list[Line]:
+        n = len(groups[0])
+        if n == 1:
+            return [Line("none", 0.0, 0.0)]
+        per_node = [self._per_node(g) for g in groups]
+        types = self.fabric.route_types(groups[0][0], groups[0][1])
+        if "loopback" in types:
+            return self._gloo_lines(op, groups, per_node)
+        shape = self._shape(groups, per_node, types)
+        if op == "all_to_all":
+            flows = [(a, b, 1.0 / n) for g in groups for a in g for b in g if a != b]
+            return direct_lines(shape, self.fabric.sec_per_byte(flows), self.k, self._hw(shape))
+        if op == "send_recv":
+            flows = [(g[i], g[i + 1], 1.0) for g in groups for i in range(n - 1)]
+            return p2p_lines(self.fabric.sec_per_byte(flows), self.k, self._hw(shape))
+        lines = ring_lines(op, shape, self._ring_bw(groups, per_node, chain=op == "broadcast"), self.k)
+        if op == "all_reduce":
+            lines += tree_lines(shape, self.fabric.sec_per_byte(self._tree_flows(per_node)), self.k)
+        if op in NVLS_TRAFFIC and self._nvls_capable(groups):
+            lines.append(nvls_line(op, shape, self._nvls_sec_per_byte(op, groups), self.k))
+        if op == "all_reduce" and shape.nodes > 1 and self._uniform(per_node) > 1:
+            lines += self._hierarchical(groups, per_node, shape)
+        return lines
+
+    def _hw(self, shape: GroupShape) -> str:
+        return "NET" if shape.nodes > 1 else shape.hw
+
+    def _shape(self, groups: Groups, per_node: list[list[list[int]]], types: set[str]) -> GroupShape:
+        nodes = max(len(p) for p in per_node)
+        first = groups[0][0]
+        if types & {"pcie", "cpu"} and not types & {"nvlink", "ici"}:
+            hw, channels = "PCI", self.k.pcie_channels
+        else:
+            lanes = sum(self.cluster.graph.edges[e]["lanes"] or 1 for e in self._fast_out(first))
+            hw, channels = "NVLINK", max(1, min(self.k.max_channels, lanes or 1))
+        return GroupShape(n=len(groups[0]), nodes=nodes, hw=hw, channels=channels,
+                          caps=self.k.caps(self.device))
+
+    def _fast_out(self, rank: int) -> list[tuple[str, str]]:
+        gpu = self.fabric.gpu(rank)
+        graph = self.cluster.graph
+        return [(gpu, v) for v in graph.successors(gpu) if graph.edges[gpu, v]["type"] in ("nvlink", "ici")]
+
+    def _per_node(self, group: Sequence[int]) -> list[list[int]]:
+        """The group's ranks by node (nodes in order of first appearance), each sorted by local index."""
+        by_node: dict[int, list[int]] = {}
+        for r in group:
+            by_node.setdefault(self.fabric.node_of(r), []).append(r)
+        return [sorted(m, key=self.fabric.local_of) for m in by_node.values()]
+
+    @staticmethod
+    def _uniform(per_node: list[list[list[int]]]) -> int:
+        """Ranks per node if every node of every group holds the same number, else 0."""
+        sizes = {len(m) for p in per_node for m in p}
+        return sizes.pop() if len(sizes) == 1 else 0
+
+    # ------------------------------------------------------------------------------------ rings/trees
+    def _ring_bw(self, groups: Groups, per_node: list[list[list[int]]], chain: bool = False) -> float:
+        """Bytes/s of one ring hop with every group's rings loading the links (hop traffic = 1 per ring)."""
+        flows: list[Flow] = []
+        for p in per_node:
+            rings = ring_orders(p)
+            for ring in rings:
+                hops = len(ring) - 1 if chain else len(ring)
+                flows += [(ring[i], ring[(i + 1) % len(ring)], 1.0 / len(rings)) for i in range(hops)]
+        spb = self.fabric.sec_per_byte(flows)
+        return 1.0 / spb if spb > 0 else float("inf")
+
+    def _tree_flows(self, per_node: list[list[list[int]]]) -> list[Flow]:
+        """Double binary tree (NCCL): a chain inside each node, binary trees over the nodes, the second tree
+        mirrored; each tree carries half the buffer up (reduce) and down (broadcast)."""
+        flows: list[Flow] = []
+        for p in per_node:
+            for t in (0, 1):
+                chains = [m if t == 0 else m[::-1] for m in p]
+                order = list(range(len(chains))) if t == 0 else list(range(len(chains)))[::-1]
+                for chain in chains:
+                    for a, b in zip(chain, chain[1:]):
+                        flows += [(a, b, 0.5), (b, a, 0.5)]
+                for i in range(1, len(order)):
+                    child, parent = chains[order[i]][0], chains[order[(i - 1) // 2]][0]
+                    flows += [(child, parent, 0.5), (parent, child, 0.5)]
+        return flows
+
+    def _hierarchical(self, groups: Groups, per_node: list[list[list[int]]], shape: GroupShape) -> list[Line]:
+        """Intra-node reduce-scatter, inter-node all-reduce of 1/ppn of the buffer per rail, intra-node
+        all-gather (Thakur et al. 2005 hierarchical form; NCCL's NVLS-tree when the intra part is NVLS)."""
+        ppn = len(per_node[0][0])
+        intra = tuple(tuple(m) for p in per_node for m in p)
+        inter = tuple(tuple(m[k] for m in p) for p in per_node for k in range(ppn))
+        intra_pn = [[list(m)] for m in intra]
+        inter_pn = [self._per_node(g) for g in inter]
+        k = self.k
+        s_intra = GroupShape(n=ppn, nodes=1, hw=shape.hw, channels=shape.channels, caps=shape.caps)
+        s_inter = GroupShape(n=len(inter[0]), nodes=len(inter[0]), hw=shape.hw, channels=shape.channels,
+                             caps=shape.caps)
+        rs = ring_lines("reduce_scatter", s_intra, self._ring_bw(intra, intra_pn), k)
+        ag = ring_lines("all_gather", s_intra, self._ring_bw(intra, intra_pn), k)
+        ar = ring_lines("all_reduce", s_inter, self._ring_bw(inter, inter_pn), k)
+        lines = [combine(f"hierarchical/{a.name.split('/')[1].split()[0]}", [(a, 1.0), (b, 1.0 / ppn), (c, 1.0)])
+                 for a, b, c in zip(rs, ar, ag)]
+        if self._nvls_capable(intra):
+            nrs = nvls_line("reduce_scatter", s_intra, self._nvls_sec_per_byte("reduce_scatter", intra), k)
+            nag = nvls_line("all_gather", s_intra, self._nvls_sec_per_byte("all_gather", intra), k)
+            lines.append(combine("hierarchical-nvls/Simple", [(nrs, 1.0), (ar[-1], 1.0 / ppn), (nag, 1.0)]))
+        return lines
+
+    # ------------------------------------------------------------------------------------------- NVLS
+    def _nvls_capable(self, groups: Groups) -> bool:
+        """NVLS needs an architecture with NVLS, every GPU wired only to in-switch-reduction NVSwitches and
+        the group inside one NVLink domain (routes of NVLink only)."""
+        if self.k.caps(self.device).nvls_efficiency <= 0:
+            return False
+        graph = self.cluster.graph
+        for g in groups:
+            for r in g:
+                outs = self._fast_out(r)
+                if not outs or not all(graph.nodes[v].get("sharp") and graph.nodes[v]["kind"] == "nvswitch"
+                                       for _u, v in outs):
+                    return False
+            if any(self.fabric.route_types(g[0], r) - {"nvlink"} for r in g[1:]):
+                return False
+        return True
+
+    def _nvls_sec_per_byte(self, op: str, groups: Groups) -> float:
+        """Load of the GPU<->switch links: per GPU ``NVLS_TRAFFIC`` bytes in/out, spread over its NVLinks
+        by bandwidth; capacity scaled by the architecture's NVLS efficiency (NCCL nvls.cc)."""
+        into, out_of = NVLS_TRAFFIC[op](len(groups[0]))
+        fab = self.fabric
+        load = np.zeros(len(fab.capacity))
+        for g in groups:
+            for r in g:
+                ups = [fab.edge_index[e] for e in self._fast_out(r)]
+                downs = [fab.edge_index[(v, u)] for u, v in self._fast_out(r)]
+                for idx, nbytes in ((ups, into), (downs, out_of)):
+                    share = fab.capacity[idx] / fab.capacity[idx].sum()
+                    np.add.at(load, idx, share * nbytes)
+        eff = self.k.caps(self.device).nvls_efficiency
+        used = load > 0
+        return float(np.max(load[used] / (fab.capacity[used] * eff)))
+
+    # ------------------------------------------------------------------------------------------- gloo
+    def _gloo_lines(self, op: str, groups: Groups, per_node: list[list[list[int]]]) -> list[Line]:
+        """Gloo on CPU ranks: alpha = latency of the slowest neighbour route, beta from the ring's link loads."""
+        n = len(groups[0])
+        rings = [ring for p in per_node for ring in ring_orders(p)[:1]]
+        alpha = max(self.fabric.route_latency(r[i], r[(i + 1) % n]) for r in rings for i in range(n))
+        if op == "all_to_all":
+            flows = [(a, b, 1.0 / (n - 1)) for g in groups for a in g for b in g if a != b]
+            spb = self.fabric.sec_per_byte(flows)
+        elif op == "send_recv":
+            spb = self.fabric.sec_per_byte([(g[i], g[i + 1], 1.0) for g in groups for i in range(n - 1)])
+        else:
+            spb = 1.0 / self._ring_bw(groups, [[sum(p, [])] for p in per_node])
+        return gloo_lines(op, n, alpha, spb)
+
+
+def ring_orders(per_node: list[list[int]]) -> list[list[int]]:
+    """NCCL-like rings of one group: one ring inside a node; across nodes one ring per local position c,
+    entering node j at its c-th GPU and leaving on the same rail (odd nodes walk backwards) so every
+    node-to-node hop stays on one rail."""
+    if len(per_node) == 1:
+        return [list(per_node[0])]
+    ppn = min(len(m) for m in per_node)
+    rings = []
+    for c in range(ppn):
+        ring: list[int] = []
+        for j, m in enumerate(per_node):
+            rot = m[c:] + m[:c]
+            ring += rot if j % 2 == 0 else rot[::-1]
+        rings.append(ring)
+    return rings
+
+
+def nccl_tests_time(curve: CostCurve, nbytes: np.ndarray | float, gpus_per_process: int,
+                    launch_us: float | None = None) -> np.ndarray:
+    """Time nccl-tests reports when one process drives ``gpus_per_process`` GPUs (``-g N``): the host
+    launches one kernel per GPU each iteration, so an operation takes at least N launches
+    (``nccl_tests_launch_us`` of nccl_model.yaml)."""
+    launch = (nccl_constants().launch_us if launch_us is None else launch_us) * 1e-6
+    return np.maximum(curve.time(nbytes), gpus_per_process * launch)
+
+
+_MODELS: dict[str, CollectiveModel] = {}
+
+
+def get_collective_model(cluster: Any) -> CollectiveModel:
+    """The model of ``cluster``, cached per ``cluster.fingerprint()`` (and NCCL constants version)."""
+    key = f"{cluster.fingerprint()}|{nccl_constants().version}"
+    model = _MODELS.get(key)
+    if model is None:
+        model = _MODELS[key] = CollectiveModel(cluster)
+    return model
