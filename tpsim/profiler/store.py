@@ -66,6 +66,8 @@ class ProfileWriter:
         self.path = Path(path)
         self.done: dict[PointKey, float] = {}
         if self.path.exists() and self.path.stat().st_size > 0:
+            if not self.path.read_bytes().startswith(TITLE[:22].encode()):
+                raise InputError(f"profile {self.path}: exists and is not a tpsim profile; choose another --out")
             _repair(self.path)
             text = self.path.read_text()
             rows = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
@@ -82,10 +84,8 @@ class ProfileWriter:
         self._sync()
 
     def _check_header_only(self, text: str, meta: Mapping[str, object]) -> None:
-        """A file with no measured row (killed before the first point) is rewritten, if it is a profile of
-        the same device: never overwrite another file."""
-        if not text.startswith(TITLE[:22]):
-            raise InputError(f"profile {self.path}: exists and is not a tpsim profile; choose another --out")
+        """A profile file with no measured row (killed before the first point) is rewritten, if it is of the
+        same device."""
         for line in text.splitlines():
             body = line.lstrip("#").strip()
             if line.startswith("#") and ":" in body:
