@@ -9,7 +9,9 @@ contiguous ``Shard(0)`` of the fused weight gives each rank its own heads.
 
 KV heads fewer than the TP degree are replicated (Megatron-Core's rule): the block is built with ``tp`` KV heads,
 KV head ``j`` copied ``tp / kv`` times, which computes the same function as the original block.
-Dropout is left out (p = 0): it would make the sharded and unsharded runs draw different masks.
+GPT blocks apply hidden dropout after the attention and MLP outputs (Megatron's bias-dropout-add, p = 0.1 by
+default, as the estimator costs it); the numerics check runs with p = 0 (the sharded and unsharded runs would
+draw different masks), the timing with the model's p.
 """
 
 from __future__ import annotations
@@ -150,11 +152,16 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(gate) * up)
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm block: h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h))."""
+GPT_HIDDEN_DROPOUT = 0.1
+"""hidden dropout of GPT blocks (Megatron-LM's --hidden-dropout default); Llama blocks have none."""
 
-    def __init__(self, d: BlockDims, fused: bool, seq: int) -> None:
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: h = x + drop(attention(attention_norm(x))); out = h + drop(feed_forward(ffn_norm(h)))."""
+
+    def __init__(self, d: BlockDims, fused: bool, seq: int, dropout: float = 0.0) -> None:
         super().__init__()
+        self.dropout = dropout
         norm = (lambda: nn.LayerNorm(d.hidden)) if d.family == "gpt" else (lambda: RMSNorm(d.hidden))
         self.attention_norm = norm()
         self.attention = Attention(d, fused, seq)
@@ -162,18 +169,24 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(d, fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
+        h = x + self._drop(self.attention(self.attention_norm(x)))
+        return h + self._drop(self.feed_forward(self.ffn_norm(h)))
+
+    def _drop(self, y: torch.Tensor) -> torch.Tensor:
+        return F.dropout(y, self.dropout) if self.dropout and self.training else y
 
 
-def build_block(model: ModelSpec, tp: int, fused: bool, seq: int, seed: int = 0) -> TransformerBlock:
+def build_block(model: ModelSpec, tp: int, fused: bool, seq: int, seed: int = 0,
+                dropout: bool = False) -> TransformerBlock:
     """The unsharded block, fp32, with seeded weights (identical on every rank) and non-trivial norm weights.
 
-    Linear weights ~ N(0, 1/fan_in) keep activations O(1); KV heads fewer than ``tp`` are replicated.
+    Linear weights ~ N(0, 1/fan_in) keep activations O(1); KV heads fewer than ``tp`` are replicated;
+    ``dropout``: GPT blocks get their hidden dropout (timing), else none (numerics).
     """
     d = BlockDims.of(model, tp)
     gen = torch.Generator().manual_seed(seed)
-    block = TransformerBlock(d, fused, seq)
+    p = GPT_HIDDEN_DROPOUT if dropout and model.family == "gpt" else 0.0
+    block = TransformerBlock(d, fused, seq, p)
     with torch.no_grad():
         for name, p in block.named_parameters():
             if p.dim() == 2:

@@ -168,7 +168,7 @@ def time_case(case: Case, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
     collective times (median over reps of each iteration's total per (phase, op)) in separate iterations."""
     device = torch.device(mesh.device_type, torch.cuda.current_device()) if mesh.device_type == "cuda" \
         else torch.device("cpu")
-    ref = build_block(case.model, case.tp, case.fused, case.model.seq_len, case.seed).to(device)
+    ref = build_block(case.model, case.tp, case.fused, case.model.seq_len, case.seed, dropout=True).to(device)
     block = shard_block(ref, mesh, case.model, case.sp, case.fused)
     inp = make_inputs(case, device)
     x0, dy = local_part(inp.x, case, rank), local_part(inp.dy, case, rank)

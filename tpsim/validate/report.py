@@ -1,0 +1,163 @@
+"""Compare what the ranks measured with what the estimator predicted; write the CSV and the chart.
+
+Per case: numerics (worst relative error over the output, the input gradient and every parameter gradient
+of every rank), collectives (``CommDebugMode`` counts and hooked bytes per type in forward and backward, on
+every rank, against the torch-free ``layer_collectives(..., flavor="dtensor")`` and the estimator's counts),
+and phases: ``fwd``, ``bwd``, ``fwd+bwd`` and each ``<phase>:<collective>``, with the % error
+``100 * (predicted - measured) / measured``.
+
+Measured times: forward and backward are the slowest rank's median (the slowest rank sets the pace);
+a collective type's time is the fastest rank's median, because the ranks that arrive first also wait for
+the last one, who alone sees the transfer itself.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from .case import Case
+from .predict import Prediction
+
+CSV_COLUMNS = ("case", "model", "family", "tp", "sp", "fused", "hidden", "heads", "ffn", "seq_len",
+               "micro_batch", "phase", "predicted_s", "measured_s", "error_pct", "numerics_ok",
+               "numerics_max_rel_err", "collectives_match", "compute_model", "backend", "scaled")
+
+
+def error_pct(predicted: float, measured: float) -> float:
+    return 100.0 * (predicted - measured) / measured
+
+
+def summarize_case(case: Case, ranks: list[dict[str, Any]], pred: Prediction | None) -> dict[str, Any]:
+    """One case's checks and phases from every rank's result (``ranks``: one dict per rank)."""
+    expected_counts, expected_bytes = case.expected_counts(), case.expected_bytes()
+    counts_ok = all(_norm(r["counts"]) == _norm(expected_counts) for r in ranks)
+    bytes_ok = all(_norm(r["bytes"]) == _norm(expected_bytes) for r in ranks)
+    pred_ok = pred is None or _norm(pred.counts) == _norm(expected_counts)
+    worst = max(max(r["numerics"].values()) for r in ranks)
+    measured = {"fwd": max(r["fwd_s"] for r in ranks), "bwd": max(r["bwd_s"] for r in ranks)}
+    measured["fwd+bwd"] = max(r["fwd_s"] + r["bwd_s"] for r in ranks)
+    for key in sorted({k for r in ranks for k in r["comm_s"]}):
+        measured[key] = min(r["comm_s"].get(key, 0.0) for r in ranks)
+    phases = []
+    if pred is not None:
+        predicted = {"fwd": pred.fwd_s, "bwd": pred.bwd_s, "fwd+bwd": pred.fwd_s + pred.bwd_s, **pred.comm_s}
+        for name, meas in measured.items():
+            p = predicted.get(name)
+            phases.append({"name": name, "predicted_s": p, "measured_s": meas,
+                           "error_pct": error_pct(p, meas) if p is not None and meas > 0 else None})
+    else:
+        phases = [{"name": n, "predicted_s": None, "measured_s": m, "error_pct": None} for n, m in measured.items()]
+    return {
+        "case": case.name, "config": _config(case), "scaled": case.scaled,
+        "numerics_ok": all(r["numerics_ok"] for r in ranks), "numerics_max_rel_err": worst,
+        "collectives_match": counts_ok and bytes_ok and pred_ok,
+        "counts": {"measured": ranks[0]["counts"], "expected": expected_counts,
+                   "predicted": pred.counts if pred else None},
+        "bytes": {"measured": ranks[0]["bytes"], "expected": expected_bytes},
+        "compute_model": pred.compute_model if pred else None,
+        "measured_compute_fraction": pred.measured_compute_fraction if pred else None,
+        "phases": phases,
+        "samples_s": {"fwd": [r["fwd_all_s"] for r in ranks], "bwd": [r["bwd_all_s"] for r in ranks]},
+    }
+
+
+def _norm(counts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Drop zero entries and missing phases so that {} and {"fwd": {}} compare equal."""
+    return {ph: {op: n for op, n in d.items() if n} for ph, d in counts.items() if any(d.values())}
+
+
+def _config(case: Case) -> dict[str, Any]:
+    m = case.model
+    return {"model": m.name, "family": m.family, "tp": case.tp, "sp": case.sp, "fused": case.fused,
+            "hidden": m.hidden_size, "heads": m.num_attention_heads, "kv_heads": m.num_kv_heads,
+            "ffn": m.ffn_hidden_size, "seq_len": m.seq_len, "micro_batch": case.micro_batch,
+            "reps": case.reps, "warmup": case.warmup}
+
+
+def layer_errors(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and worst |error| of the fwd+bwd time per layer over cases (the accuracy figure)."""
+    errs = [abs(p["error_pct"]) for s in summaries for p in s["phases"]
+            if p["name"] == "fwd+bwd" and p["error_pct"] is not None]
+    if not errs:
+        return {"cases": 0, "median_abs_error_pct": None, "worst_abs_error_pct": None}
+    return {"cases": len(errs), "median_abs_error_pct": statistics.median(errs),
+            "worst_abs_error_pct": max(errs)}
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write through a temporary file in the same folder and a rename: a killed run leaves the old file or
+    the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_csv(path: Path, summaries: list[dict[str, Any]], backend: str) -> None:
+    """One row per (case, phase)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for s in summaries:
+        c = s["config"]
+        for p in s["phases"]:
+            writer.writerow({
+                "case": s["case"], "model": c["model"], "family": c["family"], "tp": c["tp"], "sp": c["sp"],
+                "fused": c["fused"], "hidden": c["hidden"], "heads": c["heads"], "ffn": c["ffn"],
+                "seq_len": c["seq_len"], "micro_batch": c["micro_batch"], "phase": p["name"],
+                "predicted_s": _fmt(p["predicted_s"]), "measured_s": _fmt(p["measured_s"]),
+                "error_pct": "" if p["error_pct"] is None else f"{p['error_pct']:.2f}",
+                "numerics_ok": s["numerics_ok"], "numerics_max_rel_err": f"{s['numerics_max_rel_err']:.2e}",
+                "collectives_match": s["collectives_match"], "compute_model": s["compute_model"] or "",
+                "backend": backend, "scaled": s["scaled"]})
+    write_atomic(path, buf.getvalue().encode())
+
+
+def _fmt(x: float | None) -> str:
+    return "" if x is None else f"{x:.6g}"
+
+
+def write_scatter(path: Path, summaries: list[dict[str, Any]], title: str) -> None:
+    """Predicted vs measured seconds per phase, log-log, with y = x and the +-15 % / +-35 % bands."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 6.0))
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for s in summaries:
+        for p in s["phases"]:
+            if p["predicted_s"] is None or not p["measured_s"]:
+                continue
+            kind = p["name"] if ":" not in p["name"] else "collective " + p["name"].split(":")[1]
+            groups.setdefault(kind, []).append((p["measured_s"], p["predicted_s"]))
+    values = [v for pts in groups.values() for pt in pts for v in pt]
+    if values:
+        lo, hi = min(values) / 1.5, max(values) * 1.5
+        ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="predicted = measured")
+        for band, style in ((0.15, "--"), (0.35, ":")):
+            for f in (1 - band, 1 + band):
+                ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.8, ls=style)
+        for kind, pts in sorted(groups.items()):
+            ax.scatter([m for m, _ in pts], [p for _, p in pts], s=18, label=kind)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured seconds (per layer and micro-batch)")
+    ax.set_ylabel("predicted seconds")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(True, which="both", alpha=0.3)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())

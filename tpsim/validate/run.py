@@ -1,0 +1,150 @@
+"""``tpsim validate`` end to end: calibrate the collectives, launch the ranks, predict, compare, report."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..model import ModelSpec, with_overrides
+from .case import Case
+from .launch import LaunchConfig, RankFailure, launch
+from .predict import (REPO_ROOT, compute_model, find_profile, grid_hits, load_local_cluster, predict_case)
+from .report import layer_errors, summarize_case, write_csv, write_scatter
+from .scale import fit_case
+
+REPORTS_DIR = REPO_ROOT / "reports" / "validation"
+MATRIX_TP = (1, 2)
+MATRIX_SP = (False, True)
+MATRIX_HIDDEN = (512, 1024, 2048)
+MATRIX_SEQ = (128, 512)
+MATRIX_HEAD_DIM = 64
+"""head dim of the matrix's models (heads = hidden / 64)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """Where the prediction's inputs come from and where the report goes."""
+
+    cluster: str = "local-cpu"
+    """topology of the machine the ranks run on (``local-cpu``, or a GPU node such as ``hgx-h200``)."""
+    profile: Path | None = None
+    """kernel profile; None: the newest ``profiles/<cpu|cuda>-*.csv``."""
+    use_profile: bool = True
+    calibrate: bool = True
+    """measure the collectives first (``tpsim bench-collectives`` + ``tpsim calibrate``)."""
+    calibration: Path | None = None
+    """an existing calibration file (skips the measurement)."""
+    out_dir: Path = REPORTS_DIR
+    name: str | None = None
+    budget_s: float = 300.0
+    """scale a case down until its predicted run time on one rank is under this."""
+    chart: bool = True
+
+
+def calibrate_collectives(cfg: LaunchConfig, work: Path) -> Path:
+    """Run a short ``tpsim bench-collectives`` with the same backend and rank count, then ``tpsim calibrate``;
+    return the calibration file."""
+    csv_path, cal_path = work / "bench-collectives.csv", work / "calibration.yaml"
+    steps = [["bench-collectives", "--nproc", str(cfg.nproc), "--backend", cfg.backend, "--quick",
+              "--out", str(csv_path), "--timeout", str(int(cfg.timeout_s))],
+             ["calibrate", str(csv_path), "--out", str(cal_path)]]
+    for args in steps:
+        proc = subprocess.run([sys.executable, "-m", "tpsim.cli", *args], capture_output=True, text=True,
+                              timeout=max(300.0, 10 * cfg.timeout_s))
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise RankFailure(f"collective calibration failed: tpsim {' '.join(args[:1])}: {last}")
+    return cal_path
+
+
+def run_cases(cases: list[Case], cfg: LaunchConfig, opts: Options, work: Path,
+              env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Predict, launch and summarize ``cases`` that share one launch config (same TP degree)."""
+    calibration = opts.calibration
+    if calibration is None and opts.calibrate and cfg.nproc > 1:
+        calibration = calibrate_collectives(cfg, work)
+    cluster = load_local_cluster(opts.cluster, cfg.nproc, calibration, work)
+    device_type = "cuda" if cfg.backend == "nccl" else "cpu"
+    profile = (opts.profile or find_profile(device_type)) if opts.use_profile else None
+    compute = compute_model(cluster, profile)
+    cases = [fit_case(c, cfg.nproc, compute, opts.budget_s) for c in cases]
+    preds = {c.name: predict_case(c, cluster, compute) for c in cases}
+    result = launch(cases, cfg, work / f"run-tp{cfg.nproc}", env=env)
+    per_case: dict[str, list[dict[str, Any]]] = {}
+    for rank_results in result["ranks"]:
+        for r in rank_results:
+            per_case.setdefault(r["case"], []).append(r)
+    out = []
+    for c in cases:
+        s = summarize_case(c, per_case[c.name], preds[c.name])
+        s["profile"] = str(profile) if profile else None
+        s["profile_grid_hits"] = len(grid_hits(c, profile))
+        s["calibration"] = str(calibration) if calibration else None
+        s["meta"] = result["meta"]
+        out.append(s)
+    return out
+
+
+def validate(cases: list[Case], cfg: LaunchConfig, opts: Options, name: str,
+             env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run every case (grouped by TP degree, one launch each), write ``<out_dir>/<name>.csv`` and
+    ``<name>.png``; return the report (the ``--json`` object)."""
+    summaries: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tpsim-validate-") as tmp:
+        for tp in sorted({c.tp for c in cases}):
+            group = [c for c in cases if c.tp == tp]
+            launch_cfg = cfg if cfg.nproc == tp else dataclasses.replace(cfg, nproc=tp)
+            summaries += run_cases(group, launch_cfg, opts, Path(tmp), env)
+    report = _report(summaries, name, cfg.backend)
+    csv_path = opts.out_dir / f"{name}.csv"
+    write_csv(csv_path, summaries, cfg.backend)
+    report["csv"] = str(csv_path)
+    if opts.chart:
+        png = opts.out_dir / f"{name}.png"
+        err = report["layer_error"]
+        title = (f"tpsim validate {name}: {cfg.backend}, {len(summaries)} case(s); fwd+bwd |error| median "
+                 f"{_pct(err['median_abs_error_pct'])}, worst {_pct(err['worst_abs_error_pct'])}")
+        write_scatter(png, summaries, title)
+        report["chart"] = str(png)
+    return report
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}%"
+
+
+def _report(summaries: list[dict[str, Any]], name: str, backend: str) -> dict[str, Any]:
+    phases = [dict(p, case=s["case"]) for s in summaries for p in s["phases"]] if len(summaries) > 1 \
+        else summaries[0]["phases"]
+    return {"name": name, "backend": backend,
+            "numerics_ok": all(s["numerics_ok"] for s in summaries),
+            "collectives_match": all(s["collectives_match"] for s in summaries),
+            "phases": phases, "layer_error": layer_errors(summaries), "cases": summaries}
+
+
+def matrix_cases(base: ModelSpec, fused: bool = False, micro_batch: int = 3, reps: int = 5,
+                 warmup: int = 2, tps: tuple[int, ...] = MATRIX_TP, hiddens: tuple[int, ...] = MATRIX_HIDDEN,
+                 seqs: tuple[int, ...] = MATRIX_SEQ) -> list[Case]:
+    """tp x sp x hidden x seq (sp only with tp > 1), heads = hidden / 64, GPT ffn = 4h, Llama ffn = 3.5h."""
+    cases = []
+    for tp in tps:
+        for sp in MATRIX_SP:
+            if sp and tp == 1:
+                continue
+            for h in hiddens:
+                for s in seqs:
+                    heads = h // MATRIX_HEAD_DIM
+                    kv = min(base.num_kv_heads, heads) if base.num_kv_heads < base.num_attention_heads else heads
+                    ffn = 4 * h if base.family == "gpt" else 7 * h // 2
+                    model = with_overrides(base, hidden=h, heads=heads, kv_heads=kv, ffn=ffn, seq_len=s)
+                    cases.append(Case(model=model, tp=tp, sp=sp, fused=fused, micro_batch=micro_batch,
+                                      reps=reps, warmup=warmup))
+    if not cases:
+        raise InputError("the validation matrix is empty")
+    return cases
