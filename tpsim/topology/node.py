@@ -44,13 +44,21 @@ class EdgeAttrs:
 
 def link_attrs(kind, lanes: int, default_eff: float, calibration: CalibrationSpec | None,
                bw: float | None = None, latency: float | None = None, eff: float | None = None) -> EdgeAttrs:
-    """Edge attributes: explicit value > calibration (per link type) > link kind > cluster default."""
+    """Edge attributes: explicit value > calibration (per link type) > link kind > cluster default.
+
+    ``bw`` and the link kind's bandwidth are per lane; a calibration's ``bw_GBps`` is the whole edge (all its
+    lanes) per direction, as ``tpsim calibrate`` measures it (same convention as tpsim.collectives.fabric)."""
     cal = calibration.per_type.get(kind.type, {}) if calibration else {}
-    lane_bw = bw if bw is not None else cal.get("bw_GBps", kind.bw_GBps)
+    if bw is not None:
+        edge_bw = bw * lanes
+    elif "bw_GBps" in cal:
+        edge_bw = cal["bw_GBps"]
+    else:
+        edge_bw = kind.bw_GBps * lanes
     lat = latency if latency is not None else cal.get("latency_us", kind.latency_us)
     efficiency = eff if eff is not None else cal.get(
         "efficiency", kind.efficiency if kind.efficiency is not None else default_eff)
-    return EdgeAttrs(type=kind.type, bw_GBps=lane_bw * lanes, lanes=lanes, latency_us=lat, efficiency=efficiency)
+    return EdgeAttrs(type=kind.type, bw_GBps=edge_bw, lanes=lanes, latency_us=lat, efficiency=efficiency)
 
 
 class NodeLayout:
