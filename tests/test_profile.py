@@ -275,3 +275,14 @@ def test_lookup_speed_is_vectorized():
     t, measured = MODEL.gemm(m, m[::-1], 1000, "fp32")
     assert measured.all() and t.shape == m.shape
     assert time.perf_counter() - start < 2.0  # ~0.05 s quiet; generous for a shared machine
+
+
+def test_check_compares_a_roofline_with_the_measured_times(tmp_path, capsys):
+    path = _write(tmp_path / "p.csv", _points())
+    assert main(["profile", "--check", str(path), "--json", "--roofline", "CPU-x86-1thread"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    tables = out["roofline"]["tables"]
+    gemm = next(t for t in tables if t["kind"] == "gemm")
+    assert gemm["points"] == len(GEMM_AXIS) ** 3
+    assert gemm["ratio_p10"] <= gemm["ratio_median"] <= gemm["ratio_p90"] and gemm["ratio_median"] > 0
+    assert main(["profile", "--check", str(path), "--roofline", "no-such-gpu"]) == 2

@@ -28,14 +28,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--check", type=Path, metavar="FILE", help="report leave-one-out interpolation error of FILE")
     p.add_argument("--json", action="store_true", help="with --check: print one JSON object")
+    p.add_argument("--roofline", metavar="DEVICE",
+                   help="with --check: also compare the roofline of DEVICE (device table name, e.g. H200) "
+                        "with the profile's measured times")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.check:
-        return _check(args.check, args.json)
-    if args.json:
-        raise InputError("--json goes with --check FILE")
+        return _check(args.check, args.json, args.roofline)
+    if args.json or args.roofline:
+        raise InputError("--json and --roofline go with --check FILE")
     from ..profiler.run import RunOptions, run_profile
 
     dtypes = tuple(d.strip() for item in args.dtype for d in item.split(",") if d.strip())
@@ -53,15 +56,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(path: Path, as_json: bool) -> int:
+def _check(path: Path, as_json: bool, roofline_device: str | None) -> int:
     from ..compute.profile import load_profile, profile_device_name
     from ..profiler.check import check_profile
 
     profile = load_profile(path)
     result = check_profile(profile)
+    comparison = _roofline_comparison(profile, roofline_device) if roofline_device else None
     if as_json:
-        print(json.dumps({"file": str(path), "device": profile_device_name(profile), **result.to_dict()}))
+        extra = {"roofline": {"device": roofline_device, "tables": comparison}} if comparison else {}
+        print(json.dumps({"file": str(path), "device": profile_device_name(profile), **result.to_dict(), **extra}))
         return 0
+    _print_check(path, profile, result)
+    if comparison:
+        print(f"roofline of {roofline_device} vs measured (predicted / measured time):")
+        for row in comparison:
+            print(f"  {row['kind']:<9} {row['op']:<12} {row['dtype']:<4} {row['pass']}  {row['points']:5d} points  "
+                  f"p10 {row['ratio_p10']:7.3f}  median {row['ratio_median']:7.3f}  p90 {row['ratio_p90']:7.3f}")
+    return 0
+
+
+def _roofline_comparison(profile: object, device_name: str) -> list[dict[str, object]]:
+    from ..compute.roofline import RooflineModel
+    from ..hardware import get_device
+    from ..profiler.check import compare_with_model
+
+    return compare_with_model(profile, RooflineModel(get_device(device_name)))
+
+
+def _print_check(path: Path, profile: object, result: object) -> None:
+    from ..compute.profile import profile_device_name
+
     print(f"{path} ({profile_device_name(profile)}, {profile.meta.threads} thread(s), "
           f"{len(profile.points)} points): leave-one-out interpolation error")
     rows = [("all", result.to_dict())] + list(result.per_kind.items())
@@ -71,4 +96,3 @@ def _check(path: Path, as_json: bool) -> int:
             continue
         print(f"  {label:<10} {s['points']:5d} points  median {s['median_error_pct']:6.2f}%  "
               f"p90 {s['p90_error_pct']:6.2f}%  max {s['max_error_pct']:7.2f}%")
-    return 0

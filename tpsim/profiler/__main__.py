@@ -17,6 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     except TpsimError as exc:
         print(f"tpsim profile: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # every finished point is already in the file
+        print("tpsim profile: interrupted (rerun with the same --out to resume)", file=sys.stderr)
+        return 130
 
 
 sys.exit(main())

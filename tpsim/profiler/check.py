@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..compute.base import ComputeModel
 from ..compute.profile import GridTable, Profile, interpolate_log
 
 
@@ -79,3 +80,35 @@ def check_profile(profile: Profile) -> CheckResult:
     return CheckResult(points=total["points"], median_error_pct=total["median_error_pct"],
                        p90_error_pct=total["p90_error_pct"], max_error_pct=total["max_error_pct"],
                        per_kind=per_kind, per_table=per_table)
+
+
+def compare_with_model(profile: Profile, model: ComputeModel) -> list[dict[str, object]]:
+    """Predicted / measured time of every profile point under another compute model (e.g. the device
+    roofline): per (kind, dtype, pass) the number of points and the 10th, 50th and 90th percentile of the
+    ratio, and the median |error| in %."""
+    rows = []
+    for key, table in profile.tables.items():
+        kind, op, dtype, pass_ = key
+        grids = np.meshgrid(*table.axes, indexing="ij")
+        measured = ~np.isnan(table.log_time)
+        dims = [g[measured] for g in grids]
+        predicted = _predict(model, kind, op, dtype, pass_, dims)
+        ratio = predicted / np.exp(table.log_time[measured])
+        rows.append({"kind": kind, "op": op, "dtype": dtype, "pass": pass_, "points": int(ratio.size),
+                     "ratio_p10": _round(np.percentile(ratio, 10)), "ratio_median": _round(np.median(ratio)),
+                     "ratio_p90": _round(np.percentile(ratio, 90)),
+                     "median_error_pct": _round(100 * np.median(np.abs(ratio - 1)))})
+    return rows
+
+
+def _round(value: float) -> float:
+    return float(f"{float(value):.4g}")
+
+
+def _predict(model: ComputeModel, kind: str, op: str, dtype: str, pass_: str,
+             dims: list[np.ndarray]) -> np.ndarray:
+    if kind == "gemm":
+        return model.gemm(*dims, dtype)[0]
+    if kind == "attention":
+        return model.attention(*dims, op == "causal", dtype, pass_ == "bwd")[0]
+    return model.memory(op, dims[0], dtype, pass_ == "bwd")[0]

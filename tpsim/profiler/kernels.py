@@ -4,7 +4,8 @@ GEMM: ``torch.mm(a, w.t())`` with a (m x k) and w (n x k), the layout of ``nn.Li
 ``torch._scaled_mm`` (e4m3 operands, bf16 output, unit scales) where the torch build and the GPU support it.
 Attention: ``scaled_dot_product_attention`` on (1, batch_heads, seq, head_dim) tensors, whichever backend torch
 picks; backward times ``torch.autograd.grad`` of q, k, v on a retained graph. Memory kernels run on a
-(numel / width, width) tensor; their backward is the autograd gradient of every input (and weight).
+(numel / width, width) tensor (swiglu: numel is its output, the input is (numel / width, 2 width)); their
+backward is the autograd gradient of every input (and weight).
 """
 
 from __future__ import annotations
@@ -85,12 +86,12 @@ def _memory_fn(kernel: str, width: int, dtype: torch.dtype, device: torch.device
 
 def _memory(kernel: str, numel: int, dtype: torch.dtype, device: torch.device, backward: bool,
             memory_width: int) -> Callable[[], object]:
-    """``numel`` is the element count of the kernel's input (for swiglu the fused [gate, up] input of
-    width 2f, output numel / 2; for residual_add each of the two summands)."""
+    """``numel`` is the element count of the kernel's main activation: its input, except swiglu (its output:
+    the fused [gate, up] input holds 2 x numel, as tpsim/data/efficiency.yaml counts it); for residual_add
+    each of the two summands."""
     width = min(memory_width, numel)
-    if kernel == "swiglu":
-        width = max(2, width - width % 2)
-    shape = (max(1, numel // width), width)
+    rows = max(1, numel // width)
+    shape = (rows, 2 * width) if kernel == "swiglu" else (rows, width)
     fn, params = _memory_fn(kernel, width, dtype, device, backward)
     inputs = [torch.randn(shape, device=device, dtype=dtype, requires_grad=backward)
               for _ in range(2 if kernel == "residual_add" else 1)]
