@@ -7,8 +7,7 @@ import time
 import pytest
 
 from tpsim.topology import list_clusters, load_cluster
-from tpsim.topology import _load
-from tpsim.topology.files import _read_cached
+from tpsim.topology import clear_cache
 
 KINDS = {"gpu", "nvswitch", "pcie_switch", "cpu", "nic", "switch"}
 TYPES = {"nvlink", "pcie", "ib", "ethernet", "ici", "loopback", "cpu"}
@@ -141,8 +140,7 @@ def test_single_node_clusters():
 
 
 def test_loading_and_routing_are_fast():
-    _load.cache_clear()
-    _read_cached.cache_clear()
+    clear_cache()
     start = time.perf_counter()
     cluster = load_cluster("dgx-a100", gpus=1024)
     for ring in range(128):
@@ -159,6 +157,7 @@ def test_loading_and_routing_are_fast():
 def test_same_inputs_same_object_and_fingerprint():
     a = load_cluster("dgx-h100", gpus=64)
     assert load_cluster("dgx-h100", gpus=64) is a
+    assert load_cluster("dgx-h100") is load_cluster("dgx-h100", gpus=256)
     assert a.fingerprint() == load_cluster("dgx-h100", gpus=64).fingerprint()
     assert a.fingerprint() != load_cluster("dgx-h100", gpus=128).fingerprint()
     assert a.fingerprint() != load_cluster("hgx-h200", gpus=64).fingerprint()

@@ -1,27 +1,41 @@
 """Cluster topologies: YAML files (``topologies/``) -> :class:`Cluster` (networkx graph + routing).
 
-``load_cluster(name_or_path, gpus=None)`` is cached on the resolved files (path + modification time) and the
-GPU count, so the same object comes back for the same inputs (caches keyed on it keep working).
+``load_cluster(name_or_path, gpus=None)`` is cached on the resolved files (paths + modification times) and
+the GPU count, so the same object comes back for the same inputs (caches keyed on it keep working).
 """
 
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 
 from .cluster import Cluster
-from .files import available, resolve, topologies_dir
-from .spec import load_cluster_spec
+from .files import _read_cached, available, resolve, topologies_dir
+from .spec import ClusterSpec, links_file, load_cluster_spec
 
-__all__ = ["Cluster", "load_cluster", "list_clusters", "topologies_dir"]
+__all__ = ["Cluster", "clear_cache", "load_cluster", "list_clusters", "topologies_dir"]
 
 
 def load_cluster(name_or_path: str | os.PathLike[str], gpus: int | None = None) -> Cluster:
     """Load a cluster by file stem (``topologies/clusters/<name>.yaml``) or path; ``gpus`` defaults to the
     file's ``gpus``. Raises :class:`~tpsim.errors.InputError` on a bad file or a GPU count that is not a
-    whole number of nodes."""
+    whole number of nodes. The same inputs (files unchanged) give the same object."""
     path = resolve("cluster", name_or_path)
-    return _load(str(path), gpus, _stamp(path), str(topologies_dir()))
+    key = (str(path), gpus, str(topologies_dir()))
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] == _stamp(hit[1].spec):
+        return hit[1]
+    cluster = Cluster(load_cluster_spec(str(path), gpus))
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = (_stamp(cluster.spec), cluster)
+    if gpus is None:   # load_cluster(name) and load_cluster(name, gpus=<the file's gpus>) are one object
+        full = (key[0], cluster.num_gpus, key[2])
+        if full in _CACHE and _CACHE[full][0] == _CACHE[key][0]:
+            cluster = _CACHE[full][1]
+            _CACHE[key] = (_CACHE[key][0], cluster)
+        else:
+            _CACHE[full] = _CACHE[key]
+    return cluster
 
 
 def list_clusters() -> list[str]:
@@ -29,18 +43,24 @@ def list_clusters() -> list[str]:
     return available("cluster")
 
 
-def _stamp(path) -> tuple[int, ...]:
-    """Modification times of the topology tree (any edited file invalidates the cache)."""
-    root = topologies_dir()
-    stamps = [path.stat().st_mtime_ns]
-    for sub in ("", "nodes", "fabrics"):
-        folder = root / sub
-        if folder.is_dir():
-            stamps.append(folder.stat().st_mtime_ns)
-            stamps.extend(p.stat().st_mtime_ns for p in folder.glob("*.yaml"))
-    return tuple(stamps)
+def clear_cache() -> None:
+    """Forget loaded clusters and parsed files (tests; files edited within one clock tick)."""
+    _CACHE.clear()
+    _read_cached.cache_clear()
 
 
-@lru_cache(maxsize=64)
-def _load(path: str, gpus: int | None, stamp: tuple[int, ...], root: str) -> Cluster:
-    return Cluster(load_cluster_spec(path, gpus))
+_CACHE_SIZE = 64
+_CACHE: dict[tuple, tuple[tuple, Cluster]] = {}
+
+
+def _stamp(spec: ClusterSpec) -> tuple[int, ...]:
+    """Modification times of every file the cluster was built from."""
+    files = [spec.path, spec.node.path, links_file()]
+    if spec.fabric.path is not None:
+        files.append(spec.fabric.path)
+    if spec.calibration is not None:
+        files.append(spec.calibration.path)
+    try:
+        return tuple(f.stat().st_mtime_ns for f in files)
+    except OSError:
+        return ()

@@ -48,7 +48,7 @@ class Cluster:
         self.fabric_name: str = spec.fabric.name
         self.layout = NodeLayout(spec.node, self.gpus_per_node, spec.default_efficiency, spec.calibration)
         fabric = spec.fabric
-        check_fabric_fits(fabric, self.layout, self.num_nodes)
+        check_fabric_fits(fabric, self.layout, self.num_nodes, spec.path)
         torus = fabric.type == "torus"
         self.layout.check(needs_intra=not torus,
                           needs_nic=self.num_nodes > 1 and fabric.type in ("fat_tree", "rail_optimized"))

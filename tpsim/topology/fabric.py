@@ -271,11 +271,10 @@ def auto_dims(num: int, shape: tuple[int, int, int]) -> tuple[int, int, int] | N
     return best[1] if best else None
 
 
-def check_fabric_fits(spec: FabricSpec, layout: NodeLayout, num_nodes: int) -> None:
+def check_fabric_fits(spec: FabricSpec, layout: NodeLayout, num_nodes: int, cluster_path: object) -> None:
     """Fabric/template combinations that cannot work, as InputError."""
-    where = f"{spec.path}" if spec.path else f"fabric {spec.name}"
     if spec.type == "none" and num_nodes > 1:
-        raise InputError(f"{where}: fabric type none connects one node, not {num_nodes}")
+        raise InputError(f"{cluster_path}: fabric {spec.name} (type none) connects one node, not {num_nodes}")
     if spec.type in ("fat_tree", "rail_optimized") and num_nodes > 1 and len(layout.nic_groups) != 1:
         raise InputError(f"{layout.template.path}: devices: a node on a {spec.type} fabric needs exactly one "
                          f"group of kind nic, found {len(layout.nic_groups)}")

@@ -1,0 +1,155 @@
+"""Strict loading of topology files and the `tpsim topo` verb (bad files: one line, exit status 2)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tpsim.cli import main
+from tpsim.errors import InputError
+from tpsim.topology import list_clusters, load_cluster, topologies_dir
+
+NODE = """\
+name: tiny
+source: test
+devices:
+  gpu: {kind: gpu, count: 4}
+  sw: {kind: nvswitch, count: 2}
+  pcie: {kind: pcie_switch, count: 1}
+  nic: {kind: nic, count: 2}
+links:
+  - {a: gpu, b: sw, pattern: all, link: nvlink3, lanes: 1}
+  - {a: gpu, b: pcie, link: pcie-gen4-x16}
+  - {a: nic, b: pcie, link: pcie-gen4-x16}
+"""
+CLUSTER = """\
+name: tiny
+node: node.yaml
+fabric: hdr-fat-tree
+device: A100-SXM4-80GB
+gpus: 8
+source: test
+"""
+
+
+def write(tmp_path: Path, node: str = NODE, cluster: str = CLUSTER, extra: dict | None = None) -> Path:
+    (tmp_path / "node.yaml").write_text(textwrap.dedent(node))
+    (tmp_path / "cluster.yaml").write_text(textwrap.dedent(cluster))
+    for name, text in (extra or {}).items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    return tmp_path / "cluster.yaml"
+
+
+def test_a_good_custom_file_loads(tmp_path):
+    cluster = load_cluster(write(tmp_path))
+    assert cluster.num_nodes == 2
+    cluster.check()
+    routes = cluster.paths(0, 3)
+    assert len(routes) == 2 and all(f == 0.5 for f, _ in routes)
+
+
+@pytest.mark.parametrize("node, cluster, element, problem", [
+    (NODE.replace("count: 2}\n  pcie", "count: 2, colour: red}\n  pcie"), CLUSTER, "devices.sw",
+     "unknown key 'colour'"),
+    (NODE, CLUSTER + "colour: red\n", "cluster.yaml", "unknown key 'colour'"),
+    (NODE.replace("lanes: 1}", "lanes: 1, bw_GBps: 0}"), CLUSTER, "links[0] (gpu - sw)", "bw_GBps=0"),
+    (NODE.replace("lanes: 1}", "lanes: 1, bw_GBps: -5}"), CLUSTER, "links[0] (gpu - sw)", "bw_GBps=-5"),
+    (NODE.replace("lanes: 1}", "lanes: 0}"), CLUSTER, "links[0] (gpu - sw)", "lanes=0"),
+    (NODE.replace("link: nvlink3", "link: warp-drive"), CLUSTER, "links[0]", "'warp-drive' is not a link kind"),
+    (NODE.replace("  sw: {kind: nvswitch, count: 2}\n", "  sw: {kind: nvswitch, count: 2}\n  gpu: {kind: gpu, "
+                  "count: 2}\n"), CLUSTER, "node.yaml", "duplicate name 'gpu'"),
+    (NODE.replace("  - {a: gpu, b: sw, pattern: all, link: nvlink3, lanes: 1}\n",
+                  "  - {a: gpu, b: sw, pattern: all, link: nvlink3, lanes: 1}\n"
+                  "  - {a: gpu, b: sw, pattern: all, link: nvlink3, lanes: 2}\n"), CLUSTER, "links[1]",
+     "duplicate link"),
+    (NODE.replace("{a: gpu, b: sw, pattern: all", "{a: \"gpu[0-2]\", b: sw, pattern: all")
+         .replace("{a: gpu, b: pcie, link: pcie-gen4-x16}", "{a: \"gpu[0-1]\", b: pcie, pattern: all, "
+                  "link: pcie-gen4-x16}"), CLUSTER, "devices.gpu", "gpu0 cannot reach gpu3"),
+    (NODE, CLUSTER.replace("gpus: 8", "gpus: 6"), "cluster.yaml", "gpus=6 is not a whole number of nodes"),
+    (NODE, CLUSTER.replace("A100-SXM4-80GB", "Z9000"), "cluster.yaml", "device='Z9000' is unknown"),
+    (NODE, CLUSTER.replace("hdr-fat-tree", "{use: hdr-fat-tree, radix: 0}"), "fabric hdr-fat-tree", "radix=0"),
+    (NODE, CLUSTER.replace("hdr-fat-tree", "{use: hdr-fat-tree, wings: 2}"), "fabric", "unknown key 'wings'"),
+    (NODE.replace("  nic: {kind: nic, count: 2}\n", "").replace("  - {a: nic, b: pcie, link: pcie-gen4-x16}\n", ""),
+     CLUSTER, "node.yaml", "needs exactly one group of kind nic"),
+    (NODE, CLUSTER.replace("hdr-fat-tree", "none"), "cluster.yaml: fabric none", "connects one node, not 2"),
+    (NODE + "  - {a: nic, b: nic, link: hdr-nic}\n", CLUSTER, "links[3]", "to itself"),
+    ("devices: [1, 2\n", CLUSTER, "node.yaml", "not valid YAML"),
+], ids=["unknown-device-key", "unknown-cluster-key", "zero-bandwidth", "negative-bandwidth", "zero-lanes",
+        "unknown-link-kind", "duplicate-device-name", "duplicate-link", "unreachable-gpu", "partial-node",
+        "unknown-device", "bad-radix", "unknown-fabric-key", "no-nic", "fabric-none-two-nodes", "self-link",
+        "bad-yaml"])
+def test_bad_files_name_the_file_the_element_and_the_problem(tmp_path, node, cluster, element, problem, capsys):
+    path = write(tmp_path, node, cluster)
+    with pytest.raises(InputError) as info:
+        load_cluster(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert element in message and problem in message
+    assert str(tmp_path) in message or "fabric" in element
+    # the CLI says it in one line and exits with status 2
+    assert main(["topo", "check", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and problem in err
+
+
+def test_calibration_overrides_link_types_and_changes_the_fingerprint(tmp_path):
+    (tmp_path / "cal.yaml").write_text("loopback: {efficiency: 0.5, latency_us: 12.5, bw_GBps: 3.0}\n"
+                                       "source: test fit\nfit_error: {median: 0.03}\n")
+    base = (topologies_dir() / "clusters" / "local-cpu.yaml").read_text()
+    (tmp_path / "local.yaml").write_text(base + "calibration: cal.yaml\n")
+    plain = load_cluster("local-cpu", gpus=2)
+    tuned = load_cluster(tmp_path / "local.yaml", gpus=2)
+    assert tuned.link("n0/gpu0", "n0/cpu0") == {"type": "loopback", "bw_GBps": 3.0, "lanes": 1,
+                                                "latency_us": 12.5, "efficiency": 0.5}
+    assert plain.link("n0/gpu0", "n0/cpu0")["latency_us"] == 30
+    assert tuned.fingerprint() != plain.fingerprint()
+    (tmp_path / "cal.yaml").write_text("loopback: {efficiency: 1.5}\n")
+    with pytest.raises(InputError, match=r"cal.yaml: loopback: efficiency=1.5 must be in \(0, 1\]"):
+        load_cluster(tmp_path / "local.yaml", gpus=2)
+
+
+def test_gpus_argument_is_checked():
+    with pytest.raises(InputError, match="gpus=12 is not a whole number of nodes of 8 GPUs"):
+        load_cluster("dgx-a100", gpus=12)
+    with pytest.raises(InputError, match="gpus=0"):
+        load_cluster("dgx-a100", gpus=0)
+    with pytest.raises(InputError, match="cluster='nope' is unknown"):
+        load_cluster("nope")
+    with pytest.raises(InputError, match="rank=64 is out of range"):
+        load_cluster("dgx-a100").paths(0, 64)
+
+
+def test_fabric_too_small_is_an_input_error():
+    with pytest.raises(InputError, match="exceed what 2 levels of radix 40"):
+        load_cluster("pcie-8gpu", gpus=8 * 401)
+
+
+def test_topologies_folder_can_be_moved(tmp_path, monkeypatch):
+    shutil.copytree(topologies_dir(), tmp_path / "topo")
+    (tmp_path / "topo" / "clusters" / "mine.yaml").write_text(
+        (tmp_path / "topo" / "clusters" / "dgx-a100.yaml").read_text().replace("gpus: 64", "gpus: 16"))
+    monkeypatch.setenv("TPSIM_TOPOLOGIES", str(tmp_path / "topo"))
+    assert "mine" in list_clusters()
+    assert load_cluster("mine").num_gpus == 16
+
+
+def test_topo_show_check_draw(tmp_path, capsys):
+    assert main(["topo", "show", "dgx-a100", "--gpus", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "nvlink" in out and "bisection" in out and "NVLink 300" in out
+    assert main(["topo", "show", "dgx-h100", "--gpus", "16", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["devices"]["nvswitch"] == 8 and data["injection_GBps_per_gpu"]["network"] == 50
+    assert data["bisection_GBps"] == pytest.approx(8 * 50)
+    nvlinks = [row for row in data["links"] if row["type"] == "nvlink"]
+    assert sum(r["count"] for r in nvlinks) == 2 * 8 * 4
+    assert main(["topo", "check", "tpu-v4"]) == 0
+    assert capsys.readouterr().out.startswith("OK tpu-v4")
+    out_png = tmp_path / "selene.png"
+    assert main(["topo", "draw", "selene", "--out", str(out_png)]) == 0
+    assert out_png.read_bytes()[:4] == b"\x89PNG"
+    assert "showing 4 of 384 nodes" in capsys.readouterr().out
