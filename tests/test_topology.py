@@ -166,3 +166,31 @@ def test_same_inputs_same_object_and_fingerprint():
 def test_bisection_of_non_blocking_fat_tree_is_half_the_nics():
     cluster = load_cluster("dgx-a100", gpus=64)
     assert cluster.bisection_bandwidth() == pytest.approx(32 * 25)
+
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ROUTED = {"dgx-a100": 1024, "dgx-h100": 256, "pcie-8gpu": 64, "tpu-v4": 64, "gb200-nvl72": 144,
+          "local-cpu": 3}
+
+
+@settings(max_examples=80, deadline=None)
+@given(name=st.sampled_from(sorted(ROUTED)), data=st.data())
+def test_every_route_joins_the_two_gpus_over_existing_links(name, data):
+    cluster = load_cluster(name, gpus=ROUTED[name])
+    src = data.draw(st.integers(0, cluster.num_gpus - 1))
+    dst = data.draw(st.integers(0, cluster.num_gpus - 1))
+    routes = cluster.paths(src, dst)
+    if src == dst:
+        assert routes == []
+        return
+    assert abs(sum(f for f, _ in routes) - 1) < 1e-9 and all(f > 0 for f, _ in routes)
+    for _, path in routes:
+        assert path[0][0] == cluster.gpu_id(src) and path[-1][1] == cluster.gpu_id(dst)
+        assert all(a[1] == b[0] for a, b in zip(path, path[1:]))       # contiguous
+        assert all((u, v) in cluster.edge_table for u, v in path)
+        inner = [u for u, _ in path[1:]]
+        kinds = [cluster.graph.nodes[u]["kind"] for u in inner]
+        # only switches, CPUs and NICs forward, except a PXN proxy GPU or a torus chip
+        assert kinds.count("gpu") <= (len(path) if name == "tpu-v4" else 1)

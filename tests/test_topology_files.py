@@ -153,3 +153,35 @@ def test_topo_show_check_draw(tmp_path, capsys):
     assert main(["topo", "draw", "selene", "--out", str(out_png)]) == 0
     assert out_png.read_bytes()[:4] == b"\x89PNG"
     assert "showing 4 of 384 nodes" in capsys.readouterr().out
+
+
+def test_missing_bandwidth_in_a_link_kind(tmp_path, monkeypatch):
+    shutil.copytree(topologies_dir(), tmp_path / "topo")
+    links = tmp_path / "topo" / "links.yaml"
+    links.write_text(links.read_text().replace("    bw_GBps: 25\n", "", 1))
+    monkeypatch.setenv("TPSIM_TOPOLOGIES", str(tmp_path / "topo"))
+    with pytest.raises(InputError, match=r"links.yaml: link_kinds.nvlink3: missing key 'bw_GBps'"):
+        load_cluster("dgx-a100")
+    assert main(["topo", "check", "dgx-a100"]) == 2
+
+
+def test_every_node_template_and_fabric_is_used_by_a_cluster():
+    import yaml
+
+    used_nodes, used_fabrics = set(), set()
+    for path in (topologies_dir() / "clusters").glob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        used_nodes.add(data["node"])
+        fabric = data["fabric"]
+        used_fabrics.add(fabric["use"] if isinstance(fabric, dict) else fabric)
+    assert used_nodes == {p.stem for p in (topologies_dir() / "nodes").glob("*.yaml")}
+    assert used_fabrics == {p.stem for p in (topologies_dir() / "fabrics").glob("*.yaml")}
+
+
+def test_multi_rack_gb200_uses_a_three_level_rail_fabric():
+    cluster = load_cluster("gb200-nvl72", gpus=144)
+    assert cluster.num_nodes == 2
+    cluster.check()
+    routes = cluster.paths(0, 72 + 5)        # cross-rail: PXN over NVLink to GPU 5, then rail 5
+    assert all(path[1][1] == "n0/gpu5" for _, path in routes)
+    assert cluster.injection_bandwidth()["network"] == 50

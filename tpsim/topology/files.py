@@ -20,12 +20,14 @@ FOLDERS = {"node": "nodes", "fabric": "fabrics", "cluster": "clusters"}
 
 
 def topologies_dir() -> Path:
-    """The topologies folder: ``$TPSIM_TOPOLOGIES`` if set, else ``<repo root>/topologies``."""
+    """The topologies folder: ``$TPSIM_TOPOLOGIES`` if set, else ``<repo root>/topologies`` (or
+    ``tpsim/topologies`` when installed from a wheel that ships them there)."""
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env).expanduser().resolve()
-    package_root = Path(__file__).resolve().parents[2]
-    return package_root / "topologies"
+    repo = Path(__file__).resolve().parents[2] / "topologies"
+    packaged = Path(__file__).resolve().parents[1] / "topologies"   # a wheel may ship them as package data
+    return repo if repo.is_dir() or not packaged.is_dir() else packaged
 
 
 def resolve(kind: str, name_or_path: str | os.PathLike[str], relative_to: Path | None = None) -> Path:
