@@ -63,6 +63,7 @@ class Fabric:
                              "and efficiency > 0 for the collective model")
         self._routes: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._route_latency: dict[tuple[int, int], float] = {}
+        self._segment_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------------------------------- ranks
     def gpu(self, rank: int) -> str:
@@ -84,18 +85,72 @@ class Fabric:
         return hit
 
     def _compute_route(self, src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
-        weights: dict[int, float] = {}
-        latency, total = 0.0, 0.0
-        for fraction, edges in self.cluster.paths(src, dst):
-            path = [self.edge_index[tuple(edge)] for edge in edges]
-            for i in path:
-                weights[i] = weights.get(i, 0.0) + float(fraction)
-            latency += float(fraction) * float(sum(self.latency[i] for i in path))
-            total += float(fraction)
-        self._route_latency[(src, dst)] = latency / total if total > 0 else 0.0
-        idx = np.fromiter(weights.keys(), dtype=np.int64, count=len(weights))
-        frac = np.fromiter(weights.values(), dtype=float, count=len(weights))
+        parts = self._segment_parts(src, dst)
+        if parts is None:
+            eidx = self.edge_index
+            parts = [self._arrays(((float(f), [eidx[e] for e in edges]) for f, edges in self.cluster.paths(src, dst)))]
+        idx = np.concatenate([p[0] for p in parts])
+        frac = np.concatenate([p[1] for p in parts])
+        # mean path latency = sum over links of (fraction of the flow on the link) x link latency
+        self._route_latency[(src, dst)] = float(np.dot(self.latency[idx], frac)) if len(idx) else 0.0
         return idx, frac
+
+    @staticmethod
+    def _arrays(weighted_paths: Iterable[tuple[float, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+        """(edge indices, fractions) of weighted paths; an edge may repeat (loads are summed later)."""
+        idx: list[int] = []
+        frac: list[float] = []
+        for f, ids in weighted_paths:
+            idx += ids
+            frac += [f] * len(ids)
+        return np.asarray(idx, dtype=np.int64), np.asarray(frac, dtype=float)
+
+    def _segment_parts(self, src: int, dst: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """Link fractions of an inter-node route on a fat tree, from the route's independent segments
+        (GPU -> NIC, NIC -> NIC through the switches, NIC -> GPU) instead of the product of their paths;
+        each segment cached. Mirrors :meth:`tpsim.topology.Cluster.paths` (a test checks both agree);
+        None where that structure is absent (then ``paths`` is used)."""
+        c = self.cluster
+        fabric = getattr(c, "fabric", None)
+        if type(fabric).__name__ != "FatTree" or not hasattr(c, "_proxy"):
+            return None
+        (na, ia), (nb, ib) = divmod(src, c.gpus_per_node), divmod(dst, c.gpus_per_node)
+        if na == nb:
+            return None
+        layout = c.layout
+        nic_b = layout.nic_of(ib)
+        proxy = c._proxy(ia, nic_b)
+        rail_a = layout.devices[layout.nic_of(proxy)]["local_index"]
+        rail_b = layout.devices[nic_b]["local_index"]
+        parts = [self._intra("to_nic", na, proxy, -1), self._intra("from_nic", nb, ib, -1),
+                 self._switch_part(na, rail_a, nb, rail_b)]
+        if proxy != ia:
+            parts.append(self._intra("gpu", na, ia, proxy))
+        return parts
+
+    def _intra(self, kind: str, node: int, i: int, j: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (kind, node, i, j)
+        hit = self._segment_cache.get(key)
+        if hit is None:
+            layout = self.cluster.layout
+            route = (layout.gpu_route(i, j) if kind == "gpu" else layout.to_nic(i) if kind == "to_nic"
+                     else layout.from_nic(i))
+            p = f"n{node}/"
+            hit = self._segment_cache[key] = self._arrays(
+                (float(f), [self.edge_index[(p + u, p + v)] for u, v in path]) for f, path in route)
+        return hit
+
+    def _switch_part(self, na: int, ra: int, nb: int, rb: int) -> tuple[np.ndarray, np.ndarray]:
+        fabric = self.cluster.fabric
+        la, lb = fabric.leaf_of(na, ra), fabric.leaf_of(nb, rb)
+        middle = self._segment_cache.get(("switch", la, lb))
+        if middle is None:
+            route = fabric.route(na, ra, nb, rb)
+            middle = self._segment_cache[("switch", la, lb)] = self._arrays(
+                (float(f), [self.edge_index[e] for e in path[1:-1]]) for f, path in route)
+        ends = [self.edge_index[(fabric.nic_id(na, ra), f"leaf{la}")],
+                self.edge_index[(f"leaf{lb}", fabric.nic_id(nb, rb))]]
+        return np.concatenate([middle[0], ends]), np.concatenate([middle[1], [1.0, 1.0]])
 
     def route_types(self, src: int, dst: int) -> set[str]:
         return set(self.types[self.route(src, dst)[0]])

@@ -151,13 +151,15 @@ class CollectiveModel:
         return "NET" if shape.nodes > 1 else shape.hw
 
     def _shape(self, groups: Groups, per_node: list[list[list[int]]], types: set[str]) -> GroupShape:
+        """NCCL's view of a group: intra-node hardware class (NVLINK when the GPU has NVLink/ICI links, else
+        PCI) and channels (one per NVLink lane up to ``max_channels``; ``pcie_channels`` on PCIe)."""
         nodes = max(len(p) for p in per_node)
-        first = groups[0][0]
-        if types & {"pcie", "cpu"} and not types & {"nvlink", "ici"}:
-            hw, channels = "PCI", self.k.pcie_channels
+        fast = self._fast_out(groups[0][0])
+        if fast:
+            lanes = sum(int(self.cluster.graph.edges[e].get("lanes") or 1) for e in fast)
+            hw, channels = "NVLINK", max(1, min(self.k.max_channels, lanes))
         else:
-            lanes = sum(self.cluster.graph.edges[e]["lanes"] or 1 for e in self._fast_out(first))
-            hw, channels = "NVLINK", max(1, min(self.k.max_channels, lanes or 1))
+            hw, channels = "PCI", self.k.pcie_channels
         return GroupShape(n=len(groups[0]), nodes=nodes, hw=hw, channels=channels,
                           caps=self.k.caps(self.device))
 
@@ -193,18 +195,25 @@ class CollectiveModel:
 
     def _tree_flows(self, per_node: list[list[list[int]]]) -> list[Flow]:
         """Double binary tree (NCCL): a chain inside each node, binary trees over the nodes, the second tree
-        mirrored; each tree carries half the buffer up (reduce) and down (broadcast)."""
+        mirrored; each tree carries half the buffer up (reduce) and down (broadcast). Across nodes there is
+        one tree pair per local position c (chains rotated to start at the c-th GPU, so the trees use every
+        NIC, as NCCL's channels do), each with 1/ppn of the data."""
         flows: list[Flow] = []
         for p in per_node:
-            for t in (0, 1):
-                chains = [m if t == 0 else m[::-1] for m in p]
-                order = list(range(len(chains))) if t == 0 else list(range(len(chains)))[::-1]
-                for chain in chains:
-                    for a, b in zip(chain, chain[1:]):
-                        flows += [(a, b, 0.5), (b, a, 0.5)]
-                for i in range(1, len(order)):
-                    child, parent = chains[order[i]][0], chains[order[(i - 1) // 2]][0]
-                    flows += [(child, parent, 0.5), (parent, child, 0.5)]
+            ppn = min(len(m) for m in p) if len(p) > 1 else 1
+            share = 0.5 / ppn
+            for c in range(ppn):
+                for t in (0, 1):
+                    chains = [m[c:] + m[:c] for m in p]
+                    chains = chains if t == 0 else [ch[:1] + ch[1:][::-1] for ch in chains]
+                    order = list(range(len(chains)))
+                    order = order if t == 0 else order[::-1]
+                    for chain in chains:
+                        for a, b in zip(chain, chain[1:]):
+                            flows += [(a, b, share), (b, a, share)]
+                    for i in range(1, len(order)):
+                        child, parent = chains[order[i]][0], chains[order[(i - 1) // 2]][0]
+                        flows += [(child, parent, share), (parent, child, share)]
         return flows
 
     def _hierarchical(self, groups: Groups, per_node: list[list[list[int]]], shape: GroupShape) -> list[Line]:
