@@ -40,5 +40,8 @@ def parallelize_plan(model: ModelSpec, sp: bool, fused: bool) -> dict[str, Paral
 
 
 def shard_block(block: nn.Module, mesh: DeviceMesh, model: ModelSpec, sp: bool, fused: bool) -> nn.Module:
-    """Shard ``block`` in place over the 1-D TP ``mesh`` with the plan's styles; returns it."""
+    """Shard ``block`` in place over the 1-D TP ``mesh`` with the plan's styles; returns it. With one rank
+    (tp = 1) the block stays a plain module: no DTensor, as a run without tensor parallelism has none."""
+    if mesh.size() == 1:
+        return block
     return parallelize_module(block, mesh, parallelize_plan(model, sp, fused))

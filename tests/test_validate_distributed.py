@@ -1,0 +1,174 @@
+"""``tpsim validate`` on 2 gloo ranks on CPU: numerics, collective counts and bytes, timing, failures.
+
+Each test launches its ranks through torch.distributed.run (a few seconds) and stays well under a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tpsim.model import PRESETS, with_overrides  # noqa: E402
+from tpsim.validate import Case, LaunchConfig, RankFailure, launch  # noqa: E402
+from tpsim.validate.launch import marked_pids  # noqa: E402
+from tpsim.validate.report import summarize_case  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+GPT = with_overrides(PRESETS["gpt3-1.3b"], hidden=128, heads=4, seq_len=32)
+LLAMA = with_overrides(PRESETS["llama3-8b"], hidden=128, heads=4, kv_heads=1, ffn=224, seq_len=32)
+"""kv_heads=1 < tp=2: the KV head is replicated over the TP group (Megatron's rule)."""
+
+
+def _cases() -> list[Case]:
+    return [Case(model=m, tp=2, sp=sp, fused=fused, micro_batch=3, reps=1, warmup=0)
+            for m in (GPT, LLAMA) for sp in (False, True) for fused in (False, True)]
+
+
+@pytest.fixture(scope="module")
+def matrix_result():
+    cases = _cases()
+    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=55))
+    per_case: dict[str, list[dict]] = {}
+    for rank_results in result["ranks"]:
+        for r in rank_results:
+            per_case.setdefault(r["case"], []).append(r)
+    return cases, per_case, result
+
+
+@pytest.mark.timeout(60)
+def test_numerics_match_unsharded_block(matrix_result):
+    cases, per_case, _ = matrix_result
+    assert len(per_case) == len(cases) == 8
+    for case in cases:
+        ranks = per_case[case.name]
+        assert len(ranks) == 2
+        for r in ranks:
+            worst = max(r["numerics"].values())
+            assert r["numerics_ok"] and worst <= 1e-4, (case.name, worst)
+            # every parameter gradient was compared
+            n_params = 8 if case.model.family == "gpt" else 6
+            assert sum(k.startswith("grad:") for k in r["numerics"]) >= n_params
+
+
+def test_collective_counts_and_bytes_equal_cost_model(matrix_result):
+    cases, per_case, _ = matrix_result
+    for case in cases:
+        for r in per_case[case.name]:
+            assert r["counts"] == case.expected_counts(), case.name
+            assert r["bytes"] == case.expected_bytes(), case.name
+    # the DTensor rules, spelled out: separate q/k/v reduce their input gradient each, SP gathers once
+    sep = per_case["gpt3-1.3b-tp2-h128-s32-b3"][0]["counts"]
+    assert sep == {"fwd": {"all_reduce": 2}, "bwd": {"all_reduce": 4}}
+    llama_sep = per_case["llama3-8b-tp2-h128-s32-b3"][0]["counts"]
+    assert llama_sep == {"fwd": {"all_reduce": 2}, "bwd": {"all_reduce": 5}}
+    sp = per_case["llama3-8b-tp2-sp-h128-s32-b3"][0]["counts"]
+    assert sp == {"fwd": {"all_gather": 2, "reduce_scatter": 2}, "bwd": {"all_gather": 2, "reduce_scatter": 2}}
+
+
+def test_summary_against_prediction(matrix_result):
+    """The estimator's counts agree too, and every phase has a positive measured time."""
+    from tpsim.compute.roofline import RooflineModel
+    from tpsim.topology import load_cluster
+    from tpsim.validate.predict import predict_case
+
+    cases, per_case, _ = matrix_result
+    cluster = load_cluster("local-cpu", gpus=2)
+    for case in cases:
+        pred = predict_case(case, cluster, RooflineModel(cluster.device))
+        s = summarize_case(case, per_case[case.name], pred)
+        assert s["numerics_ok"] and s["collectives_match"], case.name
+        names = {p["name"] for p in s["phases"]}
+        assert {"fwd", "bwd", "fwd+bwd"} <= names
+        assert all(p["measured_s"] > 0 and p["predicted_s"] > 0 for p in s["phases"])
+
+
+def _no_process_left(token_before: set[int]) -> None:
+    leftover = [p for p in marked_pids_any() if p not in token_before]
+    assert not leftover, f"processes left behind: {leftover}"
+
+
+def marked_pids_any() -> list[int]:
+    """PIDs of any tpsim validate run (marker present, whatever the token)."""
+    from pathlib import Path
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"TPSIM_VALIDATE_RUN=" in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stage", ["check", "time"])
+def test_failing_rank_stops_all_ranks_with_its_error(stage, tmp_path):
+    before = set(marked_pids_any())
+    timeout = 20.0
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        launch(_cases()[:1], LaunchConfig(nproc=2, timeout_s=timeout), tmp_path,
+               env={"TPSIM_VALIDATE_FAIL": f"1:{stage}"})
+    elapsed = time.monotonic() - t0
+    msg = str(info.value)
+    assert "rank 1 failed" in msg and "injected failure" in msg and stage in msg
+    assert elapsed < timeout, elapsed
+    assert not (tmp_path / "result.json").exists()
+    _no_process_left(before)
+
+
+@pytest.mark.timeout(60)
+def test_hanging_rank_ends_within_timeout(tmp_path):
+    before = set(marked_pids_any())
+    timeout = 8.0
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        launch(_cases()[:1], LaunchConfig(nproc=2, timeout_s=timeout), tmp_path,
+               env={"TPSIM_VALIDATE_FAIL": "1:hang"})
+    elapsed = time.monotonic() - t0
+    assert "rank 0 failed" in str(info.value) and "Timed out" in str(info.value)
+    # startup + the process-group timeout + stopping the ranks
+    assert elapsed < timeout + 25, elapsed
+    _no_process_left(before)
+
+
+@pytest.mark.timeout(60)
+def test_run_timeout_kills_everything(tmp_path):
+    before = set(marked_pids_any())
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure, match="run-timeout"):
+        launch(_cases()[:1], LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=8), tmp_path,
+               env={"TPSIM_VALIDATE_FAIL": "1:hang"})
+    assert time.monotonic() - t0 < 20
+    _no_process_left(before)
+
+
+@pytest.mark.timeout(90)
+def test_cli_json_report_and_timing(tmp_path):
+    """The CLI end to end: JSON keys, the CSV and chart written, numerics and counts exact, and the predicted
+    fwd+bwd time within a factor of 2 of the measurement (shared, noisy machine)."""
+    cmd = [sys.executable, "-m", "tpsim.cli", "validate", "--model", "gpt3-1.3b", "--hidden", "768",
+           "--heads", "12", "--seq-len", "128", "--tp", "2", "--sp", "--reps", "3", "--warmup", "1",
+           "--no-calibrate", "--timeout", "30", "--json", "--out-dir", str(tmp_path), "--name", "t"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=85)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["numerics_ok"] is True and report["collectives_match"] is True
+    phases = {p["name"]: p for p in report["phases"]}
+    assert {"fwd", "bwd", "fwd+bwd", "fwd:all_gather", "fwd:reduce_scatter", "bwd:all_gather",
+            "bwd:reduce_scatter"} <= set(phases)
+    for p in phases.values():
+        assert set(p) >= {"name", "predicted_s", "measured_s", "error_pct"}
+    total = phases["fwd+bwd"]
+    ratio = total["predicted_s"] / total["measured_s"]
+    assert 0.5 <= ratio <= 2.0, (ratio, total)
+    assert (tmp_path / "t.csv").read_text().count("\n") == len(report["phases"]) + 1
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
