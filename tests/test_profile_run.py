@@ -123,7 +123,7 @@ def test_cli_profile_and_check(tmp_path, capsys):
     (["--dtype", "fp8"], "--dtype=fp8 cannot be profiled on cpu"),
     (["--threads", "0"], "--threads=0"),
     (["--kinds", "conv"], "--kinds='conv'"),
-    (["--json"], "--json goes with --check"),
+    (["--json"], "--json and --roofline go with --check"),
 ])
 def test_cli_bad_options_are_one_line(tmp_path, capsys, argv, message):
     assert main(["profile", "--grid", "tiny", "--out", str(tmp_path / "x.csv"), "--no-progress", *argv]) == 2

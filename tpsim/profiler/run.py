@@ -206,7 +206,9 @@ def _metadata(device: "torch.device", spec: GridSpec, threads: int) -> dict[str,
     from .. import __version__
 
     timing = ("cuda events, median of repetitions after warm-up" if device.type == "cuda"
-              else "time.perf_counter, median of repetitions after warm-up")
+              else "time.perf_counter, median of repetitions after warm-up"
+              + ("; samples descheduled by the OS count the thread's CPU time (time.thread_time)"
+                 if threads == 1 else ""))
     return {"format_version": 1, "device": device_name(device).replace(",", " "), "device_type": device.type,
             "torch_version": torch.__version__, "threads": threads,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
