@@ -185,3 +185,32 @@ def test_multi_rack_gb200_uses_a_three_level_rail_fabric():
     routes = cluster.paths(0, 72 + 5)        # cross-rail: PXN over NVLink to GPU 5, then rail 5
     assert all(path[1][1] == "n0/gpu5" for _, path in routes)
     assert cluster.injection_bandwidth()["network"] == 50
+
+
+def test_oversubscription_thins_the_leaf_uplinks(tmp_path):
+    base = (topologies_dir() / "clusters" / "pcie-8gpu.yaml").read_text()
+    (tmp_path / "o3.yaml").write_text(base.replace("fabric: hdr-fat-tree",
+                                                   "fabric: {use: hdr-fat-tree, oversubscription: 3}"))
+    full = load_cluster("pcie-8gpu", gpus=8 * 64)
+    thin = load_cluster(tmp_path / "o3.yaml", gpus=8 * 64)
+    lanes = lambda c: sum(a.lanes for (u, v), a in c.edge_table.items() if u == "leaf0" and v.startswith("spine"))
+    downs = lambda c: sum(1 for (u, v) in c.edge_table if u == "leaf0" and "/nic" in v)
+    assert (downs(full), lanes(full)) == (20, 20)          # radix 40 at 1:1
+    assert (downs(thin), lanes(thin)) == (30, 10)          # 3:1
+    assert thin.bisection_bandwidth() < full.bisection_bandwidth()
+
+
+def test_cluster_default_efficiency_applies_to_links_without_one(tmp_path):
+    path = write(tmp_path, cluster=CLUSTER + "defaults: {efficiency: 0.9}\n")
+    cluster = load_cluster(path)
+    assert {a.efficiency for a in cluster.edge_table.values()} == {0.9}
+    with pytest.raises(InputError, match=r"defaults: efficiency=0 must be a positive number"):
+        load_cluster(write(tmp_path, cluster=CLUSTER + "defaults: {efficiency: 0}\n"))
+
+
+def test_draw_a_torus_and_a_big_node(tmp_path, capsys):
+    assert main(["topo", "draw", "tpu-v4", "--out", str(tmp_path / "t.png")]) == 0
+    assert main(["topo", "draw", "gb200-nvl72", "--out", str(tmp_path / "g.png")]) == 0
+    out = capsys.readouterr().out
+    assert "4x4x4 torus" in out and "16 of 72 GPUs per node" in out
+    assert (tmp_path / "t.png").stat().st_size > 1000

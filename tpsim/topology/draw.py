@@ -6,10 +6,13 @@ CPUs, NVSwitches, GPUs. A big cluster is drawn with its first few nodes and the 
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
+from .fabric import Torus
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -29,12 +32,22 @@ def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gp
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown_nodes = min(cluster.num_nodes, max_nodes)
+    torus = isinstance(cluster.fabric, Torus)
+    shown_nodes = cluster.num_nodes if torus else min(cluster.num_nodes, max_nodes)
     keep = _kept_devices(cluster, shown_nodes, max_gpus_per_node)
-    pos = _layout(cluster, keep)
-    fig, ax = plt.subplots(figsize=(max(8.0, 2.2 * shown_nodes + 4), 7))
+    if torus:
+        keep = {d: a for d, a in keep.items() if a["kind"] == "gpu"}
+    pos = _torus_layout(cluster, keep) if torus else _layout(cluster, keep)
+    if torus:
+        planes = min(cluster.fabric.dims[2], 4)
+        keep = {d: a for d, a in keep.items() if cluster.fabric.coord(a["rank"])[2] < planes}
+        pos = {d: p for d, p in pos.items() if d in keep}
+        size = (min(18.0, 3.0 * planes + 3), min(12.0, 2.0 + 0.8 * cluster.fabric.dims[1]))
+    else:
+        size = (max(8.0, 2.2 * shown_nodes + 4), 7.0)
+    fig, ax = plt.subplots(figsize=size)
     for (u, v), attrs in cluster.edge_table.items():
-        if u in pos and v in pos and u < v:
+        if u in pos and v in pos and u < v and not (torus and _far(pos[u], pos[v])):
             ax.plot([pos[u][0], pos[v][0]], [pos[u][1], pos[v][1]], color=_EDGE_COLOR[attrs.type],
                     lw=0.4 + 0.15 * min(attrs.lanes, 6), alpha=0.5, zorder=1)
     for kind, color in _COLOR.items():
@@ -44,6 +57,10 @@ def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gp
             ax.scatter(xs, ys, s=60 if kind != "gpu" else 90, color=color, label=kind, zorder=2,
                        edgecolors="black", linewidths=0.4)
     note = _note(cluster, shown_nodes, max_gpus_per_node)
+    if torus:
+        dims = cluster.fabric.dims
+        note = (f"chips of the {'x'.join(map(str, dims))} torus, one X-Y plane per Z (first "
+                f"{min(dims[2], 4)} of {dims[2]}); Z and wraparound links not drawn")
     ax.set_title(f"{cluster.name}: {cluster.num_gpus} x {cluster.device.name}, {cluster.num_nodes} nodes "
                  f"({cluster.node_template_name}), fabric {cluster.fabric_name}\n{note}", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
@@ -60,13 +77,17 @@ def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gp
 
 
 def _kept_devices(cluster: "Cluster", shown_nodes: int, max_gpus: int) -> dict[str, dict]:
+    """The first nodes; in a big node the first GPUs and the same share of every other device group."""
+    share = min(1.0, max_gpus / cluster.gpus_per_node)
     keep: dict[str, dict] = {}
     for dev, attrs in cluster.devices():
         node = attrs["node_index"]
         if node >= shown_nodes and node != -1:
             continue
-        if attrs["kind"] == "gpu" and attrs["local_index"] >= max_gpus:
-            continue
+        if node >= 0:
+            group, index = _group_index(dev.split("/", 1)[1])
+            if index >= math.ceil(cluster.layout.counts[group] * share):
+                continue
         keep[dev] = attrs
     switches = [d for d, a in keep.items() if a["kind"] == "switch"]
     used = {v for (u, v) in cluster.edge_table if u in keep and keep[u]["kind"] == "nic"}
@@ -76,6 +97,12 @@ def _kept_devices(cluster: "Cluster", shown_nodes: int, max_gpus: int) -> dict[s
         if dev not in used:
             del keep[dev]
     return keep
+
+
+def _group_index(local_id: str) -> tuple[str, int]:
+    match = re.match(r"^(.*?)(\d+)$", local_id)
+    assert match, local_id
+    return match.group(1), int(match.group(2))
 
 
 def _layout(cluster: "Cluster", keep: dict[str, dict]) -> dict[str, tuple[float, float]]:
@@ -95,6 +122,20 @@ def _layout(cluster: "Cluster", keep: dict[str, dict]) -> dict[str, tuple[float,
         for i, dev in enumerate(devs):
             pos[dev] = (lo + step * (i + 1), -float(row))
     return pos
+
+
+def _torus_layout(cluster: "Cluster", keep: dict[str, dict]) -> dict[str, tuple[float, float]]:
+    torus = cluster.fabric
+    pos = {}
+    for dev, attrs in keep.items():
+        x, y, z = torus.coord(attrs["rank"])
+        pos[dev] = (z * (torus.dims[0] + 1.5) + x, -float(y))
+    return pos
+
+
+def _far(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Not neighbours in the drawing (a wraparound or a Z link)."""
+    return abs(a[0] - b[0]) + abs(a[1] - b[1]) > 1.01
 
 
 def _note(cluster: "Cluster", shown_nodes: int, max_gpus: int) -> str:
