@@ -61,6 +61,6 @@ def _stamp(spec: ClusterSpec) -> tuple[int, ...]:
     if spec.calibration is not None:
         files.append(spec.calibration.path)
     try:
-        return tuple(f.stat().st_mtime_ns for f in files)
+        return tuple(x for f in files for x in (f.stat().st_mtime_ns, f.stat().st_size))
     except OSError:
         return ()

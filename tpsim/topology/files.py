@@ -78,16 +78,16 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Parsed mapping of a YAML file (cached by path and modification time)."""
+    """Parsed mapping of a YAML file (cached by path, modification time and size)."""
     try:
-        mtime = path.stat().st_mtime_ns
+        stat = path.stat()
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    return _read_cached(str(path), mtime)
+    return _read_cached(str(path), stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=256)
-def _read_cached(path: str, mtime: int) -> dict[str, Any]:
+def _read_cached(path: str, mtime: int, size: int) -> dict[str, Any]:
     try:
         text = Path(path).read_text()
         data = yaml.load(text, Loader=_StrictLoader)
