@@ -62,7 +62,7 @@ def _summary(cluster) -> dict:
 
 
 def _format(s: dict) -> str:
-    lines = [f"{s['cluster']}: {s['gpus']} x {s['device']} = {s['nodes']} nodes x {s['gpus_per_node']} "
+    lines = [f"{s['cluster']}: {s['gpus']} x {s['device']} = {_plural(s['nodes'], 'node')} x {s['gpus_per_node']} "
              f"({s['node_template']}), fabric {s['fabric']}",
              "devices: " + ", ".join(f"{k} {v}" for k, v in s["devices"].items()),
              "links (physical, per direction):",
@@ -75,3 +75,7 @@ def _format(s: dict) -> str:
                  f"network {inj['network']:g}")
     lines.append(f"bisection bandwidth (first half of ranks -> second half): {s['bisection_GBps']:g} GB/s")
     return "\n".join(lines)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
