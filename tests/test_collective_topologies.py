@@ -1,0 +1,68 @@
+"""Every shipped topology costs an all-reduce over 8 GPUs and over all its GPUs; fast route loads agree
+with ``Cluster.paths``; a fresh layout on a big cluster is costed quickly and a seen one is a lookup."""
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from tpsim.collectives.fabric import Fabric
+from tpsim.collectives.model import CollectiveModel, get_collective_model
+from tpsim.topology import list_clusters, load_cluster
+from tpsim.topology.placement import rank_groups
+
+
+def injection_GBps(cluster, rank):
+    g = cluster.graph
+    gpu = cluster.gpu_id(rank)
+    return sum(g.edges[gpu, v]["bw_GBps"] for v in g.successors(gpu))
+
+
+@pytest.mark.parametrize("name", list_clusters())
+def test_every_topology_costs_an_all_reduce(name):
+    cluster = load_cluster(name)
+    model = get_collective_model(cluster)
+    n = cluster.num_gpus
+    for group in (tuple(range(min(8, n))), tuple(range(n))):
+        r = model.run("all_reduce", 1 << 28, (group,))
+        assert np.isfinite(r.time_s) and r.time_s > 0, (name, len(group))
+        # a ring's bus bandwidth cannot beat the GPU's own links
+        assert 0 < r.busbw_GBps <= 1.6 * injection_GBps(cluster, 0), (name, r)
+        assert r.algorithm
+
+
+@pytest.mark.parametrize("name", [c for c in list_clusters() if load_cluster(c).num_nodes > 1])
+def test_segment_route_loads_equal_paths(name):
+    cluster = load_cluster(name)
+    fabric = Fabric(cluster)
+    rng = random.Random(1)
+    n = cluster.num_gpus
+    for _ in range(40):
+        a, b = rng.randrange(n), rng.randrange(n)
+        if a == b:
+            continue
+        idx, frac = fabric.route(a, b)
+        got = np.bincount(idx, weights=frac, minlength=len(fabric.capacity))
+        ref = np.zeros(len(fabric.capacity))
+        for f, edges in cluster.paths(a, b):
+            for e in edges:
+                ref[fabric.edge_index[e]] += f
+        assert np.allclose(got, ref), (name, a, b)
+
+
+def test_dp_layout_cost_and_cache_on_256_gpus():
+    cluster = load_cluster("dgx-h100")
+    model = CollectiveModel(cluster)
+    groups = rank_groups(8, cluster.num_gpus // 8, 1)
+    t0 = time.perf_counter()
+    curve = model.curve("all_reduce", groups["dp"])
+    build = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(200):
+        assert model.curve("all_reduce", groups["dp"]) is curve
+    lookup = (time.perf_counter() - t0) / 200
+    assert build < 2.0 and lookup < 2e-4, (build, lookup)
+    # 8 DP groups (one per rail) each through their own NDR NIC: ~48 GB/s bus bandwidth each
+    r = model.run("all_reduce", 1 << 30, groups["dp"])
+    assert 40 < r.busbw_GBps < 50
