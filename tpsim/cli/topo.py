@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster, gpus=args.gpus)
     if args.action == "check":
         cluster.check()
-        print(f"OK {cluster.name}: {cluster.num_gpus} GPUs, {cluster.num_nodes} nodes, "
+        print(f"OK {cluster.name}: {cluster.num_gpus} GPUs, {_plural(cluster.num_nodes, 'node')}, "
               f"{len(cluster.edge_table) // 2} links; every GPU reaches every other GPU")
         return 0
     if args.action == "draw":
