@@ -68,6 +68,9 @@ def register(subparsers: Any) -> None:
     o.add_argument("--json", action="store_true", help="print one JSON object (plans, evaluated, rejected)")
     o.add_argument("--why", action="store_true", help="show how many plans were rejected and why")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--no-cache", action="store_true",
+                   help="do not use the on-disk result cache ($TPSIM_CACHE_DIR or ~/.cache/tpsim; "
+                        "keyed by a hash of every input and of tpsim's code)")
     p.set_defaults(func=run)
 
 
@@ -149,22 +152,26 @@ def clusters_for(name: str, gpus: int, objective: str) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..search import DEFAULT_GPU_HOUR_PRICE, search
+    from ..search import DEFAULT_GPU_HOUR_PRICE
+    from ..search.cache import cached_search, compute_key_of, save_memo
 
     if args.top <= 0:
         raise InputError(f"--top={args.top} must be a positive integer")
     model, cluster_name, gpus, batch = load_problem(args)
     space = build_space(args, model)
     clusters = clusters_for(cluster_name, gpus, args.objective)
+    search = cached_search if not args.no_cache else _uncached
     result = search(model, clusters, batch, space=space, objective=args.objective,
                     gpu_hour_price=args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE,
                     mem_limit_gib=args.mem_limit_gib, include_unfit=args.include_unfit,
-                    compute=load_compute(args, clusters[-1]), progress=not args.no_progress and not args.json)
+                    compute=load_compute(args, clusters[-1]), compute_key=compute_key_of(args.profile),
+                    progress=not args.no_progress and not args.json)
     if args.csv:
         _write_csv(result, args.csv, args.top)
     if args.json:
         json.dump(result.to_json(args.top), sys.stdout, indent=1, allow_nan=False)
         print()
+        save_memo(result)
         return 0
     print(_header(result, model, clusters[-1], batch))
     if len(result):
@@ -176,11 +183,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _uncached(*args: Any, compute_key: str = "", **kw: Any) -> Any:
+    from ..search import search
+
+    return search(*args, **kw)
+
+
 def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
     gpus = ", ".join(str(int(p.cluster.num_gpus)) for p in result.parts) or str(cluster.num_gpus)
     return (f"{model.name} on {cluster.name} ({gpus} x {cluster.device.name}), global batch {batch}, "
             f"seq {model.seq_len}: {result.enumerated} plans enumerated, {result.evaluated} evaluated, "
-            f"{len(result)} ranked by {result.objective} in {result.elapsed_s:.2f} s")
+            f"{len(result)} ranked by {result.objective} in {result.elapsed_s:.2f} s"
+            + (" (cached result)" if result.cached else ""))
 
 
 def format_table(frame: Any) -> str:

@@ -84,7 +84,7 @@ def _section_best(result: SearchResult, top: int) -> str:
     idx = result.ranking[:top]
     if not idx.size:
         return "## Best plans\n\nNo plan fits on this cluster (see the rejections below).\n"
-    best = result.top(1)[0].estimate.to_dict()
+    best = result.estimate_dict(int(idx[0]))
     algos = best.get("collectives", {})
     text = [f"## Best plans\n",
             f"The {idx.size} fastest plans that fit (seconds per step; the five components from *compute* to "

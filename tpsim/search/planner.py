@@ -13,14 +13,14 @@ With ``objective="cost"`` the caller passes several clusters (one per GPU count,
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import InputError
 from ..model import ModelSpec
-from ..plan import ORDERS, RECOMPUTE, PlanBatch
+from ..plan import ORDERS, RECOMPUTE, Plan, PlanBatch
 from .pareto import pareto_front, pareto_front_max_y
 from .space import SearchSpace, enumerate_plans
 from .validity import MEM_LIMIT, MEMORY, REASONS, count_reasons, violations
@@ -60,27 +60,22 @@ class Part:
 
 @dataclass(frozen=True, kw_only=True)
 class RankedPlan:
-    """One ranked plan: its rank (1 = best), GPU count, plan and full estimate."""
+    """One ranked plan: its rank (1 = best), GPU count, cost and the ``tpsim estimate --json`` object."""
 
     rank: int
     gpus: int
     cost_per_mtok: float
     """dollars per million tokens at the search's GPU-hour price."""
-    estimate: Any
-    """:class:`tpsim.estimator.Estimate`."""
-
-    @property
-    def plan(self) -> Any:
-        return self.estimate.plan if hasattr(self.estimate, "plan") else None
+    estimate: Mapping[str, Any]
+    """``Estimate.to_dict()`` of the plan (as ``tpsim estimate --json`` prints it)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The plan's fields at top level, then every field of ``tpsim estimate --json``."""
-        est = self.estimate.to_dict()
-        plan = est.get("plan", {})
+        plan = self.estimate.get("plan", {})
         out: dict[str, Any] = {"rank": self.rank, "gpus": self.gpus}
         out.update({k: plan[k] for k in PLAN_FIELDS if k in plan})
         out["cost_per_mtok"] = self.cost_per_mtok
-        out.update(est)
+        out.update(self.estimate)
         return out
 
 
@@ -100,21 +95,53 @@ class SearchResult:
     rejected: Mapping[str, int]
     elapsed_s: float
     mem_limit_gib: float | None = None
+    compute: Any = None
+    """the compute model the plans were evaluated with (None: the device roofline)."""
+    space: SearchSpace = field(default_factory=SearchSpace)
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """estimate dicts already computed, by row index (see :meth:`estimate_dict`)."""
+    cached: bool = False
+    """True when the result came from the on-disk cache (:mod:`tpsim.search.cache`)."""
 
     def __len__(self) -> int:
         return int(self.ranking.size)
 
     # ---- single plans --------------------------------------------------------------------------------
-    def estimate(self, i: int) -> Any:
-        """The full :class:`Estimate` of evaluated plan ``i`` (an index into ``columns``)."""
+    def batch_estimate(self, i: int) -> Any:
+        """Row ``i`` (an index into ``columns``) of the estimator's batch, as an :class:`Estimate`."""
         part = self.parts[int(self.columns["part"][i])]
         k = int(np.searchsorted(part.offsets, i, side="right")) - 1
         return part.chunks[k].to_estimate(int(i - part.offsets[k]))
 
+    def plan(self, i: int) -> Any:
+        """Evaluated plan ``i`` as a :class:`tpsim.plan.Plan`."""
+        c = self.columns
+        return Plan(tp=int(c["tp"][i]), pp=int(c["pp"][i]), vpp=int(c["vpp"][i]), dp=int(c["dp"][i]),
+                    sp=bool(c["sp"][i]), recompute=RECOMPUTE[int(c["recompute"][i])], zero=int(c["zero"][i]),
+                    micro_batch=int(c["micro_batch"][i]), global_batch=int(c["global_batch"][i]),
+                    dtype=self.space.dtype, overlap=bool(c["overlap"][i]), order=ORDERS[int(c["order"][i])],
+                    attention=self.space.attention)
+
+    def estimate(self, i: int) -> Any:
+        """The full :class:`Estimate` of evaluated plan ``i``, exactly as ``tpsim estimate`` gives it (a
+        batch of one through :func:`tpsim.estimator.estimate`, which adds the collective algorithms chosen
+        and the warnings); its numbers equal the batch row's (a test checks it)."""
+        from ..estimator import estimate
+
+        part = self.parts[int(self.columns["part"][i])]
+        return estimate(self.model, part.cluster, self.plan(i), compute=self.compute)
+
+    def estimate_dict(self, i: int) -> dict[str, Any]:
+        """``self.estimate(i).to_dict()``, memoized (and kept by the on-disk plan cache)."""
+        key = str(int(i))
+        if key not in self.memo:
+            self.memo[key] = self.estimate(int(i)).to_dict()
+        return self.memo[key]
+
     def top(self, k: int | None = None) -> list[RankedPlan]:
         idx = self.ranking if k is None else self.ranking[:k]
         return [RankedPlan(rank=r + 1, gpus=int(self.columns["gpus"][i]),
-                           cost_per_mtok=float(self.columns["cost_per_mtok"][i]), estimate=self.estimate(int(i)))
+                           cost_per_mtok=float(self.columns["cost_per_mtok"][i]), estimate=self.estimate_dict(i))
                 for r, i in enumerate(idx)]
 
     def label(self, i: int) -> str:
@@ -187,8 +214,10 @@ class SearchResult:
             "zero": c["zero"][idx], "mb": c["micro_batch"][idx], "overlap": np.where(c["overlap"][idx], "y", "-"),
             "order": [ORDERS[int(o)] for o in c["order"][idx]],
             "step_s": c["step_time_s"][idx], "tok/s": c["tokens_per_s"][idx], "mfu": c["mfu"][idx],
-            "mem_GiB": c["peak_memory_gib"][idx], "fits": c["fits_effective"][idx],
+            "mem_GiB": c["peak_memory_gib"][idx],
         })
+        if not c["fits_effective"][idx].all():
+            data["fits"] = c["fits_effective"][idx]
         for name in BREAKDOWN + ("tp_comm", "pp_comm", "dp_comm"):
             data[f"{name}_s"] = c[f"{name}_s"][idx]
         if self.objective == "cost":
@@ -244,7 +273,9 @@ def _rank(cols: Mapping[str, np.ndarray], objective: str) -> np.ndarray:
     """Indices of all rows, best first (np.lexsort: the last key is the primary one)."""
     primary = {"time": cols["step_time_s"], "memory": cols["peak_memory_gib"],
                "cost": cols["cost_per_mtok"]}[objective]
-    keys = [cols[name] for name in reversed(("gpus",) + PLAN_FIELDS)]
+    # tie-breakers, last = most important: fewer GPUs, then the plan fields ascending, except that the
+    # default overlap=True goes before overlap=False
+    keys = [~cols[name] if name == "overlap" else cols[name] for name in reversed(("gpus",) + PLAN_FIELDS)]
     keys += [cols["peak_memory_gib"], cols["step_time_s"], primary, ~cols["fits_effective"]]
     return np.lexsort(keys)
 
@@ -304,7 +335,8 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
                 rejected[REASONS[code].key] = int(extra[code])
     return SearchResult(model=model, objective=objective, gpu_hour_price=gpu_hour_price, parts=tuple(parts),
                         columns=columns, ranking=order, enumerated=enumerated, evaluated=evaluated,
-                        rejected=rejected, elapsed_s=time.perf_counter() - started, mem_limit_gib=mem_limit_gib)
+                        rejected=rejected, elapsed_s=time.perf_counter() - started, mem_limit_gib=mem_limit_gib,
+                        compute=compute, space=space)
 
 
 def _merge(col_parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

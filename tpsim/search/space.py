@@ -151,7 +151,8 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, space: S
         lay = lay[keep]
         cols = {k: v[keep] for k, v in cols.items()}
     batch = PlanBatch.from_arrays(dtype=space.dtype, attention=space.attention, tp=lay[:, 0], pp=lay[:, 1],
-                                  dp=lay[:, 2], order=lay[:, 3], global_batch=global_batch, **cols)
+                                  dp=lay[:, 2], order=lay[:, 3],
+                                  global_batch=np.full(len(lay), global_batch, dtype=np.int64), **cols)
     return Enumeration(plans=batch, num_gpus=num_gpus, layouts=len(layouts))
 
 

@@ -1,0 +1,137 @@
+"""The planner with the real estimator: known answers, ranking rules, batched == single estimate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tpsim.estimator import estimate
+from tpsim.model import load_model, with_overrides
+from tpsim.search import SearchSpace, cost_gpu_counts, enumerate_plans, search, violations
+from tpsim.topology import load_cluster
+
+SMALL_SPACE = SearchSpace(vpp=(1, 2), micro_batch=(1, 2, 4))
+
+
+@pytest.fixture(scope="module")
+def small():
+    """GPT-3 1.3B: fits one 80 GB A100 (18 B/parameter = 23 GiB of model state)."""
+    return load_model("gpt3-1.3b"), load_cluster("dgx-a100", gpus=8)
+
+
+@pytest.fixture(scope="module")
+def small_result(small):
+    model, cluster = small
+    return search(model, cluster, 64, space=SMALL_SPACE, include_unfit=True)
+
+
+def test_small_model_pure_data_parallelism_ranks_first(small):
+    model, cluster = small
+    result = search(model, cluster, 64, space=SMALL_SPACE)
+    best = result.top(1)[0].to_dict()
+    assert (best["tp"], best["pp"], best["dp"]) == (1, 1, 8)
+    assert best["fits"]
+
+
+def test_unfit_plans_never_rank_above_fitting_ones():
+    model = load_model("gpt3-175b")
+    cluster = load_cluster("dgx-a100", gpus=64)
+    result = search(model, cluster, 64, space=SearchSpace(vpp=(1,), micro_batch=(1,), order=("tp-dp-pp",)),
+                    include_unfit=True)
+    fits = result.columns["fits_effective"][result.ranking]
+    assert fits.any() and (~fits).any()  # the case is really exercised
+    assert np.all(np.diff(fits.astype(int)) <= 0)
+    strict = search(model, cluster, 64, space=SearchSpace(vpp=(1,), micro_batch=(1,), order=("tp-dp-pp",)))
+    assert strict.columns["fits_effective"][strict.ranking].all()
+    assert strict.rejected["memory"] == int((~fits).sum())
+
+
+def test_ranking_is_deterministic_and_sorted(small, small_result):
+    model, cluster = small
+    again = search(model, cluster, 64, space=SMALL_SPACE, include_unfit=True)
+    assert np.array_equal(again.ranking, small_result.ranking)
+    fit = small_result.ranking[small_result.columns["fits_effective"][small_result.ranking]]
+    assert np.all(np.diff(small_result.columns["step_time_s"][fit]) >= 0)
+    assert [p.to_dict() for p in again.top(5)] == [p.to_dict() for p in small_result.top(5)]
+
+
+def test_batched_search_agrees_with_single_estimate_on_every_plan(small, small_result):
+    model, cluster = small
+    enum = enumerate_plans(model, 8, 64, SMALL_SPACE)
+    valid = np.flatnonzero(violations(model, enum.plans, 8) == 0)
+    assert small_result.evaluated == valid.size > 100
+    cols = small_result.columns
+    keys = np.stack([cols[k] for k in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch",
+                                       "overlap", "order")], 1)
+    row_of = {tuple(r): i for i, r in enumerate(keys.tolist())}
+    for j in valid:
+        plan = enum.plans.plan(int(j))
+        single = estimate(model, cluster, plan)
+        i = row_of[tuple(int(v) for v in (plan.tp, plan.pp, plan.vpp, plan.dp, plan.sp,
+                                          ("none", "selective", "full").index(plan.recompute), plan.zero,
+                                          plan.micro_batch, plan.overlap, enum.plans.order[j]))]
+        assert np.isclose(single.step_time_s, cols["step_time_s"][i], rtol=1e-12)
+        assert np.isclose(single.peak_memory_gib, cols["peak_memory_gib"][i], rtol=1e-12)
+        assert single.fits == bool(cols["fits"][i])
+        batch_row = small_result.batch_estimate(i).to_dict()
+        full = single.to_dict()
+        for key in ("collectives", "warnings"):  # only the single estimate names algorithms and warns
+            batch_row.pop(key), full.pop(key)
+        assert batch_row == full
+    assert small_result.estimate(int(small_result.ranking[0])).collectives
+
+
+def test_objectives_memory_and_cost(small):
+    model, cluster = small
+    mem = search(model, cluster, 64, space=SMALL_SPACE, objective="memory")
+    assert np.all(np.diff(mem.columns["peak_memory_gib"][mem.ranking]) >= 0)
+    clusters = [load_cluster("dgx-a100", gpus=n) for n in cost_gpu_counts(8, 32)]
+    assert [c.num_gpus for c in clusters] == [8, 16, 32]
+    cost = search(model, clusters, 64, space=SMALL_SPACE, objective="cost", gpu_hour_price=2.0)
+    c = cost.columns
+    assert set(np.unique(c["gpus"])) == {8, 16, 32}
+    assert np.all(np.diff(c["cost_per_mtok"][cost.ranking]) >= 0)
+    i = cost.ranking[0]
+    assert np.isclose(c["cost_per_mtok"][i], c["gpus"][i] * 2.0 / 3600 / c["tokens_per_s"][i] * 1e6)
+    front = cost.pareto_gpus_throughput()
+    assert np.all(np.diff(c["gpus"][front]) > 0) and np.all(np.diff(c["tokens_per_s"][front]) > 0)
+
+
+def test_mem_limit_rejects_and_pareto(small):
+    model, cluster = small
+    full = search(model, cluster, 64, space=SMALL_SPACE)
+    limit = float(np.median(full.columns["peak_memory_gib"][full.ranking]))
+    limited = search(model, cluster, 64, space=SMALL_SPACE, mem_limit_gib=limit)
+    assert limited.rejected["mem-limit"] > 0
+    assert np.all(limited.columns["peak_memory_gib"][limited.ranking] <= limit)
+    front = full.pareto_time_memory()
+    mem, t = full.columns["peak_memory_gib"], full.columns["step_time_s"]
+    assert np.all(np.diff(mem[front]) > 0) and np.all(np.diff(t[front]) < 0)
+    best = full.ranking[0]  # the fastest plan is on the front (or ties exactly with a plan on it)
+    assert any(t[i] == t[best] and mem[i] == mem[best] for i in front)
+
+
+def test_json_plans_carry_plan_fields_and_estimate_fields(small_result):
+    out = small_result.to_json(3)
+    assert {"plans", "evaluated", "rejected", "enumerated"} <= set(out)
+    plan = out["plans"][0]
+    for key in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order",
+                "step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_gib", "fits", "breakdown", "memory_gib"):
+        assert key in plan, key
+    b = plan["breakdown"]
+    assert np.isclose(sum(b[k] for k in ("compute", "recompute", "bubble", "optimizer", "exposed_comm")),
+                      plan["step_time_s"], rtol=1e-9)
+
+
+def test_bad_arguments_raise_input_errors(small):
+    from tpsim.errors import InputError
+
+    model, cluster = small
+    with pytest.raises(InputError, match="objective='speed'"):
+        search(model, cluster, 64, objective="speed")
+    with pytest.raises(InputError, match="gpu_hour_price"):
+        search(model, cluster, 64, gpu_hour_price=-1)
+    with pytest.raises(InputError, match="max_tp=0"):
+        SearchSpace(max_tp=0)
+    with pytest.raises(InputError, match="recompute='some'"):
+        SearchSpace(recompute=("some",))
