@@ -61,7 +61,8 @@ def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gp
         dims = cluster.fabric.dims
         note = (f"chips of the {'x'.join(map(str, dims))} torus, one X-Y plane per Z (first "
                 f"{min(dims[2], 4)} of {dims[2]}); Z and wraparound links not drawn")
-    ax.set_title(f"{cluster.name}: {cluster.num_gpus} x {cluster.device.name}, {cluster.num_nodes} nodes "
+    nodes = f"{cluster.num_nodes} node" + ("" if cluster.num_nodes == 1 else "s")
+    ax.set_title(f"{cluster.name}: {cluster.num_gpus} x {cluster.device.name}, {nodes} "
                  f"({cluster.node_template_name}), fabric {cluster.fabric_name}\n{note}", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     ax.set_yticks([])
