@@ -214,3 +214,13 @@ def test_draw_a_torus_and_a_big_node(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "4x4x4 torus" in out and "16 of 72 GPUs per node" in out
     assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+def test_calibration_argument_of_load_cluster(tmp_path):
+    (tmp_path / "cal.yaml").write_text("loopback: {latency_us: 7.0}\nsource: bench\n")
+    tuned = load_cluster("local-cpu", gpus=3, calibration=tmp_path / "cal.yaml")
+    assert tuned.link("n0/gpu2", "n0/cpu0")["latency_us"] == 7.0
+    assert tuned.spec.calibration.provenance == {"source": "bench"}
+    assert load_cluster("local-cpu", gpus=3).link("n0/gpu2", "n0/cpu0")["latency_us"] == 30
+    with pytest.raises(InputError, match="calibration='/nope.yaml': file not found"):
+        load_cluster("local-cpu", calibration="/nope.yaml")

@@ -7,6 +7,7 @@ the GPU count, so the same object comes back for the same inputs (caches keyed o
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from .cluster import Cluster
 from .files import _read_cached, available, resolve, topologies_dir
@@ -15,21 +16,24 @@ from .spec import ClusterSpec, links_file, load_cluster_spec
 __all__ = ["Cluster", "clear_cache", "load_cluster", "list_clusters", "topologies_dir"]
 
 
-def load_cluster(name_or_path: str | os.PathLike[str], gpus: int | None = None) -> Cluster:
+def load_cluster(name_or_path: str | os.PathLike[str], gpus: int | None = None,
+                 calibration: str | os.PathLike[str] | None = None) -> Cluster:
     """Load a cluster by file stem (``topologies/clusters/<name>.yaml``) or path; ``gpus`` defaults to the
-    file's ``gpus``. Raises :class:`~tpsim.errors.InputError` on a bad file or a GPU count that is not a
+    file's ``gpus``; ``calibration`` (a file written by ``tpsim calibrate``) replaces the file's
+    ``calibration:``. Raises :class:`~tpsim.errors.InputError` on a bad file or a GPU count that is not a
     whole number of nodes. The same inputs (files unchanged) give the same object."""
     path = resolve("cluster", name_or_path)
-    key = (str(path), gpus, str(topologies_dir()))
+    cal = None if calibration is None else str(Path(calibration).expanduser().resolve())
+    key = (str(path), gpus, str(topologies_dir()), cal)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] == _stamp(hit[1].spec):
         return hit[1]
-    cluster = Cluster(load_cluster_spec(str(path), gpus))
+    cluster = Cluster(load_cluster_spec(str(path), gpus, cal))
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (_stamp(cluster.spec), cluster)
     if gpus is None:   # load_cluster(name) and load_cluster(name, gpus=<the file's gpus>) are one object
-        full = (key[0], cluster.num_gpus, key[2])
+        full = (key[0], cluster.num_gpus, key[2], key[3])
         if full in _CACHE and _CACHE[full][0] == _CACHE[key][0]:
             cluster = _CACHE[full][1]
             _CACHE[key] = (_CACHE[key][0], cluster)

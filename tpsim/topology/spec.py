@@ -367,7 +367,9 @@ _CLUSTER_KEYS = ("name", "description", "source", "note", "node", "fabric", "dev
                  "defaults", "calibration")
 
 
-def load_cluster_spec(name_or_path: str, gpus: int | None = None) -> ClusterSpec:
+def load_cluster_spec(name_or_path: str, gpus: int | None = None,
+                      calibration: str | Path | None = None) -> ClusterSpec:
+    """The validated cluster file; ``gpus`` and ``calibration`` (a calibration file) override the file's."""
     path = resolve("cluster", name_or_path)
     data = read_yaml(path)
     where = str(path)
@@ -395,9 +397,11 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None) -> ClusterSpec
     if total % gpn:
         raise InputError(f"{where}: gpus={total} is not a whole number of nodes of {gpn} GPUs "
                          f"({total / gpn:g} nodes)")
-    calibration = None
-    if data.get("calibration") is not None:
-        calibration = load_calibration(data["calibration"], path.parent, where)
+    cal_spec = None
+    if calibration is not None:
+        cal_spec = load_calibration(calibration, Path.cwd(), "calibration")
+    elif data.get("calibration") is not None:
+        cal_spec = load_calibration(data["calibration"], path.parent, where)
     return ClusterSpec(name=str(data.get("name", path.stem)), path=path, node=node, fabric=fabric,
                        device=str(data["device"]), gpus=total, gpus_per_node=gpn, single_node=single,
-                       default_efficiency=eff, calibration=calibration, raw=data)
+                       default_efficiency=eff, calibration=cal_spec, raw=data)
