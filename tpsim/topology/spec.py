@@ -182,7 +182,6 @@ def load_node_template(name_or_path: str, relative_to: Path | None = None) -> No
     if not isinstance(data["links"], list):
         raise InputError(f"{where}: links must be a list")
     links = tuple(_link_spec(i, body, groups, kinds, where) for i, body in enumerate(data["links"]))
-    _check_duplicate_links(links, groups, where)
     return NodeTemplate(name=str(data.get("name", path.stem)), path=path, devices=devices, links=links,
                         raw=data)
 
@@ -248,18 +247,6 @@ def _link_spec(i: int, body: Any, groups: Mapping[str, DeviceGroup], kinds: Mapp
                                                                                     "latency_us"),
                     efficiency=None if opt["efficiency"] is None else fraction(opt["efficiency"], w, "efficiency"),
                     where=w)
-
-
-def _check_duplicate_links(links: tuple[LinkSpec, ...], groups: Mapping[str, DeviceGroup], where: str) -> None:
-    seen: dict[tuple[str, str], str] = {}
-    for spec in links:
-        key = tuple(sorted((spec.a, spec.b)))
-        overlap = spec.a_range is None and spec.b_range is None
-        if overlap and key in seen:
-            raise InputError(f"{spec.where}: duplicate link between {spec.a} and {spec.b} "
-                             f"(already in {seen[key]})")
-        if overlap:
-            seen[key] = spec.where.split(": ", 1)[1]
 
 
 # ----------------------------------------------------------------------------------------------- fabrics
