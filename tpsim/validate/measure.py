@@ -5,8 +5,10 @@ functional collectives DTensor issues), and forward/backward times.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .block import build_block
 from .case import Case
+from .report import comm_by_type
 from .styles import SEQ_DIM, shard_block
 
 NUMERICS_RTOL = 1e-4
@@ -59,9 +62,10 @@ class CollectiveRecorder(TorchDispatchMode):
     time on this rank (DTensor waits at the next use anyway; nothing overlaps in this runtime).
     """
 
-    def __init__(self, timed: bool = False) -> None:
+    def __init__(self, timed: bool = False, clock: "Clock | None" = None) -> None:
         super().__init__()
         self.timed = timed
+        self.clock = clock
         self.calls: list[tuple[str, int, float]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
@@ -72,13 +76,14 @@ class CollectiveRecorder(TorchDispatchMode):
         cuda = self.timed and args[0].is_cuda
         if cuda:
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = self.clock.now() if self.clock else (time.perf_counter(), 0.0)
         out = func(*args, **kwargs)
         if self.timed:
             out = torch.ops._c10d_functional.wait_tensor(out)
             if cuda:
                 torch.cuda.synchronize()
-        self.calls.append((op, _nbytes(op, args), time.perf_counter() - t0))
+        t1 = self.clock.now() if self.clock else (time.perf_counter(), 0.0)
+        self.calls.append((op, _nbytes(op, args), Clock.since(t0, t1)[0]))
         return out
 
     def by_op(self) -> dict[str, dict[str, float]]:
@@ -163,9 +168,35 @@ def _counts(mode: CommDebugMode) -> dict[str, int]:
     return dict(out)
 
 
+class Clock:
+    """Wall-clock seconds of this thread minus the time it sat on a CPU run queue (runnable but preempted
+    by another process: Linux ``/proc/thread-self/schedstat`` field 2). Waiting for a collective is sleep,
+    not run-queue time, so it still counts; other processes of a shared machine do not. Both are kept."""
+
+    def __init__(self) -> None:
+        self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+
+    def _delay(self) -> float:
+        try:
+            with open(self._path) as f:
+                return int(f.read().split()[1]) * 1e-9
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    def now(self) -> tuple[float, float]:
+        return time.perf_counter(), self._delay()
+
+    @staticmethod
+    def since(start: tuple[float, float], end: tuple[float, float]) -> tuple[float, float]:
+        """(seconds without run-queue time, wall seconds)."""
+        wall = end[0] - start[0]
+        return max(wall - (end[1] - start[1]), 0.0), wall
+
+
 def time_case(case: Case, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
-    """Median forward and backward seconds over ``case.reps`` after ``case.warmup``, then the per-type
-    collective times (median over reps of each iteration's total per (phase, op)) in separate iterations."""
+    """Median forward and backward seconds over ``case.reps`` after ``case.warmup`` (see :class:`Clock`),
+    then the per-type collective times (median over reps of each iteration's total per (phase, op)) in
+    separate iterations."""
     device = torch.device(mesh.device_type, torch.cuda.current_device()) if mesh.device_type == "cuda" \
         else torch.device("cpu")
     ref = build_block(case.model, case.tp, case.fused, case.model.seq_len, case.seed, dropout=True).to(device)
@@ -173,41 +204,37 @@ def time_case(case: Case, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
     inp = make_inputs(case, device)
     x0, dy = local_part(inp.x, case, rank), local_part(inp.dy, case, rank)
     group = mesh.get_group() if case.tp > 1 else None
+    clock = Clock()
 
-    def step(recorders: tuple | None = None) -> tuple[float, float]:
+    def step(recorders: tuple | None = None) -> tuple[tuple[float, float], tuple[float, float]]:
         for p in block.parameters():
             p.grad = None
         x = x0.detach().requires_grad_()
         if group is not None:
             dist.barrier(group=group)
         sync(device)
-        t0 = time.perf_counter()
-        if recorders:
-            with recorders[0]:
-                y = block(x)
-        else:
+        t0 = clock.now()
+        with recorders[0] if recorders else contextlib.nullcontext():
             y = block(x)
         sync(device)
-        t1 = time.perf_counter()
-        if recorders:
-            with recorders[1]:
-                y.backward(dy)
-        else:
+        t1 = clock.now()
+        with recorders[1] if recorders else contextlib.nullcontext():
             y.backward(dy)
         sync(device)
-        return t1 - t0, time.perf_counter() - t1
+        return Clock.since(t0, t1), Clock.since(t1, clock.now())
 
     for _ in range(case.warmup):
         step()
     fwd, bwd = zip(*(step() for _ in range(case.reps)))
-    comm: dict[str, list[float]] = defaultdict(list)
+    calls: list[list[tuple[str, float]]] = []
     if case.tp > 1:
         for _ in range(case.reps):
-            rf, rb = CollectiveRecorder(timed=True), CollectiveRecorder(timed=True)
+            rf, rb = CollectiveRecorder(timed=True, clock=clock), CollectiveRecorder(timed=True, clock=clock)
             step((rf, rb))
-            for phase, rec in (("fwd", rf), ("bwd", rb)):
-                for op, d in rec.by_op().items():
-                    comm[f"{phase}:{op}"].append(d["time_s"])
-    return {"fwd_s": statistics.median(fwd), "bwd_s": statistics.median(bwd),
-            "fwd_all_s": list(fwd), "bwd_all_s": list(bwd),
-            "comm_s": {k: statistics.median(v) for k, v in comm.items()}}
+            calls.append([(f"{phase}:{op}", sec) for phase, rec in (("fwd", rf), ("bwd", rb))
+                          for op, _nbytes, sec in rec.calls])
+    return {"fwd_s": statistics.median(f[0] for f in fwd), "bwd_s": statistics.median(b[0] for b in bwd),
+            "fwd_wall_s": statistics.median(f[1] for f in fwd), "bwd_wall_s": statistics.median(b[1] for b in bwd),
+            "fwd_all_s": [f[0] for f in fwd], "bwd_all_s": [b[0] for b in bwd],
+            "comm_calls": calls, "comm_s": comm_by_type([calls])}
+

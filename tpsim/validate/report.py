@@ -6,9 +6,11 @@ every rank, against the torch-free ``layer_collectives(..., flavor="dtensor")`` 
 and phases: ``fwd``, ``bwd``, ``fwd+bwd`` and each ``<phase>:<collective>``, with the % error
 ``100 * (predicted - measured) / measured``.
 
-Measured times: forward and backward are the slowest rank's median (the slowest rank sets the pace);
-a collective type's time is the fastest rank's median, because the ranks that arrive first also wait for
-the last one, who alone sees the transfer itself.
+Measured times (``measured_s``) exclude the time a rank sat preempted on a CPU run queue (other processes
+of a shared machine; :class:`tpsim.validate.measure.Clock`), ``measured_wall_s`` is the plain wall clock.
+Forward and backward are the slowest rank's median (the slowest rank sets the pace);
+each collective call's time is the fastest rank's (the ranks that arrive first also wait for the last one,
+who alone sees the transfer itself), summed per type in each iteration, median over iterations.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .case import Case
 from .predict import Prediction
 
 CSV_COLUMNS = ("case", "model", "family", "tp", "sp", "fused", "hidden", "heads", "ffn", "seq_len",
-               "micro_batch", "phase", "predicted_s", "measured_s", "error_pct", "numerics_ok",
+               "micro_batch", "phase", "predicted_s", "measured_s", "error_pct", "measured_wall_s", "numerics_ok",
                "numerics_max_rel_err", "collectives_match", "compute_model", "backend", "scaled")
 
 
@@ -41,17 +43,21 @@ def summarize_case(case: Case, ranks: list[dict[str, Any]], pred: Prediction | N
     worst = max(max(r["numerics"].values()) for r in ranks)
     measured = {"fwd": max(r["fwd_s"] for r in ranks), "bwd": max(r["bwd_s"] for r in ranks)}
     measured["fwd+bwd"] = max(r["fwd_s"] + r["bwd_s"] for r in ranks)
-    for key in sorted({k for r in ranks for k in r["comm_s"]}):
-        measured[key] = min(r["comm_s"].get(key, 0.0) for r in ranks)
+    wall = {"fwd": max(r.get("fwd_wall_s", r["fwd_s"]) for r in ranks),
+            "bwd": max(r.get("bwd_wall_s", r["bwd_s"]) for r in ranks)}
+    wall["fwd+bwd"] = max(r.get("fwd_wall_s", r["fwd_s"]) + r.get("bwd_wall_s", r["bwd_s"]) for r in ranks)
+    measured.update(sorted(comm_by_type([r.get("comm_calls", []) for r in ranks]).items()))
     phases = []
     if pred is not None:
         predicted = {"fwd": pred.fwd_s, "bwd": pred.bwd_s, "fwd+bwd": pred.fwd_s + pred.bwd_s, **pred.comm_s}
         for name, meas in measured.items():
             p = predicted.get(name)
             phases.append({"name": name, "predicted_s": p, "measured_s": meas,
-                           "error_pct": error_pct(p, meas) if p is not None and meas > 0 else None})
+                           "error_pct": error_pct(p, meas) if p is not None and meas > 0 else None,
+                           "measured_wall_s": wall.get(name)})
     else:
-        phases = [{"name": n, "predicted_s": None, "measured_s": m, "error_pct": None} for n, m in measured.items()]
+        phases = [{"name": n, "predicted_s": None, "measured_s": m, "error_pct": None,
+                   "measured_wall_s": wall.get(n)} for n, m in measured.items()]
     return {
         "case": case.name, "config": _config(case), "scaled": case.scaled,
         "numerics_ok": all(r["numerics_ok"] for r in ranks), "numerics_max_rel_err": worst,
@@ -64,6 +70,22 @@ def summarize_case(case: Case, ranks: list[dict[str, Any]], pred: Prediction | N
         "phases": phases,
         "samples_s": {"fwd": [r["fwd_all_s"] for r in ranks], "bwd": [r["bwd_all_s"] for r in ranks]},
     }
+
+
+def comm_by_type(ranks_calls: list[list[list[Any]]]) -> dict[str, float]:
+    """Seconds per "<phase>:<op>": each call's time is the fastest rank's (the last rank to arrive sees the
+    transfer itself, the others also wait for it); summed per type in each iteration; median over
+    iterations. ``ranks_calls[rank][iteration]`` lists (type, seconds) in issue order, the same on every rank."""
+    if not ranks_calls or not ranks_calls[0]:
+        return {}
+    per_iter: dict[str, list[float]] = {}
+    for it in range(len(ranks_calls[0])):
+        totals: dict[str, float] = {}
+        for j, (key, _sec) in enumerate(ranks_calls[0][it]):
+            totals[key] = totals.get(key, 0.0) + min(rc[it][j][1] for rc in ranks_calls)
+        for key, t in totals.items():
+            per_iter.setdefault(key, []).append(t)
+    return {k: statistics.median(v) for k, v in per_iter.items()}
 
 
 def _norm(counts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -115,6 +137,7 @@ def write_csv(path: Path, summaries: list[dict[str, Any]], backend: str) -> None
                 "seq_len": c["seq_len"], "micro_batch": c["micro_batch"], "phase": p["name"],
                 "predicted_s": _fmt(p["predicted_s"]), "measured_s": _fmt(p["measured_s"]),
                 "error_pct": "" if p["error_pct"] is None else f"{p['error_pct']:.2f}",
+                "measured_wall_s": _fmt(p.get("measured_wall_s")),
                 "numerics_ok": s["numerics_ok"], "numerics_max_rel_err": f"{s['numerics_max_rel_err']:.2e}",
                 "collectives_match": s["collectives_match"], "compute_model": s["compute_model"] or "",
                 "backend": backend, "scaled": s["scaled"]})
