@@ -107,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
     except RankFailure as exc:
         print(f"tpsim validate: error: {exc}", file=__import__("sys").stderr)
         return 1
+    if report.get("note"):
+        print(report["note"])
+        return 0
     if args.json:
         slim = {k: v for k, v in report.items() if k != "cases"}
         slim["cases"] = [{k: v for k, v in s.items() if k not in ("samples_s",)} for s in report["cases"]]

@@ -132,8 +132,9 @@ def first_error(run_dir: Path) -> dict[str, Any] | None:
 
 
 def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
-           env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run ``cases`` on ``cfg.nproc`` ranks; return rank 0's ``result.json`` ({"meta", "ranks"}).
+           env: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """Run ``cases`` on ``cfg.nproc`` ranks; return rank 0's ``result.json`` ({"meta", "ranks"}), or None on
+    a node of a multi-node run that did not hold rank 0 (the results are on that node).
 
     Raises :class:`RankFailure` with the first real error (rank, type, message) if any rank fails, or if the
     run exceeds ``cfg.run_timeout_s``; in every case no process of the run is left.
@@ -155,7 +156,7 @@ def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
             _supervise(proc, cfg, run_dir, token)
         finally:
             _kill_all(proc, token)
-    return _collect(proc.returncode, run_dir, log_path)
+    return _collect(proc.returncode, run_dir, log_path, cfg.nnodes > 1)
 
 
 def _supervise(proc: subprocess.Popen, cfg: LaunchConfig, run_dir: Path, token: str) -> None:
@@ -177,11 +178,14 @@ def _supervise(proc: subprocess.Popen, cfg: LaunchConfig, run_dir: Path, token: 
         time.sleep(0.1)
 
 
-def _collect(returncode: int | None, run_dir: Path, log_path: Path) -> dict[str, Any]:
+def _collect(returncode: int | None, run_dir: Path, log_path: Path, multi_node: bool) -> dict[str, Any] | None:
     result_path = run_dir / "result.json"
     err = first_error(run_dir)
-    if err is None and returncode == 0 and result_path.exists():
-        return json.loads(result_path.read_text())
+    if err is None and returncode == 0:
+        if result_path.exists():
+            return json.loads(result_path.read_text())
+        if multi_node:
+            return None
     if err is not None:
         where = f"rank {err['rank']}" if err["rank"] != "launcher" else "launcher"
         raise RankFailure(f"{where} failed: {err['type']}: {err['message']} (logs: {run_dir})")

@@ -32,8 +32,10 @@ class Prediction:
 
 
 def find_profile(device_type: str = "cpu") -> Path | None:
-    """The newest shipped profile of this device type (``profiles/<device_type>-*.csv``), if any."""
-    found = sorted(PROFILES_DIR.glob(f"{device_type}-*.csv"), key=lambda p: p.stat().st_mtime)
+    """The newest shipped profile of this device type, if any: ``profiles/cpu-*.csv`` for CPU, any other
+    ``profiles/*.csv`` (``h200-*.csv``, ...) for GPU."""
+    found = [p for p in PROFILES_DIR.glob("*.csv") if p.name.startswith("cpu-") == (device_type == "cpu")]
+    found.sort(key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 
 
