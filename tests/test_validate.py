@@ -106,6 +106,7 @@ def _rank(case, fwd=0.01, bwd=0.02, counts=None, err=1e-6):
     return {"case": case.name, "numerics": {"output": err}, "numerics_ok": err <= 1e-4,
             "counts": counts if counts is not None else case.expected_counts(),
             "bytes": case.expected_bytes(), "fwd_s": fwd, "bwd_s": bwd, "fwd_all_s": [fwd], "bwd_all_s": [bwd],
+            "fwd_wall_all_s": [fwd], "bwd_wall_all_s": [bwd], "fwd_delay_all_s": [0.0], "bwd_delay_all_s": [0.0],
             "comm_s": {"fwd:all_reduce": 0.001}, "comm_calls": [[("fwd:all_reduce", 0.001)]]}
 
 

@@ -236,5 +236,7 @@ def time_case(case: Case, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
     return {"fwd_s": statistics.median(f[0] for f in fwd), "bwd_s": statistics.median(b[0] for b in bwd),
             "fwd_wall_s": statistics.median(f[1] for f in fwd), "bwd_wall_s": statistics.median(b[1] for b in bwd),
             "fwd_all_s": [f[0] for f in fwd], "bwd_all_s": [b[0] for b in bwd],
+            "fwd_wall_all_s": [f[1] for f in fwd], "bwd_wall_all_s": [b[1] for b in bwd],
+            "fwd_delay_all_s": [f[1] - f[0] for f in fwd], "bwd_delay_all_s": [b[1] - b[0] for b in bwd],
             "comm_calls": calls, "comm_s": comm_by_type([calls])}
 

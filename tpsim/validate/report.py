@@ -8,8 +8,7 @@ and phases: ``fwd``, ``bwd``, ``fwd+bwd`` and each ``<phase>:<collective>``, wit
 
 Measured times (``measured_s``) exclude the time a rank sat preempted on a CPU run queue (other processes
 of a shared machine; :class:`tpsim.validate.measure.Clock`), ``measured_wall_s`` is the plain wall clock.
-Forward and backward are the slowest rank's median (the slowest rank sets the pace);
-each collective call's time is the fastest rank's (the ranks that arrive first also wait for the last one,
+Forward and backward: see :func:`phase_times`; each collective call's time is the fastest rank's (the ranks that arrive first also wait for the last one,
 who alone sees the transfer itself), summed per type in each iteration, median over iterations.
 """
 
@@ -41,11 +40,7 @@ def summarize_case(case: Case, ranks: list[dict[str, Any]], pred: Prediction | N
     bytes_ok = all(_norm(r["bytes"]) == _norm(expected_bytes) for r in ranks)
     pred_ok = pred is None or _norm(pred.counts) == _norm(expected_counts)
     worst = max(max(r["numerics"].values()) for r in ranks)
-    measured = {"fwd": max(r["fwd_s"] for r in ranks), "bwd": max(r["bwd_s"] for r in ranks)}
-    measured["fwd+bwd"] = max(r["fwd_s"] + r["bwd_s"] for r in ranks)
-    wall = {"fwd": max(r.get("fwd_wall_s", r["fwd_s"]) for r in ranks),
-            "bwd": max(r.get("bwd_wall_s", r["bwd_s"]) for r in ranks)}
-    wall["fwd+bwd"] = max(r.get("fwd_wall_s", r["fwd_s"]) + r.get("bwd_wall_s", r["bwd_s"]) for r in ranks)
+    measured, wall = phase_times(ranks)
     measured.update(sorted(comm_by_type([r.get("comm_calls", []) for r in ranks]).items()))
     phases = []
     if pred is not None:
@@ -70,6 +65,27 @@ def summarize_case(case: Case, ranks: list[dict[str, Any]], pred: Prediction | N
         "phases": phases,
         "samples_s": {"fwd": [r["fwd_all_s"] for r in ranks], "bwd": [r["bwd_all_s"] for r in ranks]},
     }
+
+
+def phase_times(ranks: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Forward, backward and fwd+bwd seconds: (without preemption, wall clock).
+
+    Iteration i of a phase took ``max_r wall[r][i]`` (the slowest rank sets the pace); the time any rank sat
+    preempted on a run queue delays every rank through the collectives, so ``max_r delay[r][i]`` is taken off
+    (a lower bound of the preempted time: preemptions of two ranks may not overlap). Median over iterations.
+    """
+    measured, wall = {}, {}
+    n = len(ranks[0]["fwd_wall_all_s"])
+    totals = [0.0] * n, [0.0] * n
+    for phase in ("fwd", "bwd"):
+        walls = [max(r[f"{phase}_wall_all_s"][i] for r in ranks) for i in range(n)]
+        clean = [max(w - max(r[f"{phase}_delay_all_s"][i] for r in ranks), 0.0) for i, w in enumerate(walls)]
+        measured[phase], wall[phase] = statistics.median(clean), statistics.median(walls)
+        for i in range(n):
+            totals[0][i] += clean[i]
+            totals[1][i] += walls[i]
+    measured["fwd+bwd"], wall["fwd+bwd"] = statistics.median(totals[0]), statistics.median(totals[1])
+    return measured, wall
 
 
 def comm_by_type(ranks_calls: list[list[list[Any]]]) -> dict[str, float]:
