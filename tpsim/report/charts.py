@@ -106,13 +106,19 @@ def tp_sweep_chart(sweep: Sweep, title: str | None = None) -> Any:
 
 
 def _categorical(ax: Any, x: np.ndarray, y: np.ndarray, groups: np.ndarray, name: str) -> None:
+    """One scatter, points in a fixed shuffled order (no category hides the others), one legend entry per
+    value of ``groups``."""
     from matplotlib import colormaps
+    from matplotlib.lines import Line2D
 
     cmap = colormaps["tab10"]
-    for k, value in enumerate(np.unique(groups)):
-        sel = groups == value
-        ax.scatter(x[sel], y[sel], s=6, alpha=0.5, color=cmap(k % 10), label=f"{name}={int(value)}",
-                   rasterized=True, linewidths=0)
+    values = np.unique(groups)
+    colour_index = np.searchsorted(values, groups) % 10
+    order = np.random.default_rng(0).permutation(x.size)
+    ax.scatter(x[order], y[order], s=6, alpha=0.6, c=cmap(colour_index[order]), rasterized=True,
+               linewidths=0)
+    for k, value in enumerate(values):
+        ax.add_line(Line2D([], [], ls="", marker="o", ms=4, color=cmap(k % 10), label=f"{name}={int(value)}"))
 
 
 def time_memory_chart(result: SearchResult, title: str | None = None) -> Any:
@@ -131,6 +137,7 @@ def time_memory_chart(result: SearchResult, title: str | None = None) -> Any:
         ax.plot(c["peak_memory_gib"][front], c["step_time_s"][front], "o", color="black", ms=3)
         ax.set_xlabel("peak memory per GPU (GiB)")
         ax.set_ylabel("step time (s)")
+        ax.set_yscale("log")
         ax.set_title(f"coloured by {key}")
         ax.legend(fontsize=7, markerscale=2, ncol=2, loc="upper right")
     fig.suptitle(title or f"Step time vs. memory of {c['fits_effective'].sum()} fitting plans "

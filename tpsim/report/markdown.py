@@ -155,7 +155,20 @@ def _section_scaling(scaling: analysis.Sweep, cost: SearchResult, price: float) 
                  align="rlrrrrl") if rows else "(no GPU count fits)", ""])
 
 
-def _section_bandwidth(grid: analysis.BandwidthGrid, base: float) -> str:
+def _saturation_note(grid: analysis.BandwidthGrid, pcie_GBps: float) -> str:
+    """A sentence when faster network links stop helping (the best step time no longer improves)."""
+    best = np.nanmin(grid.step_time_s, axis=0)
+    one = int(np.argmin(np.abs(grid.scales - 1.0)))
+    flat = [s for s, b in zip(grid.scales, best) if s > 1.0 and b >= best[one] * (1 - 1e-3)]
+    if not flat:
+        return ""
+    return (f" Faster network links stop paying off beyond 1x (no gain at {', '.join(f'{s:g}x' for s in flat)}): "
+            "only the network links were scaled, so the bottleneck moves to the other links of the inter-node path "
+            f"(each GPU reaches its NIC over PCIe, {pcie_GBps:g} GB/s per direction at line rate); faster NICs "
+            "alone buy nothing on this node design.")
+
+
+def _section_bandwidth(grid: analysis.BandwidthGrid, base: float, pcie_GBps: float) -> str:
     rows = []
     for i, t in enumerate(grid.tp):
         rows.append([int(t)] + [f"{100 * v:.1f}% ({s:.2f} s)" if np.isfinite(v) else "-"
@@ -168,7 +181,9 @@ def _section_bandwidth(grid: analysis.BandwidthGrid, base: float) -> str:
         f"TP communication as a share of the step time of the best plan for each (tp, inter-node bandwidth), with "
         f"every network link of the cluster scaled (1x = {base:g} GB/s per GPU per direction; for scale: HDR "
         "200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s per NIC). "
-        "Cells with * (chart) do not fit. Best step time over all tp at each bandwidth: " + gain + ".\n",
+        "Only the network links (NICs and switches) are scaled, not the PCIe links between GPU and NIC, so the "
+        "gain stops where those become the bottleneck. Cells with * (chart) do not fit. Best step time over all "
+        "tp at each bandwidth: " + gain + "." + _saturation_note(grid, pcie_GBps) + "\n",
         "![TP communication share over tp x bandwidth](tp_bandwidth.png)\n",
         md_table(heads, rows, align="r" * len(heads)), ""])
 
@@ -245,7 +260,7 @@ def _render(inputs: ReportInputs, cluster: Any, result: SearchResult, sweep: ana
         ], align="ll"), ""]
     body = [_section_best(result, inputs.top), _section_rejections(result), _section_pareto(result),
             _section_tp_sweep(sweep), _section_scaling(scaling, cost, inputs.gpu_hour_price),
-            _section_bandwidth(grid, base)]
+            _section_bandwidth(grid, base, float(cluster.injection_bandwidth().get("pcie", float("nan"))))]
     foot = [f"---\nCharts are also saved as SVG next to the PNGs; `plans.csv` holds the top plans with every "
             f"breakdown column and `summary.json` the `tpsim plan --json` object. Generated with Python "
             f"{platform.python_version()}.\n"]

@@ -3,7 +3,7 @@
 The key covers the model spec, each cluster's :meth:`fingerprint` (topology files, sizes, calibration), the
 global batch, the search space, objective, price, memory limit, include-unfit, the compute model (the profile
 file's bytes), and the bytes of tpsim's own source and data files (so any code or constant change is a miss).
-A hit restores the evaluated columns (``.npz``) and the estimate objects already printed (``.json``); ranking
+Topology YAML files are covered by the cluster fingerprints. A hit restores the evaluated columns (``.npz``) and the estimate objects already printed (``.json``); ranking
 is recomputed from the columns. Folder: ``$TPSIM_CACHE_DIR`` or ``~/.cache/tpsim``, subfolder ``plans``;
 ``TPSIM_CACHE_DIR=off`` disables it. Entries beyond :data:`MAX_ENTRIES` are removed oldest first.
 """
@@ -38,14 +38,19 @@ def cache_dir() -> Path | None:
     return base / "plans"
 
 
+_NOT_KEYED = ("validate", "profiler", "bench", "cli", "report", "__pycache__")
+"""packages that cannot change a search result (torch-side tools, the command line, reports)."""
+
+
 @lru_cache(maxsize=1)
 def code_hash() -> str:
-    """SHA-256 over tpsim's source and data files (paths and bytes)."""
+    """SHA-256 over the source and data files a search result depends on (paths and bytes)."""
     h = hashlib.sha256()
     for path in sorted(_PACKAGE.rglob("*")):
+        rel = path.relative_to(_PACKAGE)
         if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".csv", ".json") \
-                and "__pycache__" not in path.parts:
-            h.update(str(path.relative_to(_PACKAGE)).encode())
+                and not set(rel.parts) & set(_NOT_KEYED):
+            h.update(str(rel).encode())
             h.update(path.read_bytes())
     return h.hexdigest()
 

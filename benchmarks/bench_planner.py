@@ -1,0 +1,119 @@
+"""Planner speed benchmark (issue 5): plan evaluations per second and `tpsim plan` wall time.
+
+    python benchmarks/bench_planner.py            # full run (about a minute on one core)
+    python benchmarks/bench_planner.py --quick    # fewer repetitions
+
+1. Evaluations per second through :func:`tpsim.estimator.estimate_batch` on one core (the process is pinned
+   to one CPU, BLAS/OpenMP threads = 1): GPT-3 175B on 1024 A100s (dgx-a100), every valid plan of the full
+   space, once as enumerated and once tiled to about a million plans. The collective-curve cache is warmed
+   first (it is built once per rank layout, see tpsim.collectives.model), then the median of the runs is
+   reported; the cold first call is printed too.
+2. Wall time of ``tpsim plan --model gpt3-175b --cluster dgx-a100 --gpus 1024 --global-batch 1536`` over
+   the full space (roofline compute), process start included: three runs against a fresh on-disk cache
+   (the first one fills it), median of three; and one run with ``--no-cache``.
+Targets: >= 1,000,000 evaluations/s; median < 2 s; first run < 5 s.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+MODEL, CLUSTER, GPUS, BATCH = "gpt3-175b", "dgx-a100", 1024, 1536
+PLAN_CMD = ["tpsim", "plan", "--model", MODEL, "--cluster", CLUSTER, "--gpus", str(GPUS), "--global-batch",
+            str(BATCH), "--top", "10", "--no-progress"]
+TARGET_EVALS, TARGET_MEDIAN_S, TARGET_FIRST_S = 1_000_000, 2.0, 5.0
+
+
+def pin_one_core() -> str:
+    if hasattr(os, "sched_setaffinity"):
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})
+        return f"pinned to CPU {cpu}"
+    return "not pinned (no sched_setaffinity)"
+
+
+def _timed(fn, repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def bench_evaluations(repeat: int) -> dict[str, float]:
+    from tpsim.estimator import estimate_batch
+    from tpsim.model import load_model
+    from tpsim.search import SearchSpace, enumerate_plans, violations
+    from tpsim.topology import load_cluster
+
+    model, cluster = load_model(MODEL), load_cluster(CLUSTER, gpus=GPUS)
+    enum = enumerate_plans(model, GPUS, BATCH, SearchSpace())
+    plans = enum.plans.take(np.flatnonzero(violations(model, enum.plans, GPUS) == 0))
+    t = time.perf_counter()
+    estimate_batch(model, cluster, plans)  # cold: builds the collective curves of every layout
+    cold = time.perf_counter() - t
+    warm = _timed(lambda: estimate_batch(model, cluster, plans), repeat)
+    reps = max(1, round(1_000_000 / len(plans)))
+    big = plans.take(np.tile(np.arange(len(plans)), reps))
+    large = _timed(lambda: estimate_batch(model, cluster, big), max(1, repeat // 2))
+    return {"plans": len(plans), "cold_s": cold, "warm_s": statistics.median(warm),
+            "evals_per_s": len(plans) / statistics.median(warm), "big_plans": len(big),
+            "big_s": statistics.median(large), "big_evals_per_s": len(big) / statistics.median(large)}
+
+
+def bench_cli() -> dict[str, float]:
+    def run(extra: list[str], env: dict[str, str]) -> float:
+        t = time.perf_counter()
+        subprocess.run(PLAN_CMD + extra, check=True, env=env, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - t
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, TPSIM_CACHE_DIR=tmp)
+        runs = [run([], env) for _ in range(3)]
+        nocache = run(["--no-cache"], env)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import tpsim.cli"], check=True)
+    return {"runs": runs, "first_s": runs[0], "median_s": statistics.median(runs), "no_cache_s": nocache,
+            "import_s": time.perf_counter() - start}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--skip-cli", action="store_true", help="only the evaluations per second")
+    args = parser.parse_args()
+    print(f"tpsim planner benchmark: {MODEL} on {GPUS} x {CLUSTER}, global batch {BATCH}; {pin_one_core()}")
+    ev = bench_evaluations(3 if args.quick else 7)
+    print(f"estimate_batch, {ev['plans']:,} valid plans of the full space: cold {ev['cold_s']:.2f} s "
+          f"(collective curves built), warm median {ev['warm_s'] * 1e3:.0f} ms = {ev['evals_per_s']:,.0f} plans/s")
+    print(f"estimate_batch, {ev['big_plans']:,} plans (tiled): median {ev['big_s']:.2f} s = "
+          f"{ev['big_evals_per_s']:,.0f} plans/s (target >= {TARGET_EVALS:,}: "
+          f"{'met' if ev['big_evals_per_s'] >= TARGET_EVALS else 'NOT met'})")
+    if args.skip_cli:
+        return 0
+    cli = bench_cli()
+    print(f"`{' '.join(PLAN_CMD)}` (process start included), fresh cache: "
+          + ", ".join(f"{t:.2f} s" for t in cli["runs"]))
+    print(f"  first run {cli['first_s']:.2f} s (target < {TARGET_FIRST_S:g} s: "
+          f"{'met' if cli['first_s'] < TARGET_FIRST_S else 'NOT met'}); median of three {cli['median_s']:.2f} s "
+          f"(target < {TARGET_MEDIAN_S:g} s: {'met' if cli['median_s'] < TARGET_MEDIAN_S else 'NOT met'})")
+    print(f"  --no-cache (warm files, cold process): {cli['no_cache_s']:.2f} s; `import tpsim.cli`: "
+          f"{cli['import_s']:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
