@@ -4,7 +4,7 @@ GEMM: ``t = max(2 b m n k / (peak x eff), bytes / (HBM x f_mem)) + overhead`` wi
 ``eff = gemm_peak_fraction x tile_eff(m, n) x wave_eff(b, m, n) x k / (k + k_half)``: tile quantization
 (partial 128x128 output tiles do full work), wave quantization (the last wave of tiles leaves units idle) and a
 small-k pipeline-fill loss (NVIDIA, Matrix Multiplication Background User's Guide). Memory-bound kernels move
-``bytes_per_element x numel x element size`` at ``HBM x f_mem``. Flash attention runs at a fixed fraction of
+``bytes_per_element x numel x element size`` at ``HBM x f_elementwise``. Flash attention runs at a fixed fraction of
 peak scaled by the same shape factors.
 """
 
@@ -27,6 +27,7 @@ class Efficiency:
     tile_n: int
     k_half: float
     memory_fraction: float
+    elementwise_fraction: float
     kernel_overhead_s: float
     flash_forward: float
     flash_backward: float
@@ -46,6 +47,7 @@ def default_efficiency() -> Efficiency:
         tile_m=int(raw["gemm_tile"]["m"]), tile_n=int(raw["gemm_tile"]["n"]),
         k_half=float(raw["gemm_k_half"]["value"]),
         memory_fraction=float(raw["memory_bandwidth_fraction"]["value"]),
+        elementwise_fraction=float(raw["elementwise_bandwidth_fraction"]["value"]),
         kernel_overhead_s=float(raw["kernel_overhead_us"]["value"]) * 1e-6,
         flash_forward=float(raw["flash_attention_fraction"]["forward"]),
         flash_backward=float(raw["flash_attention_fraction"]["backward"]),
@@ -108,7 +110,7 @@ class RooflineModel(ComputeModel):
                backward: bool) -> tuple[np.ndarray, np.ndarray]:
         per = self.eff.bytes_per_element[kernel][1 if backward else 0]
         moved = per * np.asarray(numel, dtype=float) * activation_bytes(dtype)
-        t = moved / (self.device.hbm_bandwidth * self.eff.memory_fraction) + self.eff.kernel_overhead_s
+        t = moved / (self.device.hbm_bandwidth * self.eff.elementwise_fraction) + self.eff.kernel_overhead_s
         return t, np.zeros(np.shape(t), dtype=bool)
 
     def optimizer_time(self, params: ArrayLike) -> np.ndarray:
