@@ -60,7 +60,14 @@ class CollectiveModel:
         self.k = nccl or nccl_constants()
         self.device = cluster.device.name
         arch = self.k.arch_of(self.device)
-        self.fabric = Fabric(cluster, calibration, lane_limit_GBps={"nvlink": self.k.nvlink_lane_GBps[arch]},
+        spec_cal = getattr(getattr(getattr(cluster, "spec", None), "calibration", None), "per_type", None) or {}
+        links = {**{t: {} for t in spec_cal}, **{t: v for t, v in (calibration or {}).items() if t != "gloo_ops"}}
+        self.gloo_ops: Mapping[str, Mapping[str, float]] = dict(
+            (calibration or {}).get("gloo_ops")
+            or getattr(getattr(getattr(cluster, "spec", None), "calibration", None), "provenance", {}).get("gloo_ops")
+            or {})
+        """per-op link values for CPU ranks (``tpsim calibrate``)."""
+        self.fabric = Fabric(cluster, links, lane_limit_GBps={"nvlink": self.k.nvlink_lane_GBps[arch]},
                              efficiency_limit=self.k.link_efficiency)
         self._curves: dict[tuple, CostCurve] = {}
 
@@ -275,7 +282,8 @@ class CollectiveModel:
 
     # ------------------------------------------------------------------------------------------- gloo
     def _gloo_lines(self, op: str, groups: Groups, per_node: list[list[list[int]]]) -> list[Line]:
-        """Gloo on CPU ranks: alpha = latency of the slowest neighbour route, beta from the ring's link loads."""
+        """Gloo on CPU ranks: alpha = latency of the slowest neighbour route, beta from the ring's link loads.
+        A calibration's ``gloo_ops`` entry for ``op`` replaces the host link's efficiency and latency."""
         n = len(groups[0])
         rings = [ring for p in per_node for ring in ring_orders(p)[:1]]
         alpha = max(self.fabric.route_latency(r[i], r[(i + 1) % n]) for r in rings for i in range(n))
@@ -286,7 +294,29 @@ class CollectiveModel:
             spb = self.fabric.sec_per_byte([(g[i], g[i + 1], 1.0) for g in groups for i in range(n - 1)])
         else:
             spb = 1.0 / self._ring_bw(groups, [[sum(p, [])] for p in per_node])
+        over = self.gloo_ops.get(op)
+        if over:
+            alpha, spb = self._gloo_override(groups, rings, over)
         return gloo_lines(op, n, alpha, spb)
+
+    def _gloo_override(self, groups: Groups, rings, over: Mapping[str, float]) -> tuple[float, float]:
+        """alpha and beta of the loopback links with one op's calibrated values."""
+        fab = self.fabric
+        host = fab.types == "loopback"
+        lat = fab.latency.copy()
+        cap = fab.capacity.copy()
+        if "latency_us" in over:
+            lat[host] = over["latency_us"] * 1e-6
+        if "efficiency" in over or "bw_GBps" in over:
+            bw = over.get("bw_GBps")
+            for i in np.flatnonzero(host):
+                u, v = list(fab.edge_index)[i]
+                base = bw if bw is not None else self.cluster.graph.edges[u, v]["bw_GBps"]
+                cap[i] = base * over.get("efficiency", 1.0) * GB
+        hops = [(r[i], r[(i + 1) % len(r)]) for r in rings for i in range(len(r))]
+        alpha = max(float(np.dot(lat[fab.route(a, b)[0]], fab.route(a, b)[1])) for a, b in hops)
+        spb = max(float(np.max(fab.route(a, b)[1] / cap[fab.route(a, b)[0]])) for a, b in hops)
+        return alpha, spb
 
 
 def ring_orders(per_node: list[list[int]]) -> list[list[int]]:

@@ -1,0 +1,64 @@
+"""``tpsim calibrate``: fit link efficiency and latency to measured collectives; write a calibration YAML."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate", help="fit link efficiency/latency to measured collectives (bench-collectives CSV, "
+                          "nccl-tests output)",
+        description="Read measurement files (CSV of `tpsim bench-collectives`, or nccl-tests *_perf output), "
+                    "fit per-link-type efficiency and latency by least squares over the collective model "
+                    "for the measured groups (ranks 0..n-1 of --cluster), report the fit error and write "
+                    "a calibration YAML that a topology includes with `calibration: FILE`.")
+    p.add_argument("files", nargs="+", help="measurement files")
+    p.add_argument("--cluster", default="local-cpu", help="cluster the measurements ran on (default: %(default)s)")
+    p.add_argument("--gpus", type=positive_int, help="GPUs of that cluster (default: the most ranks measured)")
+    p.add_argument("--op", help="collective of nccl-tests text files that do not name it (e.g. all_reduce)")
+    p.add_argument("--stat", default="p25", choices=("p25", "median", "min", "mean"),
+                   help="time of a configuration from its repeated iterations (default p25: robust to the "
+                        "scheduler preempting ranks on a shared machine)")
+    p.add_argument("--out", help="calibration YAML to write (default: print it)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..collectives.calibration import fit_calibration, provenance, read_measurements
+    from ..topology import load_cluster
+
+    samples = read_measurements(args.files, op=args.op)
+    gpus = args.gpus or _gpus_for(args.cluster, max(s.nranks for s in samples))
+    cluster = load_cluster(args.cluster, gpus=gpus)
+    fit = fit_calibration(cluster, samples, stat=args.stat)
+    fit = type(fit)(per_type=fit.per_type, error_before=fit.error_before, error_after=fit.error_after,
+                    points=fit.points, provenance=provenance(fit, cluster.name, args.files))
+    b, a = fit.error_before, fit.error_after
+    print(f"fitted {', '.join(fit.per_type)} on {fit.points} points ({len(samples)} measurements) of "
+          f"{cluster.name}: time error median {100 * b['median_rel']:.1f}% -> {100 * a['median_rel']:.1f}%, "
+          f"max {100 * b['max_rel']:.1f}% -> {100 * a['max_rel']:.1f}%")
+    for t, v in fit.per_type.items():
+        print(f"  {t}: efficiency {v['efficiency']:.4f}, latency {v['latency_us']:.2f} us, "
+              f"bw {v['bw_GBps']:.4g} GB/s")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("# Calibration written by `tpsim calibrate` (include with `calibration:` in a cluster file)\n")
+            f.write(fit.to_yaml())
+        print(f"wrote {args.out}")
+    else:
+        print(fit.to_yaml(), end="")
+    return 0
+
+
+def _gpus_for(cluster: str, ranks: int) -> int | None:
+    """The file's GPU count if it holds the measured ranks, else the ranks (clusters sized by --gpus)."""
+    from ..topology import load_cluster
+
+    default = load_cluster(cluster)
+    if ranks <= default.num_gpus:
+        return None
+    per_node = default.gpus_per_node
+    return ranks if getattr(default.spec, "single_node", False) else -(-ranks // per_node) * per_node
