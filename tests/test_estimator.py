@@ -159,3 +159,35 @@ def test_higher_tp_never_raises_weight_memory(h100_16, mp):
         if plan_violation(m, p, 16) is None:
             weights.append(estimate(m, h100_16, p).memory_gib["weights"])
     assert all(b <= a + 1e-12 for a, b in zip(weights, weights[1:]))
+
+
+@pytest.fixture(scope="module")
+def bandwidth_pair(tmp_path_factory):
+    """The same 32-GPU dgx-a100 cluster with HDR (25 GB/s) and with twice the InfiniBand bandwidth."""
+    d = tmp_path_factory.mktemp("cal")
+    slow, fast = d / "slow.yaml", d / "fast.yaml"
+    slow.write_text("ib: {bw_GBps: 25.0}\nsource: test\n")
+    fast.write_text("ib: {bw_GBps: 50.0}\nsource: test\n")
+    return (load_cluster("dgx-a100", gpus=32, calibration=str(slow)),
+            load_cluster("dgx-a100", gpus=32, calibration=str(fast)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model_and_plan())
+def test_more_link_bandwidth_never_slower(bandwidth_pair, mp):
+    m, plan = mp
+    dtype = "bf16" if plan.dtype == "fp8" else plan.dtype  # no fp8 on A100
+    plan = Plan(**{**plan.to_dict(), "dp": plan.dp * 2, "global_batch": plan.global_batch * 2, "dtype": dtype})
+    if plan_violation(m, plan, 32):
+        return
+    slow, fast = bandwidth_pair
+    t_slow = estimate(m, slow, plan).step_time_s
+    t_fast = estimate(m, fast, plan).step_time_s
+    assert t_fast <= t_slow * (1 + 1e-12)
+
+
+def test_unsupported_dtype_is_an_input_error(a100_64):
+    from tpsim.errors import InputError
+    m = get_preset("llama3-8b")
+    with pytest.raises(InputError, match="dtype=fp8 is not supported by device A100-SXM4-80GB"):
+        estimate(m, a100_64, make_plan(m, 64, dtype="fp8"))
