@@ -120,3 +120,21 @@ def test_bad_files(tmp_path, content, match):
 def test_cli_bad_input_exit_2(tmp_path, capsys):
     assert main(["calibrate", str(tmp_path / "missing.csv")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_shipped_local_cpu_calibration_included_by_a_topology(tmp_path):
+    """tpsim/data/calibration/local-cpu.yaml: a cluster file's `calibration:` key and an explicit
+    calibration give the same gloo predictions (per-op values included)."""
+    from tpsim.topology import load_cluster
+
+    (tmp_path / "cpu.yaml").write_text(
+        "name: cpu\ndescription: t\nnode: local-cpu\nfabric: none\ndevice: CPU-x86-1thread\ngpus: 2\n"
+        "gpus_per_node: all\ncalibration: local-cpu\nsource: test\n")
+    included = CollectiveModel(load_cluster(tmp_path / "cpu.yaml"))
+    explicit = CollectiveModel(load_cluster("local-cpu"), calibration="local-cpu")
+    assert set(included.gloo_ops) == {"all_reduce", "all_gather", "reduce_scatter"}
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        a = included.run(op, 1 << 20, ((0, 1),))
+        b = explicit.run(op, 1 << 20, ((0, 1),))
+        assert a.time_s == pytest.approx(b.time_s) and a.algorithm.startswith("gloo")
+        assert 1e-5 < a.time_s < 1e-1
