@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          "tpsim bench-collectives + tpsim calibrate)")
     m.add_argument("--no-calibrate", action="store_true",
                    help="predict collectives with the topology's own figures")
+    m.add_argument("--no-overhead", action="store_true",
+                   help="do not add the framework overhead (measured on a tiny twin of the block first) to "
+                        "the prediction")
     m.add_argument("--budget", type=_positive_float, default=300.0,
                    help="scale a case down (sequence, then micro-batch) until one rank's predicted run time "
                         "is under this many seconds (default: %(default)s)")
@@ -101,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
                    profile=Path(args.profile) if args.profile else None, use_profile=not args.no_profile,
                    calibrate=not args.no_calibrate,
                    calibration=Path(args.calibration) if args.calibration else None,
-                   out_dir=Path(args.out_dir) if args.out_dir else REPORTS_DIR, budget_s=args.budget)
+                   out_dir=Path(args.out_dir) if args.out_dir else REPORTS_DIR, budget_s=args.budget,
+                   overhead=not args.no_overhead)
     try:
         report = validate(cases, cfg, opts, name)
     except RankFailure as exc:
@@ -126,6 +130,10 @@ def format_report(report: dict) -> str:
         lines.append(f"{s['case']}  numerics {'ok' if s['numerics_ok'] else 'FAIL'} (max rel err "
                      f"{s['numerics_max_rel_err']:.1e})  collectives {'match' if s['collectives_match'] else 'MISMATCH'}"
                      f"  compute: {s['compute_model']}" + (f"  scaled: {s['scaled']}" if s["scaled"] else ""))
+        if s.get("framework_overhead_s"):
+            o = s["framework_overhead_s"]
+            lines.append(f"  framework overhead (tiny twin, in the prediction): fwd {o['fwd'] * 1e3:.2f} ms, "
+                         f"bwd {o['bwd'] * 1e3:.2f} ms")
         for p in s["phases"]:
             pred = "-" if p["predicted_s"] is None else f"{p['predicted_s'] * 1e3:10.3f} ms"
             err = "" if p["error_pct"] is None else f"{p['error_pct']:+7.1f}%"

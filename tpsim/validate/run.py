@@ -16,6 +16,7 @@ from .case import Case
 from .launch import LaunchConfig, RankFailure, launch
 from .predict import (REPO_ROOT, compute_model, find_profile, grid_hits, load_local_cluster, predict_case)
 from .report import layer_errors, summarize_case, write_csv, write_scatter
+from .overhead import measured_overhead, overhead_case, with_overhead
 from .scale import fit_case
 
 REPORTS_DIR = REPO_ROOT / "reports" / "validation"
@@ -47,6 +48,9 @@ class Options:
     budget_s: float = 300.0
     """scale a case down until its predicted run time on one rank is under this."""
     chart: bool = True
+    overhead: bool = True
+    """measure the runtime's per-layer framework overhead on a tiny twin of each case and add it to the
+    prediction (:mod:`tpsim.validate.overhead`)."""
 
 
 def calibrate_collectives(cfg: LaunchConfig, work: Path) -> Path:
@@ -77,8 +81,10 @@ def run_cases(cases: list[Case], cfg: LaunchConfig, opts: Options, work: Path,
     profile = (opts.profile or find_profile(device_type)) if opts.use_profile else None
     compute = compute_model(cluster, profile)
     cases = [fit_case(c, cfg.nproc, compute, opts.budget_s) for c in cases]
-    preds = {c.name: predict_case(c, cluster, compute) for c in cases}
-    result = launch(cases, cfg, work / f"run-tp{cfg.nproc}", env=env)
+    tiny = {c.name: overhead_case(c) for c in cases} if opts.overhead else {}
+    runs = list({t.name: t for t in tiny.values()}.values()) + cases
+    preds = {c.name: predict_case(c, cluster, compute) for c in runs}
+    result = launch(runs, cfg, work / f"run-tp{cfg.nproc}", env=env)
     if result is None:
         return []  # another node holds rank 0 and writes the report
     per_case: dict[str, list[dict[str, Any]]] = {}
@@ -87,7 +93,17 @@ def run_cases(cases: list[Case], cfg: LaunchConfig, opts: Options, work: Path,
             per_case.setdefault(r["case"], []).append(r)
     out = []
     for c in cases:
-        s = summarize_case(c, per_case[c.name], preds[c.name])
+        pred, overhead = preds[c.name], None
+        if c.name in tiny:
+            t = tiny[c.name]
+            overhead = measured_overhead(per_case[t.name], preds[t.name])
+            check = summarize_case(t, per_case[t.name], preds[t.name])
+            overhead.update(case=t.name, numerics_ok=check["numerics_ok"],
+                            collectives_match=check["collectives_match"])
+            pred = with_overhead(pred, overhead)
+        s = summarize_case(c, per_case[c.name], pred)
+        s["framework_overhead_s"] = overhead
+        s["predicted_without_overhead_s"] = {"fwd": preds[c.name].fwd_s, "bwd": preds[c.name].bwd_s}
         s["profile"] = str(profile) if profile else None
         s["profile_grid_hits"] = len(grid_hits(c, profile))
         s["calibration"] = str(calibration) if calibration else None
@@ -130,9 +146,11 @@ def _pct(x: float | None) -> str:
 def _report(summaries: list[dict[str, Any]], name: str, backend: str) -> dict[str, Any]:
     phases = [dict(p, case=s["case"]) for s in summaries for p in s["phases"]] if len(summaries) > 1 \
         else summaries[0]["phases"]
+    twins = [s["framework_overhead_s"] for s in summaries if s.get("framework_overhead_s")]
     return {"name": name, "backend": backend,
-            "numerics_ok": all(s["numerics_ok"] for s in summaries),
-            "collectives_match": all(s["collectives_match"] for s in summaries),
+            "numerics_ok": all(s["numerics_ok"] for s in summaries) and all(t["numerics_ok"] for t in twins),
+            "collectives_match": all(s["collectives_match"] for s in summaries)
+            and all(t["collectives_match"] for t in twins),
             "phases": phases, "layer_error": layer_errors(summaries), "cases": summaries}
 
 
