@@ -121,6 +121,19 @@ def _categorical(ax: Any, x: np.ndarray, y: np.ndarray, groups: np.ndarray, name
         ax.add_line(Line2D([], [], ls="", marker="o", ms=4, color=cmap(k % 10), label=f"{name}={int(value)}"))
 
 
+def _log_axis(axis: Any) -> None:
+    """Log scale with plain-number tick labels (20, 50, 100 rather than 2 x 10^1)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    if axis.axis_name == "y":
+        axis.axes.set_yscale("log")
+    else:
+        axis.axes.set_xscale("log")
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
 def time_memory_chart(result: SearchResult, title: str | None = None) -> Any:
     """Two panels of step time vs. peak memory per GPU over all fitting plans, coloured by tp (left) and by
     pp (right); the Pareto front (fastest plan for each memory budget) is the black staircase."""
@@ -137,7 +150,7 @@ def time_memory_chart(result: SearchResult, title: str | None = None) -> Any:
         ax.plot(c["peak_memory_gib"][front], c["step_time_s"][front], "o", color="black", ms=3)
         ax.set_xlabel("peak memory per GPU (GiB)")
         ax.set_ylabel("step time (s)")
-        ax.set_yscale("log")
+        _log_axis(ax.yaxis)
         ax.set_title(f"coloured by {key}")
         ax.legend(fontsize=7, markerscale=2, ncol=2, loc="upper right")
     fig.suptitle(title or f"Step time vs. memory of {c['fits_effective'].sum()} fitting plans "
@@ -156,7 +169,7 @@ def scaling_chart(sweep: Sweep, title: str | None = None) -> Any:
         ax.plot(gpus, c["tokens_per_s"][0] * gpus / gpus[0], ":", color="#4C72B0", alpha=0.6,
                 label="linear scaling")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    _log_axis(ax.yaxis)
     ax.set_xticks(gpus, [str(int(g)) for g in gpus])
     ax.set_xlabel("number of GPUs (best plan at each count)")
     ax.set_ylabel("throughput (tokens/s)")
