@@ -163,7 +163,10 @@ def test_curve_time_is_min_of_candidates_and_monotone(nbytes):
     g = (tuple(range(8)),)
     curve = m.curve("all_reduce", g)
     t = float(curve.time(nbytes))
-    assert t == pytest.approx(min(ln.time(nbytes) for ln in m.candidates("all_reduce", g)))
+    exact = min(ln.time(nbytes) for ln in m.candidates("all_reduce", g))
+    assert exact * (1 - 1e-9) <= t <= exact * 1.01  # tangent lines: exact at powers of two, < 1% above
+    if nbytes & (nbytes - 1) == 0 and nbytes >= 64:
+        assert t == pytest.approx(exact)
     assert float(curve.time(nbytes * 2)) >= t
     r = m.run("all_reduce", nbytes, g)
     assert r.busbw_GBps == pytest.approx(r.algbw_GBps * 14 / 8)

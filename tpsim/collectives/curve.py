@@ -1,10 +1,10 @@
 """The cached result of the collective model: a cost curve per (collective, group layout).
 
-``time(bytes) = min_k (latency_s[k] + bytes * sec_per_byte[k] + sqrt_coef[k] * sqrt(bytes))``: one term per
-candidate (algorithm, protocol) that NCCL could pick, already including contention of all concurrent groups of
-the plan dimension. The optional ``sqrt_coef`` is the pipelining cost of a chunked transfer through ``D``
-sequential steps with per-chunk overhead ``o`` (``2 sqrt(D o / B)``, see :mod:`tpsim.collectives.algorithms`);
-empty means zero for every candidate.
+``time(bytes) = min_k (latency_s[k] + bytes * sec_per_byte[k])``: lines of the candidates (algorithm,
+protocol) that NCCL could pick, already including contention of all concurrent groups of the plan dimension.
+A candidate whose cost has a pipelining term ``c sqrt(bytes)`` (concave) is given as its tangent lines at
+every power of two (:func:`tangent_lines`): the minimum over them equals the candidate's cost at those sizes
+and overestimates it by < 1% in between, so the curve stays a minimum of lines.
 The estimator only does this arithmetic; the graph is walked once per layout (see
 :mod:`tpsim.collectives.model`).
 
@@ -28,28 +28,42 @@ class CostCurve:
     sec_per_byte: tuple[float, ...]
     algorithms: tuple[str, ...]
     """names such as "ring/Simple x8ch", "nvls/Simple", "tree/LL128", "hierarchical/Simple"."""
-    sqrt_coef: tuple[float, ...] = ()
-    """seconds per sqrt(byte) per candidate (chunk pipelining); () = all zero."""
-
-    def _terms(self, b: np.ndarray) -> np.ndarray:
-        t = np.asarray(self.latency_s) + b[..., None] * np.asarray(self.sec_per_byte)
-        if self.sqrt_coef:
-            t = t + np.sqrt(np.maximum(b, 0.0))[..., None] * np.asarray(self.sqrt_coef)
-        return t
 
     def time(self, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds for ``nbytes`` (vectorized); 0 where nbytes <= 0."""
         b = np.asarray(nbytes, dtype=float)
-        t = self._terms(b).min(axis=-1)
+        lat = np.asarray(self.latency_s)
+        spb = np.asarray(self.sec_per_byte)
+        t = (lat + b[..., None] * spb).min(axis=-1)
         return np.where(b > 0, t, 0.0)
 
     def best(self, nbytes: float) -> tuple[float, str]:
         """(seconds, algorithm name) of the fastest candidate for one size."""
-        t = self._terms(np.asarray(float(nbytes)))
+        lat = np.asarray(self.latency_s)
+        t = lat + float(nbytes) * np.asarray(self.sec_per_byte)
         i = int(np.argmin(t))
         return float(t[i]), self.algorithms[i]
+
+    def __post_init__(self) -> None:
+        assert len(self.latency_s) == len(self.sec_per_byte) == len(self.algorithms)
 
     @staticmethod
     def zero() -> "CostCurve":
         """A collective on a group of one rank: free."""
         return CostCurve((0.0,), (0.0,), ("none",))
+
+
+TANGENT_EXPONENTS = range(6, 41)
+"""Tangent points 2**6 = 64 B ... 2**40 = 1 TiB."""
+
+
+def tangent_lines(latency_s: float, sec_per_byte: float, sqrt_coef: float) -> list[tuple[float, float]]:
+    """(latency, sec_per_byte) of the tangents of ``L + b s + c sqrt(s)`` at s = 2**k: at s_k the tangent is
+    ``(L + c sqrt(s_k) / 2) + (b + c / (2 sqrt(s_k))) s``."""
+    if sqrt_coef <= 0:
+        return [(latency_s, sec_per_byte)]
+    out = []
+    for k in TANGENT_EXPONENTS:
+        root = 2.0 ** (k / 2)
+        out.append((latency_s + sqrt_coef * root / 2, sec_per_byte + sqrt_coef / (2 * root)))
+    return out

@@ -20,7 +20,7 @@ from ..units import GB
 from .algorithms import (NVLS_TRAFFIC, RING_FACTOR, GroupShape, Line, combine, direct_lines, gloo_lines,
                          nvls_line, p2p_lines, ring_lines, tree_lines)
 from .constants import NcclConstants, nccl_constants
-from .curve import OPS, CostCurve
+from .curve import OPS, CostCurve, tangent_lines
 from .fabric import Fabric, Flow
 
 Groups = tuple[tuple[int, ...], ...]
@@ -75,8 +75,15 @@ class CollectiveModel:
     def curve(self, op: str, groups: Sequence[Sequence[int]], algorithms: Sequence[str] | None = None) -> CostCurve:
         """Cost curve of ``op`` on every group of ``groups`` at once (the slowest group's).
         ``algorithms`` keeps only candidates whose name starts with one of them (like ``NCCL_ALGO``)."""
+        if not isinstance(groups, tuple):  # lists are not hashable: normalise first
+            groups = self._check(op, groups)
         key = (op, groups, tuple(algorithms) if algorithms else None)
-        hit = self._curves.get(key)
+        try:
+            hit = self._curves.get(key)
+        except TypeError:
+            groups = self._check(op, groups)
+            key = (op, groups, key[2])
+            hit = self._curves.get(key)
         if hit is None:
             groups = self._check(op, groups)
             hit = self._curves[key] = self._build(op, groups, algorithms)
@@ -127,8 +134,13 @@ class CollectiveModel:
             lines = [ln for ln in lines if ln.name.startswith(tuple(algorithms))]
             if not lines:
                 raise InputError(f"algorithms={list(algorithms)} match no candidate of {op} here")
-        return CostCurve(tuple(ln.latency_s for ln in lines), tuple(ln.sec_per_byte for ln in lines),
-                         tuple(ln.name for ln in lines), tuple(ln.sqrt_coef for ln in lines))
+        lat, spb, names = [], [], []
+        for ln in lines:
+            for a, b in tangent_lines(ln.latency_s, ln.sec_per_byte, ln.sqrt_coef):
+                lat.append(a)
+                spb.append(b)
+                names.append(ln.name)
+        return CostCurve(tuple(lat), tuple(spb), tuple(names))
 
     def _lines(self, op: str, groups: Groups) -> list[Line]:
         n = len(groups[0])
