@@ -187,3 +187,21 @@ def test_package_top_level_is_torch_free():
     code = "import sys, tpsim.validate, tpsim.cli.validate; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False"
+
+
+def test_overhead_twin_keeps_the_configuration():
+    from tpsim.validate.overhead import measured_overhead, overhead_case, with_overhead
+
+    case = Case(model=LLAMA, tp=2, sp=True, fused=True, micro_batch=3)
+    twin = overhead_case(case)
+    assert (twin.tp, twin.sp, twin.fused, twin.model.family) == (2, True, True, "llama")
+    assert twin.model.num_kv_heads < twin.model.num_attention_heads  # still GQA
+    assert twin.model.hidden_size == 128 and twin.model.seq_len == 16 and twin.micro_batch == 1
+    assert twin.expected_counts() == case.expected_counts()
+    assert twin.name != case.name
+    pred = Prediction(0.001, 0.002, {}, twin.expected_counts(), "roofline", 0.0)
+    ranks = [dict(_rank(twin, fwd=0.005, bwd=0.004))]
+    over = measured_overhead(ranks, pred)
+    assert over == pytest.approx({"fwd": 0.004, "bwd": 0.002})
+    assert with_overhead(pred, over).fwd_s == pytest.approx(0.005)
+    assert measured_overhead([_rank(twin, fwd=0.0005, bwd=0.0005)], pred) == {"fwd": 0.0, "bwd": 0.0}
