@@ -53,14 +53,14 @@ class Options:
     prediction (:mod:`tpsim.validate.overhead`)."""
 
 
-def calibrate_collectives(cfg: LaunchConfig, work: Path) -> Path:
+def calibrate_collectives(cfg: LaunchConfig, cluster: str, work: Path) -> Path:
     """Run a short ``tpsim bench-collectives`` with the same backend and rank count, then ``tpsim calibrate``;
     return the calibration file."""
     csv_path, cal_path = work / "bench-collectives.csv", work / "calibration.yaml"
     steps = [["bench-collectives", "--nproc", str(cfg.nproc), "--backend", cfg.backend,
               "--ops", "all_reduce", "all_gather", "reduce_scatter", "--sizes", *BENCH_SIZES,
               "--out", str(csv_path), "--timeout", str(int(cfg.timeout_s))],
-             ["calibrate", str(csv_path), "--out", str(cal_path)]]
+             ["calibrate", str(csv_path), "--cluster", cluster, "--out", str(cal_path)]]
     for args in steps:
         proc = subprocess.run([sys.executable, "-m", "tpsim.cli", *args], capture_output=True, text=True,
                               timeout=max(300.0, 10 * cfg.timeout_s))
@@ -75,7 +75,7 @@ def run_cases(cases: list[Case], cfg: LaunchConfig, opts: Options, work: Path,
     """Predict, launch and summarize ``cases`` that share one launch config (same TP degree)."""
     calibration = opts.calibration
     if calibration is None and opts.calibrate and cfg.nproc > 1:
-        calibration = calibrate_collectives(cfg, work)
+        calibration = calibrate_collectives(cfg, opts.cluster, work)
     cluster = load_local_cluster(opts.cluster, cfg.nproc * cfg.nnodes, calibration, work)
     device_type = "cuda" if cfg.backend == "nccl" else "cpu"
     profile = (opts.profile or find_profile(device_type)) if opts.use_profile else None
