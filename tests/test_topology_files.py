@@ -224,3 +224,20 @@ def test_calibration_argument_of_load_cluster(tmp_path):
     assert load_cluster("local-cpu", gpus=3).link("n0/gpu2", "n0/cpu0")["latency_us"] == 30
     with pytest.raises(InputError, match="calibration='/nope.yaml': file not found"):
         load_cluster("local-cpu", calibration="/nope.yaml")
+
+
+def test_reads_what_tpsim_calibrate_writes(tmp_path):
+    from tpsim.collectives.calibration import CalibrationFit, provenance
+
+    fit = CalibrationFit(per_type={"loopback": {"efficiency": 0.7, "latency_us": 21.5, "bw_GBps": 2.0,
+                                                "samples": 12}},
+                         error_before={"median": 0.4, "max": 0.9}, error_after={"median": 0.05, "max": 0.2},
+                         points=12, provenance={"gloo_ops": {"all_reduce": {"efficiency": 0.6, "latency_us": 30.0,
+                                                                            "bw_GBps": 2.0}}})
+    path = tmp_path / "cal.yaml"
+    path.write_text(CalibrationFit(**{**fit.__dict__, "provenance": provenance(fit, "local-cpu", ["b.csv"])})
+                    .to_yaml())
+    cluster = load_cluster("local-cpu", gpus=2, calibration=path)
+    assert cluster.link("n0/gpu0", "n0/cpu0")["efficiency"] == 0.7
+    assert cluster.link("n0/gpu0", "n0/cpu0")["latency_us"] == 21.5
+    assert cluster.spec.calibration.provenance["gloo_ops"]["all_reduce"]["latency_us"] == 30.0
