@@ -205,3 +205,18 @@ def test_overhead_twin_keeps_the_configuration():
     assert over == pytest.approx({"fwd": 0.004, "bwd": 0.002})
     assert with_overhead(pred, over).fwd_s == pytest.approx(0.005)
     assert measured_overhead([_rank(twin, fwd=0.0005, bwd=0.0005)], pred) == {"fwd": 0.0, "bwd": 0.0}
+
+
+def test_shard_model_is_one_rank_of_tp():
+    from tpsim.validate.shard import shard_model
+
+    base = PRESETS["llama3-8b"]
+    for t in (2, 4, 8):
+        m = shard_model(base, t)
+        assert (m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size) == (32 // t, max(8 // t, 1), 14336 // t)
+        assert m.head_dim == 128 and m.hidden_size == 4096
+        # its tp=1 GEMMs are the per-rank GEMMs of tp=t
+        assert sorted(block_gemms(Case(model=m, tp=1))) == sorted(block_gemms(Case(model=base, tp=t)))
+    assert shard_model(base, 1) is base
+    with pytest.raises(InputError, match="--shard-of=3 does not divide num_attention_heads=32"):
+        shard_model(base, 3)

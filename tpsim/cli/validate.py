@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--micro-batch", type=positive_int, default=3,
                    help="sequences per micro-batch (default 3: token counts 3 x 2^k lie between the profile's "
                         "grid points)")
+    g.add_argument("--shard-of", type=positive_int, default=1, metavar="T",
+                   help="run one rank's shard of tp=T as a tp=1 block (query/KV heads and FFN divided by T; "
+                        "the single-GPU validation of per-shard shapes)")
     g.add_argument("--matrix", action="store_true",
                    help="run the validation matrix: tp {1,2} x sp on/off x hidden {512,1024,2048} x seq "
                         "{128,512} of the model's family, and summarise the error")
@@ -83,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
     from .common import build_model
 
     model = build_model(args)
+    if args.shard_of > 1:
+        from ..validate.shard import shard_model
+        if args.tp != 1 or args.matrix:
+            raise InputError(f"--shard-of={args.shard_of} runs one shard at --tp=1 (got --tp={args.tp}"
+                             f"{', --matrix' if args.matrix else ''})")
+        model = shard_model(model, args.shard_of)
     if args.warmup < 0:
         raise InputError(f"--warmup={args.warmup} must be >= 0")
     nproc = args.nproc or args.tp // args.nnodes
