@@ -222,3 +222,25 @@ def test_every_op_costs_finite_positive():
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"):
         r = m.run(op, 1 << 20, (tuple(range(8)),))
         assert np.isfinite(r.time_s) and r.time_s > 0 and r.busbw_GBps > 0, op
+
+
+def test_broadcast_pipelined_chain_formula():
+    m = CollectiveModel(switch_node(4))
+    ln = line(m, "broadcast", ((0, 1, 2, 3),), "ring/Simple")
+    assert ln.sec_per_byte == pytest.approx(1 / (100 * GB))  # every hop carries the whole buffer
+    # NCCL: nsteps = n, Simple uses the Tree hwLat ("add some chunk latency"), tuning.cc
+    assert ln.latency_s == pytest.approx((8.4 + 4 * K.hw("NVLINK", "Tree", "Simple")) * 1e-6)
+    assert ln.sqrt_coef == pytest.approx(sqrt_term(ln.sec_per_byte, 4))
+
+
+def test_hierarchical_nvls_on_multi_node_sharp_switches():
+    c = switch_node(4, device="H100-SXM", lanes=18, lane_GBps=20.6, sharp=True, nodes=2, nics_per_node=4,
+                    nic_GBps=50.0)
+    m = CollectiveModel(c)
+    names = [x.name for x in m.candidates("all_reduce", (tuple(range(8)),))]
+    assert "hierarchical-nvls/Simple" in names and "nvls/Simple" not in names  # NVLS only inside a node
+    h = line(m, "all_reduce", (tuple(range(8)),), "hierarchical-nvls")
+    intra = ((0, 1, 2, 3), (4, 5, 6, 7))
+    rs, ag = line(m, "reduce_scatter", intra, "nvls"), line(m, "all_gather", intra, "nvls")
+    inter = line(m, "all_reduce", ((0, 4), (1, 5), (2, 6), (3, 7)), "ring/Simple")
+    assert h.sec_per_byte == pytest.approx(rs.sec_per_byte + inter.sec_per_byte / 4 + ag.sec_per_byte)
