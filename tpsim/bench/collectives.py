@@ -4,7 +4,10 @@ Rendezvous through a file store in a fresh temporary folder (never a fixed port)
 timeout; the parent kills every rank that is still alive when it returns, on success or failure. Sizes follow
 the nccl-tests byte convention (``tpsim/collectives/curve.py``): all_gather = gathered output, reduce_scatter
 and all_to_all = input of one rank. Output rows: ``backend, op, nranks, bytes, time_s`` (one per timed
-iteration; the time of an iteration is the slowest rank's).
+iteration; the time of an iteration is the slowest rank's wall time). On a shared machine the scheduler
+preempts ranks for whole time slices; ``tpsim calibrate`` aggregates repeats with a lower quartile for that
+reason (subtracting run-queue time from /proc/.../schedstat over-corrects: the kernel books a wait when the
+thread is next scheduled, possibly after the timed call began).
 """
 
 from __future__ import annotations
@@ -142,6 +145,9 @@ def _measure(rank: int, nproc: int, spec: dict) -> list[tuple[str, int, float]]:
     dist.init_process_group(backend, init_method=f"file://{spec['store']}", rank=rank, world_size=nproc,
                             timeout=datetime.timedelta(seconds=spec["timeout_s"]))
     try:
+        warm = torch.ones(1024, device=device)
+        for _ in range(10):  # connections and buffers of the process group are set up lazily
+            dist.all_reduce(warm)
         rows = []
         for op in spec["ops"]:
             for nbytes in spec["sizes"]:
