@@ -87,11 +87,16 @@ def ring_protocol_bw(op: str, g: GroupShape, proto: str, bus_bw: float) -> float
     return bus_bw
 
 
+def protocols(g: GroupShape) -> tuple[str, ...]:
+    """NCCL enables LL128 only when GPUs talk over NVLink (tuning.cc: ``typeIntra <= PATH_NVB``)."""
+    return ("LL", "Simple") if g.hw == "PCI" else ("LL", "LL128", "Simple")
+
+
 def ring_lines(op: str, g: GroupShape, hop_bw: float, k: NcclConstants, label: str = "ring") -> list[Line]:
     """Ring with ``g.channels`` channels; ``hop_bw`` = bytes/s each hop gets with all groups loading the links."""
     lines = []
     overhead = k.pipeline_overhead_us * US
-    for proto in ("LL", "LL128", "Simple"):
+    for proto in protocols(g):
         bw = ring_protocol_bw(op, g, proto, hop_bw)
         lat = ring_latency_us(op, g, proto, k)
         if op == "all_reduce" and proto == "Simple" and g.nodes > 1:
@@ -111,7 +116,7 @@ def tree_lines(g: GroupShape, tree_sec_per_byte: float, k: NcclConstants) -> lis
     inter_steps = math.ceil(math.log2(g.nodes)) if g.nodes > 1 else 0
     lines = []
     overhead = k.pipeline_overhead_us * US
-    for proto in ("LL", "LL128", "Simple"):
+    for proto in protocols(g):
         if proto == "LL":
             bw = min(bus / 3.8, g.caps.ll_max_bw[col] * GB)
         elif proto == "LL128":

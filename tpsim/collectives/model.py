@@ -251,7 +251,7 @@ class CollectiveModel:
         ag = ring_lines("all_gather", s_intra, self._ring_bw(intra, intra_pn), k)
         ar = ring_lines("all_reduce", s_inter, self._ring_bw(inter, inter_pn), k)
         lines = [combine(f"hierarchical/{a.name.split('/')[1].split()[0]}", [(a, 1.0), (b, 1.0 / ppn), (c, 1.0)])
-                 for a, b, c in zip(rs, ar, ag)]
+                 for a, b, c in zip(rs, ar, ag) if a.name.split()[0] == b.name.split()[0] == c.name.split()[0]]
         if self._nvls_capable(intra):
             nrs = nvls_line("reduce_scatter", s_intra, self._nvls_sec_per_byte("reduce_scatter", intra), k)
             nag = nvls_line("all_gather", s_intra, self._nvls_sec_per_byte("all_gather", intra), k)
