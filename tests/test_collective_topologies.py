@@ -9,8 +9,15 @@ import pytest
 
 from tpsim.collectives.fabric import Fabric
 from tpsim.collectives.model import CollectiveModel, get_collective_model
-from tpsim.topology import list_clusters, load_cluster
+from tpsim.topology import list_clusters, load_cluster, topologies_dir
 from tpsim.topology.placement import rank_groups
+
+
+def shipped(name):
+    """Load a shipped cluster; skip files another test created and removed meanwhile."""
+    if not (topologies_dir() / "clusters" / f"{name}.yaml").is_file():
+        pytest.skip(f"{name} vanished (a temporary file of another test)")
+    return load_cluster(name)
 
 
 def injection_GBps(cluster, rank):
@@ -21,7 +28,7 @@ def injection_GBps(cluster, rank):
 
 @pytest.mark.parametrize("name", list_clusters())
 def test_every_topology_costs_an_all_reduce(name):
-    cluster = load_cluster(name)
+    cluster = shipped(name)
     model = get_collective_model(cluster)
     n = cluster.num_gpus
     for group in (tuple(range(min(8, n))), tuple(range(n))):
@@ -32,9 +39,11 @@ def test_every_topology_costs_an_all_reduce(name):
         assert r.algorithm
 
 
-@pytest.mark.parametrize("name", [c for c in list_clusters() if load_cluster(c).num_nodes > 1])
+@pytest.mark.parametrize("name", list_clusters())
 def test_segment_route_loads_equal_paths(name):
-    cluster = load_cluster(name)
+    cluster = shipped(name)
+    if cluster.num_nodes < 2:
+        pytest.skip("one node: no inter-node routes")
     fabric = Fabric(cluster)
     rng = random.Random(1)
     n = cluster.num_gpus
