@@ -64,6 +64,16 @@ class Fabric:
         self._routes: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._route_latency: dict[tuple[int, int], float] = {}
         self._segment_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        # every route's arrays laid end to end (route id -> start, length), for vectorized loads
+        self._route_id: dict[tuple[int, int], int] = {}
+        self._starts: list[int] = []
+        self._lens: list[int] = []
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._flat_idx = np.zeros(0, dtype=np.int64)
+        self._flat_frac = np.zeros(0)
+        self._starts_arr = np.zeros(0, dtype=np.int64)
+        self._lens_arr = np.zeros(0, dtype=np.int64)
+        self._stored = 0
 
     # ------------------------------------------------------------------------------------------- ranks
     def gpu(self, rank: int) -> str:
@@ -165,19 +175,41 @@ class Fabric:
         """max over links of (bytes on the link per byte of buffer) / capacity, all flows together.
 
         ``scale`` multiplies each link's capacity (NVLS efficiency on switch links, for example)."""
-        idx_parts, w_parts = [], []
+        merged: dict[tuple[int, int], float] = {}
         for src, dst, nbytes in flows:
-            if src == dst or nbytes <= 0:
-                continue
-            idx, frac = self.route(src, dst)
-            idx_parts.append(idx)
-            w_parts.append(frac * nbytes)
-        if not idx_parts:
+            if src != dst and nbytes > 0:
+                merged[(src, dst)] = merged.get((src, dst), 0.0) + nbytes
+        if not merged:
             return 0.0
-        load = np.bincount(np.concatenate(idx_parts), weights=np.concatenate(w_parts),
-                           minlength=len(self.capacity))
+        rid = self._route_id
+        ids = np.fromiter((rid[k] if k in rid else self._register(*k) for k in merged), dtype=np.int64,
+                          count=len(merged))
+        load = self._loads(ids, np.fromiter(merged.values(), dtype=float, count=len(merged)))
         cap = self.capacity if scale is None else self.capacity * scale
         return float(np.max(load / cap))
+
+    def _register(self, src: int, dst: int) -> int:
+        idx, frac = self.route(src, dst)
+        i = self._route_id[(src, dst)] = len(self._starts)
+        self._starts.append(self._stored)
+        self._lens.append(len(idx))
+        self._stored += len(idx)
+        self._pending.append((idx, frac))
+        return i
+
+    def _loads(self, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Bytes per link of routes ``ids`` weighted by ``weights`` (one bincount over the flat store)."""
+        if self._pending:
+            self._flat_idx = np.concatenate([self._flat_idx] + [p[0] for p in self._pending])
+            self._flat_frac = np.concatenate([self._flat_frac] + [p[1] for p in self._pending])
+            self._starts_arr = np.asarray(self._starts, dtype=np.int64)
+            self._lens_arr = np.asarray(self._lens, dtype=np.int64)
+            self._pending = []
+        starts, lens = self._starts_arr[ids], self._lens_arr[ids]
+        ends = np.cumsum(lens)
+        pos = np.repeat(starts - (ends - lens), lens) + np.arange(ends[-1] if len(ends) else 0)
+        return np.bincount(self._flat_idx[pos], weights=self._flat_frac[pos] * np.repeat(weights, lens),
+                           minlength=len(self.capacity))
 
     def link_sec_per_byte(self, loads: Mapping[int, float], scale: float = 1.0) -> float:
         """Like :meth:`sec_per_byte` for loads given per edge index."""

@@ -70,6 +70,8 @@ class CollectiveModel:
         self.fabric = Fabric(cluster, links, lane_limit_GBps={"nvlink": self.k.nvlink_lane_GBps[arch]},
                              efficiency_limit=self.k.link_efficiency)
         self._curves: dict[tuple, CostCurve] = {}
+        self._memo: dict[tuple, Any] = {}
+        """link-load results per (kind, layout): all_gather and reduce_scatter reuse the ring of all_reduce."""
 
     # --------------------------------------------------------------------------------------- public
     def curve(self, op: str, groups: Sequence[Sequence[int]], algorithms: Sequence[str] | None = None) -> CostCurve:
@@ -160,6 +162,7 @@ class CollectiveModel:
         lines = ring_lines(op, shape, self._ring_bw(groups, per_node, chain=op == "broadcast"), self.k)
         if op == "all_reduce":
             lines += tree_lines(shape, self.fabric.sec_per_byte(self._tree_flows(per_node)), self.k)
+            # the tree's flows are only needed once per layout; all_reduce curves are cached already
         if op in NVLS_TRAFFIC and self._nvls_capable(groups):
             lines.append(nvls_line(op, shape, self._nvls_sec_per_byte(op, groups), self.k))
         if op == "all_reduce" and shape.nodes > 1 and self._uniform(per_node) > 1:
@@ -189,6 +192,12 @@ class CollectiveModel:
 
     def _per_node(self, group: Sequence[int]) -> list[list[int]]:
         """The group's ranks by node (nodes in order of first appearance), each sorted by local index."""
+        key = ("per_node", tuple(group))
+        if key not in self._memo:
+            self._memo[key] = self._per_node_uncached(group)
+        return self._memo[key]
+
+    def _per_node_uncached(self, group: Sequence[int]) -> list[list[int]]:
         by_node: dict[int, list[int]] = {}
         for r in group:
             by_node.setdefault(self.fabric.node_of(r), []).append(r)
@@ -203,6 +212,12 @@ class CollectiveModel:
     # ------------------------------------------------------------------------------------ rings/trees
     def _ring_bw(self, groups: Groups, per_node: list[list[list[int]]], chain: bool = False) -> float:
         """Bytes/s of one ring hop with every group's rings loading the links (hop traffic = 1 per ring)."""
+        key = ("ring", groups, chain)
+        if key not in self._memo:
+            self._memo[key] = self._ring_bw_uncached(per_node, chain)
+        return self._memo[key]
+
+    def _ring_bw_uncached(self, per_node: list[list[list[int]]], chain: bool) -> float:
         flows: list[Flow] = []
         for p in per_node:
             rings = ring_orders(p)
