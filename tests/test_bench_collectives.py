@@ -44,3 +44,14 @@ def test_bad_arguments_fail_before_spawning():
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         with pytest.raises(InputError, match="nccl"):
             run_bench(2, backend="nccl")
+
+
+@pytest.mark.timeout(120)
+def test_failing_ranks_are_reported_and_reaped(monkeypatch):
+    """A backend the ranks cannot start (MPI is not built in): one-line BenchError, no process left."""
+    import tpsim.bench.collectives as bench
+
+    monkeypatch.setattr(bench, "_check", lambda *a, **k: None)  # let the bad backend reach the ranks
+    with pytest.raises(bench.BenchError, match="rank"):
+        bench.run_bench(2, "mpi", sizes=[4096], ops=["all_reduce"], iters=1, warmup=0, timeout_s=20)
+    assert not multiprocessing.active_children()

@@ -80,3 +80,13 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, "--cluster", "dgx-a100", *argv)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_calibration_flag_and_gloo_on_local_cpu(capsys):
+    code, out, _ = run(capsys, "--cluster", "local-cpu", "--calibration", "local-cpu", "--op", "reduce_scatter",
+                       "--bytes", "1M", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["algorithm"].startswith("gloo") and 1e-5 < d["time_s"] < 0.1
+    code, _, err = run(capsys, "--cluster", "local-cpu", "--calibration", "missing.yaml")
+    assert code == 2 and "missing.yaml" in err
