@@ -17,8 +17,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.debug import CommDebugMode
+try:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import CommDebugMode
+except ImportError:  # torch < 2.5
+    from torch.distributed._tensor import DTensor
+    from torch.distributed._tensor.debug import CommDebugMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .block import build_block

@@ -64,9 +64,14 @@ def calibrated_cluster_file(cluster: str, calibration: Path, out_dir: Path) -> P
 def load_local_cluster(name: str, nproc: int, calibration: Path | None, out_dir: Path):  # noqa: ANN201
     """The cluster the ranks ran on, with the collective calibration if one was measured."""
     from ..topology import load_cluster
-    if calibration is None:
-        return load_cluster(name, gpus=nproc)
-    return load_cluster(calibrated_cluster_file(name, calibration, out_dir), gpus=nproc)
+    source = name if calibration is None else calibrated_cluster_file(name, calibration, out_dir)
+    try:
+        return load_cluster(source, gpus=nproc)
+    except InputError as exc:
+        if "whole number of nodes" not in str(exc):
+            raise
+        # fewer ranks than one node holds (one GPU of an 8-GPU node): the node, ranks 0..nproc-1 of it
+        return load_cluster(source)
 
 
 def predict_case(case: Case, cluster: Any, compute: Any) -> Prediction:
@@ -86,7 +91,10 @@ def grid_hits(case: Case, profile: Path | None) -> list[tuple[int, int, int]]:
     (a validation shape there would be a look-up, not a prediction)."""
     if profile is None:
         return []
-    import pandas as pd
+    try:
+        import pandas as pd
+    except ImportError:  # a bare GPU machine: the check is informational
+        return []
     try:
         rows = pd.read_csv(profile, comment="#")
     except (OSError, ValueError) as exc:

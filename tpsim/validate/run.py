@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 import tempfile
@@ -15,7 +16,7 @@ from ..model import ModelSpec, with_overrides
 from .case import Case
 from .launch import LaunchConfig, RankFailure, launch
 from .predict import (REPO_ROOT, compute_model, find_profile, grid_hits, load_local_cluster, predict_case)
-from .report import layer_errors, summarize_case, write_csv, write_scatter
+from .report import layer_errors, summarize_case, write_atomic, write_csv, write_scatter
 from .overhead import measured_overhead, overhead_case, with_overhead
 from .scale import fit_case
 
@@ -114,14 +115,15 @@ def run_cases(cases: list[Case], cfg: LaunchConfig, opts: Options, work: Path,
 
 def validate(cases: list[Case], cfg: LaunchConfig, opts: Options, name: str,
              env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run every case (grouped by TP degree, one launch each), write ``<out_dir>/<name>.csv`` and
-    ``<name>.png``; return the report (the ``--json`` object)."""
+    """Run every case (grouped by TP degree, one launch each), write ``<out_dir>/<name>.csv``, ``.png``,
+    ``.json`` (and the collective calibration it measured); return the report (the ``--json`` object)."""
     summaries: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tpsim-validate-") as tmp:
         for tp in sorted({c.tp for c in cases}):
             group = [c for c in cases if c.tp == tp]
             launch_cfg = cfg if cfg.nproc * cfg.nnodes == tp else dataclasses.replace(cfg, nproc=tp, nnodes=1)
             summaries += run_cases(group, launch_cfg, opts, Path(tmp), env)
+        _keep_calibration(summaries, Path(tmp), opts.out_dir, name)
     if not summaries:
         return {"name": name, "backend": cfg.backend, "note": "rank 0 ran on another node; its node writes "
                 "the report", "numerics_ok": True, "collectives_match": True, "phases": [], "cases": []}
@@ -129,14 +131,35 @@ def validate(cases: list[Case], cfg: LaunchConfig, opts: Options, name: str,
     csv_path = opts.out_dir / f"{name}.csv"
     write_csv(csv_path, summaries, cfg.backend)
     report["csv"] = str(csv_path)
-    if opts.chart:
+    if opts.chart and _has_matplotlib():
         png = opts.out_dir / f"{name}.png"
         err = report["layer_error"]
         title = (f"tpsim validate {name}: {cfg.backend}, {len(summaries)} case(s); fwd+bwd |error| median "
                  f"{_pct(err['median_abs_error_pct'])}, worst {_pct(err['worst_abs_error_pct'])}")
         write_scatter(png, summaries, title)
         report["chart"] = str(png)
+    write_atomic(opts.out_dir / f"{name}.json", json.dumps(report, indent=1, default=str).encode())
     return report
+
+
+def _keep_calibration(summaries: list[dict[str, Any]], work: Path, out_dir: Path, name: str) -> None:
+    """Copy the collective measurements and calibration made for this run next to the report."""
+    for s in summaries:
+        cal = s.get("calibration")
+        if cal and Path(cal).parent == work:
+            for src, suffix in ((Path(cal), "calibration.yaml"), (work / "bench-collectives.csv",
+                                                                   "bench-collectives.csv")):
+                if src.exists():
+                    dst = out_dir / f"{name}-{suffix}"
+                    write_atomic(dst, src.read_bytes())
+                    if suffix == "calibration.yaml":
+                        s["calibration"] = str(dst)
+
+
+def _has_matplotlib() -> bool:
+    """A bare GPU machine may lack matplotlib: the CSV and JSON are written anyway."""
+    import importlib.util
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _pct(x: float | None) -> str:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+try:
+    from torch.distributed.tensor import Replicate, Shard
+except ImportError:  # torch < 2.5
+    from torch.distributed._tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
