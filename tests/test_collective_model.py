@@ -244,3 +244,28 @@ def test_hierarchical_nvls_on_multi_node_sharp_switches():
     rs, ag = line(m, "reduce_scatter", intra, "nvls"), line(m, "all_gather", intra, "nvls")
     inter = line(m, "all_reduce", ((0, 4), (1, 5), (2, 6), (3, 7)), "ring/Simple")
     assert h.sec_per_byte == pytest.approx(rs.sec_per_byte + inter.sec_per_byte / 4 + ag.sec_per_byte)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(min_value=1, max_value=4), st.sampled_from(["all_reduce", "all_gather", "all_to_all"]),
+       st.integers(min_value=10, max_value=32))
+def test_more_concurrent_groups_never_faster(k, op, log_bytes):
+    # 4 nodes x 4 GPUs sharing 2 NICs per node: group i = GPU i of every node
+    c = switch_node(4, nodes=4, nics_per_node=2)
+    m = CollectiveModel(c)
+    groups = tuple(tuple(n * 4 + i for n in range(4)) for i in range(4))
+    s = float(1 << log_bytes)
+    fewer = float(m.curve(op, groups[:k]).time(s))
+    more = float(m.curve(op, groups[: min(k + 1, 4)]).time(s))
+    assert more >= fewer * (1 - 1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.floats(min_value=5.0, max_value=100.0), st.floats(min_value=1.01, max_value=4.0),
+       st.integers(min_value=10, max_value=32))
+def test_faster_nic_never_slower(nic, factor, log_bytes):
+    g = (tuple(range(8)),)
+    slow = CollectiveModel(switch_node(4, nodes=2, nics_per_node=2, nic_GBps=nic))
+    fast = CollectiveModel(switch_node(4, nodes=2, nics_per_node=2, nic_GBps=nic * factor))
+    s = float(1 << log_bytes)
+    assert float(fast.curve("all_reduce", g).time(s)) <= float(slow.curve("all_reduce", g).time(s)) * (1 + 1e-12)
