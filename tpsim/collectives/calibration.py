@@ -163,8 +163,8 @@ def fit_calibration(cluster: Any, samples: Sequence[Sample], iterations: int = 6
                 continue
             op_types, _b, op_after, _ = _fit(cluster, mine, iterations)
             entry = op_types["loopback"]
-            gloo_ops[op] = {"efficiency": entry["efficiency"], "latency_us": entry["latency_us"],
-                            "bw_GBps": entry["bw_GBps"], "samples": len(mine), "fit_error": op_after}
+            gloo_ops[op] = {k: entry[k] for k in ("efficiency", "latency_us", "bw_GBps") if k in entry}
+            gloo_ops[op].update(samples=len(mine), fit_error=op_after)
         if gloo_ops:
             cal = dict(per_type)
             cal["gloo_ops"] = gloo_ops
@@ -184,8 +184,8 @@ def _fit(cluster: Any, points: Sequence[Sample], iterations: int):
     measured = np.array([p.time_s for p in points])
 
     def calib(theta: np.ndarray) -> dict:
-        return {t: {"efficiency": math.exp(theta[2 * i]), "latency_us": math.exp(theta[2 * i + 1]),
-                    "bw_GBps": nominal[t]["bw_GBps"]} for i, t in enumerate(types)}
+        return {t: {"efficiency": math.exp(theta[2 * i]), "latency_us": math.exp(theta[2 * i + 1])}
+                for i, t in enumerate(types)}
 
     theta0 = np.array([v for t in types for v in (math.log(nominal[t]["efficiency"]),
                                                    math.log(max(nominal[t]["latency_us"], 1e-3)))])
@@ -212,22 +212,30 @@ def _group_types(model, nranks: int) -> set[str]:
     return types
 
 
-def _nominal(cluster: Any, types: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Bandwidth (whole link), efficiency and latency of the first link of each type in the graph."""
+def _nominal(cluster: Any, types: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Bandwidth (whole link), efficiency and latency of the first link of each type in the graph, and whether
+    every link of that type has that bandwidth (only then may a calibration set ``bw_GBps``: it applies to
+    every link of the type, whatever its lanes)."""
     out = {}
     for t in types:
-        attrs = next(a for _u, _v, a in cluster.graph.edges(data=True) if a["type"] == t)
+        links = [a for _u, _v, a in cluster.graph.edges(data=True) if a["type"] == t]
+        attrs = links[0]
         out[t] = {"bw_GBps": float(attrs["bw_GBps"]), "efficiency": float(attrs.get("efficiency", 1.0)),
-                  "latency_us": float(attrs.get("latency_us", 1.0))}
+                  "latency_us": float(attrs.get("latency_us", 1.0)),
+                  "uniform": len({float(a["bw_GBps"]) for a in links}) == 1}
     return out
 
 
-def _entry(nominal: Mapping[str, float], eff: float, lat: float, points: int) -> dict[str, Any]:
-    """Efficiency must stay in (0, 1] for topology files: a fit above 1 raises the bandwidth instead."""
-    bw = nominal["bw_GBps"]
-    if eff > 1.0:
-        bw, eff = bw * eff, 1.0
-    return {"efficiency": round(eff, 6), "latency_us": round(lat, 4), "bw_GBps": round(bw, 6), "samples": points}
+def _entry(nominal: Mapping[str, Any], eff: float, lat: float, points: int) -> dict[str, Any]:
+    """Efficiency must stay in (0, 1] for topology files: a fit above 1 raises the bandwidth instead (where
+    all links of the type share one bandwidth; else the efficiency is capped at 1 and a note says so)."""
+    entry: dict[str, Any] = {"efficiency": round(min(eff, 1.0), 6), "latency_us": round(lat, 4)}
+    if nominal["uniform"]:
+        entry["bw_GBps"] = round(nominal["bw_GBps"] * max(eff, 1.0), 6)
+    elif eff > 1.0:
+        entry["note"] = f"fit wanted efficiency {eff:.3f} > 1; capped (links of this type differ in bandwidth)"
+    entry["samples"] = points
+    return entry
 
 
 def _levenberg_marquardt(residual, theta: np.ndarray, iterations: int) -> np.ndarray:
