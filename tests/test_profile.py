@@ -286,3 +286,38 @@ def test_check_compares_a_roofline_with_the_measured_times(tmp_path, capsys):
     assert gemm["points"] == len(GEMM_AXIS) ** 3
     assert gemm["ratio_p10"] <= gemm["ratio_median"] <= gemm["ratio_p90"] and gemm["ratio_median"] > 0
     assert main(["profile", "--check", str(path), "--roofline", "no-such-gpu"]) == 2
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "profiles" / "cpu-reference-1t.csv"
+
+
+def _validation_gemms(micro_batch: int) -> np.ndarray:
+    """Per-rank GEMM shapes (m, n, k) of the validation matrix (issue 6): hidden 512/1024/2048, tp 1/2,
+    seq 128/512, GPT MLP 4h and Llama SwiGLU (separate gate/up), forward, data and weight gradients."""
+    shapes = []
+    for h, tp, seq in itertools.product((512, 1024, 2048), (1, 2), (128, 512)):
+        tokens = micro_batch * seq
+        for ffn in (4 * h, 64 * round(8 * h / 3 / 64)):
+            for n, k in ((3 * h // tp, h), (h // tp, h), (h, h // tp), (ffn // tp, h), (h, ffn // tp)):
+                shapes += [(tokens, n, k), (tokens, k, n), (k, n, tokens)]
+    return np.array(shapes, dtype=float)
+
+
+def test_shipped_cpu_profile_covers_the_validation_shapes_between_grid_points():
+    profile = load_profile(SHIPPED, device="cpu", dtypes=("fp32", "bf16"))
+    assert profile.meta.threads == 1
+    assert {k[0] for k in profile.tables} == {"gemm", "attention", "memory"}
+    model = ProfileModel(profile)
+    shapes = _validation_gemms(micro_batch=3)
+    seconds, measured = model.gemm(*shapes.T, "fp32")
+    assert measured.all() and np.all(seconds > 0)
+    axes = profile.tables[("gemm", "mm", "fp32", "fwd")].axes
+    on_grid = np.logical_and.reduce([np.isin(shapes[:, d], axes[d]) for d in range(3)])
+    assert not on_grid.any()  # a prediction, not a look-up
+    for heads, head_dim in ((8, 64), (16, 64), (16, 128)):
+        for tp, seq, backward in itertools.product((1, 2), (128, 512), (False, True)):
+            t, ok = model.attention(3 * heads // tp, seq, head_dim, True, "fp32", backward)
+            assert ok.all() and t > 0
+    numel = np.array([3 * s * h for s in (128, 512) for h in (512, 1024, 2048)], dtype=float)
+    for kernel in MEMORY_KERNEL_NAMES:
+        assert model.memory(kernel, numel, "fp32", True)[1].all()

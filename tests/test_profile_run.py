@@ -139,3 +139,17 @@ def test_runs_without_tqdm(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "profile cpu:" in done.stderr and "points" in done.stderr
+
+
+def test_redo_noisy_measures_the_noisy_points_again(tmp_path):
+    path = tmp_path / "noisy.csv"
+    options = RunOptions(grid="tiny", dtypes=("fp32",), kinds=("memory",), progress=False, out=path)
+    run_profile(options)
+    lines = path.read_text().splitlines(keepends=True)
+    row = next(i for i, line in enumerate(lines) if line.startswith("memory,gelu"))
+    cells = lines[row].rstrip("\n").split(",")
+    lines[row] = ",".join(cells[:-1] + ["999999.0"]) + "\n"  # as if measured while the machine was busy
+    path.write_text("".join(lines))
+    summary = run_profile(RunOptions(**{**options.__dict__, "redo_noisy_pct": 99999.0}))
+    assert summary.measured == 1 and summary.already == len(_rows(path)) - 1
+    assert "999999.0" not in path.read_text()

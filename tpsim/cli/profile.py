@@ -25,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="CPU threads, torch.set_num_threads (default 1)")
     p.add_argument("--kinds", default="gemm,attention,memory", help="kernel kinds to measure (default all)")
     p.add_argument("--max-kernel-s", type=float, help="skip points predicted slower than this (seconds)")
+    p.add_argument("--redo-noisy", type=float, metavar="PCT",
+                   help="first drop the file's points whose interquartile spread exceeds PCT %% (measured on a "
+                        "busy machine), then measure what is missing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--check", type=Path, metavar="FILE", help="report leave-one-out interpolation error of FILE")
     p.add_argument("--json", action="store_true", help="with --check: print one JSON object")
@@ -47,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--quick contradicts --grid={args.grid}")
     options = RunOptions(device=args.device, dtypes=dtypes, out=args.out, grid=grid, threads=args.threads,
                          kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
-                         max_kernel_s=args.max_kernel_s, progress=not args.no_progress)
+                         max_kernel_s=args.max_kernel_s, redo_noisy_pct=args.redo_noisy,
+                         progress=not args.no_progress)
     summary = run_profile(options)
     for line in summary.warnings:
         print(f"warning: {line}")

@@ -10,7 +10,7 @@ in powers of two, head dims 64 and 128. Memory kernels: element counts 2^j and 5
 
 Every table is measured in order of increasing work, and a point whose predicted time (its work at the best
 rate seen so far in its table) exceeds ``max_kernel_s`` is skipped with every larger one: on CPU the grid stops
-where one kernel takes about a second.
+where one kernel takes about half a second (0.5 s cap).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def cpu_grid(name: str = "full") -> GridSpec:
                         budget_s=0.01)
     return GridSpec(name=name, gemm_dims=_widths(64, 8192), attention_batch_heads=_pow2(1, 128),
                     attention_seq=_pow2(128, 2048), attention_head_dim=(64, 128),
-                    memory_numel=_widths(2 ** 12, 2 ** 25), memory_width=1024, max_kernel_s=1.0, budget_s=0.1)
+                    memory_numel=_widths(2 ** 12, 2 ** 25), memory_width=1024, max_kernel_s=0.5, budget_s=0.1)
 
 
 def cuda_grid(name: str = "full") -> GridSpec:

@@ -14,7 +14,7 @@ from ..compute.profile import KINDS, ProfilePoint
 from ..errors import InputError
 from .grid import GridSpec, PointKey, cpu_grid, cuda_grid, grid_tables, work_of
 from .progress import make_progress
-from .store import ProfileWriter
+from .store import ProfileWriter, drop_noisy_rows
 
 GRIDS = ("tiny", "quick", "full")
 CPU_DTYPES = ("fp32", "bf16", "fp16")
@@ -35,6 +35,8 @@ class RunOptions:
     kinds: tuple[str, ...] = KINDS
     max_kernel_s: float | None = None
     """None: the grid's own cap."""
+    redo_noisy_pct: float | None = None
+    """measure again the points of the file whose spread_pct exceeds this (None: keep every point)."""
     progress: bool = True
 
 
@@ -63,6 +65,10 @@ def run_profile(options: RunOptions) -> RunSummary:
     meta = _metadata(device, spec, options.threads)
     out = Path(options.out) if options.out else default_out_path(device.type, str(meta["device"]), options.threads)
     tables = grid_tables(spec, dtypes, options.kinds)
+    if options.redo_noisy_pct is not None:
+        dropped = drop_noisy_rows(out, options.redo_noisy_pct)
+        warnings.append(f"{dropped} point(s) with spread over {options.redo_noisy_pct:g}% dropped, "
+                        f"measured again")
     with ProfileWriter(out, meta) as writer:
         already = sum(key in writer.done for table in tables for key in table)
         total = sum(len(t) for t in tables) - already
@@ -144,6 +150,8 @@ def _check_options(options: RunOptions) -> None:
         raise InputError(f"--kinds={','.join(options.kinds)!r}: choose among {', '.join(KINDS)}")
     if options.max_kernel_s is not None and not options.max_kernel_s > 0:
         raise InputError(f"--max-kernel-s={options.max_kernel_s} must be positive")
+    if options.redo_noisy_pct is not None and not options.redo_noisy_pct >= 0:
+        raise InputError(f"--redo-noisy={options.redo_noisy_pct} must be a percentage >= 0")
 
 
 def _grid(device_type: str, options: RunOptions) -> GridSpec:

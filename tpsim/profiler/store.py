@@ -49,6 +49,41 @@ def _repair(path: Path) -> None:
     os.replace(tmp, path)
 
 
+def drop_noisy_rows(path: Path, max_spread_pct: float) -> int:
+    """Remove the rows whose interquartile spread exceeds ``max_spread_pct`` (measured while the machine was
+    busy), rewriting the file atomically; a resumed run measures them again. Returns the rows removed."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    if not path.read_bytes().startswith(TITLE[:22].encode()):
+        raise InputError(f"profile {path}: exists and is not a tpsim profile; choose another --out")
+    _repair(path)
+    keep, dropped = [], 0
+    columns: list[str] | None = None
+    for line in path.read_text().splitlines(keepends=True):
+        if line.startswith("#") or not line.strip():
+            keep.append(line)
+            continue
+        cells = line.rstrip("\n").split(",")
+        if columns is None:
+            columns = cells
+            keep.append(line)
+            continue
+        spread = dict(zip(columns, cells)).get("spread_pct") or "0"
+        try:
+            noisy = float(spread) > max_spread_pct
+        except ValueError:
+            raise InputError(f"profile {path}: spread_pct={spread!r} is not a number") from None
+        if noisy:
+            dropped += 1
+            continue
+        keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(keep))
+    os.replace(tmp, path)
+    return dropped
+
+
 def _check_resumable(existing: Profile, meta: Mapping[str, object], path: Path) -> None:
     have = {"device": existing.meta.device, "device_type": existing.meta.device_type,
             "threads": existing.meta.threads, "format_version": existing.meta.format_version}
