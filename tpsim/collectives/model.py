@@ -60,12 +60,13 @@ class CollectiveModel:
         self.k = nccl or nccl_constants()
         self.device = cluster.device.name
         arch = self.k.arch_of(self.device)
-        spec_cal = getattr(getattr(getattr(cluster, "spec", None), "calibration", None), "per_type", None) or {}
-        links = {**{t: {} for t in spec_cal}, **{t: v for t, v in (calibration or {}).items() if t != "gloo_ops"}}
+        included = getattr(getattr(cluster, "spec", None), "calibration", None)  # the topology's calibration: key
+        calibration = dict(calibration or {})
+        # link types calibrated in the topology file are already in the graph: mark them calibrated (no NCCL cap)
+        links = {**{t: {} for t in getattr(included, "per_type", {}) or {}},
+                 **{t: v for t, v in calibration.items() if t != "gloo_ops"}}
         self.gloo_ops: Mapping[str, Mapping[str, float]] = dict(
-            (calibration or {}).get("gloo_ops")
-            or getattr(getattr(getattr(cluster, "spec", None), "calibration", None), "provenance", {}).get("gloo_ops")
-            or {})
+            calibration.get("gloo_ops") or (getattr(included, "provenance", {}) or {}).get("gloo_ops") or {})
         """per-op link values for CPU ranks (``tpsim calibrate``)."""
         self.fabric = Fabric(cluster, links, lane_limit_GBps={"nvlink": self.k.nvlink_lane_GBps[arch]},
                              efficiency_limit=self.k.link_efficiency)
