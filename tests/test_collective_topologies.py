@@ -75,3 +75,21 @@ def test_dp_layout_cost_and_cache_on_256_gpus():
     # 8 DP groups (one per rail) each through their own NDR NIC: ~48 GB/s bus bandwidth each
     r = model.run("all_reduce", 1 << 30, groups["dp"])
     assert 40 < r.busbw_GBps < 50
+
+
+def test_torus_multidimensional_ring_formula():
+    """4x4x4 TPU v4 torus: three streams (one per starting dimension), bidirectional rings, data shrinking by
+    4 per phase: every directed ICI link carries (1 + 1/4 + 1/16) / 4 bytes per byte of all-reduce buffer."""
+    cluster = shipped("tpu-v4")
+    model = CollectiveModel(cluster)
+    g = (tuple(range(64)),)
+    ln = next(x for x in model.candidates("all_reduce", g) if x.name == "torus-ring/3d")
+    ici = float(model.fabric.capacity[model.fabric.types == "ici"].max())
+    assert ln.sec_per_byte == pytest.approx((1 + 1 / 4 + 1 / 16) / 4 / ici)
+    assert ln.latency_s == pytest.approx(2 * 9 * model.fabric.route_latency(0, 1))
+    r = model.run("all_reduce", 1 << 30, g)
+    assert r.algorithm == "torus-ring/3d"  # uses all six links of a chip, beats NCCL-style rings
+    plane = next(x for x in model.candidates("all_reduce", (tuple(range(16)),)) if x.name.startswith("torus"))
+    assert plane.name == "torus-ring/2d"
+    # a group that is not a full sub-grid gets no torus candidate
+    assert not any(x.name.startswith("torus") for x in model.candidates("all_reduce", ((0, 1, 2, 5),)))

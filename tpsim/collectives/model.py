@@ -168,6 +168,8 @@ class CollectiveModel:
             lines.append(nvls_line(op, shape, self._nvls_sec_per_byte(op, groups), self.k))
         if op == "all_reduce" and shape.nodes > 1 and self._uniform(per_node) > 1:
             lines += self._hierarchical(groups, per_node, shape)
+        if op in TORUS_FACTOR:
+            lines += self._torus_lines(op, groups)
         return lines
 
     def _hw(self, shape: GroupShape) -> str:
@@ -308,6 +310,58 @@ class CollectiveModel:
         used = load > 0
         return float(np.max(load[used] / (fab.capacity[used] * eff)))
 
+    # ------------------------------------------------------------------------------------------ torus
+    def _torus_lines(self, op: str, groups: Groups) -> list[Line]:
+        """Multi-dimensional bidirectional ring on a torus (XLA on TPU ICI; JAX scaling book): for a group
+        that is a full sub-grid (every dimension it spans taken whole, so rings close over the wrap-around),
+        the buffer is split in one stream per dimension, each reducing dimension by dimension in a rotated
+        order (data shrinks by the dimension's size after each phase), every ring run both ways with half the
+        data. Link loads of all streams and phases together give the bandwidth term; latency = sum over the
+        dimensions of steps x neighbour latency."""
+        lines_per_group = [self._torus_lines_of(g) for g in groups]
+        if not lines_per_group or any(x is None for x in lines_per_group):
+            return []
+        sizes = lines_per_group[0][0]
+        if any(x[0] != sizes for x in lines_per_group):
+            return []
+        factor = TORUS_FACTOR[op]
+        flows: list[Flow] = []
+        for order in _rotations(len(sizes)):
+            shrink = 1.0
+            for d in order:
+                n = sizes[d]
+                w = factor * (n - 1) / n * shrink / len(sizes) / 2
+                for _, lines in lines_per_group:
+                    for line in lines[d]:
+                        for i in range(n):
+                            a, b = line[i], line[(i + 1) % n]
+                            flows += [(a, b, w), (b, a, w)]
+                shrink /= n
+        first = lines_per_group[0][1][0][0]
+        alpha = self.fabric.route_latency(first[0], first[1])
+        steps = factor * sum(n - 1 for n in sizes)
+        return [Line(f"torus-ring/{len(sizes)}d", steps * alpha, self.fabric.sec_per_byte(flows))]
+
+    def _torus_lines_of(self, group: tuple[int, ...]):
+        """(sizes of the spanned dimensions, per dimension the lines of ranks along it) or None."""
+        torus = getattr(self.cluster, "fabric", None)
+        if not (hasattr(torus, "coord") and hasattr(torus, "dims")):
+            return None
+        coords = {torus.coord(r): r for r in group}
+        spans = [sorted({c[d] for c in coords}) for d in range(len(torus.dims))]
+        dims = [d for d, v in enumerate(spans) if len(v) > 1]
+        if not dims or any(spans[d] != list(range(torus.dims[d])) for d in dims):
+            return None
+        if len(coords) != int(np.prod([len(v) for v in spans])) or torus.dims[dims[0]] < 3:
+            return None
+        lines = []
+        for d in dims:
+            along: dict[tuple, list[int]] = {}
+            for c in sorted(coords, key=lambda c: c[d]):
+                along.setdefault(c[:d] + c[d + 1:], []).append(coords[c])
+            lines.append(list(along.values()))
+        return tuple(torus.dims[d] for d in dims), lines
+
     # ------------------------------------------------------------------------------------------- gloo
     def _gloo_lines(self, op: str, groups: Groups, per_node: list[list[list[int]]]) -> list[Line]:
         """Gloo on CPU ranks: alpha = latency of the slowest neighbour route, beta from the ring's link loads.
@@ -345,6 +399,14 @@ class CollectiveModel:
         alpha = max(float(np.dot(lat[fab.route(a, b)[0]], fab.route(a, b)[1])) for a, b in hops)
         spb = max(float(np.max(fab.route(a, b)[1] / cap[fab.route(a, b)[0]])) for a, b in hops)
         return alpha, spb
+
+
+TORUS_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}
+"""ring passes per dimension: reduce-scatter then all-gather for all_reduce."""
+
+
+def _rotations(k: int) -> list[list[int]]:
+    return [[(i + j) % k for j in range(k)] for i in range(k)]
 
 
 def ring_orders(per_node: list[list[int]]) -> list[list[int]]:
