@@ -81,7 +81,8 @@ def run_cases(cases: list[Case], cfg: LaunchConfig, opts: Options, work: Path,
     device_type = "cuda" if cfg.backend == "nccl" else "cpu"
     profile = (opts.profile or find_profile(device_type)) if opts.use_profile else None
     compute = compute_model(cluster, profile)
-    cases = [fit_case(c, cfg.nproc, compute, opts.budget_s) for c in cases]
+    memory = int(cluster.device.usable_memory_bytes) * cfg.nproc if device_type == "cuda" else None
+    cases = [fit_case(c, cfg.nproc, compute, opts.budget_s, memory_bytes=memory) for c in cases]
     tiny = {c.name: overhead_case(c) for c in cases} if opts.overhead else {}
     runs = list({t.name: t for t in tiny.values()}.values()) + cases
     preds = {c.name: predict_case(c, cluster, compute) for c in runs}

@@ -64,7 +64,10 @@ def time_of_case(case: Case, compute) -> float:  # noqa: ANN001 - ComputeModel
 
 def fit_case(case: Case, nproc: int, compute, budget_s: float,  # noqa: ANN001
              memory_bytes: int | None = None) -> Case:
-    """``case`` with seq_len and micro_batch reduced until it fits in memory and in ``budget_s``."""
+    """``case`` with seq_len and micro_batch reduced until it fits in memory and in ``budget_s``.
+
+    ``memory_bytes``: what the ``nproc`` ranks share (GPU: their devices' usable memory; default: this
+    machine's available memory)."""
     limit = MEMORY_SHARE * (memory_bytes or available_memory()) / nproc
     original = case
     while memory_per_rank(case) > limit or time_of_case(case, compute) > budget_s:
