@@ -57,6 +57,9 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
     backend = job.get("backend", "gloo")
     device_type = "cuda" if backend == "nccl" else "cpu"
     if device_type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"--backend nccl needs CUDA GPUs, and torch {torch.__version__} sees none "
+                               "(use --backend gloo on CPU)")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     _inject(rank, "start")
     dist.init_process_group(backend, timeout=timedelta(seconds=float(job["timeout_s"])))
