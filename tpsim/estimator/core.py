@@ -32,10 +32,18 @@ from .result import Estimate, EstimateBatch
 GRAD_BYTES = 4.0  # fp32 gradient accumulation and reduction (Megatron main_grad)
 
 
-def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique rows of the stacked columns and the inverse index (row i of the batch -> unique row)."""
-    stacked = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
-    uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
+def _unique_rows(*cols: np.ndarray, with_first: bool = False):
+    """Unique rows of the stacked columns and the inverse index (row i of the batch -> unique row).
+
+    The columns are small non-negative integers: they are packed into one int64 key (one 1-D sort)."""
+    ints = [np.asarray(c, dtype=np.int64) for c in cols]
+    key = np.zeros_like(ints[0])
+    for c in ints:
+        key = key * (int(c.max()) + 1) + c
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    uniq = np.stack([c[first] for c in ints], axis=1)
+    if with_first:
+        return uniq, inverse.reshape(-1), first
     return uniq, inverse.reshape(-1)
 
 
@@ -59,11 +67,11 @@ DP_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 @dataclass
 class _Curves:
-    """Collective cost curves per plan: op -> (latency (N, K), sec_per_byte (N, K))."""
+    """Collective cost curves per plan: op -> (K latency arrays, K sec_per_byte arrays), each of length N."""
 
-    tp: dict[str, tuple[np.ndarray, np.ndarray]]
-    dp: dict[str, tuple[np.ndarray, np.ndarray]]
-    pp: dict[str, tuple[np.ndarray, np.ndarray]]
+    tp: dict[str, tuple[list, list]]
+    dp: dict[str, tuple[list, list]]
+    pp: dict[str, tuple[list, list]]
     objects: list[dict[str, Any]]
     inverse: np.ndarray
 
@@ -71,18 +79,34 @@ class _Curves:
     def time(curve: tuple[np.ndarray, np.ndarray], nbytes: np.ndarray) -> np.ndarray:
         lat, spb = curve
         b = np.asarray(nbytes, dtype=float)
-        t = (lat + b[:, None] * spb).min(axis=1)
+        t = lat[0] + b * spb[0]
+        for la, sp in zip(lat[1:], spb[1:]):
+            np.minimum(t, la + b * sp, out=t)
         return np.where(b > 0, t, 0.0)
 
 
-def _stack(curves: list, inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    k = max(len(c.latency_s) for c in curves)
-    lat = np.full((len(curves), k), np.inf)
-    spb = np.zeros((len(curves), k))
-    for i, c in enumerate(curves):
-        lat[i, : len(c.latency_s)] = c.latency_s
-        spb[i, : len(c.sec_per_byte)] = c.sec_per_byte
-    return lat[inverse], spb[inverse]
+_ENVELOPE_BYTES = np.logspace(0, 13, 131)  # 1 B .. 10 TB: the sizes any collective of a plan can have
+
+
+def _envelope(curve) -> tuple[np.ndarray, np.ndarray]:
+    """The lines of a cost curve that are the minimum somewhere in 1 B .. 10 TB (the others never matter)."""
+    lat = np.asarray(curve.latency_s, dtype=float)
+    spb = np.asarray(curve.sec_per_byte, dtype=float)
+    winners = np.unique(np.argmin(lat[None, :] + _ENVELOPE_BYTES[:, None] * spb[None, :], axis=1))
+    return lat[winners], spb[winners]
+
+
+def _stack(curves: list, inverse: np.ndarray) -> tuple[list, list]:
+    """Per-plan (latency, sec_per_byte): K arrays of length N each, K = the longest lower envelope; shorter
+    envelopes are padded by repeating their last line (which leaves the minimum unchanged)."""
+    lines = [_envelope(c) for c in curves]
+    k = max(len(lat) for lat, _ in lines)
+    lat = np.empty((len(curves), k))
+    spb = np.empty((len(curves), k))
+    for i, (la, sp) in enumerate(lines):
+        lat[i, : len(la)], lat[i, len(la):] = la, la[-1]
+        spb[i, : len(sp)], spb[i, len(sp):] = sp, sp[-1]
+    return [lat[:, j][inverse] for j in range(k)], [spb[:, j][inverse] for j in range(k)]
 
 
 def _collective_curves(cluster, plans: PlanBatch) -> _Curves:
@@ -101,47 +125,86 @@ def _collective_curves(cluster, plans: PlanBatch) -> _Curves:
                 entry[f"{axis}.{op}"] = cm.curve(op, groups[axis]) if size > 1 else CostCurve.zero()
         objects.append(entry)
 
-    def axis(name: str, ops: tuple[str, ...]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    def axis(name: str, ops: tuple[str, ...]) -> dict[str, tuple[list, list]]:
         return {op: _stack([o[f"{name}.{op}"] for o in objects], inv) for op in ops}
 
     return _Curves(tp=axis("tp", TP_OPS), dp=axis("dp", DP_OPS), pp=axis("pp", ("send_recv",)),
                    objects=objects, inverse=inv)
 
 
-def _tp_layer_comm(model: ModelSpec, plans: PlanBatch, curves: _Curves, lc: LayerCost, act_bytes: int,
-                   flavor: str) -> dict[str, np.ndarray]:
+def _tp_ops(model: ModelSpec, flavor: str) -> dict[bool, list[CommOp]]:
+    return {sp: layer_collectives(model, 2, sp, flavor) for sp in (False, True)}
+
+
+def _params(model: ModelSpec, plans: PlanBatch, layers) -> dict[str, np.ndarray]:
+    """Parameters per rank: per layer, embedding shard, first / last / middle rank and the largest."""
+    single = plans.pp == 1
+    p_layer = layer_params_local(model, plans.tp)
+    tp_vals = np.unique(plans.tp)
+    emb_local = np.array([model.padded_vocab(int(t)) * model.hidden_size / t for t in tp_vals])[
+        np.searchsorted(tp_vals, plans.tp)]
+    pos = model.max_positions * model.hidden_size if model.position == "learned" else 0.0
+    final_norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
+    head_local = np.where(model.tie_embeddings & single, 0.0, emb_local)
+    first = layers.first * p_layer + emb_local + pos + np.where(single, head_local + final_norm, 0.0)
+    last = layers.last * p_layer + head_local + final_norm
+    mid = layers.middle * p_layer
+    largest = np.maximum(np.maximum(first, np.where(single, 0.0, last)), mid)
+    return {"layer": p_layer, "emb_local": emb_local, "first": first, "last": last, "max": largest}
+
+
+def _comm_times(model: ModelSpec, cluster, sub: PlanBatch, act_bytes: int, w_bytes: float,
+                tp_ops: dict[bool, list[CommOp]]) -> tuple[dict[str, np.ndarray], _Curves]:
+    """Every collective time a plan needs, computed on a batch of distinct communication patterns."""
+    curves = _collective_curves(cluster, sub)
+    tm = _Curves.time
+    n = len(sub)
+    T = sub.micro_batch * float(model.seq_len)
+    has_tp = sub.tp > 1
+    act = np.where(has_tp, T * model.hidden_size * act_bytes, 0.0)
+    out: dict[str, np.ndarray] = {}
+    for sp_value, ops in tp_ops.items():
+        mask = (sub.sp == sp_value) & has_tp
+        for i, c in enumerate(ops):
+            nbytes = act if c.activation else np.full(n, float(c.numel * 4))
+            out[f"tp{int(sp_value)}.{i}"] = tm(curves.tp[c.op], np.where(mask, nbytes, 0.0))
+    # vocab-parallel embedding (first stage), output layer and cross-entropy (last stage)
+    ar, ag, rs = (curves.tp[o] for o in ("all_reduce", "all_gather", "reduce_scatter"))
+    small = np.where(has_tp, T * 4.0, 0.0)  # max, sum-exp, target logit: fp32 per token
+    out["first_fwd"] = np.where(sub.sp, tm(rs, act), tm(ar, act))
+    out["last_fwd"] = np.where(sub.sp, tm(ag, act), 0.0) + 3 * tm(ar, small)
+    out["last_bwd"] = np.where(sub.sp, tm(rs, act), tm(ar, act))
+    # pipeline point-to-point: Megatron's scatter/gather optimization (or SP) sends 1/tp of the tensor
+    p2p_bytes = np.where(sub.pp > 1, T * model.hidden_size * act_bytes / sub.tp, 0.0)
+    out["p2p"] = tm(curves.pp["send_recv"], p2p_bytes)
+    # data parallel: fp32 gradients of the largest stage; ZeRO-1/2 reduce-scatter + weight all-gather;
+    # ZeRO-3 per layer
+    params = _params(model, sub, stage_layers(model.num_layers, sub.pp, sub.vpp))
+    zero, has_dp = sub.zero, sub.dp > 1
+    grad_b, weight_b = params["max"] * GRAD_BYTES, params["max"] * w_bytes
+    out["dp_ar"] = tm(curves.dp["all_reduce"], np.where(has_dp & (zero == 0), grad_b, 0.0))
+    out["dp_rs"] = tm(curves.dp["reduce_scatter"], np.where(has_dp & (zero >= 1) & (zero <= 2), grad_b, 0.0))
+    out["dp_ag"] = tm(curves.dp["all_gather"], np.where(has_dp & (zero >= 1) & (zero <= 2), weight_b, 0.0))
+    z3 = has_dp & (zero == 3)
+    out["z3_ag"] = tm(curves.dp["all_gather"], np.where(z3, params["layer"] * w_bytes, 0.0))
+    out["z3_rs"] = tm(curves.dp["reduce_scatter"], np.where(z3, params["layer"] * GRAD_BYTES, 0.0))
+    out["_grad_bytes"], out["_p2p_bytes"], out["_act_bytes"] = grad_b, p2p_bytes, act
+    return out, curves
+
+
+def _tp_layer_comm(plans: PlanBatch, raw: dict[str, np.ndarray], lc: LayerCost,
+                   tp_ops: dict[bool, list[CommOp]]) -> dict[str, np.ndarray]:
     """TP communication per layer and micro-batch: totals and exposed parts, forward and backward."""
     n = len(plans)
-    T = plans.micro_batch * float(model.seq_len)
-    act = T * model.hidden_size * act_bytes
     out = {k: np.zeros(n) for k in ("fwd", "bwd", "fwd_exposed", "bwd_exposed")}
-    for sp_value in (False, True):
-        mask = (plans.sp == sp_value) & (plans.tp > 1)
-        if not mask.any():
-            continue
-        ops: list[CommOp] = layer_collectives(model, 2, sp_value, flavor)
-        for c in ops:
-            nbytes = act if c.activation else np.full(n, float(c.numel * 4))
-            t = _Curves.time(curves.tp[c.op], np.where(mask, nbytes, 0.0))
+    for sp_value, ops in tp_ops.items():
+        for i, c in enumerate(ops):
+            t = raw[f"tp{int(sp_value)}.{i}"]
             block = c.module.split(".")[0]
             hide = {"wgrad": lc.wgrad, "dgrad": lc.dgrad}.get(c.overlap, {}).get(block, 0.0)
             out[c.phase] += t
             out[f"{c.phase}_exposed"] += np.maximum(t - hide, 0.0)
     return out
-
-
-def _edge_comm(model: ModelSpec, plans: PlanBatch, curves: _Curves, act_bytes: int) -> dict[str, np.ndarray]:
-    """Vocab-parallel embedding (first stage) and output layer / cross-entropy (last stage) TP traffic."""
-    T = plans.micro_batch * float(model.seq_len)
-    act = np.where(plans.tp > 1, T * model.hidden_size * act_bytes, 0.0)
-    sp = plans.sp
-    ar, ag, rs = (curves.tp[o] for o in ("all_reduce", "all_gather", "reduce_scatter"))
-    tm = _Curves.time
-    emb_fwd = np.where(sp, tm(rs, act), tm(ar, act))
-    small = np.where(plans.tp > 1, T * 4.0, 0.0)  # max, sum-exp, target logit (fp32 per token)
-    logit_fwd = np.where(sp, tm(ag, act), 0.0) + 3 * tm(ar, small)
-    logit_bwd = np.where(sp, tm(rs, act), tm(ar, act))
-    return {"first_fwd": emb_fwd, "first_bwd": np.zeros(len(plans)), "last_fwd": logit_fwd, "last_bwd": logit_bwd}
 
 
 # ---- FLOPs ---------------------------------------------------------------------------------------------
@@ -184,9 +247,13 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     master_bytes = 0.0 if plans.dtype in ("fp32", "tf32") else 4.0
 
     lc, ec = _layer_costs(model, compute, plans)
-    curves = _collective_curves(cluster, plans)
-    tpc = _tp_layer_comm(model, plans, curves, lc, act_bytes, flavor)
-    edge = _edge_comm(model, plans, curves, act_bytes)
+    # collectives: timed once per distinct communication pattern, then gathered
+    tp_ops = _tp_ops(model, flavor)
+    _, comm_inv, comm_first = _unique_rows(plans.tp, plans.pp, plans.dp, plans.order, plans.vpp, plans.sp,
+                                           plans.micro_batch, plans.zero, with_first=True)
+    raw_sub, curves = _comm_times(model, cluster, plans.take(comm_first), act_bytes, w_bytes, tp_ops)
+    raw = {k: v[comm_inv] for k, v in raw_sub.items()}
+    tpc = _tp_layer_comm(plans, raw, lc, tp_ops)
 
     rc = plans.recompute
     full = rc == 2
@@ -199,9 +266,9 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     layers = stage_layers(model.num_layers, plans.pp, plans.vpp)
     single = plans.pp == 1
     first_extra_c = ec.first_fwd + ec.first_bwd + np.where(single, ec.last_fwd + ec.last_bwd, 0.0)
-    first_extra_x = edge["first_fwd"] + edge["first_bwd"] + np.where(single, edge["last_fwd"] + edge["last_bwd"], 0.0)
+    first_extra_x = raw["first_fwd"] + np.where(single, raw["last_fwd"] + raw["last_bwd"], 0.0)
     last_extra_c = ec.last_fwd + ec.last_bwd
-    last_extra_x = edge["last_fwd"] + edge["last_bwd"]
+    last_extra_x = raw["last_fwd"] + raw["last_bwd"]
     rank_c = [layers.first * c_layer + first_extra_c, layers.last * c_layer + last_extra_c, layers.middle * c_layer]
     rank_r = [layers.first * r_layer, layers.last * r_layer, layers.middle * r_layer]
     rank_x = [layers.first * x_layer + first_extra_x, layers.last * x_layer + last_extra_x,
@@ -217,42 +284,20 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     v = plans.vpp
     bubble = (plans.pp - 1) / v * t_stage
 
-    # pipeline point-to-point: activations forward, gradients backward, per model chunk and micro-batch;
-    # Megatron's scatter/gather optimization (or SP) sends 1/tp of the tensor per rank.
-    p2p_bytes = np.where(plans.pp > 1, plans.micro_batch * float(model.seq_len) * model.hidden_size * act_bytes
-                         / plans.tp, 0.0)
-    t_p2p = _Curves.time(curves.pp["send_recv"], p2p_bytes)
+    # pipeline point-to-point: activations forward, gradients backward, per model chunk and micro-batch
+    t_p2p = raw["p2p"]
     pp_total = 2.0 * m * v * t_p2p
     pp_exposed = pp_total + 2.0 * (plans.pp - 1) * t_p2p
 
     # parameters per rank (the largest stage sets DP traffic and memory)
-    p_layer = layer_params_local(model, plans.tp)
-    tp_vals = np.unique(plans.tp)
-    emb_local = np.array([model.padded_vocab(int(t)) * model.hidden_size / t for t in tp_vals])[
-        np.searchsorted(tp_vals, plans.tp)]
-    pos = model.max_positions * model.hidden_size if model.position == "learned" else 0.0
-    final_norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
-    head_local = np.where(model.tie_embeddings & single, 0.0, emb_local)
-    params_first = layers.first * p_layer + emb_local + pos + np.where(single, head_local + final_norm, 0.0)
-    params_last = layers.last * p_layer + head_local + final_norm
-    params_mid = layers.middle * p_layer
-    params_max = np.maximum(np.maximum(params_first, np.where(single, 0.0, params_last)), params_mid)
+    params = _params(model, plans, layers)
+    p_layer, emb_local = params["layer"], params["emb_local"]
+    params_first, params_last, params_max = params["first"], params["last"], params["max"]
 
     # data-parallel gradient reduction (and parameter all-gather with ZeRO)
     dp = plans.dp.astype(float)
     zero = plans.zero
-    tm = _Curves.time
-    grad_b = params_max * GRAD_BYTES
-    weight_b = params_max * w_bytes
-    has_dp = plans.dp > 1
-    t_ar = tm(curves.dp["all_reduce"], np.where(has_dp & (zero == 0), grad_b, 0.0))
-    t_rs = tm(curves.dp["reduce_scatter"], np.where(has_dp & (zero >= 1) & (zero <= 2), grad_b, 0.0))
-    t_ag = tm(curves.dp["all_gather"], np.where(has_dp & (zero >= 1) & (zero <= 2), weight_b, 0.0))
-    # ZeRO-3: per micro-batch, gather each layer's weights in forward and backward, reduce-scatter its grads
-    layer_w = np.where(has_dp & (zero == 3), p_layer * w_bytes, 0.0)
-    layer_g = np.where(has_dp & (zero == 3), p_layer * GRAD_BYTES, 0.0)
-    z3_ag = tm(curves.dp["all_gather"], layer_w)
-    z3_rs = tm(curves.dp["reduce_scatter"], layer_g)
+    t_ar, t_rs, t_ag, z3_ag, z3_rs = (raw[k] for k in ("dp_ar", "dp_rs", "dp_ag", "z3_ag", "z3_rs"))
     f_layer = lc.fwd + tpc["fwd_exposed"]
     b_layer = lc.bwd + r_layer + tpc["bwd_exposed"]
     z3_total = m * layers_slow * (2 * z3_ag + z3_rs)
@@ -320,9 +365,9 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     peak_flops = device.peak(plans.dtype)
     collectives: tuple = ()
     if n <= 64:
-        collectives = tuple(_algorithms(curves, i, act=T[i] * model.hidden_size * act_bytes,
-                                        grad=float(grad_b[i]), p2p=float(p2p_bytes[i]), sp=bool(plans.sp[i]),
-                                        zero=int(zero[i])) for i in range(n))
+        collectives = tuple(_algorithms(curves, int(comm_inv[i]), act=float(raw["_act_bytes"][i]),
+                                        grad=float(raw["_grad_bytes"][i]), p2p=float(raw["_p2p_bytes"][i]),
+                                        sp=bool(plans.sp[i]), zero=int(zero[i])) for i in range(n))
     return EstimateBatch(
         plans=plans, step_time_s=step, tokens_per_s=tokens / step,
         model_tflops_per_gpu=mflops / (step * gpus) / 1e12, hardware_tflops_per_gpu=hflops / (step * gpus) / 1e12,
