@@ -71,7 +71,9 @@ def test_cli_writes_yaml_that_model_and_topology_loader_accept(tmp_path, capsys)
     truth = {"loopback": {"efficiency": 0.5, "latency_us": 40.0, "bw_GBps": 2.0}}
     from tpsim.topology import load_cluster
 
-    cluster = load_cluster("local-cpu", gpus=2)
+    blank = tmp_path / "blank.yaml"  # the shipped local-cpu calibration is replaced by the synthetic truth
+    blank.write_text("source: none (test)\n")
+    cluster = load_cluster("local-cpu", gpus=2, calibration=str(blank))
     path = synthetic_csv(tmp_path / "m.csv", cluster, truth, noise=0.0)
     out = tmp_path / "cal.yaml"
     assert main(["calibrate", str(path), "--cluster", "local-cpu", "--out", str(out)]) == 0
