@@ -186,7 +186,8 @@ class SearchResult:
 
     # ---- output --------------------------------------------------------------------------------------
     def to_json(self, top: int | None = 10) -> dict[str, Any]:
-        return {
+        """The ``tpsim plan --json`` object (non-finite numbers become null, so it is strict JSON)."""
+        return _finite({
             "model": self.model.name,
             "objective": self.objective,
             "gpu_hour_price": self.gpu_hour_price,
@@ -197,7 +198,7 @@ class SearchResult:
             "rejected": dict(self.rejected),
             "elapsed_s": self.elapsed_s,
             "plans": [p.to_dict() for p in self.top(top)],
-        }
+        })
 
     def table(self, top: int | None = 10) -> "Any":
         """A pandas DataFrame of the ranked plans with the breakdown columns (imports pandas lazily)."""
@@ -228,6 +229,17 @@ class SearchResult:
         """(reason key, explanation, count) for every rejection reason, most frequent first."""
         rows = [(key, next(r.text for r in REASONS if r.key == key), n) for key, n in self.rejected.items()]
         return sorted(rows, key=lambda r: (-r[2], r[0]))
+
+
+def _finite(obj: Any) -> Any:
+    """Replace NaN and infinities (anywhere in nested dicts/lists) by None."""
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 # ---------------------------------------------------------------------------------------------------------
