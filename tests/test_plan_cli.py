@@ -32,6 +32,10 @@ def test_json_output(capsys):
     assert [p["rank"] for p in data["plans"]] == [1, 2, 3]
     assert data["plans"][0]["step_time_s"] <= data["plans"][1]["step_time_s"]
     assert all(isinstance(v, int) for v in data["rejected"].values())
+    front = data["pareto_time_memory"]
+    assert front and all(a["peak_memory_gib"] < b["peak_memory_gib"] and a["step_time_s"] > b["step_time_s"]
+                         for a, b in zip(front, front[1:]))
+    assert front[-1]["step_time_s"] == data["plans"][0]["step_time_s"]  # the fastest plan ends the front
 
 
 def test_table_why_and_csv(capsys, tmp_path):
@@ -60,6 +64,12 @@ def test_cost_objective_searches_gpu_counts(capsys):
     assert data["gpus"] == [8, 16, 32]
     costs = [p["cost_per_mtok"] for p in data["plans"]]
     assert costs == sorted(costs)
+    assert [row["gpus"] for row in data["pareto_gpus_throughput"]] == [8, 16, 32]
+
+
+def test_pareto_text(capsys):
+    code, out, _ = _run(capsys, "--pareto", "--top", "1")
+    assert code == 0 and "Pareto front, step time vs. memory per GPU" in out
 
 
 @pytest.mark.parametrize("extra, needle", [

@@ -67,6 +67,9 @@ def register(subparsers: Any) -> None:
     o.add_argument("--csv", default=None, metavar="FILE", help="write the ranked plans (--top of them) as CSV")
     o.add_argument("--json", action="store_true", help="print one JSON object (plans, evaluated, rejected)")
     o.add_argument("--why", action="store_true", help="show how many plans were rejected and why")
+    o.add_argument("--pareto", action="store_true",
+                   help="also print the Pareto fronts: step time vs. memory per GPU (and, with --objective cost, "
+                        "throughput vs. GPUs); --json always holds them")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--no-cache", action="store_true",
                    help="do not use the on-disk result cache ($TPSIM_CACHE_DIR or ~/.cache/tpsim; "
@@ -180,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
         print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
     if args.why:
         print(format_why(result))
+    if args.pareto:
+        print(format_pareto(result))
     return 0
 
 
@@ -203,6 +208,18 @@ def format_table(frame: Any) -> str:
     fmt.update({"tok/s": "{:,.0f}".format, "mfu": lambda v: f"{100 * v:.1f}%", "mem_GiB": "{:.1f}".format,
                 "$/Mtok": "{:.3f}".format})
     return frame.to_string(index=False, formatters={k: v for k, v in fmt.items() if k in frame.columns})
+
+
+def format_pareto(result: Any) -> str:
+    lines = ["Pareto front, step time vs. memory per GPU (fitting plans; no plan is both faster and smaller):"]
+    for row in result.front_rows(result.pareto_time_memory()):
+        lines.append(f"  {row['peak_memory_gib']:8.1f} GiB  {row['step_time_s']:10.3f} s  {row['label']}")
+    if len(result.parts) > 1:
+        lines.append("Pareto front, throughput vs. number of GPUs (no smaller count is as fast):")
+        for row in result.front_rows(result.pareto_gpus_throughput()):
+            lines.append(f"  {row['gpus']:6d} GPUs  {row['tokens_per_s']:12,.0f} tokens/s  "
+                         f"{row['cost_per_mtok']:8.3f} $/Mtok  {row['label']}")
+    return "\n".join(lines)
 
 
 def format_why(result: Any) -> str:
