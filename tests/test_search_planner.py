@@ -43,7 +43,14 @@ def test_unfit_plans_never_rank_above_fitting_ones():
     assert np.all(np.diff(fits.astype(int)) <= 0)
     strict = search(model, cluster, 64, space=SearchSpace(vpp=(1,), micro_batch=(1,), order=("tp-dp-pp",)))
     assert strict.columns["fits_effective"][strict.ranking].all()
-    assert strict.rejected["memory"] == int((~fits).sum())
+    assert strict.rejected["memory"] == int((~strict.columns["fits"]).sum()) > 0
+
+
+def test_every_enumerated_plan_is_accounted_for(small):
+    model, cluster = small
+    result = search(model, cluster, 64, space=SMALL_SPACE)
+    assert result.enumerated == sum(result.rejected.values()) + len(result) + result.duplicates
+    assert result.evaluated == result.columns["tp"].size
 
 
 def test_ranking_is_deterministic_and_sorted(small, small_result):

@@ -100,7 +100,10 @@ def _section_rejections(result: SearchResult) -> str:
     rows = [[key, text, n] for key, text, n in result.why()]
     return "\n".join(["## Rejected plans\n",
                       f"{result.enumerated} plans enumerated, {result.evaluated} evaluated by the estimator, "
-                      f"{len(result)} fit. Reasons for the rest (first constraint broken):\n",
+                      f"{len(result)} fit and are ranked"
+                      + (f" ({result.duplicates} more predict exactly the same with DP overlap off as on and are "
+                         "not listed twice)" if result.duplicates else "")
+                      + ". Reasons for the rest (first constraint broken):\n",
                       md_table(("reason", "constraint", "plans"), rows) if rows else "(none)", ""])
 
 

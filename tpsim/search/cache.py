@@ -25,7 +25,7 @@ from .planner import Part, SearchResult, search
 from .space import SearchSpace
 
 MAX_ENTRIES = 64
-FORMAT = 1
+FORMAT = 2
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
@@ -118,7 +118,7 @@ def _save(folder: Path, key: str, result: SearchResult) -> None:
         np.savez(tmp, __ranking=result.ranking, **{k: np.asarray(v) for k, v in result.columns.items()})
         os.replace(tmp, folder / f"{key}.npz")
         meta = {"enumerated": result.enumerated, "evaluated": result.evaluated, "rejected": result.rejected,
-                "elapsed_s": result.elapsed_s, "memo": result.memo,
+                "elapsed_s": result.elapsed_s, "memo": result.memo, "duplicates": result.duplicates,
                 "gpus": [int(p.cluster.num_gpus) for p in result.parts]}
         _write_atomic(folder / f"{key}.json", json.dumps(meta).encode())
         _KEYS[id(result)] = key
@@ -147,7 +147,8 @@ def _load(folder: Path, key: str, model: ModelSpec, clusters: list[Any], space: 
                           ranking=ranking, enumerated=meta["enumerated"],
                           evaluated=meta["evaluated"], rejected=meta["rejected"], elapsed_s=meta["elapsed_s"],
                           mem_limit_gib=options.get("mem_limit_gib"), compute=compute, space=space,
-                          memo=dict(meta.get("memo", {})), cached=True)
+                          memo=dict(meta.get("memo", {})), duplicates=int(meta.get("duplicates", 0)),
+                          cached=True)
     _KEYS[id(result)] = key
     return result
 

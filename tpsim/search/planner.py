@@ -100,6 +100,8 @@ class SearchResult:
     space: SearchSpace = field(default_factory=SearchSpace)
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """estimate dicts already computed, by row index (see :meth:`estimate_dict`)."""
+    duplicates: int = 0
+    """plans left out of the ranking because overlap off predicts exactly what overlap on does."""
     cached: bool = False
     """True when the result came from the on-disk cache (:mod:`tpsim.search.cache`)."""
 
@@ -208,6 +210,7 @@ class SearchResult:
             "enumerated": self.enumerated,
             "evaluated": self.evaluated,
             "kept": int(self.ranking.size),
+            "duplicates": self.duplicates,
             "rejected": dict(self.rejected),
             "elapsed_s": self.elapsed_s,
             "plans": [p.to_dict() for p in self.top(top)],
@@ -352,6 +355,8 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     columns["fits_effective"] = columns["fits"] & ~over_limit
     columns["cost_per_mtok"] = columns["gpus"] * gpu_hour_price / 3600.0 / columns["tokens_per_s"] * 1e6
     order = _rank(columns, objective)
+    twins = _same_as_overlapped(columns)
+    order = order[~twins[order]]
     if not include_unfit:
         order = order[columns["fits_effective"][order]]
         extra = np.zeros(len(REASONS), dtype=np.int64)
@@ -363,7 +368,30 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     return SearchResult(model=model, objective=objective, gpu_hour_price=gpu_hour_price, parts=tuple(parts),
                         columns=columns, ranking=order, enumerated=enumerated, evaluated=evaluated,
                         rejected=rejected, elapsed_s=time.perf_counter() - started, mem_limit_gib=mem_limit_gib,
-                        compute=compute, space=space)
+                        compute=compute, space=space, duplicates=int((twins & (columns["fits_effective"] | include_unfit)).sum()))
+
+
+def _same_as_overlapped(cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Rows with overlap off whose twin (every other field equal, overlap on) has the same step time and memory:
+    the overlap makes no difference there (e.g. dp = 1 stages or ZeRO-3's per-layer reductions), so the row is
+    a duplicate in the ranking and is left out of it (it stays in ``columns``)."""
+    n = cols["tp"].size
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    keys = np.stack([np.asarray(cols[k], dtype=np.int64) for k in ("gpus",) + PLAN_FIELDS if k != "overlap"], 1)
+    _, group = np.unique(keys, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    on = np.flatnonzero(cols["overlap"])
+    twin_of_group = np.full(int(group.max()) + 1, -1, dtype=np.int64)
+    twin_of_group[group[on]] = on
+    off = np.flatnonzero(~cols["overlap"])
+    twin = twin_of_group[group[off]]
+    same = (twin >= 0)
+    same[same] = ((cols["step_time_s"][off[same]] == cols["step_time_s"][twin[same]])
+                  & (cols["peak_memory_gib"][off[same]] == cols["peak_memory_gib"][twin[same]]))
+    mask = np.zeros(n, dtype=bool)
+    mask[off[same]] = True
+    return mask
 
 
 def _merge(col_parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
