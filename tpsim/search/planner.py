@@ -12,6 +12,7 @@ With ``objective="cost"`` the caller passes several clusters (one per GPU count,
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -378,9 +379,7 @@ def _same_as_overlapped(cols: Mapping[str, np.ndarray]) -> np.ndarray:
     n = cols["tp"].size
     if n == 0:
         return np.zeros(0, dtype=bool)
-    keys = np.stack([np.asarray(cols[k], dtype=np.int64) for k in ("gpus",) + PLAN_FIELDS if k != "overlap"], 1)
-    _, group = np.unique(keys, axis=0, return_inverse=True)
-    group = group.reshape(-1)
+    group = _row_groups([np.asarray(cols[k], dtype=np.int64) for k in ("gpus",) + PLAN_FIELDS if k != "overlap"])
     on = np.flatnonzero(cols["overlap"])
     twin_of_group = np.full(int(group.max()) + 1, -1, dtype=np.int64)
     twin_of_group[group[on]] = on
@@ -392,6 +391,18 @@ def _same_as_overlapped(cols: Mapping[str, np.ndarray]) -> np.ndarray:
     mask = np.zeros(n, dtype=bool)
     mask[off[same]] = True
     return mask
+
+
+def _row_groups(keys: list[np.ndarray]) -> np.ndarray:
+    """Group id per row of equal ``keys`` (non-negative ints): one mixed-radix int64 key when it cannot
+    overflow (fast 1-D unique), else unique rows."""
+    radix = [int(k.max()) + 1 for k in keys]
+    if math.prod(radix) < 2**62:
+        flat = np.zeros(keys[0].size, dtype=np.int64)
+        for k, r in zip(keys, radix):
+            flat = flat * r + k
+        return np.unique(flat, return_inverse=True)[1].reshape(-1)
+    return np.unique(np.stack(keys, 1), axis=0, return_inverse=True)[1].reshape(-1)
 
 
 def _merge(col_parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
