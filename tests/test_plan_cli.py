@@ -42,7 +42,7 @@ def test_table_why_and_csv(capsys, tmp_path):
     csv = tmp_path / "plans.csv"
     code, out, _ = _run(capsys, "--why", "--top", "4", "--csv", str(csv))
     assert code == 0
-    assert "step_s" in out and "exposed_comm_s" in out and "rejected" in out
+    assert "step_s" in out and "exp_comm" in out and "rejected" in out
     assert "sequence parallelism needs tp > 1" in out
     lines = csv.read_text().strip().splitlines()
     assert len(lines) == 5 and lines[0].startswith("rank,")

@@ -202,9 +202,17 @@ def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
             + (" (cached result)" if result.cached else ""))
 
 
+DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "compute_s": "compute", "recompute_s": "recomp_s",
+                 "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm",
+                 "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm"}
+
+
 def format_table(frame: Any) -> str:
-    """The ranked-plan DataFrame as fixed-width text (seconds with 3 decimals, MFU in %)."""
-    fmt = {c: "{:.3f}".format for c in frame.columns if c.endswith("_s")}
+    """The ranked-plan DataFrame as fixed-width text: times in seconds (3 decimals; compute to exp_comm add up
+    to step_s, the *_comm columns are totals, partly hidden), MFU in %."""
+    seconds = [DISPLAY_NAMES.get(c, c) for c in frame.columns if c.endswith("_s")]
+    frame = frame.rename(columns=DISPLAY_NAMES)
+    fmt = {c: "{:.3f}".format for c in seconds}
     fmt.update({"tok/s": "{:,.0f}".format, "mfu": lambda v: f"{100 * v:.1f}%", "mem_GiB": "{:.1f}".format,
                 "$/Mtok": "{:.3f}".format})
     return frame.to_string(index=False, formatters={k: v for k, v in fmt.items() if k in frame.columns})

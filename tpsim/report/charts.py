@@ -25,7 +25,7 @@ COMPONENTS = (("compute_s", "compute"), ("recompute_s", "recompute"), ("bubble_s
 """the step-time components, in stacking order (they sum to the step time)."""
 COLORS = {"compute_s": "#4C72B0", "recompute_s": "#8172B2", "bubble_s": "#CCB974", "optimizer_s": "#64B5CD",
           "exposed_comm_s": "#C44E52"}
-MAX_SCATTER = 40000
+MAX_SCATTER = 20000
 """time-memory scatter: at most this many points are drawn (evenly sampled; the front is always drawn)."""
 
 
