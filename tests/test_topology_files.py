@@ -1,6 +1,9 @@
 """Strict loading of topology files and the `tpsim topo` verb (bad files: one line, exit status 2)."""
 
 from __future__ import annotations
+from tpsim.hardware import DATA_DIR
+
+RAW = str(DATA_DIR / "calibration" / "none.yaml")  # the empty calibration: raw link figures
 
 import json
 import shutil
@@ -100,8 +103,9 @@ def test_calibration_overrides_link_types_and_changes_the_fingerprint(tmp_path):
     (tmp_path / "cal.yaml").write_text("loopback: {efficiency: 0.5, latency_us: 12.5, bw_GBps: 3.0}\n"
                                        "source: test fit\nfit_error: {median: 0.03}\n")
     base = (topologies_dir() / "clusters" / "local-cpu.yaml").read_text()
-    (tmp_path / "local.yaml").write_text(base + "calibration: cal.yaml\n")
-    plain = load_cluster("local-cpu", gpus=2)
+    base = "\n".join(line for line in base.splitlines() if not line.startswith("calibration:"))
+    (tmp_path / "local.yaml").write_text(base + "\ncalibration: cal.yaml\n")
+    plain = load_cluster("local-cpu", gpus=2, calibration=RAW)
     tuned = load_cluster(tmp_path / "local.yaml", gpus=2)
     assert tuned.link("n0/gpu0", "n0/cpu0") == {"type": "loopback", "bw_GBps": 3.0, "lanes": 1,
                                                 "latency_us": 12.5, "efficiency": 0.5}
@@ -221,7 +225,9 @@ def test_calibration_argument_of_load_cluster(tmp_path):
     tuned = load_cluster("local-cpu", gpus=3, calibration=tmp_path / "cal.yaml")
     assert tuned.link("n0/gpu2", "n0/cpu0")["latency_us"] == 7.0
     assert tuned.spec.calibration.provenance == {"source": "bench"}
-    assert load_cluster("local-cpu", gpus=3).link("n0/gpu2", "n0/cpu0")["latency_us"] == 30
+    assert load_cluster("local-cpu", gpus=3, calibration=RAW).link("n0/gpu2", "n0/cpu0")["latency_us"] == 30
+    shipped = load_cluster("local-cpu", gpus=3)  # the file includes the calibration fitted on this machine
+    assert shipped.spec.calibration is not None and shipped.link("n0/gpu2", "n0/cpu0")["latency_us"] != 30
     with pytest.raises(InputError, match="calibration='/nope.yaml': file not found"):
         load_cluster("local-cpu", calibration="/nope.yaml")
 
