@@ -160,14 +160,15 @@ def time_memory_chart(result: SearchResult, title: str | None = None) -> Any:
 
 def scaling_chart(sweep: Sweep, title: str | None = None) -> Any:
     """Throughput (tokens/s, left axis, log-log) and MFU (right axis) of the best plan per GPU count, with the
-    ideal linear scaling from the smallest count for reference."""
+    ideal linear scaling of the most efficient count (highest tokens/s per GPU) for reference."""
     fig, ax = _figure(9, 5)
     c = sweep.columns
     gpus = sweep.x.astype(float)
     ax.plot(gpus, c["tokens_per_s"], "o-", color="#4C72B0", label="throughput (tokens/s)")
-    if gpus.size:
-        ax.plot(gpus, c["tokens_per_s"][0] * gpus / gpus[0], ":", color="#4C72B0", alpha=0.6,
-                label="linear scaling")
+    if gpus.size:  # ideal: every count as efficient per GPU as the most efficient one
+        best = int(np.argmax(c["tokens_per_s"] / gpus))
+        ax.plot(gpus, c["tokens_per_s"][best] * gpus / gpus[best], ":", color="#4C72B0", alpha=0.6,
+                label=f"linear scaling of the best per-GPU count ({int(gpus[best])})")
     ax.set_xscale("log", base=2)
     _log_axis(ax.yaxis)
     ax.set_xticks(gpus, [str(int(g)) for g in gpus])
