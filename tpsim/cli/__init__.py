@@ -18,8 +18,16 @@ VERB_MODULES = ("estimate", "plan", "report", "topo", "collective", "bench_colle
                 "profile", "validate")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line (``tpsim estimate: error: argument --tp: 0 must be a positive integer``) and
+    exit status 2, like every other input error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tpsim",
         description="Tensor-parallelism performance simulator and parallelism planner for LLM training.")
     parser.add_argument("--version", action="version", version=f"tpsim {_version()}")
