@@ -54,3 +54,11 @@ def test_plan_batch_round_trip():
     plans = [make_plan(m, 64, tp=8, pp=4, recompute="full"), make_plan(m, 64, tp=4, pp=2, order="dp-tp-pp")]
     batch = PlanBatch.from_plans(plans)
     assert [batch.plan(i) for i in range(len(batch))] == plans
+
+
+def test_kv_heads_divisible_or_replicated():
+    m = with_overrides(get_preset("llama3-8b"), heads=24, hidden=3072, kv_heads=12)
+    assert "does not divide num_kv_heads=12" in plan_violation(m, Plan(tp=8, dp=1, global_batch=1), 8)
+    assert plan_violation(m, Plan(tp=4, dp=2, global_batch=2), 8) is None
+    small = with_overrides(get_preset("llama3-8b"), kv_heads=2)
+    assert plan_violation(small, Plan(tp=8, dp=1, global_batch=1), 8) is None  # 2 kv heads replicated over 8

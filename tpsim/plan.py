@@ -113,6 +113,9 @@ def plan_violation(model: ModelSpec, plan: Plan, num_gpus: int | None = None) ->
         return f"tp={plan.tp} x pp={plan.pp} x dp={plan.dp} = {plan.tp * plan.pp * plan.dp} != gpus={num_gpus}"
     if model.num_attention_heads % plan.tp:
         return f"tp={plan.tp} does not divide num_attention_heads={model.num_attention_heads}"
+    if model.num_kv_heads >= plan.tp and model.num_kv_heads % plan.tp:
+        return (f"tp={plan.tp} does not divide num_kv_heads={model.num_kv_heads} (kv heads below tp are "
+                f"replicated; at or above tp they must divide)")
     if model.ffn_hidden_size % plan.tp:
         return f"tp={plan.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}"
     if plan.sp and plan.tp == 1:

@@ -30,6 +30,7 @@ REASONS: tuple[Reason, ...] = (
     Reason("valid", "", "valid"),
     Reason("gpus", "divisibility", "tp x pp x dp differs from the GPU count"),
     Reason("tp-heads", "divisibility", "tp does not divide the attention heads"),
+    Reason("tp-kv-heads", "divisibility", "tp does not divide the key/value heads (kv heads >= tp)"),
     Reason("tp-ffn", "divisibility", "tp does not divide the FFN hidden size"),
     Reason("sp-needs-tp", "structure", "sequence parallelism needs tp > 1"),
     Reason("sp-seq", "divisibility", "tp does not divide the sequence length (sequence parallelism)"),
@@ -56,6 +57,7 @@ def violations(model: ModelSpec, batch: PlanBatch, num_gpus: int | None = None) 
     checks = (  # same order as tpsim.plan.plan_violation
         gpus_bad,
         model.num_attention_heads % tp != 0,
+        (model.num_kv_heads >= tp) & (model.num_kv_heads % tp != 0),
         model.ffn_hidden_size % tp != 0,
         batch.sp & (tp == 1),
         batch.sp & (model.seq_len % tp != 0),
