@@ -181,3 +181,25 @@ def test_cli_json_report_and_timing(tmp_path):
         pytest.skip(f"timing not asserted: predicted/measured = {ratio:.2f} with load average {load:.1f} on "
                     f"{os.cpu_count()} CPUs (other processes compete with the ranks)")
     assert 0.5 <= ratio <= 2.0, (ratio, total)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_to_tpsim_validate_leaves_no_process(tmp_path):
+    """Stopping ``tpsim validate`` itself (SIGTERM) stops the launcher and the ranks, which run in sessions
+    of their own."""
+    import signal
+
+    before = set(marked_pids_any())
+    cmd = [sys.executable, "-m", "tpsim.cli", "validate", "--hidden", "128", "--heads", "4", "--seq-len", "32",
+           "--tp", "2", "--no-calibrate", "--no-overhead", "--timeout", "60", "--out-dir", str(tmp_path)]
+    env = {**os.environ, "TPSIM_VALIDATE_FAIL": "1:hang"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(set(marked_pids_any()) - before) < 3:
+        time.sleep(0.2)  # the launcher and both ranks are up
+    assert len(set(marked_pids_any()) - before) >= 3
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1 and "stopped by signal SIGTERM" in err
+    _no_process_left(before)
+    assert not list(tmp_path.glob("*.csv"))

@@ -8,6 +8,7 @@ happens (a rank fails, the launcher is killed, the run times out), no process of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -149,7 +151,7 @@ def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
     penv = {**os.environ, **(env or {}), MARK_ENV: token, "OMP_NUM_THREADS": str(cfg.threads),
             "PYTHONUNBUFFERED": "1"}
     log_path = run_dir / "launcher.log"
-    with open(log_path, "wb") as log:
+    with open(log_path, "wb") as log, _terminate_as_exception():
         proc = subprocess.Popen(cfg.command(job_path), stdout=log, stderr=subprocess.STDOUT, env=penv,
                                 start_new_session=True)
         try:
@@ -157,6 +159,24 @@ def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
         finally:
             _kill_all(proc, token)
     return _collect(proc.returncode, run_dir, log_path, cfg.nnodes > 1)
+
+
+@contextlib.contextmanager
+def _terminate_as_exception():
+    """SIGTERM (and SIGHUP) to this process raise, so that the ``finally`` above stops the ranks (the launcher
+    and the ranks run in sessions of their own and would not get the signal)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise RankFailure(f"tpsim validate was stopped by signal {signal.Signals(signum).name}")
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _supervise(proc: subprocess.Popen, cfg: LaunchConfig, run_dir: Path, token: str) -> None:
