@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from tpsim.model import ModelSpec
 from tpsim.plan import ORDERS, PlanBatch, plan_violation
 from tpsim.search import REASONS, SearchSpace, count_reasons, enumerate_plans, violations
+from tpsim.search.validity import REASON_INDEX
 
 # plan_violation's message -> reason key of tpsim.search.validity
 PATTERNS = (
@@ -96,5 +97,5 @@ def test_constraints_narrow_the_space():
 
 
 def test_count_reasons_counts_only_rejections():
-    codes = np.array([0, 2, 2, 8, 0], dtype=np.int8)
+    codes = np.array([0, 2, 2, REASON_INDEX["batch"], 0], dtype=np.int8)
     assert count_reasons(codes) == {"tp-heads": 2, "batch": 1}
