@@ -25,7 +25,7 @@ COMPONENTS = (("compute_s", "compute"), ("recompute_s", "recompute"), ("bubble_s
 """the step-time components, in stacking order (they sum to the step time)."""
 COLORS = {"compute_s": "#4C72B0", "recompute_s": "#8172B2", "bubble_s": "#CCB974", "optimizer_s": "#64B5CD",
           "exposed_comm_s": "#C44E52"}
-MAX_SCATTER = 20000
+MAX_SCATTER = 12000
 """time-memory scatter: at most this many points are drawn (evenly sampled; the front is always drawn)."""
 
 
@@ -39,11 +39,14 @@ def _figure(width: float, height: float, ncols: int = 1) -> tuple[Any, Any]:
 
 def save_figure(fig: Any, stem: str | Path) -> list[Path]:
     """Write ``stem.png`` (150 dpi) and ``stem.svg``; returns both paths."""
+    import matplotlib
+
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
     fig.savefig(paths[0], dpi=150)
-    fig.savefig(paths[1], metadata={"Date": None})
+    with matplotlib.rc_context({"svg.hashsalt": "tpsim"}):  # stable element ids: reruns give the same file
+        fig.savefig(paths[1], metadata={"Date": None})
     return paths
 
 
@@ -115,7 +118,7 @@ def _categorical(ax: Any, x: np.ndarray, y: np.ndarray, groups: np.ndarray, name
     values = np.unique(groups)
     colour_index = np.searchsorted(values, groups) % 10
     order = np.random.default_rng(0).permutation(x.size)
-    ax.scatter(x[order], y[order], s=6, alpha=0.6, c=cmap(colour_index[order]), rasterized=True,
+    ax.scatter(x[order], y[order], s=5, c=cmap(colour_index[order]), rasterized=True,
                linewidths=0)
     for k, value in enumerate(values):
         ax.add_line(Line2D([], [], ls="", marker="o", ms=4, color=cmap(k % 10), label=f"{name}={int(value)}"))
@@ -139,7 +142,8 @@ def time_memory_chart(result: SearchResult, title: str | None = None) -> Any:
     pp (right); the Pareto front (fastest plan for each memory budget) is the black staircase."""
     fig, (left, right) = _figure(12, 5, ncols=2)
     c = result.columns
-    fit = np.flatnonzero(c["fits_effective"])
+    fit = np.sort(result.ranking[c["fits_effective"][result.ranking]])  # ranked (no duplicates) and fitting
+    shown = fit.size
     if fit.size > MAX_SCATTER:
         fit = fit[np.linspace(0, fit.size - 1, MAX_SCATTER).astype(int)]
     front = result.pareto_time_memory()
@@ -153,8 +157,8 @@ def time_memory_chart(result: SearchResult, title: str | None = None) -> Any:
         _log_axis(ax.yaxis)
         ax.set_title(f"coloured by {key}")
         ax.legend(fontsize=7, markerscale=2, ncol=2, loc="upper right")
-    fig.suptitle(title or f"Step time vs. memory of {c['fits_effective'].sum()} fitting plans "
-                          f"({result.model.name})")
+    sample = f", {MAX_SCATTER} drawn" if shown > MAX_SCATTER else ""
+    fig.suptitle(title or f"Step time vs. memory of {shown} fitting plans{sample} ({result.model.name})")
     return fig
 
 
