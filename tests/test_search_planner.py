@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from tpsim.estimator import estimate
-from tpsim.model import load_model, with_overrides
+from tpsim.model import load_model
 from tpsim.search import SearchSpace, cost_gpu_counts, enumerate_plans, search, violations
 from tpsim.topology import load_cluster
 
@@ -146,3 +147,30 @@ def test_bad_arguments_raise_input_errors(small):
         SearchSpace(max_tp=0)
     with pytest.raises(InputError, match="recompute='some'"):
         SearchSpace(recompute=("some",))
+
+
+@settings(max_examples=12, deadline=None)
+@given(layers=st.integers(2, 8), heads=st.sampled_from([4, 8, 12, 16]), kv=st.sampled_from([1, 2, 4]),
+       seq=st.sampled_from([512, 1024, 2048]), gpus=st.sampled_from([8, 16]), batch=st.sampled_from([16, 24, 64]),
+       objective=st.sampled_from(["time", "memory"]))
+def test_search_invariants_on_random_models(layers, heads, kv, seq, gpus, batch, objective):
+    from tpsim.model import ModelSpec
+    from tpsim.plan import plan_violation
+
+    model = ModelSpec(name="random", family="llama", num_layers=layers, hidden_size=heads * 64,
+                      num_attention_heads=heads, num_kv_heads=kv, ffn_hidden_size=heads * 64 * 3,
+                      vocab_size=32000, seq_len=seq, max_positions=seq, norm="rmsnorm", activation="swiglu",
+                      position="rotary", qkv_bias=False, linear_bias=False)
+    cluster = load_cluster("dgx-h100", gpus=gpus)
+    space = SearchSpace(vpp=(1, 2), micro_batch=(1, 2), order=("tp-dp-pp", "dp-tp-pp"))
+    result = search(model, cluster, batch, space=space, objective=objective, include_unfit=True)
+    c = result.columns
+    assert result.enumerated == sum(result.rejected.values()) + len(result) + result.duplicates
+    assert np.all(np.isfinite(c["step_time_s"])) and np.all(c["step_time_s"] > 0)
+    fits = c["fits_effective"][result.ranking]
+    assert np.all(np.diff(fits.astype(int)) <= 0)
+    key = c["step_time_s"] if objective == "time" else c["peak_memory_gib"]
+    for group in (result.ranking[fits], result.ranking[~fits]):
+        assert np.all(np.diff(key[group]) >= 0)
+    for i in result.ranking[:20]:
+        assert plan_violation(model, result.plan(int(i)), gpus) is None
