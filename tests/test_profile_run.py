@@ -135,7 +135,8 @@ def test_runs_without_tqdm(tmp_path):
     """A GPU machine's bare Python may lack tqdm: the run falls back to progress lines."""
     code = ("import sys; sys.modules['tqdm'] = None; "
             "from tpsim.profiler.run import RunOptions, run_profile; "
-            f"run_profile(RunOptions(grid='tiny', dtypes=('fp32',), kinds=('memory',), out={str(tmp_path / 'n.csv')!r}))")
+            f"run_profile(RunOptions(grid='tiny', dtypes=('fp32',), kinds=('memory',), "
+            f"out={str(tmp_path / 'n.csv')!r}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "profile cpu:" in done.stderr and "points" in done.stderr
