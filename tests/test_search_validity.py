@@ -16,6 +16,7 @@ from tpsim.search.validity import REASON_INDEX
 PATTERNS = (
     (r"!= gpus=", "gpus"),
     (r"does not divide num_attention_heads", "tp-heads"),
+    (r"does not divide num_kv_heads", "tp-kv-heads"),
     (r"does not divide ffn_hidden_size", "tp-ffn"),
     (r"sequence parallelism needs tp > 1", "sp-needs-tp"),
     (r"does not divide seq_len", "sp-seq"),
@@ -41,6 +42,13 @@ def _odd_model() -> ModelSpec:
                      num_kv_heads=12, ffn_hidden_size=3004, vocab_size=1000, seq_len=1002, max_positions=1002)
 
 
+def _gqa_model() -> ModelSpec:
+    # 12 query heads, 6 KV heads: tp=4 divides the heads but not the KV heads (6 >= 4)
+    return ModelSpec(name="gqa", family="llama", num_layers=6, hidden_size=768, num_attention_heads=12,
+                     num_kv_heads=6, ffn_hidden_size=3004, vocab_size=1000, seq_len=1002, max_positions=1002,
+                     norm="rmsnorm", activation="swiglu", position="rotary", qkv_bias=False, linear_bias=False)
+
+
 def _agree(model: ModelSpec, batch: PlanBatch, gpus: int | None) -> set[str]:
     codes = violations(model, batch, gpus)
     seen = set()
@@ -55,12 +63,12 @@ def test_agrees_with_plan_violation_on_a_whole_space():
     model = _odd_model()
     space = SearchSpace(vpp=(1, 2, 3, 4), micro_batch=(1, 2, 3, 4))
     seen = set()
-    for gpus, gbs in ((48, 96), (32, 64), (6, 36)):
-        enum = enumerate_plans(model, gpus, gbs, space)
+    for m, gpus, gbs in ((model, 48, 96), (model, 32, 64), (model, 6, 36), (_gqa_model(), 16, 32)):
+        enum = enumerate_plans(m, gpus, gbs, space)
         assert len(enum.plans) > 500
-        seen |= _agree(model, enum.plans, gpus)
+        seen |= _agree(m, enum.plans, gpus)
     # the space really exercises (almost) every reason
-    assert seen >= {"valid", "tp-heads", "tp-ffn", "sp-needs-tp", "sp-seq", "vpp-needs-pp", "layers", "batch",
+    assert seen >= {"valid", "tp-heads", "tp-kv-heads", "tp-ffn", "sp-needs-tp", "sp-seq", "vpp-needs-pp", "layers", "batch",
                     "interleave-microbatches", "zero-needs-dp"}
 
 
@@ -69,12 +77,12 @@ def test_agrees_with_plan_violation_on_a_whole_space():
                           st.integers(1, 8), st.booleans(), st.integers(0, 2), st.integers(0, 3),
                           st.integers(1, 6), st.integers(1, 200), st.integers(0, len(ORDERS) - 1)),
                 min_size=1, max_size=30),
-       st.sampled_from([None, 16, 24]))
-def test_agrees_on_random_plans_including_gpu_mismatch(rows, gpus):
+       st.sampled_from([None, 16, 24]), st.booleans())
+def test_agrees_on_random_plans_including_gpu_mismatch(rows, gpus, gqa):
     cols = list(zip(*rows))
     batch = PlanBatch.from_arrays(tp=cols[0], pp=cols[1], vpp=cols[2], dp=cols[3], sp=cols[4], recompute=cols[5],
                                   zero=cols[6], micro_batch=cols[7], global_batch=cols[8], order=cols[9])
-    _agree(_odd_model(), batch, gpus)
+    _agree(_gqa_model() if gqa else _odd_model(), batch, gpus)
 
 
 def test_enumeration_holds_the_gpu_identity_and_has_no_duplicates():
