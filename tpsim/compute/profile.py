@@ -8,10 +8,13 @@ it strictly (one-line :class:`~tpsim.errors.InputError` naming the file and the 
 * inside a table's grid: multilinear interpolation of log(time) over the log of the grid axes
   (GEMM: m, n, k; attention: batch x heads, sequence, head dim; memory kernels: element count), exact for
   power laws ``t = c * m^a * n^b * k^g`` between grid points; ``measured=True``;
-* outside the grid (or where a corner of the grid cell was never measured, e.g. beyond the CPU profile's
-  time cap): the profile's own fitted roofline ``t = t0 + flops / F + bytes / B`` (:class:`FittedRoofline`,
-  fitted per table to the measured points), anchored to the nearest measured point so that the time is
-  continuous at the grid's edge; ``measured=False``.
+* outside the grid: the profile's own fitted roofline ``t = t0 + flops / F + bytes / B``
+  (:class:`FittedRoofline`, fitted per table to the measured points), anchored to the nearest grid point
+  (time there x fit(query) / fit(grid point)) so that time is continuous at the grid's edge;
+  ``measured=False``;
+* grid points never measured (beyond the CPU profile's time cap) hold the fitted roofline scaled to the
+  table's largest measured points, so a query whose cell touches one is interpolated continuously too, with
+  ``measured=False``.
 
 Everything is vectorized with numpy (no Python loop per element): the planner evaluates ~1e6 plans/s.
 """
@@ -152,6 +155,52 @@ def fit_roofline(flops: np.ndarray, nbytes: np.ndarray, times: np.ndarray) -> Fi
                           bytes_per_s=1.0 / b if b > 0 else math.inf)
 
 
+@dataclass(frozen=True)
+class GridCell:
+    """Where queries fall on a grid: the flat index of each query's lower cell corner, the flat offset of
+    one step along each axis (0 on a single-value axis) and the blend weight along each axis."""
+
+    base: np.ndarray
+    steps: tuple[int, ...]
+    weights: tuple[np.ndarray | None, ...]
+
+    def corners(self) -> list[np.ndarray]:
+        """Flat indices of the 2^d cell corners, the first axis's bit most significant."""
+        return [self.base + sum(bit * step for bit, step in zip(bits, self.steps))
+                for bits in itertools.product((0, 1), repeat=len(self.steps))]
+
+    def blend(self, flat: np.ndarray) -> np.ndarray:
+        """Multilinear blend of the grid values ``flat`` (raveled grid) at the queries."""
+        values = [flat[index] for index in self.corners()]
+        for w in self.weights:  # blend pairs along the first remaining axis
+            half = len(values) // 2
+            if w is None:
+                values = values[:half]
+                continue
+            values = [lo + w * (hi - lo) for lo, hi in zip(values[:half], values[half:])]
+        return values[0]
+
+
+def locate(axes_log: tuple[np.ndarray, ...], query_log: tuple[np.ndarray, ...]) -> GridCell:
+    """The grid cell of each query (queries inside the axes' ranges, broadcast together)."""
+    shape = np.broadcast_shapes(*(np.shape(q) for q in query_log))
+    sizes = [len(ax) for ax in axes_log]
+    strides = [int(np.prod(sizes[d + 1:])) for d in range(len(sizes))]
+    base = np.zeros(shape, dtype=np.intp)
+    weights, steps = [], []
+    for ax, q, stride in zip(axes_log, query_log, strides):
+        if len(ax) == 1:
+            weights.append(None)
+            steps.append(0)
+            continue
+        lo = np.minimum(np.maximum(np.searchsorted(ax, q, side="right") - 1, 0), len(ax) - 2)
+        weights.append(np.broadcast_to(np.minimum(np.maximum((q - ax[lo]) / (ax[lo + 1] - ax[lo]), 0.0), 1.0),
+                                       shape))
+        base = base + lo * stride
+        steps.append(stride)
+    return GridCell(base, tuple(steps), tuple(weights))
+
+
 def interpolate_log(axes_log: tuple[np.ndarray, ...], log_time: np.ndarray,
                     query_log: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Multilinear interpolation of ``log_time`` (NaN = not measured) at ``query_log`` (inside the axes).
@@ -160,29 +209,7 @@ def interpolate_log(axes_log: tuple[np.ndarray, ...], log_time: np.ndarray,
     cell corner, then linear blends axis after axis (no Python loop per element).
     """
     shape = np.broadcast_shapes(*(np.shape(q) for q in query_log))
-    flat = log_time.ravel()
-    strides = [int(np.prod(log_time.shape[d + 1:])) for d in range(log_time.ndim)]
-    base = np.zeros(shape, dtype=np.intp)
-    weights, steps = [], []
-    for ax, q, stride in zip(axes_log, query_log, strides):
-        if len(ax) == 1:
-            weights.append(None)
-            steps.append(0)
-            continue
-        lo = np.searchsorted(ax, q, side="right") - 1
-        lo = np.minimum(np.maximum(lo, 0), len(ax) - 2)
-        weights.append(np.minimum(np.maximum((q - ax[lo]) / (ax[lo + 1] - ax[lo]), 0.0), 1.0))
-        base = base + lo * stride
-        steps.append(stride)
-    corners = [flat[base + sum(bit * step for bit, step in zip(corner, steps))]
-               for corner in itertools.product((0, 1), repeat=len(axes_log))]
-    for w in weights:  # blend pairs along the first remaining axis
-        if w is None:
-            corners = corners[: len(corners) // 2]
-            continue
-        half = len(corners) // 2
-        corners = [lo + w * (hi - lo) for lo, hi in zip(corners[:half], corners[half:])]
-    result = np.broadcast_to(corners[0], shape).copy()
+    result = np.broadcast_to(locate(axes_log, query_log).blend(log_time.ravel()), shape).copy()
     ok = ~np.isnan(result)
     if not ok.all():  # a NaN corner may carry zero weight (query on the cell's measured face): redo those
         redo = np.nonzero(~ok.ravel())[0]
@@ -251,14 +278,22 @@ class GridTable:
             arrays = [np.where(positive, a, ax[0]) for a, ax in zip(arrays, self.axes)]
         clamped = [np.minimum(np.maximum(a, ax[0]), ax[-1]) for a, ax in zip(arrays, self.axes)]
         inside = np.logical_and.reduce([c == a for c, a in zip(clamped, arrays)])
-        log_t, ok = interpolate_log(self._axes_log, self.log_time, tuple(np.log(c) for c in clamped))
-        seconds = np.exp(log_t)
-        measured = inside & ok
-        off = np.nonzero(~measured.ravel())[0]
+        cell = locate(self._axes_log, tuple(np.log(c) for c in clamped))
+        filled, measured_grid = self._filled
+        seconds = np.exp(cell.blend(filled.ravel()))
+        measured = inside
+        if measured_grid is not None:  # every cell corner with weight must be a measured point
+            complete = np.logical_and.reduce([measured_grid.ravel()[i] > 0 for i in cell.corners()])
+            partial = np.nonzero(~complete.ravel())[0]
+            if partial.size:  # a query on the measured face of a partly measured cell is still measured
+                sub = GridCell(cell.base.ravel()[partial], cell.steps,
+                               tuple(None if w is None else w.ravel()[partial] for w in cell.weights))
+                complete.ravel()[partial] = sub.blend(measured_grid.ravel()) > 1.0 - 1e-9
+            measured = measured & complete
+        off = np.nonzero(~inside.ravel())[0]
         if off.size:
-            seconds.ravel()[off] = self._off_grid(tuple(a.ravel()[off] for a in arrays),
-                                                  tuple(c.ravel()[off] for c in clamped),
-                                                  seconds.ravel()[off], ok.ravel()[off])
+            seconds.ravel()[off] *= self._extrapolation(tuple(a.ravel()[off] for a in arrays),
+                                                        tuple(c.ravel()[off] for c in clamped))
         if not positive.all():
             seconds = np.where(positive, seconds, 0.0)
             measured = measured | ~positive
@@ -268,13 +303,27 @@ class GridTable:
     def _axes_log(self) -> tuple[np.ndarray, ...]:
         return tuple(np.log(a) for a in self.axes)
 
-    def _off_grid(self, dims: tuple[np.ndarray, ...], clamped: tuple[np.ndarray, ...],
-                  at_clamped: np.ndarray, ok: np.ndarray) -> np.ndarray:
-        """Fitted roofline at ``dims``, scaled to the measured time at the clamped point where there is one."""
+    @cached_property
+    def _filled(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """log(time) with the unmeasured grid points (beyond the time cap) filled by the fitted roofline,
+        scaled by the median measured / fitted ratio of the table's largest decile of measured points; and the
+        0/1 grid of measured points (None when every grid point was measured)."""
+        missing = np.isnan(self.log_time)
+        if not missing.any():
+            return self.log_time, None
+        kind, op, dtype, pass_ = self.key
+        grids = np.meshgrid(*self.axes, indexing="ij")
+        fitted = self.fit.time(*kernel_work(kind, op, pass_, dtype, tuple(grids)))
+        fitted_measured = fitted[~missing]
+        ratio = np.exp(self.log_time[~missing]) / fitted_measured
+        scale = float(np.median(ratio[fitted_measured >= np.percentile(fitted_measured, 90)]))
+        return np.where(missing, np.log(fitted * scale), self.log_time), (~missing).astype(float)
+
+    def _extrapolation(self, dims: tuple[np.ndarray, ...], clamped: tuple[np.ndarray, ...]) -> np.ndarray:
+        """Fitted-roofline time at ``dims`` over that at the clamped point (the nearest on the grid)."""
         kind, op, dtype, pass_ = self.key
         fit_at = self.fit.time(*kernel_work(kind, op, pass_, dtype, dims))
-        fit_clamped = self.fit.time(*kernel_work(kind, op, pass_, dtype, clamped))
-        return np.where(ok, at_clamped * fit_at / fit_clamped, fit_at)
+        return fit_at / self.fit.time(*kernel_work(kind, op, pass_, dtype, clamped))
 
 
 @dataclass(frozen=True)
