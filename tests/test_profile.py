@@ -321,3 +321,11 @@ def test_shipped_cpu_profile_covers_the_validation_shapes_between_grid_points():
     numel = np.array([3 * s * h for s in (128, 512) for h in (512, 1024, 2048)], dtype=float)
     for kernel in MEMORY_KERNEL_NAMES:
         assert model.memory(kernel, numel, "fp32", True)[1].all()
+
+
+def test_time_is_continuous_across_unmeasured_cells_and_the_grid_edge():
+    capped = ProfileModel(_profile(_points(skip=lambda d: np.prod(d) > 4096 ** 2 * 1024)))
+    m = np.geomspace(64, 20000, 4001)  # crosses measured cells, cells with unmeasured corners, the edge
+    t, measured = capped.gemm(m, 4096.0, 3000.0, "fp32")
+    assert measured[:10].all() and not measured[-10:].any()
+    assert np.all(np.abs(np.diff(np.log(t))) < 0.01)  # no jump between neighbouring queries
