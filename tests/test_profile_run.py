@@ -131,6 +131,15 @@ def test_cli_bad_options_are_one_line(tmp_path, capsys, argv, message):
     assert message in err and err.count("\n") == 1
 
 
+def test_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert main(["profile", "--device", "cuda", "--out", str(tmp_path / "g.csv"), "--no-progress"]) == 2
+    assert "--device=cuda: torch sees no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "g.csv").exists()
+
+
 def test_runs_without_tqdm(tmp_path):
     """A GPU machine's bare Python may lack tqdm: the run falls back to progress lines."""
     code = ("import sys; sys.modules['tqdm'] = None; "
