@@ -33,6 +33,7 @@ class Efficiency:
     flash_backward: float
     bytes_per_element: dict
     optimizer_bytes_per_param: float
+    overlap_compute_penalty: float
 
     def replace(self, **changes) -> "Efficiency":
         import dataclasses
@@ -54,6 +55,7 @@ def default_efficiency() -> Efficiency:
         bytes_per_element={k: (float(v["forward"]), float(v["backward"]))
                            for k, v in raw["bytes_per_element"].items()},
         optimizer_bytes_per_param=float(raw["optimizer_bytes_per_param"]["value"]),
+        overlap_compute_penalty=float(raw["overlap_compute_penalty"]["value"]),
     )
 
 

@@ -14,6 +14,7 @@ step time; ``tp_comm``, ``pp_comm``, ``dp_comm`` are totals, partly hidden.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,7 @@ class _Curves:
 _ENVELOPE_BYTES = np.logspace(0, 13, 131)  # 1 B .. 10 TB: the sizes any collective of a plan can have
 
 
+@lru_cache(maxsize=16384)
 def _envelope(curve) -> tuple[np.ndarray, np.ndarray]:
     """The lines of a cost curve that are the minimum somewhere in 1 B .. 10 TB (the others never matter)."""
     lat = np.asarray(curve.latency_s, dtype=float)
@@ -260,7 +262,11 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     # per layer and micro-batch
     c_layer = lc.fwd + lc.bwd
     r_layer = lc.recompute
-    x_layer = tpc["fwd_exposed"] + tpc["bwd_exposed"] + np.where(full, tpc["fwd_exposed"], 0.0)
+    # communication hidden behind compute still slows that compute (NCCL kernels hold SMs and HBM bandwidth)
+    penalty = roofline.eff.overlap_compute_penalty
+    tp_hidden = (tpc["fwd"] - tpc["fwd_exposed"]) + (tpc["bwd"] - tpc["bwd_exposed"])
+    x_layer = (tpc["fwd_exposed"] + tpc["bwd_exposed"] + np.where(full, tpc["fwd_exposed"], 0.0)
+               + penalty * tp_hidden)
     tp_layer_total = tpc["fwd"] + tpc["bwd"] + np.where(full, tpc["fwd"], 0.0)
 
     layers = stage_layers(model.num_layers, plans.pp, plans.vpp)
@@ -306,11 +312,15 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     # all-gather behind the forward of the first micro-batch of the next step
     bwd_window = layers_slow * b_layer
     fwd_window = layers_slow * f_layer
+    # ZeRO-2 keeps only a gradient shard, so it reduce-scatters after every micro-batch's backward (each
+    # hidden behind that backward when overlapped); ZeRO-0/1 reduce once, behind the last backward.
+    reductions = np.where(zero == 2, m, 1)
     grad_t = t_ar + t_rs
     ovl = plans.overlap
-    dp_exposed = np.where(ovl, np.maximum(grad_t - bwd_window, 0.0) + np.maximum(t_ag - fwd_window, 0.0),
-                          grad_t + t_ag) + z3_exposed
-    dp_total = grad_t + t_ag + z3_total
+    dp_exposed = np.where(ovl, reductions * np.maximum(grad_t - bwd_window, 0.0) + np.maximum(t_ag - fwd_window, 0.0),
+                          reductions * grad_t + t_ag) + z3_exposed
+    dp_total = reductions * grad_t + t_ag + z3_total
+    dp_exposed = dp_exposed + penalty * (dp_total - dp_exposed)
 
     # optimizer step over the rank's (sharded) parameters
     opt_params = np.where(zero >= 1, params_max / dp, params_max)
