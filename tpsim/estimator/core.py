@@ -27,7 +27,8 @@ from ..plan import ORDERS, Plan, PlanBatch, validate_plan
 from ..tp_plan import CommOp, layer_collectives
 from ..units import GiB
 from .layer import EdgeCost, LayerCost, edge_cost, layer_cost
-from .memory import (activation_bytes_per_layer, full_layer_activations, layer_params_local, stage_layers)
+from .memory import (StageLayers, activation_bytes_per_layer, full_layer_activations, layer_params_local,
+                     stage_layers)
 from .result import Estimate, EstimateBatch
 
 GRAD_BYTES = 4.0  # fp32 gradient accumulation and reduction (Megatron main_grad)
@@ -48,17 +49,25 @@ def _unique_rows(*cols: np.ndarray, with_first: bool = False):
     return uniq, inverse.reshape(-1)
 
 
-def _layer_costs(model: ModelSpec, compute: ComputeModel, plans: PlanBatch) -> tuple[LayerCost, EdgeCost]:
+def _layer_costs(model: ModelSpec, compute: ComputeModel, plans: PlanBatch, act_bytes: int):
+    """Layer and edge costs and activation memory per distinct (tp, sp, micro_batch, recompute), with the
+    inverse index that gathers them back to the plans."""
     uniq, inv = _unique_rows(plans.tp, plans.sp, plans.micro_batch, plans.recompute)
     kw = dict(tp=uniq[:, 0], sp=uniq[:, 1].astype(bool), micro_batch=uniq[:, 2])
     lc = layer_cost(model, compute, recompute=uniq[:, 3], dtype=plans.dtype, attention=plans.attention, **kw)
     ec = edge_cost(model, compute, dtype=plans.dtype, **kw)
-    take = lambda a: np.asarray(a)[inv]  # noqa: E731
-    lc = LayerCost(fwd=take(lc.fwd), bwd=take(lc.bwd), recompute=take(lc.recompute),
-                   dgrad={k: take(v) for k, v in lc.dgrad.items()},
-                   wgrad={k: take(v) for k, v in lc.wgrad.items()}, measured=take(lc.measured))
-    ec = EdgeCost(*(take(getattr(ec, f)) for f in ("first_fwd", "first_bwd", "last_fwd", "last_bwd")))
-    return lc, ec
+    mem_kw = dict(kw, recompute=uniq[:, 3], attention=plans.attention, act_bytes=act_bytes)
+    act = activation_bytes_per_layer(model, **mem_kw)
+    working = np.where(uniq[:, 3] == 2, full_layer_activations(model, **mem_kw), 0.0)
+    return lc, ec, act, working, inv
+
+
+def _take_layer(lc: LayerCost, index: np.ndarray, grads: bool) -> LayerCost:
+    empty: dict = {}
+    return LayerCost(fwd=lc.fwd[index], bwd=lc.bwd[index], recompute=lc.recompute[index],
+                     dgrad={k: v[index] for k, v in lc.dgrad.items()} if grads else empty,
+                     wgrad={k: v[index] for k, v in lc.wgrad.items()} if grads else empty,
+                     measured=lc.measured[index])
 
 
 # ---- collectives -------------------------------------------------------------------------------------------
@@ -248,14 +257,25 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     w_bytes = 4.0 if plans.dtype in ("fp32", "tf32") else 2.0
     master_bytes = 0.0 if plans.dtype in ("fp32", "tf32") else 4.0
 
-    lc, ec = _layer_costs(model, compute, plans)
+    lc_u, ec_u, act_u, work_u, linv = _layer_costs(model, compute, plans, act_bytes)
+    lc = _take_layer(lc_u, linv, grads=False)
+    ec = EdgeCost(*(getattr(ec_u, f)[linv] for f in ("first_fwd", "first_bwd", "last_fwd", "last_bwd")))
     # collectives: timed once per distinct communication pattern, then gathered
     tp_ops = _tp_ops(model, flavor)
     _, comm_inv, comm_first = _unique_rows(plans.tp, plans.pp, plans.dp, plans.order, plans.vpp, plans.sp,
                                            plans.micro_batch, plans.zero, with_first=True)
-    raw_sub, curves = _comm_times(model, cluster, plans.take(comm_first), act_bytes, w_bytes, tp_ops)
-    raw = {k: v[comm_inv] for k, v in raw_sub.items()}
-    tpc = _tp_layer_comm(plans, raw, lc, tp_ops)
+    sub = plans.take(comm_first)
+    raw_sub, curves = _comm_times(model, cluster, sub, act_bytes, w_bytes, tp_ops)
+    # TP exposure depends on (tp, sp, micro_batch) only, all part of the communication key: reduce there
+    lc_sub = _take_layer(lc_u, linv[comm_first], grads=True)
+    tpc_sub = _tp_layer_comm(sub, raw_sub, lc_sub, tp_ops)
+    layers_sub = stage_layers(model.num_layers, sub.pp, sub.vpp)
+    params_sub = _params(model, sub, layers_sub)
+    wanted = ("first_fwd", "last_fwd", "last_bwd", "p2p", "dp_ar", "dp_rs", "dp_ag", "z3_ag", "z3_rs")
+    if len(plans) <= 64:
+        wanted += ("_grad_bytes", "_p2p_bytes", "_act_bytes")
+    raw = {k: raw_sub[k][comm_inv] for k in wanted}
+    tpc = {k: v[comm_inv] for k, v in tpc_sub.items()}
 
     rc = plans.recompute
     full = rc == 2
@@ -269,7 +289,8 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
                + penalty * tp_hidden)
     tp_layer_total = tpc["fwd"] + tpc["bwd"] + np.where(full, tpc["fwd"], 0.0)
 
-    layers = stage_layers(model.num_layers, plans.pp, plans.vpp)
+    layers = StageLayers(first=layers_sub.first[comm_inv], last=layers_sub.last[comm_inv],
+                         middle=layers_sub.middle[comm_inv])
     single = plans.pp == 1
     first_extra_c = ec.first_fwd + ec.first_bwd + np.where(single, ec.last_fwd + ec.last_bwd, 0.0)
     first_extra_x = raw["first_fwd"] + np.where(single, raw["last_fwd"] + raw["last_bwd"], 0.0)
@@ -296,7 +317,7 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     pp_exposed = pp_total + 2.0 * (plans.pp - 1) * t_p2p
 
     # parameters per rank (the largest stage sets DP traffic and memory)
-    params = _params(model, plans, layers)
+    params = {k: v[comm_inv] for k, v in params_sub.items()}
     p_layer, emb_local = params["layer"], params["emb_local"]
     params_first, params_last, params_max = params["first"], params["last"], params["max"]
 
@@ -333,10 +354,8 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     tp_total = m * (layers_slow * tp_layer_total + _pick(slow, first_extra_x, last_extra_x, 0.0 * x_layer))
 
     # memory per GPU: first and last ranks (activations peak on the first, logits on the last)
-    kw = dict(tp=plans.tp, sp=plans.sp, micro_batch=plans.micro_batch, recompute=rc,
-              attention=plans.attention, act_bytes=act_bytes)
-    act_layer = activation_bytes_per_layer(model, **kw)
-    working = np.where(full, full_layer_activations(model, **kw), 0.0)
+    act_layer = act_u[linv]
+    working = work_u[linv]
     in_flight = np.minimum(plans.pp, m).astype(float)
     in_flight = in_flight * np.where(v > 1, 1.0 + (plans.pp - 1) / (plans.pp * v), 1.0)
     T = plans.micro_batch * float(model.seq_len)
