@@ -75,7 +75,7 @@ def run_cases(cases: list[Case], cfg: LaunchConfig, opts: Options, work: Path,
               env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Predict, launch and summarize ``cases`` that share one launch config (same TP degree)."""
     calibration = opts.calibration
-    if calibration is None and opts.calibrate and cfg.nproc > 1:
+    if calibration is None and opts.calibrate and cfg.nproc > 1 and cfg.nnodes == 1:  # bench runs on one node
         calibration = calibrate_collectives(cfg, opts.cluster, work)
     cluster = load_local_cluster(opts.cluster, cfg.nproc * cfg.nnodes, calibration, work)
     device_type = "cuda" if cfg.backend == "nccl" else "cpu"
