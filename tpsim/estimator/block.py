@@ -54,7 +54,7 @@ def predict_block(model: ModelSpec, cluster, plan: Plan, compute: ComputeModel |
     compute = compute or RooflineModel(cluster.device)
     arr = lambda x: np.asarray([x])  # noqa: E731
     lc = layer_cost(model, compute, tp=arr(plan.tp), sp=arr(plan.sp), micro_batch=arr(plan.micro_batch),
-                    recompute=arr(0), dtype=plan.dtype, attention=plan.attention)
+                    recompute=arr(0), dtype=plan.dtype, attention=plan.attention, fused=fused)
     ops = layer_collectives(model, plan.tp, plan.sp, flavor, fused=fused)
     groups = rank_groups(plan.tp, plan.dp, plan.pp, plan.order)["tp"]
     cm = get_collective_model(cluster) if plan.tp > 1 else None

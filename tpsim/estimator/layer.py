@@ -59,9 +59,21 @@ def _linear(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, n, k, dtype: str
     return dgrad, wgrad
 
 
+def _linears(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, widths, k, dtype: str):
+    """Column-parallel linears sharing one input (fused: one GEMM of the summed width); (dgrad, wgrad)."""
+    dgrad = wgrad = 0.0
+    for n in widths:
+        d, w = _linear(acc_f, acc_b, compute, m, n, k, dtype)
+        dgrad, wgrad = dgrad + d, wgrad + w
+    return dgrad, wgrad
+
+
 def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np.ndarray,
-               micro_batch: np.ndarray, recompute: np.ndarray, dtype: str, attention: str) -> LayerCost:
-    """Cost of one layer for each plan (arrays of equal length; recompute coded 0/1/2)."""
+               micro_batch: np.ndarray, recompute: np.ndarray, dtype: str, attention: str,
+               fused: bool = True) -> LayerCost:
+    """Cost of one layer for each plan (arrays of equal length; recompute coded 0/1/2). ``fused``: one QKV
+    GEMM and one gate+up GEMM (Megatron); otherwise q, k, v (and w1, w3) are separate GEMMs (as
+    ``tpsim validate`` runs DTensor's separate Linear layers)."""
     n_plans = len(tp)
     t = tp.astype(float)
     b = micro_batch.astype(float)
@@ -77,7 +89,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     fwd, bwd, rec_attn = _Acc(n_plans), _Acc(n_plans), _Acc(n_plans)
 
     # attention block
-    dg_a, wg_a = _linear(fwd, bwd, compute, T, q_local + 2 * kv_local, h, dtype)
+    qkv = [q_local + 2 * kv_local] if fused else [q_local, kv_local, kv_local]
+    dg_a, wg_a = _linears(fwd, bwd, compute, T, qkv, h, dtype)
     attn_f = _Acc(n_plans)
     if attention == "flash":
         attn_f.add(compute.attention(b * heads, s, d, True, dtype, False))
@@ -103,7 +116,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
 
     # MLP block
     gated = model.gated
-    dg_m, wg_m = _linear(fwd, bwd, compute, T, f_local * (2 if gated else 1), h, dtype)
+    mlp_in = [f_local * (2 if gated else 1)] if (fused or not gated) else [f_local, f_local]
+    dg_m, wg_m = _linears(fwd, bwd, compute, T, mlp_in, h, dtype)
     act = "swiglu" if gated else "gelu"
     fwd.add(compute.memory(act, T * f_local, dtype, False))
     bwd.add(compute.memory(act, T * f_local, dtype, True))
