@@ -7,8 +7,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
 
-import yaml
-
 from .errors import InputError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -42,6 +40,8 @@ class DeviceSpec:
 
 @lru_cache(maxsize=None)
 def _table() -> dict[str, DeviceSpec]:
+    import yaml  # lazily: `import tpsim` works where PyYAML is missing (e.g. a bare GPU box running the profiler)
+
     raw = yaml.safe_load((DATA_DIR / "devices.yaml").read_text())
     frac = float(raw["usable_memory_fraction"])
     table = {}

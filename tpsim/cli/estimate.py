@@ -71,7 +71,7 @@ def format_estimate(e) -> str:
         "  " + "  ".join(f"{k} {v:.2f}" for k, v in m.items()),
     ]
     if e.collectives:
-        lines.append("collectives          " + "; ".join(f"{v}" for v in e.collectives.values()))
+        lines.append("collectives          " + "; ".join(f"{k} {v}" for k, v in e.collectives.items()))
     for w in e.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-import yaml
 
 from ..hardware import DATA_DIR, DTYPE_BYTES, DeviceSpec
 from .base import ArrayLike, ComputeModel
@@ -42,6 +41,8 @@ class Efficiency:
 
 @lru_cache(maxsize=1)
 def default_efficiency() -> Efficiency:
+    import yaml
+
     raw = yaml.safe_load((DATA_DIR / "efficiency.yaml").read_text())
     return Efficiency(
         gemm_peak_fraction=float(raw["gemm_peak_fraction"]["value"]),

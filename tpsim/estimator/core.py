@@ -416,9 +416,10 @@ def _algorithms(curves: _Curves, i: int, *, act: float, grad: float, p2p: float,
     entry = curves.objects[curves.inverse[i]]
     tp_op = "reduce_scatter" if sp else "all_reduce"
     dp_op = "reduce_scatter" if zero else "all_reduce"
-    return {"tp": f"{tp_op}: {entry[f'tp.{tp_op}'].best(act)[1]}",
-            "dp": f"{dp_op}: {entry[f'dp.{dp_op}'].best(grad)[1]}",
-            "pp": f"send_recv: {entry['pp.send_recv'].best(p2p)[1]}"}
+    out = {"tp": f"{tp_op}: {entry[f'tp.{tp_op}'].best(act)[1]}",
+           "dp": f"{dp_op}: {entry[f'dp.{dp_op}'].best(grad)[1]}",
+           "pp": f"send_recv: {entry['pp.send_recv'].best(p2p)[1]}"}
+    return {axis: text for axis, text in out.items() if not text.endswith(": none")}  # axes of size 1
 
 
 def estimate(model: ModelSpec, cluster, plan: Plan, compute: ComputeModel | None = None,
@@ -432,6 +433,12 @@ def estimate(model: ModelSpec, cluster, plan: Plan, compute: ComputeModel | None
     if nodes_spanned(tp_group, cluster.gpus_per_node) > 1:
         warnings.append(f"TP group of {plan.tp} spans {nodes_spanned(tp_group, cluster.gpus_per_node)} nodes: "
                         f"tensor-parallel traffic crosses the inter-node network")
+    profile = getattr(compute, "profile", None)
+    if profile is not None:
+        from ..compute.profile import profile_device_name, profile_matches_device
+        if not profile_matches_device(profile, cluster.device.name):
+            warnings.append(f"the kernel profile was measured on {profile_device_name(profile)}, not on the "
+                            f"cluster's {cluster.device.name}: compute times are that device's")
     if not batch.fits[0]:
         warnings.append(f"does not fit: {batch.peak_memory_gib[0]:.1f} GiB needed, "
                         f"{cluster.device.usable_memory_bytes / GiB:.1f} GiB usable on {cluster.device.name}")
