@@ -107,10 +107,10 @@ def _envelope(curve) -> tuple[np.ndarray, np.ndarray]:
     return lat[winners], spb[winners]
 
 
-def _stack(curves: list, inverse: np.ndarray) -> tuple[list, list]:
+def _stack(curves: list, inverse: np.ndarray) -> tuple[list, list]:  # curves: lower envelopes
     """Per-plan (latency, sec_per_byte): K arrays of length N each, K = the longest lower envelope; shorter
     envelopes are padded by repeating their last line (which leaves the minimum unchanged)."""
-    lines = [_envelope(c) for c in curves]
+    lines = curves
     k = max(len(lat) for lat, _ in lines)
     lat = np.empty((len(curves), k))
     spb = np.empty((len(curves), k))
@@ -120,24 +120,35 @@ def _stack(curves: list, inverse: np.ndarray) -> tuple[list, list]:
     return [lat[:, j][inverse] for j in range(k)], [spb[:, j][inverse] for j in range(k)]
 
 
-def _collective_curves(cluster, plans: PlanBatch) -> _Curves:
+def _layout_entry(cm, tp: int, pp: int, dp: int, order: int) -> dict[str, Any]:
+    """Cost curves and their lower envelopes of one rank layout, cached on the collective model."""
     from ..collectives.curve import CostCurve
-    from ..collectives.model import get_collective_model
     from ..topology.placement import rank_groups
+
+    cache = cm.__dict__.setdefault("_estimator_layouts", {})
+    key = (tp, pp, dp, order)
+    entry = cache.get(key)
+    if entry is None:
+        groups = rank_groups(tp, dp, pp, ORDERS[order])
+        entry = {}
+        for axis, size, ops in (("tp", tp, TP_OPS), ("dp", dp, DP_OPS), ("pp", pp, ("send_recv",))):
+            for op in ops:
+                curve = cm.curve(op, groups[axis]) if size > 1 else CostCurve.zero()
+                entry[f"{axis}.{op}"] = curve
+                entry[f"{axis}.{op}.envelope"] = _envelope(curve)
+        cache[key] = entry
+    return entry
+
+
+def _collective_curves(cluster, plans: PlanBatch) -> _Curves:
+    from ..collectives.model import get_collective_model
 
     cm = get_collective_model(cluster)
     uniq, inv = _unique_rows(plans.tp, plans.pp, plans.dp, plans.order)
-    objects: list[dict[str, Any]] = []
-    for tp, pp, dp, order in uniq:
-        groups = rank_groups(int(tp), int(dp), int(pp), ORDERS[int(order)])
-        entry: dict[str, Any] = {}
-        for axis, size, ops in (("tp", tp, TP_OPS), ("dp", dp, DP_OPS), ("pp", pp, ("send_recv",))):
-            for op in ops:
-                entry[f"{axis}.{op}"] = cm.curve(op, groups[axis]) if size > 1 else CostCurve.zero()
-        objects.append(entry)
+    objects = [_layout_entry(cm, int(tp), int(pp), int(dp), int(order)) for tp, pp, dp, order in uniq]
 
     def axis(name: str, ops: tuple[str, ...]) -> dict[str, tuple[list, list]]:
-        return {op: _stack([o[f"{name}.{op}"] for o in objects], inv) for op in ops}
+        return {op: _stack([o[f"{name}.{op}.envelope"] for o in objects], inv) for op in ops}
 
     return _Curves(tp=axis("tp", TP_OPS), dp=axis("dp", DP_OPS), pp=axis("pp", ("send_recv",)),
                    objects=objects, inverse=inv)
