@@ -191,3 +191,23 @@ def test_unsupported_dtype_is_an_input_error(a100_64):
     m = get_preset("llama3-8b")
     with pytest.raises(InputError, match="dtype=fp8 is not supported by device A100-SXM4-80GB"):
         estimate(m, a100_64, make_plan(m, 64, dtype="fp8"))
+
+
+def test_peak_memory_takes_the_busiest_pipeline_rank(a100_64):
+    """10 layers on pp=4: ranks hold 2, 3, 3, 2 layers; rank 1 keeps pp - 1 = 3 micro-batches in flight, so its
+    3 x 3 = 9 layer-micro-batches beat rank 0's 2 x 4 = 8 (1F1B; Megatron's warm-up counts)."""
+    from tpsim.estimator.memory import activation_bytes_per_layer
+    m = with_overrides(get_preset("gpt3-1.3b"), layers=10, vocab=128)  # embedding negligible
+    plan = make_plan(m, 64, tp=2, pp=4, sp=True, recompute="none", micro_batch=1, global_batch=64)
+    e = estimate(m, a100_64, plan)
+    act = activation_bytes_per_layer(m, tp=np.array([2]), sp=np.array([True]), micro_batch=np.array([1]),
+                                     recompute=np.array([0]), attention="flash", act_bytes=2)[0]
+    assert e.memory_gib["activations"] * 2 ** 30 == pytest.approx(9 * act, rel=1e-9)
+
+
+def test_interleaved_in_flight_is_capped_by_the_micro_batches(a100_64):
+    m = get_preset("gpt3-175b")
+    few = estimate(m, a100_64, make_plan(m, 64, tp=8, pp=8, vpp=2, global_batch=8, micro_batch=1, zero=0))
+    many = estimate(m, a100_64, make_plan(m, 64, tp=8, pp=8, vpp=2, global_batch=64, micro_batch=1, zero=0))
+    # first rank: min(pp + (pp-1)/vpp, m) micro-batches of its 12 layers -> 8 (m=8) vs 11.5 (m=64)
+    assert many.memory_gib["activations"] / few.memory_gib["activations"] == pytest.approx(11.5 / 8, rel=1e-6)

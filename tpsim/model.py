@@ -168,7 +168,7 @@ PRESETS: dict[str, ModelSpec] = {
                dict(cluster="dgx-h100", gpus=64, tp=8, pp=4, sp=True, zero=1, recompute="selective",
                     micro_batch=1, dtype="bf16"), max_pos=8192),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 8192, 128256, 2048,
-               dict(cluster="dgx-h100", gpus=16384, tp=8, pp=16, vpp=2, sp=True, zero=1, recompute="none",
+               dict(cluster="dgx-h100", gpus=16384, tp=8, pp=16, vpp=4, sp=True, zero=1, recompute="full",
                     micro_batch=1, dtype="bf16")),
     )
 }

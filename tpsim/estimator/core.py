@@ -172,7 +172,10 @@ def _params(model: ModelSpec, plans: PlanBatch, layers) -> dict[str, np.ndarray]
     last = layers.last * p_layer + head_local + final_norm
     mid = layers.middle * p_layer
     largest = np.maximum(np.maximum(first, np.where(single, 0.0, last)), mid)
-    return {"layer": p_layer, "emb_local": emb_local, "first": first, "last": last, "max": largest}
+    # embedding / output-layer parameters outside the transformer layers (the larger of the two edge ranks)
+    non_layer = np.maximum(first - layers.first * p_layer, np.where(single, 0.0, last - layers.last * p_layer))
+    return {"layer": p_layer, "emb_local": emb_local, "first": first, "last": last, "middle": mid, "max": largest,
+            "non_layer": non_layer}
 
 
 def _comm_times(model: ModelSpec, cluster, sub: PlanBatch, act_bytes: int, w_bytes: float,
@@ -205,8 +208,13 @@ def _comm_times(model: ModelSpec, cluster, sub: PlanBatch, act_bytes: int, w_byt
     zero, has_dp = sub.zero, sub.dp > 1
     grad_b, weight_b = params["max"] * GRAD_BYTES, params["max"] * w_bytes
     out["dp_ar"] = tm(curves.dp["all_reduce"], np.where(has_dp & (zero == 0), grad_b, 0.0))
-    out["dp_rs"] = tm(curves.dp["reduce_scatter"], np.where(has_dp & (zero >= 1) & (zero <= 2), grad_b, 0.0))
-    out["dp_ag"] = tm(curves.dp["all_gather"], np.where(has_dp & (zero >= 1) & (zero <= 2), weight_b, 0.0))
+    # ZeRO-3 shards the embedding and output layer too: they are gathered and reduced like one more layer
+    z12 = has_dp & (zero >= 1) & (zero <= 2)
+    z3_edge = has_dp & (zero == 3)
+    out["dp_rs"] = tm(curves.dp["reduce_scatter"], np.where(z12, grad_b, np.where(
+        z3_edge, params["non_layer"] * GRAD_BYTES, 0.0)))
+    out["dp_ag"] = tm(curves.dp["all_gather"], np.where(z12, weight_b, np.where(
+        z3_edge, params["non_layer"] * w_bytes, 0.0)))
     z3 = has_dp & (zero == 3)
     out["z3_ag"] = tm(curves.dp["all_gather"], np.where(z3, params["layer"] * w_bytes, 0.0))
     out["z3_rs"] = tm(curves.dp["reduce_scatter"], np.where(z3, params["layer"] * GRAD_BYTES, 0.0))
@@ -324,8 +332,8 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
 
     # pipeline point-to-point: activations forward, gradients backward, per model chunk and micro-batch
     t_p2p = raw["p2p"]
-    pp_total = 2.0 * m * v * t_p2p
-    pp_exposed = pp_total + 2.0 * (plans.pp - 1) * t_p2p
+    pp_total = 2.0 * (m * v + plans.pp - 1) * t_p2p  # per chunk and micro-batch, plus fill and drain
+    pp_exposed = pp_total
 
     # parameters per rank (the largest stage sets DP traffic and memory)
     params = {k: v[comm_inv] for k, v in params_sub.items()}
@@ -346,12 +354,15 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     fwd_window = layers_slow * f_layer
     # ZeRO-2 keeps only a gradient shard, so it reduce-scatters after every micro-batch's backward (each
     # hidden behind that backward when overlapped); ZeRO-0/1 reduce once, behind the last backward.
-    reductions = np.where(zero == 2, m, 1)
+    # ZeRO-3's embedding/output shards: gathered in forward and backward, reduced, every micro-batch.
+    reductions = np.where(zero >= 2, m, 1)
+    gathers = np.where(zero == 3, 2 * m, 1)
     grad_t = t_ar + t_rs
     ovl = plans.overlap
-    dp_exposed = np.where(ovl, reductions * np.maximum(grad_t - bwd_window, 0.0) + np.maximum(t_ag - fwd_window, 0.0),
-                          reductions * grad_t + t_ag) + z3_exposed
-    dp_total = reductions * grad_t + t_ag + z3_total
+    dp_exposed = np.where(ovl, reductions * np.maximum(grad_t - bwd_window, 0.0)
+                          + gathers * np.maximum(t_ag - fwd_window, 0.0),
+                          reductions * grad_t + gathers * t_ag) + z3_exposed
+    dp_total = reductions * grad_t + gathers * t_ag + z3_total
     dp_exposed = dp_exposed + penalty * (dp_total - dp_exposed)
 
     # optimizer step over the rank's (sharded) parameters
@@ -367,8 +378,14 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     # memory per GPU: first and last ranks (activations peak on the first, logits on the last)
     act_layer = act_u[linv]
     working = work_u[linv]
-    in_flight = np.minimum(plans.pp, m).astype(float)
-    in_flight = in_flight * np.where(v > 1, 1.0 + (plans.pp - 1) / (plans.pp * v), 1.0)
+    pp_ = plans.pp
+
+    def in_flight(r: np.ndarray) -> np.ndarray:
+        """Micro-batches (in whole-stage units) whose activations rank r holds at the 1F1B peak: pp - r, or
+        (2 (pp - r - 1) + (vpp - 1) pp + 1) / vpp model chunks' worth with interleaving (Megatron's warm-up
+        count; Korthikanti et al. 2022 section 4.2.3 for r = 0)."""
+        chunks = np.where(v > 1, (2 * (pp_ - r - 1) + (v - 1) * pp_ + 1) / v, pp_ - r)
+        return np.minimum(chunks, m).astype(float)
     T = plans.micro_batch * float(model.seq_len)
     emb_buf = np.where(plans.sp, T * model.hidden_size * act_bytes / plans.tp, T * model.hidden_size * act_bytes)
     logits_buf = 4.0 * T * emb_local / model.hidden_size
@@ -381,18 +398,23 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
         return wts, grads, opt
 
     wf, gf, of = state(params_first)
-    act_f = layers.first * act_layer * in_flight + working
+    act_f = layers.first * act_layer * in_flight(0) + working
     other_f = emb_buf + z3_buf + np.where(single, logits_buf, 0.0)
     wl, gl, ol = state(params_last)
-    act_l = layers.last * act_layer + working
+    act_l = layers.last * act_layer * in_flight(pp_ - 1) + working
     other_l = logits_buf + z3_buf
+    # the busiest middle rank: the most layers (extra layers go to the middle) with rank 1's in-flight count
+    wm, gm, om = state(params["middle"])
+    act_m = layers.middle * act_layer * in_flight(np.ones_like(pp_)) + working
+    other_m = z3_buf
     tot_f = wf + gf + of + act_f + other_f
     tot_l = np.where(single, -1.0, wl + gl + ol + act_l + other_l)
-    use_last = tot_l > tot_f
-    sel = lambda a, b: np.where(use_last, b, a)  # noqa: E731
-    mem = {"weights": sel(wf, wl), "grads": sel(gf, gl), "optimizer_states": sel(of, ol),
-           "activations": sel(act_f, act_l), "other": sel(other_f, other_l)}
-    peak = np.maximum(tot_f, tot_l)
+    tot_m = np.where(pp_ > 2, wm + gm + om + act_m + other_m, -1.0)
+    peak_rank = np.argmax(np.stack([tot_f, tot_l, tot_m]), axis=0)
+    mem = {"weights": _pick(peak_rank, wf, wl, wm), "grads": _pick(peak_rank, gf, gl, gm),
+           "optimizer_states": _pick(peak_rank, of, ol, om), "activations": _pick(peak_rank, act_f, act_l, act_m),
+           "other": _pick(peak_rank, other_f, other_l, other_m)}
+    peak = np.maximum(np.maximum(tot_f, tot_l), tot_m)
     fits = peak <= device.usable_memory_bytes
 
     # throughput and FLOP rates
