@@ -143,7 +143,9 @@ def _layout_entry(cm, tp: int, pp: int, dp: int, order: int) -> dict[str, Any]:
 def _collective_curves(cluster, plans: PlanBatch) -> _Curves:
     from ..collectives.model import get_collective_model
 
-    cm = get_collective_model(cluster)
+    cm = cluster.__dict__.get("_estimator_collectives")
+    if cm is None:  # get_collective_model hashes the cluster's inputs; remember its answer on the object
+        cm = cluster.__dict__["_estimator_collectives"] = get_collective_model(cluster)
     uniq, inv = _unique_rows(plans.tp, plans.pp, plans.dp, plans.order)
     objects = [_layout_entry(cm, int(tp), int(pp), int(dp), int(order)) for tp, pp, dp, order in uniq]
 
@@ -183,25 +185,37 @@ def _comm_times(model: ModelSpec, cluster, sub: PlanBatch, act_bytes: int, w_byt
     """Every collective time a plan needs, computed on a batch of distinct communication patterns."""
     curves = _collective_curves(cluster, sub)
     tm = _Curves.time
-    n = len(sub)
-    T = sub.micro_batch * float(model.seq_len)
-    has_tp = sub.tp > 1
-    act = np.where(has_tp, T * model.hidden_size * act_bytes, 0.0)
     out: dict[str, np.ndarray] = {}
+    # TP, embedding/output and pipeline traffic depends on the layout, micro-batch and SP only: time it once per
+    # distinct (layout, micro_batch, sp) and gather
+    _, inv2, first2 = _unique_rows(curves.inverse, sub.micro_batch, sub.sp, with_first=True)
+    small_sub = sub.take(first2)
+
+    def restrict(curve: tuple[list, list]) -> tuple[list, list]:
+        return [a[first2] for a in curve[0]], [a[first2] for a in curve[1]]
+
+    tp_curves = {op: restrict(c) for op, c in curves.tp.items()}
+    n = len(small_sub)
+    T = small_sub.micro_batch * float(model.seq_len)
+    has_tp = small_sub.tp > 1
+    act = np.where(has_tp, T * model.hidden_size * act_bytes, 0.0)
     for sp_value, ops in tp_ops.items():
-        mask = (sub.sp == sp_value) & has_tp
+        mask = (small_sub.sp == sp_value) & has_tp
         for i, c in enumerate(ops):
             nbytes = act if c.activation else np.full(n, float(c.numel * 4))
-            out[f"tp{int(sp_value)}.{i}"] = tm(curves.tp[c.op], np.where(mask, nbytes, 0.0))
+            out[f"tp{int(sp_value)}.{i}"] = tm(tp_curves[c.op], np.where(mask, nbytes, 0.0))
     # vocab-parallel embedding (first stage), output layer and cross-entropy (last stage)
-    ar, ag, rs = (curves.tp[o] for o in ("all_reduce", "all_gather", "reduce_scatter"))
+    ar, ag, rs = (tp_curves[o] for o in ("all_reduce", "all_gather", "reduce_scatter"))
     small = np.where(has_tp, T * 4.0, 0.0)  # max, sum-exp, target logit: fp32 per token
-    out["first_fwd"] = np.where(sub.sp, tm(rs, act), tm(ar, act))
-    out["last_fwd"] = np.where(sub.sp, tm(ag, act), 0.0) + 3 * tm(ar, small)
-    out["last_bwd"] = np.where(sub.sp, tm(rs, act), tm(ar, act))
+    sp = small_sub.sp
+    out["first_fwd"] = np.where(sp, tm(rs, act), tm(ar, act))
+    out["last_fwd"] = np.where(sp, tm(ag, act), 0.0) + 3 * tm(ar, small)
+    out["last_bwd"] = np.where(sp, tm(rs, act), tm(ar, act))
     # pipeline point-to-point: Megatron's scatter/gather optimization (or SP) sends 1/tp of the tensor
-    p2p_bytes = np.where(sub.pp > 1, T * model.hidden_size * act_bytes / sub.tp, 0.0)
-    out["p2p"] = tm(curves.pp["send_recv"], p2p_bytes)
+    p2p_bytes = np.where(small_sub.pp > 1, T * model.hidden_size * act_bytes / small_sub.tp, 0.0)
+    out["p2p"] = tm(restrict(curves.pp["send_recv"]), p2p_bytes)
+    out["_p2p_bytes"], out["_act_bytes"] = p2p_bytes, act
+    out = {k: v[inv2] for k, v in out.items()}
     # data parallel: fp32 gradients of the largest stage; ZeRO-1/2 reduce-scatter + weight all-gather;
     # ZeRO-3 per layer
     params = _params(model, sub, stage_layers(model.num_layers, sub.pp, sub.vpp))
@@ -218,7 +232,7 @@ def _comm_times(model: ModelSpec, cluster, sub: PlanBatch, act_bytes: int, w_byt
     z3 = has_dp & (zero == 3)
     out["z3_ag"] = tm(curves.dp["all_gather"], np.where(z3, params["layer"] * w_bytes, 0.0))
     out["z3_rs"] = tm(curves.dp["reduce_scatter"], np.where(z3, params["layer"] * GRAD_BYTES, 0.0))
-    out["_grad_bytes"], out["_p2p_bytes"], out["_act_bytes"] = grad_b, p2p_bytes, act
+    out["_grad_bytes"] = grad_b
     return out, curves
 
 
@@ -375,12 +389,12 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     step = compute_s + recompute_s + bubble + t_opt + exposed
     tp_total = m * (layers_slow * tp_layer_total + _pick(slow, first_extra_x, last_extra_x, 0.0 * x_layer))
 
-    # memory per GPU: first and last ranks (activations peak on the first, logits on the last)
+    # memory per GPU: first, busiest middle and last pipeline ranks
     act_layer = act_u[linv]
     working = work_u[linv]
     pp_ = plans.pp
 
-    def in_flight(r: np.ndarray) -> np.ndarray:
+    def in_flight(r: np.ndarray | int) -> np.ndarray:
         """Micro-batches (in whole-stage units) whose activations rank r holds at the 1F1B peak: pp - r, or
         (2 (pp - r - 1) + (vpp - 1) pp + 1) / vpp model chunks' worth with interleaving (Megatron's warm-up
         count; Korthikanti et al. 2022 section 4.2.3 for r = 0)."""
@@ -391,29 +405,26 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     logits_buf = 4.0 * T * emb_local / model.hidden_size
     z3_buf = np.where(zero == 3, 2.0 * p_layer * w_bytes, 0.0)
 
-    def state(params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        wts = params * w_bytes / np.where(zero == 3, dp, 1.0)
-        grads = params * GRAD_BYTES / np.where(zero >= 2, dp, 1.0)
-        opt = params * (master_bytes + 8.0) / np.where(zero >= 1, dp, 1.0)
-        return wts, grads, opt
-
-    wf, gf, of = state(params_first)
+    # bytes per parameter held by a rank (weights, fp32 gradients, master + Adam), ZeRO-sharded over dp
+    w_div = np.where(zero == 3, dp, 1.0)
+    g_div = np.where(zero >= 2, dp, 1.0)
+    o_div = np.where(zero >= 1, dp, 1.0)
+    per_param = w_bytes / w_div + GRAD_BYTES / g_div + (master_bytes + 8.0) / o_div
+    params_mid = params["middle"]
     act_f = layers.first * act_layer * in_flight(0) + working
     other_f = emb_buf + z3_buf + np.where(single, logits_buf, 0.0)
-    wl, gl, ol = state(params_last)
     act_l = layers.last * act_layer * in_flight(pp_ - 1) + working
     other_l = logits_buf + z3_buf
     # the busiest middle rank: the most layers (extra layers go to the middle) with rank 1's in-flight count
-    wm, gm, om = state(params["middle"])
-    act_m = layers.middle * act_layer * in_flight(np.ones_like(pp_)) + working
-    other_m = z3_buf
-    tot_f = wf + gf + of + act_f + other_f
-    tot_l = np.where(single, -1.0, wl + gl + ol + act_l + other_l)
-    tot_m = np.where(pp_ > 2, wm + gm + om + act_m + other_m, -1.0)
+    act_m = layers.middle * act_layer * in_flight(1) + working
+    tot_f = params_first * per_param + act_f + other_f
+    tot_l = np.where(single, -1.0, params_last * per_param + act_l + other_l)
+    tot_m = np.where(pp_ > 2, params_mid * per_param + act_m + z3_buf, -1.0)
     peak_rank = np.argmax(np.stack([tot_f, tot_l, tot_m]), axis=0)
-    mem = {"weights": _pick(peak_rank, wf, wl, wm), "grads": _pick(peak_rank, gf, gl, gm),
-           "optimizer_states": _pick(peak_rank, of, ol, om), "activations": _pick(peak_rank, act_f, act_l, act_m),
-           "other": _pick(peak_rank, other_f, other_l, other_m)}
+    held = _pick(peak_rank, params_first, params_last, params_mid)
+    mem = {"weights": held * w_bytes / w_div, "grads": held * GRAD_BYTES / g_div,
+           "optimizer_states": held * (master_bytes + 8.0) / o_div,
+           "activations": _pick(peak_rank, act_f, act_l, act_m), "other": _pick(peak_rank, other_f, other_l, z3_buf)}
     peak = np.maximum(np.maximum(tot_f, tot_l), tot_m)
     fits = peak <= device.usable_memory_bytes
 
