@@ -94,28 +94,14 @@ def test_summary_against_prediction(matrix_result):
 
 
 def _no_process_left(token_before: set[int]) -> None:
-    leftover = [p for p in marked_pids_any() if p not in token_before]
+    leftover = [p for p in marked_pids(None) if p not in token_before]
     assert not leftover, f"processes left behind: {leftover}"
-
-
-def marked_pids_any() -> list[int]:
-    """PIDs of any tpsim validate run (marker present, whatever the token)."""
-    from pathlib import Path
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"TPSIM_VALIDATE_RUN=" in (entry / "environ").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("stage", ["check", "time"])
 def test_failing_rank_stops_all_ranks_with_its_error(stage, tmp_path):
-    before = set(marked_pids_any())
+    before = set(marked_pids(None))
     timeout = 20.0
     t0 = time.monotonic()
     with pytest.raises(RankFailure) as info:
@@ -131,7 +117,7 @@ def test_failing_rank_stops_all_ranks_with_its_error(stage, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_hanging_rank_ends_within_timeout(tmp_path):
-    before = set(marked_pids_any())
+    before = set(marked_pids(None))
     timeout = 8.0
     t0 = time.monotonic()
     with pytest.raises(RankFailure) as info:
@@ -146,7 +132,7 @@ def test_hanging_rank_ends_within_timeout(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_run_timeout_kills_everything(tmp_path):
-    before = set(marked_pids_any())
+    before = set(marked_pids(None))
     t0 = time.monotonic()
     with pytest.raises(RankFailure, match="run-timeout"):
         launch(_cases()[:1], LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=8), tmp_path,
@@ -189,15 +175,15 @@ def test_sigterm_to_tpsim_validate_leaves_no_process(tmp_path):
     of their own."""
     import signal
 
-    before = set(marked_pids_any())
+    before = set(marked_pids(None))
     cmd = [sys.executable, "-m", "tpsim.cli", "validate", "--hidden", "128", "--heads", "4", "--seq-len", "32",
            "--tp", "2", "--no-calibrate", "--no-overhead", "--timeout", "60", "--out-dir", str(tmp_path)]
     env = {**os.environ, "TPSIM_VALIDATE_FAIL": "1:hang"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(set(marked_pids_any()) - before) < 3:
+    while time.monotonic() < deadline and len(set(marked_pids(None)) - before) < 3:
         time.sleep(0.2)  # the launcher and both ranks are up
-    assert len(set(marked_pids_any()) - before) >= 3
+    assert len(set(marked_pids(None)) - before) >= 3
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=20)
     assert proc.returncode == 1 and "stopped by signal SIGTERM" in err

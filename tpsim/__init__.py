@@ -18,6 +18,10 @@ from .model import ModelSpec, load_model, with_overrides  # noqa: E402
 from .plan import Plan, make_plan, validate_plan  # noqa: E402
 
 
+__all__ = ["InputError", "PlanError", "TpsimError", "ModelSpec", "load_model", "with_overrides", "Plan",
+           "make_plan", "validate_plan", "estimate", "estimate_batch", "Estimate", "load_cluster", "Cluster"]
+
+
 def __getattr__(name: str):  # lazy: keep `import tpsim` light
     if name in ("estimate", "estimate_batch", "Estimate"):
         from . import estimator

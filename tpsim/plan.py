@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
+
 from .errors import InputError, PlanError
 from .hardware import DTYPES
 from .model import ModelSpec
@@ -198,17 +200,17 @@ class PlanBatch:
     ``attention`` are shared by the whole batch. Build with :meth:`from_plans` or directly from arrays.
     """
 
-    tp: "np.ndarray"
-    pp: "np.ndarray"
-    vpp: "np.ndarray"
-    dp: "np.ndarray"
-    sp: "np.ndarray"
-    recompute: "np.ndarray"
-    zero: "np.ndarray"
-    micro_batch: "np.ndarray"
-    global_batch: "np.ndarray"
-    overlap: "np.ndarray"
-    order: "np.ndarray"
+    tp: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    dp: np.ndarray
+    sp: np.ndarray
+    recompute: np.ndarray
+    zero: np.ndarray
+    micro_batch: np.ndarray
+    global_batch: np.ndarray
+    overlap: np.ndarray
+    order: np.ndarray
     dtype: str = "bf16"
     attention: str = "flash"
 
@@ -217,8 +219,6 @@ class PlanBatch:
 
     @classmethod
     def from_arrays(cls, *, dtype: str = "bf16", attention: str = "flash", **arrays: Any) -> "PlanBatch":
-        import numpy as np
-
         n = max(np.size(v) for v in arrays.values())
         defaults = dict(tp=1, pp=1, vpp=1, dp=1, sp=False, recompute=0, zero=0, micro_batch=1, global_batch=1,
                         overlap=True, order=0)
@@ -253,7 +253,7 @@ class PlanBatch:
                     dtype=self.dtype, overlap=bool(self.overlap[i]), order=ORDERS[int(self.order[i])],
                     attention=self.attention)
 
-    def take(self, index: "np.ndarray") -> "PlanBatch":
+    def take(self, index: np.ndarray) -> "PlanBatch":
         """Sub-batch of the rows ``index`` (boolean mask or integer indices)."""
         fields = {f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)
                   if f.name not in ("dtype", "attention")}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..errors import InputError
 
 
 def positive_int(text: str) -> int:
@@ -96,9 +95,3 @@ def build_plan(args: argparse.Namespace, model, cluster):
     fields = plan_fields(args)
     return make_plan(model, cluster.num_gpus, global_batch=args.global_batch, **fields)
 
-
-def require_file(path: str, what: str) -> None:
-    from pathlib import Path
-
-    if not Path(path).exists():
-        raise InputError(f"{what} {path} does not exist")

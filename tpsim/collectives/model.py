@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..units import GB
-from .algorithms import (NVLS_TRAFFIC, RING_FACTOR, GroupShape, Line, combine, direct_lines, gloo_lines,
+from .algorithms import (NVLS_TRAFFIC, GroupShape, Line, combine, direct_lines, gloo_lines,
                          nvls_line, p2p_lines, ring_lines, tree_lines)
 from .constants import NcclConstants, nccl_constants
 from .curve import OPS, CostCurve, tangent_lines

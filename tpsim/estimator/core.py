@@ -14,7 +14,6 @@ step time; ``tp_comm``, ``pp_comm``, ``dp_comm`` are totals, partly hidden.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -71,8 +70,7 @@ def _take_layer(lc: LayerCost, index: np.ndarray, grads: bool) -> LayerCost:
 
 
 # ---- collectives -------------------------------------------------------------------------------------------
-TP_OPS = ("all_reduce", "all_gather", "reduce_scatter")
-DP_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+GROUP_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # what TP and DP groups run
 
 
 @dataclass
@@ -98,7 +96,6 @@ class _Curves:
 _ENVELOPE_BYTES = np.logspace(0, 13, 131)  # 1 B .. 10 TB: the sizes any collective of a plan can have
 
 
-@lru_cache(maxsize=16384)
 def _envelope(curve) -> tuple[np.ndarray, np.ndarray]:
     """The lines of a cost curve that are the minimum somewhere in 1 B .. 10 TB (the others never matter)."""
     lat = np.asarray(curve.latency_s, dtype=float)
@@ -107,14 +104,13 @@ def _envelope(curve) -> tuple[np.ndarray, np.ndarray]:
     return lat[winners], spb[winners]
 
 
-def _stack(curves: list, inverse: np.ndarray) -> tuple[list, list]:  # curves: lower envelopes
+def _stack(envelopes: list, inverse: np.ndarray) -> tuple[list, list]:
     """Per-plan (latency, sec_per_byte): K arrays of length N each, K = the longest lower envelope; shorter
     envelopes are padded by repeating their last line (which leaves the minimum unchanged)."""
-    lines = curves
-    k = max(len(lat) for lat, _ in lines)
-    lat = np.empty((len(curves), k))
-    spb = np.empty((len(curves), k))
-    for i, (la, sp) in enumerate(lines):
+    k = max(len(lat) for lat, _ in envelopes)
+    lat = np.empty((len(envelopes), k))
+    spb = np.empty((len(envelopes), k))
+    for i, (la, sp) in enumerate(envelopes):
         lat[i, : len(la)], lat[i, len(la):] = la, la[-1]
         spb[i, : len(sp)], spb[i, len(sp):] = sp, sp[-1]
     return [lat[:, j][inverse] for j in range(k)], [spb[:, j][inverse] for j in range(k)]
@@ -131,7 +127,7 @@ def _layout_entry(cm, tp: int, pp: int, dp: int, order: int) -> dict[str, Any]:
     if entry is None:
         groups = rank_groups(tp, dp, pp, ORDERS[order])
         entry = {}
-        for axis, size, ops in (("tp", tp, TP_OPS), ("dp", dp, DP_OPS), ("pp", pp, ("send_recv",))):
+        for axis, size, ops in (("tp", tp, GROUP_OPS), ("dp", dp, GROUP_OPS), ("pp", pp, ("send_recv",))):
             for op in ops:
                 curve = cm.curve(op, groups[axis]) if size > 1 else CostCurve.zero()
                 entry[f"{axis}.{op}"] = curve
@@ -152,7 +148,7 @@ def _collective_curves(cluster, plans: PlanBatch) -> _Curves:
     def axis(name: str, ops: tuple[str, ...]) -> dict[str, tuple[list, list]]:
         return {op: _stack([o[f"{name}.{op}.envelope"] for o in objects], inv) for op in ops}
 
-    return _Curves(tp=axis("tp", TP_OPS), dp=axis("dp", DP_OPS), pp=axis("pp", ("send_recv",)),
+    return _Curves(tp=axis("tp", GROUP_OPS), dp=axis("dp", GROUP_OPS), pp=axis("pp", ("send_recv",)),
                    objects=objects, inverse=inv)
 
 
@@ -180,8 +176,8 @@ def _params(model: ModelSpec, plans: PlanBatch, layers) -> dict[str, np.ndarray]
             "non_layer": non_layer}
 
 
-def _comm_times(model: ModelSpec, cluster, sub: PlanBatch, act_bytes: int, w_bytes: float,
-                tp_ops: dict[bool, list[CommOp]]) -> tuple[dict[str, np.ndarray], _Curves]:
+def _comm_times(model: ModelSpec, cluster, sub: PlanBatch, params: dict[str, np.ndarray], act_bytes: int,
+                w_bytes: float, tp_ops: dict[bool, list[CommOp]]) -> tuple[dict[str, np.ndarray], _Curves]:
     """Every collective time a plan needs, computed on a batch of distinct communication patterns."""
     curves = _collective_curves(cluster, sub)
     tm = _Curves.time
@@ -218,18 +214,16 @@ def _comm_times(model: ModelSpec, cluster, sub: PlanBatch, act_bytes: int, w_byt
     out = {k: v[inv2] for k, v in out.items()}
     # data parallel: fp32 gradients of the largest stage; ZeRO-1/2 reduce-scatter + weight all-gather;
     # ZeRO-3 per layer
-    params = _params(model, sub, stage_layers(model.num_layers, sub.pp, sub.vpp))
     zero, has_dp = sub.zero, sub.dp > 1
     grad_b, weight_b = params["max"] * GRAD_BYTES, params["max"] * w_bytes
     out["dp_ar"] = tm(curves.dp["all_reduce"], np.where(has_dp & (zero == 0), grad_b, 0.0))
     # ZeRO-3 shards the embedding and output layer too: they are gathered and reduced like one more layer
     z12 = has_dp & (zero >= 1) & (zero <= 2)
-    z3_edge = has_dp & (zero == 3)
-    out["dp_rs"] = tm(curves.dp["reduce_scatter"], np.where(z12, grad_b, np.where(
-        z3_edge, params["non_layer"] * GRAD_BYTES, 0.0)))
-    out["dp_ag"] = tm(curves.dp["all_gather"], np.where(z12, weight_b, np.where(
-        z3_edge, params["non_layer"] * w_bytes, 0.0)))
     z3 = has_dp & (zero == 3)
+    out["dp_rs"] = tm(curves.dp["reduce_scatter"], np.where(z12, grad_b, np.where(
+        z3, params["non_layer"] * GRAD_BYTES, 0.0)))
+    out["dp_ag"] = tm(curves.dp["all_gather"], np.where(z12, weight_b, np.where(
+        z3, params["non_layer"] * w_bytes, 0.0)))
     out["z3_ag"] = tm(curves.dp["all_gather"], np.where(z3, params["layer"] * w_bytes, 0.0))
     out["z3_rs"] = tm(curves.dp["reduce_scatter"], np.where(z3, params["layer"] * GRAD_BYTES, 0.0))
     out["_grad_bytes"] = grad_b
@@ -298,17 +292,17 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     _, comm_inv, comm_first = _unique_rows(plans.tp, plans.pp, plans.dp, plans.order, plans.vpp, plans.sp,
                                            plans.micro_batch, plans.zero, with_first=True)
     sub = plans.take(comm_first)
-    raw_sub, curves = _comm_times(model, cluster, sub, act_bytes, w_bytes, tp_ops)
+    layers_sub = stage_layers(model.num_layers, sub.pp, sub.vpp)
+    params_sub = _params(model, sub, layers_sub)
+    raw_sub, curves = _comm_times(model, cluster, sub, params_sub, act_bytes, w_bytes, tp_ops)
     # TP exposure depends on (tp, sp, micro_batch) only, all part of the communication key: reduce there
     lc_sub = _take_layer(lc_u, linv[comm_first], grads=True)
     tpc_sub = _tp_layer_comm(sub, raw_sub, lc_sub, tp_ops)
-    layers_sub = stage_layers(model.num_layers, sub.pp, sub.vpp)
-    params_sub = _params(model, sub, layers_sub)
     wanted = ("first_fwd", "last_fwd", "last_bwd", "p2p", "dp_ar", "dp_rs", "dp_ag", "z3_ag", "z3_rs")
     if len(plans) <= 64:
         wanted += ("_grad_bytes", "_p2p_bytes", "_act_bytes")
     raw = {k: raw_sub[k][comm_inv] for k in wanted}
-    tpc = {k: v[comm_inv] for k, v in tpc_sub.items()}
+    tpc = {k: a[comm_inv] for k, a in tpc_sub.items()}
 
     rc = plans.recompute
     full = rc == 2
@@ -346,11 +340,10 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
 
     # pipeline point-to-point: activations forward, gradients backward, per model chunk and micro-batch
     t_p2p = raw["p2p"]
-    pp_total = 2.0 * (m * v + plans.pp - 1) * t_p2p  # per chunk and micro-batch, plus fill and drain
-    pp_exposed = pp_total
+    pp_total = 2.0 * (m * v + plans.pp - 1) * t_p2p  # per chunk and micro-batch, plus fill and drain (exposed)
 
     # parameters per rank (the largest stage sets DP traffic and memory)
-    params = {k: v[comm_inv] for k, v in params_sub.items()}
+    params = {k: a[comm_inv] for k, a in params_sub.items()}
     p_layer, emb_local = params["layer"], params["emb_local"]
     params_first, params_last, params_max = params["first"], params["last"], params["max"]
 
@@ -385,7 +378,7 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
 
     compute_s = m * c_stage
     recompute_s = m * r_stage
-    exposed = m * x_stage + pp_exposed + dp_exposed
+    exposed = m * x_stage + pp_total + dp_exposed
     step = compute_s + recompute_s + bubble + t_opt + exposed
     tp_total = m * (layers_slow * tp_layer_total + _pick(slow, first_extra_x, last_extra_x, 0.0 * x_layer))
 

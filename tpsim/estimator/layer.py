@@ -50,6 +50,11 @@ class _Acc:
         self.m = self.m + np.where(measured, t, 0.0)
         return t
 
+    def absorb(self, other: "_Acc") -> None:
+        """Add another accumulator's totals (time and measured time)."""
+        self.t = self.t + other.t
+        self.m = self.m + other.m
+
 
 def _linear(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, n, k, dtype: str):
     """Forward and the two backward GEMMs of a linear; returns (dgrad, wgrad) times."""
@@ -86,7 +91,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     kv_local = kv_heads * d
     f_local = model.ffn_hidden_size / t
     T_norm = np.where(sp, T / t, T)
-    fwd, bwd, rec_attn = _Acc(n_plans), _Acc(n_plans), _Acc(n_plans)
+    fwd, bwd = _Acc(n_plans), _Acc(n_plans)
 
     # attention block
     qkv = [q_local + 2 * kv_local] if fused else [q_local, kv_local, kv_local]
@@ -107,8 +112,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         bwd.add(compute.gemm(s, s, d, dtype, batch=bh), 1.0)         # dP = dO V^T
         bwd.add(compute.gemm(s, d, s, dtype, batch=bh), 3.0)         # dV = P^T dO, dQ = dS K, dK = dS^T Q
         bwd.add(compute.memory("softmax", scores, dtype, True))
-    fwd.t, fwd.m = fwd.t + attn_f.t, fwd.m + attn_f.m
-    rec_attn.t, rec_attn.m = attn_f.t, attn_f.m
+    fwd.absorb(attn_f)  # the attention core, kept apart too for selective recomputation
     if model.position == "rotary":
         fwd.add(compute.memory("residual_add", T * (q_local + kv_local), dtype, False))
         bwd.add(compute.memory("residual_add", T * (q_local + kv_local), dtype, True))
@@ -130,7 +134,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         bwd.add(compute.memory(kernel, T_norm * h, dtype, True), count)
 
     rc = np.asarray(recompute)
-    re_t = np.where(rc == 2, fwd.t, np.where(rc == 1, rec_attn.t, 0.0))
+    re_t = np.where(rc == 2, fwd.t, np.where(rc == 1, attn_f.t, 0.0))
     total = fwd.t + bwd.t
     measured = np.where(total > 0, (fwd.m + bwd.m) / np.where(total > 0, total, 1.0), 0.0)
     return LayerCost(fwd=fwd.t, bwd=bwd.t, recompute=re_t,

@@ -10,11 +10,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from ..compute.profile import KINDS, ProfilePoint
 from ..errors import InputError
 from .grid import GridSpec, PointKey, cpu_grid, cuda_grid, grid_tables, work_of
 from .progress import make_progress
 from .store import ProfileWriter, drop_noisy_rows
+
+if TYPE_CHECKING:  # torch is imported where the run starts, not at module import
+    import torch
 
 GRIDS = ("tiny", "quick", "full")
 CPU_DTYPES = ("fp32", "bf16", "fp16")

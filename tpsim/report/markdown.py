@@ -86,7 +86,7 @@ def _section_best(result: SearchResult, top: int) -> str:
         return "## Best plans\n\nNo plan fits on this cluster (see the rejections below).\n"
     best = result.estimate_dict(int(idx[0]))
     algos = best.get("collectives", {})
-    text = [f"## Best plans\n",
+    text = ["## Best plans\n",
             f"The {idx.size} fastest plans that fit (seconds per step; the five components from *compute* to "
             f"*exposed comm* add up to the step time; TP/DP comm are totals, partly hidden behind compute).\n",
             md_table(PLAN_HEADERS, _plan_rows(result, idx), align="rl" + "r" * (len(PLAN_HEADERS) - 2)), "",

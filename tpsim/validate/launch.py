@@ -81,9 +81,9 @@ class LaunchConfig:
         return cmd + ["-m", "tpsim.validate.worker", "--job", str(job_path)]
 
 
-def marked_pids(token: str) -> list[int]:
-    """PIDs of live processes whose environment carries ``MARK_ENV=token`` (Linux /proc)."""
-    needle = f"{MARK_ENV}={token}".encode()
+def marked_pids(token: str | None) -> list[int]:
+    """PIDs of live processes whose environment carries ``MARK_ENV=token`` (any token when None; Linux /proc)."""
+    needle = f"{MARK_ENV}={token}".encode() if token is not None else f"{MARK_ENV}=".encode()
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -93,7 +93,9 @@ def marked_pids(token: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if needle in env.split(b"\0") and state != "Z":
+        entries = env.split(b"\0")
+        found = needle in entries if token is not None else any(e.startswith(needle) for e in entries)
+        if found and state != "Z":
             pids.append(int(entry.name))
     return pids
 
