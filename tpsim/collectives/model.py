@@ -92,6 +92,15 @@ class CollectiveModel:
             hit = self._curves[key] = self._build(op, groups, algorithms)
         return hit
 
+    def axis_curve(self, op: str, layout: Any, axes: str | tuple[str, ...]) -> CostCurve:
+        """Cost curve of ``op`` run by every group of ``layout.groups(axes)`` at once (the slowest group's,
+        all of them loading the links): the estimator's one entry point (docs/SCHEMAS.md, section 3)."""
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        if layout.size(*axes) == 1:
+            return CostCurve.zero()
+        groups = tuple(tuple(int(r) for r in g) for g in layout.groups(axes))
+        return self.curve(op, groups)
+
     def run(self, op: str, nbytes: float, groups: Sequence[Sequence[int]],
             algorithms: Sequence[str] | None = None) -> CollectiveResult:
         """Time, algbw, busbw and chosen algorithm of one collective of ``nbytes`` (nccl-tests convention)."""

@@ -29,19 +29,71 @@ Groups = tuple[tuple[int, ...], ...]
 def rank_groups(tp: int, dp: int, pp: int, order: str = "tp-dp-pp") -> dict[str, tuple[tuple[int, ...], ...]]:
     """Groups of ranks for each axis ("tp", "dp", "pp"); each group lists ranks in axis-index order."""
     dims = parse_order(order)
-    sizes = {"tp": tp, "dp": dp, "pp": pp}
-    for name, size in sizes.items():
-        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
-            raise InputError(f"{name}={size!r} must be a positive integer")
-    # ranks laid out as an array whose axes are the dims, outermost first (C order = innermost last)
-    shape = [sizes[d] for d in reversed(dims)]
-    grid = np.arange(tp * dp * pp).reshape(shape)
-    axes = list(reversed(dims))
-    groups: dict[str, tuple[tuple[int, ...], ...]] = {}
-    for d in dims:
-        moved = np.moveaxis(grid, axes.index(d), -1).reshape(-1, sizes[d])
-        groups[d] = tuple(tuple(int(r) for r in row) for row in moved)
-    return groups
+    layout = RankLayout.from_order(dims, tp=tp, dp=dp, pp=pp)
+    return {d: tuple(tuple(int(r) for r in row) for row in layout.groups(d)) for d in dims}
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Sizes of a plan's mesh axes, innermost first (Megatron-Core ``RankGenerator`` order); hashable, so it
+    serves as a cache key. ``rank = i_0 + n_0 * (i_1 + n_1 * (i_2 + ...))`` for axis indices ``i_k``."""
+
+    dims: tuple[tuple[str, int], ...]
+    """(axis name, size) pairs, innermost first."""
+
+    def __post_init__(self) -> None:
+        names = [d for d, _ in self.dims]
+        if len(set(names)) != len(names):
+            raise InputError(f"rank layout lists an axis twice: {'-'.join(names)}")
+        for name, size in self.dims:
+            if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
+                raise InputError(f"{name}={size!r} must be a positive integer")
+        object.__setattr__(self, "dims", tuple((str(d), int(n)) for d, n in self.dims))
+
+    @classmethod
+    def from_order(cls, order: str | tuple[str, ...], **sizes: int) -> "RankLayout":
+        """``RankLayout.from_order("tp-dp-pp", tp=8, dp=4, pp=2)``; axes in ``sizes`` missing from ``order``
+        must have size 1 and are left out."""
+        names = tuple(order.lower().split("-")) if isinstance(order, str) else tuple(order)
+        missing = [k for k, v in sizes.items() if k not in names and v != 1]
+        if missing:
+            raise InputError(f"order={'-'.join(names)!r} does not name axis {missing[0]} "
+                             f"({missing[0]}={sizes[missing[0]]})")
+        unknown = [d for d in names if d not in sizes]
+        if unknown:
+            raise InputError(f"order={'-'.join(names)!r} names axis {unknown[0]!r} without a size")
+        return cls(tuple((d, int(sizes[d])) for d in names))
+
+    @property
+    def world(self) -> int:
+        return int(np.prod([n for _, n in self.dims], dtype=np.int64)) if self.dims else 1
+
+    def size(self, *axes: str) -> int:
+        """Product of the sizes of ``axes`` (1 for axes the layout does not have)."""
+        sizes = dict(self.dims)
+        return int(np.prod([sizes.get(a, 1) for a in axes], dtype=np.int64))
+
+    def groups(self, axes: str | tuple[str, ...]) -> np.ndarray:
+        """Ranks that differ only along ``axes``: array (number of groups, group size), each group's ranks in
+        layout order (innermost axis fastest), groups listed with the other axes' indices innermost fastest
+        (Megatron-Core ``generate_masked_orthogonal_rank_groups``)."""
+        if isinstance(axes, str):
+            axes = (axes,)
+        names = [d for d, _ in self.dims]
+        bad = [a for a in axes if a not in names]
+        if bad:
+            raise InputError(f"axis={bad[0]!r} is not in the rank layout {'-'.join(names)}")
+        grid = np.arange(self.world, dtype=np.int64).reshape([n for _, n in reversed(self.dims)])
+        rev = list(reversed(names))  # numpy axis k holds rev[k]
+        masked = [a for a in names if a in axes]  # innermost first
+        other = [a for a in names if a not in axes]
+        # target order of numpy axes: other axes (outermost first), then masked axes (outermost first), so that
+        # C-order reshape makes the innermost masked axis the fastest inside a group
+        perm = [rev.index(a) for a in reversed(other)] + [rev.index(a) for a in reversed(masked)]
+        return np.ascontiguousarray(np.transpose(grid, perm)).reshape(-1, self.size(*masked))
+
+    def key(self) -> str:
+        return "-".join(f"{d}{n}" for d, n in self.dims)
 
 
 def nodes_spanned(group: tuple[int, ...], gpus_per_node: int) -> int:
