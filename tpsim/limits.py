@@ -24,8 +24,23 @@ LIMITS: dict[str, int] = {
     "vocab_size": 1 << 24,
     "seq_len": 1 << 24,
     "max_positions": 1 << 26,
+    "norms_per_layer": 8,
     "num_experts": 1 << 14,
     "experts_per_token": 1 << 10,
+    "moe_ffn_hidden_size": 1 << 22,
+    "num_shared_experts": 1 << 10,
+    "shared_expert_ffn_hidden_size": 1 << 22,
+    "first_dense_layers": 4096,
+    "moe_layer_freq": 4096,
+    "router_groups": 1 << 14,
+    "router_group_topk": 1 << 14,
+    "mtp_layers": 64,
+    "q_lora_rank": 1 << 20,
+    "kv_lora_rank": 1 << 20,
+    "qk_nope_head_dim": 1 << 14,
+    "qk_rope_head_dim": 1 << 14,
+    "v_head_dim": 1 << 14,
+    "sliding_window": 1 << 24,
     # plan and cluster
     "gpus": 1 << 20,
     "tp": 1 << 12,
@@ -51,6 +66,8 @@ MAX_PLANS = 50_000_000
 """Plans a search may enumerate without an explicit flag."""
 MAX_JSON_DEPTH = 64
 """Nesting depth of a JSON or YAML input."""
+MAX_CONFIG_BYTES = 1 << 20
+"""Size of a model config.json (published ones are 1-10 kB; the largest, with label maps, well under 100 kB)."""
 MAX_YAML_NODES = 1_000_000
 """Scalar and collection nodes a YAML document may expand to (alias/anchor bombs)."""
 

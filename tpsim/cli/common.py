@@ -20,11 +20,20 @@ def positive_int(text: str) -> int:
 def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt3-175b") -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=default,
-                   help="preset name (gpt3-175b, megatron-1t, gpt3-1.3b, llama3-8b, llama3-70b, llama3-405b) "
-                        "or a Hugging Face config.json (default: %(default)s)")
+                   help="preset name (gpt3-175b, megatron-1t, gpt3-1.3b, llama3-8b, llama3-70b, llama3-405b, "
+                        "mixtral-8x7b, deepseek-v3) or a Hugging Face config.json (gpt2, gpt_neox, llama, mistral, "
+                        "qwen2, gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3) "
+                        "(default: %(default)s)")
+    add_model_overrides(g)
+
+
+def add_model_overrides(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """The shape overrides (checked against tpsim/limits.py by :func:`tpsim.model.with_overrides`)."""
     for flag, what in (("--layers", "number of layers"), ("--hidden", "hidden size"),
                        ("--heads", "attention heads"), ("--kv-heads", "key/value heads (GQA)"),
-                       ("--ffn", "MLP hidden size"), ("--vocab", "vocabulary size (before padding)")):
+                       ("--ffn", "MLP hidden size"), ("--vocab", "vocabulary size (before padding)"),
+                       ("--experts", "routed experts per MoE layer (mixture-of-experts models)"),
+                       ("--top-k", "routed experts per token (mixture-of-experts models)")):
         g.add_argument(flag, type=positive_int, help=f"override the model's {what}")
     g.add_argument("--seq-len", type=positive_int,
                    help="training sequence length (default: the preset's, else the config's maximum "
@@ -63,12 +72,18 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="flash (default) or unfused attention (stores the s x s scores)")
 
 
-def build_model(args: argparse.Namespace):
-    from ..model import load_model, with_overrides
+def build_model(args: argparse.Namespace, modelled: bool = True):
+    """The model of ``--model`` with the overrides; with ``modelled`` (every verb that estimates), a model
+    with features the estimator does not model yet is refused (:func:`tpsim.model.require_modelled`)."""
+    from ..model import load_model, require_modelled, with_overrides
 
     spec = load_model(args.model)
-    return with_overrides(spec, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                          kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, seq_len=args.seq_len)
+    spec = with_overrides(spec, layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+                          ffn=args.ffn, vocab=args.vocab, seq_len=args.seq_len,
+                          experts=getattr(args, "experts", None), top_k=getattr(args, "top_k", None))
+    if modelled:
+        require_modelled(spec)
+    return spec
 
 
 def cluster_and_gpus(args: argparse.Namespace, model) -> tuple[str, int | None]:

@@ -41,15 +41,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
-        print(format_estimate(result))
+        print(format_estimate(result, model))
     return 0
 
 
-def format_estimate(e) -> str:
+def format_estimate(e, model=None) -> str:
+    """The estimate as text; with ``model`` (a ModelSpec) its summary comes first."""
     p = e.plan
     b, m = e.breakdown, e.memory_gib
     lines = [
-        f"model    {e.model}",
+        *(model.summary().splitlines() if model is not None else [f"model    {e.model}"]),
         f"cluster  {e.cluster['name']}: {e.cluster['gpus']} x {e.cluster['device']}",
         f"plan     {p.short()}  (global batch {p.global_batch}, {p.num_microbatches} micro-batches per replica,"
         f" {p.dtype}, {p.attention} attention, order {p.order})",

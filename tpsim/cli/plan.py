@@ -176,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         print()
         save_memo(result)
         return 0
+    print(model.summary())
     print(_header(result, model, clusters[-1], batch))
     if len(result):
         print(format_table(result.table(args.top)))
