@@ -130,8 +130,9 @@ def _gpt_neox(r: ConfigReader) -> dict[str, Any]:
 
 def _llama(r: ConfigReader) -> dict[str, Any]:
     d = _llama_like(r, kv_default=None, max_pos_default=2048, tie_default=False)
-    bias = r.bool("attention_bias", False)
-    d.update(qkv_bias=bias, linear_bias=bias and r.bool("mlp_bias", False))
+    bias, mlp_bias = r.bool("attention_bias", False), r.bool("mlp_bias", False)
+    # linear_bias covers the output projection and the MLP: both only when both flags are set
+    d.update(qkv_bias=bias, linear_bias=bias and mlp_bias)
     return d
 
 
