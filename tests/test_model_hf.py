@@ -157,3 +157,11 @@ def test_unknown_model_type_is_one_clear_error():
         from_hf_config({"model_type": "bert"})
     with pytest.raises(InputError, match="model_type=None is not supported"):
         from_hf_config({"hidden_size": 64})
+
+
+def test_the_key_table_is_documented():
+    from tpsim.model.hf_keys import HARMLESS, MOE_HARMLESS, ROPE_TYPES
+
+    doc = (Path(__file__).parents[1] / "docs" / "MODELS.md").read_text()
+    missing = [k for k in (*HARMLESS, *MOE_HARMLESS, *ROPE_TYPES, *HF_TYPES) if f"`{k}`" not in doc and k not in doc]
+    assert not missing, missing
