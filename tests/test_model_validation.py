@@ -78,7 +78,7 @@ def test_booleans_accept_only_json_booleans(value):
     refused(c, f"tie_word_embeddings={value!r} must be true or false")
 
 
-@pytest.mark.parametrize("value", [0, 1.5, -0.25, "0.25", math.nan, True])
+@pytest.mark.parametrize("value", [0, 1.5, -0.25, "0.25", math.nan, True, 10 ** 40])
 def test_fractions_are_checked(value):
     c = cfg("gpt_neox")
     c["rotary_pct"] = value

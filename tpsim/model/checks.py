@@ -64,7 +64,8 @@ def _check_types(spec: "ModelSpec", where: str) -> None:
 
 
 def _check_float(where: str, name: str, value: Any, *, low: float, high: float, low_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (isinstance(value, float) and not math.isfinite(value)):
         raise InputError(f"{where}: {name}={value!r} must be a finite number")
     if value < low or (low_open and value == low) or value > high:
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"

@@ -159,8 +159,8 @@ class ConfigReader:
 
     def fraction(self, key: str, value: Any) -> float:
         """A number in (0, 1] (rotary_pct, partial_rotary_factor)."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not 0 < value <= 1:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or (isinstance(value, float) and not math.isfinite(value)) or not 0 < value <= 1:
             raise self.fail(f"{key}={value!r} must be a number in (0, 1]")
         return float(value)
 
