@@ -54,9 +54,8 @@ def _check_types(spec: "ModelSpec", where: str) -> None:
     for name, choices in _CHOICES.items():
         if getattr(spec, name) not in choices:
             raise InputError(f"{where}: {name}={getattr(spec, name)!r} is not one of {', '.join(choices)}")
-    for name in ("architecture",):
-        if not isinstance(getattr(spec, name), str):
-            raise InputError(f"{where}: {name}={getattr(spec, name)!r} must be a string")
+    if not isinstance(spec.architecture, str):
+        raise InputError(f"{where}: architecture={spec.architecture!r} must be a string")
     _check_float(where, "rotary_fraction", spec.rotary_fraction, low=0.0, high=1.0, low_open=True)
     _check_float(where, "capacity_factor", spec.capacity_factor, low=0.0, high=MAX_CAPACITY_FACTOR)
     if 0.0 < spec.capacity_factor < 1.0:

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from . import counting
 from .checks import check_spec
+from .describe import summary
 
 FAMILIES = ("gpt", "llama")
 """Block styles the estimator costs: ``gpt`` = Megatron GPT blocks (LayerNorm, GeLU, dropout after attention
@@ -284,8 +285,6 @@ class ModelSpec:
     # ---- text ----------------------------------------------------------------------------------------
     def summary(self) -> str:
         """A few lines: parameters (total and active), layers, attention, experts, sequence, ignored keys."""
-        from .describe import summary
-
         return summary(self)
 
     def to_dict(self) -> dict[str, Any]:
