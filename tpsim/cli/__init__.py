@@ -14,7 +14,7 @@ import sys
 from ..errors import TpsimError
 
 # verb modules, in the order `tpsim --help` lists them
-VERB_MODULES = ("estimate", "plan", "report", "topo", "collective", "bench_collectives", "calibrate",
+VERB_MODULES = ("estimate", "plan", "report", "export", "topo", "collective", "bench_collectives", "calibrate",
                 "profile", "validate")
 
 
