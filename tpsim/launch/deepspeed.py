@@ -5,8 +5,7 @@ JSON keys: DeepSpeed's config (``train_batch_size``, ``train_micro_batch_size_pe
 ``gradient_accumulation_steps``, ``bf16`` / ``fp16``, ``zero_optimization`` with the defaults of
 deepspeed/runtime/zero/config.py at commit 03dc2b92); DeepSpeed checks train_batch_size = micro x accumulation x
 dp. Launch flags: Megatron-LM's plus Megatron-DeepSpeed's ``--deepspeed``, ``--deepspeed_config``,
-``--zero-stage``, ``--no-pipeline-parallel``, ``--checkpoint-activations``,
-``--deepspeed-activation-checkpointing``, ``--use-flash-attn-v2``, ``--ds-sequence-parallel-size``.
+``--zero-stage``, ``--no-pipeline-parallel``, ``--deepspeed-activation-checkpointing``, ``--use-flash-attn-v2``, ``--ds-sequence-parallel-size``.
 JSON has no comments: the header is in the launch script.
 """
 
@@ -65,10 +64,9 @@ def launch_args(ctx: ExportContext) -> list[list[str]]:
     if axis(plan, "cp") > 1:
         args.append(["--ds-sequence-parallel-size", str(axis(plan, "cp"))])
     args += [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(plan.global_batch)]]
-    if plan.recompute == "full":
-        args += [["--checkpoint-activations"], ["--deepspeed-activation-checkpointing"]]
-    elif plan.recompute == "selective":
-        args.append(["--recompute-granularity", "selective"])
+    args += megatron._recompute(plan.recompute)
+    if plan.recompute == "full":   # recompute through deepspeed.checkpointing (activation_checkpointing section)
+        args.append(["--deepspeed-activation-checkpointing"])
     args += {"bf16": [["--bf16"]], "fp16": [["--fp16"]], "fp32": []}[plan.dtype]
     if plan.attention == "flash":
         args.append(["--use-flash-attn-v2"])
