@@ -74,6 +74,12 @@ class ImportedLaunch:
     gpus: int | None = None
     dp: int | None = None
     """data-parallel degree the file implies (DeepSpeed batch sizes, torchtitan degrees), checked against gpus."""
+    batch_per_replica: int | None = None
+    """sequences per data-parallel replica per step when the file sets the global batch that way (torchtitan
+    global_batch_size = -1): global batch = this x dp."""
+    layers_per_virtual_stage: int | None = None
+    """layers per (virtual) pipeline stage when the file states vpp that way: vpp = layers / (pp x this),
+    computed once the model is known."""
     notes: tuple[str, ...] = ()
     """unknown flags, unresolved variables, settings tpsim approximates: listed for the user."""
 
@@ -199,10 +205,23 @@ def resolve_plan(imp: ImportedLaunch, model: ModelSpec, gpus: int, global_batch:
     for k in PLAN_AXES_LATER:
         if k in fields and k not in later:
             fields.pop(k)
+    if imp.layers_per_virtual_stage and "vpp" not in (overrides or {}):
+        fields["vpp"] = _vpp(imp, model, int(fields.get("pp", 1)))
     batch = global_batch if global_batch is not None else fields.pop("global_batch", None)
+    if batch is None and imp.batch_per_replica:
+        model_ranks = int(fields.get("tp", 1)) * int(fields.get("pp", 1)) * int(fields.get("cp", 1))
+        batch = imp.batch_per_replica * max(1, gpus // model_ranks)
     fields.pop("global_batch", None)
     plan = make_plan(model, gpus, global_batch=batch, **fields)
     if imp.dp is not None and plan.dp != imp.dp and not (overrides and {"tp", "pp"} & set(overrides)):
         raise InputError(f"{imp.path}: the file implies dp={imp.dp} but {gpus} GPUs with tp={plan.tp} "
                          f"pp={plan.pp} give dp={plan.dp} (give --gpus {imp.dp * gpus // plan.dp})")
     return plan
+
+
+def _vpp(imp: ImportedLaunch, model: ModelSpec, pp: int) -> int:
+    per_stage = int(imp.layers_per_virtual_stage or 1)
+    if model.num_layers % (pp * per_stage):
+        raise InputError(f"{imp.path}: {model.num_layers} layers are not pp={pp} x {per_stage} layers per virtual "
+                         f"stage")
+    return model.num_layers // (pp * per_stage)

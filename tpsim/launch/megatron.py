@@ -201,6 +201,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     gpus = command.gpus_per_node * (command.nodes or 1) if command.gpus_per_node else None
     shape = {**header_shape(header), **shape}
     return ImportedLaunch(format="megatron", path=path, plan_fields=plan, model_shape=shape,
+                          layers_per_virtual_stage=f.int("--num-layers-per-virtual-pipeline-stage"),
                           model_ref=header.get("model"), cluster_ref=header.get("cluster"),
                           gpus=gpus or _int_or_none(header.get("gpus")), notes=tuple(notes))
 
@@ -241,15 +242,15 @@ def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
 
 
 def _vpp_of(f: Flags, pp: int) -> int | None:
+    """vpp from --num-virtual-stages-per-pipeline-rank, or from --num-layers-per-virtual-pipeline-stage and
+    --num-layers (without --num-layers: left to :func:`resolve_plan` once the model is known)."""
     per_rank = f.int("--num-virtual-stages-per-pipeline-rank")
     if per_rank:
         return per_rank
     per_stage = f.int("--num-layers-per-virtual-pipeline-stage")
     layers = f.int("--num-layers")
-    if not per_stage:
+    if not per_stage or not layers:
         return None
-    if not layers:
-        raise InputError(f"{f.where}: --num-layers-per-virtual-pipeline-stage needs --num-layers to give vpp")
     if layers % (pp * per_stage):
         raise InputError(f"{f.where}: --num-layers {layers} is not a multiple of pp={pp} x "
                          f"--num-layers-per-virtual-pipeline-stage {per_stage}")

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
-from ..model import PRESETS
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
 
 FILENAME = "torchtitan.toml"
@@ -114,6 +113,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     replicate, shard = _int(par, "data_parallel_replicate_degree", 1, where), _int(par, "data_parallel_shard_degree",
                                                                                      -1, where)
     zero = _zero(replicate, shard, pp, str(par.get("fsdp_reshard_after_forward", "default")), where, notes)
+    layers_per_stage = None
     fields: dict[str, Any] = {"tp": tp, "pp": pp, "sp": tp > 1, "zero": zero, "overlap": True,
                               "order": "tp-dp-pp", "attention": "flash",
                               "recompute": _recompute(ac, where, notes), "dtype": _dtype(training, model, where)}
@@ -124,7 +124,9 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
             raise InputError(f"{where}: local_batch_size {local} is not a multiple of "
                              f"pipeline_parallel_microbatch_size {micro}")
         fields["micro_batch"] = micro
-        fields["vpp"] = _vpp(par, pp, model, where)
+        layers_per_stage = _layers_per_stage(par, where)
+        if layers_per_stage is None:
+            fields["vpp"] = 1
     else:
         fields["micro_batch"] = local
     if cp > 1:
@@ -137,7 +139,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         fields["global_batch"] = global_batch
     elif dp is not None:
         fields["global_batch"] = local * dp
-    else:
+    else:   # torchtitan/train.py: global_batch_size < 0 means local_batch_size x dp (one accumulation step)
         notes.append("global_batch_size -1 with data_parallel_shard_degree -1: global batch = local batch x dp")
     header = read_header(text)
     flavor_ref = next((k for k, v in FLAVORS.items() if v == str(model.get("flavor"))), None)
@@ -147,7 +149,8 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         gpus = dp * tp * pp * cp
     return ImportedLaunch(format="torchtitan", path=path, plan_fields=fields, model_shape=shape,
                           model_ref=header.get("model") or flavor_ref, cluster_ref=header.get("cluster"), gpus=gpus,
-                          dp=dp, notes=tuple(notes) + _unused(data))
+                          dp=dp, layers_per_virtual_stage=layers_per_stage, notes=tuple(notes) + _unused(data),
+                          batch_per_replica=local if global_batch <= 0 and dp is None else None)
 
 
 def _table(data: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
@@ -201,26 +204,19 @@ def _dtype(training: Mapping[str, Any], model: Mapping[str, Any], where: str) ->
     return "bf16" if param == "bfloat16" else "fp32"
 
 
-def _vpp(par: Mapping[str, Any], pp: int, model: Mapping[str, Any], where: str) -> int:
+def _layers_per_stage(par: Mapping[str, Any], where: str) -> int | None:
+    """pipeline_parallel_layers_per_stage (vpp follows once the model's layers are known); None: one stage per
+    rank (1F1B-style schedules)."""
     schedule = str(par.get("pipeline_parallel_schedule", "1F1B"))
     per_stage = par.get("pipeline_parallel_layers_per_stage")
-    if not per_stage:
+    if per_stage is None:
         if schedule.lower().startswith(("interleaved", "looped")):
-            raise InputError(f"{where}: {schedule} without pipeline_parallel_layers_per_stage: give the "
-                             f"layers per stage so tpsim knows the virtual stages")
-        return 1
-    layers = _preset_layers(model)
-    if layers is None:
-        raise InputError(f"{where}: pipeline_parallel_layers_per_stage needs the model's layers "
-                         f"(flavor {model.get('flavor')!r} is not a tpsim preset; give --model)")
-    if layers % (int(per_stage) * pp):
-        raise InputError(f"{where}: {layers} layers are not pp={pp} x {per_stage} layers per stage")
-    return layers // (int(per_stage) * pp)
-
-
-def _preset_layers(model: Mapping[str, Any]) -> int | None:
-    ref = next((k for k, v in FLAVORS.items() if v == str(model.get("flavor"))), None)
-    return PRESETS[ref].num_layers if ref else None
+            raise InputError(f"{where}: {schedule} without pipeline_parallel_layers_per_stage: give the layers per "
+                             f"stage so tpsim knows the virtual stages")
+        return None
+    if isinstance(per_stage, bool) or not isinstance(per_stage, int) or per_stage <= 0:
+        raise InputError(f"{where}: pipeline_parallel_layers_per_stage={per_stage!r} must be a positive integer")
+    return per_stage
 
 
 def _unused(data: Mapping[str, Any]) -> tuple[str, ...]:
