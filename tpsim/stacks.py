@@ -183,9 +183,11 @@ def _columns(batch: PlanBatch) -> dict[str, Any]:
     return cols
 
 
-def _order_key(order: str) -> str:
-    """A rank order without the cp axis (``tp-cp-dp-pp`` -> ``tp-dp-pp``): stacks place cp next to tp."""
-    return "-".join(axis for axis in order.split("-") if axis != "cp")
+def order_key(order: str) -> str:
+    """A rank order with cp folded into tp (``tp-cp-dp-pp`` -> ``tp-dp-pp``): the stacks place the cp axis
+    right after tp (Megatron-Core ``tp-cp-ep-dp-pp``, torchtitan's mesh); cp elsewhere keeps its name and
+    matches no stack order."""
+    return order.replace("tp-cp", "tp")
 
 
 def _plan_cp(plan: Plan) -> tuple[int, str, int]:
@@ -237,7 +239,7 @@ RULES: tuple[Rule, ...] = (
          lambda c, r, m: _whole(c, c["attention"] not in r.attention),
          lambda p, r, m: f"attention={p.attention} is not offered (offers {_names(r.attention)})"),
     Rule("order", "rank order not expressible in the stack",
-         lambda c, r, m: ~np.isin(c["order"], [i for i, o in enumerate(ORDERS) if _order_key(o) in r.orders]),
+         lambda c, r, m: ~np.isin(c["order"], [i for i, o in enumerate(ORDERS) if order_key(o) in r.orders]),
          lambda p, r, m: f"order={p.order} is not expressible (orders: {_names(r.orders)})"),
     Rule("no-overlap", "DP communication always overlapped by the stack",
          lambda c, r, m: (not r.overlap_optional) & ~c["overlap"] & (c["dp"] > 1),
@@ -341,7 +343,7 @@ def _rules(body: Any, where: str) -> StackRules:
         recompute=_names_map(body["recompute"], f"{where}.recompute", RECOMPUTE),
         dtypes=_names_map(body["dtypes"], f"{where}.dtypes", DTYPES),
         attention=_names_map(body["attention"], f"{where}.attention", ATTENTION),
-        orders=_names_map(body["orders"], f"{where}.orders", tuple(_order_key(o) for o in ORDERS)),
+        orders=_names_map(body["orders"], f"{where}.orders", tuple(order_key(o) for o in ORDERS)),
         overlap_optional=_flag(body["overlap_optional"], f"{where}.overlap_optional", bool), sources=sources)
 
 
