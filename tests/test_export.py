@@ -182,6 +182,12 @@ def test_plans_the_framework_cannot_run_are_refused_with_the_rule(fmt, kw, rule)
         export_plan(fmt, ctx_for(**kw))
 
 
+def test_cli_format_list_matches_the_exporters():
+    from tpsim.cli.export import FORMATS as CLI_FORMATS
+
+    assert CLI_FORMATS == FORMATS
+
+
 def test_torchtitan_refuses_gpt_models():
     gpt = load_model("gpt3-1.3b")
     cluster = load_cluster("dgx-a100", gpus=8)

@@ -7,6 +7,7 @@ import json
 import sys
 
 from .common import add_cluster_args, add_model_args, add_plan_args, build_cluster, build_model, build_plan
+from .export import FORMATS as EXPORT_FORMATS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="read the plan (and model shape, GPU count) from a launch config: a Megatron command line "
                         "or script, a torchtitan TOML, a DeepSpeed JSON or launch script, a NeMo YAML, or a "
                         "`tpsim export` folder; plan flags given here override the file's (docs/EXPORT.md)")
-    p.add_argument("--from-format", choices=("megatron", "torchtitan", "deepspeed", "nemo"),
+    p.add_argument("--from-format", choices=EXPORT_FORMATS,
                    help="format of --from when its name does not tell (default: from the file suffix)")
     p.set_defaults(func=run)
 

@@ -19,11 +19,11 @@ from typing import Any
 from .common import add_cluster_args, add_model_args, add_plan_args, build_cluster, build_model, build_plan
 
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
+FORMATS = ("megatron", "torchtitan", "deepspeed", "nemo")
+"""tpsim.launch.FORMATS, repeated here so that building the parser does not import the exporters."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..launch import FORMATS
-
     p = sub.add_parser("export", help="write a plan's launch config (Megatron, torchtitan, DeepSpeed, NeMo)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_format_args(p, FORMATS + ("all",), required=True)
@@ -58,7 +58,7 @@ def cluster_ref(args: argparse.Namespace, model: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..estimator import estimate
-    from ..launch import FORMATS, export_context, export_plan, export_violation, write_files
+    from ..launch import export_context, export_plan, export_violation, write_files
     from .estimate import compute_model
 
     model = build_model(args)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import InputError
 from .common import add_cluster_args, add_model_args, build_model, cluster_and_gpus, positive_int
+from .export import FORMATS as EXPORT_FORMATS
 
 ORDER_CHOICES = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 
@@ -77,8 +78,7 @@ def register(subparsers: Any) -> None:
                    help="do not use the on-disk result cache ($TPSIM_CACHE_DIR or ~/.cache/tpsim; "
                         "keyed by a hash of every input and of tpsim's code)")
     e = p.add_argument_group("export (docs/EXPORT.md)")
-    e.add_argument("--export", dest="export_format", default=None,
-                   choices=("megatron", "torchtitan", "deepspeed", "nemo"),
+    e.add_argument("--export", dest="export_format", default=None, choices=EXPORT_FORMATS,
                    help="write the launch config of the best plan the framework can run (its stack's rules)")
     e.add_argument("--out", default=None, metavar="DIR", help="folder for --export (rank<r>/ per plan with --export-top)")
     e.add_argument("--export-top", type=positive_int, default=1, metavar="K",

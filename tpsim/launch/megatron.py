@@ -44,7 +44,8 @@ def plan_args(plan: Plan, model: ModelSpec) -> list[list[str]]:
         args.append(["--use-tp-pp-dp-mapping"])
     args += [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(plan.global_batch)]]
     args += _recompute(plan.recompute) + _zero(plan) + _precision(plan.dtype)
-    args.append(["--attention-backend", "flash" if plan.attention == "flash" else "unfused"])
+    # auto: Transformer Engine picks FlashAttention or cuDNN fused attention; neither stores the scores
+    args.append(["--attention-backend", "auto" if plan.attention == "flash" else "unfused"])
     return args
 
 
