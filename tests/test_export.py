@@ -11,6 +11,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -180,6 +181,32 @@ def test_header_names_model_cluster_and_prediction():
 def test_plans_the_framework_cannot_run_are_refused_with_the_rule(fmt, kw, rule):
     with pytest.raises(InputError, match=re.escape(rule)):
         export_plan(fmt, ctx_for(**kw))
+
+
+def test_uneven_pipeline_split_is_written_as_megatron_layout_and_read_back(tmp_path):
+    """Llama-3 405B (126 layers) on pp=16 x vpp=4: Megatron runs it with --pipeline-model-parallel-layout; the
+    layout holds every layer once, E first and L last, and per rank the layer counts tpsim's estimator uses."""
+    from tpsim.estimator.memory import stage_layers
+    from tpsim.launch import import_launch, resolve_model, resolve_plan
+    from tpsim.launch.megatron import chunk_layers, layout_stages
+
+    model = load_model("llama3-405b")
+    cluster = load_cluster("dgx-h100", gpus=1024)
+    plan = make_plan(model, 1024, tp=8, pp=16, vpp=4, sp=True, zero=1, recompute="full", global_batch=1024)
+    ctx = export_context(model, cluster, plan, model_ref="llama3-405b", cluster_ref="dgx-h100")
+    script = export_plan("megatron", ctx)["megatron_args.sh"]
+    text = re.search(r"--pipeline-model-parallel-layout '([^']+)'", script).group(1)
+    assert text.startswith("E") and text.endswith("L") and layout_stages(text) == (64, 126)
+    assert "--num-layers-per-virtual-pipeline-stage" not in script
+    counts = chunk_layers(126, 16, 4)
+    per_rank = [sum(counts[r::16]) for r in range(16)]
+    split = stage_layers(126, np.array([16]), np.array([4]))
+    assert (per_rank[0], per_rank[-1], max(per_rank[1:-1])) == (split.first[0], split.last[0], split.middle[0])
+    path = write_files({"megatron_args.sh": script}, tmp_path)[0]
+    imp = import_launch(path)
+    assert resolve_plan(imp, resolve_model(imp), 1024) == plan
+    with pytest.raises(InputError, match="no uneven pipeline layout key"):
+        export_plan("nemo", ctx)
 
 
 def test_cli_format_list_matches_the_exporters():

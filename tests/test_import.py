@@ -26,21 +26,17 @@ CASES = [  # (model, overrides, cluster, gpus, global batch)
 ]
 
 
-def _sample_plans(model, gpus, batch, n, seed, fmt):
-    """n random plans of the whole space that are valid for tpsim and that the format's stack runs."""
+def _sample_plans(model, gpus, batch, seed, fmt):
+    """Random plans of the whole space that are valid for tpsim and that the format's stack runs."""
     plans = enumerate_plans(model, gpus, batch, SearchSpace(micro_batch=(1, 2))).plans
     runnable = np.flatnonzero(~format_stack(fmt).violations(plans, model))
-    out = []
     for i in np.random.default_rng(seed).permutation(runnable):
         p = plans.plan(int(i))
         try:
             validate_plan(model, p, gpus)
         except InputError:
             continue
-        out.append(p)
-        if len(out) == n:
-            break
-    return out
+        yield p
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -51,11 +47,15 @@ def test_export_then_import_gives_the_same_plan_on_many_plans(fmt, tmp_path):
     for k, (name, overrides, cluster_name, gpus, batch) in enumerate(CASES):
         model = with_overrides(load_model(name), **overrides)
         cluster = load_cluster(cluster_name, gpus=gpus)
-        for j, plan in enumerate(_sample_plans(model, gpus, batch, 25, k, fmt)):
+        done = 0
+        for j, plan in enumerate(_sample_plans(model, gpus, batch, k, fmt)):
             ctx = export_context(model, cluster, plan, model_ref=name, cluster_ref=cluster_name,
                                  model_overrides=overrides)
+            if done == 25:
+                break
             if export_violation(fmt, ctx):
                 continue
+            done += 1
             paths = write_files(export_plan(fmt, ctx), tmp_path / f"{k}-{j}")
             source = next(p for p in paths if not p.name.endswith(".json")) if fmt == "deepspeed" else paths[0]
             imp = import_launch(source)

@@ -93,8 +93,10 @@ def test_megatron_rules():
     assert "zero=2 with pp=4" in s.plan_violation(plan(zero=2), LLAMA70)
     assert "zero=3 with pp=4" in s.plan_violation(plan(zero=3), LLAMA70)
     assert "order=dp-tp-pp" in s.plan_violation(plan(order="dp-tp-pp"), LLAMA70)
-    assert "does not divide num_layers=80" in s.plan_violation(plan(pp=4, vpp=3), LLAMA70)
-    assert s.plan_violation(plan(pp=4, vpp=3)) is None                       # model rules only with a model
+    assert s.plan_violation(plan(pp=4, vpp=3), LLAMA70) is None             # --pipeline-model-parallel-layout
+    tt = load_stack("torchtitan")
+    assert "does not divide num_layers=80" in tt.plan_violation(plan(pp=4, vpp=3, zero=3), LLAMA70)
+    assert tt.plan_violation(plan(pp=4, vpp=3, zero=3)) is None             # model rules only with a model
     assert s.plan_violation(plan(dtype="tf32"), LLAMA70).startswith("megatron (dtype)")
     assert s.recompute_name("selective").startswith("--recompute-granularity selective")
     with pytest.raises(InputError, match=r"stack megatron \(zero-with-pp\)"):

@@ -7,6 +7,8 @@ Megatron-Core 0.14); tests/data/megatron_args_000c4ac2.txt lists the names check
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,7 +31,9 @@ def plan_args(plan: Plan, model: ModelSpec) -> list[list[str]]:
     """Megatron arguments of the plan: parallel sizes, batch, recomputation, optimizer sharding, precision."""
     args: list[list[str]] = [["--tensor-model-parallel-size", str(plan.tp)],
                              ["--pipeline-model-parallel-size", str(plan.pp)]]
-    if plan.vpp > 1:
+    if plan.pp > 1 and model.num_layers % (plan.pp * plan.vpp):
+        args.append(["--pipeline-model-parallel-layout", shlex.quote(layout(model.num_layers, plan.pp, plan.vpp))])
+    elif plan.vpp > 1:
         args.append(["--num-layers-per-virtual-pipeline-stage", str(model.num_layers // (plan.pp * plan.vpp))])
     if plan.sp:
         args.append(["--sequence-parallel"])
@@ -47,6 +51,43 @@ def plan_args(plan: Plan, model: ModelSpec) -> list[list[str]]:
     # auto: Transformer Engine picks FlashAttention or cuDNN fused attention; neither stores the scores
     args.append(["--attention-backend", "auto" if plan.attention == "flash" else "unfused"])
     return args
+
+
+def chunk_layers(num_layers: int, pp: int, vpp: int) -> list[int]:
+    """Layers of each model chunk in model order (chunk k = virtual stage k // pp on rank k % pp), split as
+    tpsim's estimator splits them (tpsim.estimator.memory.stage_layers): chunks differ by at most one layer and
+    the extra layers go to the middle ranks first, then half to the first and half to the last rank."""
+    base, extra = divmod(num_layers, pp * vpp)
+    counts = [base] * (pp * vpp)
+    middle = list(range(1, pp - 1))
+    to_middle = min(extra, len(middle) * vpp)
+    order = [v * pp + r for v in range(vpp) for r in middle]
+    for k in order[:to_middle]:
+        counts[k] += 1
+    left = extra - to_middle
+    for n, rank in ((left // 2, 0), (left - left // 2, pp - 1)):
+        for v in range(n):
+            counts[v * pp + rank] += 1
+    return counts
+
+
+def layout(num_layers: int, pp: int, vpp: int) -> str:
+    """``--pipeline-model-parallel-layout`` of :func:`chunk_layers`: stages in model order separated by ``|``,
+    ``E`` (embedding) first and ``L`` (loss) last, ``t*n`` for n decoder layers
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
+    stages = [f"t*{n}" if n > 1 else "t" * n for n in chunk_layers(num_layers, pp, vpp)]
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    return "|".join(stages)
+
+
+def layout_stages(text: str) -> tuple[int, int]:
+    """(stages, decoder layers) of a layout string, unrolled as Megatron's parse_str_to_list does."""
+    text = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    if set(text) - set("ELtm|"):
+        raise ValueError(text)
+    return text.count("|") + 1, text.count("t")
 
 
 def _recompute(recompute: str) -> list[list[str]]:
@@ -138,14 +179,16 @@ INT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
              "--zero-stage", "--ds-sequence-parallel-size")
 TEXT_FLAGS = ("--recompute-granularity", "--recompute-method", "--attention-backend", "--normalization",
               "--position-embedding-type", "--data-parallel-sharding-strategy", "--fp8-format", "--cp-comm-type",
-              "--deepspeed_config", "--deepspeed-config", "--ckpt-format", "--recompute-modules")
+              "--deepspeed_config", "--deepspeed-config", "--ckpt-format", "--recompute-modules",
+             "--pipeline-model-parallel-layout")
 BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
               "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16", "--overlap-grad-reduce",
               "--overlap-param-gather", "--use-tp-pp-dp-mapping", "--swiglu", "--untie-embeddings-and-output-weights",
               "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--recompute-activations",
               "--use-flash-attn", "--use-rotary-position-embeddings", "--deepspeed", "--no-pipeline-parallel",
               "--checkpoint-activations", "--deepspeed-activation-checkpointing", "--use-flash-attn-v2",
-              "--init-model-with-meta-device")
+              "--init-model-with-meta-device", "--account-for-embedding-in-pipeline-split",
+              "--account-for-loss-in-pipeline-split")
 KNOWN_FLAGS = set(INT_FLAGS) | set(TEXT_FLAGS) | set(BOOL_FLAGS)
 
 
@@ -224,6 +267,12 @@ def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
                               "attention": _attention_of(f, notes)}
     if f.has("--sequence-parallel") and tp == 1:
         notes.append("--sequence-parallel with tp=1: Megatron disables it")
+    uneven = [n for n in ("--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
+                          "--decoder-last-pipeline-num-layers", "--account-for-embedding-in-pipeline-split",
+                          "--account-for-loss-in-pipeline-split") if f.has(n)]
+    if uneven:
+        notes.append(f"{' '.join(uneven)}: the layer split is tpsim's own (chunks differ by at most one layer, "
+                     f"extra layers on the middle ranks)")
     fields["vpp"] = _vpp_of(f, pp)
     cp = f.int("--context-parallel-size") or 1
     if cp > 1:
@@ -243,13 +292,27 @@ def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
 
 
 def _vpp_of(f: Flags, pp: int) -> int | None:
-    """vpp from --num-virtual-stages-per-pipeline-rank, or from --num-layers-per-virtual-pipeline-stage and
-    --num-layers (without --num-layers: left to :func:`resolve_plan` once the model is known)."""
+    """vpp from --pipeline-model-parallel-layout or --num-virtual-stages-per-pipeline-rank, or from
+    --num-layers-per-virtual-pipeline-stage and --num-layers (without --num-layers: left to
+    :func:`resolve_plan` once the model is known)."""
+    text = f.text("--pipeline-model-parallel-layout")
+    if text is not None:
+        try:
+            stages, _ = layout_stages(text)
+        except (ValueError, re.error):
+            raise InputError(f"{f.where}: --pipeline-model-parallel-layout {text!r} is not a layout of E, t, m, L "
+                             f"and |") from None
+        if stages % pp:
+            raise InputError(f"{f.where}: --pipeline-model-parallel-layout has {stages} stages, not a multiple of "
+                             f"pp={pp}")
+        return stages // pp
     per_rank = f.int("--num-virtual-stages-per-pipeline-rank")
     if per_rank:
         return per_rank
     per_stage = f.int("--num-layers-per-virtual-pipeline-stage")
     layers = f.int("--num-layers")
+    if layers:   # validate_args counts the embedding and the loss as layers when told to
+        layers += f.has("--account-for-embedding-in-pipeline-split") + f.has("--account-for-loss-in-pipeline-split")
     if not per_stage or not layers:
         return None
     if layers % (pp * per_stage):

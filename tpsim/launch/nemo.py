@@ -29,8 +29,12 @@ FSDP = {2: "grad", 3: "full"}
 def format_violation(ctx: ExportContext) -> str | None:
     from ..stacks import order_key
 
-    if order_key(ctx.plan.order) != "tp-dp-pp":
-        return f"order={ctx.plan.order}: NeMo's config has no rank-order key (Megatron's default tp-cp-ep-dp-pp)"
+    plan, layers = ctx.plan, ctx.model.num_layers
+    if order_key(plan.order) != "tp-dp-pp":
+        return f"order={plan.order}: NeMo's config has no rank-order key (Megatron's default tp-cp-ep-dp-pp)"
+    if layers % (plan.pp * plan.vpp):
+        return (f"pp={plan.pp} x vpp={plan.vpp} does not divide num_layers={layers}: the NeMo 1.x config has no "
+                f"uneven pipeline layout key")
     return None
 
 
