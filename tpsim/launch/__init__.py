@@ -16,7 +16,6 @@ Python API::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -149,8 +148,3 @@ def describe_import(imp: ImportedLaunch) -> str:
     lines = [f"imported {imp.path} ({imp.format})"]
     lines += [f"  note: {n}" for n in imp.notes]
     return "\n".join(lines)
-
-
-def dumps_fields(imp: ImportedLaunch) -> str:
-    return json.dumps({"format": imp.format, "plan": dict(imp.plan_fields), "model_shape": dict(imp.model_shape),
-                       "gpus": imp.gpus, "notes": list(imp.notes)}, sort_keys=True)
