@@ -150,7 +150,8 @@ def test_torchtitan_toml_parses_with_tomllib_and_uses_job_config_keys():
 
 
 def test_nemo_yaml_parses_and_uses_megatron_gpt_config_keys():
-    text = export_plan("nemo", ctx_for(tp=8, pp=4, vpp=2, sp=True, zero=1, recompute="selective"))["nemo_megatron_gpt.yaml"]
+    ctx = ctx_for(tp=8, pp=4, vpp=2, sp=True, zero=1, recompute="selective")
+    text = export_plan("nemo", ctx)["nemo_megatron_gpt.yaml"]
     data = yaml.safe_load(text)
     assert set(data) == {"trainer", "model"} and set(data["model"]) <= NEMO_MODEL_KEYS
     assert data["trainer"]["devices"] * data["trainer"]["num_nodes"] == 64
@@ -233,8 +234,8 @@ def test_cli_export_and_plan_export(tmp_path, capsys):
                  "--sp", "--zero", "2"] + args) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "zero=2 with pp=4 is not offered" in err
-    assert main(["plan", "--no-progress", "--top", "2", "--export", "deepspeed", "--out", str(tmp_path / "p"),
-                 "--export-top", "2", "--micro-batch", "1", "--tp", "8"] + args) == 0
+    assert main(["plan", "--no-progress", "--no-cache", "--top", "2", "--export", "deepspeed",
+                 "--out", str(tmp_path / "p"), "--export-top", "2", "--micro-batch", "1", "--tp", "8"] + args) == 0
     out = capsys.readouterr().out
     exported = sorted(p.name for p in (tmp_path / "p").iterdir())
     assert len(exported) == 2 and all(name.startswith("rank") for name in exported), exported
@@ -245,4 +246,4 @@ def test_cli_export_and_plan_export(tmp_path, capsys):
                                                                           script).group(1))
         assert pp == 1 or stage <= 1
     assert "export: rank" in out
-    assert main(["plan", "--no-progress", "--export", "megatron"] + args) == 2
+    assert main(["plan", "--no-progress", "--no-cache", "--export", "megatron"] + args) == 2

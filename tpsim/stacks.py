@@ -214,7 +214,8 @@ RULES: tuple[Rule, ...] = (
          lambda c, r, m: (r.ddp_only_pure_dp & (c["zero"] == 0) & (c["dp"] > 1)
                           & ((c["tp"] > 1) | (c["pp"] > 1) | (c["cp"] > 1))),
          lambda p, r, m: (f"zero=0 (DDP) with dp={p.dp} needs tp=pp=cp=1 (tp={p.tp}, pp={p.pp}, "
-                          f"cp={_plan_cp(p)[0]}); use ZeRO-{min(z for z in r.zero_offered if z) if any(r.zero_offered) else 0}")),
+                          f"cp={_plan_cp(p)[0]}); sharded data parallelism (ZeRO "
+                          f"{', '.join(str(z) for z in r.zero_offered if z)}) composes with them")),
     Rule("interleaving", "interleaved pipeline schedule not offered",
          lambda c, r, m: (not r.interleaving) & (c["vpp"] > 1),
          lambda p, r, m: f"vpp={p.vpp}: the interleaved (virtual pipeline) schedule is not offered"),

@@ -80,7 +80,8 @@ def register(subparsers: Any) -> None:
     e = p.add_argument_group("export (docs/EXPORT.md)")
     e.add_argument("--export", dest="export_format", default=None, choices=EXPORT_FORMATS,
                    help="write the launch config of the best plan the framework can run (its stack's rules)")
-    e.add_argument("--out", default=None, metavar="DIR", help="folder for --export (rank<r>/ per plan with --export-top)")
+    e.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for --export (rank<r>/ per plan with --export-top)")
     e.add_argument("--export-top", type=positive_int, default=1, metavar="K",
                    help="export the K best plans the framework can run (default 1)")
     p.set_defaults(func=run)

@@ -5,7 +5,8 @@ JSON keys: DeepSpeed's config (``train_batch_size``, ``train_micro_batch_size_pe
 ``gradient_accumulation_steps``, ``bf16`` / ``fp16``, ``zero_optimization`` with the defaults of
 deepspeed/runtime/zero/config.py at commit 03dc2b92); DeepSpeed checks train_batch_size = micro x accumulation x
 dp. Launch flags: Megatron-LM's plus Megatron-DeepSpeed's ``--deepspeed``, ``--deepspeed_config``,
-``--zero-stage``, ``--no-pipeline-parallel``, ``--deepspeed-activation-checkpointing``, ``--use-flash-attn-v2``, ``--ds-sequence-parallel-size``.
+``--zero-stage``, ``--no-pipeline-parallel``, ``--deepspeed-activation-checkpointing``, ``--use-flash-attn-v2``,
+``--ds-sequence-parallel-size``.
 JSON has no comments: the header is in the launch script.
 """
 
