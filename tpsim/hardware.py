@@ -49,31 +49,31 @@ def device_from_mapping(name: str, mapping: Mapping[str, Any], where: str,
                         default_usable_fraction: float | None = None) -> DeviceSpec:
     """One device from the keys of a ``tpsim/data/devices.yaml`` entry (the same function reads a cluster
     file's inline device). Units: ``peak_tflops`` dense TFLOP/s per GEMM dtype, ``hbm_TBps`` 1e12 B/s,
-    ``memory_bytes`` bytes, ``compute_units`` SMs/CUs; ``source`` is required. Bad values raise
-    :class:`InputError` naming ``where``, the field and the value."""
+    ``memory_bytes`` bytes, ``compute_units`` SMs/CUs; ``source`` is required. Bad values raise one
+    :class:`InputError` line ``<where>: device <name>: <field>=<value> ...``."""
+    where = f"{where}: device {name}"
     if not isinstance(mapping, Mapping):
-        raise InputError(f"{where}: a device must be a mapping of {', '.join(REQUIRED_DEVICE_KEYS)}, "
-                         f"got {mapping!r}")
-    for key in mapping:
-        if key not in DEVICE_KEYS:
-            raise InputError(f"{where}: unknown key {key!r} (allowed: {', '.join(DEVICE_KEYS)})")
-    for key in REQUIRED_DEVICE_KEYS:
-        if key not in mapping:
-            raise InputError(f"{where}: missing key {key!r}")
+        raise InputError(f"{where}: must be a mapping of fields, got {type(mapping).__name__}")
+    unknown = sorted(set(mapping) - set(DEVICE_KEYS))
+    if unknown:
+        raise InputError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(DEVICE_KEYS)})")
+    missing = [key for key in REQUIRED_DEVICE_KEYS if key not in mapping]
+    if missing:
+        raise InputError(f"{where}: missing field {missing[0]!r}")
     peaks = mapping["peak_tflops"]
     if not isinstance(peaks, Mapping) or not peaks:
         raise InputError(f"{where}: peak_tflops={peaks!r} must map dtypes ({', '.join(DTYPES)}) to TFLOP/s")
     flops = {}
     for dtype, value in peaks.items():
         if dtype not in DTYPES:
-            raise InputError(f"{where}: peak_tflops.{dtype}: dtype is not one of {', '.join(DTYPES)}")
+            raise InputError(f"{where}: peak_tflops has unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
         flops[str(dtype)] = _positive(value, where, f"peak_tflops.{dtype}") * 1e12
     source = mapping["source"]
     if not isinstance(source, str) or not source.strip():
         raise InputError(f"{where}: source={source!r} must name where the figures come from")
     fraction = mapping.get("usable_memory_fraction", default_usable_fraction)
     if fraction is None:
-        raise InputError(f"{where}: missing key 'usable_memory_fraction'")
+        raise InputError(f"{where}: missing field 'usable_memory_fraction'")
     fraction = _positive(fraction, where, "usable_memory_fraction")
     if fraction > 1:
         raise InputError(f"{where}: usable_memory_fraction={fraction!r} must be in (0, 1]")
@@ -112,9 +112,7 @@ def _raw() -> dict[str, Any]:
 def _table() -> dict[str, DeviceSpec]:
     raw = _raw()
     frac = float(raw["usable_memory_fraction"])
-    path = DATA_DIR / "devices.yaml"
-    return {name: device_from_mapping(name, d, f"{path}: devices.{name}", frac)
-            for name, d in raw["devices"].items()}
+    return {name: device_from_mapping(name, d, "devices.yaml", frac) for name, d in raw["devices"].items()}
 
 
 def device_names() -> list[str]:

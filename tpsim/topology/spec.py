@@ -393,7 +393,7 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
         cal_spec = load_calibration(calibration, Path.cwd(), "calibration")
     elif data.get("calibration") is not None:
         cal_spec = load_calibration(data["calibration"], path.parent, where)
-    device_name, device_spec = cluster_device(data["device"], f"{where}: device")
+    device_name, device_spec = cluster_device(data["device"], where)
     return ClusterSpec(name=str(data.get("name", path.stem)), path=path, node=node, fabric=fabric,
                        device=device_name, gpus=total, gpus_per_node=gpn, single_node=single,
                        default_efficiency=eff, calibration=cal_spec, raw=data, device_spec=device_spec)
@@ -406,22 +406,22 @@ def cluster_device(body: Any, where: str) -> tuple[str, DeviceSpec | None]:
     if isinstance(body, str):
         return body, None
     if not isinstance(body, Mapping):
-        raise InputError(f"{where}: must be a device name or a mapping (name, peak_tflops, hbm_TBps, "
+        raise InputError(f"{where}: device must be a device name or a mapping (name, peak_tflops, hbm_TBps, "
                          f"memory_bytes, compute_units, source), got {body!r}")
     name = body.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise InputError(f"{where}: name={name!r}: an inline device needs a name")
+        raise InputError(f"{where}: device: name={name!r}: an inline device needs a name")
     fields = {k: v for k, v in body.items() if k not in ("name", "base")}
     if "base" in body:
         base = body["base"]
         try:
             merged = dict(device_entry(str(base)))
         except InputError as exc:
-            raise InputError(f"{where}: base: {exc}") from None
+            raise InputError(f"{where}: device {name}: base: {exc}") from None
         if isinstance(fields.get("peak_tflops"), Mapping):
             fields["peak_tflops"] = {**merged.get("peak_tflops", {}), **fields["peak_tflops"]}
         if "source" not in fields:
-            raise InputError(f"{where}: an inline device overriding {base} needs its own source")
+            raise InputError(f"{where}: device {name}: an inline device overriding {base} needs its own source")
         merged.update(fields)
         fields = merged
-    return name, device_from_mapping(name, fields, f"{where} {name}", default_usable_memory_fraction())
+    return name, device_from_mapping(name, fields, where, default_usable_memory_fraction())
