@@ -38,10 +38,20 @@ def format_violation(ctx: ExportContext) -> str | None:
     return None
 
 
+def _flavor(ctx: ExportContext) -> str:
+    """torchtitan's flavor name when the model is exactly a preset with one (shape overrides change it)."""
+    from ..model import PRESETS
+
+    ref = ctx.model_ref.lower()
+    if ref in FLAVORS and PRESETS.get(ref) == ctx.model:
+        return FLAVORS[ref]
+    return ctx.model.name if not ctx.model_overrides else f"{ctx.model.name}-custom"
+
+
 def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
     """The TOML tables of the plan."""
     plan, model = ctx.plan, ctx.model
-    flavor = FLAVORS.get(ctx.model_ref.lower(), model.name)
+    flavor = _flavor(ctx)
     training: dict[str, Any] = {"seq_len": model.seq_len, "global_batch_size": plan.global_batch,
                                 "mixed_precision_param": "float32" if plan.dtype == "fp32" else "bfloat16",
                                 "mixed_precision_reduce": "float32"}
@@ -74,8 +84,8 @@ def export_files(ctx: ExportContext) -> dict[str, str]:
     notes = [f"keys: {TORCHTITAN_VERSION}; run with NGPU={ctx.devices_per_node} on {ctx.nodes} node(s):",
              "torchrun --nproc-per-node $NGPU --nnodes N -m torchtitan.train --job.config_file torchtitan.toml",
              "add [training] dataset / steps, [optimizer] and [checkpoint] as needed."]
-    if ctx.model_ref.lower() not in FLAVORS:
-        notes.append(f"[model] flavor {ctx.model.name!r}: register a llama3 flavor with this shape in torchtitan.")
+    if _flavor(ctx) not in FLAVORS.values():
+        notes.append(f"[model] flavor {_flavor(ctx)!r}: register a llama3 flavor with this shape in torchtitan.")
     tables = job_config(ctx)
     return {FILENAME: commented(header_lines(ctx, "torchtitan") + notes) + "\n" + dump_toml(tables)}
 
