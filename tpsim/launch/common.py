@@ -139,6 +139,10 @@ def check_exportable(ctx: ExportContext, stack: Any, fmt: str, extra: str | None
     from ..plan import validate_plan
 
     validate_plan(ctx.model, ctx.plan, ctx.gpus)
+    m = ctx.model
+    if (getattr(m, "num_experts", 0) or 0) > 0 or getattr(m, "attention_kind", "standard") != "standard":
+        raise InputError(f"cannot export {m.name} to {fmt}: mixture-of-experts and MLA models are not written "
+                         f"yet (the files would describe a dense model)")
     problem = stack.plan_violation(ctx.plan, ctx.model) or extra
     if problem:
         raise InputError(f"cannot export plan {ctx.plan.short()} to {fmt}: {problem}")
