@@ -247,3 +247,17 @@ def test_cli_export_and_plan_export(tmp_path, capsys):
         assert pp == 1 or stage <= 1
     assert "export: rank" in out
     assert main(["plan", "--no-progress", "--no-cache", "--export", "megatron"] + args) == 2
+
+
+def test_mixture_of_experts_models_are_refused():
+    """Until the exporters write MoE flags, an MoE model is refused (the files would describe a dense model)."""
+    from tpsim.model import PRESETS
+
+    if "mixtral-8x7b" not in PRESETS:
+        pytest.skip("MoE presets come with the model package of issue 11 (branch w1-models)")
+    model = PRESETS["mixtral-8x7b"]
+    cluster = load_cluster("dgx-h100", gpus=64)
+    plan = make_plan(model, 64, tp=8, pp=1, sp=True, zero=1, global_batch=512)
+    ctx = export_context(model, cluster, plan, model_ref="mixtral-8x7b", cluster_ref="dgx-h100")
+    with pytest.raises(InputError, match="mixture-of-experts"):
+        export_plan("megatron", ctx)
