@@ -140,9 +140,15 @@ def check_exportable(ctx: ExportContext, stack: Any, fmt: str, extra: str | None
 
     validate_plan(ctx.model, ctx.plan, ctx.gpus)
     m = ctx.model
-    if (getattr(m, "num_experts", 0) or 0) > 0 or getattr(m, "attention_kind", "standard") != "standard":
-        raise InputError(f"cannot export {m.name} to {fmt}: mixture-of-experts and MLA models are not written "
-                         f"yet (the files would describe a dense model)")
+    unwritten = [what for what, present in (
+        ("mixture of experts", (getattr(m, "num_experts", 0) or 0) > 0),
+        ("MLA attention", getattr(m, "attention_kind", "standard") != "standard"),
+        (f"{m.activation} activation", m.activation not in ("gelu", "swiglu")),
+        ("sliding-window attention", bool(getattr(m, "sliding_window", 0))),
+        ("parallel residual", bool(getattr(m, "parallel_residual", False)))) if present]
+    if unwritten:
+        raise InputError(f"cannot export {m.name} to {fmt}: {', '.join(unwritten)} not written by the exporters "
+                         f"yet (the files would describe a different model)")
     problem = stack.plan_violation(ctx.plan, ctx.model) or extra
     if problem:
         raise InputError(f"cannot export plan {ctx.plan.short()} to {fmt}: {problem}")
