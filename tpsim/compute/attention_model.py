@@ -6,8 +6,9 @@ worth of fixed work (load Q, the softmax epilogue, write O; dQ/dK/dV and the pre
 backward):
 
 * non-causal: ``t = ceil(tiles / SMs) x (s + seq_fill) x tau + overhead``
-* causal: ``t = max(tiles x (s/2 + block/2 + seq_fill) / SMs, s + seq_fill) x tau / causal_factor + overhead``
-  (the longest tile bounds the time; unequal tiles are scheduled longest first)
+* causal: ``t = max(tiles x ((s/2 + block/2) / causal_factor + seq_fill) / SMs, s + seq_fill) x tau + overhead``
+  (the longest tile bounds the time; unequal tiles are scheduled longest first; ``causal_factor`` is the
+  throughput of the masked main loop relative to a full one)
 * ``tau = 4 block d (x2.5 backward) x SMs / (peak x fraction x h(d))``: one key row of one tile at the
   device's sustained attention rate, ``h(d) = [d / (d + d_half)] / [128 / (128 + d_half)]`` (the softmax and
   bookkeeping per score do not shrink with the head dim).
@@ -122,7 +123,7 @@ def flash_time(*, units, rate, block: int, seq_fill: float, overhead_s: float, c
     if np.all(np.logical_not(causal)):
         rows = full
     else:
-        tri = np.maximum(tiles * (0.5 * s + 0.5 * block + seq_fill) / units, s + seq_fill) / causal_factor
+        tri = np.maximum(tiles * ((0.5 * s + 0.5 * block) / causal_factor + seq_fill) / units, s + seq_fill)
         rows = np.where(causal, tri, full)
     return rows * tau + overhead_s
 
