@@ -90,20 +90,34 @@ def attention_table() -> str:
 
 
 def device_figures() -> str:
+    """bf16 figures at common shapes, kernel model (sustained clocks) next to the fitted roofline of
+    efficiency.yaml (its SC21 constants, the same for every device): GEMM TFLOP/s, causal attention TFLOP/s
+    (batch x heads 64, seq 4096, head dim 128; the device's default implementation), and the bandwidth of
+    memory-bound kernels."""
+    from tpsim.compute.roofline import RooflineModel
+
     rows = []
+    bh, s, hd = 64, 4096, 128
+    f = 4.0 * bh * s * s * hd * 0.5
     for name in DEVICES:
         d = get_device(name)
         impl = DEFAULT_IMPL[d.architecture]
-        m = KernelModel(d, impl)
-        g = [2.0 * s ** 3 / float(m.gemm(s, s, s, "bf16")[0]) / 1e12 for s in (8192, 4096, 1024)]
-        bh, s, hd = 64, 4096, 128
-        f = 4.0 * bh * s * s * hd * 0.5
-        fwd = f / float(m.attention(bh, s, hd, True, "bf16", False)[0]) / 1e12
-        bwd = 2.5 * f / float(m.attention(bh, s, hd, True, "bf16", True)[0]) / 1e12
-        rows.append([name, f"{g[0]:.0f}", f"{g[1]:.0f}", f"{g[2]:.0f}", impl, f"{fwd:.0f}", f"{bwd:.0f}",
-                     f"{m.hbm / 1e12:.2f}"])
-    return table(["device", "GEMM 8192^3", "GEMM 4096^3", "GEMM 1024^3", "attention", "causal fwd s=4096 d=128",
-                  "causal bwd", "memory TB/s"], rows)
+        kern, roof = KernelModel(d, impl), RooflineModel(d)
+        cells = []
+        for size in (8192, 4096, 1024):
+            g = [2.0 * size ** 3 / float(m.gemm(size, size, size, "bf16")[0]) / 1e12 for m in (kern, roof)]
+            cells.append(f"{g[0]:.0f} / {g[1]:.0f}")
+        for backward in (False, True):
+            flops = f * (2.5 if backward else 1.0)
+            a = [flops / float(m.attention(bh, s, hd, True, "bf16", backward)[0]) / 1e12 for m in (kern, roof)]
+            cells.append(f"{a[0]:.0f} / {a[1]:.0f}")
+        numel = 2 ** 28  # residual add: read two 16-bit inputs, write one (3 x 2 bytes per element)
+        bw = [6.0 * numel / float(m.memory("residual_add", numel, "bf16", False)[0]) / 1e12 for m in (kern, roof)]
+        cells.append(f"{bw[0]:.2f} / {bw[1]:.2f}")
+        rows.append([name, impl] + cells)
+    return table(["device", "attention", "GEMM 8192^3", "GEMM 4096^3", "GEMM 1024^3", "causal attn fwd",
+                  "causal attn bwd", "memory-bound TB/s"], rows) + (
+        "\nEach cell: kernel model / fitted roofline (TFLOP/s; TB/s for memory-bound kernels).")
 
 
 class OnlyKind(ComputeModel):
@@ -183,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         sections = [("Devices and the provenance of their rates (sustained clocks)", devices_table),
                     ("GEMM: model vs published figures", gemm_table),
                     ("Attention: model vs published kernel measurements (burst clocks)", attention_table),
-                    ("Per-device kernel-model figures (bf16, sustained clocks)", device_figures)] + sections
+                    ("Per-device figures, kernel model vs fitted roofline (bf16)", device_figures)] + sections
     for title, fn in sections:
         print(f"\n## {title}\n")
         print(fn())
