@@ -1,9 +1,9 @@
 """Flash-attention kernel model against the published kernel measurements (attention.yaml), its fit and its
 invariants.
 
-Tolerances per group (stated with the data they rest on): FlashAttention-3 on H100 and H200 (33 points from
-five benchmark runs and the paper's maxima): median |error| <= 6%, every point within 25% (the smallest sequences carry the
-largest relative error: launch and prologue dominate). FlashAttention-2: the A100 and H100 points within 10%;
+Tolerances per group (stated with the data they rest on): FlashAttention-3 on H100 and H200 (33 points
+from five benchmark runs and the paper's maxima): median |error| <= 6%, every point within 25% (the smallest
+sequences carry the largest relative error: launch and prologue dominate). FlashAttention-2: the A100 and H100 points within 10%;
 the B200 points (FA2 running its sm80 code on Blackwell, two benchmark runs whose own curves are not monotone
 in the sequence length) median <= 20%, every point within 40%.
 """
