@@ -142,12 +142,16 @@ def _groups(impls: dict[str, Implementation], points: Sequence[AttentionPoint]) 
     return out
 
 
-def fit_all() -> dict:
+def fit_all(points: Sequence[AttentionPoint] | None = None, only: str | None = None) -> dict:
     """The full fit: per implementation, ``d_half`` by golden section on the loss of both passes, each pass
-    refitted at every trial value."""
-    impls, points = load_published()
+    refitted at every trial value. ``points`` defaults to every published point; ``only`` fits one
+    implementation."""
+    impls, published = load_published()
+    points = published if points is None else points
     result: dict = {}
     for impl, by_pass in _groups(impls, points).items():
+        if only is not None and impl != only:
+            continue
         def total(d_half: float, by_pass=by_pass) -> float:
             return sum(fit_group(g, d_half)["loss"] for g in by_pass.values())
 
@@ -171,6 +175,25 @@ def residuals(fit: dict) -> list[tuple[AttentionPoint, float]]:
             pred = group.tflops(fit[impl]["head_dim_half"], g["seq_fill"], g["overhead_us"],
                                 g.get("causal_factor", 1.0), g["fractions"])
             out.extend((q, float(pr / q.tflops - 1.0)) for q, pr in zip(group.points, pred))
+    return out
+
+
+def leave_one_out() -> list[tuple[AttentionPoint, float]]:
+    """(point, error of the fit on every other point of its implementation) for each point whose device,
+    dtype and pass keep other points (a device's only point cannot be predicted without it)."""
+    impls, points = load_published()
+    out = []
+    for i, q in enumerate(points):
+        rest = points[:i] + points[i + 1:]
+        same = [r for r in rest if (r.impl, r.device, r.dtype, r.pass_) == (q.impl, q.device, q.dtype, q.pass_)]
+        if impls[q.impl].relative_to or not same:
+            continue
+        fit = fit_all(rest, only=q.impl)
+        g = fit[q.impl][q.pass_]
+        group = Group([q], impls[q.impl].block)
+        pred = group.tflops(fit[q.impl]["head_dim_half"], g["seq_fill"], g["overhead_us"],
+                            g.get("causal_factor", 1.0), g["fractions"])[0]
+        out.append((q, float(pred / q.tflops - 1.0)))
     return out
 
 
@@ -209,6 +232,7 @@ def to_yaml(fit: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write tpsim/data/kernels/{FITTED_FILE}")
+    parser.add_argument("--loo", action="store_true", help="also the leave-one-point-out errors (a few minutes)")
     args = parser.parse_args(argv)
     fit = fit_all()
     text = to_yaml(fit)
@@ -216,6 +240,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     for q, e in residuals(fit):
         print(f"{q.impl:4s} {q.pass_} {q.device:15s} {q.dtype} causal={q.causal!s:5s} b={q.batch:3d} h={q.heads:3d} "
               f"d={q.head_dim:3d} s={q.seq:6d}  measured {q.tflops:7.1f}  error {100 * e:+6.1f}%  ({q.kind})")
+    if args.loo:
+        loo = leave_one_out()
+        print("\nleave-one-point-out (fit without the point, predict it):")
+        for impl in sorted({q.impl for q, _ in loo}):
+            for dev in sorted({q.device for q, _ in loo if q.impl == impl}):
+                e = np.abs([x for q, x in loo if q.impl == impl and q.device == dev])
+                print(f"  {impl} {dev:15s} {len(e):3d} points  median |error| {100 * np.median(e):5.1f}%  "
+                      f"worst {100 * e.max():5.1f}%")
     if args.write:
         (KERNELS_DIR / FITTED_FILE).write_text(text)
         print(f"wrote {KERNELS_DIR / FITTED_FILE}")
