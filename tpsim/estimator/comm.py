@@ -2,8 +2,9 @@
 
 Collectives name their plan axes (``("tp",)``, ``("dp",)``, ``("pp",)``; later ``("cp",)``, ``("ep",)``) and
 are timed with the context's envelope of ``CollectiveModel.axis_curve(op, layout, axes)`` for the plan's
-:class:`~tpsim.topology.placement.RankLayout`. Rows are distinct communication patterns (the estimator
-gathers the results back to the plans).
+:class:`~tpsim.topology.placement.RankLayout`. Rows are distinct communication patterns; the collectives of
+a layer, the edges and the pipeline transfer depend only on (layout, layer key) and are timed once per such
+pair.
 
 * per layer and micro-batch: the source's collectives (TP), totals per axis and the exposed part (what the
   compute each one overlaps with, ``hide``, does not cover), forward and backward;
@@ -13,7 +14,8 @@ gathers the results back to the plans).
   distributed optimizer: reduce-scatter + all-gather); ZeRO-3 gathers each layer's weights in forward and
   backward and reduce-scatters its gradients, and treats the edge parameters as one more layer.
 
-The algorithm NCCL would pick for each axis (at the axis's main message size) is always named.
+Each axis of size > 1 is named by the algorithm of the envelope line that times its main collective (TP: a
+layer's first forward reduction; DP: the gradient reduction; PP: the send/receive).
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import numpy as np
 from ..plan import ORDERS
 from ..topology.placement import RankLayout
 from .context import EstimationContext
-from .partition import Partition
+from .keys import distinct, take_rows
+from .partition import Partition, on_positions
 from .source import Collective, LayerCosts
 
 GRAD_BYTES = 4.0
 """fp32 gradient accumulation and reduction (Megatron-Core ``main_grad``), bytes per parameter."""
-NAMED_AXES = ("tp", "dp", "pp")
-"""axes whose chosen algorithm every estimate names (docs/SCHEMAS.md, section 6)."""
+_REDUCTIONS = ("reduce_scatter", "all_reduce")
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,10 @@ class Comm:
     z3_reduce_scatter: np.ndarray
     """ZeRO-3: one layer's gradient reduce-scatter."""
     names: dict[str, np.ndarray]
-    """axis -> code into ``name_table`` of the algorithm picked for the axis (-1: axis of size 1)."""
-    name_table: tuple[str, ...]
+    """axis -> name code (the context's ``name_table``) of the algorithm the axis uses (-1: size 1)."""
 
     def take(self, index: np.ndarray) -> "Comm":
-        """Rows ``index`` (gather to plans)."""
+        """Rows ``index`` (gather)."""
         pick = lambda a: a[..., index]  # noqa: E731 - (3, n) and (n,) arrays alike
         return Comm(layer_fwd={k: pick(v) for k, v in self.layer_fwd.items()},
                     layer_bwd={k: pick(v) for k, v in self.layer_bwd.items()},
@@ -72,96 +73,105 @@ class Comm:
                     edge={k: pick(v) for k, v in self.edge.items()}, p2p=pick(self.p2p),
                     dp_all_reduce=pick(self.dp_all_reduce), dp_reduce_scatter=pick(self.dp_reduce_scatter),
                     dp_all_gather=pick(self.dp_all_gather), z3_all_gather=pick(self.z3_all_gather),
-                    z3_reduce_scatter=pick(self.z3_reduce_scatter),
-                    names={k: pick(v) for k, v in self.names.items()}, name_table=self.name_table)
+                    z3_reduce_scatter=pick(self.z3_reduce_scatter), names={k: pick(v) for k, v in self.names.items()})
 
 
 class AxisCurves:
     """Collective times of rows that sit on a few distinct rank layouts: per (axes, op) the layouts'
-    envelopes are stacked once, padded to one width (repeating the last line keeps the minimum)."""
+    envelopes are stacked once (rows x lines), padded to one width by repeating the last line (the minimum
+    and its line are unchanged)."""
 
     def __init__(self, ctx: EstimationContext, layouts: list[RankLayout], inverse: np.ndarray):
         self.ctx = ctx
         self.layouts = layouts
         self.inverse = inverse
-        self._stacked: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._stacked: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._done: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        """(axes, op, bytes) -> (seconds, name codes): collectives of one size are timed once."""
 
-    def _rows(self, axes: tuple[str, ...], op: str) -> tuple[np.ndarray, np.ndarray]:
+    def _rows(self, axes: tuple[str, ...], op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         key = (axes, op)
         hit = self._stacked.get(key)
         if hit is None:
-            envs = [self.ctx.curve(op, layout, axes) for layout in self.layouts]
-            k = max(e.latency_s.size for e in envs)
-            lat = np.empty((len(envs), k))
-            spb = np.empty((len(envs), k))
-            for i, e in enumerate(envs):
-                n = e.latency_s.size
-                lat[i, :n], lat[i, n:] = e.latency_s, e.latency_s[-1]
-                spb[i, :n], spb[i, n:] = e.sec_per_byte, e.sec_per_byte[-1]
-            hit = self._stacked[key] = (lat[self.inverse], spb[self.inverse])
+            lat, spb, codes = self.ctx.envelopes(op, axes, self.layouts)
+            hit = self._stacked[key] = (lat[self.inverse], spb[self.inverse], codes[self.inverse])
         return hit
 
     def time(self, axes: tuple[str, ...], op: str, nbytes: np.ndarray) -> np.ndarray:
         """Seconds of ``op`` on ``nbytes`` per row (0 where nbytes <= 0)."""
-        lat, spb = self._rows(axes, op)
+        return self.timed_and_named(axes, op, nbytes)[0]
+
+    def timed_and_named(self, axes: tuple[str, ...], op: str, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, name code of the line that gives them; -1 where nothing runs or the group is one rank)."""
         b = np.asarray(nbytes, dtype=float)
-        t = (lat + b[:, None] * spb).min(axis=1)
-        return np.where(b > 0, t, 0.0)
-
-    def names(self, axes: tuple[str, ...], ops: np.ndarray, nbytes: np.ndarray, table: dict[str, int],
-              op_names: tuple[str, ...]) -> np.ndarray:
-        """Code (into ``table``, extended) of ``"op: algorithm"`` per row, the algorithm as
-        ``CostCurve.best`` picks it at ``nbytes``; -1 where the axis has size 1 or ``ops`` is -1."""
-        codes = np.full(ops.shape, -1, dtype=np.int32)
-        group = self.inverse * (len(op_names) + 1) + (ops + 1)
-        for g in (np.unique(group) if group.size > 1 else group):
-            layout_i, op_i = divmod(int(g), len(op_names) + 1)
-            op_i -= 1
-            layout = self.layouts[layout_i]
-            if op_i < 0 or layout.size(*axes) == 1:
-                continue
-            rows = np.flatnonzero(group == g)
-            env = self.ctx.curve(op_names[op_i], layout, axes)
-            lines = env.all_latency_s[None, :] + np.asarray(nbytes, dtype=float)[rows, None] * env.all_sec_per_byte
-            best, which = np.unique(np.argmin(lines, axis=1), return_inverse=True)
-            texts = [f"{op_names[op_i]}: {env.curve.algorithms[j]}" for j in best]
-            codes[rows] = np.array([table.setdefault(t, len(table)) for t in texts])[which.reshape(-1)]
-        return codes
+        key = (axes, op, b.tobytes())
+        hit = self._done.get(key)
+        if hit is None:
+            lat, spb, codes = self._rows(axes, op)
+            lines = lat + b[:, None] * spb
+            rows = np.arange(b.size)
+            best = np.argmin(lines, axis=1)
+            runs = b > 0
+            hit = self._done[key] = (np.where(runs, lines[rows, best], 0.0), np.where(runs, codes[rows, best], -1))
+        return hit
 
 
-def layouts_of(tp: np.ndarray, pp: np.ndarray, dp: np.ndarray, order: np.ndarray) -> tuple[list[RankLayout], np.ndarray]:
+def layouts_of(ctx: EstimationContext, tp: np.ndarray, pp: np.ndarray, dp: np.ndarray,
+               order: np.ndarray) -> tuple[list[RankLayout], np.ndarray]:
     """The distinct rank layouts of the rows and each row's index into them."""
-    from .keys import distinct
-
     keys = distinct(tp, pp, dp, order)
-    layouts = [RankLayout.from_order(ORDERS[int(o)], tp=int(t), dp=int(d), pp=int(p))
-               for t, p, d, o in keys.rows]
+    layouts = [ctx.layout(ORDERS[o], t, d, p) for t, p, d, o in keys.rows.tolist()]
     return layouts, keys.inverse
 
 
-def communication(ctx: EstimationContext, curves: AxisCurves, *, costs: LayerCosts, part: Partition,
-                  pp: np.ndarray, sp: np.ndarray, zero: np.ndarray, dp: np.ndarray, w_bytes: float) -> Comm:
-    """Every collective time of the rows (see the module docstring); ``costs`` and ``part`` are gathered to
-    the same rows."""
+def communication(ctx: EstimationContext, layouts: list[RankLayout], layout_index: np.ndarray,
+                  layer_index: np.ndarray, layer_costs: LayerCosts, part: Partition, *, traffic_key: list,
+                  params_key: list, pp: np.ndarray, zero: np.ndarray, dp: np.ndarray, w_bytes: float) -> Comm:
+    """Every collective time of the rows (see the module docstring). ``layout_index`` and ``layer_index``
+    give each row's layout and layer key (a row of ``layer_costs``); ``part`` is over the rows. A layer's,
+    the edges' and the pipeline's traffic is timed once per (layout, ``traffic_key`` columns), the data-parallel
+    traffic once per (layout, ``params_key`` columns: what sets the largest rank's parameters, and ZeRO)."""
+    pairs = distinct(layout_index, *traffic_key)
+    per_pair = _layer_traffic(AxisCurves(ctx, layouts, layout_index[pairs.first]),
+                              layer_costs.take(layer_index[pairs.first]))
+    fwd, bwd, f_exp, b_exp, edges, p2p, names = take_rows(per_pair, pairs.inverse)
+    single = pp == 1
+    edge = {axis: on_positions(first, last, single) for axis, (first, last) in edges.items()}
+    groups = distinct(layout_index, *params_key)
+    g = groups.first
+    dp_times, dp_name = _data_parallel(AxisCurves(ctx, layouts, layout_index[g]), take_rows(part, g), zero[g],
+                                       dp[g], layer_costs.params[layer_index[g]], w_bytes)
+    names["dp"] = dp_name[groups.inverse]
+    return Comm(layer_fwd=fwd, layer_bwd=bwd, layer_fwd_exposed=f_exp, layer_bwd_exposed=b_exp, edge=edge,
+                p2p=p2p, names=names, **take_rows(dp_times, groups.inverse))
+
+
+def _layer_traffic(curves: AxisCurves, costs: LayerCosts):
+    """Per (layout, layer key): layer totals per axis (fwd, bwd), exposed (fwd, bwd), edge totals per axis
+    (first, last), pipeline transfer and the TP / PP names."""
+    n = costs.fwd.size
     fwd: dict[str, np.ndarray] = {}
     bwd: dict[str, np.ndarray] = {}
-    n = pp.size
     exposed = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
+    tp_name = np.full(n, -1, dtype=np.int32)
     for c in costs.comm:
-        t = _timed(curves, c)
+        t, code = curves.timed_and_named(c.axes, c.op, c.nbytes)
+        if c.count != 1.0:
+            t = t * c.count
         axis = "-".join(c.axes)
         totals = fwd if c.phase == "fwd" else bwd
         totals[axis] = totals.get(axis, 0.0) + t
         exposed[c.phase] = exposed[c.phase] + np.maximum(t - c.hide, 0.0)
-    edge = _edges(curves, costs, pp == 1)
-    boundary = np.where(pp > 1, costs.boundary_bytes, 0.0)
-    p2p = curves.time(("pp",), "send_recv", boundary)
-    dp_times, grad_bytes = _data_parallel(curves, part, zero, dp, costs.params, w_bytes)
-    table: dict[str, int] = {}
-    names = {"tp": _tp_names(curves, costs, table), "dp": _dp_names(curves, zero, grad_bytes, table),
-             "pp": curves.names(("pp",), np.zeros(n, dtype=np.int64), boundary, table, ("send_recv",))}
-    return Comm(layer_fwd=fwd, layer_bwd=bwd, layer_fwd_exposed=exposed["fwd"], layer_bwd_exposed=exposed["bwd"],
-                edge=edge, p2p=p2p, names=names, name_table=tuple(table), **dp_times)
+        if c.axes == ("tp",) and c.phase == "fwd" and c.op in _REDUCTIONS:
+            tp_name = np.where(tp_name < 0, code, tp_name)  # the layer's first forward reduction names TP
+    edges: dict[str, tuple] = {}
+    for which, edge in ((0, costs.first), (1, costs.last)):
+        for c in edge.comm:
+            sums = list(edges.get("-".join(c.axes), (np.zeros(n), np.zeros(n))))
+            sums[which] = sums[which] + _timed(curves, c)
+            edges["-".join(c.axes)] = tuple(sums)
+    p2p, pp_name = curves.timed_and_named(("pp",), "send_recv", costs.boundary_bytes)
+    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, {"tp": tp_name, "pp": pp_name}
 
 
 def _timed(curves: AxisCurves, c: Collective) -> np.ndarray:
@@ -169,58 +179,26 @@ def _timed(curves: AxisCurves, c: Collective) -> np.ndarray:
     return t * c.count if c.count != 1.0 else t
 
 
-def _edges(curves: AxisCurves, costs: LayerCosts, single: np.ndarray) -> dict[str, np.ndarray]:
-    """axis -> (3, n) exposed edge collective time per micro-batch, by pipeline position."""
-    from .partition import on_positions
-
-    per_axis: dict[str, list[np.ndarray]] = {}
-    for which, edge in ((0, costs.first), (1, costs.last)):
-        for c in edge.comm:
-            sums = per_axis.setdefault("-".join(c.axes), [0.0, 0.0])
-            sums[which] = sums[which] + _timed(curves, c)
-    n = single.size
-    return {axis: on_positions(np.broadcast_to(f, (n,)), np.broadcast_to(la, (n,)), single)
-            for axis, (f, la) in per_axis.items()}
-
-
 def _data_parallel(curves: AxisCurves, part: Partition, zero: np.ndarray, dp: np.ndarray,
                    layer_params: np.ndarray, w_bytes: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Data-parallel times per step and the DP name (the gradient reduction: reduce-scatter with ZeRO, else
+    all-reduce, at the largest rank's gradient bytes)."""
     has_dp = dp > 1
     grad_b, weight_b = part.largest * GRAD_BYTES, part.largest * w_bytes
     z12 = has_dp & (zero >= 1) & (zero <= 2)
     z3 = has_dp & (zero == 3)
     axes = ("dp",)
+    all_reduce, ar_name = curves.timed_and_named(axes, "all_reduce", np.where(has_dp & (zero == 0), grad_b, 0.0))
+    reduce_scatter, rs_name = curves.timed_and_named(axes, "reduce_scatter", np.where(
+        z12, grad_b, np.where(z3, part.largest_edge * GRAD_BYTES, 0.0)))
+    if np.any(z3):  # ZeRO-3 reduces per layer; the name is still that of the whole gradient's reduction
+        _, z3_name = curves.timed_and_named(axes, "reduce_scatter", np.where(z3, grad_b, 0.0))
+        rs_name = np.where(z3, z3_name, rs_name)
     times = {
-        "dp_all_reduce": curves.time(axes, "all_reduce", np.where(has_dp & (zero == 0), grad_b, 0.0)),
-        "dp_reduce_scatter": curves.time(axes, "reduce_scatter", np.where(
-            z12, grad_b, np.where(z3, part.largest_edge * GRAD_BYTES, 0.0))),
+        "dp_all_reduce": all_reduce, "dp_reduce_scatter": reduce_scatter,
         "dp_all_gather": curves.time(axes, "all_gather", np.where(
             z12, weight_b, np.where(z3, part.largest_edge * w_bytes, 0.0))),
         "z3_all_gather": curves.time(axes, "all_gather", np.where(z3, layer_params * w_bytes, 0.0)),
         "z3_reduce_scatter": curves.time(axes, "reduce_scatter", np.where(z3, layer_params * GRAD_BYTES, 0.0)),
     }
-    return times, grad_b
-
-
-_REDUCTIONS = ("reduce_scatter", "all_reduce")
-
-
-def _tp_names(curves: AxisCurves, costs: LayerCosts, table: dict[str, int]) -> np.ndarray:
-    """The TP axis is named by the first forward reduction of a layer (reduce-scatter with sequence
-    parallelism, else all-reduce) at its message size."""
-    n = costs.fwd.size
-    ops = np.full(n, -1, dtype=np.int64)
-    nbytes = np.zeros(n)
-    for c in reversed([c for c in costs.comm if c.axes == ("tp",) and c.phase == "fwd" and c.op in _REDUCTIONS]):
-        runs = c.nbytes > 0
-        ops = np.where(runs, _REDUCTIONS.index(c.op), ops)
-        nbytes = np.where(runs, c.nbytes, nbytes)
-    # a layer without TP traffic (tp = 1) runs none: the curve of a one-rank group says "none"
-    ops = np.where(ops < 0, 1, ops)
-    return curves.names(("tp",), ops, nbytes, table, _REDUCTIONS)
-
-
-def _dp_names(curves: AxisCurves, zero: np.ndarray, grad_bytes: np.ndarray, table: dict[str, int]) -> np.ndarray:
-    """The DP axis is named by the gradient reduction (reduce-scatter with ZeRO, else all-reduce)."""
-    ops = np.where(zero > 0, 0, 1)
-    return curves.names(("dp",), ops, grad_bytes, table, _REDUCTIONS)
+    return times, np.where(zero > 0, rs_name, ar_name)

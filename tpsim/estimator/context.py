@@ -7,10 +7,11 @@ Caches and their keys:
   ``axes`` of a :class:`~tpsim.topology.placement.RankLayout`, with its lower envelope; key
   ``(layout, axes, op)``. Curves come only from ``CollectiveModel.axis_curve`` (the estimator never builds
   rank groups).
-* **stage results** (:meth:`EstimationContext.memo`): arrays a stage computed for a set of distinct keys
-  (layer costs per (tp, sp, micro-batch, recompute) rows, partition and collective times per communication
-  pattern); key = the stage name, the key rows' bytes and the batch's dtype and attention; least recently
-  used entries are dropped beyond :data:`MEMO_BYTES` of arrays.
+* **layer costs** (:meth:`EstimationContext.layer_rows`): the layer source's costs per key row (tp, sp,
+  micro-batch, recompute), computed once per row; key = the row, the batch's dtype and attention.
+* **stage results** (:meth:`EstimationContext.memo`): partition and collective times of a set of distinct
+  communication patterns; key = the stage name, the key rows' bytes and the batch's dtype and attention;
+  least recently used entries are dropped beyond :data:`MEMO_BYTES` of arrays.
 
 Invalidation: a context never changes. Its inputs are immutable objects, and the loaders return a *new* object
 when a file changed (``load_cluster`` compares the topology and calibration files' modification times;
@@ -35,6 +36,7 @@ from ..calibration import Calibration, ComputeCalibration
 from ..compute.base import ArrayLike, ComputeModel
 from ..compute.roofline import RooflineModel
 from ..model import ModelSpec
+from .keys import concat_rows, take_rows
 from .source import LayerSource, TransformerSource
 
 MEMO_BYTES = 64 << 20
@@ -48,24 +50,24 @@ ENVELOPE_BYTES = np.logspace(0, 13, 131)
 @dataclass(frozen=True)
 class Envelope:
     """A cost curve and the lines of it that are the minimum somewhere in 1 B .. 10 TB (the others never
-    matter for a time; names still come from the whole curve, as ``CostCurve.best`` picks them)."""
+    matter), with each line's ``"op: algorithm"`` code in the context's name table (-1: a one-rank group)."""
 
     curve: Any
     """the :class:`~tpsim.collectives.curve.CostCurve`."""
     latency_s: np.ndarray
     """latency of the envelope's lines, seconds."""
     sec_per_byte: np.ndarray
-    all_latency_s: np.ndarray
-    """every line of the curve (for the algorithm names)."""
-    all_sec_per_byte: np.ndarray
+    codes: np.ndarray
+    """name code of each envelope line."""
 
     @staticmethod
-    def of(curve: Any) -> "Envelope":
+    def of(curve: Any, op: str, code: Callable[[str], int]) -> "Envelope":
         lat = np.asarray(curve.latency_s, dtype=float)
         spb = np.asarray(curve.sec_per_byte, dtype=float)
         winners = np.unique(np.argmin(lat[None, :] + ENVELOPE_BYTES[:, None] * spb[None, :], axis=1))
-        return Envelope(curve=curve, latency_s=lat[winners], sec_per_byte=spb[winners], all_latency_s=lat,
-                        all_sec_per_byte=spb)
+        codes = np.array([-1 if curve.algorithms[i] == "none" else code(f"{op}: {curve.algorithms[i]}")
+                          for i in winners], dtype=np.int32)
+        return Envelope(curve=curve, latency_s=lat[winners], sec_per_byte=spb[winners], codes=codes)
 
 
 class ScaledCompute(ComputeModel):
@@ -101,6 +103,57 @@ class _Caches:
     memo: OrderedDict = field(default_factory=OrderedDict)
     """key -> (value, bytes)."""
     memo_bytes: int = 0
+    names: dict = field(default_factory=dict)
+    """"op: algorithm" -> code (the order of first use)."""
+    layers: dict = field(default_factory=dict)
+    """(dtype, attention) -> _RowStore of layer costs."""
+    tables: dict = field(default_factory=dict)
+    """(axes, op) -> _EnvelopeTable."""
+    layouts: dict = field(default_factory=dict)
+    """(order, tp, dp, pp) -> RankLayout."""
+
+
+@dataclass
+class _EnvelopeTable:
+    """Envelopes of one (axes, op) for every layout seen, one row each, padded to one width by repeating the
+    last line (which leaves the minimum and its line unchanged): rows x lines arrays."""
+
+    index: dict = field(default_factory=dict)
+    latency_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
+    sec_per_byte: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
+    codes: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int32))
+
+    def add(self, layout: Any, env: Envelope) -> None:
+        width = max(self.latency_s.shape[1], env.latency_s.size)
+        rows = [_pad(a, width) for a in (self.latency_s, self.sec_per_byte, self.codes)]
+        new = [_pad(a[None, :], width) for a in (env.latency_s, env.sec_per_byte, env.codes)]
+        self.latency_s, self.sec_per_byte, self.codes = (np.concatenate([r, x]) for r, x in zip(rows, new))
+        self.index[layout] = len(self.index)
+
+
+def _pad(a: np.ndarray, width: int) -> np.ndarray:
+    if a.shape[1] >= width or a.shape[0] == 0:
+        return a if a.shape[0] else np.zeros((0, width), dtype=a.dtype)
+    return np.concatenate([a, np.repeat(a[:, -1:], width - a.shape[1], axis=1)], axis=1)
+
+
+@dataclass
+class _RowStore:
+    """Stage results per key row: ``index`` maps a key row to its row in ``value`` (arrays over rows)."""
+
+    index: dict = field(default_factory=dict)
+    value: Any = None
+
+    def rows(self, keys: np.ndarray, build: Callable[[np.ndarray], Any]) -> np.ndarray:
+        """Row of each key in ``value``; rows not seen before are built in one call and appended."""
+        wanted = [tuple(r) for r in keys.tolist()]
+        missing = [i for i, k in enumerate(wanted) if k not in self.index]
+        if missing:
+            new = build(keys[missing])
+            self.value = new if self.value is None else concat_rows(self.value, new)
+            for i in missing:
+                self.index[wanted[i]] = len(self.index)
+        return np.fromiter((self.index[k] for k in wanted), dtype=np.int64, count=len(wanted))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -173,8 +226,49 @@ class EstimationContext:
         key = (layout, axes, op)
         hit = self.caches.curves.get(key)
         if hit is None:
-            hit = self.caches.curves[key] = Envelope.of(self.collectives.axis_curve(op, layout, axes))
+            hit = self.caches.curves[key] = Envelope.of(self.collectives.axis_curve(op, layout, axes), op,
+                                                        self._name_code)
         return hit
+
+    def envelopes(self, op: str, axes: tuple[str, ...], layouts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(latency, sec_per_byte, name code) arrays (layouts x lines) of ``op`` over ``axes``: each layout's
+        envelope, padded to one width (cached per (axes, op), a row per layout)."""
+        table = self.caches.tables.setdefault((axes, op), _EnvelopeTable())
+        for layout in layouts:
+            if layout not in table.index:
+                table.add(layout, self.curve(op, layout, axes))
+        rows = np.fromiter((table.index[layout] for layout in layouts), dtype=np.int64, count=len(layouts))
+        return table.latency_s[rows], table.sec_per_byte[rows], table.codes[rows]
+
+    def layout(self, order: str, tp: int, dp: int, pp: int) -> Any:
+        """The :class:`~tpsim.topology.placement.RankLayout` of a plan's sizes and rank order (cached)."""
+        key = (order, tp, dp, pp)
+        hit = self.caches.layouts.get(key)
+        if hit is None:
+            from ..topology.placement import RankLayout
+            hit = self.caches.layouts[key] = RankLayout.from_order(order, tp=tp, dp=dp, pp=pp)
+        return hit
+
+    def _name_code(self, text: str) -> int:
+        return self.caches.names.setdefault(text, len(self.caches.names))
+
+    @property
+    def name_table(self) -> tuple[str, ...]:
+        """Every ``"op: algorithm"`` text the context's curves can name, indexed by code."""
+        return tuple(self.caches.names)
+
+    def layer_rows(self, keys: np.ndarray, dtype: str, attention: str) -> Any:
+        """The layer source's costs for the key rows (columns: the source's ``key_fields``), each row computed
+        once per context."""
+        store = self.caches.layers.setdefault((dtype, attention), _RowStore())
+        fields = self.source.key_fields
+
+        def build(missing: np.ndarray) -> Any:
+            columns = {f: missing[:, j] for j, f in enumerate(fields)}
+            return self.source.costs(self.compute, columns, dtype, attention)
+
+        rows = store.rows(keys, build)
+        return take_rows(store.value, rows)
 
     def memo(self, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()`` once per ``key`` (least recently used entries beyond MEMO_BYTES are dropped)."""
@@ -191,6 +285,11 @@ class EstimationContext:
             _, (_, dropped) = caches.memo.popitem(last=False)
             caches.memo_bytes -= dropped
         return value
+
+    def clear_results(self) -> None:
+        """Forget the stage results (the collective curves stay): what a benchmark of fresh plans needs."""
+        self.caches.memo.clear()
+        self.caches.memo_bytes = 0
 
     # ---- identity ----------------------------------------------------------------------------------------
     def fingerprint(self) -> str:

@@ -25,7 +25,7 @@ from ..errors import InputError
 from ..model import ModelSpec
 from ..plan import Plan, PlanBatch, validate_plan
 from ..units import GiB
-from .comm import GRAD_BYTES, AxisCurves, Comm, communication, layouts_of
+from .comm import GRAD_BYTES, Comm, communication, layouts_of
 from .context import EstimationContext, context_for
 from .keys import Keys, distinct
 from .memory import Memory, memory
@@ -57,12 +57,8 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
 # ---- stage 1: layer costs --------------------------------------------------------------------------------
 def layer_costs(ctx: EstimationContext, plans: PlanBatch) -> tuple[LayerCosts, Keys]:
     """Costs per distinct layer key of the batch (remembered by the context) and the plans' key index."""
-    fields = ctx.source.key_fields
-    keys = distinct(*(getattr(plans, f) for f in fields))
-    memo_key = ("layers", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention)
-    columns = {f: keys.rows[:, j] for j, f in enumerate(fields)}
-    costs = ctx.memo(memo_key, lambda: ctx.source.costs(ctx.compute, columns, plans.dtype, plans.attention))
-    return costs, keys
+    keys = distinct(*(getattr(plans, f) for f in ctx.source.key_fields))
+    return ctx.layer_rows(keys.rows, plans.dtype, plans.attention), keys
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------------
@@ -80,11 +76,14 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
     def build() -> tuple[Partition, Comm]:
         sub = plans.take(keys.first)
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
-        sub_costs = costs.take(layer_keys.inverse[keys.first])
-        part = partition(ctx.source.num_layers, sub.pp, sub.vpp, sub_costs)
-        layouts, layout_index = layouts_of(sub.tp, sub.pp, sub.dp, sub.order)
-        comm = communication(ctx, AxisCurves(ctx, layouts, layout_index), costs=sub_costs, part=part, pp=sub.pp,
-                             sp=sub.sp, zero=sub.zero, dp=sub.dp, w_bytes=w_bytes)
+        layer_index = layer_keys.inverse[keys.first]
+        part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False))
+        layouts, layout_index = layouts_of(ctx, sub.tp, sub.pp, sub.dp, sub.order)
+        src = ctx.source
+        comm = communication(ctx, layouts, layout_index, layer_index, costs, part,
+                             traffic_key=[getattr(sub, f) for f in src.comm_fields],
+                             params_key=[sub.vpp, sub.zero] + [getattr(sub, f) for f in src.param_fields],
+                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=w_bytes)
         return part, comm
 
     part, comm = ctx.memo(("patterns", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention), build)
@@ -96,8 +95,8 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     w_bytes, master_bytes = _precision(plans.dtype)
     costs_u, layer_keys = layer_costs(ctx, plans)
     keys, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys, w_bytes)
-    costs = costs_u.take(layer_keys.inverse, with_comm=False)
-    part = part_u.take(keys.inverse)
+    costs = costs_u.for_plans(layer_keys.inverse)
+    part = part_u.for_plans(keys.inverse)
     comm = comm_u.take(keys.inverse)
     p = plans
     sched = schedule(ctx, costs=costs, comm=comm, part=part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero,
@@ -138,7 +137,7 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         measured_compute_fraction=costs.measured, overhead_s=sched.overhead, model_name=model.name,
         cluster_info={"name": cluster.name, "gpus": cluster.num_gpus, "device": device.name,
                       "gpus_per_node": cluster.gpus_per_node},
-        compute_model=ctx.compute_source, collective_codes=comm.names, collective_names=comm.name_table,
+        compute_model=ctx.compute_source, collective_codes=comm.names, collective_names=ctx.name_table,
         context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB)
 
 

@@ -144,7 +144,8 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     per_param = w_bytes / w_div + grad_bytes / g_div + (master_bytes + 8.0) / o_div
     total = np.where(part.valid, part.params * per_param + activations + other, -1.0)
     peak_position = np.argmax(total, axis=0)
-    pick = lambda v: np.take_along_axis(v, peak_position[None, :], axis=0)[0]  # noqa: E731
+    columns = np.arange(peak_position.size)
+    pick = lambda v: v[peak_position, columns]  # noqa: E731
     held = pick(part.params)
     terms = {"weights": held * w_bytes / w_div, "grads": held * grad_bytes / g_div,
              "optimizer_states": held * (master_bytes + 8.0) / o_div, "activations": pick(activations),

@@ -35,11 +35,11 @@ class Partition:
     largest_edge: np.ndarray
     """(n,) the larger edge's parameters (ZeRO-3 gathers and reduces them like one more layer)."""
 
-    def take(self, index: np.ndarray) -> "Partition":
-        """Plans ``index`` (gather)."""
+    def for_plans(self, index: np.ndarray) -> "Partition":
+        """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
+        communication only, are None)."""
         return Partition(layers=self.layers[:, index], valid=self.valid[:, index], params=self.params[:, index],
-                         edge_params=self.edge_params[:, index], largest=self.largest[index],
-                         largest_edge=self.largest_edge[index])
+                         edge_params=None, largest=self.largest[index], largest_edge=None)
 
 
 def positions(pp: np.ndarray) -> np.ndarray:

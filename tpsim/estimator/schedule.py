@@ -45,7 +45,7 @@ class Schedule:
 
 def _pick(position: np.ndarray, values: np.ndarray) -> np.ndarray:
     """values[position[i], i] for (3, n) values."""
-    return np.take_along_axis(values, position[None, :], axis=0)[0]
+    return values[position, np.arange(position.size)]
 
 
 def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Partition, pp: np.ndarray,
@@ -54,21 +54,21 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     """Step time and breakdown (everything gathered to plans)."""
     penalty = ctx.roofline.eff.overlap_compute_penalty
     full = recompute == 2
-    fwd_total = sum(comm.layer_fwd.values(), np.zeros(pp.size))
-    bwd_total = sum(comm.layer_bwd.values(), np.zeros(pp.size))
+    fwd_total = _sum(comm.layer_fwd.values(), pp.shape)
+    bwd_total = _sum(comm.layer_bwd.values(), pp.shape)
     f_exp, b_exp = comm.layer_fwd_exposed, comm.layer_bwd_exposed
     # per layer and micro-batch: full recomputation runs the forward (and its collectives) again
     hidden = (fwd_total - f_exp) + (bwd_total - b_exp)
     x_layer = f_exp + b_exp + np.where(full, f_exp, 0.0) + penalty * hidden
     single = pp == 1
     edge_c = on_positions(costs.first.fwd + costs.first.bwd, costs.last.fwd + costs.last.bwd, single)
-    edge_x = sum(comm.edge.values(), np.zeros((3, pp.size)))
+    edge_x = _sum(comm.edge.values(), (3, pp.size))
     L = part.layers
     rank_c = L * (costs.fwd + costs.bwd) + edge_c
     rank_r = L * costs.recompute
     rank_x = L * x_layer + edge_x
     rank_o = L * ctx.host_overhead_s
-    totals = np.where(part.valid, rank_c + rank_r + rank_x + rank_o, -1.0)
+    totals = np.where(part.valid, rank_c + rank_r + rank_x + rank_o, -1.0)  # -1: no such rank
     slow = np.argmax(totals, axis=0)
     c_stage, r_stage, x_stage, o_stage = (_pick(slow, v) for v in (rank_c, rank_r, rank_x, rank_o))
     layers = _pick(slow, L)
@@ -94,6 +94,17 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
                     exposed_comm=exposed, overhead=overhead, comm_total=comm_total, step=step, slowest=slow,
                     micro_batches=m)
+
+
+def _sum(arrays, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum of per-axis arrays (zeros when there are none)."""
+    arrays = list(arrays)
+    if not arrays:
+        return np.zeros(shape)
+    total = arrays[0]
+    for a in arrays[1:]:
+        total = total + a
+    return total
 
 
 def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndarray, zero: np.ndarray,

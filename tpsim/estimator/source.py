@@ -13,6 +13,7 @@ estimator gathers them back to the plans.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from ..compute.base import ComputeModel
 from ..compute.roofline import activation_bytes
 from ..model import ModelSpec
 from ..tp_plan import layer_collectives
+from .keys import take_rows
 from .layer import edge_cost, layer_cost
 from .memory import activation_bytes_per_layer, full_layer_activations, layer_params_local
 
@@ -61,11 +63,6 @@ class Edge:
     buffer_bytes: np.ndarray
     """working buffers of one micro-batch (embedding output, fp32 logits), bytes."""
 
-    def take(self, index: np.ndarray, with_comm: bool = True) -> "Edge":
-        return Edge(fwd=self.fwd[index], bwd=self.bwd[index],
-                    comm=tuple(_take_comm(c, index) for c in self.comm) if with_comm else (),
-                    params=self.params[index], shared_params=self.shared_params[index],
-                    buffer_bytes=self.buffer_bytes[index])
 
 
 @dataclass(frozen=True)
@@ -93,19 +90,20 @@ class LayerCosts:
     last: Edge
 
     def take(self, index: np.ndarray, with_comm: bool = True) -> "LayerCosts":
-        """The rows ``index`` (gather); ``with_comm=False`` leaves the collectives empty (later stages use
-        their times, not their sizes)."""
-        return LayerCosts(fwd=self.fwd[index], bwd=self.bwd[index], recompute=self.recompute[index],
-                          measured=self.measured[index],
-                          comm=tuple(_take_comm(c, index) for c in self.comm) if with_comm else (),
-                          params=self.params[index], activations=self.activations[index],
-                          working=self.working[index], boundary_bytes=self.boundary_bytes[index],
-                          first=self.first.take(index, with_comm), last=self.last.take(index, with_comm))
+        """The rows ``index`` (gather); ``with_comm=False`` leaves the collectives out (the stages after
+        communication use their times, not their sizes)."""
+        if with_comm:
+            return take_rows(self, index)
+        bare = dataclasses.replace(self, comm=(), first=dataclasses.replace(self.first, comm=()),
+                                   last=dataclasses.replace(self.last, comm=()))
+        return take_rows(bare, index)
 
-
-def _take_comm(c: Collective, index: np.ndarray) -> Collective:
-    hide = c.hide[index] if isinstance(c.hide, np.ndarray) else c.hide
-    return Collective(axes=c.axes, op=c.op, phase=c.phase, nbytes=c.nbytes[index], hide=hide, count=c.count)
+    def for_plans(self, index: np.ndarray) -> "LayerCosts":
+        """The rows ``index`` of what the per-plan stages (schedule, memory, totals) read; the parts only
+        partition and communication use (collectives, boundary bytes, edge parameters) are None."""
+        edge = lambda e: dataclasses.replace(e, comm=(), params=None, shared_params=None)  # noqa: E731
+        return take_rows(dataclasses.replace(self, comm=(), boundary_bytes=None, first=edge(self.first),
+                                             last=edge(self.last)), index)
 
 
 class LayerSource(ABC):
@@ -113,6 +111,10 @@ class LayerSource(ABC):
     columns); :meth:`costs` gets one array per field (the distinct rows) plus the batch's dtype and attention."""
 
     key_fields: tuple[str, ...] = ("tp", "sp", "micro_batch", "recompute")
+    comm_fields: tuple[str, ...] = ("tp", "sp", "micro_batch")
+    """the key fields the collectives, edges and boundary bytes depend on (not recomputation)."""
+    param_fields: tuple[str, ...] = ("tp",)
+    """the key fields the parameters per layer and per edge depend on."""
     num_layers: int
     """repeated layers (split over pipeline stages)."""
 
