@@ -203,7 +203,7 @@ def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
 
 
 DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "compute_s": "compute", "recompute_s": "recomp_s",
-                 "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm",
+                 "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm", "overhead_s": "overhead",
                  "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm"}
 
 
