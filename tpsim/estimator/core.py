@@ -58,7 +58,8 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
 def layer_costs(ctx: EstimationContext, plans: PlanBatch) -> tuple[LayerCosts, Keys]:
     """Costs per distinct layer key of the batch (remembered by the context) and the plans' key index."""
     keys = distinct(*(getattr(plans, f) for f in ctx.source.key_fields))
-    return ctx.layer_rows(keys.rows, plans.dtype, plans.attention), keys
+    memo_key = ("layers", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention)
+    return ctx.memo(memo_key, lambda: ctx.layer_rows(keys.rows, plans.dtype, plans.attention)), keys
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------------

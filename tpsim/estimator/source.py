@@ -101,9 +101,14 @@ class LayerCosts:
     def for_plans(self, index: np.ndarray) -> "LayerCosts":
         """The rows ``index`` of what the per-plan stages (schedule, memory, totals) read; the parts only
         partition and communication use (collectives, boundary bytes, edge parameters) are None."""
-        edge = lambda e: dataclasses.replace(e, comm=(), params=None, shared_params=None)  # noqa: E731
-        return take_rows(dataclasses.replace(self, comm=(), boundary_bytes=None, first=edge(self.first),
-                                             last=edge(self.last)), index)
+        def edge(e: Edge) -> Edge:
+            return Edge(fwd=e.fwd[index], bwd=e.bwd[index], comm=(), params=None, shared_params=None,
+                        buffer_bytes=e.buffer_bytes[index])
+
+        return LayerCosts(fwd=self.fwd[index], bwd=self.bwd[index], recompute=self.recompute[index],
+                          measured=self.measured[index], comm=(), params=self.params[index],
+                          activations=self.activations[index], working=self.working[index], boundary_bytes=None,
+                          first=edge(self.first), last=edge(self.last))
 
 
 class LayerSource(ABC):
