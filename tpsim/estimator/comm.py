@@ -21,6 +21,7 @@ layer's first forward reduction; DP: the gradient reduction; PP: the send/receiv
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -116,11 +117,17 @@ class AxisCurves:
         return hit
 
 
-def layouts_of(ctx: EstimationContext, tp: np.ndarray, pp: np.ndarray, dp: np.ndarray,
-               order: np.ndarray) -> tuple[list[RankLayout], np.ndarray]:
-    """The distinct rank layouts of the rows and each row's index into them."""
-    keys = distinct(tp, pp, dp, order)
-    layouts = [ctx.layout(ORDERS[o], t, d, p) for t, p, d, o in keys.rows.tolist()]
+LAYOUT_AXES = ("tp", "dp", "pp")
+"""plan axes that place ranks (PlanBatch columns, RankLayout axis names); issue 11 adds cp here."""
+GRADIENT_AXES = ("dp",)
+"""axes the gradients are reduced over (with context parallelism: dp and cp)."""
+
+
+def layouts_of(ctx: EstimationContext, plans: Any) -> tuple[list[RankLayout], np.ndarray]:
+    """The distinct rank layouts of a batch's rows (sizes of LAYOUT_AXES and the rank order) and each row's
+    index into them."""
+    keys = distinct(*(getattr(plans, a) for a in LAYOUT_AXES), plans.order)
+    layouts = [ctx.layout(ORDERS[row[-1]], **dict(zip(LAYOUT_AXES, row[:-1]))) for row in keys.rows.tolist()]
     return layouts, keys.inverse
 
 
@@ -187,7 +194,7 @@ def _data_parallel(curves: AxisCurves, part: Partition, zero: np.ndarray, dp: np
     grad_b, weight_b = part.largest * GRAD_BYTES, part.largest * w_bytes
     z12 = has_dp & (zero >= 1) & (zero <= 2)
     z3 = has_dp & (zero == 3)
-    axes = ("dp",)
+    axes = GRADIENT_AXES
     all_reduce, ar_name = curves.timed_and_named(axes, "all_reduce", np.where(has_dp & (zero == 0), grad_b, 0.0))
     reduce_scatter, rs_name = curves.timed_and_named(axes, "reduce_scatter", np.where(
         z12, grad_b, np.where(z3, part.largest_edge * GRAD_BYTES, 0.0)))

@@ -110,7 +110,7 @@ class _Caches:
     tables: dict = field(default_factory=dict)
     """(axes, op) -> _EnvelopeTable."""
     layouts: dict = field(default_factory=dict)
-    """(order, tp, dp, pp) -> RankLayout."""
+    """(order, axis sizes) -> RankLayout."""
 
 
 @dataclass
@@ -240,13 +240,13 @@ class EstimationContext:
         rows = np.fromiter((table.index[layout] for layout in layouts), dtype=np.int64, count=len(layouts))
         return table.latency_s[rows], table.sec_per_byte[rows], table.codes[rows]
 
-    def layout(self, order: str, tp: int, dp: int, pp: int) -> Any:
-        """The :class:`~tpsim.topology.placement.RankLayout` of a plan's sizes and rank order (cached)."""
-        key = (order, tp, dp, pp)
+    def layout(self, order: str, **sizes: int) -> Any:
+        """The :class:`~tpsim.topology.placement.RankLayout` of a plan's axis sizes and rank order (cached)."""
+        key = (order, tuple(sorted(sizes.items())))
         hit = self.caches.layouts.get(key)
         if hit is None:
             from ..topology.placement import RankLayout
-            hit = self.caches.layouts[key] = RankLayout.from_order(order, tp=tp, dp=dp, pp=pp)
+            hit = self.caches.layouts[key] = RankLayout.from_order(order, **sizes)
         return hit
 
     def _name_code(self, text: str) -> int:

@@ -79,7 +79,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
         layer_index = layer_keys.inverse[keys.first]
         part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False))
-        layouts, layout_index = layouts_of(ctx, sub.tp, sub.pp, sub.dp, sub.order)
+        layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         comm = communication(ctx, layouts, layout_index, layer_index, costs, part,
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
