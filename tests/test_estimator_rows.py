@@ -83,7 +83,9 @@ def test_the_context_owns_the_caches(problem):
     assert ctx is context_for(model, cluster)
     assert ctx.caches.curves.curves and ctx.caches.layers
     other = load_cluster("dgx-h100", gpus=64)
-    assert context_for(model, other) is not ctx and context_for(model, other).caches.curves.curves == {}
+    elsewhere = context_for(model, other)
+    assert elsewhere is not ctx and elsewhere.caches.curves is not ctx.caches.curves
+    assert elsewhere.collectives is not ctx.collectives
     # another compute model on the same cluster: a new context, the same collective curves
     from tpsim.compute.roofline import RooflineModel
 

@@ -14,8 +14,9 @@ pair.
   distributed optimizer: reduce-scatter + all-gather); ZeRO-3 gathers each layer's weights in forward and
   backward and reduce-scatters its gradients, and treats the edge parameters as one more layer.
 
-Each axis of size > 1 is named by the algorithm of the envelope line that times its main collective (TP: a
-layer's first forward reduction; DP: the gradient reduction; PP: the send/receive).
+Each axis of size > 1 is named by the algorithm of the envelope line that times its main collective (a layer
+axis such as TP: its first forward reduction, else its first forward, else backward collective; DP: the
+gradient reduction; PP: the send/receive).
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts):
     fwd: dict[str, np.ndarray] = {}
     bwd: dict[str, np.ndarray] = {}
     exposed = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
-    tp_name = np.full(n, -1, dtype=np.int32)
+    named: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # axis -> (preference, name code)
     for c in costs.comm:
         t, code = curves.timed_and_named(c.axes, c.op, c.nbytes)
         if c.count != 1.0:
@@ -169,8 +170,11 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts):
         totals = fwd if c.phase == "fwd" else bwd
         totals[axis] = totals.get(axis, 0.0) + t
         exposed[c.phase] = exposed[c.phase] + np.maximum(t - c.hide, 0.0)
-        if c.axes == ("tp",) and c.phase == "fwd" and c.op in _REDUCTIONS:
-            tp_name = np.where(tp_name < 0, code, tp_name)  # the layer's first forward reduction names TP
+        # an axis is named by its first forward reduction, else its first forward collective, else backward
+        rank = (0 if c.phase == "fwd" else 2) + (0 if c.op in _REDUCTIONS else 1)
+        best, name = named.get(axis, (np.full(n, 9), np.full(n, -1, dtype=np.int32)))
+        better = (code >= 0) & (rank < best)
+        named[axis] = (np.where(better, rank, best), np.where(better, code, name))
     edges: dict[str, tuple] = {}
     for which, edge in ((0, costs.first), (1, costs.last)):
         for c in edge.comm:
@@ -178,7 +182,9 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts):
             sums[which] = sums[which] + _timed(curves, c)
             edges["-".join(c.axes)] = tuple(sums)
     p2p, pp_name = curves.timed_and_named(("pp",), "send_recv", costs.boundary_bytes)
-    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, {"tp": tp_name, "pp": pp_name}
+    names = {axis: code for axis, (_, code) in named.items()}
+    names["pp"] = pp_name
+    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, names
 
 
 def _timed(curves: AxisCurves, c: Collective) -> np.ndarray:
