@@ -1,0 +1,475 @@
+"""Step time, throughput and memory of plans for a traced op graph, all plans of a batch at once (numpy).
+
+The per-unit costs come from :mod:`tpsim.opgraph.cost` (compute) and :mod:`tpsim.opgraph.layout` (TP
+collectives); the rest follows the transformer estimator (:mod:`tpsim.estimator.core`, docs/MODEL.md) term by
+term: 1F1B / interleaved pipeline pace set by the slowest rank, bubble ``(pp - 1) / vpp x t_stage``,
+point-to-point traffic per model chunk and micro-batch, data-parallel gradient reduction and ZeRO 1-3, the
+optimizer step, hidden communication slowing compute by ``overlap_compute_penalty``, memory per rank with
+Megatron's in-flight micro-batch counts. Collectives are timed with ``CollectiveModel.axis_curve`` on the
+plan's ``RankLayout``.
+
+Pipeline split: a graph with one repeated block (a transformer) splits its block instances as Megatron does
+(:func:`tpsim.estimator.memory.stage_layers`; the units before go to the first rank, those after to the last);
+any other graph is cut into ``pp x vpp`` contiguous chunks of its layers (block instances and glue units)
+minimising the largest chunk's forward + backward time at tp = 1 (chunk c on rank c mod pp). A stage boundary
+sends the activations live there (skip connections included), split over the TP ranks (Megatron's
+scatter/gather optimization).
+
+This module re-states the pipeline / DP / memory / totals formulas of the transformer estimator for units of
+any shape; when the estimator's stages take a replaceable layer-cost source (issue 9, branch w1-core), the unit
+costs here plug into it and this assembly goes away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..compute.base import ComputeModel
+from ..compute.roofline import RooflineModel, activation_bytes
+from ..errors import InputError
+from ..estimator.memory import stage_layers
+from ..estimator.result import Estimate, EstimateBatch
+from ..plan import ORDERS, Plan, PlanBatch
+from ..units import GiB
+from .cost import GraphCosts
+from .model import OpGraphModel, validate_graph_plan
+
+GRAD_BYTES = 4.0
+"""fp32 gradient accumulation and reduction (Megatron main_grad), as the transformer estimator."""
+TP_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+DP_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def _unique(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    stacked = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
+    uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    return uniq, inverse.reshape(-1)
+
+
+# ---- collective curves per plan -------------------------------------------------------------------------
+_BYTES = np.logspace(0, 13, 131)
+
+
+def _envelope(curve: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The lines of a cost curve that are its minimum somewhere in 1 B .. 10 TB."""
+    lat = np.asarray(curve.latency_s, dtype=float)
+    spb = np.asarray(curve.sec_per_byte, dtype=float)
+    win = np.unique(np.argmin(lat[None, :] + _BYTES[:, None] * spb[None, :], axis=1))
+    return lat[win], spb[win]
+
+
+@dataclass
+class _Curves:
+    """Per plan, the lines of each (axis, op) curve: name -> (K x N latency, K x N sec/byte)."""
+
+    lines: dict[str, tuple[np.ndarray, np.ndarray]]
+    entries: list[dict[str, Any]]
+    inverse: np.ndarray
+
+    def time(self, name: str, nbytes: np.ndarray, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        lat, spb = self.lines[name]
+        b = np.asarray(nbytes, dtype=float)
+        t = (lat[:, rows] + b[None, :] * spb[:, rows]).min(axis=0)
+        return np.where(b > 0, t, 0.0)
+
+
+def _curves(cluster: Any, plans: PlanBatch) -> _Curves:
+    from ..collectives.curve import CostCurve
+    from ..collectives.model import get_collective_model
+    from ..topology.placement import RankLayout
+
+    cm = get_collective_model(cluster)
+    uniq, inv = _unique(plans.tp, plans.pp, plans.dp, plans.order)
+    entries = []
+    for tp, pp, dp, order in uniq:
+        layout = RankLayout.from_order(ORDERS[int(order)], tp=int(tp), dp=int(dp), pp=int(pp))
+        entry = {}
+        for axis, ops in (("tp", TP_OPS), ("dp", DP_OPS), ("pp", ("send_recv",))):
+            for op in ops:
+                entry[f"{axis}.{op}"] = cm.axis_curve(op, layout, axis) if layout.size(axis) > 1 else CostCurve.zero()
+        entries.append(entry)
+    lines = {}
+    for name in entries[0]:
+        env = [_envelope(e[name]) for e in entries]
+        k = max(len(la) for la, _ in env)
+        lat = np.array([np.pad(la, (0, k - len(la)), mode="edge") for la, _ in env]).T
+        spb = np.array([np.pad(sp, (0, k - len(sp)), mode="edge") for _, sp in env]).T
+        lines[name] = (lat[:, inv], spb[:, inv])
+    return _Curves(lines=lines, entries=entries, inverse=inv)
+
+
+# ---- pipeline split --------------------------------------------------------------------------------------
+def _min_max_chunks(weights: np.ndarray, k: int) -> list[int]:
+    """Start index of each of ``k`` contiguous chunks minimising the largest chunk sum (binary search on the
+    capacity with greedy packing, then the largest chunks split until there are ``k``)."""
+    lo, hi = float(weights.max()), float(weights.sum())
+    for _ in range(60):
+        cap = (lo + hi) / 2
+        if len(_greedy(weights, cap)) <= k:
+            hi = cap
+        else:
+            lo = cap
+    starts = _greedy(weights, hi)
+    while len(starts) < k:  # split the largest splittable chunk
+        bounds = starts + [len(weights)]
+        sizes = [(weights[a:b].sum(), i) for i, (a, b) in enumerate(zip(bounds, bounds[1:])) if b - a > 1]
+        _, i = max(sizes)
+        a, b = bounds[i], bounds[i + 1]
+        c = np.cumsum(weights[a:b])
+        cut = a + int(np.argmin(np.abs(c[:-1] - c[-1] / 2))) + 1
+        starts = sorted(starts + [cut])
+    return starts
+
+
+def _greedy(weights: np.ndarray, cap: float) -> list[int]:
+    starts, total = [0], 0.0
+    for i, w in enumerate(weights):
+        if total + w > cap * (1 + 1e-12) and total > 0:
+            starts.append(i)
+            total = 0.0
+        total += w
+    return starts
+
+
+class _Partitions:
+    """Layers of each unit on each pipeline rank, per (pp, vpp)."""
+
+    def __init__(self, model: OpGraphModel, costs: GraphCosts, dtype: str) -> None:
+        self.graph = model.graph
+        repeats = [u.repeat for u in self.graph.units]
+        blocks = [i for i, r in enumerate(repeats) if r > 1]
+        self.block = blocks[0] if len(blocks) == 1 and len(repeats) <= 3 else None
+        self.layer_unit = np.repeat(np.arange(len(repeats)), repeats)
+        one = np.ones(1)
+        unit_w = np.array([float((c.fwd + c.bwd)[0]) for c in
+                           (costs.unit_cost(u, 1, False, one, dtype) for u in range(len(repeats)))])
+        self.weights = unit_w[self.layer_unit]
+        self._cache: dict[tuple[int, int], tuple[np.ndarray, list[int]]] = {}
+
+    def get(self, pp: int, vpp: int) -> tuple[np.ndarray, list[int]]:
+        """(W: pp x units counts of layers, cut units: the unit at each stage boundary)."""
+        key = (pp, vpp)
+        if key not in self._cache:
+            self._cache[key] = self._megatron(pp, vpp) if self.block is not None else self._balanced(pp, vpp)
+        return self._cache[key]
+
+    def _megatron(self, pp: int, vpp: int) -> tuple[np.ndarray, list[int]]:
+        n_units, b = len(self.graph.units), self.block
+        w = np.zeros((pp, n_units))
+        if pp == 1:
+            w[0] = [u.repeat for u in self.graph.units]
+            return w, []
+        layers = stage_layers(self.graph.units[b].repeat, np.array([pp]), np.array([vpp]))
+        w[0, :b] = 1.0
+        w[pp - 1, b + 1:] = 1.0
+        w[0, b] = layers.first[0]
+        w[pp - 1, b] = layers.last[0]
+        w[1:pp - 1, b] = layers.middle[0]
+        return w, [b] + ([b + 1] if b + 1 < n_units else [])
+
+    def _balanced(self, pp: int, vpp: int) -> tuple[np.ndarray, list[int]]:
+        n_units = len(self.graph.units)
+        starts = _min_max_chunks(self.weights, pp * vpp)
+        bounds = starts + [len(self.weights)]
+        w = np.zeros((pp, n_units))
+        for c, (a, z) in enumerate(zip(bounds, bounds[1:])):
+            np.add.at(w[c % pp], self.layer_unit[a:z], 1.0)
+        return w, [int(self.layer_unit[s]) for s in starts[1:]]
+
+
+# ---- the estimator ---------------------------------------------------------------------------------------
+@dataclass
+class _UnitArrays:
+    """Per unit (rows) and plan (columns): seconds, bytes and parameters of one instance."""
+
+    fwd: np.ndarray
+    bwd: np.ndarray
+    rsel: np.ndarray
+    measured: np.ndarray
+    act: dict[int, np.ndarray]
+    inb: np.ndarray
+    params: np.ndarray
+    gred: np.ndarray
+    comm: dict[str, np.ndarray]
+    shared: dict[str, np.ndarray]
+    """tied parameter -> elements one rank holds, per plan."""
+
+
+def _unit_arrays(costs: GraphCosts, plans: PlanBatch, curves: _Curves, act_b: int) -> _UnitArrays:
+    graph = costs.graph
+    n_units, n = len(graph.units), len(plans)
+    z = lambda: np.zeros((n_units, n))  # noqa: E731
+    out = _UnitArrays(fwd=z(), bwd=z(), rsel=z(), measured=z(), act={0: z(), 1: z(), 2: z()}, inb=z(),
+                      params=z(), gred=z(), comm={k: z() for k in ("fwd", "bwd", "fwd_exposed", "bwd_exposed")},
+                      shared={name: np.zeros(n) for name, _ in _shared_params(graph)})
+    pairs, pair_inv = _unique(plans.tp, plans.sp)
+    for p, (tp, sp) in enumerate(pairs):
+        rows = np.flatnonzero(pair_inv == p)
+        mbs, mb_inv = np.unique(plans.micro_batch[rows], return_inverse=True)
+        statics, _ = costs.static(int(tp), bool(sp))
+        for u in range(n_units):
+            c = costs.unit_cost(u, int(tp), bool(sp), mbs, plans.dtype)
+            take = lambda a: np.asarray(a)[mb_inv]  # noqa: E731
+            out.fwd[u, rows], out.bwd[u, rows] = take(c.fwd), take(c.bwd)
+            out.rsel[u, rows], out.measured[u, rows] = take(c.recompute_selective), take(c.measured)
+            for rc in (0, 1, 2):
+                out.act[rc][u, rows] = take(c.activation_bytes[rc])
+            out.inb[u, rows] = take(c.input_bytes) * (tp if sp else 1)  # full boundary tensors
+            out.params[u, rows] = statics[u].params
+            out.gred[u, rows] = statics[u].grad_reduce_params
+            for name in out.shared:
+                if name in statics[u].param_local:
+                    prev = out.shared[name][rows]
+                    local = statics[u].param_local[name]
+                    out.shared[name][rows] = np.where(prev > 0, np.minimum(prev, local), local)
+            if tp > 1:
+                _tp_comm(out, u, statics[u].layout.comms, c, rows, mb_inv, plans.micro_batch[rows] / graph.batch,
+                         curves, act_b, costs.flavor)
+    return out
+
+
+def _tp_comm(out: _UnitArrays, u: int, comms: tuple, cost: Any, rows: np.ndarray, mb_inv: np.ndarray,
+             scale: np.ndarray, curves: _Curves, act_b: int, flavor: str) -> None:
+    for c in comms:
+        nbytes = c.numel * (scale if c.batched else 1.0) * (act_b if c.dtype == "act" else 4.0)
+        t = curves.time(f"tp.{c.op}", np.broadcast_to(nbytes, rows.shape), rows)
+        hide = np.zeros(len(rows))
+        if c.overlap and flavor == "megatron":
+            source = cost.wgrad if c.overlap == "wgrad" else cost.dgrad
+            for j in c.hide:
+                if j in source:
+                    hide = hide + np.asarray(source[j])[mb_inv]
+        out.comm[c.phase][u, rows] += t
+        out.comm[f"{c.phase}_exposed"][u, rows] += np.maximum(t - hide, 0.0)
+
+
+def _pick(index: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """values[index[i], i] for every column i."""
+    return values[index, np.arange(values.shape[1])]
+
+
+def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None = None,
+                         flavor: str = "megatron", conv_times: Any = None) -> EstimateBatch:
+    """Estimate every plan of the batch for the traced model (plans valid for it on ``cluster``)."""
+    n = len(plans)
+    if n == 0:
+        raise InputError("no plans to estimate")
+    if np.any(plans.tp * plans.pp * plans.dp != cluster.num_gpus):
+        bad = int(np.argmax(plans.tp * plans.pp * plans.dp != cluster.num_gpus))
+        raise InputError(f"plan {plans.plan(bad).short()} does not use the cluster's gpus={cluster.num_gpus}")
+    device = cluster.device
+    compute = compute or RooflineModel(device)
+    roofline = compute if isinstance(compute, RooflineModel) else RooflineModel(device)
+    act_b = activation_bytes(plans.dtype)
+    w_bytes = 4.0 if plans.dtype in ("fp32", "tf32") else 2.0
+    master_bytes = 0.0 if plans.dtype in ("fp32", "tf32") else 4.0
+    costs = _costs(model, compute, flavor, conv_times)
+    curves = _curves(cluster, plans)
+    ua = _unit_arrays(costs, plans, curves, act_b)
+    penalty = roofline.eff.overlap_compute_penalty
+
+    rc = plans.recompute
+    # full recomputation checkpoints the blocks (Megatron / torchtitan per-layer checkpointing); the glue
+    # (embedding, output layer, loss) keeps its activations and is not run twice
+    blocks = np.array([u.kind == "block" for u in model.graph.units])[:, None]
+    full = (rc == 2)[None, :] & blocks
+    c_u = ua.fwd + ua.bwd
+    r_u = np.where(full, ua.fwd, np.where(rc == 1, ua.rsel, 0.0))
+    cm = ua.comm
+    hidden = (cm["fwd"] - cm["fwd_exposed"]) + (cm["bwd"] - cm["bwd_exposed"])
+    x_u = cm["fwd_exposed"] + cm["bwd_exposed"] + np.where(full, cm["fwd_exposed"], 0.0) + penalty * hidden
+    tp_u = cm["fwd"] + cm["bwd"] + np.where(full, cm["fwd"], 0.0)
+    act_u = np.where(full, ua.act[2], np.where(rc == 1, ua.act[1], ua.act[0]))
+    f_u = ua.fwd + cm["fwd_exposed"]
+    b_u = ua.bwd + r_u + cm["bwd_exposed"]
+
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    v = plans.vpp
+    res = {k: np.zeros(n) for k in ("c", "r", "x", "tp", "f", "b", "layers", "params_max", "gred", "p2p_bytes",
+                                    "peak", "weights_p", "act", "other", "z3_layer", "measured")}
+    parts = _Partitions(model, costs, plans.dtype)
+    shared = _shared_params(model.graph)
+    pv, pv_inv = _unique(plans.pp, plans.vpp)
+    zero = plans.zero
+    dp = plans.dp.astype(float)
+    w_div = np.where(zero == 3, dp, 1.0)
+    g_div = np.where(zero >= 2, dp, 1.0)
+    o_div = np.where(zero >= 1, dp, 1.0)
+    per_param = w_bytes / w_div + GRAD_BYTES / g_div + (master_bytes + 8.0) / o_div
+    for g, (pp, vpp) in enumerate(pv):
+        rows = np.flatnonzero(pv_inv == g)
+        w, cuts = parts.get(int(pp), int(vpp))
+        rank = {k: w @ a[:, rows] for k, a in (("c", c_u), ("r", r_u), ("x", x_u), ("tp", tp_u), ("f", f_u),
+                                                ("b", b_u), ("act", act_u), ("gred", ua.gred),
+                                                ("measured", ua.measured))}
+        params = w @ ua.params[:, rows] - _shared_correction(w, shared, ua.shared, rows)
+        slow = np.argmax(rank["c"] + rank["r"] + rank["x"], axis=0)
+        for k in ("c", "r", "x", "tp", "f", "b", "measured"):
+            res[k][rows] = _pick(slow, rank[k])
+        res["layers"][rows] = w.sum(axis=1)[slow]
+        res["params_max"][rows] = params.max(axis=0)
+        res["gred"][rows] = rank["gred"].max(axis=0)
+        present = (w > 0)[:, :, None]
+        res["z3_layer"][rows] = np.where(present, ua.params[None, :, rows], 0.0).max(axis=(0, 1))
+        tpv = plans.tp[rows].astype(float)
+        res["p2p_bytes"][rows] = (ua.inb[cuts][:, rows].max(axis=0) / tpv) if cuts and pp > 1 else 0.0
+        # memory of every rank: its parameters, its layers' activations times the micro-batches in flight
+        r_idx = np.arange(int(pp))[:, None]
+        mm = m[rows][None, :]
+        chunks = np.where(vpp > 1, (2 * (pp - r_idx - 1) + (vpp - 1) * pp + 1) / vpp, pp - r_idx)
+        in_flight = np.minimum(chunks, mm).astype(float)
+        working = np.where(full[:, rows][None], present * ua.act[0][None, :, rows], 0.0).max(axis=1)
+        z3_buf = np.where(zero[rows] == 3, 2.0 * np.where(present, ua.params[None, :, rows], 0.0).max(axis=1)
+                          * w_bytes, 0.0)
+        act_r = rank["act"] * in_flight + working
+        tot = params * per_param[rows][None, :] + act_r + z3_buf
+        peak_rank = np.argmax(tot, axis=0)
+        res["peak"][rows] = _pick(peak_rank, tot)
+        res["weights_p"][rows] = _pick(peak_rank, params)
+        res["act"][rows] = _pick(peak_rank, act_r)
+        res["other"][rows] = _pick(peak_rank, z3_buf)
+    return _totals(model, cluster, plans, compute, roofline, curves, res, m, v, per_param, w_bytes, master_bytes,
+                   w_div, g_div, o_div, penalty, costs)
+
+
+def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel, roofline: RooflineModel,
+            curves: _Curves, res: dict[str, np.ndarray], m: np.ndarray, v: np.ndarray, per_param: np.ndarray,
+            w_bytes: float, master_bytes: float, w_div: np.ndarray, g_div: np.ndarray, o_div: np.ndarray,
+            penalty: float, costs: GraphCosts) -> EstimateBatch:
+    device = cluster.device
+    t_stage = res["c"] + res["r"] + res["x"]
+    bubble = (plans.pp - 1) / v * t_stage
+    t_p2p = curves.time("pp.send_recv", res["p2p_bytes"])
+    pp_total = 2.0 * (m * v + plans.pp - 1) * t_p2p
+    # data parallel (and ZeRO), as the transformer estimator; ZeRO-3 gathers / reduces each layer's weights
+    zero, has_dp = plans.zero, plans.dp > 1
+    grad_b, weight_b = res["params_max"] * GRAD_BYTES, res["params_max"] * w_bytes
+    t_ar = curves.time("dp.all_reduce", np.where(has_dp & (zero == 0), grad_b, 0.0))
+    z12 = has_dp & (zero >= 1) & (zero <= 2)
+    z3 = has_dp & (zero == 3)
+    t_rs = curves.time("dp.reduce_scatter", np.where(z12, grad_b, 0.0))
+    t_ag = curves.time("dp.all_gather", np.where(z12, weight_b, 0.0))
+    layers = np.maximum(res["layers"], 1.0)
+    layer_p = res["params_max"] / layers
+    z3_ag = curves.time("dp.all_gather", np.where(z3, layer_p * w_bytes, 0.0))
+    z3_rs = curves.time("dp.reduce_scatter", np.where(z3, layer_p * GRAD_BYTES, 0.0))
+    f_layer, b_layer = res["f"] / layers, res["b"] / layers
+    z3_total = m * layers * (2 * z3_ag + z3_rs)
+    z3_exposed = m * layers * (np.maximum(z3_ag - f_layer, 0.0) + np.maximum(z3_ag + z3_rs - b_layer, 0.0))
+    reductions = np.where(zero >= 2, m, 1)
+    gathers = np.where(zero == 3, 2 * m, 1)
+    grad_t = t_ar + t_rs
+    ovl = plans.overlap
+    bwd_window, fwd_window = res["b"], res["f"]
+    dp_exposed = np.where(ovl, reductions * np.maximum(grad_t - bwd_window, 0.0)
+                          + gathers * np.maximum(t_ag - fwd_window, 0.0), reductions * grad_t + gathers * t_ag) \
+        + z3_exposed
+    dp_total = reductions * grad_t + gathers * t_ag + z3_total
+    dp_exposed = dp_exposed + penalty * (dp_total - dp_exposed)
+    # gradients of parameters used on a token / position split: all-reduced over TP once per step
+    t_gred = curves.time("tp.all_reduce", res["gred"] * GRAD_BYTES)
+    gred_exposed = np.where(ovl, np.maximum(t_gred - bwd_window, 0.0), t_gred)
+    gred_exposed = gred_exposed + penalty * (t_gred - gred_exposed)
+    opt_params = np.where(zero >= 1, res["params_max"] / plans.dp, res["params_max"])
+    t_opt = roofline.optimizer_time(opt_params)
+
+    compute_s, recompute_s = m * res["c"], m * res["r"]
+    exposed = m * res["x"] + pp_total + dp_exposed + gred_exposed
+    step = compute_s + recompute_s + bubble + t_opt + exposed
+    tp_total = m * res["tp"] + t_gred
+
+    samples = plans.global_batch.astype(float)
+    tokens = samples * model.graph.tokens_per_sample
+    fwd_flops, core_flops = costs.forward_flops()
+    mflops = samples * 3.0 * fwd_flops
+    extra = np.where(plans.recompute == 2, fwd_flops, np.where(plans.recompute == 1, core_flops, 0.0)) * samples
+    hflops = mflops + extra
+    gpus = float(cluster.num_gpus)
+    peak_flops = device.peak(plans.dtype)
+    held = res["weights_p"]
+    c_total = res["c"]
+    measured = np.where(c_total > 0, res["measured"] / np.where(c_total > 0, c_total, 1.0), 0.0)
+    return EstimateBatch(
+        plans=plans, step_time_s=step, tokens_per_s=tokens / step,
+        model_tflops_per_gpu=mflops / (step * gpus) / 1e12, hardware_tflops_per_gpu=hflops / (step * gpus) / 1e12,
+        mfu=mflops / (step * gpus * peak_flops), hfu=hflops / (step * gpus * peak_flops),
+        peak_memory_gib=res["peak"] / GiB, fits=res["peak"] <= device.usable_memory_bytes, compute_s=compute_s,
+        recompute_s=recompute_s, bubble_s=bubble, optimizer_s=t_opt, exposed_comm_s=exposed, tp_comm_s=tp_total,
+        pp_comm_s=pp_total, dp_comm_s=dp_total, mem_weights_gib=held * w_bytes / w_div / GiB,
+        mem_grads_gib=held * GRAD_BYTES / g_div / GiB, mem_optimizer_states_gib=held * (master_bytes + 8.0) / o_div / GiB,
+        mem_activations_gib=res["act"] / GiB, mem_other_gib=res["other"] / GiB, measured_compute_fraction=measured,
+        model_name=model.name, cluster_info={"name": cluster.name, "gpus": cluster.num_gpus, "device": device.name,
+                                             "gpus_per_node": cluster.gpus_per_node},
+        compute_model=compute.source, collectives=_algorithms(curves, plans) if len(plans) <= 64 else ())
+
+
+def _algorithms(curves: _Curves, plans: PlanBatch) -> tuple[dict[str, str], ...]:
+    out = []
+    for i in range(len(plans)):
+        e = curves.entries[curves.inverse[i]]
+        d = {}
+        for axis, op in (("tp", "all_reduce"), ("dp", "all_reduce"), ("pp", "send_recv")):
+            name = e[f"{axis}.{op}"].best(1 << 24)[1]
+            if name != "none":
+                d[axis] = f"{op}: {name}"
+        out.append(d)
+    return tuple(out)
+
+
+def _shared_params(graph: Any) -> list[tuple[str, list[int]]]:
+    """Parameters used by more than one unit (tied weights): (name, units)."""
+    users: dict[str, list[int]] = {}
+    for u, unit in enumerate(graph.units):
+        for name in dict.fromkeys(p for op in unit.ops for p in op.params):
+            users.setdefault(name, []).append(u)
+    return [(name, units) for name, units in users.items() if len(units) > 1]
+
+
+def _shared_correction(w: np.ndarray, shared: list, local: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """Parameters counted twice on a rank that holds two units sharing them (tied embedding and output layer:
+    one copy per rank; a pipeline puts a copy on the first and on the last rank, as Megatron does)."""
+    out = np.zeros((w.shape[0], len(rows)))
+    for name, units in shared:
+        holders = (w[:, units] > 0).sum(axis=1)
+        out += np.maximum(holders - 1, 0)[:, None] * local[name][rows][None, :]
+    return out
+
+
+@lru_cache(maxsize=16)
+def _costs_cached(model: OpGraphModel, compute: ComputeModel, flavor: str, conv_times: Any) -> GraphCosts:
+    return GraphCosts(model.graph, model.tp_plan, compute, flavor, conv_times)
+
+
+def _costs(model: OpGraphModel, compute: ComputeModel, flavor: str, conv_times: Any) -> GraphCosts:
+    try:
+        return _costs_cached(model, compute, flavor, conv_times)
+    except TypeError:  # an unhashable model or compute object: no reuse
+        return GraphCosts(model.graph, model.tp_plan, compute, flavor, conv_times)
+
+
+def estimate_graph(model: OpGraphModel, cluster: Any, plan: Plan, compute: ComputeModel | None = None,
+                   flavor: str = "megatron", conv_times: Any = None) -> Estimate:
+    """Estimate one plan for the traced model (a batch of one), with warnings."""
+    validate_graph_plan(model, plan, cluster.num_gpus)
+    batch = estimate_graph_batch(model, cluster, PlanBatch.from_plans([plan]), compute, flavor, conv_times)
+    warnings = list(plan_notes(model, plan.tp))
+    from ..topology.placement import RankLayout, nodes_spanned
+    layout = RankLayout.from_order(plan.order, tp=plan.tp, dp=plan.dp, pp=plan.pp)
+    spanned = nodes_spanned(tuple(int(r) for r in layout.groups("tp")[0]), cluster.gpus_per_node)
+    if spanned > 1:
+        warnings.append(f"TP group of {plan.tp} spans {spanned} nodes: tensor-parallel traffic crosses the "
+                        "inter-node network")
+    if not batch.fits[0]:
+        warnings.append(f"does not fit: {batch.peak_memory_gib[0]:.1f} GiB needed, "
+                        f"{cluster.device.usable_memory_bytes / GiB:.1f} GiB usable on {cluster.device.name}")
+    return batch.to_estimate(0, tuple(warnings))
+
+
+def plan_notes(model: OpGraphModel, tp: int) -> list[str]:
+    """Regions of the derived plan that run replicated at this TP degree (their dims do not divide)."""
+    from .tp import styles_at
+    return styles_at(model.graph, model.tp_plan, tp)[1]
