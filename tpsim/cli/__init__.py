@@ -15,7 +15,7 @@ from ..errors import TpsimError
 
 # verb modules, in the order `tpsim --help` lists them
 VERB_MODULES = ("estimate", "plan", "report", "topo", "collective", "bench_collectives", "calibrate",
-                "profile", "validate")
+                "profile", "validate", "trace")
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -18,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cluster_args(p)
     add_plan_args(p)
     p.add_argument("--profile", help="kernel profile CSV (tpsim profile) for compute times instead of the roofline")
+    p.add_argument("--tp-plan", help="traced models (--model X.ops.json): YAML of TP plan overrides "
+                                     "(docs/OPGRAPH.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -33,7 +35,11 @@ def compute_model(args: argparse.Namespace, cluster):
 
 def run(args: argparse.Namespace) -> int:
     from ..estimator import estimate
+    from ..opgraph.schema import is_opgraph_path
 
+    if is_opgraph_path(args.model):  # a traced model (tpsim trace)
+        from .graph import run_estimate
+        return run_estimate(args)
     model = build_model(args)
     cluster = build_cluster(args, model)
     plan = build_plan(args, model, cluster)
