@@ -155,12 +155,23 @@ def _try_region(unit: Unit, index: int, cols: list[int], styles: list[str | None
                 continue
             if not transparent(op) or c in pinned:
                 return None
+            # every other activation input must be split the same way: the output of another (unplanned)
+            # linear / convolution joins as colwise (a U-Net block's timestep projection added to its features);
+            # a replicated activation cannot be added to a channel shard in the model's own code
+            for t in op.inputs:
+                if t.src == SRC_CONST or t.src in region:
+                    continue
+                other = unit.ops[t.src] if t.src >= 0 else None
+                if other is None or styles[t.src] is not None or not is_weight(other) or t.src in pinned:
+                    return None
+                region.add(t.src)
+                cols = cols + [t.src]
+                frontier.append(t.src)
             region.add(c)
             sharded.append(c)
             frontier.append(c)
     if not ends:
         return None
-    # every input of a sharded op must come from the region, a constant, or a replicated tensor (sliced)
     return Region(unit=index, colwise=tuple(sorted(cols)), sharded=tuple(sorted(sharded)), ends=tuple(sorted(ends)))
 
 

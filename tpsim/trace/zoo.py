@@ -205,14 +205,22 @@ class ResNet(nn.Module):
             cin = w * Bottleneck.expansion
             blocks += [Bottleneck(cin, w) for _ in range(n - 1)]
             stages.append(nn.Sequential(*blocks))
-        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.stages = len(stages)
+        for i, stage in enumerate(stages):  # torchvision's names: layer1 .. layer4
+            self.add_module(f"layer{i + 1}", stage)
         self.fc = nn.Linear(cin, classes)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.bn1(self.conv1(images))), 3, stride=2, padding=1)
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        for i in range(self.stages):
+            x = getattr(self, f"layer{i + 1}")(x)
         logits = self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
         return F.cross_entropy(logits, torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device))
+
+
+def resnet(layers: tuple[int, ...] = (3, 4, 6, 3), width: int = 64, classes: int = 1000) -> ResNet:
+    """A bottleneck ResNet (default ResNet-50); e.g. ``layers=(1, 1), width=8`` for a tiny test model."""
+    return ResNet(tuple(layers), classes, width)
 
 
 def resnet50(classes: int = 1000) -> ResNet:
