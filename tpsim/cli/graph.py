@@ -112,3 +112,38 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.pareto:
         print(format_pareto(result))
     return 0
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    """``tpsim validate`` on an op graph: the traced model sharded in its plan on --tp ranks."""
+    from pathlib import Path
+
+    from ..trace.spec import parse_kwargs
+    from ..validate.launch import LaunchConfig, RankFailure
+    from ..validate.run import REPORTS_DIR
+    from ..validate.traced import TracedCase, format_traced, validate_traced
+
+    model = load(args)
+    if args.sp or args.fused or args.matrix or args.shard_of > 1:
+        raise InputError("--sp, --fused, --matrix and --shard-of apply to transformer blocks; a traced model "
+                         "runs its derived plan (tp, no sequence parallelism)")
+    if args.nnodes != 1 or (args.nproc or args.tp) != args.tp:
+        raise InputError(f"a traced model runs on one node with --nproc equal to --tp={args.tp}")
+    if args.warmup < 0:
+        raise InputError(f"--warmup={args.warmup} must be >= 0")
+    case = TracedCase(model=model, tp=args.tp, module_spec=args.module_spec or "",
+                      kwargs=parse_kwargs(args.kwarg) if args.module_spec else {}, reps=args.reps,
+                      warmup=args.warmup)
+    cfg = LaunchConfig(nproc=args.tp, backend=args.backend, timeout_s=args.timeout, threads=args.threads,
+                       run_timeout_s=args.run_timeout)
+    try:
+        report = validate_traced(case, cfg, Path(args.out_dir) if args.out_dir else REPORTS_DIR,
+                                 cluster=args.cluster or ("hgx-h200" if args.backend == "nccl" else "local-cpu"),
+                                 profile=Path(args.profile) if args.profile else None,
+                                 use_profile=not args.no_profile, calibrate=not args.no_calibrate,
+                                 calibration=Path(args.calibration) if args.calibration else None)
+    except RankFailure as exc:
+        print(f"tpsim validate: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=1, default=str) if args.json else format_traced(report))
+    return 0 if report["numerics_ok"] and report["collectives_match"] else 1

@@ -152,16 +152,33 @@ def predict(model: OpGraphModel, cluster: Any, compute: Any, tp: int) -> dict[st
             "comm_s": comm, "compute_model": compute.source}
 
 
-def job_for(case: TracedCase, cfg: LaunchConfig, out_dir: Path) -> dict[str, Any]:
+def case_job(case: TracedCase) -> dict[str, Any]:
+    """What the ranks need to build, shard and run one case (JSON)."""
     spec, kwargs = case.spec()
     modules, loss_parallel, loss_inputs = module_styles(case.model, case.tp)
     graph = case.model.graph
     embeddings = [op.attrs["num_embeddings"] for u in graph.units for op in u.ops if op.kind == "embedding"]
-    return {"module_spec": spec, "kwargs": kwargs, "tp": case.tp, "seed": case.seed, "reps": case.reps,
-            "warmup": case.warmup, "inputs": [[list(t.shape), t.dtype] for t in graph.inputs],
+    return {"name": case.name, "module_spec": spec, "kwargs": kwargs, "tp": case.tp, "seed": case.seed,
+            "reps": case.reps, "warmup": case.warmup, "inputs": [[list(t.shape), t.dtype] for t in graph.inputs],
             "int_high": min(embeddings) if embeddings else 2, "modules": modules, "loss_parallel": loss_parallel,
-            "loss_inputs": loss_inputs, "backend": cfg.backend, "timeout_s": cfg.timeout_s,
+            "loss_inputs": loss_inputs}
+
+
+def job_for(cases: list[TracedCase], cfg: LaunchConfig, out_dir: Path) -> dict[str, Any]:
+    return {"cases": [case_job(c) for c in cases], "backend": cfg.backend, "timeout_s": cfg.timeout_s,
             "threads": cfg.threads, "out_dir": str(out_dir)}
+
+
+def run_cases(cases: list[TracedCase], cfg: LaunchConfig, work: Path,
+              predictions: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Launch every case (same TP degree) once on ``cfg.nproc`` ranks; one summary per case."""
+    result = launch_traced(job_for(cases, cfg, work), cfg, work)
+    per_case: dict[str, list[dict[str, Any]]] = {}
+    for rank_results in result["ranks"]:
+        for r in rank_results:
+            per_case.setdefault(r["case"], []).append(r)
+    return [summarize(c, {"ranks": per_case[c.name], "meta": result.get("meta", {})},
+                      (predictions or {}).get(c.name)) for c in cases]
 
 
 def launch_traced(job: dict[str, Any], cfg: LaunchConfig, run_dir: Path) -> dict[str, Any]:
@@ -231,8 +248,7 @@ def validate_traced(case: TracedCase, cfg: LaunchConfig, out_dir: Path, *, clust
         prof = (profile or find_profile(device_type)) if use_profile else None
         compute = compute_model(local, prof)
         pred = predict(case.model, local, compute, case.tp) if case.reps > 0 else None
-        result = launch_traced(job_for(case, cfg, work / "run"), cfg, work / "run")
-    report = summarize(case, result, pred)
+        report = run_cases([case], cfg, work / "run", {case.name: pred} if pred else None)[0]
     report["calibration"] = str(calibration) if calibration else None
     report["profile"] = str(prof) if prof else None
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -212,14 +212,18 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=timedelta(seconds=float(job["timeout_s"])))
     world = dist.get_world_size()
-    if world != int(job["tp"]):
-        raise ValueError(f"tp={job['tp']} but {world} ranks were started")
+    for case in job["cases"]:
+        if world != int(case["tp"]):
+            raise ValueError(f"case {case['name']}: tp={case['tp']} but {world} ranks were started")
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
-    result = {"rank": rank, **check(job, mesh, device)}
-    if int(job.get("reps", 0)) > 0:
-        result.update(time_model(job, mesh, device))
+    results = []
+    for case in job["cases"]:
+        result = {"case": case["name"], "rank": rank, **check(case, mesh, device)}
+        if int(case.get("reps", 0)) > 0:
+            result.update(time_model(case, mesh, device))
+        results.append(result)
     gathered: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object(result, gathered, dst=0)
+    dist.gather_object(results, gathered, dst=0)
     if rank == 0:
         meta = {"world": world, "backend": backend, "torch": torch.__version__, "threads": torch.get_num_threads()}
         write_json_atomic(out / "result.json", {"meta": meta, "ranks": gathered})
