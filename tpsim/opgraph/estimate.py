@@ -290,7 +290,8 @@ def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, co
     m = plans.global_batch // (plans.micro_batch * plans.dp)
     v = plans.vpp
     res = {k: np.zeros(n) for k in ("c", "r", "x", "tp", "f", "b", "layers", "params_max", "gred", "p2p_bytes",
-                                    "peak", "weights_p", "act", "other", "z3_layer", "measured")}
+                                    "peak", "weights_p", "act", "other", "measured", "z3_total",
+                                    "z3_exposed")}
     parts = _Partitions(model, costs, plans.dtype)
     shared = _shared_params(model.graph)
     pv, pv_inv = _unique(plans.pp, plans.vpp)
@@ -300,21 +301,42 @@ def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, co
     g_div = np.where(zero >= 2, dp, 1.0)
     o_div = np.where(zero >= 1, dp, 1.0)
     per_param = w_bytes / w_div + GRAD_BYTES / g_div + (master_bytes + 8.0) / o_div
+    # ZeRO-3: each block instance's weights gathered before its forward and its backward (prefetched one block
+    # ahead: hidden behind that block's compute), its gradients reduce-scattered after its backward; the glue
+    # (embedding, output layer) is gathered twice and reduced once per micro-batch behind the whole stage's
+    # forward / backward, as the transformer estimator does for the embedding and output layer
+    z3 = (zero == 3) & (plans.dp > 1)
+    glue = ~blocks[:, 0]
+    z3_ag_u = np.stack([curves.time("dp.all_gather", np.where(z3, ua.params[u] * w_bytes, 0.0))
+                        for u in range(len(model.graph.units))])
+    z3_rs_u = np.stack([curves.time("dp.reduce_scatter", np.where(z3, ua.params[u] * GRAD_BYTES, 0.0))
+                        for u in range(len(model.graph.units))])
+    z3_tot_u = np.where(blocks, 2 * z3_ag_u + z3_rs_u, 0.0)
+    z3_exp_u = np.where(blocks, np.maximum(z3_ag_u - f_u, 0.0) + np.maximum(z3_ag_u + z3_rs_u - b_u, 0.0), 0.0)
     for g, (pp, vpp) in enumerate(pv):
         rows = np.flatnonzero(pv_inv == g)
         w, cuts = parts.get(int(pp), int(vpp))
         rank = {k: w @ a[:, rows] for k, a in (("c", c_u), ("r", r_u), ("x", x_u), ("tp", tp_u), ("f", f_u),
                                                 ("b", b_u), ("act", act_u), ("gred", ua.gred),
-                                                ("measured", ua.measured))}
+                                                ("measured", ua.measured), ("z3_total", z3_tot_u),
+                                                ("z3_exposed", z3_exp_u))}
         params = w @ ua.params[:, rows] - _shared_correction(w, shared, ua.shared, rows)
+        # the glue's parameters on each rank (tied ones once): gathered and reduced as one more layer
+        glue_p = np.maximum(params - w[:, ~glue] @ ua.params[~glue][:, rows], 0.0)
+        z3_rows = z3[rows]
+        g_ag = np.stack([curves.time("dp.all_gather", np.where(z3_rows, gp * w_bytes, 0.0), rows) for gp in glue_p])
+        g_rs = np.stack([curves.time("dp.reduce_scatter", np.where(z3_rows, gp * GRAD_BYTES, 0.0), rows)
+                         for gp in glue_p])
+        rank["z3_total"] = rank["z3_total"] + 2 * g_ag + g_rs
+        rank["z3_exposed"] = rank["z3_exposed"] + 2 * np.maximum(g_ag - rank["f"], 0.0) + np.maximum(
+            g_rs - rank["b"], 0.0)
         slow = np.argmax(rank["c"] + rank["r"] + rank["x"], axis=0)
-        for k in ("c", "r", "x", "tp", "f", "b", "measured"):
+        for k in ("c", "r", "x", "tp", "f", "b", "measured", "z3_total", "z3_exposed"):
             res[k][rows] = _pick(slow, rank[k])
         res["layers"][rows] = w.sum(axis=1)[slow]
         res["params_max"][rows] = params.max(axis=0)
         res["gred"][rows] = rank["gred"].max(axis=0)
         present = (w > 0)[:, :, None]
-        res["z3_layer"][rows] = np.where(present, ua.params[None, :, rows], 0.0).max(axis=(0, 1))
         tpv = plans.tp[rows].astype(float)
         res["p2p_bytes"][rows] = (ua.inb[cuts][:, rows].max(axis=0) / tpv) if cuts and pp > 1 else 0.0
         # memory of every rank: its parameters, its layers' activations times the micro-batches in flight
@@ -353,13 +375,8 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
     z3 = has_dp & (zero == 3)
     t_rs = curves.time("dp.reduce_scatter", np.where(z12, grad_b, 0.0))
     t_ag = curves.time("dp.all_gather", np.where(z12, weight_b, 0.0))
-    layers = np.maximum(res["layers"], 1.0)
-    layer_p = res["params_max"] / layers
-    z3_ag = curves.time("dp.all_gather", np.where(z3, layer_p * w_bytes, 0.0))
-    z3_rs = curves.time("dp.reduce_scatter", np.where(z3, layer_p * GRAD_BYTES, 0.0))
-    f_layer, b_layer = res["f"] / layers, res["b"] / layers
-    z3_total = m * layers * (2 * z3_ag + z3_rs)
-    z3_exposed = m * layers * (np.maximum(z3_ag - f_layer, 0.0) + np.maximum(z3_ag + z3_rs - b_layer, 0.0))
+    z3_total = m * res["z3_total"]
+    z3_exposed = m * res["z3_exposed"]
     reductions = np.where(zero >= 2, m, 1)
     gathers = np.where(zero == 3, 2 * m, 1)
     grad_t = t_ar + t_rs
