@@ -5,7 +5,9 @@ over TP, SP, pipeline, interleaving, ZeRO, micro-batch and recomputation.
 The vocabulary is 51200 (a multiple of 128 x 8) so that Megatron's vocabulary padding leaves it unchanged at
 every TP degree used. What legitimately differs: the traced block copies the attention output to a contiguous
 layout (one extra memory-bound kernel forward and backward) and keeps that copy for backward; the embedding
-adds its positions as its own kernel; the output layer re-gathers its sequence-parallel input in backward."""
+adds its positions as its own kernel; the output layer re-gathers its sequence-parallel input in backward.
+Memory may differ more (8%): the saved attention-output copy, and ZeRO-3's prefetch buffer sized to the largest
+unit (the embedding) where the preset sizes it to a transformer layer."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def test_traced_gpt_agrees_with_the_preset(models, fields):
     assert b.model_tflops_per_gpu == pytest.approx(a.model_tflops_per_gpu, rel=0.02)
     assert b.breakdown["tp_comm"] == pytest.approx(a.breakdown["tp_comm"], rel=0.03, abs=1e-6)
     assert b.breakdown["dp_comm"] == pytest.approx(a.breakdown["dp_comm"], rel=0.02, abs=1e-6)
-    assert b.peak_memory_gib == pytest.approx(a.peak_memory_gib, rel=0.05)
+    assert b.peak_memory_gib == pytest.approx(a.peak_memory_gib, rel=0.08)
 
 
 def test_traced_parameters_equal_the_preset(models):
