@@ -1,0 +1,372 @@
+"""The estimation context: one model on one cluster with one compute model, calibration and training stack,
+and every cache the estimator uses (docs/SCHEMAS.md, section 4).
+
+Caches and their keys:
+
+* **collective curves** (:meth:`EstimationContext.curve`): the :class:`CostCurve` of ``op`` over the groups of
+  ``axes`` of a :class:`~tpsim.topology.placement.RankLayout`, with its lower envelope; key
+  ``(layout, axes, op)``. Curves come only from ``CollectiveModel.axis_curve`` (the estimator never builds
+  rank groups).
+* **layer costs** (:meth:`EstimationContext.layer_rows`): the layer source's costs per key row (tp, sp,
+  micro-batch, recompute), computed once per row; key = the row, the batch's dtype and attention.
+* **stage results** (:meth:`EstimationContext.memo`): partition and collective times of a set of distinct
+  communication patterns; key = the stage name, the key rows' bytes and the batch's dtype and attention;
+  least recently used entries are dropped beyond :data:`MEMO_BYTES` of arrays.
+
+Invalidation: a context never changes. Its inputs are immutable objects, and the loaders return a *new* object
+when a file changed (``load_cluster`` compares the topology and calibration files' modification times;
+``ProfileModel`` and ``Calibration`` are read once), so a changed topology file, calibration or profile is a
+different context with empty caches. :func:`context_for` remembers the last :data:`CONTEXTS` contexts by the
+identity of their inputs (it holds them, so an identity cannot be reused while remembered);
+:meth:`EstimationContext.fingerprint` is the content key (SHA-256 of the inputs' fingerprints) for on-disk use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..calibration import Calibration, ComputeCalibration
+from ..compute.base import ArrayLike, ComputeModel
+from ..compute.roofline import RooflineModel
+from ..model import ModelSpec
+from .keys import concat_rows, take_rows
+from .source import LayerSource, TransformerSource
+
+MEMO_BYTES = 64 << 20
+"""array bytes of stage results a context keeps (a repeated plan or search chunk reuses them)."""
+CONTEXTS = 32
+"""contexts :func:`context_for` keeps."""
+ENVELOPE_BYTES = np.logspace(0, 13, 131)
+"""1 B .. 10 TB: the message sizes any collective of a plan can have (the envelope's domain)."""
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A cost curve and the lines of it that are the minimum somewhere in 1 B .. 10 TB (the others never
+    matter), with each line's ``"op: algorithm"`` code in the context's name table (-1: a one-rank group)."""
+
+    curve: Any
+    """the :class:`~tpsim.collectives.curve.CostCurve`."""
+    latency_s: np.ndarray
+    """latency of the envelope's lines, seconds."""
+    sec_per_byte: np.ndarray
+    codes: np.ndarray
+    """name code of each envelope line."""
+
+    @staticmethod
+    def of(curve: Any, op: str, code: Callable[[str], int]) -> "Envelope":
+        lat = np.asarray(curve.latency_s, dtype=float)
+        spb = np.asarray(curve.sec_per_byte, dtype=float)
+        winners = np.unique(np.argmin(lat[None, :] + ENVELOPE_BYTES[:, None] * spb[None, :], axis=1))
+        codes = np.array([-1 if curve.algorithms[i] == "none" else code(f"{op}: {curve.algorithms[i]}")
+                          for i in winners], dtype=np.int32)
+        return Envelope(curve=curve, latency_s=lat[winners], sec_per_byte=spb[winners], codes=codes)
+
+
+class ScaledCompute(ComputeModel):
+    """A compute model with a calibration's factors on its kernel times (``measured`` flags unchanged)."""
+
+    def __init__(self, base: ComputeModel, fit: ComputeCalibration):
+        self.base = base
+        self.fit = fit
+        self.source = base.source
+
+    def gemm(self, m: ArrayLike, n: ArrayLike, k: ArrayLike, dtype: str,
+             batch: ArrayLike = 1) -> tuple[np.ndarray, np.ndarray]:
+        t, measured = self.base.gemm(m, n, k, dtype, batch)
+        return t * self.fit.gemm_scale, measured
+
+    def attention(self, batch_heads: ArrayLike, seq: ArrayLike, head_dim: ArrayLike, causal: bool,
+                  dtype: str, backward: bool) -> tuple[np.ndarray, np.ndarray]:
+        t, measured = self.base.attention(batch_heads, seq, head_dim, causal, dtype, backward)
+        return t * self.fit.attention_scale, measured
+
+    def memory(self, kernel: str, numel: ArrayLike, dtype: str,
+               backward: bool) -> tuple[np.ndarray, np.ndarray]:
+        t, measured = self.base.memory(kernel, numel, dtype, backward)
+        return t * self.fit.memory_scale, measured
+
+    def describe(self) -> str:
+        return self.base.describe()
+
+
+@dataclass
+class _Caches:
+    curves: dict = field(default_factory=dict)
+    memo: OrderedDict = field(default_factory=OrderedDict)
+    """key -> (value, bytes)."""
+    memo_bytes: int = 0
+    names: dict = field(default_factory=dict)
+    """"op: algorithm" -> code (the order of first use)."""
+    layers: dict = field(default_factory=dict)
+    """(dtype, attention) -> _RowStore of layer costs."""
+    tables: dict = field(default_factory=dict)
+    """(axes, op) -> _EnvelopeTable."""
+    layouts: dict = field(default_factory=dict)
+    """(order, tp, dp, pp) -> RankLayout."""
+
+
+@dataclass
+class _EnvelopeTable:
+    """Envelopes of one (axes, op) for every layout seen, one row each, padded to one width by repeating the
+    last line (which leaves the minimum and its line unchanged): rows x lines arrays."""
+
+    index: dict = field(default_factory=dict)
+    latency_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
+    sec_per_byte: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
+    codes: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int32))
+
+    def add(self, layout: Any, env: Envelope) -> None:
+        width = max(self.latency_s.shape[1], env.latency_s.size)
+        rows = [_pad(a, width) for a in (self.latency_s, self.sec_per_byte, self.codes)]
+        new = [_pad(a[None, :], width) for a in (env.latency_s, env.sec_per_byte, env.codes)]
+        self.latency_s, self.sec_per_byte, self.codes = (np.concatenate([r, x]) for r, x in zip(rows, new))
+        self.index[layout] = len(self.index)
+
+
+def _pad(a: np.ndarray, width: int) -> np.ndarray:
+    if a.shape[1] >= width or a.shape[0] == 0:
+        return a if a.shape[0] else np.zeros((0, width), dtype=a.dtype)
+    return np.concatenate([a, np.repeat(a[:, -1:], width - a.shape[1], axis=1)], axis=1)
+
+
+@dataclass
+class _RowStore:
+    """Stage results per key row: ``index`` maps a key row to its row in ``value`` (arrays over rows)."""
+
+    index: dict = field(default_factory=dict)
+    value: Any = None
+
+    def rows(self, keys: np.ndarray, build: Callable[[np.ndarray], Any]) -> np.ndarray:
+        """Row of each key in ``value``; rows not seen before are built in one call and appended."""
+        wanted = [tuple(r) for r in keys.tolist()]
+        missing = [i for i, k in enumerate(wanted) if k not in self.index]
+        if missing:
+            new = build(keys[missing])
+            self.value = new if self.value is None else concat_rows(self.value, new)
+            for i in missing:
+                self.index[wanted[i]] = len(self.index)
+        return np.fromiter((self.index[k] for k in wanted), dtype=np.int64, count=len(wanted))
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class EstimationContext:
+    """Everything fixed while plans vary. Build with :meth:`build` (or :func:`context_for`)."""
+
+    model: ModelSpec
+    cluster: Any
+    """the :class:`~tpsim.topology.Cluster`."""
+    compute: ComputeModel
+    """the compute model the stages use (the given one, with the calibration's factors when they apply)."""
+    given_compute: ComputeModel | None
+    """the compute model as given (None: the device roofline)."""
+    roofline: RooflineModel
+    """the device roofline: optimizer step and the overlap penalty, whatever serves the kernels."""
+    calibration: Calibration | None
+    """the calibration in force (the cluster's ``calibration:`` unless one was given)."""
+    stack: Any = None
+    """the training-stack profile (issue 10); None: Megatron-Core behaviour."""
+    flavor: str = "megatron"
+    collectives: Any
+    """the :class:`~tpsim.collectives.model.CollectiveModel` (with the calibration's link values)."""
+    source: LayerSource
+    """where layer costs come from."""
+    host_overhead_s: float = 0.0
+    """host time per layer and micro-batch (the calibration's ``host_overhead_per_layer_us``), seconds."""
+    warnings: tuple[str, ...] = ()
+    """what every estimate of this context should say (profile of another device, calibration not applied)."""
+    caches: _Caches = field(default_factory=_Caches, repr=False)
+
+    # ---- construction ----------------------------------------------------------------------------------
+    @staticmethod
+    def build(model: ModelSpec, cluster: Any, compute: ComputeModel | None = None,
+              calibration: Calibration | None = None, stack: Any = None, flavor: str = "megatron",
+              source: LayerSource | None = None) -> "EstimationContext":
+        """A context for ``model`` on ``cluster``. ``calibration`` defaults to the cluster's own (its file's
+        ``calibration:`` key, or ``load_cluster(..., calibration=)``), whose link values the topology already
+        holds; another calibration's link values are applied to a collective model of this context."""
+        from ..collectives.model import CollectiveModel, get_collective_model
+
+        device = cluster.device
+        own = getattr(getattr(cluster, "spec", None), "calibration", None)
+        cal = calibration if calibration is not None else own
+        if calibration is None or calibration is own:
+            collectives = get_collective_model(cluster)
+        else:
+            collectives = CollectiveModel(cluster, calibration=calibration.link_overrides())
+        roofline = compute if isinstance(compute, RooflineModel) else RooflineModel(device)
+        effective: ComputeModel = compute or roofline
+        warnings = list(_profile_warnings(compute, device.name))
+        host = 0.0
+        fit = cal.compute if cal is not None else None
+        if fit is not None:
+            reason = _not_applicable(fit, device.name, _stack_name(stack))
+            if reason:
+                name = cal.path.name if cal.path is not None else "(given)"
+                warnings.append(f"calibration {name}: compute section not applied ({reason})")
+            else:
+                if fit.scales_time:
+                    effective = ScaledCompute(effective, fit)
+                host = fit.host_overhead_per_layer_us * 1e-6
+        return EstimationContext(model=model, cluster=cluster, compute=effective, given_compute=compute,
+                                 roofline=roofline, calibration=cal, stack=stack, flavor=flavor,
+                                 collectives=collectives, source=source or TransformerSource(model, flavor),
+                                 host_overhead_s=host, warnings=tuple(warnings))
+
+    # ---- caches ------------------------------------------------------------------------------------------
+    def curve(self, op: str, layout: Any, axes: tuple[str, ...]) -> Envelope:
+        """The envelope of ``op`` over the groups of ``axes`` in ``layout`` (cached per (layout, axes, op))."""
+        key = (layout, axes, op)
+        hit = self.caches.curves.get(key)
+        if hit is None:
+            hit = self.caches.curves[key] = Envelope.of(self.collectives.axis_curve(op, layout, axes), op,
+                                                        self._name_code)
+        return hit
+
+    def envelopes(self, op: str, axes: tuple[str, ...], layouts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(latency, sec_per_byte, name code) arrays (layouts x lines) of ``op`` over ``axes``: each layout's
+        envelope, padded to one width (cached per (axes, op), a row per layout)."""
+        table = self.caches.tables.setdefault((axes, op), _EnvelopeTable())
+        for layout in layouts:
+            if layout not in table.index:
+                table.add(layout, self.curve(op, layout, axes))
+        rows = np.fromiter((table.index[layout] for layout in layouts), dtype=np.int64, count=len(layouts))
+        return table.latency_s[rows], table.sec_per_byte[rows], table.codes[rows]
+
+    def layout(self, order: str, tp: int, dp: int, pp: int) -> Any:
+        """The :class:`~tpsim.topology.placement.RankLayout` of a plan's sizes and rank order (cached)."""
+        key = (order, tp, dp, pp)
+        hit = self.caches.layouts.get(key)
+        if hit is None:
+            from ..topology.placement import RankLayout
+            hit = self.caches.layouts[key] = RankLayout.from_order(order, tp=tp, dp=dp, pp=pp)
+        return hit
+
+    def _name_code(self, text: str) -> int:
+        return self.caches.names.setdefault(text, len(self.caches.names))
+
+    @property
+    def name_table(self) -> tuple[str, ...]:
+        """Every ``"op: algorithm"`` text the context's curves can name, indexed by code."""
+        return tuple(self.caches.names)
+
+    def layer_rows(self, keys: np.ndarray, dtype: str, attention: str) -> Any:
+        """The layer source's costs for the key rows (columns: the source's ``key_fields``), each row computed
+        once per context."""
+        store = self.caches.layers.setdefault((dtype, attention), _RowStore())
+        fields = self.source.key_fields
+
+        def build(missing: np.ndarray) -> Any:
+            columns = {f: missing[:, j] for j, f in enumerate(fields)}
+            return self.source.costs(self.compute, columns, dtype, attention)
+
+        rows = store.rows(keys, build)
+        return take_rows(store.value, rows)
+
+    def memo(self, key: tuple, build: Callable[[], Any]) -> Any:
+        """``build()`` once per ``key`` (least recently used entries beyond MEMO_BYTES are dropped)."""
+        caches = self.caches
+        hit = caches.memo.get(key)
+        if hit is not None:
+            caches.memo.move_to_end(key)
+            return hit[0]
+        value = build()
+        size = _nbytes(value)
+        caches.memo[key] = (value, size)
+        caches.memo_bytes += size
+        while caches.memo_bytes > MEMO_BYTES and len(caches.memo) > 1:
+            _, (_, dropped) = caches.memo.popitem(last=False)
+            caches.memo_bytes -= dropped
+        return value
+
+    def clear_results(self) -> None:
+        """Forget the stage results (the collective curves stay): what a benchmark of fresh plans needs."""
+        self.caches.memo.clear()
+        self.caches.memo_bytes = 0
+
+    # ---- identity ----------------------------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """SHA-256 of the inputs' contents: model, cluster (topology files, sizes, calibration it includes),
+        compute model (profile points or roofline constants), calibration, stack and flavor."""
+        payload = {"model": self.model.to_dict(), "cluster": self.cluster.fingerprint(),
+                   "compute": _compute_fingerprint(self.given_compute, self.roofline),
+                   "calibration": None if self.calibration is None else self.calibration.fingerprint(),
+                   "stack": _stack_name(self.stack), "flavor": self.flavor, "source": self.source.describe()}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+    @property
+    def compute_source(self) -> str:
+        """"roofline" or "profile:<file>" (reported in every estimate)."""
+        return self.compute.source
+
+
+_CONTEXTS: OrderedDict = OrderedDict()
+"""identity key -> (context, calibration, stack): the entry holds its inputs, so their ids stay unique."""
+
+
+def context_for(model: ModelSpec, cluster: Any, compute: ComputeModel | None = None,
+                calibration: Calibration | None = None, stack: Any = None,
+                flavor: str = "megatron") -> EstimationContext:
+    """The context of these inputs, built once and remembered by their identity (see the module docstring)."""
+    key = (id(model), id(cluster), id(compute), id(calibration), id(stack), flavor)
+    hit = _CONTEXTS.get(key)
+    if hit is not None:
+        _CONTEXTS.move_to_end(key)
+        return hit[0]
+    ctx = EstimationContext.build(model, cluster, compute, calibration, stack, flavor)
+    _CONTEXTS[key] = (ctx, calibration, stack)
+    if len(_CONTEXTS) > CONTEXTS:
+        _CONTEXTS.popitem(last=False)
+    return ctx
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of the numpy arrays inside a stage result (dataclasses, dicts, tuples)."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(_nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return 0
+
+
+def _stack_name(stack: Any) -> str:
+    return "megatron" if stack is None else str(getattr(stack, "name", stack))
+
+
+def _not_applicable(fit: ComputeCalibration, device: str, stack: str) -> str:
+    if fit.device is not None and fit.device != device:
+        return f"fitted on device {fit.device}, the cluster has {device}"
+    if fit.stack is not None and fit.stack != stack:
+        return f"fitted for stack {fit.stack}, the estimate is for {stack}"
+    return ""
+
+
+def _profile_warnings(compute: ComputeModel | None, device: str) -> tuple[str, ...]:
+    profile = getattr(compute, "profile", None)
+    if profile is None:
+        return ()
+    from ..compute.profile import profile_device_name, profile_matches_device
+    if profile_matches_device(profile, device):
+        return ()
+    return (f"the kernel profile was measured on {profile_device_name(profile)}, not on the cluster's {device}: "
+            f"compute times are that device's",)
+
+
+def _compute_fingerprint(compute: ComputeModel | None, roofline: RooflineModel) -> str:
+    profile = getattr(compute, "profile", None)
+    if profile is not None:
+        text = repr((profile.meta, profile.points, getattr(compute, "fallback", None) and roofline.eff))
+    else:
+        text = repr((roofline.device, roofline.eff))
+    return hashlib.sha256(text.encode()).hexdigest()
