@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parents[1] / "tpsim"
 # lower layers must not import higher ones (ARCHITECTURE.md: dependency direction)
 LAYERS = ["errors", "units", "model", "hardware", "plan", "tp_plan", "topology", "collectives", "compute",
           "estimator", "search", "report", "cli"]
-TORCH_ALLOWED = ("validate", "profiler", "bench")
+TORCH_ALLOWED = ("validate", "profiler", "bench", "trace")
 
 
 def _imports(path: Path) -> set[str]:

@@ -283,11 +283,14 @@ class GraphCosts:
         return {0: none, 1: selective, 2: full}
 
     # ---- FLOPs ---------------------------------------------------------------------------------------------
-    def forward_flops(self) -> tuple[float, float]:
+    def forward_flops(self, blocks_only: bool = False) -> tuple[float, float]:
         """(forward matmul FLOPs per sample: linear, conv, matmul, attention; of which attention and batched
-        matmuls), at the FlopCounterMode convention (full, non-causal attention)."""
+        matmuls), at the FlopCounterMode convention (full, non-causal attention); ``blocks_only``: of the block
+        units (what full recomputation runs again)."""
         total = core = 0.0
         for unit in self.graph.units:
+            if blocks_only and unit.kind != "block":
+                continue
             for op in unit.ops:
                 if op.kind in ("linear", "matmul", "attention") + CONV_KINDS:
                     f = op.flops * unit.repeat / (self.graph.batch if op.batched else 1)

@@ -1,29 +1,29 @@
 """Step time, throughput and memory of plans for a traced op graph, all plans of a batch at once (numpy).
 
-The per-unit costs come from :mod:`tpsim.opgraph.cost` (compute) and :mod:`tpsim.opgraph.layout` (TP
-collectives); the rest follows the transformer estimator (:mod:`tpsim.estimator.core`, docs/MODEL.md) term by
-term: 1F1B / interleaved pipeline pace set by the slowest rank, bubble ``(pp - 1) / vpp x t_stage``,
-point-to-point traffic per model chunk and micro-batch, data-parallel gradient reduction and ZeRO 1-3, the
-optimizer step, hidden communication slowing compute by ``overlap_compute_penalty``, memory per rank with
-Megatron's in-flight micro-batch counts. Collectives are timed with ``CollectiveModel.axis_curve`` on the
-plan's ``RankLayout``.
+Two paths, one cost model (:mod:`tpsim.opgraph.cost` for compute, :mod:`tpsim.opgraph.layout` for the TP
+collectives):
 
-Pipeline split: a graph with one repeated block (a transformer) splits its block instances as Megatron does
-(:func:`tpsim.estimator.memory.stage_layers`; the units before go to the first rank, those after to the last);
-any other graph is cut into ``pp x vpp`` contiguous chunks of its layers (block instances and glue units)
-minimising the largest chunk's forward + backward time at tp = 1 (chunk c on rank c mod pp). A stage boundary
-sends the activations live there (skip connections included), split over the TP ranks (Megatron's
-scatter/gather optimization).
-
-This module re-states the pipeline / DP / memory / totals formulas of the transformer estimator for units of
-any shape; when the estimator's stages take a replaceable layer-cost source (issue 9, branch w1-core), the unit
-costs here plug into it and this assembly goes away.
+* **transformer-like graphs** (one repeated block, glue before and after it): the estimator's own stages
+  (:mod:`tpsim.estimator`: partition, communication, schedule, memory) run on an
+  :class:`~tpsim.opgraph.source.OpGraphSource` in an :class:`~tpsim.estimator.context.EstimationContext`, as
+  for a preset; only the totals (FLOPs and tokens from the graph) are this module's.
+* **any other graph** (ResNets, U-Nets: blocks of different shapes): the estimator's stages split identical
+  layers only, so this module runs the same formulas (docs/MODEL.md) over units of any shape: 1F1B /
+  interleaved pipeline paced by the slowest rank, bubble ``(pp - 1) / vpp x t_stage``, point-to-point traffic
+  per model chunk and micro-batch, data-parallel gradient reduction and ZeRO 1-3, the optimizer step, hidden
+  communication slowing compute by ``overlap_compute_penalty``, memory per rank with Megatron's in-flight
+  micro-batch counts. The layers (block instances and glue units) are cut into ``pp x vpp`` contiguous chunks
+  minimising the largest chunk's forward + backward time at tp = 1 (chunk c on rank c mod pp); a stage
+  boundary sends the activations live there (skip connections included), split over the TP ranks
+  (Megatron's scatter/gather optimization). Collectives are timed with ``CollectiveModel.axis_curve`` on the
+  plan's ``RankLayout``; a calibration's ``compute`` section scales kernel times and adds its host overhead
+  per layer, as the estimator's context does. (When the estimator's partition stage takes layers of different
+  costs, this path becomes a source like the other.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -252,18 +252,13 @@ def _pick(index: np.ndarray, values: np.ndarray) -> np.ndarray:
     return values[index, np.arange(values.shape[1])]
 
 
-def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None = None,
-                         flavor: str = "megatron", conv_times: Any = None) -> EstimateBatch:
-    """Estimate every plan of the batch for the traced model (plans valid for it on ``cluster``)."""
+def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None,
+                   flavor: str, conv_times: Any) -> EstimateBatch:
+    """The formulas of the transformer estimator over units of any shape (module docstring)."""
     n = len(plans)
-    if n == 0:
-        raise InputError("no plans to estimate")
-    if np.any(plans.tp * plans.pp * plans.dp != cluster.num_gpus):
-        bad = int(np.argmax(plans.tp * plans.pp * plans.dp != cluster.num_gpus))
-        raise InputError(f"plan {plans.plan(bad).short()} does not use the cluster's gpus={cluster.num_gpus}")
     device = cluster.device
-    compute = compute or RooflineModel(device)
     roofline = compute if isinstance(compute, RooflineModel) else RooflineModel(device)
+    compute, host_s, warnings = _calibrated(cluster, compute or roofline)
     act_b = activation_bytes(plans.dtype)
     w_bytes = 4.0 if plans.dtype in ("fp32", "tf32") else 2.0
     master_bytes = 0.0 if plans.dtype in ("fp32", "tf32") else 4.0
@@ -289,7 +284,7 @@ def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, co
 
     m = plans.global_batch // (plans.micro_batch * plans.dp)
     v = plans.vpp
-    res = {k: np.zeros(n) for k in ("c", "r", "x", "tp", "f", "b", "layers", "params_max", "gred", "p2p_bytes",
+    res = {k: np.zeros(n) for k in ("c", "r", "x", "o", "tp", "f", "b", "layers", "params_max", "gred", "p2p_bytes",
                                     "peak", "weights_p", "act", "other", "measured", "z3_total",
                                     "z3_exposed")}
     parts = _Partitions(model, costs, plans.dtype)
@@ -330,8 +325,9 @@ def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, co
         rank["z3_total"] = rank["z3_total"] + 2 * g_ag + g_rs
         rank["z3_exposed"] = rank["z3_exposed"] + 2 * np.maximum(g_ag - rank["f"], 0.0) + np.maximum(
             g_rs - rank["b"], 0.0)
-        slow = np.argmax(rank["c"] + rank["r"] + rank["x"], axis=0)
-        for k in ("c", "r", "x", "tp", "f", "b", "measured", "z3_total", "z3_exposed"):
+        rank["o"] = np.repeat(w.sum(axis=1)[:, None] * host_s, len(rows), axis=1)
+        slow = np.argmax(rank["c"] + rank["r"] + rank["x"] + rank["o"], axis=0)
+        for k in ("c", "r", "x", "o", "tp", "f", "b", "measured", "z3_total", "z3_exposed"):
             res[k][rows] = _pick(slow, rank[k])
         res["layers"][rows] = w.sum(axis=1)[slow]
         res["params_max"][rows] = params.max(axis=0)
@@ -355,15 +351,15 @@ def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, co
         res["act"][rows] = _pick(peak_rank, act_r)
         res["other"][rows] = _pick(peak_rank, z3_buf)
     return _totals(model, cluster, plans, compute, roofline, curves, res, m, v, per_param, w_bytes, master_bytes,
-                   w_div, g_div, o_div, penalty, costs)
+                   w_div, g_div, o_div, penalty, costs, warnings)
 
 
 def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel, roofline: RooflineModel,
             curves: _Curves, res: dict[str, np.ndarray], m: np.ndarray, v: np.ndarray, per_param: np.ndarray,
             w_bytes: float, master_bytes: float, w_div: np.ndarray, g_div: np.ndarray, o_div: np.ndarray,
-            penalty: float, costs: GraphCosts) -> EstimateBatch:
+            penalty: float, costs: GraphCosts, warnings: tuple[str, ...]) -> EstimateBatch:
     device = cluster.device
-    t_stage = res["c"] + res["r"] + res["x"]
+    t_stage = res["c"] + res["r"] + res["x"] + res["o"]
     bubble = (plans.pp - 1) / v * t_stage
     t_p2p = curves.time("pp.send_recv", res["p2p_bytes"])
     pp_total = 2.0 * (m * v + plans.pp - 1) * t_p2p
@@ -372,7 +368,6 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
     grad_b, weight_b = res["params_max"] * GRAD_BYTES, res["params_max"] * w_bytes
     t_ar = curves.time("dp.all_reduce", np.where(has_dp & (zero == 0), grad_b, 0.0))
     z12 = has_dp & (zero >= 1) & (zero <= 2)
-    z3 = has_dp & (zero == 3)
     t_rs = curves.time("dp.reduce_scatter", np.where(z12, grad_b, 0.0))
     t_ag = curves.time("dp.all_gather", np.where(z12, weight_b, 0.0))
     z3_total = m * res["z3_total"]
@@ -394,47 +389,91 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
     opt_params = np.where(zero >= 1, res["params_max"] / plans.dp, res["params_max"])
     t_opt = roofline.optimizer_time(opt_params)
 
-    compute_s, recompute_s = m * res["c"], m * res["r"]
+    compute_s, recompute_s, overhead = m * res["c"], m * res["r"], m * res["o"]
     exposed = m * res["x"] + pp_total + dp_exposed + gred_exposed
-    step = compute_s + recompute_s + bubble + t_opt + exposed
+    step = compute_s + recompute_s + bubble + t_opt + exposed + overhead
     tp_total = m * res["tp"] + t_gred
-
-    samples = plans.global_batch.astype(float)
-    tokens = samples * model.graph.tokens_per_sample
-    fwd_flops, core_flops = costs.forward_flops()
-    mflops = samples * 3.0 * fwd_flops
-    extra = np.where(plans.recompute == 2, fwd_flops, np.where(plans.recompute == 1, core_flops, 0.0)) * samples
-    hflops = mflops + extra
-    gpus = float(cluster.num_gpus)
-    peak_flops = device.peak(plans.dtype)
+    rates = _rates(model, costs, cluster, plans, step)
     held = res["weights_p"]
     c_total = res["c"]
     measured = np.where(c_total > 0, res["measured"] / np.where(c_total > 0, c_total, 1.0), 0.0)
+    codes, names = _algorithm_codes(curves, plans, res, grad_b)
     return EstimateBatch(
-        plans=plans, step_time_s=step, tokens_per_s=tokens / step,
-        model_tflops_per_gpu=mflops / (step * gpus) / 1e12, hardware_tflops_per_gpu=hflops / (step * gpus) / 1e12,
-        mfu=mflops / (step * gpus * peak_flops), hfu=hflops / (step * gpus * peak_flops),
+        plans=plans, step_time_s=step, **rates,
         peak_memory_gib=res["peak"] / GiB, fits=res["peak"] <= device.usable_memory_bytes, compute_s=compute_s,
         recompute_s=recompute_s, bubble_s=bubble, optimizer_s=t_opt, exposed_comm_s=exposed, tp_comm_s=tp_total,
         pp_comm_s=pp_total, dp_comm_s=dp_total, mem_weights_gib=held * w_bytes / w_div / GiB,
         mem_grads_gib=held * GRAD_BYTES / g_div / GiB, mem_optimizer_states_gib=held * (master_bytes + 8.0) / o_div / GiB,
         mem_activations_gib=res["act"] / GiB, mem_other_gib=res["other"] / GiB, measured_compute_fraction=measured,
-        model_name=model.name, cluster_info={"name": cluster.name, "gpus": cluster.num_gpus, "device": device.name,
-                                             "gpus_per_node": cluster.gpus_per_node},
-        compute_model=compute.source, collectives=_algorithms(curves, plans) if len(plans) <= 64 else ())
+        overhead_s=overhead, model_name=model.name, cluster_info=_cluster_info(cluster),
+        compute_model=compute.source, collective_codes=codes, collective_names=names, context_warnings=warnings,
+        usable_memory_gib=device.usable_memory_bytes / GiB)
 
 
-def _algorithms(curves: _Curves, plans: PlanBatch) -> tuple[dict[str, str], ...]:
-    out = []
-    for i in range(len(plans)):
-        e = curves.entries[curves.inverse[i]]
-        d = {}
-        for axis, op in (("tp", "all_reduce"), ("dp", "all_reduce"), ("pp", "send_recv")):
-            name = e[f"{axis}.{op}"].best(1 << 24)[1]
-            if name != "none":
-                d[axis] = f"{op}: {name}"
-        out.append(d)
-    return tuple(out)
+def _cluster_info(cluster: Any) -> dict[str, Any]:
+    return {"name": cluster.name, "gpus": cluster.num_gpus, "device": cluster.device.name,
+            "gpus_per_node": cluster.gpus_per_node}
+
+
+def _rates(model: OpGraphModel, costs: GraphCosts, cluster: Any, plans: PlanBatch,
+           step: np.ndarray) -> dict[str, np.ndarray]:
+    """Throughput and FLOP rates: model FLOPs = 3 x the forward matmul FLOPs (linear, convolution, batched
+    matmul, attention at torch's FlopCounterMode count: full, non-causal attention, as Korthikanti et al.);
+    hardware FLOPs add the recomputed forward (full: the blocks'; selective: the attention core's)."""
+    samples = plans.global_batch.astype(float)
+    fwd_flops, core_flops = costs.forward_flops()
+    block_flops = costs.forward_flops(blocks_only=True)[0]
+    mflops = samples * 3.0 * fwd_flops
+    extra = np.where(plans.recompute == 2, block_flops, np.where(plans.recompute == 1, core_flops, 0.0)) * samples
+    hflops = mflops + extra
+    gpus = float(cluster.num_gpus)
+    peak = cluster.device.peak(plans.dtype)
+    return {"tokens_per_s": samples * model.graph.tokens_per_sample / step,
+            "model_tflops_per_gpu": mflops / (step * gpus) / 1e12,
+            "hardware_tflops_per_gpu": hflops / (step * gpus) / 1e12, "mfu": mflops / (step * gpus * peak),
+            "hfu": hflops / (step * gpus * peak)}
+
+
+def _algorithm_codes(curves: _Curves, plans: PlanBatch, res: dict[str, np.ndarray],
+                     grad_b: np.ndarray) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    """Per axis of size > 1 and plan, the algorithm of the line that times its main collective: TP an
+    all-reduce of 16 MiB, DP the gradient reduction, PP the boundary send/receive (code into the names)."""
+    names: dict[str, int] = {}
+    codes: dict[str, np.ndarray] = {}
+    zero = plans.zero
+    for axis, op_of, size in (("tp", lambda i: "all_reduce", lambda i: float(1 << 24)),
+                              ("dp", lambda i: "reduce_scatter" if zero[i] else "all_reduce",
+                               lambda i: float(grad_b[i])),
+                              ("pp", lambda i: "send_recv", lambda i: float(res["p2p_bytes"][i]))):
+        out = np.full(len(plans), -1, dtype=np.int32)
+        memo: dict[tuple, int] = {}
+        for i in range(len(plans)):
+            key = (int(curves.inverse[i]), op_of(i), size(i))
+            if key not in memo:
+                curve = curves.entries[key[0]][f"{axis}.{key[1]}"]
+                name = curve.best(max(key[2], 1.0))[1]
+                memo[key] = -1 if name == "none" else names.setdefault(f"{key[1]}: {name}", len(names))
+            out[i] = memo[key]
+        codes[axis] = out
+    return codes, tuple(names)
+
+
+def _calibrated(cluster: Any, compute: ComputeModel) -> tuple[ComputeModel, float, tuple[str, ...]]:
+    """The cluster's calibration ``compute`` section, as the estimator's context applies it: kernel-time
+    factors and host overhead per layer (seconds) when fitted for this device; else a warning."""
+    from ..estimator.context import ScaledCompute, _profile_warnings
+
+    warnings = list(_profile_warnings(compute, cluster.device.name))
+    cal = getattr(getattr(cluster, "spec", None), "calibration", None)
+    fit = getattr(cal, "compute", None)
+    if fit is None:
+        return compute, 0.0, tuple(warnings)
+    if fit.device is not None and fit.device != cluster.device.name:
+        warnings.append(f"calibration: compute section not applied (fitted on device {fit.device}, the cluster "
+                        f"has {cluster.device.name})")
+        return compute, 0.0, tuple(warnings)
+    scaled = ScaledCompute(compute, fit) if fit.scales_time else compute
+    return scaled, fit.host_overhead_per_layer_us * 1e-6, tuple(warnings)
 
 
 def _shared_params(graph: Any) -> list[tuple[str, list[int]]]:
@@ -456,34 +495,113 @@ def _shared_correction(w: np.ndarray, shared: list, local: dict[str, np.ndarray]
     return out
 
 
-@lru_cache(maxsize=16)
-def _costs_cached(model: OpGraphModel, compute: ComputeModel, flavor: str, conv_times: Any) -> GraphCosts:
-    return GraphCosts(model.graph, model.tp_plan, compute, flavor, conv_times)
-
-
 def _costs(model: OpGraphModel, compute: ComputeModel, flavor: str, conv_times: Any) -> GraphCosts:
-    try:
-        return _costs_cached(model, compute, flavor, conv_times)
-    except TypeError:  # an unhashable model or compute object: no reuse
-        return GraphCosts(model.graph, model.tp_plan, compute, flavor, conv_times)
+    """The graph's cost source, remembered per (model, compute model, flavor) identity."""
+    key = (id(model), id(compute), flavor, id(conv_times))
+    hit = _COSTS.get(key)
+    if hit is None or hit[1] is not model or hit[2] is not compute:
+        hit = _COSTS[key] = (GraphCosts(model.graph, model.tp_plan, compute, flavor, conv_times), model, compute)
+        while len(_COSTS) > 16:
+            _COSTS.pop(next(iter(_COSTS)))
+    return hit[0]
+
+
+_COSTS: dict[tuple, tuple] = {}
+_CONTEXTS: dict[tuple, tuple] = {}
+
+
+def graph_context(model: OpGraphModel, cluster: Any, compute: ComputeModel | None = None, flavor: str = "megatron",
+                  conv_times: Any = None) -> Any:
+    """An :class:`EstimationContext` whose layer source is the graph (transformer-like graphs), remembered
+    by the inputs' identity like :func:`tpsim.estimator.context_for`."""
+    from ..estimator.context import EstimationContext
+    from .source import OpGraphSource
+
+    key = (id(model), id(cluster), id(compute), flavor, id(conv_times))
+    hit = _CONTEXTS.get(key)
+    if hit is None or hit[1] is not model or hit[2] is not cluster:
+        source = OpGraphSource(model.graph, model.tp_plan, flavor, conv_times)
+        ctx = EstimationContext.build(model, cluster, compute, flavor=flavor, source=source)  # type: ignore[arg-type]
+        hit = _CONTEXTS[key] = (ctx, model, cluster, compute)
+        while len(_CONTEXTS) > 16:
+            _CONTEXTS.pop(next(iter(_CONTEXTS)))
+    return hit[0]
+
+
+def _stages_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None, flavor: str,
+                  conv_times: Any) -> EstimateBatch:
+    """The estimator's own stages on the graph's layer source; totals from the graph's FLOPs and tokens."""
+    from ..estimator.comm import GRAD_BYTES as CORE_GRAD_BYTES
+    from ..estimator.comm import communication, layouts_of
+    from ..estimator.core import _precision, layer_costs
+    from ..estimator.keys import distinct
+    from ..estimator.memory import memory
+    from ..estimator.partition import partition
+    from ..estimator.schedule import schedule
+
+    ctx = graph_context(model, cluster, compute, flavor, conv_times)
+    w_bytes, master_bytes = _precision(plans.dtype)
+    costs_u, layer_keys = layer_costs(ctx, plans)
+    keys = distinct(plans.tp, plans.pp, plans.dp, plans.order, plans.vpp, plans.sp, plans.micro_batch, plans.zero)
+    sub = plans.take(keys.first)
+    layer_index = layer_keys.inverse[keys.first]
+    part_u = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs_u.take(layer_index, with_comm=False))
+    layouts, layout_index = layouts_of(ctx, sub.tp, sub.pp, sub.dp, sub.order)
+    src = ctx.source
+    comm_u = communication(ctx, layouts, layout_index, layer_index, costs_u, part_u,
+                           traffic_key=[getattr(sub, f) for f in src.comm_fields],
+                           params_key=[sub.vpp, sub.zero] + [getattr(sub, f) for f in src.param_fields],
+                           pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=w_bytes)
+    costs = costs_u.for_plans(layer_keys.inverse)
+    part = part_u.for_plans(keys.inverse)
+    comm = comm_u.take(keys.inverse)
+    p = plans
+    sched = schedule(ctx, costs=costs, comm=comm, part=part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero,
+                     recompute=p.recompute, micro_batch=p.micro_batch, global_batch=p.global_batch,
+                     overlap=p.overlap)
+    mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=sched.micro_batches, w_bytes=w_bytes,
+                 master_bytes=master_bytes, grad_bytes=CORE_GRAD_BYTES)
+    step = sched.step
+    zeros = np.zeros(step.size)
+    device = cluster.device
+    return EstimateBatch(
+        plans=plans, step_time_s=step, **_rates(model, src._graph_costs(ctx.compute), cluster, plans, step),
+        peak_memory_gib=mem.peak / GiB, fits=mem.peak <= device.usable_memory_bytes, compute_s=sched.compute,
+        recompute_s=sched.recompute, bubble_s=sched.bubble, optimizer_s=sched.optimizer,
+        exposed_comm_s=sched.exposed_comm, tp_comm_s=sched.comm_total.get("tp", zeros),
+        pp_comm_s=sched.comm_total["pp"], dp_comm_s=sched.comm_total["dp"],
+        mem_weights_gib=mem.terms["weights"] / GiB, mem_grads_gib=mem.terms["grads"] / GiB,
+        mem_optimizer_states_gib=mem.terms["optimizer_states"] / GiB,
+        mem_activations_gib=mem.terms["activations"] / GiB, mem_other_gib=mem.terms["other"] / GiB,
+        measured_compute_fraction=costs.measured, overhead_s=sched.overhead, model_name=model.name,
+        cluster_info=_cluster_info(cluster), compute_model=ctx.compute_source, collective_codes=comm.names,
+        collective_names=ctx.name_table, context_warnings=ctx.warnings,
+        usable_memory_gib=device.usable_memory_bytes / GiB)
+
+
+def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None = None,
+                         flavor: str = "megatron", conv_times: Any = None) -> EstimateBatch:
+    """Estimate every plan of the batch for the traced model (plans valid for it on ``cluster``)."""
+    from .source import transformer_like
+
+    if len(plans) == 0:
+        raise InputError("no plans to estimate")
+    wrong = plans.tp * plans.pp * plans.dp != cluster.num_gpus
+    if np.any(wrong):
+        bad = int(np.argmax(wrong))
+        raise InputError(f"plan {plans.plan(bad).short()} does not use the cluster's gpus={cluster.num_gpus}")
+    if transformer_like(model.graph) is not None:
+        return _stages_batch(model, cluster, plans, compute, flavor, conv_times)
+    return _generic_batch(model, cluster, plans, compute, flavor, conv_times)
 
 
 def estimate_graph(model: OpGraphModel, cluster: Any, plan: Plan, compute: ComputeModel | None = None,
                    flavor: str = "megatron", conv_times: Any = None) -> Estimate:
-    """Estimate one plan for the traced model (a batch of one), with warnings."""
+    """Estimate one plan for the traced model (a batch of one); its warnings add the regions of the derived
+    plan that run replicated at this TP degree."""
     validate_graph_plan(model, plan, cluster.num_gpus)
     batch = estimate_graph_batch(model, cluster, PlanBatch.from_plans([plan]), compute, flavor, conv_times)
-    warnings = list(plan_notes(model, plan.tp))
-    from ..topology.placement import RankLayout, nodes_spanned
-    layout = RankLayout.from_order(plan.order, tp=plan.tp, dp=plan.dp, pp=plan.pp)
-    spanned = nodes_spanned(tuple(int(r) for r in layout.groups("tp")[0]), cluster.gpus_per_node)
-    if spanned > 1:
-        warnings.append(f"TP group of {plan.tp} spans {spanned} nodes: tensor-parallel traffic crosses the "
-                        "inter-node network")
-    if not batch.fits[0]:
-        warnings.append(f"does not fit: {batch.peak_memory_gib[0]:.1f} GiB needed, "
-                        f"{cluster.device.usable_memory_bytes / GiB:.1f} GiB usable on {cluster.device.name}")
-    return batch.to_estimate(0, tuple(warnings))
+    return batch.to_estimate(0, tuple(plan_notes(model, plan.tp)) + batch.warnings(0))
 
 
 def plan_notes(model: OpGraphModel, tp: int) -> list[str]:
