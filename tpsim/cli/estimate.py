@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="kernel profile CSV (tpsim profile) for compute times instead of the roofline")
     p.add_argument("--tp-plan", help="traced models (--model X.ops.json): YAML of TP plan overrides "
                                      "(docs/OPGRAPH.md)")
+    p.add_argument("--conv-profile", help="traced models: measured convolution kernels "
+                                          "(python -m tpsim.profiler.conv) for their convolutions")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 

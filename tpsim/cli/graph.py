@@ -28,7 +28,7 @@ def load(args: argparse.Namespace) -> Any:
 def _cluster(args: argparse.Namespace) -> Any:
     from ..topology import load_cluster
 
-    return load_cluster(args.cluster or "dgx-a100", gpus=args.gpus)
+    return load_cluster(args.cluster or "dgx-a100", gpus=args.gpus, calibration=getattr(args, "calibration", None))
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -41,11 +41,13 @@ def run_estimate(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     model = model.with_gpus(cluster.num_gpus)
     plan = make_graph_plan(model, cluster.num_gpus, global_batch=args.global_batch, **plan_fields(args))
-    result = estimate_graph(model, cluster, plan, compute=compute_model(args, cluster))
+    result = estimate_graph(model, cluster, plan, compute=compute_model(args, cluster),
+                            conv_times=conv_profile(args))
     styles = _plan_at(model, plan.tp)
     if args.json:
         d = result.to_dict()
         d["opgraph"] = {"path": model.path, "tokens_per_sample": model.graph.tokens_per_sample,
+                        "conv_profile": getattr(args, "conv_profile", None),
                         "tp_plan": styles, "notes": plan_notes(model, plan.tp)}
         print(json.dumps(d, indent=2, default=str))
         return 0
@@ -59,6 +61,15 @@ def run_estimate(args: argparse.Namespace) -> int:
     print("tp plan              " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "all replicated")
           + f" (of {sum(len(u.ops) for u in model.graph.units)} ops; `tpsim trace {model.path} --show`)")
     return 0
+
+
+def conv_profile(args: argparse.Namespace) -> Any:
+    """The ``--conv-profile`` file's tables, or None."""
+    path = getattr(args, "conv_profile", None)
+    if not path:
+        return None
+    from ..opgraph.convprofile import load_conv_profile
+    return load_conv_profile(path)
 
 
 def _plan_at(model: Any, tp: int) -> dict[str, str]:
@@ -84,18 +95,21 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.global_batch is None:
         raise InputError(f"--global-batch is required (samples per step; {model.name} is a traced model)")
     cluster = _cluster(args)
-    clusters = clusters_for(cluster.name if not args.cluster else args.cluster, int(cluster.num_gpus),
-                            args.objective)
+    clusters = clusters_for(args.cluster or "dgx-a100", int(cluster.num_gpus), args.objective,
+                            getattr(args, "calibration", None))
     model = model.with_gpus(math.lcm(*(int(c.num_gpus) for c in clusters)))
     space = build_space(args, model)
     compute = load_compute(args, clusters[-1])
+    conv = conv_profile(args)
     result = search(model, clusters, int(args.global_batch), space=space, objective=args.objective,
                     gpu_hour_price=args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE,
                     mem_limit_gib=args.mem_limit_gib, include_unfit=args.include_unfit, compute=compute,
-                    progress=not args.no_progress and not args.json, estimator=partial(estimate_graph_batch))
+                    progress=not args.no_progress and not args.json,
+                    estimator=partial(estimate_graph_batch, conv_times=conv))
     for i in result.ranking[:args.top]:  # the displayed plans' full estimates, by the op-graph estimator
         part = result.parts[int(result.columns["part"][i])]
-        result.memo[str(int(i))] = estimate_graph(model, part.cluster, result.plan(int(i)), compute=compute).to_dict()
+        result.memo[str(int(i))] = estimate_graph(model, part.cluster, result.plan(int(i)), compute=compute,
+                                                  conv_times=conv).to_dict()
     if args.csv:
         _write_csv(result, args.csv, args.top)
     if args.json:

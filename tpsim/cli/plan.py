@@ -72,6 +72,8 @@ def register(subparsers: Any) -> None:
                         "throughput vs. GPUs); --json always holds them")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--tp-plan", help="traced models (--model X.ops.json): YAML of TP plan overrides")
+    o.add_argument("--conv-profile", help="traced models: measured convolution kernels "
+                                          "(python -m tpsim.profiler.conv) for their convolutions")
     o.add_argument("--no-cache", action="store_true",
                    help="do not use the on-disk result cache ($TPSIM_CACHE_DIR or ~/.cache/tpsim; "
                         "keyed by a hash of every input and of tpsim's code)")

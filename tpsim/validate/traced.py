@@ -120,15 +120,16 @@ def expected_collectives(model: OpGraphModel, tp: int) -> tuple[dict[str, dict[s
     return counts, nbytes
 
 
-def predict(model: OpGraphModel, cluster: Any, compute: Any, tp: int) -> dict[str, Any]:
-    """Forward and backward seconds of one micro-batch (the traced inputs) on one rank, fp32, no overlap."""
+def predict(model: OpGraphModel, cluster: Any, compute: Any, tp: int, conv_times: Any = None) -> dict[str, Any]:
+    """Forward and backward seconds of one micro-batch (the traced inputs) on one rank, fp32, no overlap;
+    ``conv_times``: measured convolution kernels (:mod:`tpsim.opgraph.convprofile`)."""
     import numpy as np
 
     from ..opgraph.cost import GraphCosts
     from ..topology.placement import RankLayout
 
     graph = model.graph
-    costs = GraphCosts(graph, model.tp_plan, compute, flavor="dtensor")
+    costs = GraphCosts(graph, model.tp_plan, compute, flavor="dtensor", conv_times=conv_times)
     mb = np.array([float(graph.batch)])
     fwd = bwd = 0.0
     comm: dict[str, float] = {}
@@ -149,7 +150,8 @@ def predict(model: OpGraphModel, cluster: Any, compute: Any, tp: int) -> dict[st
     comm_f = sum(t for k, t in comm.items() if k.startswith("fwd:"))
     comm_b = sum(t for k, t in comm.items() if k.startswith("bwd:"))
     return {"fwd_s": fwd + comm_f, "bwd_s": bwd + comm_b, "fwd_compute_s": fwd, "bwd_compute_s": bwd,
-            "comm_s": comm, "compute_model": compute.source}
+            "comm_s": comm, "compute_model": compute.source,
+            "conv_profile": getattr(conv_times, "path", None)}
 
 
 def case_job(case: TracedCase) -> dict[str, Any]:
@@ -230,9 +232,17 @@ def summarize(case: TracedCase, result: dict[str, Any], pred: dict[str, Any] | N
     return out
 
 
+def find_conv_profile(device_type: str = "cpu") -> Path | None:
+    """The newest ``profiles/<cpu|gpu>-conv-*.csv`` (``python -m tpsim.profiler.conv``), if any."""
+    from .predict import PROFILES_DIR
+    found = [p for p in PROFILES_DIR.glob("*-conv-*.csv") if p.name.startswith("cpu-") == (device_type == "cpu")]
+    found.sort(key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
 def validate_traced(case: TracedCase, cfg: LaunchConfig, out_dir: Path, *, cluster: str = "local-cpu",
                     profile: Path | None = None, use_profile: bool = True, calibrate: bool = True,
-                    calibration: Path | None = None) -> dict[str, Any]:
+                    calibration: Path | None = None, conv_profile: Path | None = None) -> dict[str, Any]:
     """Predict, run and compare one traced case; writes ``<out_dir>/<case>.json``; returns the report."""
     from .predict import compute_model, find_profile, load_local_cluster
     from .run import calibrate_collectives
@@ -247,7 +257,12 @@ def validate_traced(case: TracedCase, cfg: LaunchConfig, out_dir: Path, *, clust
         device_type = "cuda" if cfg.backend == "nccl" else "cpu"
         prof = (profile or find_profile(device_type)) if use_profile else None
         compute = compute_model(local, prof)
-        pred = predict(case.model, local, compute, case.tp) if case.reps > 0 else None
+        conv_path = (conv_profile or find_conv_profile(device_type)) if use_profile else None
+        conv = None
+        if conv_path is not None:
+            from ..opgraph.convprofile import load_conv_profile
+            conv = load_conv_profile(conv_path)
+        pred = predict(case.model, local, compute, case.tp, conv) if case.reps > 0 else None
         report = run_cases([case], cfg, work / "run", {case.name: pred} if pred else None)[0]
     report["calibration"] = str(calibration) if calibration else None
     report["profile"] = str(prof) if prof else None
