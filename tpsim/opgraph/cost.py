@@ -9,7 +9,8 @@ Compute time per op comes from the same :class:`~tpsim.compute.base.ComputeModel
   groups``, ``k = in channels / groups x kernel volume``, groups as the GEMM batch), the data gradient as the
   transposed convolution's GEMM (``m = batch x input pixels``, ``n = in / groups``, ``k = out / groups x
   kernel volume``), the weight gradient ``(out / groups, in / groups x kernel volume, batch x output
-  pixels)``; a conv kernel profile (``tpsim profile-conv``) replaces them where it has points; depthwise
+  pixels)``, each at its fastest split-K (:func:`split_k_gemm`); a conv kernel profile
+  (``python -m tpsim.profiler.conv``) replaces them where it has points; depthwise
   convolutions (one channel per group) are memory-bound: timed as a pointwise kernel on the output (x2 in
   backward: data and weight gradients);
 * batched matmul: GEMM with its batch, backward two GEMMs; attention (SDPA): the fused attention kernel of the
@@ -252,7 +253,7 @@ class GraphCosts:
             if profile is not None:
                 res = profile.lookup(op, phase, dtype, m, n_, k_, g)
             if res is None:
-                res = c.gemm(m, n_, k_, dtype, batch=g)
+                res = split_k_gemm(c, m, n_, k_, dtype, g)
             t = (fwd if phase == "fwd" else bwd).add(res)
             if phase == "wgrad":
                 wgrad[j] = t
@@ -298,6 +299,30 @@ class GraphCosts:
                     if op.kind in ("matmul", "attention"):
                         core += f
         return total, core
+
+
+SPLIT_K = (1, 2, 4, 8, 16, 32, 64)
+"""split-K slice counts a convolution GEMM may use (CUTLASS / cuDNN split-K and stream-K kernels)."""
+
+
+def split_k_gemm(c: ComputeModel, m: Any, n: Any, k: Any, dtype: str, groups: float = 1.0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """A convolution's implicit GEMM at its fastest split-K: a weight gradient is (out x in*kernel) by the
+    batch's pixels, a few output tiles with a huge inner dim, which cuDNN / CUTLASS split along k into slices
+    run as a batch and then sum (fp32 partials: one more memory-bound pass). Without splitting, the roofline's
+    wave quantization would leave most of the device idle."""
+    k = np.asarray(k, dtype=float)
+    best_t, best_m = c.gemm(m, n, k, dtype, batch=groups)
+    for s in SPLIT_K[1:]:
+        slices = np.maximum(np.floor(k / s), 1.0)
+        t, measured = c.gemm(m, n, slices, dtype, batch=np.asarray(groups) * s)
+        reduce_t, _ = c.memory("residual_add", np.asarray(m, dtype=float) * n * groups * (s + 1) / 3.0, "fp32",
+                               False)
+        t = t + reduce_t
+        better = t < best_t
+        best_t = np.where(better, t, best_t)
+        best_m = np.where(better, measured, best_m)
+    return best_t, best_m
 
 
 def _floating(dtype: str) -> bool:
