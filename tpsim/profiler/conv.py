@@ -2,7 +2,7 @@
 convolutions over a grid of shapes, written as rows keyed by their implicit-GEMM dims (what the op-graph
 cost model asks for; ``tpsim.opgraph.convprofile`` reads them).
 
-``python -m tpsim.profiler.conv --out profiles/cpu-conv-1t.csv [--grid tiny|full] [--threads 1]
+``python -m tpsim.profiler.conv --out profiles/conv-cpu-1t.csv [--grid tiny|full] [--threads 1]
 [--dtype fp32,bf16] [--device cpu|cuda]``
 
 Grid (``full``): 3x3 (stride 1, padding 1) and 1x1 convolutions, batch 2, output sizes 7, 14, 28, 56 (square),

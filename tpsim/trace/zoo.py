@@ -91,7 +91,9 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), idx.view(-1))
+        # the loss in at least fp32 (Megatron's fp32 cross-entropy of bf16 logits; float64 stays float64)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), idx.view(-1))
 
 
 def gpt(vocab: int = 50304, seq_len: int = 2048, layers: int = 24, hidden: int = 2048, heads: int = 16,
@@ -229,11 +231,11 @@ def resnet50(classes: int = 1000) -> ResNet:
 
 
 # ---- U-Net ---------------------------------------------------------------------------------------------
-def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sinusoidal embedding of the diffusion timestep (Vaswani et al. 2017 / Ho et al. 2020)."""
+def timestep_embedding(t: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Sinusoidal embedding of the diffusion timestep (Vaswani et al. 2017 / Ho et al. 2020), in ``dtype``."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
-    args = t.float()[:, None] * freqs[None]
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=dtype) / half)
+    args = t.to(dtype)[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
@@ -313,7 +315,7 @@ class UNet(nn.Module):
         self.conv_out = nn.Conv2d(cin, channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        emb = self.temb(timestep_embedding(t, self.base))
+        emb = self.temb(timestep_embedding(t, self.base, self.conv_in.weight.dtype))
         h = self.conv_in(x)
         skips = []
         for level, down in zip(self.down, self.downsample):

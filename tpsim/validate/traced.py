@@ -2,7 +2,8 @@
 compare with the op-graph cost model (torch-free here; the ranks run :mod:`tpsim.validate.traced_worker`).
 
 Checked, as for transformer blocks (docs/VALIDATION.md): numerics (loss and every parameter gradient against
-the unsharded model, fp32, 1e-4), collectives (``CommDebugMode`` counts and bytes per type, forward and
+the unsharded model, in float64 to 1e-8: a whole model's fp32 rounding in another summation order exceeds the
+block check's 1e-4), collectives (``CommDebugMode`` counts and bytes per type, forward and
 backward, on every rank, against :func:`tpsim.opgraph.layout.unit_layout` with the ``dtensor`` flavor), and
 time (forward and backward of one micro-batch of the traced input shapes, the median over ``reps``, against the
 op-graph prediction on the machine the ranks run on: its kernel profile and its collective calibration).
@@ -27,6 +28,8 @@ from ..opgraph.tp import is_depthwise, styles_at
 from .launch import MARK_ENV, LaunchConfig, _collect, _kill_all, _supervise, _terminate_as_exception
 
 WORKER = "tpsim.validate.traced_worker"
+FP64_BYTES = 8
+"""the numerics-and-collectives pass runs in float64 (the timed pass in float32)."""
 SUPPORTED = ("colwise", "rowwise", "vocab", "sharded", "vocab_loss", "replicate")
 
 
@@ -104,7 +107,7 @@ def _instance(module: str, first: str, path: str) -> str:
 
 
 def expected_collectives(model: OpGraphModel, tp: int) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
-    """(counts, fp32 bytes) per phase and collective of one forward + backward, flavor ``dtensor``. Bytes
+    """(counts, float64 bytes) per phase and collective of one forward + backward, flavor ``dtensor``. Bytes
     cover the activation collectives: the statistic reductions of ``loss_parallel`` run inside DTensor's op
     handlers, below the dispatch hook that records bytes (their count is checked)."""
     counts: dict[str, dict[str, int]] = {"fwd": {}, "bwd": {}}
@@ -116,7 +119,7 @@ def expected_collectives(model: OpGraphModel, tp: int) -> tuple[dict[str, dict[s
         for c in unit_layout(model.graph, u, styles[u], tp, False, "dtensor").comms:
             counts[c.phase][c.op] = counts[c.phase].get(c.op, 0) + unit.repeat
             if c.dtype == "act":
-                nbytes[c.phase][c.op] = nbytes[c.phase].get(c.op, 0) + unit.repeat * int(c.numel * 4)
+                nbytes[c.phase][c.op] = nbytes[c.phase].get(c.op, 0) + unit.repeat * int(c.numel * FP64_BYTES)
     return counts, nbytes
 
 
@@ -233,9 +236,10 @@ def summarize(case: TracedCase, result: dict[str, Any], pred: dict[str, Any] | N
 
 
 def find_conv_profile(device_type: str = "cpu") -> Path | None:
-    """The newest ``profiles/<cpu|gpu>-conv-*.csv`` (``python -m tpsim.profiler.conv``), if any."""
+    """The newest ``profiles/conv-cpu-*.csv`` (CPU) or other ``profiles/conv-*.csv`` (GPU), written by
+    ``python -m tpsim.profiler.conv``, if any (named apart from the kernel profiles ``find_profile`` picks)."""
     from .predict import PROFILES_DIR
-    found = [p for p in PROFILES_DIR.glob("*-conv-*.csv") if p.name.startswith("cpu-") == (device_type == "cpu")]
+    found = [p for p in PROFILES_DIR.glob("conv-*.csv") if p.name.startswith("conv-cpu-") == (device_type == "cpu")]
     found.sort(key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 
