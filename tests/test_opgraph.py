@@ -289,3 +289,51 @@ def test_opgraph_and_its_estimator_import_no_torch():
     assert out.stdout.strip() == ""
     out = _tpsim("estimate", "--model", str(DATA / "tiny-vit.ops.json"), "--gpus", "8", "--tp", "2")
     assert out.returncode == 0
+
+
+# ---- validation planning and the conv profile (torch-free parts) --------------------------------------------
+def test_validate_maps_styles_to_modules_and_refuses_the_rest():
+    from tpsim.validate.traced import TracedCase, expected_collectives, module_styles
+
+    model = load_graph_model(DATA / "tiny-resnet.ops.json")
+    modules, loss_parallel, loss_inputs = module_styles(model, 2)
+    assert modules["layer1.0.conv1"] == "colwise" and modules["layer1.0.bn1"] == "sharded"
+    assert modules["layer1.0.conv2"] == "rowwise" and "layer1.0:relu" not in modules
+    assert loss_parallel and loss_inputs == ["fc"]
+    counts, nbytes = expected_collectives(model, 2)
+    assert counts == {"fwd": {"all_reduce": 5}, "bwd": {"all_reduce": 3}}
+    gpt = load_graph_model(DATA / "tiny-gpt.ops.json")
+    modules, _, _ = module_styles(gpt, 2)
+    assert modules["blocks.1.attn.qkv"] == "colwise" and modules["wte"] == "vocab"  # every instance
+    spatial = load_graph_model(DATA / "tiny-resnet.ops.json")
+    spatial = OpGraphModel(graph=spatial.graph, tp_plan=derive_plan(spatial.graph,
+                                                                    overrides_from_mapping({"conv": "spatial"})))
+    with pytest.raises(InputError, match="spatial is not run by tpsim validate"):
+        module_styles(spatial, 2)
+    assert TracedCase(model=model, tp=2).spec() == ("tpsim.trace.zoo:resnet",
+                                                     {"layers": (1, 1), "width": 8, "classes": 10})
+
+
+def test_validate_cli_refuses_block_options_for_graphs(capsys):
+    from tpsim.cli import main
+
+    assert main(["validate", "--model", str(DATA / "tiny-gpt.ops.json"), "--tp", "2", "--sp"]) == 2
+    assert "sequence parallelism" in capsys.readouterr().err
+
+
+def test_conv_profile_interpolates_measured_points(tmp_path):
+    from tpsim.opgraph.convprofile import load_conv_profile
+
+    prof = load_conv_profile(Path(__file__).parents[1] / "profiles" / "conv-cpu-1t.csv")
+    g = graph("tiny-resnet")
+    conv2 = next(op for op in g.units[1].ops if op.name == "layer1.0.conv2")  # 3x3
+    t, measured = prof.lookup(conv2, "fwd", "fp32", 2 * 28 * 28, 128, 128 * 9)
+    assert t > 0 and bool(measured)
+    t2, _ = prof.lookup(conv2, "fwd", "fp32", 2 * 28 * 28, 256, 256 * 9)
+    assert t2 > t  # more work, more time
+    stem = next(op for op in g.units[0].ops if op.name == "conv1")  # 7x7: no table
+    assert prof.lookup(stem, "fwd", "fp32", 100, 8, 147) is None
+    bad = tmp_path / "bad.csv"
+    bad.write_text("# x\nkind,op\n")
+    with pytest.raises(InputError, match="columns"):
+        load_conv_profile(bad)

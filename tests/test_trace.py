@@ -158,3 +158,20 @@ def test_cli_trace_writes_and_refuses_to_overwrite(tmp_path, capsys):
     assert ".ops.json" in capsys.readouterr().err
     assert main(["trace", "tpsim.trace.zoo:resnet", "--out", str(tmp_path / "n.ops.json")]) == 2
     assert "--input-shape is required" in capsys.readouterr().err
+
+
+def test_conv_profiler_tiny_grid_round_trip(tmp_path):
+    """python -m tpsim.profiler.conv on the tiny grid: rows for 1x1 and 3x3 convolutions, forward, data and
+    weight gradients, keyed by their implicit-GEMM dims; resumable; read back by the op-graph cost model."""
+    from tpsim.opgraph.convprofile import load_conv_profile
+    from tpsim.profiler.conv import PASSES, conv_grid, run
+
+    out = tmp_path / "conv-cpu-tiny.csv"
+    points, _, _ = conv_grid("tiny")
+    assert run(out, "tiny", log=lambda s: None) == 3 * len(points)
+    assert run(out, "tiny", log=lambda s: None) == 0  # nothing left to measure
+    prof = load_conv_profile(out)
+    assert set(prof.tables) == {(f"conv2d_k{k}", "fp32", p) for k in (1, 3) for p in PASSES}
+    m, n, k = points[-1].dims("wgrad")
+    t, measured = prof.tables[(f"conv2d_k{points[-1].kernel}", "fp32", "wgrad")].lookup((m, n, k))
+    assert t > 0 and bool(measured)
