@@ -81,9 +81,17 @@ def test_the_context_owns_the_caches(problem):
     assert not [k for k in vars(get_collective_model(cluster)) if "estimator" in k]
     ctx = context_for(model, cluster)
     assert ctx is context_for(model, cluster)
-    assert ctx.caches.curves and ctx.caches.layers
+    assert ctx.caches.curves.curves and ctx.caches.layers
     other = load_cluster("dgx-h100", gpus=64)
-    assert context_for(model, other) is not ctx and context_for(model, other).caches.curves == {}
+    elsewhere = context_for(model, other)
+    assert elsewhere is not ctx and elsewhere.caches.curves is not ctx.caches.curves
+    assert elsewhere.collectives is not ctx.collectives
+    # another compute model on the same cluster: a new context, the same collective curves
+    from tpsim.compute.roofline import RooflineModel
+
+    roofline = RooflineModel(cluster.device)
+    again = context_for(model, cluster, roofline)
+    assert again is not ctx and again.caches.curves is ctx.caches.curves and again.caches.layers == {}
     assert len(ctx.fingerprint()) == 64 and ctx.fingerprint() != context_for(model, other).fingerprint()
 
 

@@ -14,12 +14,23 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .errors import InputError, PlanError, TpsimError  # noqa: E402
-from .model import ModelSpec, load_model, with_overrides  # noqa: E402
+from .model import ModelSpec, with_overrides  # noqa: E402
+from .model import load_model as _load_spec  # noqa: E402
 from .plan import Plan, make_plan, validate_plan  # noqa: E402
 
 
 __all__ = ["InputError", "PlanError", "TpsimError", "ModelSpec", "load_model", "with_overrides", "Plan",
            "make_plan", "validate_plan", "estimate", "estimate_batch", "Estimate", "load_cluster", "Cluster"]
+
+
+def load_model(name_or_path: str):  # noqa: ANN201 - ModelSpec or OpGraphModel
+    """A preset name, a Hugging Face ``config.json`` (:func:`tpsim.model.load_model`), or a traced op graph
+    (``*.ops.json`` from ``tpsim trace``: a :class:`tpsim.opgraph.model.OpGraphModel`, which
+    :func:`tpsim.opgraph.estimate.estimate_graph` estimates; docs/OPGRAPH.md)."""
+    if str(name_or_path).endswith(".ops.json"):
+        from .opgraph.model import load_graph_model
+        return load_graph_model(name_or_path)
+    return _load_spec(name_or_path)
 
 
 def __getattr__(name: str):  # lazy: keep `import tpsim` light

@@ -230,11 +230,10 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "hf-model", source: str =
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset name or the path of a Hugging Face ``config.json`` (or of a folder holding one); a traced op
-    graph (``*.ops.json``, ``tpsim trace``) gives a :class:`tpsim.opgraph.model.OpGraphModel`."""
-    if str(name_or_path).endswith(".ops.json"):
-        from .opgraph.model import load_graph_model
-        return load_graph_model(name_or_path)  # type: ignore[return-value]
+    """A preset name or the path of a Hugging Face ``config.json`` (or of a folder holding one)."""
+    if str(name_or_path).endswith(".ops.json"):  # the op graph sits above this layer: tpsim.load_model reads it
+        raise InputError(f"model {name_or_path} is a traced op graph: read it with tpsim.load_model or "
+                         "tpsim.opgraph.model.load_graph_model (the CLI takes it as --model)")
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"

@@ -305,13 +305,15 @@ class PlanBatch:
         attentions = {p.attention for p in plans}
         if len(dtypes) > 1 or len(attentions) > 1:
             raise InputError("a plan batch shares one dtype and one attention kind")
-        return cls.from_arrays(
-            dtype=plans[0].dtype, attention=plans[0].attention,
-            tp=[p.tp for p in plans], pp=[p.pp for p in plans], vpp=[p.vpp for p in plans],
-            dp=[p.dp for p in plans], sp=[p.sp for p in plans],
-            recompute=[RECOMPUTE.index(p.recompute) for p in plans], zero=[p.zero for p in plans],
-            micro_batch=[p.micro_batch for p in plans], global_batch=[p.global_batch for p in plans],
-            overlap=[p.overlap for p in plans], order=[_order_index(p.order) for p in plans])
+        ints = lambda values: np.array(values, dtype=np.int64)  # noqa: E731
+        bools = lambda values: np.array(values, dtype=bool)  # noqa: E731
+        return cls(tp=ints([p.tp for p in plans]), pp=ints([p.pp for p in plans]), vpp=ints([p.vpp for p in plans]),
+                   dp=ints([p.dp for p in plans]), sp=bools([p.sp for p in plans]),
+                   recompute=ints([RECOMPUTE.index(p.recompute) for p in plans]), zero=ints([p.zero for p in plans]),
+                   micro_batch=ints([p.micro_batch for p in plans]),
+                   global_batch=ints([p.global_batch for p in plans]), overlap=bools([p.overlap for p in plans]),
+                   order=ints([_order_index(p.order) for p in plans]), dtype=plans[0].dtype,
+                   attention=plans[0].attention)
 
     def plan(self, i: int) -> Plan:
         """The i-th plan as a :class:`Plan`."""

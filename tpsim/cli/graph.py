@@ -132,7 +132,7 @@ def run_validate(args: argparse.Namespace) -> int:
     """``tpsim validate`` on an op graph: the traced model sharded in its plan on --tp ranks."""
     from pathlib import Path
 
-    from ..trace.spec import parse_kwargs
+    from ..opgraph.spec import parse_kwargs
     from ..validate.launch import LaunchConfig, RankFailure
     from ..validate.run import REPORTS_DIR
     from ..validate.traced import TracedCase, format_traced, validate_traced

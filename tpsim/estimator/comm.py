@@ -14,13 +14,15 @@ pair.
   distributed optimizer: reduce-scatter + all-gather); ZeRO-3 gathers each layer's weights in forward and
   backward and reduce-scatters its gradients, and treats the edge parameters as one more layer.
 
-Each axis of size > 1 is named by the algorithm of the envelope line that times its main collective (TP: a
-layer's first forward reduction; DP: the gradient reduction; PP: the send/receive).
+Each axis of size > 1 is named by the algorithm of the envelope line that times its main collective (a layer
+axis such as TP: its first forward reduction, else its first forward, else backward collective; DP: the
+gradient reduction; PP: the send/receive).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -116,11 +118,17 @@ class AxisCurves:
         return hit
 
 
-def layouts_of(ctx: EstimationContext, tp: np.ndarray, pp: np.ndarray, dp: np.ndarray,
-               order: np.ndarray) -> tuple[list[RankLayout], np.ndarray]:
-    """The distinct rank layouts of the rows and each row's index into them."""
-    keys = distinct(tp, pp, dp, order)
-    layouts = [ctx.layout(ORDERS[o], t, d, p) for t, p, d, o in keys.rows.tolist()]
+LAYOUT_AXES = ("tp", "dp", "pp")
+"""plan axes that place ranks (PlanBatch columns, RankLayout axis names); issue 11 adds cp here."""
+GRADIENT_AXES = ("dp",)
+"""axes the gradients are reduced over (with context parallelism: dp and cp)."""
+
+
+def layouts_of(ctx: EstimationContext, plans: Any) -> tuple[list[RankLayout], np.ndarray]:
+    """The distinct rank layouts of a batch's rows (sizes of LAYOUT_AXES and the rank order) and each row's
+    index into them."""
+    keys = distinct(*(getattr(plans, a) for a in LAYOUT_AXES), plans.order)
+    layouts = [ctx.layout(ORDERS[row[-1]], **dict(zip(LAYOUT_AXES, row[:-1]))) for row in keys.rows.tolist()]
     return layouts, keys.inverse
 
 
@@ -153,7 +161,7 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts):
     fwd: dict[str, np.ndarray] = {}
     bwd: dict[str, np.ndarray] = {}
     exposed = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
-    tp_name = np.full(n, -1, dtype=np.int32)
+    named: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # axis -> (preference, name code)
     for c in costs.comm:
         t, code = curves.timed_and_named(c.axes, c.op, c.nbytes)
         if c.count != 1.0:
@@ -162,8 +170,11 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts):
         totals = fwd if c.phase == "fwd" else bwd
         totals[axis] = totals.get(axis, 0.0) + t
         exposed[c.phase] = exposed[c.phase] + np.maximum(t - c.hide, 0.0)
-        if c.axes == ("tp",) and c.phase == "fwd" and c.op in _REDUCTIONS:
-            tp_name = np.where(tp_name < 0, code, tp_name)  # the layer's first forward reduction names TP
+        # an axis is named by its first forward reduction, else its first forward collective, else backward
+        rank = (0 if c.phase == "fwd" else 2) + (0 if c.op in _REDUCTIONS else 1)
+        best, name = named.get(axis, (np.full(n, 9), np.full(n, -1, dtype=np.int32)))
+        better = (code >= 0) & (rank < best)
+        named[axis] = (np.where(better, rank, best), np.where(better, code, name))
     edges: dict[str, tuple] = {}
     for which, edge in ((0, costs.first), (1, costs.last)):
         for c in edge.comm:
@@ -171,7 +182,9 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts):
             sums[which] = sums[which] + _timed(curves, c)
             edges["-".join(c.axes)] = tuple(sums)
     p2p, pp_name = curves.timed_and_named(("pp",), "send_recv", costs.boundary_bytes)
-    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, {"tp": tp_name, "pp": pp_name}
+    names = {axis: code for axis, (_, code) in named.items()}
+    names["pp"] = pp_name
+    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, names
 
 
 def _timed(curves: AxisCurves, c: Collective) -> np.ndarray:
@@ -187,7 +200,7 @@ def _data_parallel(curves: AxisCurves, part: Partition, zero: np.ndarray, dp: np
     grad_b, weight_b = part.largest * GRAD_BYTES, part.largest * w_bytes
     z12 = has_dp & (zero >= 1) & (zero <= 2)
     z3 = has_dp & (zero == 3)
-    axes = ("dp",)
+    axes = GRADIENT_AXES
     all_reduce, ar_name = curves.timed_and_named(axes, "all_reduce", np.where(has_dp & (zero == 0), grad_b, 0.0))
     reduce_scatter, rs_name = curves.timed_and_named(axes, "reduce_scatter", np.where(
         z12, grad_b, np.where(z3, part.largest_edge * GRAD_BYTES, 0.0)))

@@ -3,10 +3,10 @@ and every cache the estimator uses (docs/SCHEMAS.md, section 4).
 
 Caches and their keys:
 
-* **collective curves** (:meth:`EstimationContext.curve`): the :class:`CostCurve` of ``op`` over the groups of
-  ``axes`` of a :class:`~tpsim.topology.placement.RankLayout`, with its lower envelope; key
-  ``(layout, axes, op)``. Curves come only from ``CollectiveModel.axis_curve`` (the estimator never builds
-  rank groups).
+* **collective curves** (:meth:`EstimationContext.curve`, a :class:`CurveCache`): the :class:`CostCurve` of
+  ``op`` over the groups of ``axes`` of a :class:`~tpsim.topology.placement.RankLayout`, with its lower
+  envelope; key ``(layout, axes, op)``, for the context's collective model (contexts on one collective model
+  share it). Curves come only from ``CollectiveModel.axis_curve`` (the estimator never builds rank groups).
 * **layer costs** (:meth:`EstimationContext.layer_rows`): the layer source's costs per key row (tp, sp,
   micro-batch, recompute), computed once per row; key = the row, the batch's dtype and attention.
 * **stage results** (:meth:`EstimationContext.memo`): partition and collective times of a set of distinct
@@ -97,20 +97,31 @@ class ScaledCompute(ComputeModel):
         return self.base.describe()
 
 
+@dataclass(eq=False)
+class CurveCache:
+    """What depends only on the collective model: envelopes per (layout, axes, op), their padded tables per
+    (axes, op), the ``"op: algorithm"`` name codes and the rank layouts. Contexts on one collective model share
+    it (:func:`context_for`): its keys do not involve the model, compute model or stack."""
+
+    collectives: Any
+    """the collective model every entry was computed with."""
+    curves: dict = field(default_factory=dict)
+    tables: dict = field(default_factory=dict)
+    """(axes, op) -> _EnvelopeTable."""
+    names: dict = field(default_factory=dict)
+    """"op: algorithm" -> code (the order of first use)."""
+    layouts: dict = field(default_factory=dict)
+    """(order, axis sizes) -> RankLayout."""
+
+
 @dataclass
 class _Caches:
-    curves: dict = field(default_factory=dict)
+    curves: CurveCache
     memo: OrderedDict = field(default_factory=OrderedDict)
     """key -> (value, bytes)."""
     memo_bytes: int = 0
-    names: dict = field(default_factory=dict)
-    """"op: algorithm" -> code (the order of first use)."""
     layers: dict = field(default_factory=dict)
     """(dtype, attention) -> _RowStore of layer costs."""
-    tables: dict = field(default_factory=dict)
-    """(axes, op) -> _EnvelopeTable."""
-    layouts: dict = field(default_factory=dict)
-    """(order, tp, dp, pp) -> RankLayout."""
 
 
 @dataclass
@@ -182,25 +193,27 @@ class EstimationContext:
     """host time per layer and micro-batch (the calibration's ``host_overhead_per_layer_us``), seconds."""
     warnings: tuple[str, ...] = ()
     """what every estimate of this context should say (profile of another device, calibration not applied)."""
-    caches: _Caches = field(default_factory=_Caches, repr=False)
+    caches: _Caches = field(default=None, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.caches is None:
+            object.__setattr__(self, "caches", _Caches(curves=CurveCache(collectives=self.collectives)))
+        if self.caches.curves.collectives is not self.collectives:
+            raise ValueError("a context's curve cache belongs to another collective model")
 
     # ---- construction ----------------------------------------------------------------------------------
     @staticmethod
     def build(model: ModelSpec, cluster: Any, compute: ComputeModel | None = None,
               calibration: Calibration | None = None, stack: Any = None, flavor: str = "megatron",
-              source: LayerSource | None = None) -> "EstimationContext":
+              source: LayerSource | None = None, curves: CurveCache | None = None) -> "EstimationContext":
         """A context for ``model`` on ``cluster``. ``calibration`` defaults to the cluster's own (its file's
         ``calibration:`` key, or ``load_cluster(..., calibration=)``), whose link values the topology already
-        holds; another calibration's link values are applied to a collective model of this context."""
-        from ..collectives.model import CollectiveModel, get_collective_model
-
+        holds; another calibration's link values are applied to a collective model of this context.
+        ``curves``: a curve cache to share (its collective model is used)."""
         device = cluster.device
         own = getattr(getattr(cluster, "spec", None), "calibration", None)
         cal = calibration if calibration is not None else own
-        if calibration is None or calibration is own:
-            collectives = get_collective_model(cluster)
-        else:
-            collectives = CollectiveModel(cluster, calibration=calibration.link_overrides())
+        collectives = curves.collectives if curves is not None else _collective_model(cluster, calibration, own)
         roofline = compute if isinstance(compute, RooflineModel) else RooflineModel(device)
         effective: ComputeModel = compute or roofline
         warnings = list(_profile_warnings(compute, device.name))
@@ -218,44 +231,48 @@ class EstimationContext:
         return EstimationContext(model=model, cluster=cluster, compute=effective, given_compute=compute,
                                  roofline=roofline, calibration=cal, stack=stack, flavor=flavor,
                                  collectives=collectives, source=source or TransformerSource(model, flavor),
-                                 host_overhead_s=host, warnings=tuple(warnings))
+                                 host_overhead_s=host, warnings=tuple(warnings),
+                                 caches=None if curves is None else _Caches(curves=curves))
 
     # ---- caches ------------------------------------------------------------------------------------------
     def curve(self, op: str, layout: Any, axes: tuple[str, ...]) -> Envelope:
         """The envelope of ``op`` over the groups of ``axes`` in ``layout`` (cached per (layout, axes, op))."""
         key = (layout, axes, op)
-        hit = self.caches.curves.get(key)
+        cache = self.caches.curves
+        hit = cache.curves.get(key)
         if hit is None:
-            hit = self.caches.curves[key] = Envelope.of(self.collectives.axis_curve(op, layout, axes), op,
+            hit = cache.curves[key] = Envelope.of(self.collectives.axis_curve(op, layout, axes), op,
                                                         self._name_code)
         return hit
 
     def envelopes(self, op: str, axes: tuple[str, ...], layouts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(latency, sec_per_byte, name code) arrays (layouts x lines) of ``op`` over ``axes``: each layout's
         envelope, padded to one width (cached per (axes, op), a row per layout)."""
-        table = self.caches.tables.setdefault((axes, op), _EnvelopeTable())
+        table = self.caches.curves.tables.setdefault((axes, op), _EnvelopeTable())
         for layout in layouts:
             if layout not in table.index:
                 table.add(layout, self.curve(op, layout, axes))
         rows = np.fromiter((table.index[layout] for layout in layouts), dtype=np.int64, count=len(layouts))
         return table.latency_s[rows], table.sec_per_byte[rows], table.codes[rows]
 
-    def layout(self, order: str, tp: int, dp: int, pp: int) -> Any:
-        """The :class:`~tpsim.topology.placement.RankLayout` of a plan's sizes and rank order (cached)."""
-        key = (order, tp, dp, pp)
-        hit = self.caches.layouts.get(key)
+    def layout(self, order: str, **sizes: int) -> Any:
+        """The :class:`~tpsim.topology.placement.RankLayout` of a plan's axis sizes and rank order (cached)."""
+        key = (order, tuple(sorted(sizes.items())))
+        layouts = self.caches.curves.layouts
+        hit = layouts.get(key)
         if hit is None:
             from ..topology.placement import RankLayout
-            hit = self.caches.layouts[key] = RankLayout.from_order(order, tp=tp, dp=dp, pp=pp)
+            hit = layouts[key] = RankLayout.from_order(order, **sizes)
         return hit
 
     def _name_code(self, text: str) -> int:
-        return self.caches.names.setdefault(text, len(self.caches.names))
+        names = self.caches.curves.names
+        return names.setdefault(text, len(names))
 
     @property
     def name_table(self) -> tuple[str, ...]:
         """Every ``"op: algorithm"`` text the context's curves can name, indexed by code."""
-        return tuple(self.caches.names)
+        return tuple(self.caches.curves.names)
 
     def layer_rows(self, keys: np.ndarray, dtype: str, attention: str) -> Any:
         """The layer source's costs for the key rows (columns: the source's ``key_fields``), each row computed
@@ -314,17 +331,30 @@ _CONTEXTS: OrderedDict = OrderedDict()
 def context_for(model: ModelSpec, cluster: Any, compute: ComputeModel | None = None,
                 calibration: Calibration | None = None, stack: Any = None,
                 flavor: str = "megatron") -> EstimationContext:
-    """The context of these inputs, built once and remembered by their identity (see the module docstring)."""
+    """The context of these inputs, built once and remembered by their identity (see the module docstring).
+    A new context on a cluster and calibration a remembered one uses shares its collective model and curve
+    cache (a search over compute constants does not rebuild curves)."""
     key = (id(model), id(cluster), id(compute), id(calibration), id(stack), flavor)
     hit = _CONTEXTS.get(key)
     if hit is not None:
         _CONTEXTS.move_to_end(key)
         return hit[0]
-    ctx = EstimationContext.build(model, cluster, compute, calibration, stack, flavor)
+    shared = next((c.caches.curves for c, cal, _ in reversed(_CONTEXTS.values())
+                   if c.cluster is cluster and cal is calibration), None)
+    ctx = EstimationContext.build(model, cluster, compute, calibration, stack, flavor, curves=shared)
     _CONTEXTS[key] = (ctx, calibration, stack)
     if len(_CONTEXTS) > CONTEXTS:
         _CONTEXTS.popitem(last=False)
     return ctx
+
+
+def _collective_model(cluster: Any, calibration: Calibration | None, own: Calibration | None) -> Any:
+    """The cluster's collective model, or one with a calibration's link values that the cluster lacks."""
+    from ..collectives.model import CollectiveModel, get_collective_model
+
+    if calibration is None or calibration is own:
+        return get_collective_model(cluster)
+    return CollectiveModel(cluster, calibration=calibration.link_overrides())
 
 
 def _nbytes(value: Any) -> int:

@@ -27,6 +27,7 @@ from ..plan import Plan, PlanBatch, validate_plan
 from ..units import GiB
 from .comm import GRAD_BYTES, Comm, communication, layouts_of
 from .context import EstimationContext, context_for
+from .flops import layer_forward_flops, model_flops_per_sequence
 from .keys import Keys, distinct
 from .memory import Memory, memory
 from .partition import Partition, partition
@@ -37,28 +38,12 @@ from .source import LayerCosts
 __all__ = ["estimate", "estimate_batch", "run_stages", "layer_forward_flops", "model_flops_per_sequence"]
 
 
-# ---- FLOPs ---------------------------------------------------------------------------------------------
-def layer_forward_flops(model: ModelSpec) -> tuple[float, float]:
-    """(matmul FLOPs of one layer's forward per sequence, of which the attention-score matmuls)."""
-    s, h, q, kv, f = (float(x) for x in (model.seq_len, model.hidden_size, model.q_size, model.kv_size,
-                                         model.ffn_hidden_size))
-    linears = 2 * s * (h * (q + 2 * kv) + q * h + (3 if model.gated else 2) * h * f)
-    scores = 4 * s * s * q  # QK^T and attention x V, full (non-causal), as Korthikanti et al. count
-    return linears + scores, scores
-
-
-def model_flops_per_sequence(model: ModelSpec) -> float:
-    """3 x forward matmul FLOPs; GPT: 72 L s h^2 (1 + s/6h + V/12hL) per sequence (Korthikanti et al. 2022)."""
-    layer, _ = layer_forward_flops(model)
-    logits = 2.0 * model.seq_len * model.hidden_size * model.vocab_size
-    return 3.0 * (model.num_layers * layer + logits)
-
-
 # ---- stage 1: layer costs --------------------------------------------------------------------------------
 def layer_costs(ctx: EstimationContext, plans: PlanBatch) -> tuple[LayerCosts, Keys]:
     """Costs per distinct layer key of the batch (remembered by the context) and the plans' key index."""
     keys = distinct(*(getattr(plans, f) for f in ctx.source.key_fields))
-    return ctx.layer_rows(keys.rows, plans.dtype, plans.attention), keys
+    memo_key = ("layers", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention)
+    return ctx.memo(memo_key, lambda: ctx.layer_rows(keys.rows, plans.dtype, plans.attention)), keys
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------------
@@ -78,7 +63,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
         layer_index = layer_keys.inverse[keys.first]
         part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False))
-        layouts, layout_index = layouts_of(ctx, sub.tp, sub.pp, sub.dp, sub.order)
+        layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         comm = communication(ctx, layouts, layout_index, layer_index, costs, part,
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
@@ -111,15 +96,12 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
 def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: Schedule, mem: Memory,
            comm: Comm) -> EstimateBatch:
     """Throughput, model and hardware FLOP rates (SC21 / Korthikanti et al. counting), the batch result."""
-    model, cluster = ctx.model, ctx.cluster
+    model, cluster, source = ctx.model, ctx.cluster, ctx.source
     device = cluster.device
     step = sched.step
-    tokens = plans.global_batch * float(model.seq_len)
-    mflops = plans.global_batch * model_flops_per_sequence(model)
-    layer_f, score_f = layer_forward_flops(model)
-    rc = plans.recompute
-    extra = np.where(rc == 2, layer_f, np.where(rc == 1, score_f, 0.0)) * model.num_layers * plans.global_batch
-    hflops = mflops + extra
+    tokens = plans.global_batch * float(source.tokens_per_sequence)
+    mflops = plans.global_batch * source.model_flops_per_sequence()
+    hflops = mflops + source.recompute_flops_per_sequence(plans.recompute) * plans.global_batch
     gpus = float(cluster.num_gpus)
     peak_flops = device.peak(plans.dtype)
     zeros = np.zeros(step.size)
@@ -159,8 +141,10 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
 
 
 def estimate(model: ModelSpec, cluster, plan: Plan, compute: ComputeModel | None = None,
-             flavor: str = "megatron", *, calibration=None, stack=None) -> Estimate:
-    """Estimate one plan (a batch of one); ``calibration`` defaults to the cluster's own."""
+             flavor: str = "megatron", *, calibration=None, stack=None,
+             context: EstimationContext | None = None) -> Estimate:
+    """Estimate one plan (a batch of one); ``calibration`` defaults to the cluster's own; ``context`` (for
+    another layer source) replaces the one :func:`context_for` would give."""
     validate_plan(model, plan, cluster.num_gpus)
-    ctx = context_for(model, cluster, compute, calibration, stack, flavor)
+    ctx = context or context_for(model, cluster, compute, calibration, stack, flavor)
     return run_stages(ctx, PlanBatch.from_plans([plan])).to_estimate(0)

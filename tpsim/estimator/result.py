@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Mapping
 
 import numpy as np
@@ -155,9 +156,14 @@ class EstimateBatch:
 def first_group_nodes(plan: Plan, axes: tuple[str, ...], gpus_per_node: int) -> int:
     """Nodes the first group of ``axes`` (every other axis index 0) touches: its ranks are the sums of the
     axes' indices times their strides in the plan's rank order (no group tables are built)."""
+    return _first_group_nodes(plan.order, plan.tp, plan.dp, plan.pp, axes, gpus_per_node)
+
+
+@lru_cache(maxsize=1024)
+def _first_group_nodes(order: str, tp: int, dp: int, pp: int, axes: tuple[str, ...], gpus_per_node: int) -> int:
     from ..topology.placement import RankLayout
 
-    layout = RankLayout.from_order(plan.order, tp=plan.tp, dp=plan.dp, pp=plan.pp)
+    layout = RankLayout.from_order(order, tp=tp, dp=dp, pp=pp)
     ranks = np.zeros(1, dtype=np.int64)
     stride = 1
     for name, size in layout.dims:

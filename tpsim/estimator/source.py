@@ -23,6 +23,7 @@ from ..compute.base import ComputeModel
 from ..compute.roofline import activation_bytes
 from ..model import ModelSpec
 from ..tp_plan import layer_collectives
+from .flops import layer_forward_flops, model_flops_per_sequence
 from .keys import take_rows
 from .layer import edge_cost, layer_cost
 from .memory import activation_bytes_per_layer, full_layer_activations, layer_params_local
@@ -101,9 +102,14 @@ class LayerCosts:
     def for_plans(self, index: np.ndarray) -> "LayerCosts":
         """The rows ``index`` of what the per-plan stages (schedule, memory, totals) read; the parts only
         partition and communication use (collectives, boundary bytes, edge parameters) are None."""
-        edge = lambda e: dataclasses.replace(e, comm=(), params=None, shared_params=None)  # noqa: E731
-        return take_rows(dataclasses.replace(self, comm=(), boundary_bytes=None, first=edge(self.first),
-                                             last=edge(self.last)), index)
+        def edge(e: Edge) -> Edge:
+            return Edge(fwd=e.fwd[index], bwd=e.bwd[index], comm=(), params=None, shared_params=None,
+                        buffer_bytes=e.buffer_bytes[index])
+
+        return LayerCosts(fwd=self.fwd[index], bwd=self.bwd[index], recompute=self.recompute[index],
+                          measured=self.measured[index], comm=(), params=self.params[index],
+                          activations=self.activations[index], working=self.working[index], boundary_bytes=None,
+                          first=edge(self.first), last=edge(self.last))
 
 
 class LayerSource(ABC):
@@ -117,6 +123,16 @@ class LayerSource(ABC):
     """the key fields the parameters per layer and per edge depend on."""
     num_layers: int
     """repeated layers (split over pipeline stages)."""
+    tokens_per_sequence: int
+    """tokens one sample (sequence) of the global batch holds (throughput counts them)."""
+
+    @abstractmethod
+    def model_flops_per_sequence(self) -> float:
+        """Model FLOPs of one sample, forward and backward (MFU counts them)."""
+
+    @abstractmethod
+    def recompute_flops_per_sequence(self, recompute: np.ndarray) -> np.ndarray:
+        """FLOPs recomputation adds per sample (recompute coded 0 none / 1 selective / 2 full; HFU adds them)."""
 
     @abstractmethod
     def costs(self, compute: ComputeModel, keys: dict[str, np.ndarray], dtype: str,
@@ -135,8 +151,17 @@ class TransformerSource(LayerSource):
         self.model = model
         self.flavor = flavor
         self.num_layers = model.num_layers
+        self.tokens_per_sequence = model.seq_len
         # the TP collectives of one layer, with and without sequence parallelism (tp only changes the group)
         self._tp_ops = {sp: layer_collectives(model, 2, sp, flavor) for sp in (False, True)}
+
+    def model_flops_per_sequence(self) -> float:
+        return model_flops_per_sequence(self.model)
+
+    def recompute_flops_per_sequence(self, recompute: np.ndarray) -> np.ndarray:
+        """Full recomputation repeats the layers' forward, selective the attention-score matmuls."""
+        layer, scores = layer_forward_flops(self.model)
+        return np.where(recompute == 2, layer, np.where(recompute == 1, scores, 0.0)) * self.model.num_layers
 
     def costs(self, compute: ComputeModel, keys: dict[str, np.ndarray], dtype: str,
               attention: str) -> LayerCosts:

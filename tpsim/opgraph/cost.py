@@ -285,20 +285,24 @@ class GraphCosts:
 
     # ---- FLOPs ---------------------------------------------------------------------------------------------
     def forward_flops(self, blocks_only: bool = False) -> tuple[float, float]:
-        """(forward matmul FLOPs per sample: linear, conv, matmul, attention; of which attention and batched
-        matmuls), at the FlopCounterMode convention (full, non-causal attention); ``blocks_only``: of the block
-        units (what full recomputation runs again)."""
-        total = core = 0.0
-        for unit in self.graph.units:
-            if blocks_only and unit.kind != "block":
-                continue
-            for op in unit.ops:
-                if op.kind in ("linear", "matmul", "attention") + CONV_KINDS:
-                    f = op.flops * unit.repeat / (self.graph.batch if op.batched else 1)
-                    total += f
-                    if op.kind in ("matmul", "attention"):
-                        core += f
-        return total, core
+        return forward_flops(self.graph, blocks_only)
+
+
+def forward_flops(graph: OpGraph, blocks_only: bool = False) -> tuple[float, float]:
+    """(forward matmul FLOPs per sample: linear, conv, matmul, attention; of which attention and batched
+    matmuls), at the FlopCounterMode convention (full, non-causal attention, as Korthikanti et al. count);
+    ``blocks_only``: of the block units (what full recomputation runs again)."""
+    total = core = 0.0
+    for unit in graph.units:
+        if blocks_only and unit.kind != "block":
+            continue
+        for op in unit.ops:
+            if op.kind in ("linear", "matmul", "attention") + CONV_KINDS:
+                f = op.flops * unit.repeat / (graph.batch if op.batched else 1)
+                total += f
+                if op.kind in ("matmul", "attention"):
+                    core += f
+    return total, core
 
 
 SPLIT_K = (1, 2, 4, 8, 16, 32, 64)

@@ -530,53 +530,10 @@ def graph_context(model: OpGraphModel, cluster: Any, compute: ComputeModel | Non
 
 def _stages_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None, flavor: str,
                   conv_times: Any) -> EstimateBatch:
-    """The estimator's own stages on the graph's layer source; totals from the graph's FLOPs and tokens."""
-    from ..estimator.comm import GRAD_BYTES as CORE_GRAD_BYTES
-    from ..estimator.comm import communication, layouts_of
-    from ..estimator.core import _precision, layer_costs
-    from ..estimator.keys import distinct
-    from ..estimator.memory import memory
-    from ..estimator.partition import partition
-    from ..estimator.schedule import schedule
+    """The estimator's own stages (and totals: FLOPs and tokens from the source) on the graph's layer source."""
+    from ..estimator.core import run_stages
 
-    ctx = graph_context(model, cluster, compute, flavor, conv_times)
-    w_bytes, master_bytes = _precision(plans.dtype)
-    costs_u, layer_keys = layer_costs(ctx, plans)
-    keys = distinct(plans.tp, plans.pp, plans.dp, plans.order, plans.vpp, plans.sp, plans.micro_batch, plans.zero)
-    sub = plans.take(keys.first)
-    layer_index = layer_keys.inverse[keys.first]
-    part_u = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs_u.take(layer_index, with_comm=False))
-    layouts, layout_index = layouts_of(ctx, sub.tp, sub.pp, sub.dp, sub.order)
-    src = ctx.source
-    comm_u = communication(ctx, layouts, layout_index, layer_index, costs_u, part_u,
-                           traffic_key=[getattr(sub, f) for f in src.comm_fields],
-                           params_key=[sub.vpp, sub.zero] + [getattr(sub, f) for f in src.param_fields],
-                           pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=w_bytes)
-    costs = costs_u.for_plans(layer_keys.inverse)
-    part = part_u.for_plans(keys.inverse)
-    comm = comm_u.take(keys.inverse)
-    p = plans
-    sched = schedule(ctx, costs=costs, comm=comm, part=part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero,
-                     recompute=p.recompute, micro_batch=p.micro_batch, global_batch=p.global_batch,
-                     overlap=p.overlap)
-    mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=sched.micro_batches, w_bytes=w_bytes,
-                 master_bytes=master_bytes, grad_bytes=CORE_GRAD_BYTES)
-    step = sched.step
-    zeros = np.zeros(step.size)
-    device = cluster.device
-    return EstimateBatch(
-        plans=plans, step_time_s=step, **_rates(model, src._graph_costs(ctx.compute), cluster, plans, step),
-        peak_memory_gib=mem.peak / GiB, fits=mem.peak <= device.usable_memory_bytes, compute_s=sched.compute,
-        recompute_s=sched.recompute, bubble_s=sched.bubble, optimizer_s=sched.optimizer,
-        exposed_comm_s=sched.exposed_comm, tp_comm_s=sched.comm_total.get("tp", zeros),
-        pp_comm_s=sched.comm_total["pp"], dp_comm_s=sched.comm_total["dp"],
-        mem_weights_gib=mem.terms["weights"] / GiB, mem_grads_gib=mem.terms["grads"] / GiB,
-        mem_optimizer_states_gib=mem.terms["optimizer_states"] / GiB,
-        mem_activations_gib=mem.terms["activations"] / GiB, mem_other_gib=mem.terms["other"] / GiB,
-        measured_compute_fraction=costs.measured, overhead_s=sched.overhead, model_name=model.name,
-        cluster_info=_cluster_info(cluster), compute_model=ctx.compute_source, collective_codes=comm.names,
-        collective_names=ctx.name_table, context_warnings=ctx.warnings,
-        usable_memory_gib=device.usable_memory_bytes / GiB)
+    return run_stages(graph_context(model, cluster, compute, flavor, conv_times), plans)
 
 
 def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None = None,

@@ -17,7 +17,7 @@ import numpy as np
 from ..compute.base import ComputeModel
 from ..compute.roofline import activation_bytes
 from ..estimator.source import Collective, Edge, LayerCosts, LayerSource
-from .cost import GraphCosts, UnitCost
+from .cost import GraphCosts, UnitCost, forward_flops
 from .layout import Comm as UnitComm
 from .layout import unit_layout
 from .schema import OpGraph
@@ -73,6 +73,23 @@ class OpGraphSource(LayerSource):
 
     def describe(self) -> str:
         return f"OpGraphSource({self.graph.name}, {self.flavor})"
+
+    # ---- FLOPs and tokens (totals) ----------------------------------------------------------------------
+    @property
+    def tokens_per_sequence(self) -> int:
+        """Tokens per sample (sequence models) or 1 (images: throughput is samples/s)."""
+        return self.graph.tokens_per_sample
+
+    def model_flops_per_sequence(self) -> float:
+        """3 x the forward matmul FLOPs of one sample (linear, convolution, batched matmul, attention)."""
+        return 3.0 * forward_flops(self.graph)[0]
+
+    def recompute_flops_per_sequence(self, recompute: np.ndarray) -> np.ndarray:
+        """Full: the blocks' forward again; selective: the attention core's."""
+        blocks = forward_flops(self.graph, blocks_only=True)[0]
+        core = forward_flops(self.graph)[1]
+        rc = np.asarray(recompute)
+        return np.where(rc == 2, blocks, np.where(rc == 1, core, 0.0))
 
     # ---- slots ------------------------------------------------------------------------------------------
     def _representative_tps(self) -> list[int]:

@@ -104,9 +104,13 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, job: dict[str, Any]) -> nn.M
 
 
 def build(job: dict[str, Any], device: torch.device) -> nn.Module:
-    from ..trace.spec import build_module
+    """The job's model, seeded (the same weights on every rank), on ``device``, in training mode."""
+    from ..opgraph.spec import resolve_factory
     torch.manual_seed(int(job["seed"]))
-    model = build_module(job["module_spec"], job["kwargs"], device="cpu").to(device)
+    model = resolve_factory(job["module_spec"])(**job["kwargs"])
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{job['module_spec']} returned {type(model).__name__}, not an nn.Module")
+    model = model.to(device)
     model.train()
     return model
 

@@ -1,7 +1,7 @@
 """Example reports of traced models (``reports/traced-*/``): a model of the zoo traced on the meta device, its
 derived tensor-parallel plan, the best plans of a search and the TP sweep chart. Regenerate them all with::
 
-    python -m tpsim.report.traced             # or: python -m tpsim.report.traced traced-resnet50-8xa100
+    python -m tpsim.trace.examples             # or: python -m tpsim.trace.examples traced-resnet50-8xa100
 
 Each report keeps the op graph it was made from (``model.ops.json``, from ``tpsim trace``); ``--retrace``
 traces the model again (needs torch), otherwise the committed graph is read (torch-free).
@@ -65,8 +65,8 @@ def _graph(name: str, retrace: bool):  # noqa: ANN202 - OpGraph
 
     path = REPORTS_DIR / name / "model.ops.json"
     if retrace or not path.exists():
-        from ..trace import trace_spec
-        from ..trace.spec import parse_input_shape
+        from .api import trace_spec
+        from .spec import parse_input_shape
 
         ex = EXAMPLES[name]
         graph = trace_spec(ex.spec, [parse_input_shape(s) for s in ex.inputs], dict(ex.kwargs))
@@ -84,8 +84,8 @@ def make(name: str, retrace: bool = False, log=print) -> Path:  # noqa: ANN001
     from ..opgraph.tp import derive_plan
     from ..search import search
     from ..topology import load_cluster
-    from .analysis import SWEEP_COLUMNS, TP_SWEEP_MAX, Sweep, best_per
-    from .charts import save_figure, tp_sweep_chart
+    from ..report.analysis import SWEEP_COLUMNS, TP_SWEEP_MAX, Sweep, best_per
+    from ..report.charts import save_figure, tp_sweep_chart
 
     ex = EXAMPLES[name]
     out = REPORTS_DIR / name
@@ -134,7 +134,7 @@ def _markdown(name: str, ex: TracedExample, model: Any, cluster: Any, result: An
         counts[s] = counts.get(s, 0) + 1
     lines = [f"# {g.name} on {ex.gpus} x {cluster.device.name} ({ex.cluster}), traced from PyTorch", "",
              f"Predicted by tpsim {__version__} from the op graph of the model's own PyTorch code (no preset). "
-             "Regenerate with `python -m tpsim.report.traced " + name + "` (add `--retrace` to trace again).", "",
+             "Regenerate with `python -m tpsim.trace.examples " + name + "` (add `--retrace` to trace again).", "",
              "## The model", "", f"{ex.why}.", "", "```", trace_command(name), "```", "", "```", g.summary(), "```",
              "", "## Derived tensor-parallel plan", "",
              "Megatron-style pairs found in the op graph (`tpsim trace model.ops.json --show` lists every op); "
