@@ -129,3 +129,11 @@ def test_cli_calibration_flag(tmp_path, capsys):
     assert main(args + ["--calibration", str(topologies_dir() / "clusters" / "dgx-h100.yaml")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is a cluster file" in err and "dgx-h100.yaml" in err
+
+
+def test_a_neutral_compute_section_changes_nothing(tmp_path):
+    path = _write(tmp_path, "n.yaml", "compute: {gemm_scale: 1, attention_scale: 1.0, memory_scale: 1, "
+                                      "host_overhead_per_layer_us: 0, device: H100-SXM, stack: megatron}\n")
+    got = estimate(*_problem(str(path))).to_dict()
+    want = estimate(*_problem()).to_dict()
+    assert got == want

@@ -23,7 +23,6 @@ identity of their inputs (it holds them, so an identity cannot be reused while r
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections import OrderedDict
@@ -36,38 +35,12 @@ from ..calibration import Calibration, ComputeCalibration
 from ..compute.base import ArrayLike, ComputeModel
 from ..compute.roofline import RooflineModel
 from ..model import ModelSpec
-from .keys import concat_rows, take_rows
+from .caches import MEMO_BYTES, ContextCaches, CurveCache, Envelope, EnvelopeTable, RowStore, array_bytes
+from .keys import take_rows
 from .source import LayerSource, TransformerSource
 
-MEMO_BYTES = 64 << 20
-"""array bytes of stage results a context keeps (a repeated plan or search chunk reuses them)."""
 CONTEXTS = 32
 """contexts :func:`context_for` keeps."""
-ENVELOPE_BYTES = np.logspace(0, 13, 131)
-"""1 B .. 10 TB: the message sizes any collective of a plan can have (the envelope's domain)."""
-
-
-@dataclass(frozen=True)
-class Envelope:
-    """A cost curve and the lines of it that are the minimum somewhere in 1 B .. 10 TB (the others never
-    matter), with each line's ``"op: algorithm"`` code in the context's name table (-1: a one-rank group)."""
-
-    curve: Any
-    """the :class:`~tpsim.collectives.curve.CostCurve`."""
-    latency_s: np.ndarray
-    """latency of the envelope's lines, seconds."""
-    sec_per_byte: np.ndarray
-    codes: np.ndarray
-    """name code of each envelope line."""
-
-    @staticmethod
-    def of(curve: Any, op: str, code: Callable[[str], int]) -> "Envelope":
-        lat = np.asarray(curve.latency_s, dtype=float)
-        spb = np.asarray(curve.sec_per_byte, dtype=float)
-        winners = np.unique(np.argmin(lat[None, :] + ENVELOPE_BYTES[:, None] * spb[None, :], axis=1))
-        codes = np.array([-1 if curve.algorithms[i] == "none" else code(f"{op}: {curve.algorithms[i]}")
-                          for i in winners], dtype=np.int32)
-        return Envelope(curve=curve, latency_s=lat[winners], sec_per_byte=spb[winners], codes=codes)
 
 
 class ScaledCompute(ComputeModel):
@@ -97,76 +70,6 @@ class ScaledCompute(ComputeModel):
         return self.base.describe()
 
 
-@dataclass(eq=False)
-class CurveCache:
-    """What depends only on the collective model: envelopes per (layout, axes, op), their padded tables per
-    (axes, op), the ``"op: algorithm"`` name codes and the rank layouts. Contexts on one collective model share
-    it (:func:`context_for`): its keys do not involve the model, compute model or stack."""
-
-    collectives: Any
-    """the collective model every entry was computed with."""
-    curves: dict = field(default_factory=dict)
-    tables: dict = field(default_factory=dict)
-    """(axes, op) -> _EnvelopeTable."""
-    names: dict = field(default_factory=dict)
-    """"op: algorithm" -> code (the order of first use)."""
-    layouts: dict = field(default_factory=dict)
-    """(order, axis sizes) -> RankLayout."""
-
-
-@dataclass
-class _Caches:
-    curves: CurveCache
-    memo: OrderedDict = field(default_factory=OrderedDict)
-    """key -> (value, bytes)."""
-    memo_bytes: int = 0
-    layers: dict = field(default_factory=dict)
-    """(dtype, attention) -> _RowStore of layer costs."""
-
-
-@dataclass
-class _EnvelopeTable:
-    """Envelopes of one (axes, op) for every layout seen, one row each, padded to one width by repeating the
-    last line (which leaves the minimum and its line unchanged): rows x lines arrays."""
-
-    index: dict = field(default_factory=dict)
-    latency_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
-    sec_per_byte: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
-    codes: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int32))
-
-    def add(self, layout: Any, env: Envelope) -> None:
-        width = max(self.latency_s.shape[1], env.latency_s.size)
-        rows = [_pad(a, width) for a in (self.latency_s, self.sec_per_byte, self.codes)]
-        new = [_pad(a[None, :], width) for a in (env.latency_s, env.sec_per_byte, env.codes)]
-        self.latency_s, self.sec_per_byte, self.codes = (np.concatenate([r, x]) for r, x in zip(rows, new))
-        self.index[layout] = len(self.index)
-
-
-def _pad(a: np.ndarray, width: int) -> np.ndarray:
-    if a.shape[1] >= width or a.shape[0] == 0:
-        return a if a.shape[0] else np.zeros((0, width), dtype=a.dtype)
-    return np.concatenate([a, np.repeat(a[:, -1:], width - a.shape[1], axis=1)], axis=1)
-
-
-@dataclass
-class _RowStore:
-    """Stage results per key row: ``index`` maps a key row to its row in ``value`` (arrays over rows)."""
-
-    index: dict = field(default_factory=dict)
-    value: Any = None
-
-    def rows(self, keys: np.ndarray, build: Callable[[np.ndarray], Any]) -> np.ndarray:
-        """Row of each key in ``value``; rows not seen before are built in one call and appended."""
-        wanted = [tuple(r) for r in keys.tolist()]
-        missing = [i for i, k in enumerate(wanted) if k not in self.index]
-        if missing:
-            new = build(keys[missing])
-            self.value = new if self.value is None else concat_rows(self.value, new)
-            for i in missing:
-                self.index[wanted[i]] = len(self.index)
-        return np.fromiter((self.index[k] for k in wanted), dtype=np.int64, count=len(wanted))
-
-
 @dataclass(frozen=True, kw_only=True, eq=False)
 class EstimationContext:
     """Everything fixed while plans vary. Build with :meth:`build` (or :func:`context_for`)."""
@@ -193,11 +96,11 @@ class EstimationContext:
     """host time per layer and micro-batch (the calibration's ``host_overhead_per_layer_us``), seconds."""
     warnings: tuple[str, ...] = ()
     """what every estimate of this context should say (profile of another device, calibration not applied)."""
-    caches: _Caches = field(default=None, repr=False)  # type: ignore[assignment]
+    caches: ContextCaches = field(default=None, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.caches is None:
-            object.__setattr__(self, "caches", _Caches(curves=CurveCache(collectives=self.collectives)))
+            object.__setattr__(self, "caches", ContextCaches(curves=CurveCache(collectives=self.collectives)))
         if self.caches.curves.collectives is not self.collectives:
             raise ValueError("a context's curve cache belongs to another collective model")
 
@@ -232,7 +135,7 @@ class EstimationContext:
                                  roofline=roofline, calibration=cal, stack=stack, flavor=flavor,
                                  collectives=collectives, source=source or TransformerSource(model, flavor),
                                  host_overhead_s=host, warnings=tuple(warnings),
-                                 caches=None if curves is None else _Caches(curves=curves))
+                                 caches=None if curves is None else ContextCaches(curves=curves))
 
     # ---- caches ------------------------------------------------------------------------------------------
     def curve(self, op: str, layout: Any, axes: tuple[str, ...]) -> Envelope:
@@ -248,7 +151,7 @@ class EstimationContext:
     def envelopes(self, op: str, axes: tuple[str, ...], layouts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(latency, sec_per_byte, name code) arrays (layouts x lines) of ``op`` over ``axes``: each layout's
         envelope, padded to one width (cached per (axes, op), a row per layout)."""
-        table = self.caches.curves.tables.setdefault((axes, op), _EnvelopeTable())
+        table = self.caches.curves.tables.setdefault((axes, op), EnvelopeTable())
         for layout in layouts:
             if layout not in table.index:
                 table.add(layout, self.curve(op, layout, axes))
@@ -277,7 +180,7 @@ class EstimationContext:
     def layer_rows(self, keys: np.ndarray, dtype: str, attention: str) -> Any:
         """The layer source's costs for the key rows (columns: the source's ``key_fields``), each row computed
         once per context."""
-        store = self.caches.layers.setdefault((dtype, attention), _RowStore())
+        store = self.caches.layers.setdefault((dtype, attention), RowStore())
         fields = self.source.key_fields
 
         def build(missing: np.ndarray) -> Any:
@@ -295,7 +198,7 @@ class EstimationContext:
             caches.memo.move_to_end(key)
             return hit[0]
         value = build()
-        size = _nbytes(value)
+        size = array_bytes(value)
         caches.memo[key] = (value, size)
         caches.memo_bytes += size
         while caches.memo_bytes > MEMO_BYTES and len(caches.memo) > 1:
@@ -355,19 +258,6 @@ def _collective_model(cluster: Any, calibration: Calibration | None, own: Calibr
     if calibration is None or calibration is own:
         return get_collective_model(cluster)
     return CollectiveModel(cluster, calibration=calibration.link_overrides())
-
-
-def _nbytes(value: Any) -> int:
-    """Bytes of the numpy arrays inside a stage result (dataclasses, dicts, tuples)."""
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
-    if isinstance(value, (tuple, list)):
-        return sum(_nbytes(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return sum(_nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return 0
 
 
 def _stack_name(stack: Any) -> str:

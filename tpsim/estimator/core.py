@@ -25,7 +25,7 @@ from ..errors import InputError
 from ..model import ModelSpec
 from ..plan import Plan, PlanBatch, validate_plan
 from ..units import GiB
-from .comm import GRAD_BYTES, Comm, communication, layouts_of
+from .comm import GRAD_BYTES, LAYOUT_AXES, Comm, communication, layouts_of
 from .context import EstimationContext, context_for
 from .flops import layer_forward_flops, model_flops_per_sequence
 from .keys import Keys, distinct
@@ -55,8 +55,10 @@ def _precision(dtype: str) -> tuple[float, float]:
 
 def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer_keys: Keys,
               w_bytes: float) -> tuple[Keys, Partition, Comm]:
-    """Stages 2 and 3 on the distinct communication patterns of the batch."""
-    keys = distinct(plans.tp, plans.pp, plans.dp, plans.order, plans.vpp, plans.sp, plans.micro_batch, plans.zero)
+    """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
+    ZeRO and what the layer's traffic depends on."""
+    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero") + ctx.source.comm_fields)
+    keys = distinct(*(getattr(plans, f) for f in fields))
 
     def build() -> tuple[Partition, Comm]:
         sub = plans.take(keys.first)
@@ -125,7 +127,8 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
 
 # ---- entry points ----------------------------------------------------------------------------------------
 def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: ComputeModel | None = None,
-                   flavor: str = "megatron", *, context: EstimationContext | None = None) -> EstimateBatch:
+                   flavor: str = "megatron", *, calibration=None, stack=None,
+                   context: EstimationContext | None = None) -> EstimateBatch:
     """Estimate every plan of the batch (plans must be valid for ``model`` on ``cluster``); ``context``
     defaults to :func:`context_for` of the inputs."""
     n = len(plans)
@@ -136,7 +139,7 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
         bad = int(np.argmax(wrong))
         raise InputError(f"plan {plans.plan(bad).short()} uses {int(plans.tp[bad] * plans.pp[bad] * plans.dp[bad])}"
                          f" GPUs but the cluster has gpus={cluster.num_gpus}")
-    ctx = context or context_for(model, cluster, compute, flavor=flavor)
+    ctx = context or context_for(model, cluster, compute, calibration, stack, flavor)
     return run_stages(ctx, plans)
 
 
