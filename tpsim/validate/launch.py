@@ -145,6 +145,8 @@ def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
     """
     run_dir = Path(run_dir or tempfile.mkdtemp(prefix="tpsim-validate-"))
     run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*run_dir.glob("error-rank*.json"), run_dir / "result.json"]:
+        stale.unlink(missing_ok=True)  # a reused folder: only this run's errors and result count
     job = {"cases": [c.to_dict() for c in cases], "backend": cfg.backend, "timeout_s": cfg.timeout_s,
            "threads": cfg.threads, "out_dir": str(run_dir)}
     job_path = run_dir / "job.json"

@@ -64,12 +64,23 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
     _inject(rank, "start")
     dist.init_process_group(backend, timeout=timedelta(seconds=float(job["timeout_s"])))
     world = dist.get_world_size()
-    mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("tp",))
+    meshes: dict[tuple, Any] = {}
+
+    def mesh_of(axes: tuple[tuple[str, int], ...]) -> Any:
+        if axes not in meshes:
+            meshes[axes] = init_device_mesh(device_type, tuple(n for _, n in axes),
+                                            mesh_dim_names=tuple(a for a, _ in axes))
+        return meshes[axes]
+
     results = []
     for data in job["cases"]:
+        if data.get("kind") == "plan":
+            results.append(_run_plan(data, world, rank, mesh_of))
+            continue
         case = Case.from_dict(data)
         if case.tp != world:
             raise ValueError(f"case {case.name}: tp={case.tp} but {world} ranks were started")
+        mesh = mesh_of((("tp", world),))
         _inject(rank, "check")
         checks = check_case(case, mesh, rank)
         _inject(rank, "time")
@@ -83,6 +94,23 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
                 "threads": torch.get_num_threads(), "hostname": os.uname().nodename}
         write_json_atomic(out / "result.json", {"meta": meta, "ranks": gathered})
     dist.destroy_process_group()
+
+
+def _run_plan(data: dict[str, Any], world: int, rank: int, mesh_of: Any) -> dict[str, Any]:
+    """Check and (unless the job says not to) time one whole-plan case on a mesh over its axes."""
+    from .plancase import PlanCase
+    from .planrun import check_plan, time_plan
+
+    case = PlanCase.from_dict(data)
+    if case.world != world:
+        raise ValueError(f"case {case.name}: tp x pp x dp = {case.world} but {world} ranks were started")
+    mesh = mesh_of(case.mesh_axes())
+    _inject(rank, "check")
+    checks = check_plan(case, mesh, rank)
+    _inject(rank, "time")
+    timing = time_plan(case, mesh, rank) if data.get("timed", True) else {}
+    print(f"[tpsim validate] rank {rank}: {case.name} done", file=sys.stderr, flush=True)
+    return {"case": case.name, "rank": rank, **checks, **timing}
 
 
 def main(argv: list[str] | None = None) -> int:
