@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import InputError, TpsimError
 from .case import Case
+from .procs import child_preexec
 
 MARK_ENV = "TPSIM_VALIDATE_RUN"
 """environment variable set to a unique token in every process of one run."""
@@ -157,7 +158,7 @@ def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
     log_path = run_dir / "launcher.log"
     with open(log_path, "wb") as log, _terminate_as_exception():
         proc = subprocess.Popen(cfg.command(job_path), stdout=log, stderr=subprocess.STDOUT, env=penv,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=child_preexec)
         try:
             _supervise(proc, cfg, run_dir, token)
         finally:

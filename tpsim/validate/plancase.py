@@ -56,6 +56,8 @@ class PlanCase:
     seed: int = 0
     scaled: str = ""
     """what was reduced from the plan to run here ("" = nothing)."""
+    timed: bool = True
+    """measure time too (False: numerics and communication only, e.g. more ranks than CPU cores)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "dp", "micro_batch", "microbatches", "reps"):

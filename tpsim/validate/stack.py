@@ -175,28 +175,27 @@ def _pipeline(rt: RankRuntime, loss_fn: Callable, device: torch.device) -> None:
     rt.stages = [PipelineStage(chunk, stage, case.chunks, device, group=group)
                  for chunk, stage in zip(rt.chunks, rt.stage_ids)]
     if case.runtime == "ddp":
-        for stage in rt.stages:
-            _forward_without_sync(stage)
+        _settle_ddp_buckets(rt, device)
     if case.vpp == 1:
         rt.schedule = Schedule1F1B(rt.stages[0], case.microbatches, loss_fn=loss_fn)
     else:
         rt.schedule = ScheduleInterleaved1F1B(rt.stages, case.microbatches, loss_fn=loss_fn)
 
 
-def _forward_without_sync(stage: Any) -> None:
-    """Run a DDP stage's forwards under ``no_sync``. torch 2.13's ``PipelineStage`` wraps the backward of every
-    micro-batch but the last in ``no_sync`` and arms the reducer itself before the last backward
-    (``backward_maybe_with_nosync``); but DDP's forward, run with gradient sync on, has already armed the
-    reducer for every micro-batch, so each backward would reduce and the first step's bucket rebuild fails
-    (``rebuilt parameter indices size is not same as original model parameters size``). With the forwards
-    under ``no_sync`` the gradients are reduced once per step, in the last backward, as DDP with gradient
-    accumulation does."""
-    forward = stage.forward_one_chunk
+def _settle_ddp_buckets(rt: RankRuntime, device: torch.device) -> None:
+    """Two plain forward/backward passes of each DDP chunk before the schedule runs, then gradients cleared.
 
-    def forward_no_sync(*args: Any, **kwargs: Any) -> Any:
-        with stage.submod.no_sync():
-            return forward(*args, **kwargs)
-    stage.forward_one_chunk = forward_no_sync
+    In torch 2.13, DDP under ``PipelineStage`` fails the bucket rebuild of its second step (``rebuilt
+    parameter indices size is not same as original model parameters size``: the first step's micro-batch
+    backwards record the gradient-ready order more than once). After two ordinary iterations DDP has rebuilt
+    its buckets and never does again; the schedule then runs as torchtitan-style PP + DDP would."""
+    case = rt.case
+    seq = case.model.seq_len // case.tp if case.sp else case.model.seq_len
+    x = torch.zeros(case.micro_batch, seq, case.model.hidden_size, device=device)
+    for chunk in rt.chunks:
+        for _ in range(2):
+            chunk(x).sum().backward()
+        chunk.zero_grad(set_to_none=True)
 
 
 def finalize_grads(rt: RankRuntime) -> None:

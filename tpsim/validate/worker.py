@@ -108,7 +108,7 @@ def _run_plan(data: dict[str, Any], world: int, rank: int, mesh_of: Any) -> dict
     _inject(rank, "check")
     checks = check_plan(case, mesh, rank)
     _inject(rank, "time")
-    timing = time_plan(case, mesh, rank) if data.get("timed", True) else {}
+    timing = time_plan(case, mesh, rank) if case.timed else {}
     print(f"[tpsim validate] rank {rank}: {case.name} done", file=sys.stderr, flush=True)
     return {"case": case.name, "rank": rank, **checks, **timing}
 
@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tpsim.validate.worker")
     parser.add_argument("--job", required=True, type=Path)
     args = parser.parse_args(argv)
+    from .procs import die_with_parent
+    die_with_parent()  # a SIGKILL to tpsim validate kills the launcher, and this rank with it
     job = json.loads(args.job.read_text())
     out = Path(job["out_dir"])
     rank = int(os.environ.get("RANK", 0))
