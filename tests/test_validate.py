@@ -171,7 +171,7 @@ def test_launch_command_never_uses_a_fixed_port(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--tp", "3"], "tp=3 does not divide num_attention_heads"),
-    (["--tp", "2", "--nproc", "4"], "--nproc=4 x --nnodes=1 must equal --tp=2"),
+    (["--tp", "2", "--nproc", "4"], "--nproc=4 x --nnodes=1 must equal tp x pp x dp = 2"),
     (["--model", "no-such-model"], "model='no-such-model'"),
     (["--tp", "1", "--sp"], "--sp needs tp > 1"),
 ])
