@@ -135,7 +135,7 @@ def test_csv_written_atomically(tmp_path, monkeypatch):
     path = tmp_path / "v.csv"
     write_csv(path, [s], "gloo")
     good = path.read_text()
-    assert good.splitlines()[0].startswith("case,model,family,tp,sp")
+    assert good.splitlines()[0].startswith("case,kind,model,family,tp,sp,pp,vpp,dp,zero")
     assert len(good.splitlines()) == 1 + len(s["phases"])
 
     def boom(*_a, **_k):
