@@ -59,20 +59,26 @@ def _loss_fn(case: PlanCase) -> Callable[[torch.Tensor, torch.Tensor], torch.Ten
 
 # ---- one training step ----------------------------------------------------------------------------------
 class Timers:
-    """Seconds spent in forward, backward and the optimizer during one step (this rank)."""
+    """Seconds spent in forward, backward and the optimizer during one step (this rank). On a GPU each phase is
+    bracketed by a synchronization (the host clock would otherwise time the kernel launches)."""
 
-    def __init__(self, clock: Clock, recorder: AxisRecorder | None = None) -> None:
-        self.clock, self.recorder = clock, recorder
+    def __init__(self, clock: Clock, recorder: AxisRecorder | None = None,
+                 device: torch.device | None = None) -> None:
+        self.clock, self.recorder, self.device = clock, recorder, device
         self.t = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0}
 
     @contextlib.contextmanager
     def phase(self, name: str):
         if self.recorder is not None:
             self.recorder.phase = {"opt": "step"}.get(name, name)
+        if self.device is not None:
+            sync(self.device)
         t0 = self.clock.now()
         try:
             yield
         finally:
+            if self.device is not None:
+                sync(self.device)
             self.t[name] += Clock.since(t0, self.clock.now())[0]
             if self.recorder is not None:
                 self.recorder.phase = "other"
@@ -217,13 +223,13 @@ def time_plan(case: PlanCase, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
     device = _device(mesh)
     x, target = global_batch(case, device)
     clock = Clock()
-    timers_ref: list[Timers] = [Timers(clock)]
+    timers_ref: list[Timers] = [Timers(clock, device=device)]
     rt = build_runtime(case, mesh, rank, _loss_fn(case), device, dropout=True)
     _instrument_stages(rt, timers_ref)
     xs, ts = replica_part(case, x, rt.coords), replica_part(case, target, rt.coords)
     samples: list[dict[str, float]] = []
     for i in range(case.warmup + case.reps):
-        timers_ref[0] = Timers(clock)
+        timers_ref[0] = Timers(clock, device=device)
         dist.barrier()
         sync(device)
         t0 = clock.now()
@@ -238,7 +244,7 @@ def time_plan(case: PlanCase, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
     groups = axis_of_groups(mesh)
     for _ in range(case.reps):
         recorder = AxisRecorder(groups, timed=True, clock=clock.now)
-        timers_ref[0] = Timers(clock, recorder)
+        timers_ref[0] = Timers(clock, recorder, device)
         dist.barrier()
         with recorder:
             run_step(rt, xs, ts, timers_ref[0])
