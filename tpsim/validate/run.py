@@ -76,7 +76,7 @@ class Options:
 def calibrate_collectives(cfg: LaunchConfig, cluster: str, work: Path) -> Path:
     """Run a short ``tpsim bench-collectives`` with the same backend and rank count, then ``tpsim calibrate``;
     return the calibration file."""
-    csv_path, cal_path = work / "bench-collectives.csv", work / "calibration.yaml"
+    csv_path, cal_path = work / f"bench-collectives-{cfg.nproc}.csv", work / f"calibration-{cfg.nproc}.yaml"
     steps = [["bench-collectives", "--nproc", str(cfg.nproc), "--backend", cfg.backend,
               "--ops", "all_reduce", "all_gather", "reduce_scatter", "--sizes", *BENCH_SIZES,
               "--out", str(csv_path), "--timeout", str(int(cfg.timeout_s))],
@@ -112,9 +112,10 @@ class Setup:
     compute_cal: ComputeCalibration | None
 
 
-def prepare(cfg: LaunchConfig, opts: Options, work: Path) -> Setup:
+def prepare(cfg: LaunchConfig, opts: Options, work: Path, probes: dict | None = None) -> Setup:
     """Collective calibration, cluster, profile probe and compute model (module docstring of
-    :mod:`tpsim.validate.drift` for the probe)."""
+    :mod:`tpsim.validate.drift` for the probe). ``probes`` keeps the probe's answer for the next launch of
+    the same run (the profile and the machine are the same)."""
     compute_cal = read_compute_calibration(opts.calibration) if opts.calibration else None
     calibration = opts.calibration if opts.calibration and _has_links(opts.calibration) else None
     if calibration is None and opts.calibrate and cfg.nproc > 1 and cfg.nnodes == 1:  # bench runs on one node
@@ -122,11 +123,14 @@ def prepare(cfg: LaunchConfig, opts: Options, work: Path) -> Setup:
     cluster = load_local_cluster(opts.cluster, cfg.nproc * cfg.nnodes, calibration, work)
     device_type = "cuda" if cfg.backend == "nccl" else "cpu"
     profile = (opts.profile or find_profile(device_type)) if opts.use_profile else None
-    if compute_cal is not None:
-        drift = check_profile(profile, cfg.threads, work, reprofile=False, enabled=opts.probe, device=device_type)
-        drift = dataclasses.replace(drift, action="calibration" if drift.probe else drift.action)
-    else:
-        drift = check_profile(profile, cfg.threads, work, opts.reprofile, enabled=opts.probe, device=device_type)
+    probes = {} if probes is None else probes
+    key = (str(profile), cfg.threads, device_type)
+    if key not in probes:
+        probes[key] = check_profile(profile, cfg.threads, work, opts.reprofile and compute_cal is None,
+                                    enabled=opts.probe, device=device_type)
+    drift = probes[key]
+    if compute_cal is not None and drift.probe is not None:
+        drift = dataclasses.replace(drift, action="calibration", profile=profile, scales=None)
     raw = compute_model(cluster, drift.profile if drift.profile else profile)
     if compute_cal is not None:
         compute = ScaledCompute(raw, gemm=compute_cal.gemm_scale, attention=compute_cal.attention_scale,
@@ -152,9 +156,9 @@ def timing_allowed(cfg: LaunchConfig) -> tuple[bool, str]:
 
 
 def run_cases(cases: list, cfg: LaunchConfig, opts: Options, work: Path,
-              env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+              env: dict[str, str] | None = None, probes: dict | None = None) -> list[dict[str, Any]]:
     """Predict, launch and summarize ``cases`` that share one launch config (same number of ranks)."""
-    setup = prepare(cfg, opts, work)
+    setup = prepare(cfg, opts, work, probes)
     memory = int(setup.cluster.device.usable_memory_bytes) * cfg.nproc if cfg.backend == "nccl" else None
     timed, note = timing_allowed(cfg)
     blocks = [fit_case(c, cfg.nproc, setup.compute, opts.budget_s, memory_bytes=memory)
@@ -288,11 +292,12 @@ def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,
     a failed one: :class:`RankFailure` names it."""
     summaries: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix=f"tpsim-validate-{_slug(name)}-"))
+    probes: dict = {}
     try:
         for world in sorted({_world(c) for c in cases}):
             group = [c for c in cases if _world(c) == world]
             launch_cfg = cfg if cfg.nproc * cfg.nnodes == world else dataclasses.replace(cfg, nproc=world, nnodes=1)
-            summaries += run_cases(group, launch_cfg, opts, work, env)
+            summaries += run_cases(group, launch_cfg, opts, work, env, probes)
         _keep_calibration(summaries, work, opts.out_dir, name)
     except RankFailure as exc:
         raise RankFailure(f"{exc} [logs kept in {work}]") from None
@@ -323,17 +328,23 @@ def _slug(name: str) -> str:
 
 
 def _keep_calibration(summaries: list[dict[str, Any]], work: Path, out_dir: Path, name: str) -> None:
-    """Copy the collective measurements and calibration made for this run next to the report."""
-    for s in summaries:
-        cal = s.get("calibration")
-        if cal and Path(cal).parent == work:
-            for src, suffix in ((Path(cal), "calibration.yaml"), (work / "bench-collectives.csv",
-                                                                   "bench-collectives.csv")):
-                if src.exists():
-                    dst = out_dir / f"{name}-{suffix}"
-                    write_atomic(dst, src.read_bytes())
-                    if suffix == "calibration.yaml":
-                        s["calibration"] = str(dst)
+    """Copy the collective measurements and calibrations made for this run next to the report
+    (``<name>-calibration.yaml``, or ``<name>-calibration-<n>ranks.yaml`` when several rank counts ran)."""
+    made = sorted({Path(s["calibration"]) for s in summaries
+                   if s.get("calibration") and Path(s["calibration"]).parent == work})
+    for cal in made:
+        nproc = cal.stem.rsplit("-", 1)[1]
+        suffix = "" if len(made) == 1 else f"-{nproc}ranks"
+        kept = {}
+        for src, what in ((cal, "calibration.yaml"), (work / f"bench-collectives-{nproc}.csv", "bench-collectives.csv")):
+            if src.exists():
+                stem, ext = what.rsplit(".", 1)
+                dst = out_dir / f"{name}-{stem}{suffix}.{ext}"
+                write_atomic(dst, src.read_bytes())
+                kept[what] = dst
+        for s in summaries:
+            if s.get("calibration") == str(cal) and "calibration.yaml" in kept:
+                s["calibration"] = str(kept["calibration.yaml"])
 
 
 def _has_matplotlib() -> bool:
