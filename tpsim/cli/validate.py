@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -12,6 +13,9 @@ from pathlib import Path
 from .common import add_model_args, positive_int
 
 MATRIX_KINDS = ("all", "blocks", "plans")
+MAX_CPU_RANKS_PER_CORE = 4
+"""a CPU run with more ranks per core is refused: beyond timing claims (one rank per core) a few more still
+check numerics and collectives in reasonable time; hundreds of processes would not finish."""
 
 
 def _positive_float(text: str) -> float:
@@ -149,6 +153,8 @@ def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanC
     if layers % chunks:
         raise InputError(f"--layers={layers} is not a multiple of pp x vpp = {chunks}")
     m = args.microbatches or (2 * args.pp if args.pp > 1 else 2)
+    from ..limits import check_int
+    check_int("global_batch", args.dp * m * args.micro_batch, where="dp x microbatches x micro-batch")
     return PlanCase(model=with_overrides(model, layers=layers), tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp,
                     zero=args.zero, sp=args.sp, fused=args.fused, micro_batch=args.micro_batch, microbatches=m,
                     order=args.order, reps=args.reps, warmup=args.warmup)
@@ -156,6 +162,7 @@ def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanC
 
 def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
     from ..errors import InputError
+    from ..limits import check_int
     from ..validate.case import Case
     from ..validate.run import matrix_cases, plan_matrix_cases
 
@@ -167,8 +174,11 @@ def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
         suffix = "" if args.matrix == "blocks" else f"-{args.matrix}"
         return cases, args.name or f"matrix-{model.family}-{args.backend}{suffix}"
     whole = args.pp > 1 or args.dp > 1 or args.whole
-    nproc = args.nproc or (args.tp * args.pp * args.dp) // args.nnodes
-    world = args.tp * args.pp * args.dp
+    world = check_int("nproc", args.tp * args.pp * args.dp, where="tp x pp x dp")
+    if args.backend == "gloo" and args.nnodes == 1 and world > MAX_CPU_RANKS_PER_CORE * (os.cpu_count() or 1):
+        raise InputError(f"tp x pp x dp = {world} ranks on {os.cpu_count()} CPU cores: at most "
+                         f"{MAX_CPU_RANKS_PER_CORE} ranks per core are run on CPU")
+    nproc = args.nproc or world // args.nnodes
     if nproc * args.nnodes != world:
         raise InputError(f"--nproc={nproc} x --nnodes={args.nnodes} must equal tp x pp x dp = {world}")
     if whole:

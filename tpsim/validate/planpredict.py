@@ -56,7 +56,7 @@ class _Curves:
     groups: dict[str, Any]
 
     def time(self, axis: str, op: str, nbytes: float) -> float:
-        if nbytes <= 0:
+        if nbytes <= 0 or self.cm is None:  # nothing to send, or a single rank
             return 0.0
         kind = "send_recv" if op in ("send", "recv") else op
         return float(self.cm.curve(kind, self.groups[axis]).time(float(nbytes)))

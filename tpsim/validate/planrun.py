@@ -195,7 +195,6 @@ def check_plan(case: PlanCase, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
         g = _full(_dp_mean_grad(rt, p.grad), p) if p.grad is not None else None
         errors[f"grad:{name}"] = _rel(g, ref["grads"][name], MAGNITUDE_FLOOR) if g is not None else float("inf")
         before[name] = _full(p.detach(), p).clone()
-    _sync_if_needed(rt)
     rt.optimizer.step()
     for name, p in params:
         delta = _full(p.detach(), p) - before[name]
@@ -209,11 +208,6 @@ def check_plan(case: PlanCase, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
     return {"coords": rt.coords, "loss_local": loss, "loss_ref": ref["loss"], "numerics": errors,
             "numerics_ok": max(errors.values()) <= NUMERICS_RTOL, "comm": recorder.totals(),
             "comm_phases": recorder.by_phase(), "n_params": len(params)}
-
-
-def _sync_if_needed(rt: RankRuntime) -> None:
-    """Nothing to do: gradients are complete after ``finalize_grads`` (kept as the one place to add a
-    runtime's pre-step synchronisation)."""
 
 
 # ---- timing ---------------------------------------------------------------------------------------------

@@ -93,6 +93,9 @@ def fit_case(case: Case, nproc: int, compute, budget_s: float,  # noqa: ANN001
     return dataclasses.replace(case, scaled="; ".join(changes) + " (to fit this machine; widths unchanged)")
 
 
+MAX_OVER_BUDGET = 10.0
+"""a whole-plan case still predicted over this many times --budget at its smallest shape is refused (layers and
+micro-batches are the user's to reduce)."""
 STEPS_CHECKED = 3
 """training steps of a plan case's check (numerics, bucket settling, communication)."""
 
@@ -106,7 +109,8 @@ def plan_memory_per_rank(case) -> float:  # noqa: ANN001 - PlanCase (import cycl
     params = m.layer_params()
     ref = m.num_layers * (4 * params + act)
     own = case.layers_per_rank * (4 * params / case.tp + case.microbatches * act / case.tp)
-    return FP32_BYTES * (ref + own)
+    batch = 2 * case.dp * case.microbatches * block.tokens * m.hidden_size  # global input and target
+    return FP32_BYTES * (ref + own + batch)
 
 
 def plan_time_of_case(case, compute) -> float:  # noqa: ANN001
@@ -142,6 +146,11 @@ def fit_plan_case(case, nproc: int, compute, budget_s: float,  # noqa: ANN001
                 raise InputError(f"a {m.num_layers}-layer {m.name} stack needs {need / 2**30:.1f} GiB per rank even "
                                  f"at seq_len={m.seq_len}, micro_batch=1 ({limit / 2**30:.1f} GiB available per "
                                  "rank); give smaller --hidden/--ffn or fewer --layers-per-chunk")
+            predicted = plan_time_of_case(case, compute)
+            if predicted > MAX_OVER_BUDGET * budget_s:
+                raise InputError(f"a {m.num_layers}-layer {m.name} stack with microbatches={case.microbatches} "
+                                 f"would run ~{predicted:.0f} s per rank even at seq_len={m.seq_len}, micro_batch=1 "
+                                 f"(--budget={budget_s:g}); give fewer --microbatches or --layers-per-chunk")
             break
     if case == original:
         return case
