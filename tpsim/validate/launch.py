@@ -214,6 +214,20 @@ def _collect(returncode: int | None, run_dir: Path, log_path: Path, multi_node: 
     if err is not None:
         where = f"rank {err['rank']}" if err["rank"] != "launcher" else "launcher"
         raise RankFailure(f"{where} failed: {err['type']}: {err['message']} (logs: {run_dir})")
-    tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
+    line = _last_exception(log_path)
     raise RankFailure(f"the launcher exited with status {returncode} and no rank reported an error"
-                      f"{': ' + tail[0] if tail else ''} (logs: {run_dir})")
+                      f"{': ' + line if line else ''} (logs: {run_dir})")
+
+
+_EXCEPTION_LINE = re.compile(r"^\s*(\[rank\d+\]:\s*)?([A-Za-z_.]*(Error|Exception|Interrupt)): ")
+
+
+def _last_exception(log_path: Path) -> str:
+    """The last ``SomeError: message`` line of the launcher's log that is not the launcher's own
+    ``ChildFailedError`` (a rank that died before it could write its error file: an import error, a crash),
+    else the log's last line."""
+    if not log_path.exists():
+        return ""
+    lines = log_path.read_text(errors="replace").strip().splitlines()
+    found = [ln.strip() for ln in lines if _EXCEPTION_LINE.match(ln) and "ChildFailedError" not in ln]
+    return (found or lines[-1:] or [""])[-1][:300]

@@ -79,6 +79,10 @@ class RankRuntime:
     sp_norm_params: list = field(default_factory=list)
     """replicated norm weights under SP: their gradients are partial sums over the TP group until
     materialized (one all-reduce per step, DTensor's rule)."""
+    params: list = field(default_factory=list)
+    """(reference name, parameter) of every chunk, taken when the chunks were wrapped: DDP's TP composition
+    swaps the parameters for DTensors during each forward and back, and leaves ``named_parameters()`` empty
+    afterwards, so the list is kept rather than asked for again."""
 
     @property
     def first(self) -> bool:
@@ -90,11 +94,7 @@ class RankRuntime:
 
     def parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(reference name, parameter) of every chunk: ``layers.<i>.<...>`` without the wrappers' prefixes."""
-        out = []
-        for chunk in self.chunks:
-            for name, p in chunk.named_parameters():
-                out.append((name.removeprefix("module."), p))
-        return out
+        return list(self.params)
 
 
 def axis_coords(case: PlanCase, rank: int) -> dict[str, int]:
@@ -124,9 +124,10 @@ def build_runtime(case: PlanCase, mesh: DeviceMesh, rank: int, loss_fn: Callable
         if case.sp:  # the wrappers may replace the parameter objects: take them afterwards
             sp_norms += [p for n, p in wrapped.named_parameters() if "norm" in n]
         chunks.append(wrapped)
-    optimizer = _optimizer(case, chunks, mesh)
+    params = [(name.removeprefix("module."), p) for c in chunks for name, p in c.named_parameters()]
+    optimizer = _optimizer(case, [p for _, p in params], mesh)
     rt = RankRuntime(case=case, mesh=mesh, coords=coords, chunks=chunks, stage_ids=stage_ids, optimizer=optimizer,
-                     sp_norm_params=sp_norms)
+                     sp_norm_params=sp_norms, params=params)
     if case.pp > 1:
         _pipeline(rt, loss_fn, device)
     return rt
@@ -159,8 +160,7 @@ def _no_buffer_sync(ddp_class: type) -> dict[str, bool]:
     return {name: False}
 
 
-def _optimizer(case: PlanCase, chunks: list[nn.Module], mesh: DeviceMesh) -> Any:
-    params = [p for c in chunks for p in c.parameters()]
+def _optimizer(case: PlanCase, params: list[nn.Parameter], mesh: DeviceMesh) -> Any:
     if case.dp > 1 and case.zero == 1:
         from .zero1 import ShardedAdam
         return ShardedAdam(params, sub_mesh(mesh, "dp").get_group(), lr=ADAM_LR, eps=ADAM_EPS)
