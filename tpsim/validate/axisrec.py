@@ -71,15 +71,36 @@ def _group_name(namespace: str, args: tuple, kwargs: dict) -> str | None:
 
 
 def axis_of_groups(mesh: Any) -> dict[str, str]:
-    """Process-group name -> mesh axis; where two axes share a group (an axis spanning every rank and one of
-    size 1 never do, but two axes of the world would), the larger axis wins."""
+    """Process-group name -> mesh axis; where two axes share a group (two axes each spanning the world), the
+    larger axis wins."""
     out: dict[str, tuple[int, str]] = {}
     for axis in mesh.mesh_dim_names:
-        name = mesh.get_group(axis).group_name
         size = mesh[axis].size()
-        if name not in out or size > out[name][0]:
-            out[name] = (size, axis)
+        for group in (mesh.get_group(axis), mesh[axis].get_group()):
+            name = group.group_name
+            if name not in out or size > out[name][0]:
+                out[name] = (size, axis)
     return {name: axis for name, (_size, axis) in out.items()}
+
+
+def axis_of_ranks(mesh: Any) -> dict[tuple[int, ...], str]:
+    """This rank's group along each axis, as a rank tuple -> axis (for groups torch created elsewhere over the
+    same ranks: a DeviceMesh may reuse an earlier mesh's group)."""
+    out: dict[tuple[int, ...], tuple[int, str]] = {}
+    for axis in mesh.mesh_dim_names:
+        ranks = tuple(dist.get_process_group_ranks(mesh.get_group(axis)))
+        size = len(ranks)
+        if ranks not in out or size > out[ranks][0]:
+            out[ranks] = (size, axis)
+    return {ranks: axis for ranks, (_size, axis) in out.items()}
+
+
+def _ranks_of(group_name: str) -> tuple[int, ...] | None:
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+        return tuple(dist.get_process_group_ranks(_resolve_process_group(group_name)))
+    except (RuntimeError, ValueError, KeyError, ImportError):
+        return None
 
 
 class AxisRecorder(TorchDispatchMode):
@@ -91,9 +112,11 @@ class AxisRecorder(TorchDispatchMode):
     """
 
     def __init__(self, groups: dict[str, str], timed: bool = False,
-                 clock: Callable[[], tuple[float, float]] | None = None) -> None:
+                 clock: Callable[[], tuple[float, float]] | None = None,
+                 by_ranks: dict[tuple[int, ...], str] | None = None) -> None:
         super().__init__()
-        self.groups = groups
+        self.groups = dict(groups)
+        self.by_ranks = by_ranks or {}
         self.timed = timed
         self.clock = clock or (lambda: (time.perf_counter(), 0.0))
         self.phase = "other"
@@ -105,7 +128,7 @@ class AxisRecorder(TorchDispatchMode):
         if ns not in ("c10d", "_c10d_functional") or func._opname not in OPS:
             return func(*args, **kwargs)
         op = OPS[func._opname]
-        axis = self.groups.get(_group_name(ns, args, kwargs) or "", "?")
+        axis = self._axis(_group_name(ns, args, kwargs) or "")
         t0 = self.clock()
         out = func(*args, **kwargs)
         if self.timed and op not in P2P:
@@ -114,6 +137,13 @@ class AxisRecorder(TorchDispatchMode):
         seconds = max((t1[0] - t0[0]) - (t1[1] - t0[1]), 0.0)
         self.calls.append((axis, self.phase, op, call_bytes(ns, func._opname, args), seconds))
         return out
+
+    def _axis(self, name: str) -> str:
+        """The mesh axis of a process group, by name, else by its ranks (remembered)."""
+        if name not in self.groups:
+            ranks = _ranks_of(name) if name else None
+            self.groups[name] = self.by_ranks.get(ranks, "?") if ranks is not None else "?"
+        return self.groups[name]
 
     def totals(self) -> dict[str, dict[str, dict[str, float]]]:
         """{axis: {op: {"n", "bytes", "time_s"}}} over everything recorded."""

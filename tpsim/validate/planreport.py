@@ -46,7 +46,11 @@ def combined_loss(case: PlanCase, ranks: list[dict[str, Any]]) -> float | None:
 
 
 def _measured(ranks: list[dict[str, Any]], case: PlanCase) -> tuple[dict[str, float], dict[str, float]]:
-    """Measured phases (without preemption) and the step's wall clock, slowest rank per iteration."""
+    """Measured phases (without preemption) and the step's wall clock; per iteration the slowest rank's, then
+    the median. The step is the slowest rank's wall time less the most run-queue time any rank had in it (a
+    preempted rank holds up the others through the pipeline and the collectives: the block validation's rule,
+    :func:`tpsim.validate.report.phase_times`); ``step:other`` is what is left of it after the busiest rank's
+    forward, backward and optimizer."""
     n = len(ranks[0]["samples"])
     per_layer = case.microbatches * case.layers_per_rank
 
@@ -56,12 +60,14 @@ def _measured(ranks: list[dict[str, Any]], case: PlanCase) -> tuple[dict[str, fl
     out: dict[str, list[float]] = {k: [] for k in ("fwd", "bwd", "fwd+bwd", "step", "step:optimizer", "step:other")}
     wall = []
     for i in range(n):
+        busy = max(r["samples"][i]["fwd"] + r["samples"][i]["bwd"] + r["samples"][i]["opt"] for r in ranks)
+        step = max(slowest("step_wall", i) - slowest("delay", i), 0.0)
         out["fwd"].append(slowest("fwd", i) / per_layer)
         out["bwd"].append(slowest("bwd", i) / per_layer)
         out["fwd+bwd"].append(max(r["samples"][i]["fwd"] + r["samples"][i]["bwd"] for r in ranks) / per_layer)
-        out["step"].append(slowest("step", i))
+        out["step"].append(step)
         out["step:optimizer"].append(slowest("opt", i))
-        out["step:other"].append(slowest("other", i))
+        out["step:other"].append(max(step - busy, 0.0))
         wall.append(slowest("step_wall", i))
     return {k: statistics.median(v) for k, v in out.items()}, {"step": statistics.median(wall)}
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from .axisrec import AxisRecorder, axis_of_groups
+from .axisrec import AxisRecorder, axis_of_groups, axis_of_ranks
 from .measure import MAGNITUDE_FLOOR, NUMERICS_RTOL, Clock, sync
 from .plancase import PlanCase
 from .stack import ADAM_EPS, ADAM_LR, RankRuntime, build_chunk, build_runtime, finalize_grads, linear_loss
@@ -201,7 +201,7 @@ def check_plan(case: PlanCase, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
         errors[f"step:{name}"] = _rel(delta, ref["delta"][name], 1e-6) * NUMERICS_RTOL / STEP_RTOL
     run_step(rt, xs, ts, Timers(Clock()))  # DDP rebuilds its buckets (two broadcasts) in this step
     # third step: the communication of a steady-state step
-    recorder = AxisRecorder(axis_of_groups(mesh))
+    recorder = AxisRecorder(axis_of_groups(mesh), by_ranks=axis_of_ranks(mesh))
     timers = Timers(Clock(), recorder)
     with recorder:
         run_step(rt, xs, ts, timers)
@@ -235,9 +235,9 @@ def time_plan(case: PlanCase, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
             samples.append({"step": clean, "step_wall": wall, "delay": wall - clean, **t,
                             "other": max(clean - t["fwd"] - t["bwd"] - t["opt"], 0.0)})
     calls = []
-    groups = axis_of_groups(mesh)
+    groups, by_ranks = axis_of_groups(mesh), axis_of_ranks(mesh)
     for _ in range(case.reps):
-        recorder = AxisRecorder(groups, timed=True, clock=clock.now)
+        recorder = AxisRecorder(groups, timed=True, clock=clock.now, by_ranks=by_ranks)
         timers_ref[0] = Timers(clock, recorder, device)
         dist.barrier()
         with recorder:
