@@ -90,6 +90,7 @@ def test_torch_rules_measured_on_torch_2_13():
     sp = expected_comm(case(tp=2, sp=True, dp=2, zero=3), {"tp": 1, "dp": 0, "pp": 0})["tp"]
     assert sp["all_gather"]["n"] == 16 and sp["all_reduce"] == {"n": 8, "bytes": 8 * 128 * 4}
     assert expected_comm(case(tp=2, sp=True, dp=2, zero=1), C0)["tp"]["all_reduce"]["n"] == 4
+    assert expected_comm(case(tp=2, sp=True, dp=2, zero=0), C0)["tp"]["all_reduce"]["n"] == 8  # DDP: each backward
     no_sp_pp = expected_comm(case(tp=2, pp=2), C0)
     assert no_sp_pp["tp"] == {"all_reduce": {"n": 14, "bytes": 14 * 2 * 32 * 128 * 4}}
     assert no_sp_pp["pp"]["send"]["bytes"] == 2 * 2 * 32 * 128 * 4  # the whole activation from each TP rank
@@ -181,3 +182,18 @@ def test_validate_top_picks_and_agreement():
     agree = agreement(rows)
     assert agree["predicted_best"] == "a" and agree["measured_best"] == "b"
     assert agree["best_gap_pct"] == pytest.approx(8.0) and agree["best_ok"]
+
+
+def test_validate_top_refuses_more_ranks_than_cores():
+    import os
+    import subprocess
+    import sys
+
+    gpus = 2 * (os.cpu_count() or 1)
+    proc = subprocess.run([sys.executable, "-m", "tpsim.cli", "plan", "--model", "gpt3-1.3b", "--hidden", "256",
+                           "--heads", "4", "--seq-len", "64", "--cluster", "local-cpu", "--gpus", str(gpus),
+                           "--global-batch", str(4 * gpus), "--dtype", "fp32", "--top", "2", "--no-cache",
+                           "--no-progress", "--validate-top", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"gpus={gpus} ranks on {os.cpu_count()} CPU cores cannot be timed" in lines[0]

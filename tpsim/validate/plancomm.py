@@ -73,7 +73,9 @@ def rank_param_numel(case: PlanCase) -> int:
 
 def _tp(case: PlanCase, out: Comm, reductions: int) -> None:
     """TP collectives of the rank's layers (DTensor's rules, ``tp_plan.layer_collectives(flavor="dtensor")``)
-    per micro-batch, and the all-reduce of each partial norm-weight gradient per gradient reduction."""
+    per micro-batch, and the all-reduce of each partial norm-weight gradient under SP: per gradient reduction
+    (once per step; FSDP2 per reduce-scatter), per micro-batch under DDP (its TP composition re-wraps the local
+    parameters with ``DTensor.from_local`` in every forward, whose backward sums the partial gradient)."""
     if case.tp == 1:
         return
     act = case.tokens * case.model.hidden_size * FP32_BYTES
@@ -81,6 +83,8 @@ def _tp(case: PlanCase, out: Comm, reductions: int) -> None:
     for c in layer_collectives(case.model, case.tp, case.sp, flavor="dtensor", fused=case.fused):
         _add(out, "tp", c.op, per_layer, per_layer * (act if c.activation else c.numel * FP32_BYTES))
     partial = partial_grad_params(case.model, case.tp, case.sp, case.fused)
+    if case.runtime == "ddp":  # DTensor.from_local's backward sums them in every micro-batch's backward
+        reductions = case.microbatches
     n = len(partial) * case.layers_per_rank * reductions
     _add(out, "tp", "all_reduce", n, sum(p.numel for p in partial) * FP32_BYTES * case.layers_per_rank * reductions)
 

@@ -127,12 +127,16 @@ def _rank_phases(case: PlanCase, coords: dict[str, int], f: float, b: float, cur
         hidden = ar - ddp_x
     elif runtime == "zero1":
         step_dp = times.get("comm:dp:reduce_scatter", 0.0) + times.get("comm:dp:all_gather", 0.0)
-    # under SP the only TP all-reduces are the partial norm-weight gradients, summed before the optimizer
-    # (FSDP2 sums them before each of its reduce-scatters, inside the backward)
-    finalize = times.get("comm:tp:all_reduce", 0.0) if case.sp and runtime not in ("fsdp2", "fsdp2-no-reshard") \
-        else 0.0
+    # under SP the only TP all-reduces are the partial norm-weight gradients: summed inside each backward (DDP;
+    # FSDP2 before its per-micro-batch reduce-scatters), at the step's end (FSDP2 under pipelining), or before
+    # the optimizer (the rest)
+    partial = times.get("comm:tp:all_reduce", 0.0) if case.sp else 0.0
+    fsdp = runtime in ("fsdp2", "fsdp2-no-reshard")
+    in_bwd = runtime == "ddp" or (fsdp and case.pp == 1)
+    finalize = partial if not (in_bwd or fsdp) else 0.0
+    end_dp += partial if fsdp and case.pp > 1 else 0.0
     fwd = m * layers * (f + fwd_x)
-    bwd = m * layers * (b + bwd_x) + ddp_x + penalty * hidden
+    bwd = m * layers * (b + bwd_x) + ddp_x + penalty * hidden + (partial if in_bwd else 0.0)
     t_stage = layers * (f + b + fwd_x + bwd_x)
     bubble = (case.pp - 1) / v * t_stage
     p2p_one = curves.time("pp", "send", _p2p_bytes(case)) if case.pp > 1 else 0.0

@@ -139,10 +139,11 @@ def _full(t: torch.Tensor, p: torch.nn.Parameter | None = None) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
     if isinstance(t, DTensor):
         return t.full_tensor()
-    info = getattr(p, "_st_info", None)
-    if info is not None:
-        mesh, placements = info
-        return DTensor.from_local(t, mesh, placements, run_check=False).full_tensor()
+    spec = getattr(p, "_st_info", None)  # a DTensorSpec: mesh, placements, global shape
+    if spec is not None:
+        meta = getattr(spec, "tensor_meta", None)
+        shape = dict(shape=meta.shape, stride=meta.stride) if meta is not None else {}
+        return DTensor.from_local(t.contiguous(), spec.mesh, spec.placements, run_check=False, **shape).full_tensor()
     return t
 
 

@@ -291,6 +291,7 @@ def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,
     The work folder (job, launcher log, every rank's errors) is removed after a successful run and kept after
     a failed one: :class:`RankFailure` names it."""
     summaries: list[dict[str, Any]] = []
+    cases = list({c.name: c for c in cases}.values())  # a case listed twice runs once (results are by name)
     work = Path(tempfile.mkdtemp(prefix=f"tpsim-validate-{_slug(name)}-"))
     probes: dict = {}
     try:

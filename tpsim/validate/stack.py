@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -201,15 +200,11 @@ def _settle_ddp_buckets(rt: RankRuntime, device: torch.device) -> None:
 def finalize_grads(rt: RankRuntime) -> None:
     """Sum the partial gradients of the replicated norm weights under SP over the TP group, once per step
     (DTensor materializes them with one all-reduce each; Megatron's ``finalize_model_grads`` does the same).
-    FSDP2 does it itself before each reduce-scatter."""
-    if not rt.sp_norm_params or rt.case.runtime in ("fsdp2", "fsdp2-no-reshard"):
+    FSDP2 does it itself before each reduce-scatter; under DDP's TP composition the parameters are local
+    tensors re-wrapped by ``DTensor.from_local`` in every forward, whose backward already sums them."""
+    if not rt.sp_norm_params or rt.case.runtime in ("fsdp2", "fsdp2-no-reshard", "ddp"):
         return
     from torch.distributed.tensor import DTensor, Replicate
-    tp_group = sub_mesh(rt.mesh, "tp").get_group()
     for p in rt.sp_norm_params:
-        if p.grad is None:
-            continue
         if isinstance(p.grad, DTensor):
             p.grad = p.grad.redistribute(placements=[Replicate()])
-        else:  # DDP took local tensors: the partial sum is a plain tensor
-            dist.all_reduce(p.grad, group=tp_group)
