@@ -197,3 +197,15 @@ def test_validate_top_refuses_more_ranks_than_cores():
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"gpus={gpus} ranks on {os.cpu_count()} CPU cores cannot be timed" in lines[0]
+
+
+def test_plan_matrix_covers_every_axis():
+    from tpsim.validate.matrix import plan_matrix_cases
+
+    for base in (PRESETS["gpt3-1.3b"], PRESETS["llama3-8b"]):
+        cases = plan_matrix_cases(base)
+        kinds = {(c.tp, c.pp, c.vpp, c.dp, c.zero, c.sp) for c in cases}
+        assert {(1, 2, 1, 1, 0, False), (1, 2, 2, 1, 0, False), (2, 1, 1, 2, 3, True), (2, 2, 1, 1, 0, True)} <= kinds
+        assert {c.zero for c in cases if c.dp == 2 and c.tp == 1} == {0, 1, 2, 3}
+        assert {c.world for c in cases} == {2, 4} and all(c.model.hidden_size == 1024 for c in cases)
+        assert all(c.microbatches == 2 * c.pp for c in cases if c.pp > 1)

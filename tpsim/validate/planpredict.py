@@ -103,46 +103,61 @@ def _coords(case: PlanCase, rank: int) -> dict[str, int]:
     return coords
 
 
+@dataclass(frozen=True)
+class _DP:
+    """Where the data-parallel (and SP partial-sum) communication of one step lands, seconds."""
+
+    fwd_x: float = 0.0
+    """exposed per layer and micro-batch in the forward (FSDP2 gathers)."""
+    bwd_x: float = 0.0
+    """exposed per layer and micro-batch in the backward (FSDP2 gathers and reduce-scatters)."""
+    bwd_step: float = 0.0
+    """exposed once per step in the backward (DDP's buckets, DDP/FSDP2's SP partial sums)."""
+    hidden: float = 0.0
+    """hidden per step: costs ``overlap_compute_penalty`` of itself."""
+    in_optimizer: float = 0.0
+    """inside the optimizer step (tpsim's ZeRO-1, the SP partial sums of the other runtimes)."""
+    at_end: float = 0.0
+    """after the last backward, outside the chunks (FSDP2's reduction under pipelining)."""
+
+
+def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float, curves: _Curves) -> _DP:
+    m, layers, runtime = case.microbatches, case.layers_per_rank, case.runtime
+    fsdp = runtime in ("fsdp2", "fsdp2-no-reshard")
+    # under SP the only TP all-reduces are the partial norm-weight gradients (plancomm._tp)
+    partial = times.get("comm:tp:all_reduce", 0.0) if case.sp else 0.0
+    if fsdp:
+        ag, rs = (curves.time("dp", op, fsdp_unit_bytes(case)) for op in ("all_gather", "reduce_scatter"))
+        gathers = comm["dp"]["all_gather"]["n"] / (m * layers)  # per layer and micro-batch
+        fwd_ag, bwd_ag = min(gathers, 1.0) * ag, max(gathers - 1.0, 0.0) * ag
+        per_mb_rs = rs if case.pp == 1 else 0.0  # under pipelining one reduce-scatter per block at the end
+        fwd_x, bwd_x = max(fwd_ag - f, 0.0), max(bwd_ag + per_mb_rs - b, 0.0)
+        hidden = m * layers * (fwd_ag + bwd_ag + per_mb_rs - fwd_x - bwd_x)
+        if case.pp == 1:
+            return _DP(fwd_x=fwd_x, bwd_x=bwd_x, bwd_step=partial, hidden=hidden)
+        return _DP(fwd_x=fwd_x, bwd_x=bwd_x, hidden=hidden, at_end=layers * rs + partial)
+    if runtime == "ddp":
+        ar = sum(curves.time("dp", "all_reduce", x) for x in ddp_buckets(case)) * case.vpp
+        exposed = max(ar - layers * b, 0.0)  # buckets hide behind the last micro-batch's backward
+        return _DP(bwd_step=exposed + partial, hidden=ar - exposed)
+    zero1 = times.get("comm:dp:reduce_scatter", 0.0) + times.get("comm:dp:all_gather", 0.0) \
+        if runtime == "zero1" else 0.0
+    return _DP(in_optimizer=zero1 + partial)
+
+
 def _rank_phases(case: PlanCase, coords: dict[str, int], f: float, b: float, curves: _Curves, optimizer_s: float,
                  other_overhead: float, penalty: float) -> dict[str, float]:
     m, layers, v = case.microbatches, case.layers_per_rank, case.vpp
     comm = expected_comm(case, coords)
     times = comm_times(comm, curves)
-    t = lambda op: curves.time("dp", op, fsdp_unit_bytes(case))  # noqa: E731 - one FSDP unit
-    fwd_x = bwd_x = hidden = 0.0  # exposed DP per layer and micro-batch; hidden DP per step
-    ddp_x = step_dp = end_dp = 0.0  # DDP after the backward; DP inside the optimizer; after the last backward
-    runtime = case.runtime
-    if runtime in ("fsdp2", "fsdp2-no-reshard"):
-        ag, rs = t("all_gather"), t("reduce_scatter")
-        gathers = comm["dp"]["all_gather"]["n"] / (m * layers)  # per layer and micro-batch
-        fwd_ag, bwd_ag = min(gathers, 1.0) * ag, max(gathers - 1.0, 0.0) * ag
-        per_mb_rs = rs if case.pp == 1 else 0.0
-        fwd_x, bwd_x = max(fwd_ag - f, 0.0), max(bwd_ag + per_mb_rs - b, 0.0)
-        hidden = m * layers * (fwd_ag + bwd_ag + per_mb_rs - fwd_x - bwd_x)
-        if case.pp > 1:  # one reduce-scatter per block at the step's end (REDUCE_GRAD), nothing to hide behind
-            end_dp = layers * rs
-    elif runtime == "ddp":
-        ar = sum(curves.time("dp", "all_reduce", x) for x in ddp_buckets(case)) * case.vpp
-        ddp_x = max(ar - layers * b, 0.0)  # buckets hide behind the last micro-batch's backward
-        hidden = ar - ddp_x
-    elif runtime == "zero1":
-        step_dp = times.get("comm:dp:reduce_scatter", 0.0) + times.get("comm:dp:all_gather", 0.0)
-    # under SP the only TP all-reduces are the partial norm-weight gradients: summed inside each backward (DDP;
-    # FSDP2 before its per-micro-batch reduce-scatters), at the step's end (FSDP2 under pipelining), or before
-    # the optimizer (the rest)
-    partial = times.get("comm:tp:all_reduce", 0.0) if case.sp else 0.0
-    fsdp = runtime in ("fsdp2", "fsdp2-no-reshard")
-    in_bwd = runtime == "ddp" or (fsdp and case.pp == 1)
-    finalize = partial if not (in_bwd or fsdp) else 0.0
-    end_dp += partial if fsdp and case.pp > 1 else 0.0
-    fwd = m * layers * (f + fwd_x)
-    bwd = m * layers * (b + bwd_x) + ddp_x + penalty * hidden + (partial if in_bwd else 0.0)
-    t_stage = layers * (f + b + fwd_x + bwd_x)
+    dp = _dp(case, comm, times, f, b, curves)
+    fwd = m * layers * (f + dp.fwd_x)
+    bwd = m * layers * (b + dp.bwd_x) + dp.bwd_step + penalty * dp.hidden
+    t_stage = layers * (f + b + dp.fwd_x + dp.bwd_x)
     bubble = (case.pp - 1) / v * t_stage
-    p2p_one = curves.time("pp", "send", _p2p_bytes(case)) if case.pp > 1 else 0.0
-    p2p = 2.0 * (m * v + case.pp - 1) * p2p_one if case.pp > 1 else 0.0
-    opt = optimizer_s + step_dp + finalize
-    other = bubble + p2p + end_dp + other_overhead
+    p2p = 2.0 * (m * v + case.pp - 1) * curves.time("pp", "send", _p2p_bytes(case)) if case.pp > 1 else 0.0
+    opt = optimizer_s + dp.in_optimizer
+    other = bubble + p2p + dp.at_end + other_overhead
     step = fwd + bwd + opt + other
     return {"fwd": fwd, "bwd": bwd, "optimizer": opt, "other": other, "step": step,
             "layer": (fwd + bwd) / (m * layers), **times}
