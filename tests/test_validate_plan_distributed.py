@@ -95,3 +95,22 @@ def test_cli_whole_plan_with_a_calibration_file(tmp_path):
     assert phase["step"]["predicted_s"] > phase["fwd+bwd"]["predicted_s"] > 0
     assert s["calibration_inputs"]["gemm_s"] > 0 and s["calibration_inputs"]["stack"] == "torchtitan"
     assert (tmp_path / "p.csv").read_text().startswith("case,kind,model")
+
+
+@pytest.mark.timeout(150)
+def test_four_rank_meshes_tp_x_dp_and_pp_x_tp():
+    """The 4-rank meshes of the matrix (on 2 cores: numerics and communication only): tp x dp with FSDP2 and with
+    DDP under SP (DDP's TP composition), pp x tp with SP."""
+    kw = dict(micro_batch=2, reps=1, warmup=0, timed=False)
+    cases = [PlanCase(model=LLAMA, tp=2, sp=True, dp=2, zero=3, microbatches=2, **kw),
+             PlanCase(model=GPT, tp=2, sp=True, dp=2, zero=0, microbatches=2, **kw),
+             PlanCase(model=with_overrides(LLAMA, layers=4), tp=2, sp=True, pp=2, microbatches=2, **kw)]
+    result = launch(cases, LaunchConfig(nproc=4, timeout_s=60, run_timeout_s=140))
+    per_case: dict[str, list[dict]] = {}
+    for rank_results in result["ranks"]:
+        for r in rank_results:
+            per_case.setdefault(r["case"], []).append(r)
+    for case in cases:
+        s = summarize_plan(case, per_case[case.name], None)
+        assert s["numerics_ok"] and s["collectives_match"], (case.name, s["numerics_max_rel_err"], s["comm_mismatches"])
+        assert set(s["comm"]["measured"]) == ({"tp", "dp"} if case.dp > 1 else {"tp", "pp"})
