@@ -293,9 +293,9 @@ def _plan_lines(s: dict) -> list[str]:
              f"schedule {c['schedule']}, {c['layers']} layers, {c['microbatches']} micro-batches of {c['micro_batch']}"
              f"; loss {_g(s['loss']['measured'])} vs unsharded {_g(s['loss']['reference'])}"]
     comm = s["comm"]["measured"]
-    lines.append("  communication per step (rank {}): ".format(s["comm"]["rank"]) + "; ".join(
+    lines.append("  communication per step (rank {}): ".format(s["comm"]["rank"]) + ("; ".join(
         f"{axis} {op} x{d['n']} ({d['bytes'] / 2**20:.2f} MiB)" for axis, ops in sorted(comm.items())
-        for op, d in sorted(ops.items())))
+        for op, d in sorted(ops.items())) or "none"))
     for diff in s.get("stack_differences", []):
         lines.append(f"  stack difference: {diff}")
     if s.get("timing") != "measured":
