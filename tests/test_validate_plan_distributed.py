@@ -35,9 +35,9 @@ def _cases() -> list[PlanCase]:
 
 
 @pytest.fixture(scope="module")
-def plan_runs():
+def plan_runs(tmp_path_factory):
     cases = _cases()
-    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=110))
+    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=110), tmp_path_factory.mktemp("run"))
     per_case: dict[str, list[dict]] = {}
     for rank_results in result["ranks"]:
         for r in rank_results:
@@ -98,14 +98,14 @@ def test_cli_whole_plan_with_a_calibration_file(tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_four_rank_meshes_tp_x_dp_and_pp_x_tp():
+def test_four_rank_meshes_tp_x_dp_and_pp_x_tp(tmp_path):
     """The 4-rank meshes of the matrix (on 2 cores: numerics and communication only): tp x dp with FSDP2 and with
     DDP under SP (DDP's TP composition), pp x tp with SP."""
     kw = dict(micro_batch=2, reps=1, warmup=0, timed=False)
     cases = [PlanCase(model=LLAMA, tp=2, sp=True, dp=2, zero=3, microbatches=2, **kw),
              PlanCase(model=GPT, tp=2, sp=True, dp=2, zero=0, microbatches=2, **kw),
              PlanCase(model=with_overrides(LLAMA, layers=4), tp=2, sp=True, pp=2, microbatches=2, **kw)]
-    result = launch(cases, LaunchConfig(nproc=4, timeout_s=60, run_timeout_s=140))
+    result = launch(cases, LaunchConfig(nproc=4, timeout_s=60, run_timeout_s=140), tmp_path)
     per_case: dict[str, list[dict]] = {}
     for rank_results in result["ranks"]:
         for r in rank_results:
