@@ -164,10 +164,26 @@ class Cluster:
 
     def link(self, u: str, v: str) -> dict[str, Any]:
         """Attributes of the directed edge u -> v (same keys as the graph's edges)."""
-        try:
-            return self.edge_table[(u, v)].as_dict()
-        except KeyError:
-            raise InputError(f"{self.name}: no link {u} -> {v}") from None
+        return self.link_attrs(u, v).as_dict()
+
+    def link_attrs(self, u: str, v: str) -> EdgeAttrs:
+        """Attributes of the directed edge u -> v, found from the device names and the structure (no edge
+        table, any cluster size); InputError when there is no such edge."""
+        found = None
+        nu, _, lu = u.partition("/") if u.startswith("n") and "/" in u else ("", "", u)
+        nv, _, lv = v.partition("/") if v.startswith("n") and "/" in v else ("", "", v)
+        if nu and nu == nv and _node_index(nu, self.num_nodes) is not None:
+            found = self.layout.edges.get((lu, lv))
+        if found is None and isinstance(self.fabric, Torus) and nu and nv:
+            if _node_index(nu, self.num_nodes) is not None and _node_index(nv, self.num_nodes) is not None:
+                found = self.fabric.link(u, v)
+        elif found is None and isinstance(self.fabric, FatTree):
+            if all(x.startswith(("leaf", "spine", "core")) or _node_index(x.partition("/")[0], self.num_nodes)
+                   is not None for x in (u, v)):
+                found = self.fabric.switch_link(u, v)
+        if found is None:
+            raise InputError(f"{self.name}: no link {u} -> {v}")
+        return found
 
     @cached_property
     def graph(self):
@@ -209,6 +225,15 @@ class Cluster:
         """Full check on the graph: every GPU reaches every other one and every route uses existing links."""
         from .analysis import check_cluster
         check_cluster(self)
+
+
+def _node_index(prefix: str, num_nodes: int) -> int | None:
+    """``"n12"`` -> 12 when it names a node of the cluster, else None."""
+    digits = prefix[1:]
+    if not prefix.startswith("n") or not digits.isdigit():
+        return None
+    node = int(digits)
+    return node if node < num_nodes else None
 
 
 def _prefix(route: Route, node: int) -> Route:

@@ -20,14 +20,32 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
+
+import numpy as np
 
 from ..errors import InputError
 from .node import EdgeAttrs, NodeLayout, Route, link_attrs
 from .spec import CalibrationSpec, FabricSpec
 
 SwitchRoute = tuple[tuple[float, tuple[str, ...]], ...]
+
+
+@dataclass(frozen=True)
+class BlockLevel:
+    """One switch level of a fat tree seen from below: traffic leaving a block of ``size`` consecutive leaves
+    climbs to this level, spread over the block's uplinks (ECMP by lanes)."""
+
+    name: str
+    size: int
+    """leaves per block (1: the leaf itself)."""
+    uplinks: tuple[tuple[float, int], ...]
+    """per uplink of one block: (share of the traffic leaving the block, lanes of the link)."""
+
+    def block(self, leaf: np.ndarray) -> np.ndarray:
+        return leaf // self.size
 
 
 def spread(ports: int, switches: int) -> list[int]:
@@ -80,6 +98,55 @@ class FatTree:
 
     def nic_id(self, node: int, rail: int) -> str:
         return f"n{node}/{self.nic_group}{rail}"
+
+    def block_levels(self) -> tuple[BlockLevel, ...]:
+        """The levels traffic between leaves climbs to, lowest first (see :class:`BlockLevel`); the routes of
+        :meth:`route` split traffic exactly in these shares."""
+        if self.spec.levels == 1:
+            return ()
+        if self.spec.levels == 2:
+            return (BlockLevel("leaf", 1, tuple((lanes / self.up, lanes) for lanes in self.leaf_lanes if lanes)),)
+        levels = [BlockLevel("leaf", 1, tuple((1.0 / self.up, 1) for _ in range(self.up)))]
+        if self._has_core():
+            half = self.spec.radix // 2
+            levels.append(BlockLevel("pod", self.pod_size, tuple(
+                (lanes / (self.up * half), lanes) for _ in range(self.up) for lanes in self.core_lanes if lanes)))
+        return tuple(levels)
+
+    def switch_link(self, u: str, v: str) -> EdgeAttrs | None:
+        """Attributes of the directed link u -> v when it is a NIC-leaf or switch-switch link of this fabric,
+        computed from the names (no edge table); None when there is no such link."""
+        lo, hi = (u, v) if _level(u) <= _level(v) else (v, u)
+        if "/" in lo:   # NIC - leaf
+            node, _, nic = lo[1:].partition("/")
+            if not (nic.startswith(self.nic_group) and hi.startswith("leaf")):
+                return None
+            rail, node_i = int(nic[len(self.nic_group):]), int(node)
+            ok = 0 <= node_i < self.num_nodes and 0 <= rail < self.rails and hi == f"leaf{self.leaf_of(node_i, rail)}"
+            return self.nic_attrs if ok else None
+        lanes = self._switch_lanes(lo, hi)
+        if not lanes:
+            return None
+        return link_attrs(self._switch_link[0], lanes, *self._switch_link[1:])
+
+    def _switch_lanes(self, lo: str, hi: str) -> int:
+        """Lanes of the switch link lo (lower level) - hi, 0 when absent."""
+        try:
+            if self.spec.levels == 2 and lo.startswith("leaf") and hi.startswith("spine"):
+                leaf, s = int(lo[4:]), int(hi[5:])
+                return self.leaf_lanes[s] if leaf < self.num_leaves and 0 <= s < self.spines else 0
+            if self.spec.levels == 3 and lo.startswith("leaf") and hi.startswith("spine"):
+                leaf = int(lo[4:])
+                p, j = map(int, hi[5:].split("."))
+                return 1 if leaf < self.num_leaves and p == leaf // self.pod_size and 0 <= j < self.up else 0
+            if self.spec.levels == 3 and lo.startswith("spine") and hi.startswith("core") and self._has_core():
+                p, j = map(int, lo[5:].split("."))
+                j2, c = map(int, hi[4:].split("."))
+                ok = 0 <= p < self.pods and j == j2 and 0 <= j < self.up and 0 <= c < self.cores_per_group
+                return self.core_lanes[c] if ok else 0
+        except ValueError:
+            return 0
+        return 0
 
     def _has_core(self) -> bool:
         return self.spec.levels == 3 and self.pods > 1
@@ -180,6 +247,52 @@ class Torus:
         self.hosts = tuple(d // s for d, s in zip(self.dims, self.shape))
         self.attrs = link_attrs(spec.link, 1, default_eff, calibration)
 
+    def coords(self, ranks: np.ndarray) -> np.ndarray:
+        """Array ``(len(ranks), 3)`` of chip coordinates (vectorized :meth:`coord`)."""
+        host, local = np.divmod(np.asarray(ranks, dtype=np.int64), self.gpus_per_node)
+        h0, h1 = self.hosts[0], self.hosts[1]
+        s = self.shape
+        hosts = np.stack([host % h0, host // h0 % h1, host // (h0 * h1)], axis=1)
+        locs = np.stack([local % s[0], local // s[0] % s[1], local // (s[0] * s[1])], axis=1)
+        return hosts * np.asarray(s) + locs
+
+    def rank_of(self, coords: np.ndarray) -> np.ndarray:
+        """Ranks of chip coordinates (inverse of :meth:`coords`)."""
+        s = np.asarray(self.shape)
+        h, loc = np.divmod(coords, s)
+        host = h[:, 0] + self.hosts[0] * (h[:, 1] + self.hosts[1] * h[:, 2])
+        local = loc[:, 0] + s[0] * (loc[:, 1] + s[1] * loc[:, 2])
+        return host * self.gpus_per_node + local
+
+    def moves(self, a: np.ndarray, b: np.ndarray, dim: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Vectorized :meth:`_moves`: (step, count, fraction) arrays of the two ways along ``dim``."""
+        n = self.dims[dim]
+        if not self.spec.wraparound or n <= 2:
+            return [(np.sign(b - a), np.abs(b - a), np.ones(len(a)))]
+        fwd, back = (b - a) % n, (a - b) % n
+        tie = np.where(fwd == back, 0.5, 0.0)
+        ones = np.ones(len(a), dtype=np.int64)
+        return [(ones, fwd, np.where(fwd < back, 1.0, tie)), (-ones, back, np.where(back < fwd, 1.0, tie))]
+
+    def neighbour_links(self, rank: int) -> int:
+        """Number of ICI links of the chip holding ``rank``."""
+        c = self.coord(rank)
+        seen = {self._neighbour(c, d, s) for d in range(3) for s in (1, -1)}
+        return len(seen - {None, c})
+
+    def link(self, u: str, v: str) -> EdgeAttrs | None:
+        """Attributes of the ICI link between chips ``u`` and ``v`` (graph ids), None if they are not
+        neighbours."""
+        ranks = []
+        for x in (u, v):
+            node, _, chip = x[1:].partition("/")
+            if not chip.startswith(self.gpu_group):
+                return None
+            ranks.append(int(node) * self.gpus_per_node + int(chip[len(self.gpu_group):]))
+        a, b = self.coord(ranks[0]), self.coord(ranks[1])
+        near = any(self._neighbour(a, d, s) == b for d in range(3) for s in (1, -1))
+        return self.attrs if near and a != b else None
+
     def coord(self, rank: int) -> tuple[int, int, int]:
         host, local = divmod(rank, self.gpus_per_node)
         h = (host % self.hosts[0], host // self.hosts[0] % self.hosts[1], host // (self.hosts[0] * self.hosts[1]))
@@ -232,6 +345,14 @@ class Torus:
         if back < fwd:
             return [(1.0, -1, back)]
         return [(0.5, 1, fwd), (0.5, -1, back)]
+
+
+def _level(device: str) -> int:
+    """0 for devices inside a node, then leaf 1, spine 2, core 3."""
+    for level, prefix in ((1, "leaf"), (2, "spine"), (3, "core")):
+        if device.startswith(prefix):
+            return level
+    return 0
 
 
 @lru_cache(maxsize=1 << 16)
