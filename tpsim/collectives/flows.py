@@ -105,7 +105,7 @@ def split_by_node(groups: np.ndarray, node: np.ndarray, local: np.ndarray) -> Se
     changes = (~same).sum(axis=1)
     blocks: list[np.ndarray] = []
     rest = np.flatnonzero(~ordered).tolist()
-    for j in np.unique(changes[ordered] + 1):
+    for j in np.unique(changes[ordered] + 1, return_index=True)[0]:   # (indices: numpy skips np.ma)
         rows = np.flatnonzero(ordered & (changes + 1 == j))
         j = int(j)
         if n % j == 0:

@@ -347,6 +347,9 @@ class CollectiveModel:
         order (data shrinks by the dimension's size after each phase), every ring run both ways with half the
         data. Link loads of all streams and phases together give the bandwidth term; latency = sum over the
         dimensions of steps x neighbour latency."""
+        torus = getattr(self.cluster, "fabric", None)
+        if not (hasattr(torus, "coord") and hasattr(torus, "dims")):
+            return []
         lines_per_group = [self._torus_lines_of(g) for g in groups]
         if not lines_per_group or any(x is None for x in lines_per_group):
             return []

@@ -63,6 +63,8 @@ class StructuralRouter(RouteQueries):
         if self.fat is not None:
             attrs += [self.fat.nic_attrs] * (2 * self.rails)
         self.local_capacity = np.array([self.rules.of(a)[0] for a in attrs], dtype=float)
+        self.local_latency = np.array([self.rules.of(a)[1] for a in attrs], dtype=float)
+        self.local_bw = np.array([a.bw_GBps for a in attrs], dtype=float)
         self.local_types = tuple(a.type for a in attrs)
         if not len(self.local_capacity) and self.torus is None:
             raise InputError(f"cluster {cluster.name}: the node template has no links")
@@ -82,8 +84,10 @@ class StructuralRouter(RouteQueries):
         self._entries: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._out_rail: dict[int, int] = {}
         self._fast: dict[int, FastLinks] = {}
-        rng = np.random.default_rng(20240905)
-        self._salt = rng.integers(1, 1 << 62, size=(2, self.num_keys), dtype=np.int64).astype(np.uint64)
+        self._route_cache: dict[tuple[int, int], RouteInfo] = {}
+        self._proxy_table = np.full(self.gpn * max(self.rails, 1), -1, dtype=np.int64)
+        self._salt = np.stack([_splitmix64(np.arange(self.num_keys, dtype=np.uint64) + np.uint64(seed))
+                               for seed in (0x5EED, 0xC0FFEE)])
         if self.fat is not None:
             self._switch_ratios()
         if self.torus is not None:
@@ -100,8 +104,48 @@ class StructuralRouter(RouteQueries):
 
     # ------------------------------------------------------------------------------------------ routes
     def route(self, src: int, dst: int) -> RouteInfo:
-        """Every edge of the route from ``src`` to ``dst`` (``Cluster.paths``, structural), with its
-        attributes resolved without the graph."""
+        """Every edge of the route from ``src`` to ``dst`` with the fraction of the flow it carries: the
+        template segments at both ends and the fabric's switch segment (their fractions each sum to 1, as
+        the full route's paths do), attributes resolved without the graph."""
+        key = (int(src), int(dst))
+        hit = self._route_cache.get(key)
+        if hit is None:
+            hit = self._route_cache[key] = self._route_uncached(*key)
+        return hit
+
+    def _route_uncached(self, src: int, dst: int) -> RouteInfo:
+        (na, la), (nb, lb) = divmod(src, self.gpn), divmod(dst, self.gpn)
+        if src == dst:
+            return RouteInfo((), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0))
+        if self.torus is not None:
+            return self._route_of_paths(src, dst)
+        if na == nb:
+            idx, frac = self._entries.get(la * self.gpn + lb) or self._entry(la * self.gpn + lb)
+            return self._local_route(idx, frac)
+        rail_b = int(self.gpu_rail[lb])
+        out = self._entries.get(self._key_out0 + la * self.rails + rail_b) or self._entry(
+            self._key_out0 + la * self.rails + rail_b)
+        inn = self._entries.get(self._key_in0 + lb) or self._entry(self._key_in0 + lb)
+        ends = self._local_route(np.concatenate([out[0], inn[0]]), np.concatenate([out[1], inn[1]]))
+        rail_a = int(self.gpu_rail[self._proxy(la, rail_b)])
+        edges: dict[tuple[str, str], float] = {}
+        for f, path in self.fat.route(na, rail_a, nb, rail_b):
+            for e in path[1:-1]:     # the NIC links are in the end segments
+                edges[e] = edges.get(e, 0.0) + f
+        attrs = [self.fat.switch_link(u, v) for u, v in edges]
+        caps_lats = [self.rules.of(a) for a in attrs]
+        return RouteInfo(ends.types + tuple(a.type for a in attrs),
+                         np.concatenate([ends.fraction, list(edges.values())]),
+                         np.concatenate([ends.latency_s, [lt for _, lt in caps_lats]]),
+                         np.concatenate([ends.capacity, [c for c, _ in caps_lats]]),
+                         np.concatenate([ends.bw_GBps, [a.bw_GBps for a in attrs]]))
+
+    def _local_route(self, idx: np.ndarray, frac: np.ndarray) -> RouteInfo:
+        return RouteInfo(tuple(self.local_types[i] for i in idx), frac, self.local_latency[idx],
+                         self.local_capacity[idx], self.local_bw[idx])
+
+    def _route_of_paths(self, src: int, dst: int) -> RouteInfo:
+        """A route from ``Cluster.paths`` (torus: a few dimension-order paths)."""
         types, frac, lat, cap, bw = [], [], [], [], []
         for f, path in self.cluster.paths(src, dst):
             for u, v in path:
@@ -271,10 +315,13 @@ class StructuralRouter(RouteQueries):
         return best
 
     def _proxies(self, ls: np.ndarray, rail_b: np.ndarray) -> np.ndarray:
-        """Proxy GPU (PXN) of each (source local, destination rail)."""
-        pairs, inv = np.unique(ls * self.rails + rail_b, return_inverse=True)
-        table = np.array([self._proxy(*divmod(int(p), self.rails)) for p in pairs], dtype=np.int64)
-        return table[inv.ravel()]
+        """Proxy GPU (PXN) of each (source local, destination rail), from a table filled as pairs appear."""
+        keys = ls * self.rails + rail_b
+        seen = np.zeros(len(self._proxy_table), dtype=bool)
+        seen[keys] = True
+        for k in np.flatnonzero(seen & (self._proxy_table < 0)).tolist():
+            self._proxy_table[k] = self._proxy(*divmod(k, self.rails))
+        return self._proxy_table[keys]
 
     # ------------------------------------------------------------------------------------------ torus
     def _torus_sec_per_byte(self, flows: Flows) -> float:
@@ -304,3 +351,11 @@ class StructuralRouter(RouteQueries):
             return 0.0
         loads = np.bincount(np.concatenate(idx_parts), weights=np.concatenate(w_parts))
         return float(loads.max() / self._torus_cap)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 (Steele, Lea & Flood 2014): well-mixed 64-bit values from consecutive integers."""
+    z = x * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
