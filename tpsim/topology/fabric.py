@@ -174,6 +174,15 @@ class FatTree:
                         out[f"core{j}.{c}.{x}"] = attrs(4)
         return out
 
+    def switches_near(self, leaves: set[int]) -> dict[str, dict]:
+        """Switch id -> attributes of ``leaves`` and the switches above them (for a partial drawing)."""
+        names = {f"leaf{leaf}" for leaf in leaves}
+        for u, v, _ in self.switch_links_above(leaves):
+            names |= {u, v}
+        level = {"leaf": 1, "spine": 2, "agg": 3, "core": 3 if self.levels == 3 else 4}
+        return {n: {"kind": "switch", "node_index": -1, "local_index": -1, "sharp": self.spec.sharp,
+                    "level": next(lv for p, lv in level.items() if n.startswith(p))} for n in sorted(names)}
+
     def num_switches(self) -> int:
         """Number of switches (without listing them)."""
         n = self.num_leaves
@@ -187,6 +196,38 @@ class FatTree:
         if self.levels == 4:
             n += self.superpods * self.up * half + self.up * half * self.cores_per_group
         return n
+
+    def num_switch_links(self) -> int:
+        """Physical switch-to-switch links (without listing them)."""
+        if self.levels == 2:
+            return self.num_leaves * sum(1 for lanes in self.leaf_lanes if lanes)
+        n = self.num_leaves * self.up if self.levels >= 3 else 0
+        cores = sum(1 for lanes in getattr(self, "core_lanes", ()) if lanes)
+        if self._has_core():
+            n += self.pods * self.up * cores
+        if self.levels == 4:
+            half = self.spec.radix // 2
+            n += self.pods * self.up * half + self.superpods * self.up * half * cores
+        return n
+
+    def switch_link_counts(self) -> dict[int, int]:
+        """Physical switch-to-switch links by lane count (for summaries)."""
+        out: dict[int, int] = {}
+        half = self.spec.radix // 2
+        add = lambda lanes, n: out.__setitem__(lanes, out.get(lanes, 0) + n) if lanes and n else None
+        if self.levels == 2:
+            for lanes in self.leaf_lanes:
+                add(lanes, self.num_leaves)
+        if self.levels >= 3:
+            add(1, self.num_leaves * self.up)
+        if self._has_core():
+            for lanes in self.core_lanes:
+                add(lanes, self.pods * self.up)
+        if self.levels == 4:
+            add(1, self.pods * self.up * half)
+            for lanes in self.core_lanes:
+                add(lanes, self.superpods * self.up * half)
+        return out
 
     def edges(self) -> Iterator[tuple[str, str, EdgeAttrs]]:
         """Every directed fabric edge (both directions of each physical link)."""
@@ -204,29 +245,40 @@ class FatTree:
             yield u, v, attrs
             yield v, u, attrs
 
-    def _switch_links(self) -> Iterator[tuple[str, str, int]]:
+    def switch_links_above(self, leaves: set[int]) -> Iterator[tuple[str, str, int]]:
+        """(lower switch, upper switch, lanes) of the switch links on the way up from ``leaves`` (for a
+        drawing of a few nodes: only the pods and super-pods they are in)."""
+        pods = sorted({leaf // self.pod_size for leaf in leaves})
+        for u, v, lanes in self._switch_links(leaves=sorted(leaves), pods=pods):
+            yield u, v, lanes
+
+    def _switch_links(self, leaves=None, pods=None) -> Iterator[tuple[str, str, int]]:
+        leaves = range(self.num_leaves) if leaves is None else leaves
+        if self.levels == 4:
+            superpods = range(self.superpods) if pods is None else sorted({p // self.superpod_size for p in pods})
+        pods = range(self.pods) if pods is None else pods
         if self.levels == 2:
-            for leaf in range(self.num_leaves):
+            for leaf in leaves:
                 for s, lanes in enumerate(self.leaf_lanes):
                     if lanes:
                         yield f"leaf{leaf}", f"spine{s}", lanes
         if self.levels >= 3:
-            for leaf in range(self.num_leaves):
+            for leaf in leaves:
                 for j in range(self.up):
                     yield f"leaf{leaf}", f"spine{leaf // self.pod_size}.{j}", 1
             if self._has_core():
-                for p in range(self.pods):
+                for p in pods:
                     for j in range(self.up):
                         for c, lanes in enumerate(self.core_lanes):
                             if lanes:
                                 yield f"spine{p}.{j}", f"core{j}.{c}", lanes
         if self.levels == 4:
             half = self.spec.radix // 2
-            for p in range(self.pods):
+            for p in pods:
                 for j in range(self.up):
                     for c in range(half):
                         yield f"spine{p}.{j}", f"agg{p // self.superpod_size}.{j}.{c}", 1
-            for q in range(self.superpods):
+            for q in superpods:
                 for j in range(self.up):
                     for c in range(half):
                         for x, lanes in enumerate(self.core_lanes):
@@ -365,6 +417,15 @@ class Torus:
         tie = np.where(fwd == back, 0.5, 0.0)
         ones = np.ones(len(a), dtype=np.int64)
         return [(ones, fwd, np.where(fwd < back, 1.0, tie)), (-ones, back, np.where(back < fwd, 1.0, tie))]
+
+    def num_links(self) -> int:
+        """Physical ICI links (each joins two neighbouring chips)."""
+        total = 0
+        for d, n in enumerate(self.dims):
+            lines = math.prod(self.dims) // n
+            per_line = n if (self.spec.wraparound and n > 2) else max(n - 1, 0)
+            total += lines * per_line
+        return total
 
     def neighbour_links(self, rank: int) -> int:
         """Number of ICI links of the chip holding ``rank``."""
