@@ -16,6 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..errors import InputError
+from ..topology.progress import progress
 from .flows import Flows
 from .links import FastLinks, LinkRules, RouteInfo, RouteQueries
 
@@ -84,10 +85,19 @@ class GraphRouter(RouteQueries):
         key = (src, dst)
         hit = self._routes.get(key)
         if hit is None:
-            eidx = self.edge_index
-            hit = self._routes[key] = _arrays(
-                ((float(f), [eidx[e] for e in edges]) for f, edges in self.cluster.paths(src, dst)))
+            hit = self._routes[key] = self._route_arrays(src, dst)
         return hit
+
+    def _route_arrays(self, src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
+        """A route's links with their fractions: from its independent parts where the cluster gives them
+        (each link carries its part's fraction: the product of the parts, ``paths``, would list the same
+        loads thousands of times over on a fat tree), else from ``paths``."""
+        eidx = self.edge_index
+        parts = getattr(self.cluster, "route_segments", None)
+        weighted = ([(float(f), [eidx[e] for e in edges]) for part in parts(src, dst) for f, edges in part]
+                    if parts is not None else
+                    [(float(f), [eidx[e] for e in edges]) for f, edges in self.cluster.paths(src, dst)])
+        return _arrays(weighted)
 
     def route(self, src: int, dst: int) -> RouteInfo:
         idx, frac = self.route_arrays(src, dst)
@@ -114,8 +124,15 @@ class GraphRouter(RouteQueries):
         pair, inv = np.unique(flows.src[keep] * n + flows.dst[keep], return_inverse=True)
         weight = np.bincount(inv.ravel(), weights=flows.weight[keep], minlength=len(pair))
         rid = self._route_id
-        ids = np.fromiter((rid[k] if k in rid else self._register(*divmod(k, n)) for k in pair.tolist()),
-                          dtype=np.int64, count=len(pair))
+        keys = pair.tolist()
+        new = [k for k in keys if k not in rid]
+        with progress(len(new), f"routing on the graph of {getattr(self.cluster, 'name', 'the cluster')}",
+                      "route", quick=len(new) < 2000) as bar:
+            for i, k in enumerate(new):
+                self._register(*divmod(k, n))
+                if i % 256 == 255:
+                    bar.update(256)
+        ids = np.fromiter((rid[k] for k in keys), dtype=np.int64, count=len(keys))
         load = self._loads(ids, weight)
         return float(np.max(load / self.capacity))
 

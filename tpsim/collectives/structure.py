@@ -110,6 +110,8 @@ class StructuralRouter(RouteQueries):
         key = (int(src), int(dst))
         hit = self._route_cache.get(key)
         if hit is None:
+            self.cluster._check_rank(key[0])
+            self.cluster._check_rank(key[1])
             hit = self._route_cache[key] = self._route_uncached(*key)
         return hit
 
