@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import InputError
 from ..topology.progress import progress
 from .flows import Flows
+from .groups import ShiftedFlows
 from .links import FastLinks, LinkRules, RouteInfo, RouteQueries
 
 FAST_TYPES = ("nvlink", "ici")
@@ -115,8 +116,11 @@ class GraphRouter(RouteQueries):
         return FastLinks(lanes=lanes, up_capacity=up, down_capacity=down, nvls_switches=sharp)
 
     # ------------------------------------------------------------------------------------------- loads
-    def sec_per_byte(self, flows: Flows) -> float:
-        """max over links of (bytes on the link per byte of buffer) / capacity, all flows together."""
+    def sec_per_byte(self, flows: Flows | ShiftedFlows) -> float:
+        """max over links of (bytes on the link per byte of buffer) / capacity, all flows together (every copy
+        of shifted flows listed)."""
+        if isinstance(flows, ShiftedFlows):
+            flows = flows.expand()
         keep = (flows.src != flows.dst) & (flows.weight > 0)
         if not keep.any():
             return 0.0

@@ -31,6 +31,7 @@ from .curve import OPS, CostCurve, tangent_lines
 from .fabric import GraphRouter
 from .flows import (Flows, Segments, all_to_all_flows, chain_flows, hierarchical_groups, ring_flows,
                     ring_orders, split_by_node, tree_flows)
+from .groups import GroupSet, ShiftedFlows
 from .links import LinkRules
 from .structure import StructuralRouter
 
@@ -135,8 +136,16 @@ class CollectiveModel:
                                      f"{self.cluster.num_gpus}")
                 if op not in OPS:
                     raise InputError(f"op={op!r} is not a collective (known: {', '.join(OPS)})")
-                hit = self._curve(op, np.ascontiguousarray(layout.groups(axes), dtype=np.int64), None)
+                hit = self._curve(op, self._layout_groups(layout, axes), None)
             self._curves[key] = hit
+        return hit
+
+    def _layout_groups(self, layout: Any, axes: tuple[str, ...]) -> np.ndarray:
+        """``layout.groups(axes)``, built once per (layout, axes) for all ops."""
+        key = ("layout", layout, axes)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = np.ascontiguousarray(layout.groups(axes), dtype=np.int64)
         return hit
 
     def run(self, op: str, nbytes: float, groups: Sequence[Sequence[int]] | np.ndarray,
@@ -217,22 +226,23 @@ class CollectiveModel:
         n = groups.shape[1]
         if n == 1:
             return [Line("none", 0.0, 0.0)]
-        first = self.router.route(int(groups[0, 0]), int(groups[0, 1]))
-        if "loopback" in first.type_set():
+        if "loopback" in self.router.route_types(int(groups[0, 0]), int(groups[0, 1])):
             return self._gloo_lines(op, groups)
-        seg = self._segments(groups)
-        shape = self._shape(groups, seg)
+        gs = self._groupset(groups)
+        seg = self._segments(gs)
+        shape = self._shape(gs, seg)
+        load = lambda flows, of=gs: self.router.sec_per_byte(ShiftedFlows(flows, of))
         if op == "all_to_all":
-            return direct_lines(shape, self.router.sec_per_byte(all_to_all_flows(groups)), self.k, self._hw(shape))
+            return direct_lines(shape, load(all_to_all_flows(gs.reps)), self.k, self._hw(shape))
         if op == "send_recv":
-            return p2p_lines(self.router.sec_per_byte(chain_flows(groups)), self.k, self._hw(shape))
-        lines = ring_lines(op, shape, self._ring_bw(groups, seg, chain=op == "broadcast"), self.k)
+            return p2p_lines(load(chain_flows(gs.reps)), self.k, self._hw(shape))
+        lines = ring_lines(op, shape, self._ring_bw(gs, seg, chain=op == "broadcast"), self.k)
         if op == "all_reduce":
-            lines += tree_lines(shape, self.router.sec_per_byte(tree_flows(seg)), self.k)
-        if op in NVLS_TRAFFIC and self._nvls_capable(groups, seg):
-            lines.append(nvls_line(op, shape, self._nvls_sec_per_byte(op, groups), self.k))
+            lines += tree_lines(shape, load(tree_flows(seg)), self.k)
+        if op in NVLS_TRAFFIC and self._nvls_capable(gs, seg):
+            lines.append(nvls_line(op, shape, self._nvls_sec_per_byte(op, gs), self.k))
         if op == "all_reduce" and shape.nodes > 1 and seg.uniform > 1:
-            lines += self._hierarchical(seg, shape)
+            lines += self._hierarchical(gs, seg, shape)
         if op in TORUS_FACTOR:
             lines += self._torus_lines(op, groups)
         return lines
@@ -240,62 +250,73 @@ class CollectiveModel:
     def _hw(self, shape: GroupShape) -> str:
         return "NET" if shape.nodes > 1 else shape.hw
 
-    def _segments(self, groups: np.ndarray) -> Segments:
-        key = ("segments", _digest(groups))
+    def _groupset(self, groups: np.ndarray) -> GroupSet:
+        """The groups by symmetry (structural router); every group its own class on the graph."""
+        key = ("groupset", _digest(groups))
         hit = self._memo.get(key)
         if hit is None:
-            node, local = self.router.node_local(groups)
-            hit = self._memo[key] = split_by_node(groups, node, local)
+            gpn = int(self.cluster.gpus_per_node)
+            hit = self._memo[key] = GroupSet.of(groups, gpn) if self.structural else GroupSet.single(groups, gpn)
         return hit
 
-    def _shape(self, groups: np.ndarray, seg: Segments) -> GroupShape:
+    def _segments(self, gs: GroupSet) -> Segments:
+        """The representatives split by node."""
+        key = ("segments", _gs_digest(gs))
+        hit = self._memo.get(key)
+        if hit is None:
+            node, local = self.router.node_local(gs.reps)
+            hit = self._memo[key] = split_by_node(gs.reps, node, local)
+        return hit
+
+    def _shape(self, gs: GroupSet, seg: Segments) -> GroupShape:
         """NCCL's view of a group: intra-node hardware class (NVLINK when the GPU has NVLink/ICI links, else
         PCI) and channels (one per NVLink lane up to ``max_channels``; ``pcie_channels`` on PCIe)."""
-        fast = self.router.fast_links(int(groups[0, 0]))
+        fast = self.router.fast_links(int(gs.reps[0, 0]))
         if fast.lanes:
             hw, channels = "NVLINK", max(1, min(self.k.max_channels, fast.lanes))
         else:
             hw, channels = "PCI", self.k.pcie_channels
-        return GroupShape(n=groups.shape[1], nodes=seg.nodes, hw=hw, channels=channels,
-                          caps=self.k.caps(self.device))
+        return GroupShape(n=gs.size, nodes=seg.nodes, hw=hw, channels=channels, caps=self.k.caps(self.device))
 
     # ------------------------------------------------------------------------------------ rings/trees
-    def _ring_bw(self, groups: np.ndarray, seg: Segments, chain: bool = False) -> float:
+    def _ring_bw(self, gs: GroupSet, seg: Segments, chain: bool = False) -> float:
         """Bytes/s of one ring hop with every group's rings loading the links (hop traffic = 1 per ring)."""
-        key = ("ring", _digest(groups), chain)
+        key = ("ring", _gs_digest(gs), chain)
         if key not in self._memo:
-            spb = self.router.sec_per_byte(ring_flows(seg, chain))
+            spb = self.router.sec_per_byte(ShiftedFlows(ring_flows(seg, chain), gs))
             self._memo[key] = 1.0 / spb if spb > 0 else float("inf")
         return self._memo[key]
 
-    def _hierarchical(self, seg: Segments, shape: GroupShape) -> list[Line]:
+    def _hierarchical(self, gs: GroupSet, seg: Segments, shape: GroupShape) -> list[Line]:
         """Intra-node reduce-scatter, inter-node all-reduce of 1/ppn of the buffer per rail, intra-node
         all-gather (Thakur et al. 2005 hierarchical form; NCCL's NVLS-tree when the intra part is NVLS)."""
         ppn = seg.uniform
-        intra, inter = hierarchical_groups(seg)
-        intra_seg = Segments((intra[:, None, :],), ())
+        intra, intra_rows, inter, inter_rows = hierarchical_groups(seg)
+        intra_gs, inter_gs = gs.derived(intra, intra_rows), gs.derived(inter, inter_rows)
+        intra_seg = Segments.one_node(intra)
         k = self.k
         s_intra = GroupShape(n=ppn, nodes=1, hw=shape.hw, channels=shape.channels, caps=shape.caps)
         s_inter = GroupShape(n=inter.shape[1], nodes=inter.shape[1], hw=shape.hw, channels=shape.channels,
                              caps=shape.caps)
-        intra_bw = self._ring_bw(intra, intra_seg)
+        intra_bw = self._ring_bw(intra_gs, intra_seg)
         rs = ring_lines("reduce_scatter", s_intra, intra_bw, k)
         ag = ring_lines("all_gather", s_intra, intra_bw, k)
-        ar = ring_lines("all_reduce", s_inter, self._ring_bw(inter, self._segments(inter)), k)
+        ar = ring_lines("all_reduce", s_inter, self._ring_bw(inter_gs, self._segments(inter_gs)), k)
         lines = [combine(f"hierarchical/{a.name.split('/')[1].split()[0]}", [(a, 1.0), (b, 1.0 / ppn), (c, 1.0)])
                  for a, b, c in zip(rs, ar, ag) if a.name.split()[0] == b.name.split()[0] == c.name.split()[0]]
-        if self._nvls_capable(intra, intra_seg):
-            nrs = nvls_line("reduce_scatter", s_intra, self._nvls_sec_per_byte("reduce_scatter", intra), k)
-            nag = nvls_line("all_gather", s_intra, self._nvls_sec_per_byte("all_gather", intra), k)
+        if self._nvls_capable(intra_gs, intra_seg):
+            nrs = nvls_line("reduce_scatter", s_intra, self._nvls_sec_per_byte("reduce_scatter", intra_gs), k)
+            nag = nvls_line("all_gather", s_intra, self._nvls_sec_per_byte("all_gather", intra_gs), k)
             lines.append(combine("hierarchical-nvls/Simple", [(nrs, 1.0), (ar[-1], 1.0 / ppn), (nag, 1.0)]))
         return lines
 
     # ------------------------------------------------------------------------------------------- NVLS
-    def _nvls_capable(self, groups: np.ndarray, seg: Segments) -> bool:
+    def _nvls_capable(self, gs: GroupSet, seg: Segments) -> bool:
         """NVLS needs an architecture with NVLS, every GPU wired only to in-switch-reduction NVSwitches and
         each group inside one NVLink domain (routes of NVLink only)."""
         if self.k.caps(self.device).nvls_efficiency <= 0:
             return False
+        groups = gs.reps    # copies sit on the same local GPUs
         ranks = _distinct_ranks(groups, self.router.num_gpus)
         if not all(self.router.fast_links(int(r)).nvls_switches for r in self._by_local(ranks)):
             return False
@@ -323,20 +344,23 @@ class CollectiveModel:
         _, first = np.unique((a % gpn) * gpn + b % gpn, return_index=True)
         return np.stack([a[first], b[first]], axis=1)
 
-    def _nvls_sec_per_byte(self, op: str, groups: np.ndarray) -> float:
+    def _nvls_sec_per_byte(self, op: str, gs: GroupSet) -> float:
         """Load of the GPU<->switch links: per GPU ``NVLS_TRAFFIC`` bytes in/out, spread over its NVLinks
         by bandwidth; capacity scaled by the architecture's NVLS efficiency (NCCL nvls.cc)."""
-        into, out_of = NVLS_TRAFFIC[op](groups.shape[1])
-        counts = np.bincount(groups.ravel(), minlength=self.router.num_gpus)
-        used = np.flatnonzero(counts)
-        reps = self._by_local(used)
-        per_rep = {int(r) % self.cluster.gpus_per_node if self.structural else int(r): self.router.fast_links(int(r))
-                   for r in reps}
-        keys = used % self.cluster.gpus_per_node if self.structural else used
-        up = np.array([per_rep[int(x)].up_capacity for x in np.unique(keys)])
-        down = np.array([per_rep[int(x)].down_capacity for x in np.unique(keys)])
-        _, inv = np.unique(keys, return_inverse=True)
-        load = counts[used] * np.maximum(into / up[inv], out_of / down[inv])
+        into, out_of = NVLS_TRAFFIC[op](gs.size)
+        counts = np.bincount(gs.expand().ravel(), minlength=self.router.num_gpus)   # a rank in several groups
+        if self.structural:   # the links of a GPU are its template's: the busiest rank per local index
+            gpn = self.cluster.gpus_per_node
+            most = counts.reshape(-1, gpn).max(axis=0)
+            ranks = np.flatnonzero(most)
+            counts = most[ranks]
+        else:
+            ranks = np.flatnonzero(counts)
+            counts = counts[ranks]
+        links = [self.router.fast_links(int(r)) for r in ranks]
+        up = np.array([x.up_capacity for x in links])
+        down = np.array([x.down_capacity for x in links])
+        load = counts * np.maximum(into / up, out_of / down)
         return float(np.max(load) / self.k.caps(self.device).nvls_efficiency)
 
     # ------------------------------------------------------------------------------------------ torus
@@ -400,7 +424,8 @@ class CollectiveModel:
         """Gloo on CPU ranks: alpha = latency of the slowest neighbour route, beta from the ring's link loads.
         A calibration's ``gloo_ops`` entry for ``op`` replaces the host link's efficiency and latency."""
         n = groups.shape[1]
-        per_node = self._segments(groups).per_node()
+        node, local = self.router.node_local(groups)
+        per_node = split_by_node(groups, node, local).per_node()
         rings = [ring for p in per_node for ring in ring_orders(p)[:1]]
         hops = {(r[i], r[(i + 1) % n]) for r in rings for i in range(n)}
         over = self.gloo_ops.get(op)
@@ -414,7 +439,8 @@ class CollectiveModel:
             spb = self.router.sec_per_byte(chain_flows(groups))
         else:
             flat = np.asarray([sum(p, []) for p in per_node], dtype=np.int64)
-            spb = 1.0 / self._ring_bw(flat, Segments((flat[:, None, :],), ()))
+            spb = 1.0 / self._ring_bw(GroupSet.single(flat, int(self.cluster.gpus_per_node)),
+                                      Segments.one_node(flat))
         return gloo_lines(op, n, alpha, spb)
 
     def _gloo_override(self, hops: list[tuple[int, int]], over: Mapping[str, float]) -> tuple[float, float]:
@@ -435,9 +461,30 @@ class CollectiveModel:
         return alpha, spb
 
 
+_DIGESTS: dict[int, tuple[np.ndarray, tuple]] = {}
+
+
 def _digest(groups: np.ndarray) -> tuple:
-    """Cache key of a groups array (shape and content)."""
-    return groups.shape, hashlib.blake2b(groups.tobytes(), digest_size=16).digest()
+    """Cache key of a groups array (shape and content); remembered for the last arrays seen (the ops of one
+    axis hash the same array)."""
+    hit = _DIGESTS.get(id(groups))
+    if hit is not None and hit[0] is groups:
+        return hit[1]
+    key = groups.shape, hashlib.blake2b(groups.tobytes(), digest_size=16).digest()
+    if len(_DIGESTS) > 64:
+        _DIGESTS.clear()
+    _DIGESTS[id(groups)] = (groups, key)
+    return key
+
+
+def _gs_digest(gs: GroupSet) -> tuple:
+    """Cache key of a group set (representatives, their shifts)."""
+    h = hashlib.blake2b(gs.reps.tobytes(), digest_size=16)
+    h.update(gs.class_shift.tobytes())
+    for s in gs.shift_sets:
+        h.update(len(s).to_bytes(8, "little"))
+        h.update(s.tobytes())
+    return gs.reps.shape, h.digest()
 
 
 def _distinct_ranks(groups: np.ndarray, num_gpus: int) -> np.ndarray:

@@ -31,14 +31,17 @@ from ..errors import InputError
 from ..topology.fabric import FatTree, Torus
 from ..topology.node import EdgeAttrs, link_attrs
 from .flows import Flows
+from .groups import GroupSet, ShiftedFlows
 from .links import FastLinks, LinkRules, RouteInfo, RouteQueries
 
 FAST_TYPES = ("nvlink", "ici")
+_UNKNOWN, _OWN_ROUTE = -1, -2
+_MAX_SPLITS = 1 << 12
+"""distinct ways a GPU's NVLink lanes split over NVSwitches (one per template in practice)."""
+_KEY_SPAN = 1 << 40
+"""record keys are below this (for (representative node, key) pairs packed in one int64)."""
 _DEDUP_MIN_NODES = 16
 """below this many nodes every loaded node is evaluated (hashing would cost more than it saves)."""
-_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB),
-        np.uint64(0xD6E8FEB86659FD93))
-
 
 class StructuralRouter(RouteQueries):
     """Link loads on a regular cluster from its node template and fabric parameters."""
@@ -77,17 +80,23 @@ class StructuralRouter(RouteQueries):
                                       for i in range(self.gpn)], dtype=np.int64)
         else:
             self.gpu_rail = np.full(self.gpn, -1, dtype=np.int64)
-        g2 = self.gpn * self.gpn
-        self._key_out0 = g2
-        self._key_in0 = g2 + self.gpn * max(self.rails, 1)
-        self.num_keys = self._key_in0 + self.gpn
+        # record keys: an intra-node hop not through NVSwitches (its template route), a hop through them split
+        # in its source half (GPU to switches) and destination half (switches to GPU), a GPU to its NIC and
+        # up to the leaf, leaf down to a NIC and on to its GPU
+        g = self.gpn
+        self._key_tonic0 = g * g
+        self._key_in0 = self._key_tonic0 + g
+        self._key_up0 = self._key_in0 + g
+        self._key_down0 = self._key_up0 + _MAX_SPLITS * g
         self._entries: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._splits: dict[tuple, int] = {}
+        self._split_list: list[tuple[tuple[str, float], ...]] = []
+        self._pair_code = np.full(g * g, _UNKNOWN, dtype=np.int64)
+        """per (a, b) local pair: -2 its own template route, >= 0 the NVSwitch split it uses."""
         self._out_rail: dict[int, int] = {}
         self._fast: dict[int, FastLinks] = {}
         self._route_cache: dict[tuple[int, int], RouteInfo] = {}
-        self._proxy_table = np.full(self.gpn * max(self.rails, 1), -1, dtype=np.int64)
-        self._salt = np.stack([_splitmix64(np.arange(self.num_keys, dtype=np.uint64) + np.uint64(seed))
-                               for seed in (0x5EED, 0xC0FFEE)])
+        self._proxy_table = np.full(g * max(self.rails, 1), -1, dtype=np.int64)
         if self.fat is not None:
             self._switch_ratios()
         if self.torus is not None:
@@ -122,14 +131,12 @@ class StructuralRouter(RouteQueries):
         if self.torus is not None:
             return self._route_of_paths(src, dst)
         if na == nb:
-            idx, frac = self._entries.get(la * self.gpn + lb) or self._entry(la * self.gpn + lb)
-            return self._local_route(idx, frac)
+            return self._local_route(*self._keys_route(self._hop_keys(la, lb)))
         rail_b = int(self.gpu_rail[lb])
-        out = self._entries.get(self._key_out0 + la * self.rails + rail_b) or self._entry(
-            self._key_out0 + la * self.rails + rail_b)
-        inn = self._entries.get(self._key_in0 + lb) or self._entry(self._key_in0 + lb)
-        ends = self._local_route(np.concatenate([out[0], inn[0]]), np.concatenate([out[1], inn[1]]))
-        rail_a = int(self.gpu_rail[self._proxy(la, rail_b)])
+        proxy = self._proxy(la, rail_b)
+        keys = (self._hop_keys(la, proxy) if proxy != la else []) + [self._key_tonic0 + proxy, self._key_in0 + lb]
+        ends = self._local_route(*self._keys_route(keys))
+        rail_a = int(self.gpu_rail[proxy])
         edges: dict[tuple[str, str], float] = {}
         for f, path in self.fat.route(na, rail_a, nb, rail_b):
             for e in path[1:-1]:     # the NIC links are in the end segments
@@ -141,6 +148,16 @@ class StructuralRouter(RouteQueries):
                          np.concatenate([ends.latency_s, [lt for _, lt in caps_lats]]),
                          np.concatenate([ends.capacity, [c for c, _ in caps_lats]]),
                          np.concatenate([ends.bw_GBps, [a.bw_GBps for a in attrs]]))
+
+    def _hop_keys(self, a: int, b: int) -> list[int]:
+        code = int(self._pair_codes(np.array([a * self.gpn + b]))[0])
+        if code < 0:
+            return [a * self.gpn + b]
+        return [self._key_up0 + code * self.gpn + a, self._key_down0 + code * self.gpn + b]
+
+    def _keys_route(self, keys: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        parts = [self._entries.get(k) or self._entry(k) for k in keys]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def _local_route(self, idx: np.ndarray, frac: np.ndarray) -> RouteInfo:
         return RouteInfo(tuple(self.local_types[i] for i in idx), frac, self.local_latency[idx],
@@ -184,99 +201,214 @@ class StructuralRouter(RouteQueries):
             sharp = False
         return FastLinks(lanes=lanes, up_capacity=up, down_capacity=down, nvls_switches=sharp)
 
+    def route_types(self, src: int, dst: int) -> set[str]:
+        """Link types on the route (from its parts, without listing the fabric's paths)."""
+        self.cluster._check_rank(int(src))
+        self.cluster._check_rank(int(dst))
+        (na, la), (nb, lb) = divmod(int(src), self.gpn), divmod(int(dst), self.gpn)
+        if src == dst:
+            return set()
+        if self.torus is not None or na == nb:
+            return self.route(src, dst).type_set()
+        rail_b = int(self.gpu_rail[lb])
+        proxy = self._proxy(la, rail_b)
+        keys = (self._hop_keys(la, proxy) if proxy != la else []) + [self._key_tonic0 + proxy, self._key_in0 + lb]
+        types = {self.local_types[i] for i in self._keys_route(keys)[0]}
+        if self.fat.leaf_of(na, int(self.gpu_rail[proxy])) != self.fat.leaf_of(nb, rail_b):
+            types.add(self.fat._switch_link[0].type)
+        return types
+
     # ------------------------------------------------------------------------------------------- loads
-    def sec_per_byte(self, flows: Flows) -> float:
-        """max over links of (bytes on the link per byte of buffer) / capacity, all flows together."""
-        keep = (flows.src != flows.dst) & (flows.weight > 0)
-        if not keep.all():
-            flows = Flows(flows.src[keep], flows.dst[keep], flows.weight[keep])
-        if not len(flows):
+    def sec_per_byte(self, flows: Flows | ShiftedFlows) -> float:
+        """max over links of (bytes on the link per byte of buffer) / capacity, all flows together; shifted
+        flows load the links of every copy (a copy is its representative moved by whole nodes)."""
+        sf = flows if isinstance(flows, ShiftedFlows) else ShiftedFlows.plain(flows, self.gpn)
+        f = sf.flows
+        keep = (f.src != f.dst) & (f.weight > 0)
+        if not keep.any():
             return 0.0
+        if not keep.all():
+            f = Flows(f.src[keep], f.dst[keep], f.weight[keep], f.group[keep])
+            sf = ShiftedFlows(f, sf.groups)
         if self.torus is not None:
-            return self._torus_sec_per_byte(flows)
-        ns, ls = np.divmod(flows.src, self.gpn)
-        nd, ld = np.divmod(flows.dst, self.gpn)
-        w = flows.weight
+            return self._torus_sec_per_byte(sf.expand())
+        ns, ls = np.divmod(f.src, self.gpn)
+        nd, ld = np.divmod(f.dst, self.gpn)
+        w, cls = f.weight, f.group
         same = ns == nd
-        if same.all():
-            return self._node_max(ns, ls * self.gpn + ld, w)
         x = ~same
         rail_b = self.gpu_rail[ld[x]]
         if np.any(rail_b < 0):
             raise InputError(f"cluster {self.cluster.name}: a GPU without a NIC receives inter-node traffic")
-        node = np.concatenate([ns[same], ns[x], nd[x]])
-        key = np.concatenate([ls[same] * self.gpn + ld[same], self._key_out0 + ls[x] * self.rails + rail_b,
-                              self._key_in0 + ld[x]])
-        weight = np.concatenate([w[same], w[x], w[x]])
-        ratio = self._node_max(node, key, weight)
-        return max(ratio, self._fat_tree_max(ns[x], nd[x], ls[x], rail_b, w[x]))
+        proxy = self._proxies(ls[x], rail_b) if x.any() else ls[x]
+        hop = proxy != ls[x]     # PXN: first across NVLink to the GPU on the destination's rail
+        node, key, weight, rcls = self._hop_records(
+            np.concatenate([ns[same], ns[x][hop]]), np.concatenate([ls[same], ls[x][hop]]),
+            np.concatenate([ld[same], proxy[hop]]), np.concatenate([w[same], w[x][hop]]),
+            np.concatenate([cls[same], cls[x][hop]]))
+        node = np.concatenate([node, ns[x], nd[x]])
+        key = np.concatenate([key, self._key_tonic0 + proxy, self._key_in0 + ld[x]])
+        weight = np.concatenate([weight, w[x], w[x]])
+        rcls = np.concatenate([rcls, cls[x], cls[x]])
+        ratio = self._node_max(node, key, weight, rcls, sf.groups)
+        if not x.any():
+            return ratio
+        inter = ShiftedFlows(Flows(ns[x], nd[x], w[x], cls[x]), sf.groups)
+        return max(ratio, self._fat_tree_max(inter, proxy, rail_b))
+
+    def _hop_records(self, node: np.ndarray, a: np.ndarray, b: np.ndarray, w: np.ndarray, cls: np.ndarray):
+        """Records of intra-node hops a -> b: through NVSwitches one record at each end (the source's lanes
+        split the flow over the switches), otherwise the pair's template route."""
+        code = self._pair_codes(a * self.gpn + b)
+        via = code >= 0
+        cv = code[via]
+        return (np.concatenate([node[~via], node[via], node[via]]),
+                np.concatenate([a[~via] * self.gpn + b[~via], self._key_up0 + cv * self.gpn + a[via],
+                                self._key_down0 + cv * self.gpn + b[via]]),
+                np.concatenate([w[~via], w[via], w[via]]),
+                np.concatenate([cls[~via], cls[via], cls[via]]))
+
+    def _pair_codes(self, pairs: np.ndarray) -> np.ndarray:
+        """Code of each local pair (filled as pairs appear, see ``_pair_code``)."""
+        seen = np.zeros(len(self._pair_code), dtype=bool)
+        seen[pairs] = True
+        for p in np.flatnonzero(seen & (self._pair_code == _UNKNOWN)).tolist():
+            self._pair_code[p] = self._classify(*divmod(p, self.gpn))
+        return self._pair_code[pairs]
+
+    def _classify(self, a: int, b: int) -> int:
+        """-2 when GPU a reaches b by a direct NVLink or not over NVLink; else the id of the split of a's
+        NVLink lanes over the NVSwitches that also reach b (``tpsim.topology.node._gpu_route``)."""
+        layout = self.layout
+        ga, gb = layout.gpu(a), layout.gpu(b)
+        direct = layout.edges.get((ga, gb))
+        if a == b or (direct is not None and direct.type == "nvlink"):
+            return _OWN_ROUTE
+        switches = [s for s in layout.adjacency[ga] if layout.devices[s]["kind"] == "nvswitch"
+                    and layout.edges[(ga, s)].type == "nvlink" and (s, gb) in layout.edges]
+        if not switches:
+            return _OWN_ROUTE
+        lanes = [layout.edges[(ga, s)].lanes for s in switches]
+        total = float(sum(lanes))
+        split = tuple((s, n / total) for s, n in zip(switches, lanes))
+        if split not in self._splits:
+            if len(self._split_list) >= _MAX_SPLITS:
+                return _OWN_ROUTE
+            self._splits[split] = len(self._split_list)
+            self._split_list.append(split)
+        return self._splits[split]
 
     # ----------------------------------------------------------------------------------- inside nodes
-    def _node_max(self, node: np.ndarray, key: np.ndarray, weight: np.ndarray) -> float:
-        """Largest load / capacity over the node-local links of every node (one node per distinct pattern)."""
-        reps = self._representatives(node, key, weight)
+    def _node_max(self, node: np.ndarray, key: np.ndarray, weight: np.ndarray, cls: np.ndarray,
+                  groups: GroupSet) -> float:
+        """Largest load / capacity over the node-local links of every node, copies included.
+
+        A *token* is (class, node of its representative): the records a representative leaves on one node.
+        Every copy of the class leaves the same records on that node moved by its shift. A node's loads are
+        a function of the tokens landing on it, so nodes are told apart by a hash of their tokens and one node
+        per distinct set is evaluated."""
+        tok_key, tok = np.unique(cls * self.num_nodes + node, return_inverse=True)
+        tok = tok.ravel()
+        tok_cls, tok_node = np.divmod(tok_key, self.num_nodes)
+        land_node, land_tok = self._landings(tok_cls, tok_node, groups)
+        reps = self._representatives(land_node, self._token_content(tok, key, weight, len(tok_key))[:, land_tok])
         rep_of = np.full(self.num_nodes, -1, dtype=np.int64)
         rep_of[reps] = np.arange(len(reps))
-        ri = rep_of[node]
+        ri = rep_of[land_node]
         sel = ri >= 0
-        combo, inv = np.unique(ri[sel] * self.num_keys + key[sel], return_inverse=True)
-        wsum = np.bincount(inv.ravel(), weights=weight[sel], minlength=len(combo))
-        rep_idx, keys = np.divmod(combo, self.num_keys)
-        edges, fracs, owner = self._expand(keys)
-        loads = np.bincount(rep_idx[owner] * self.num_local + edges, weights=wsum[owner] * fracs,
+        pair_rep, pair_tok = ri[sel], land_tok[sel]
+        # every record of each (representative node, token) pair
+        order = np.argsort(tok, kind="stable")
+        counts = np.bincount(tok, minlength=len(tok_key))
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        owner, offset = _spread_counts(counts[pair_tok])
+        rec = order[first[pair_tok][owner] + offset]
+        combo, inv = np.unique(pair_rep[owner] * _KEY_SPAN + key[rec], return_inverse=True)
+        wsum = np.bincount(inv.ravel(), weights=weight[rec], minlength=len(combo))
+        rep_idx, keys = np.divmod(combo, _KEY_SPAN)
+        edges, fracs, own = self._expand(keys)
+        loads = np.bincount(rep_idx[own] * self.num_local + edges, weights=wsum[own] * fracs,
                             minlength=len(reps) * self.num_local)
         return float(np.max(loads.reshape(len(reps), self.num_local) / self.local_capacity))
 
-    def _representatives(self, node: np.ndarray, key: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        """One node per distinct multiset of (key, weight) records (all loaded nodes when there are few)."""
+    def _landings(self, tok_cls: np.ndarray, tok_node: np.ndarray, groups: GroupSet):
+        """(node, token) of every copy of every token."""
+        which = groups.class_shift[tok_cls]
+        nodes, toks = [], []
+        for k, shifts in enumerate(groups.shift_sets):
+            t = np.flatnonzero(which == k)
+            if len(t):
+                nodes.append((tok_node[t][:, None] + (shifts // self.gpn)[None, :]).ravel())
+                toks.append(np.repeat(t, len(shifts)))
+        return np.concatenate(nodes), np.concatenate(toks)
+
+    def _token_content(self, tok: np.ndarray, key: np.ndarray, weight: np.ndarray, n: int) -> np.ndarray:
+        """Two 30-bit-part sums per token of a hash of its records (key, weight): tokens that leave the same
+        records get the same values (a ring's inner nodes are all alike), so their nodes are told apart
+        only by what lands on them."""
+        bits = weight.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        out = np.empty((2, n))
+        for i, seed in enumerate((0x5EED, 0xC0FFEE)):
+            h = _splitmix64((key.astype(np.uint64) + np.uint64(seed)) ^ bits)
+            out[i] = np.bincount(tok, weights=(h >> np.uint64(34)).astype(float), minlength=n)
+        return out
+
+    def _representatives(self, node: np.ndarray, content: np.ndarray) -> np.ndarray:
+        """One node per distinct multiset of landing token contents (every loaded node when there are few).
+        Sums of the tokens' 30-bit-part sums stay exact in float64 (fewer than 2**23 records per node)."""
         touched = np.bincount(node, minlength=self.num_nodes) > 0
         if self.num_nodes < _DEDUP_MIN_NODES:
             return np.flatnonzero(touched)
-        bits = weight.view(np.uint64)
-        sums = []
-        for salt, (m1, m2) in zip(self._salt, ((_MIX[0], _MIX[1]), (_MIX[2], _MIX[3]))):
-            h = salt[key] ^ (bits * m1)
-            h ^= h >> np.uint64(31)
-            h *= m2
-            h ^= h >> np.uint64(29)
-            # 30-bit parts summed in float64 stay exact (records < 2**23 per node)
-            sums.append(np.bincount(node, weights=(h >> np.uint64(34)).astype(float), minlength=self.num_nodes))
-        sig = (sums[0].astype(np.int64) << np.int64(31)) ^ sums[1].astype(np.int64)
+        sums = [np.bincount(node, weights=c, minlength=self.num_nodes) for c in content]
+        mixed = [_splitmix64(x.astype(np.uint64)) for x in sums]
+        sig = (mixed[0] ^ (mixed[1] * np.uint64(0xD6E8FEB86659FD93))).view(np.int64)
         nodes = np.flatnonzero(touched)
         _, first = np.unique(sig[nodes], return_index=True)
         return nodes[np.sort(first)]
 
     def _expand(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(local edge, fraction, index into ``keys``) of every template-route entry of ``keys``."""
-        edges, fracs, owner = [], [], []
-        for i, k in enumerate(keys.tolist()):
-            e, f = self._entries.get(k) or self._entry(k)
-            edges.append(e)
-            fracs.append(f)
-            owner.append(np.full(len(e), i, dtype=np.int64))
-        if not edges:
+        """(local edge, fraction, index into ``keys``) of every template-route entry of ``keys`` (each
+        distinct key's entries looked up once)."""
+        uk, inv = np.unique(keys, return_inverse=True)
+        inv = inv.ravel()
+        parts = [self._entries.get(k) or self._entry(k) for k in uk.tolist()]
+        lens = np.array([len(e) for e, _ in parts], dtype=np.int64)
+        if not lens.sum():
             return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
-        return np.concatenate(edges), np.concatenate(fracs), np.concatenate(owner)
+        flat_e = np.concatenate([e for e, _ in parts])
+        flat_f = np.concatenate([f for _, f in parts])
+        starts = np.cumsum(lens) - lens
+        own, off = _spread_counts(lens[inv])
+        pos = starts[inv][own] + off
+        return flat_e[pos], flat_f[pos], own
 
     def _entry(self, key: int) -> tuple[np.ndarray, np.ndarray]:
-        """Template route of one key: intra-node GPU pair, GPU towards a rail's NIC (PXN), or NIC to GPU."""
-        layout = self.layout
-        if key < self._key_out0:
-            a, b = divmod(key, self.gpn)
-            parts = [layout.gpu_route(a, b)]
-            extra: list[int] = []
-        elif key < self._key_in0:
-            a, rail = divmod(key - self._key_out0, self.rails)
-            proxy = self._proxy(a, rail)
-            parts = ([layout.gpu_route(a, proxy)] if proxy != a else []) + [layout.to_nic(proxy)]
-            extra = [self._nic_edge0 + int(self.gpu_rail[proxy])]
-        else:
+        """Local edges and fractions of one record key (see the key layout in ``__init__``)."""
+        layout, g = self.layout, self.gpn
+        ids = self.edge_ids
+        if key < self._key_tonic0:      # a pair's own template route
+            a, b = divmod(key, g)
+            route = layout.gpu_route(a, b)
+            idx = [ids[e] for f, path in route for e in path]
+            frac = [f for f, path in route for _ in path]
+        elif key < self._key_in0:       # GPU to its NIC, NIC up to the leaf
+            a = key - self._key_tonic0
+            route = layout.to_nic(a)
+            idx = [ids[e] for f, path in route for e in path] + [self._nic_edge0 + int(self.gpu_rail[a])]
+            frac = [f for f, path in route for _ in path] + [1.0]
+        elif key < self._key_up0:       # leaf down to a NIC, NIC to its GPU
             b = key - self._key_in0
-            parts = [layout.from_nic(b)]
-            extra = [self._nic_edge0 + self.rails + int(self.gpu_rail[b])]
-        # independent segments: each edge carries its own segment's fraction (the others sum to 1)
-        idx = [self.edge_ids[e] for part in parts for f, path in part for e in path] + extra
-        frac = [f for part in parts for f, path in part for _ in path] + [1.0] * len(extra)
+            route = layout.from_nic(b)
+            idx = [self._nic_edge0 + self.rails + int(self.gpu_rail[b])] + [ids[e] for f, path in route for e in path]
+            frac = [1.0] + [f for f, path in route for _ in path]
+        elif key < self._key_down0:     # GPU up to the NVSwitches
+            split, a = divmod(key - self._key_up0, g)
+            idx = [ids[(layout.gpu(a), sw)] for sw, _ in self._split_list[split]]
+            frac = [f for _, f in self._split_list[split]]
+        else:                           # NVSwitches down to a GPU
+            split, b = divmod(key - self._key_down0, g)
+            idx = [ids[(sw, layout.gpu(b))] for sw, _ in self._split_list[split]]
+            frac = [f for _, f in self._split_list[split]]
         out = self._entries[key] = (np.array(idx, dtype=np.int64), np.array(frac, dtype=float))
         return out
 
@@ -293,18 +425,32 @@ class StructuralRouter(RouteQueries):
         """Per level: (load / capacity) of the most loaded uplink per byte leaving one block of that level."""
         fat = self.fat
         kind, eff, cal = fat._switch_link
-        cap = lambda lanes: self.rules.of(link_attrs(kind, lanes, eff, cal))[0]
+        caps: dict[int, float] = {}
+        cap = lambda lanes: caps.get(lanes) or caps.setdefault(lanes, self.rules.of(link_attrs(kind, lanes, eff,
+                                                                                               cal))[0])
         self._ratios: list[tuple[str, float]] = []
         for level in fat.block_levels():
-            self._ratios.append((level.name, max(share / cap(lanes) for share, lanes in level.uplinks)))
+            self._ratios.append((level.name, max(share / cap(lanes) for share, lanes in set(level.uplinks))))
 
-    def _fat_tree_max(self, ns: np.ndarray, nd: np.ndarray, ls: np.ndarray, rail_b: np.ndarray,
-                      w: np.ndarray) -> float:
-        """Largest switch-link load / capacity: per level, the traffic leaving / entering each block."""
+    def _fat_tree_max(self, inter: ShiftedFlows, proxy: np.ndarray, rail_b: np.ndarray) -> float:
+        """Largest switch-link load / capacity: per level, the traffic leaving / entering each block, every
+        copy of the inter-node flows (``src``/``dst`` are nodes here) at its own place in the fabric."""
         fat = self.fat
-        rail_a = self.gpu_rail[self._proxies(ls, rail_b)]
-        la = fat.leaf_of(ns, rail_a)
-        lb = fat.leaf_of(nd, rail_b)
+        f = inter.flows
+        rail_a = self.gpu_rail[proxy]
+        which = inter.groups.class_shift[f.group]
+        la, lb, w = [], [], []
+        small = self.num_nodes * max(self.rails, 1) < 2 ** 31 // 4   # leaf arithmetic fits in int32
+        dtype = np.int32 if small else np.int64
+        for k, shifts in enumerate(inter.groups.shift_sets):
+            sel = np.flatnonzero(which == k)
+            if not len(sel):
+                continue
+            q = (shifts // self.gpn).astype(dtype)[None, :]
+            la.append(fat.leaf_of(f.src[sel].astype(dtype)[:, None] + q, rail_a[sel].astype(dtype)[:, None]).ravel())
+            lb.append(fat.leaf_of(f.dst[sel].astype(dtype)[:, None] + q, rail_b[sel].astype(dtype)[:, None]).ravel())
+            w.append(np.repeat(f.weight[sel], len(shifts)))
+        la, lb, w = np.concatenate(la), np.concatenate(lb), np.concatenate(w)
         best = 0.0
         for level, (name, ratio) in zip(fat.block_levels(), self._ratios):
             ba, bb = level.block(la), level.block(lb)
@@ -361,3 +507,10 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
+
+
+def _spread_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(owner, offset): each i repeated ``counts[i]`` times with offsets 0..counts[i] - 1."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    offset = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owner, offset
