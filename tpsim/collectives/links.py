@@ -48,11 +48,13 @@ class LinkRules:
 
     def of(self, attrs: Mapping[str, Any] | Any) -> tuple[float, float]:
         """(capacity bytes/s, latency s) of an edge given as a graph attribute dict or an ``EdgeAttrs``."""
-        get = attrs.get if isinstance(attrs, Mapping) else lambda k, d=None: getattr(attrs, k, d)
-        kind = get("type")
-        return (self.capacity(kind, float(get("bw_GBps")), float(get("efficiency", 1.0) or 1.0),
-                              int(get("lanes", 1) or 1)),
-                self.latency(kind, float(get("latency_us", 0.0) or 0.0)))
+        if type(attrs) is dict:
+            kind, bw, eff, lanes, lat = (attrs["type"], attrs["bw_GBps"], attrs.get("efficiency", 1.0),
+                                         attrs.get("lanes", 1), attrs.get("latency_us", 0.0))
+        else:
+            kind, bw, eff, lanes, lat = attrs.type, attrs.bw_GBps, attrs.efficiency, attrs.lanes, attrs.latency_us
+        return (self.capacity(kind, float(bw), float(eff or 1.0), int(lanes or 1)),
+                self.latency(kind, float(lat or 0.0)))
 
 
 @dataclass(frozen=True)

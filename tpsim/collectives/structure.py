@@ -65,8 +65,12 @@ class StructuralRouter(RouteQueries):
         self._nic_edge0 = len(attrs)
         if self.fat is not None:
             attrs += [self.fat.nic_attrs] * (2 * self.rails)
-        self.local_capacity = np.array([self.rules.of(a)[0] for a in attrs], dtype=float)
-        self.local_latency = np.array([self.rules.of(a)[1] for a in attrs], dtype=float)
+        resolved: dict[EdgeAttrs, tuple[float, float]] = {}
+        for a in attrs:   # a template repeats a few kinds of link many times
+            if a not in resolved:
+                resolved[a] = self.rules.of(a)
+        self.local_capacity = np.array([resolved[a][0] for a in attrs], dtype=float)
+        self.local_latency = np.array([resolved[a][1] for a in attrs], dtype=float)
         self.local_bw = np.array([a.bw_GBps for a in attrs], dtype=float)
         self.local_types = tuple(a.type for a in attrs)
         if not len(self.local_capacity) and self.torus is None:
@@ -187,7 +191,8 @@ class StructuralRouter(RouteQueries):
 
     def _fast_uncached(self, rank: int) -> FastLinks:
         layout, gpu = self.layout, self.layout.gpu(rank % self.gpn)
-        outs = [(v, a) for (u, v), a in layout.edges.items() if u == gpu and a.type in FAST_TYPES]
+        outs = [(v, layout.edges[(gpu, v)]) for v in layout.adjacency[gpu]
+                if layout.edges[(gpu, v)].type in FAST_TYPES]
         lanes = sum(int(a.lanes or 1) for _, a in outs)
         up = sum(self.rules.of(a)[0] for _, a in outs)
         down = sum(self.rules.of(layout.edges[(v, gpu)])[0] for v, _ in outs)
