@@ -96,6 +96,9 @@ class ShiftedFlows:
 
     flows: Flows
     groups: GroupSet
+    symmetric: bool = False
+    """every flow comes with its reverse at the same weight (trees, all-to-all): the traffic leaving a
+    block equals the traffic entering it, so half the flows tell both."""
 
     @staticmethod
     def plain(flows: Flows, gpn: int = 1) -> "ShiftedFlows":

@@ -231,14 +231,14 @@ class CollectiveModel:
         gs = self._groupset(groups)
         seg = self._segments(gs)
         shape = self._shape(gs, seg)
-        load = lambda flows, of=gs: self.router.sec_per_byte(ShiftedFlows(flows, of))
+        load = lambda flows, symmetric=False: self.router.sec_per_byte(ShiftedFlows(flows, gs, symmetric))
         if op == "all_to_all":
-            return direct_lines(shape, load(all_to_all_flows(gs.reps)), self.k, self._hw(shape))
+            return direct_lines(shape, load(all_to_all_flows(gs.reps), True), self.k, self._hw(shape))
         if op == "send_recv":
             return p2p_lines(load(chain_flows(gs.reps)), self.k, self._hw(shape))
         lines = ring_lines(op, shape, self._ring_bw(gs, seg, chain=op == "broadcast"), self.k)
         if op == "all_reduce":
-            lines += tree_lines(shape, load(tree_flows(seg)), self.k)
+            lines += tree_lines(shape, load(tree_flows(seg), True), self.k)
         if op in NVLS_TRAFFIC and self._nvls_capable(gs, seg):
             lines.append(nvls_line(op, shape, self._nvls_sec_per_byte(op, gs), self.k))
         if op == "all_reduce" and shape.nodes > 1 and seg.uniform > 1:

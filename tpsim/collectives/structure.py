@@ -234,7 +234,7 @@ class StructuralRouter(RouteQueries):
             return 0.0
         if not keep.all():
             f = Flows(f.src[keep], f.dst[keep], f.weight[keep], f.group[keep])
-            sf = ShiftedFlows(f, sf.groups)
+            sf = ShiftedFlows(f, sf.groups, sf.symmetric)
         if self.torus is not None:
             return self._torus_sec_per_byte(sf.expand())
         ns, ls = np.divmod(f.src, self.gpn)
@@ -258,6 +258,10 @@ class StructuralRouter(RouteQueries):
         ratio = self._node_max(node, key, weight, rcls, sf.groups)
         if not x.any():
             return ratio
+        if sf.symmetric:   # each pair once: it leaves one end's blocks and enters the other's
+            half = ls[x] + self.gpn * ns[x] < ld[x] + self.gpn * nd[x]
+            inter = ShiftedFlows(Flows(ns[x][half], nd[x][half], w[x][half], cls[x][half]), sf.groups, True)
+            return max(ratio, self._fat_tree_max(inter, proxy[half], rail_b[half]))
         inter = ShiftedFlows(Flows(ns[x], nd[x], w[x], cls[x]), sf.groups)
         return max(ratio, self._fat_tree_max(inter, proxy, rail_b))
 
@@ -462,9 +466,12 @@ class StructuralRouter(RouteQueries):
             x = ba != bb
             if not x.any():
                 break
-            out = np.bincount(ba[x], weights=w[x])
-            inn = np.bincount(bb[x], weights=w[x])
-            best = max(best, float(max(out.max(), inn.max())) * ratio)
+            wx = w[x]
+            if inter.symmetric:   # out of a block = into it: both ends of each pair in one histogram
+                most = np.bincount(np.concatenate([ba[x], bb[x]]), weights=np.concatenate([wx, wx])).max()
+            else:
+                most = max(np.bincount(ba[x], weights=wx).max(), np.bincount(bb[x], weights=wx).max())
+            best = max(best, float(most) * ratio)
         return best
 
     def _proxies(self, ls: np.ndarray, rail_b: np.ndarray) -> np.ndarray:
