@@ -109,6 +109,7 @@ class FatTree:
             self.cores_per_group = math.ceil(self.superpods / 2)
             self.core_lanes = spread(half, self.cores_per_group)
         self._routes: dict[tuple[int, int], SwitchRoute] = {}
+        self._block_levels: tuple[BlockLevel, ...] | None = None
 
     # ------------------------------------------------------------------------------------------ structure
     def leaf_of(self, node: int, rail: int) -> int:
@@ -122,7 +123,12 @@ class FatTree:
 
     def block_levels(self) -> tuple[BlockLevel, ...]:
         """The levels traffic between leaves climbs to, lowest first (see :class:`BlockLevel`); the routes of
-        :meth:`route` split traffic exactly in these shares."""
+        :meth:`route` split traffic exactly in these shares. Computed once."""
+        if self._block_levels is None:
+            self._block_levels = self._make_block_levels()
+        return self._block_levels
+
+    def _make_block_levels(self) -> tuple[BlockLevel, ...]:
         if self.levels == 1:
             return ()
         if self.levels == 2:
