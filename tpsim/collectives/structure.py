@@ -316,8 +316,7 @@ class StructuralRouter(RouteQueries):
         Every copy of the class leaves the same records on that node moved by its shift. A node's loads are
         a function of the tokens landing on it, so nodes are told apart by a hash of their tokens and one node
         per distinct set is evaluated."""
-        tok_key, tok = np.unique(cls * self.num_nodes + node, return_inverse=True)
-        tok = tok.ravel()
+        tok_key, tok = _dense_ids(cls * self.num_nodes + node, len(groups.reps) * self.num_nodes)
         tok_cls, tok_node = np.divmod(tok_key, self.num_nodes)
         land_node, land_tok = self._landings(tok_cls, tok_node, groups)
         reps = self._representatives(land_node, self._token_content(tok, key, weight, len(tok_key))[:, land_tok])
@@ -326,10 +325,13 @@ class StructuralRouter(RouteQueries):
         ri = rep_of[land_node]
         sel = ri >= 0
         pair_rep, pair_tok = ri[sel], land_tok[sel]
-        # every record of each (representative node, token) pair
-        order = np.argsort(tok, kind="stable")
-        counts = np.bincount(tok, minlength=len(tok_key))
-        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        # every record of each (representative node, token) pair: sort only the records of those tokens
+        wanted = np.zeros(len(tok_key), dtype=bool)
+        wanted[pair_tok] = True
+        mine = np.flatnonzero(wanted[tok])
+        order = mine[np.argsort(tok[mine], kind="stable")]
+        counts = np.bincount(tok[mine], minlength=len(tok_key))
+        first = np.cumsum(counts) - counts
         owner, offset = _spread_counts(counts[pair_tok])
         rec = order[first[pair_tok][owner] + offset]
         combo, inv = np.unique(pair_rep[owner] * _KEY_SPAN + key[rec], return_inverse=True)
@@ -526,3 +528,15 @@ def _spread_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     owner = np.repeat(np.arange(len(counts)), counts)
     offset = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
     return owner, offset
+
+
+def _dense_ids(values: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values ascending, index of each value among them), like ``np.unique(return_inverse=True)``
+    but by counting when the values lie in ``[0, span)`` with a small span (no sort)."""
+    if span > 1 << 26:
+        uniq, inv = np.unique(values, return_inverse=True)
+        return uniq, inv.ravel()
+    present = np.zeros(span, dtype=bool)
+    present[values] = True
+    index = np.cumsum(present) - 1
+    return np.flatnonzero(present), index[values]
