@@ -6,9 +6,9 @@
 1. ``tpsim estimate --model llama3-405b`` in a subprocess, process start included, on three clusters:
    dgx-h100 (rail-optimized NDR), gb200-nvl72 (72-GPU NVLink racks on NDR rails), and an A100 fat tree
    (benchmarks/clusters/a100-hdr-4level.yaml: DGX A100 on the Selene HDR tree with a 4th tier), at 1,024 /
-   16,384 / 131,072 GPUs (whole racks of 72 for NVL72: 1,008 / 16,344 / 131,040). Plan: tp 8, pp 16
-   (9 on NVL72, so that it divides the racks), no interleaving, 16 micro-batches per replica, the preset's
-   other fields.
+   16,384 / 131,072 GPUs (whole racks of 72 for NVL72: 1,008 / 16,344 / 131,040). Plan: tp 8, pp 16, order
+   tp-dp-pp (NVL72: pp 9, order tp-pp-dp, so that tp x pp fill a rack; one more row with tp-dp-pp, whose DP
+   groups straddle racks unevenly), no interleaving, 16 micro-batches per replica, the preset's other fields.
    Wall time: the first run (cold: a fresh process, OS file cache warm) and the median of three more
    (warm); peak RSS of that process (``os.wait4``). Targets: 16k within 1.5x the wall time of 1k, 131k
    within 2x, 131k under 1 s and 300 MB.
@@ -38,7 +38,12 @@ from pathlib import Path  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 A100 = str(HERE / "clusters" / "a100-hdr-4level.yaml")
-CLUSTERS = (("dgx-h100", "dgx-h100", 8, 16), ("gb200-nvl72", "gb200-nvl72", 72, 9), ("a100-hdr-4level", A100, 8, 16))
+CLUSTERS = (("dgx-h100", "dgx-h100", 8, 16, "tp-dp-pp"), ("gb200-nvl72", "gb200-nvl72", 72, 9, "tp-pp-dp"),
+            ("a100-hdr-4level", A100, 8, 16, "tp-dp-pp"))
+"""(label, cluster, GPUs per node, pp, rank order). NVL72: tp 8 x pp 9 fill a rack (the pipeline on NVLink)."""
+MISALIGNED = ("gb200-nvl72 tp-dp-pp", "gb200-nvl72", 72, 9, "tp-dp-pp")
+"""the same racks with the pipeline across racks: DP groups straddle racks unevenly (no two groups are copies
+of each other moved by whole racks), the case the symmetry does not help."""
 SIZES = (1024, 16384, 131072)
 MICRO_BATCHES = 16
 PLAN_CMD = ["plan", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", "16384", "--global-batch",
@@ -50,10 +55,10 @@ def gpus_for(size: int, gpn: int) -> int:
     return size // gpn * gpn
 
 
-def estimate_args(path: str, gpus: int, pp: int) -> list[str]:
+def estimate_args(path: str, gpus: int, pp: int, order: str) -> list[str]:
     dp = gpus // (8 * pp)
     return ["estimate", "--model", "llama3-405b", "--cluster", path, "--gpus", str(gpus), "--tp", "8", "--pp",
-            str(pp), "--vpp", "1", "--global-batch", str(MICRO_BATCHES * dp)]
+            str(pp), "--vpp", "1", "--order", order, "--global-batch", str(MICRO_BATCHES * dp)]
 
 
 def run_tpsim(args: list[str], env: dict | None = None) -> tuple[float, float, int]:
@@ -73,10 +78,10 @@ def run_tpsim(args: list[str], env: dict | None = None) -> tuple[float, float, i
 
 def bench_estimate(repeat: int) -> list[dict]:
     rows = []
-    for name, path, gpn, pp in CLUSTERS:
-        for size in SIZES:
+    for name, path, gpn, pp, order in CLUSTERS + (MISALIGNED,):
+        for size in SIZES if (name, path, gpn, pp, order) != MISALIGNED else SIZES[-1:]:
             gpus = gpus_for(size, gpn)
-            args = estimate_args(path, gpus, pp)
+            args = estimate_args(path, gpus, pp, order)
             cold, cold_rss, code = run_tpsim(args)
             warm = [run_tpsim(args) for _ in range(repeat)]
             rows.append({"cluster": name, "gpus": gpus, "cold_s": cold, "warm_s": statistics.median(w[0] for w in warm),
@@ -93,8 +98,8 @@ def bench_curves() -> list[dict]:
     from tpsim.topology.placement import RankLayout
 
     rows = []
-    for name, path, gpn, pp in CLUSTERS:
-        for size in SIZES:
+    for name, path, gpn, pp, order in CLUSTERS + (MISALIGNED,):
+        for size in SIZES if (name, path, gpn, pp, order) != MISALIGNED else SIZES[-1:]:
             gpus = gpus_for(size, gpn)
             clear_cache()
             t = time.perf_counter()
@@ -103,7 +108,7 @@ def bench_curves() -> list[dict]:
             t = time.perf_counter()
             cluster.fingerprint()
             fingerprint_s = time.perf_counter() - t
-            layout = RankLayout.from_order("tp-dp-pp", tp=8, dp=gpus // (8 * pp), pp=pp)
+            layout = RankLayout.from_order(order, tp=8, dp=gpus // (8 * pp), pp=pp)
             requests = [(op, axis) for axis in ("tp", "dp") for op in ("all_reduce", "all_gather", "reduce_scatter")]
             requests.append(("send_recv", "pp"))
             t = time.perf_counter()
@@ -141,7 +146,8 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|"]
     base = {r["cluster"]: r["warm_s"] for r in rows if r["gpus"] <= 1024}
     for r in rows:
-        ratio = r["warm_s"] / base[r["cluster"]] if base.get(r["cluster"]) else float("nan")
+        ref = base.get(r["cluster"]) or base.get(r["cluster"].split()[0])
+        ratio = r["warm_s"] / ref if ref else float("nan")
         lines.append(f"| {r['cluster']} | {r['gpus']:,} | {r['cold_s']:.2f} | {r['warm_s']:.2f} | "
                      f"{r['rss_MB']:.0f} | {ratio:.2f}x |")
     return "\n".join(lines)
