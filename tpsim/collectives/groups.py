@@ -44,8 +44,13 @@ class GroupSet:
         return self.shift_sets[int(self.class_shift[c])]
 
     def expand(self) -> np.ndarray:
-        """Every group, class by class (for the full-graph router and the few per-group algorithms)."""
-        return np.concatenate([(self.reps[c][None, :] + self.shifts(c)[:, None]) for c in range(len(self.reps))])
+        """Every group (for the full-graph router and the few per-group algorithms), shift set by shift set."""
+        parts = []
+        for k, shifts in enumerate(self.shift_sets):
+            reps = self.reps[self.class_shift == k]
+            if len(reps):
+                parts.append((reps[:, None, :] + shifts[None, :, None]).reshape(-1, self.size))
+        return np.concatenate(parts)
 
     @staticmethod
     def single(groups: np.ndarray, gpn: int) -> "GroupSet":

@@ -136,16 +136,18 @@ class CollectiveModel:
                                      f"{self.cluster.num_gpus}")
                 if op not in OPS:
                     raise InputError(f"op={op!r} is not a collective (known: {', '.join(OPS)})")
-                hit = self._curve(op, self._layout_groups(layout, axes), None)
+                groups, digest = self._layout_groups(layout, axes)
+                hit = self._curve(op, groups, None, digest)
             self._curves[key] = hit
         return hit
 
-    def _layout_groups(self, layout: Any, axes: tuple[str, ...]) -> np.ndarray:
-        """``layout.groups(axes)``, built once per (layout, axes) for all ops."""
+    def _layout_groups(self, layout: Any, axes: tuple[str, ...]) -> tuple[np.ndarray, tuple]:
+        """``layout.groups(axes)`` and its digest, built once per (layout, axes) for all ops."""
         key = ("layout", layout, axes)
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._memo[key] = np.ascontiguousarray(layout.groups(axes), dtype=np.int64)
+            groups = np.ascontiguousarray(layout.groups(axes), dtype=np.int64)
+            hit = self._memo[key] = (groups, _digest(groups))
         return hit
 
     def run(self, op: str, nbytes: float, groups: Sequence[Sequence[int]] | np.ndarray,
@@ -199,17 +201,19 @@ class CollectiveModel:
         return arr
 
     # -------------------------------------------------------------------------------------- building
-    def _curve(self, op: str, groups: np.ndarray, algorithms: tuple[str, ...] | None) -> CostCurve:
-        key = ("groups", op, _digest(groups), algorithms)
+    def _curve(self, op: str, groups: np.ndarray, algorithms: tuple[str, ...] | None,
+               digest: tuple | None = None) -> CostCurve:
+        key = ("groups", op, digest or _digest(groups), algorithms)
         hit = self._curves.get(key)
         if hit is None:
-            hit = self._curves[key] = self._build(op, groups, algorithms)
+            hit = self._curves[key] = self._build(op, groups, algorithms, key[2])
         return hit
 
-    def _build(self, op: str, groups: np.ndarray, algorithms: tuple[str, ...] | None) -> CostCurve:
+    def _build(self, op: str, groups: np.ndarray, algorithms: tuple[str, ...] | None,
+               digest: tuple | None = None) -> CostCurve:
         if groups.shape[1] == 1:
             return CostCurve.zero()
-        lines = self._lines(op, groups)
+        lines = self._lines(op, groups, digest)
         if algorithms:
             lines = [ln for ln in lines if ln.name.startswith(tuple(algorithms))]
             if not lines:
@@ -222,13 +226,13 @@ class CollectiveModel:
                 names.append(ln.name)
         return CostCurve(tuple(lat), tuple(spb), tuple(names))
 
-    def _lines(self, op: str, groups: np.ndarray) -> list[Line]:
+    def _lines(self, op: str, groups: np.ndarray, digest: tuple | None = None) -> list[Line]:
         n = groups.shape[1]
         if n == 1:
             return [Line("none", 0.0, 0.0)]
         if "loopback" in self.router.route_types(int(groups[0, 0]), int(groups[0, 1])):
             return self._gloo_lines(op, groups)
-        gs = self._groupset(groups)
+        gs = self._groupset(groups, digest)
         seg = self._segments(gs)
         shape = self._shape(gs, seg)
         load = lambda flows, symmetric=False: self.router.sec_per_byte(ShiftedFlows(flows, gs, symmetric))
@@ -240,7 +244,7 @@ class CollectiveModel:
         if op == "all_reduce":
             lines += tree_lines(shape, load(tree_flows(seg), True), self.k)
         if op in NVLS_TRAFFIC and self._nvls_capable(gs, seg):
-            lines.append(nvls_line(op, shape, self._nvls_sec_per_byte(op, gs), self.k))
+            lines.append(nvls_line(op, shape, self._nvls_sec_per_byte(op, groups), self.k))
         if op == "all_reduce" and shape.nodes > 1 and seg.uniform > 1:
             lines += self._hierarchical(gs, seg, shape)
         if op in TORUS_FACTOR:
@@ -250,9 +254,9 @@ class CollectiveModel:
     def _hw(self, shape: GroupShape) -> str:
         return "NET" if shape.nodes > 1 else shape.hw
 
-    def _groupset(self, groups: np.ndarray) -> GroupSet:
+    def _groupset(self, groups: np.ndarray, digest: tuple | None = None) -> GroupSet:
         """The groups by symmetry (structural router); every group its own class on the graph."""
-        key = ("groupset", _digest(groups))
+        key = ("groupset", digest or _digest(groups))
         hit = self._memo.get(key)
         if hit is None:
             gpn = int(self.cluster.gpus_per_node)
@@ -305,8 +309,9 @@ class CollectiveModel:
         lines = [combine(f"hierarchical/{a.name.split('/')[1].split()[0]}", [(a, 1.0), (b, 1.0 / ppn), (c, 1.0)])
                  for a, b, c in zip(rs, ar, ag) if a.name.split()[0] == b.name.split()[0] == c.name.split()[0]]
         if self._nvls_capable(intra_gs, intra_seg):
-            nrs = nvls_line("reduce_scatter", s_intra, self._nvls_sec_per_byte("reduce_scatter", intra_gs), k)
-            nag = nvls_line("all_gather", s_intra, self._nvls_sec_per_byte("all_gather", intra_gs), k)
+            every = intra_gs.expand()
+            nrs = nvls_line("reduce_scatter", s_intra, self._nvls_sec_per_byte("reduce_scatter", every), k)
+            nag = nvls_line("all_gather", s_intra, self._nvls_sec_per_byte("all_gather", every), k)
             lines.append(combine("hierarchical-nvls/Simple", [(nrs, 1.0), (ar[-1], 1.0 / ppn), (nag, 1.0)]))
         return lines
 
@@ -344,11 +349,11 @@ class CollectiveModel:
         _, first = np.unique((a % gpn) * gpn + b % gpn, return_index=True)
         return np.stack([a[first], b[first]], axis=1)
 
-    def _nvls_sec_per_byte(self, op: str, gs: GroupSet) -> float:
+    def _nvls_sec_per_byte(self, op: str, groups: np.ndarray) -> float:
         """Load of the GPU<->switch links: per GPU ``NVLS_TRAFFIC`` bytes in/out, spread over its NVLinks
         by bandwidth; capacity scaled by the architecture's NVLS efficiency (NCCL nvls.cc)."""
-        into, out_of = NVLS_TRAFFIC[op](gs.size)
-        counts = np.bincount(gs.expand().ravel(), minlength=self.router.num_gpus)   # a rank in several groups
+        into, out_of = NVLS_TRAFFIC[op](groups.shape[1])
+        counts = np.bincount(groups.ravel(), minlength=self.router.num_gpus)   # a rank in several groups
         if self.structural:   # the links of a GPU are its template's: the busiest rank per local index
             gpn = self.cluster.gpus_per_node
             most = counts.reshape(-1, gpn).max(axis=0)
@@ -461,20 +466,9 @@ class CollectiveModel:
         return alpha, spb
 
 
-_DIGESTS: dict[int, tuple[np.ndarray, tuple]] = {}
-
-
 def _digest(groups: np.ndarray) -> tuple:
-    """Cache key of a groups array (shape and content); remembered for the last arrays seen (the ops of one
-    axis hash the same array)."""
-    hit = _DIGESTS.get(id(groups))
-    if hit is not None and hit[0] is groups:
-        return hit[1]
-    key = groups.shape, hashlib.blake2b(groups.tobytes(), digest_size=16).digest()
-    if len(_DIGESTS) > 64:
-        _DIGESTS.clear()
-    _DIGESTS[id(groups)] = (groups, key)
-    return key
+    """Cache key of a groups array (shape and content)."""
+    return groups.shape, hashlib.blake2b(groups.tobytes(), digest_size=16).digest()
 
 
 def _gs_digest(gs: GroupSet) -> tuple:

@@ -533,7 +533,7 @@ def _spread_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _dense_ids(values: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
     """(distinct values ascending, index of each value among them), like ``np.unique(return_inverse=True)``
     but by counting when the values lie in ``[0, span)`` with a small span (no sort)."""
-    if span > 1 << 26:
+    if span > max(1 << 16, 8 * len(values)):
         uniq, inv = np.unique(values, return_inverse=True)
         return uniq, inv.ravel()
     present = np.zeros(span, dtype=bool)
