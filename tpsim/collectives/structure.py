@@ -3,22 +3,27 @@
 A regular :class:`~tpsim.topology.Cluster` is identical nodes (one template) on a fabric built from parameters
 (fat tree / rail-optimized of 1-4 levels, 3D torus, or none). The loads that the full-graph router
 (:mod:`tpsim.collectives.fabric`) finds edge by edge are found here level by level, with the same routes
-(NVSwitch spreading, PXN, closest NIC, up/down ECMP, dimension-order torus routing):
+(NVSwitch spreading, PXN, closest NIC, up/down ECMP, dimension-order torus routing). Flows come as the flows
+of representative groups plus the whole-node shifts that copy them (:class:`~tpsim.collectives.groups.
+ShiftedFlows`):
 
-* **Inside a node** (template links, and the node's NIC links): a flow adds its template route to its source
-  node (an intra-node flow, or the way out to the NIC the fabric route starts from) and to its destination
-  node (NIC to GPU). A node's link loads are a function of the multiset of (local route, weight) it carries;
-  nodes carrying the same multiset have the same loads, so only one node per distinct multiset is evaluated
-  (the multisets are compared by two 64-bit sums of a fixed hash; nodes differing only by the order of their
-  flows are the same node). For the usual layouts every node is alike and one is evaluated.
+* **Inside a node** (template links, and the node's NIC links): a hop leaves *records* on the nodes it
+  touches: a GPU pair's template route, or GPU to NVSwitches (split by the source's lanes) and NVSwitches to
+  GPU, GPU to its NIC and up to the leaf, leaf down to a NIC and on to its GPU. A *token* is the records one
+  representative leaves on one node; every copy lands the same token on the node moved by its shift. A node's
+  loads depend only on the records landing on it, so nodes are told apart by sums of a fixed 64-bit hash of
+  their tokens' records (key, weight), and one node per distinct sum is evaluated through the template
+  routes. For the usual layouts every node is alike and one or a few are evaluated. (Two different record
+  sets would have to collide in two independent 30-bit-part sums to be taken as one: odds of order 2**-60.)
 * **Fat tree** (ECMP spreads evenly by lanes): every uplink of a leaf carries its share of the traffic
-  leaving that leaf, every uplink of a level-l block its share of the traffic leaving the block; so the
-  switch loads are the traffic leaving / entering each leaf and each block, one bincount per level.
+  leaving that leaf, every uplink of a pod / super-pod its share of the traffic leaving the block; so the
+  switch loads are the traffic leaving / entering each block, one bincount per level over the inter-node hops
+  of every copy (a symmetric flow set, such as a tree's, counts each pair once).
 * **Torus**: every flow's hops along its dimension-order route (ties split both ways), one bincount.
 
-The work is a few numpy passes over the flows (their number is what the group sizes require) and the template
-routes of the distinct local patterns; no per-GPU Python object and no graph. Equal to the full-graph router
-within floating-point summation order (tests/test_collective_structural.py).
+The work is numpy passes over the representatives' flows, the copies' landings and inter-node hops, and the
+template routes of the distinct local patterns; no per-GPU Python object and no graph. Equal to the full-graph
+router within floating-point summation order (tests/test_collective_structural.py).
 """
 
 from __future__ import annotations
