@@ -215,32 +215,42 @@ def _check_routes(cluster: "Cluster", exists) -> None:
 def _check_segments(cluster: "Cluster") -> None:
     """Sampled routes part by part (their product would be thousands of paths on a big fat tree): each
     part's fractions sum to 1, its links exist (resolved from the structure), the parts join end to end."""
+    from .progress import progress
+
     seen: set[tuple[str, str]] = set()
-    for src, dst in _sample_pairs(cluster, max_nodes=24):
-        here = cluster.gpu_id(src)
-        for part in cluster.route_segments(src, dst):
-            total = sum(f for f, _ in part)
-            if abs(total - 1.0) > 1e-9:
-                raise InputError(f"{cluster.spec.path}: a part of route {src}->{dst} sums to {total}, not 1")
-            ends = set()
-            for _, path in part:
-                if path[0][0] != here:
-                    raise InputError(f"{cluster.spec.path}: route {src}->{dst} breaks at {here}")
-                for u, v in path:
-                    if (u, v) in seen:
-                        continue
-                    try:
-                        cluster.link_attrs(u, v)
-                    except InputError:
-                        raise InputError(f"{cluster.spec.path}: route {src}->{dst} uses missing link "
-                                         f"{u}->{v}") from None
-                    seen.add((u, v))
-                ends.add(path[-1][1])
-            if len(ends) != 1:
-                raise InputError(f"{cluster.spec.path}: a part of route {src}->{dst} ends in {sorted(ends)}")
-            here = ends.pop()
-        if here != cluster.gpu_id(dst):
-            raise InputError(f"{cluster.spec.path}: route {src}->{dst} does not reach {cluster.gpu_id(dst)}")
+    pairs = _sample_pairs(cluster, max_nodes=24)
+    with progress(len(pairs), f"checking {cluster.name}", "route") as bar:
+        for src, dst in pairs:
+            _check_route_parts(cluster, src, dst, seen)
+            bar.update()
+
+
+def _check_route_parts(cluster: "Cluster", src: int, dst: int, seen: set[tuple[str, str]]) -> None:
+    """One sampled route, part by part (links already resolved are in ``seen``)."""
+    here = cluster.gpu_id(src)
+    for part in cluster.route_segments(src, dst):
+        total = sum(f for f, _ in part)
+        if abs(total - 1.0) > 1e-9:
+            raise InputError(f"{cluster.spec.path}: a part of route {src}->{dst} sums to {total}, not 1")
+        ends = set()
+        for _, path in part:
+            if path[0][0] != here:
+                raise InputError(f"{cluster.spec.path}: route {src}->{dst} breaks at {here}")
+            for u, v in path:
+                if (u, v) in seen:
+                    continue
+                try:
+                    cluster.link_attrs(u, v)
+                except InputError:
+                    raise InputError(f"{cluster.spec.path}: route {src}->{dst} uses missing link "
+                                     f"{u}->{v}") from None
+                seen.add((u, v))
+            ends.add(path[-1][1])
+        if len(ends) != 1:
+            raise InputError(f"{cluster.spec.path}: a part of route {src}->{dst} ends in {sorted(ends)}")
+        here = ends.pop()
+    if here != cluster.gpu_id(dst):
+        raise InputError(f"{cluster.spec.path}: route {src}->{dst} does not reach {cluster.gpu_id(dst)}")
 
 
 def _sample_pairs(cluster: "Cluster", max_nodes: int = 4096) -> list[tuple[int, int]]:
