@@ -106,6 +106,7 @@ class StructuralRouter(RouteQueries):
         self._fast: dict[int, FastLinks] = {}
         self._route_cache: dict[tuple[int, int], RouteInfo] = {}
         self._proxy_table = np.full(g * max(self.rails, 1), -1, dtype=np.int64)
+        self._key_salt = np.zeros(0, dtype=np.uint64)
         if self.fat is not None:
             self._switch_ratios()
         if self.torus is not None:
@@ -362,12 +363,20 @@ class StructuralRouter(RouteQueries):
         """Two 30-bit-part sums per token of a hash of its records (key, weight): tokens that leave the same
         records get the same values (a ring's inner nodes are all alike), so their nodes are told apart
         only by what lands on them."""
-        bits = weight.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        h = self._key_hash(int(key.max()) + 1)[key] ^ (weight.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(29)
         out = np.empty((2, n))
-        for i, seed in enumerate((0x5EED, 0xC0FFEE)):
-            h = _splitmix64((key.astype(np.uint64) + np.uint64(seed)) ^ bits)
-            out[i] = np.bincount(tok, weights=(h >> np.uint64(34)).astype(float), minlength=n)
+        out[0] = np.bincount(tok, weights=(h >> np.uint64(34)).astype(float), minlength=n)
+        out[1] = np.bincount(tok, weights=(h & np.uint64((1 << 30) - 1)).astype(float), minlength=n)
         return out
+
+    def _key_hash(self, size: int) -> np.ndarray:
+        """A fixed random 64-bit value per record key (grown as keys appear)."""
+        if len(self._key_salt) < size:
+            self._key_salt = _splitmix64(np.arange(max(size, 2 * len(self._key_salt)), dtype=np.uint64)
+                                         + np.uint64(0x5EED))
+        return self._key_salt
 
     def _representatives(self, node: np.ndarray, content: np.ndarray) -> np.ndarray:
         """One node per distinct multiset of landing token contents (every loaded node when there are few).
