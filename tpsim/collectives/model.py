@@ -38,6 +38,7 @@ from .structure import StructuralRouter
 __all__ = ["CollectiveModel", "CollectiveResult", "get_collective_model", "nccl_tests_time", "ring_orders"]
 
 Groups = tuple[tuple[int, ...], ...]
+_LAYOUT_CACHE = 16
 TORUS_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}
 """ring passes per dimension: reduce-scatter then all-gather for all_reduce."""
 
@@ -93,6 +94,7 @@ class CollectiveModel:
         self.router: StructuralRouter | GraphRouter = (StructuralRouter(cluster, rules) if self.structural
                                                        else GraphRouter(cluster, rules))
         self._curves: dict[tuple, CostCurve] = {}
+        self._layouts: dict[tuple, tuple[np.ndarray, tuple]] = {}
         self._memo: dict[tuple, Any] = {}
         """per groups digest: segments, ring bandwidths (all_gather and reduce_scatter reuse all_reduce's)."""
 
@@ -142,12 +144,16 @@ class CollectiveModel:
         return hit
 
     def _layout_groups(self, layout: Any, axes: tuple[str, ...]) -> tuple[np.ndarray, tuple]:
-        """``layout.groups(axes)`` and its digest, built once per (layout, axes) for all ops."""
-        key = ("layout", layout, axes)
-        hit = self._memo.get(key)
+        """``layout.groups(axes)`` and its digest, shared by the ops of one axis; the last
+        ``_LAYOUT_CACHE`` layouts are kept (a groups array holds every rank: a search visits hundreds)."""
+        key = (layout, axes)
+        hit = self._layouts.pop(key, None)
         if hit is None:
             groups = np.ascontiguousarray(layout.groups(axes), dtype=np.int64)
-            hit = self._memo[key] = (groups, _digest(groups))
+            hit = (groups, _digest(groups))
+            if len(self._layouts) >= _LAYOUT_CACHE:
+                self._layouts.pop(next(iter(self._layouts)))
+        self._layouts[key] = hit   # most recent last
         return hit
 
     def run(self, op: str, nbytes: float, groups: Sequence[Sequence[int]] | np.ndarray,
