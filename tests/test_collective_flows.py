@@ -80,7 +80,19 @@ def test_group_sets_expand_to_their_groups(sizes, order, axis):
     assert sorted(map(tuple, back.tolist())) == sorted(map(tuple, groups.tolist()))
     # every copy is its representative moved by whole nodes
     for c in range(len(gs.reps)):
-        assert np.all(gs.shifts(c) % 8 == 0) and gs.shifts(c)[0] == 0
+        assert np.all(gs.shifts(c) % 8 == 0) and 0 in gs.shifts(c)
+
+
+def test_unsorted_groups_classify_with_negative_shifts():
+    groups = np.array([[17, 18], [1, 2], [9, 10], [33, 34]])   # the same pair of GPUs on nodes 2, 0, 1, 4
+    gs = GroupSet.of(groups, 8)
+    assert len(gs.reps) == 1 and sorted(gs.shifts(0).tolist()) == [-16, -8, 0, 16]
+    assert sorted(map(tuple, gs.expand().tolist())) == sorted(map(tuple, groups.tolist()))
+    s = CollectiveModel(CLUSTER)
+    r = CollectiveModel(CLUSTER, reference=True)
+    for op in ("all_reduce", "all_gather", "all_to_all", "send_recv"):
+        a, b = s.curve(op, groups), r.curve(op, groups)
+        assert a.algorithms == b.algorithms and np.allclose(a.sec_per_byte, b.sec_per_byte, rtol=1e-12)
 
 
 def test_shifted_flows_load_like_their_copies():

@@ -23,8 +23,9 @@ _SALT = np.array([0x2545F4914F6CDD1D, 0x5851F42D4C957F2D], dtype=np.uint64)
 @dataclass(frozen=True)
 class GroupSet:
     """Groups as classes of node-translates. ``reps[c]`` is class c's first group; its copies are
-    ``reps[c] + s`` for ``s`` in ``shift_sets[class_shift[c]]`` (rank shifts, multiples of ``gpn``, the first
-    0). Distinct shift sets are stored once (the classes of one layout usually share them)."""
+    ``reps[c] + s`` for ``s`` in ``shift_sets[class_shift[c]]`` (rank shifts, multiples of ``gpn``, sorted,
+    0 among them: the representative itself). Distinct shift sets are stored once (the classes of one layout
+    usually share them)."""
 
     reps: np.ndarray
     shift_sets: tuple[np.ndarray, ...]
