@@ -56,7 +56,7 @@ def run_bench(nproc: int, backend: str = "gloo", sizes: Sequence[int] = DEFAULT_
     with tempfile.TemporaryDirectory(prefix="tpsim-bench-") as tmp:
         store = Path(tmp) / "store"
         spec = dict(backend=backend, sizes=list(sizes), ops=list(ops), iters=iters, warmup=warmup,
-                    timeout_s=timeout_s, store=str(store))
+                    timeout_s=timeout_s, store=str(store), parent=os.getpid())
         procs = [ctx.Process(target=_worker, args=(rank, nproc, spec, results), daemon=True)
                  for rank in range(nproc)]
         try:
@@ -122,6 +122,9 @@ def _reap(procs) -> None:
 
 
 def _worker(rank: int, nproc: int, spec: dict, results) -> None:
+    from ..process import die_with_parent
+
+    die_with_parent(spec.get("parent"))  # a killed `tpsim bench-collectives` takes its ranks with it
     try:
         rows = _measure(rank, nproc, spec)
         if rank == 0:
@@ -208,5 +211,7 @@ def write_csv(rows: Sequence[Measurement], path: str | os.PathLike | None) -> st
         w.writerow([r.backend, r.op, r.nranks, r.bytes, f"{r.time_s:.9g}"])
     text = buf.getvalue()
     if path:
-        Path(path).write_text(text)
+        from ..io import atomic_write_text
+
+        atomic_write_text(path, text, "--out")
     return text

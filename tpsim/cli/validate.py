@@ -7,17 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import add_model_args, positive_int
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
-    return value
+from .common import add_model_args, count_arg, real_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,33 +20,33 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the estimator's prediction. Writes reports/validation/<name>.csv and <name>.png.")
     add_model_args(p, default="gpt3-1.3b")
     g = p.add_argument_group("block and plan")
-    g.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel degree (default: %(default)s)")
+    g.add_argument("--tp", type=count_arg("tp"), default=2, help="tensor-parallel degree (default: %(default)s)")
     g.add_argument("--sp", action="store_true", help="sequence parallelism")
     g.add_argument("--fused", action="store_true", help="fused q/k/v (and gate/up) Linear layers")
-    g.add_argument("--micro-batch", type=positive_int, default=3,
+    g.add_argument("--micro-batch", type=count_arg("micro_batch"), default=3,
                    help="sequences per micro-batch (default 3: token counts 3 x 2^k lie between the profile's "
                         "grid points)")
-    g.add_argument("--shard-of", type=positive_int, default=1, metavar="T",
+    g.add_argument("--shard-of", type=count_arg("tp"), default=1, metavar="T",
                    help="run one rank's shard of tp=T as a tp=1 block (query/KV heads and FFN divided by T; "
                         "the single-GPU validation of per-shard shapes)")
     g.add_argument("--matrix", action="store_true",
                    help="run the validation matrix: tp {1,2} x sp on/off x hidden {512,1024,2048} x seq "
                         "{128,512} of the model's family, and summarise the error")
     r = p.add_argument_group("ranks")
-    r.add_argument("--nproc", type=positive_int, help="ranks on this node (default: --tp; must equal tp)")
+    r.add_argument("--nproc", type=count_arg("nproc"), help="ranks on this node (default: --tp; must equal tp)")
     r.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="default: %(default)s")
-    r.add_argument("--timeout", type=_positive_float, default=60.0,
+    r.add_argument("--timeout", type=real_arg("timeout_s"), default=60.0,
                    help="process-group timeout of every collective and rendezvous, seconds (default: "
                         "%(default)s)")
-    r.add_argument("--run-timeout", type=_positive_float, help="wall-clock limit of each launch, seconds")
-    r.add_argument("--threads", type=positive_int, default=1, help="threads per rank (default: %(default)s)")
-    r.add_argument("--nnodes", type=positive_int, default=1, help="nodes (default: %(default)s)")
+    r.add_argument("--run-timeout", type=real_arg("timeout_s"), help="wall-clock limit of each launch, seconds")
+    r.add_argument("--threads", type=count_arg("threads"), default=1, help="threads per rank (default: %(default)s)")
+    r.add_argument("--nnodes", type=count_arg("nnodes"), default=1, help="nodes (default: %(default)s)")
     r.add_argument("--rdzv-endpoint", default="",
                    help="HOST:PORT of the c10d rendezvous, the same on every node (several nodes)")
     r.add_argument("--rdzv-id", default="tpsim-validate", help="rendezvous id shared by the nodes")
     m = p.add_argument_group("measurement and prediction")
-    m.add_argument("--reps", type=positive_int, default=5, help="timed iterations (default: %(default)s)")
-    m.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default: %(default)s)")
+    m.add_argument("--reps", type=count_arg("reps"), default=5, help="timed iterations (default: %(default)s)")
+    m.add_argument("--warmup", type=count_arg("warmup", minimum=0), default=2, help="untimed iterations first (default: %(default)s)")
     m.add_argument("--cluster", default=None,
                    help="topology the ranks run on (default: local-cpu for gloo, hgx-h200 for nccl)")
     m.add_argument("--profile", help="kernel profile CSV (default: the newest profiles/<cpu|cuda>-*.csv)")
@@ -68,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--no-overhead", action="store_true",
                    help="do not add the framework overhead (measured on a tiny twin of the block first) to "
                         "the prediction")
-    m.add_argument("--budget", type=_positive_float, default=300.0,
+    m.add_argument("--budget", type=real_arg("budget_s"), default=300.0,
                    help="scale a case down (sequence, then micro-batch) until one rank's predicted run time "
                         "is under this many seconds (default: %(default)s)")
     o = p.add_argument_group("output")

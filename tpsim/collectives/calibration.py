@@ -289,17 +289,19 @@ def load_calibration(path: str | os.PathLike) -> dict[str, Any]:
         p = alt if alt.is_file() else (alt.with_suffix(".yaml") if alt.with_suffix(".yaml").is_file() else p)
     if not p.is_file():
         raise InputError(f"calibration={str(path)!r}: file not found")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise InputError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    from ..safeyaml import check_kind, read_yaml
+
+    data = read_yaml(p, "calibration file") or {}
     if not isinstance(data, dict):
         raise InputError(f"{p}: a calibration file is a mapping of link types")
+    check_kind(data, "calibration", str(p))
     out: dict[str, Any] = {}
     for key, value in data.items():
         if key in LINK_TYPES:
             out[key] = _link_entry(p, key, value)
         elif key == "gloo_ops":
+            if not isinstance(value or {}, dict):
+                raise InputError(f"{p}: gloo_ops must be a mapping of collectives to link values")
             out[key] = {op: _link_entry(p, f"gloo_ops.{op}", v) for op, v in (value or {}).items() if op in OPS}
     return out
 
@@ -311,7 +313,9 @@ def _link_entry(p: Path, key: str, value: Any) -> dict[str, float]:
     for name in ("efficiency", "latency_us", "bw_GBps"):
         if name in value:
             v = value[name]
-            if not isinstance(v, (int, float)) or not v >= 0 or (name != "latency_us" and v == 0):
-                raise InputError(f"{p}: {key}.{name}={v!r} must be a positive number")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e300 \
+                    or (name != "latency_us" and v == 0) or (name == "efficiency" and v > 1):
+                raise InputError(f"{p}: {key}.{name}={v!r} must be a positive number"
+                                 + (" at most 1" if name == "efficiency" else ""))
             entry[name] = float(v)
     return entry

@@ -9,9 +9,8 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..errors import InputError
 from .fabric import Torus
 
 if TYPE_CHECKING:
@@ -69,9 +68,7 @@ def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gp
     ax.set_xticks([])
     fig.tight_layout()
     try:
-        fig.savefig(out, dpi=110)
-    except OSError as exc:
-        raise InputError(f"--out={out}: cannot write ({exc.strerror})") from None
+        _save_atomic(fig, out)
     finally:
         plt.close(fig)
     return note
@@ -146,3 +143,15 @@ def _note(cluster: "Cluster", shown_nodes: int, max_gpus: int) -> str:
     if cluster.gpus_per_node > max_gpus:
         parts.append(f"{max_gpus} of {cluster.gpus_per_node} GPUs per node")
     return "; ".join(parts) if parts else "all devices shown"
+
+
+def _save_atomic(fig: Any, out: str | Path) -> None:
+    """Render in memory, then replace ``out`` in one step (tpsim.io): no truncated drawing after Ctrl-C."""
+    import io
+
+    from ..io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fmt = Path(out).suffix.lstrip(".").lower() or "png"
+    fig.savefig(buf, format=fmt, dpi=110)
+    atomic_write_bytes(out, buf.getvalue(), "--out")

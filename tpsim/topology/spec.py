@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
-from .files import check_keys, fraction, non_negative, positive, read_yaml, resolve, topologies_dir
+from ..limits import LIMITS, show
+from .files import check_keys, check_kind, fraction, non_negative, positive, read_yaml, resolve, topologies_dir
 
 DEVICE_KINDS = ("gpu", "nvswitch", "pcie_switch", "cpu", "nic", "switch")
 LINK_TYPES = ("nvlink", "pcie", "ib", "ethernet", "ici", "loopback", "cpu")
@@ -174,6 +175,7 @@ def load_node_template(name_or_path: str, relative_to: Path | None = None) -> No
     path = resolve("node", name_or_path, relative_to)
     data = read_yaml(path)
     where = str(path)
+    check_kind(data, "node template", path)
     check_keys(data, ("name", "description", "source", "devices", "links", "note"), where,
                required=("devices", "links", "source"))
     devices = _device_groups(data["devices"], where)
@@ -200,7 +202,7 @@ def _device_groups(body: Any, where: str) -> tuple[DeviceGroup, ...]:
         if spec["count"] == "any" and spec["kind"] == "gpu":
             count = 0
         else:
-            count = positive(spec["count"], w, "count", integer=True)
+            count = positive(spec["count"], w, "count", integer=True, maximum=LIMITS["node_devices"])
         groups.append(DeviceGroup(name=str(name), kind=spec["kind"], count=count, sharp=bool(spec.get("sharp"))))
     gpu_groups = [g for g in groups if g.kind == "gpu"]
     if len(gpu_groups) != 1:
@@ -236,6 +238,8 @@ def _link_spec(i: int, body: Any, groups: Mapping[str, DeviceGroup], kinds: Mapp
         raise InputError(f"{w}: pattern={pattern!r} is not one of {', '.join(PATTERNS)}")
     lanes_raw = body.get("lanes", 1)
     lanes_list = lanes_raw if isinstance(lanes_raw, list) else [lanes_raw]
+    if len(lanes_list) > LIMITS["node_devices"]:
+        raise InputError(f"{w}: lanes lists {len(lanes_list)} values (at most {LIMITS['node_devices']})")
     lanes = tuple(positive(x, w, "lanes", integer=True) for x in lanes_list)
     if len(lanes) > 1 and pattern != "all":
         raise InputError(f"{w}: lanes={lanes_raw!r}: a list of lanes needs pattern: all (one per {b})")
@@ -270,6 +274,7 @@ def load_fabric(body: Any, relative_to: Path | None, where: str) -> FabricSpec:
         body = body["use"]
     path = resolve("fabric", body, relative_to)
     data = dict(read_yaml(path))
+    check_kind(data, "fabric", path)
     ftype = data.get("type")
     if ftype not in FABRIC_TYPES:
         raise InputError(f"{path}: type={ftype!r} is not one of {', '.join(FABRIC_TYPES)}")
@@ -290,18 +295,19 @@ def _fabric_spec(data: Mapping[str, Any], path: Path, where: str) -> FabricSpec:
         if dims != "auto":
             if not isinstance(dims, list) or len(dims) != 3:
                 raise InputError(f"{where}: dims={dims!r} must be 'auto' or a list of 3 sizes")
-            dims = tuple(positive(d, where, "dims", integer=True) for d in dims)
+            dims = tuple(positive(d, where, "dims", integer=True, maximum=LIMITS["torus_dim"]) for d in dims)
         shape = data.get("host_shape", [1, 1, 1])
         if not isinstance(shape, list) or len(shape) != 3:
             raise InputError(f"{where}: host_shape={shape!r} must be a list of 3 sizes")
         return FabricSpec(name=name, path=path, type=ftype, link=_kind(kinds, data.get("link"), where, "link"),
                           dims=None if dims == "auto" else dims,
-                          host_shape=tuple(positive(d, where, "host_shape", integer=True) for d in shape),
+                          host_shape=tuple(positive(d, where, "host_shape", integer=True,
+                                                    maximum=LIMITS["torus_dim"]) for d in shape),
                           wraparound=bool(data.get("wraparound", True)), raw=data)
     levels = positive(data.get("levels", 2), where, "levels", integer=True)
     if levels > 3:
         raise InputError(f"{where}: levels={levels} must be 1, 2 or 3")
-    radix = positive(data.get("radix"), where, "radix", integer=True)
+    radix = positive(data.get("radix"), where, "radix", integer=True, maximum=LIMITS["radix"])
     placement = "rail" if ftype == "rail_optimized" else data.get("placement", "node")
     if placement not in ("rail", "node"):
         raise InputError(f"{where}: placement={placement!r} is not one of rail, node")
@@ -329,6 +335,7 @@ def load_calibration(ref: Any, relative_to: Path, where: str) -> CalibrationSpec
         raise InputError(f"{where}: calibration={text!r}: file not found (looked in {relative_to} and "
                          f"tpsim/data/calibration)")
     data = read_yaml(path.resolve())
+    check_kind(data, "calibration", path)
     per_type: dict[str, dict[str, float]] = {}
     provenance: dict[str, Any] = {}
     for key, value in data.items():
@@ -337,6 +344,8 @@ def load_calibration(ref: Any, relative_to: Path, where: str) -> CalibrationSpec
             continue
         w = f"{path}: {key}"
         check_keys(value, ("efficiency", "latency_us", "bw_GBps", "source", "fit_error", "samples", "note"), w)
+        if not isinstance(value, Mapping):
+            raise InputError(f"{w}: expected a mapping of efficiency, latency_us, bw_GBps")
         entry: dict[str, float] = {}
         if "efficiency" in value:
             entry["efficiency"] = fraction(value["efficiency"], w, "efficiency")
@@ -360,14 +369,19 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
     path = resolve("cluster", name_or_path)
     data = read_yaml(path)
     where = str(path)
+    check_kind(data, "cluster", path)
     check_keys(data, _CLUSTER_KEYS, where, required=("node", "fabric", "device", "gpus", "source"))
+    for key in ("node", "device"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise InputError(f"{where}: {key}={show(data[key])} must be a name")
     node = load_node_template(data["node"], path.parent)
     fabric = load_fabric(data["fabric"], path.parent, where)
     defaults = data.get("defaults") or {}
     check_keys(defaults, ("efficiency",), f"{where}: defaults")
     eff = fraction(defaults.get("efficiency", 1.0), f"{where}: defaults", "efficiency")
-    total = positive(data["gpus"] if gpus is None else gpus, where if gpus is None else "--gpus", "gpus",
-                     integer=True)
+    total = positive(data["gpus"], where, "gpus", integer=True)
+    if gpus is not None:
+        total = positive(gpus, "--gpus", "gpus", integer=True)
     gpn_raw = data.get("gpus_per_node")
     single = gpn_raw == "all"
     template_gpus = node.gpu_group.count
@@ -378,7 +392,7 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
             raise InputError(f"{where}: gpus_per_node is required: node {node.name} has gpu count 'any'")
         gpn = template_gpus
     else:
-        gpn = positive(gpn_raw, where, "gpus_per_node", integer=True)
+        gpn = positive(gpn_raw, where, "gpus_per_node", integer=True, maximum=LIMITS["gpus"])
     if template_gpus and gpn != template_gpus:
         raise InputError(f"{where}: gpus_per_node={gpn} but node {node.name} has {template_gpus} GPUs")
     if total % gpn:
