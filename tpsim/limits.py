@@ -46,6 +46,7 @@ LIMITS: dict[str, int] = {
     "warmup": 1 << 16,
     "reps": 1 << 16,
     "measured_ranks": 1 << 16,  # ranks of one measured collective (a calibration input row)
+    "kernel_dim": 1 << 40,  # one dimension (m, n, k, sequence, elements) of a profiled kernel
     # output
     "top": 1 << 20,
     # topology files: one group of devices in a node template, lanes of one link, switch ports, torus sides
@@ -70,6 +71,8 @@ MAX_CLI_INT = (1 << 31) - 1
 """Any integer flag without an entry in LIMITS: no count in tpsim needs more."""
 MAX_INPUT_BYTES = 64 << 20
 """Largest text input read (config, profile CSV, measurements): the shipped CPU profile is 0.3 MB."""
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest model config.json (Hugging Face configs are a few kB)."""
 MAX_YAML_BYTES = 4 << 20
 """Largest YAML input (topology and calibration files are under 20 kB)."""
 RANK_PROCESS_BYTES = 300 << 20
@@ -79,8 +82,10 @@ runs (``bench-collectives``, ``validate``) refuse more ranks than the machine's 
 MAX_GRAPH_NODES = 200_000
 """A full networkx graph is built only below this many vertices (``tpsim topo`` on irregular clusters);
 larger clusters use the structural model."""
-MAX_PLANS = 50_000_000
-"""Plans a search may enumerate without an explicit flag."""
+MAX_PLANS = 1_000_000
+"""Plans a search may enumerate without ``--allow-large-space``: a search holds about 1 kB per plan (measured:
+GPT-3 175B on 1024 GPUs, 271,296 plans, 340 MB peak), so this keeps a search near 1 GB. The full spaces of
+the shipped presets are below it (Llama-3 405B on 131,072 GPUs: 577,728 plans)."""
 MAX_JSON_DEPTH = 64
 """Nesting depth of a JSON or YAML input."""
 MAX_YAML_NODES = 1_000_000

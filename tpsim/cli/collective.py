@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     nbytes = parse_bytes(args.bytes, "--bytes")
     cluster = load_cluster(args.cluster, gpus=args.gpus)
     groups = select_groups(args, cluster.num_gpus)
-    model = CollectiveModel(cluster, args.calibration) if args.calibration else get_collective_model(cluster)
+    model = (CollectiveModel(cluster, args.calibration) if args.calibration is not None
+             else get_collective_model(cluster))
     algos = [a.strip() for a in args.algo.split(",") if a.strip()] if args.algo is not None else None
     if algos == []:
         raise InputError(f"--algo {show(args.algo)} names no algorithm (e.g. ring, tree, nvls)")
@@ -72,7 +73,7 @@ def select_groups(args: argparse.Namespace, num_gpus: int) -> tuple[tuple[int, .
         return rank_groups(tp, dp, pp, order)[args.group]
     if args.plan:
         raise InputError("--plan is only used with --group tp|dp|pp")
-    return (parse_ranks(args.ranks, num_gpus) if args.ranks else tuple(range(num_gpus)),)
+    return (parse_ranks(args.ranks, num_gpus) if args.ranks is not None else tuple(range(num_gpus)),)
 
 
 def parse_plan_sizes(text: str, num_gpus: int) -> tuple[int, int, int, str]:

@@ -113,15 +113,43 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="flash (default) or unfused attention (stores the s x s scores)")
 
 
+def check_model_file(name_or_path: str) -> None:
+    """Before the model loader reads a config file: it must be a regular UTF-8 file of bounded size (not a
+    folder without config.json, a FIFO that blocks, /dev/zero that never ends, or binary data)."""
+    from pathlib import Path
+
+    from ..io import read_text
+    from ..limits import MAX_CONFIG_BYTES, show
+
+    if not name_or_path.strip():
+        raise InputError("--model: the name is empty (a preset name or a config.json path)")
+    if len(name_or_path) > 4096:
+        raise InputError(f"--model {show(name_or_path)}: not a preset name nor a file name")
+    path = Path(name_or_path).expanduser()
+    try:
+        if path.is_dir():
+            if not (path / "config.json").exists():
+                raise InputError(f"--model {show(name_or_path)} is a folder without a config.json")
+            path = path / "config.json"
+        exists = path.exists() or path.is_symlink()
+    except OSError:
+        exists = False
+    if exists:
+        read_text(path, "model file", MAX_CONFIG_BYTES)
+
+
 def build_model(args: argparse.Namespace):
     from ..model import load_model, with_overrides
 
+    check_model_file(args.model)
     spec = load_model(args.model)
     return with_overrides(spec, layers=args.layers, hidden=args.hidden, heads=args.heads,
                           kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, seq_len=args.seq_len)
 
 
 def cluster_and_gpus(args: argparse.Namespace, model) -> tuple[str, int | None]:
+    if args.cluster is not None and not args.cluster.strip():
+        raise InputError("--cluster: the name is empty (a cluster name or a YAML path)")
     name = args.cluster or model.default_plan.get("cluster") or "dgx-a100"
     gpus = args.gpus or (model.default_plan.get("gpus") if not args.cluster else None)
     return name, gpus

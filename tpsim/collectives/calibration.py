@@ -23,6 +23,9 @@ import numpy as np
 import yaml
 
 from ..errors import InputError
+from ..io import read_text
+from ..limits import LIMITS, show
+from ..units import parse_bytes
 from .curve import OPS
 
 COLUMNS = ("backend", "op", "nranks", "bytes", "time_s")
@@ -65,9 +68,7 @@ def read_measurements(paths: Sequence[str | os.PathLike], op: str | None = None)
     samples: list[Sample] = []
     for path in paths:
         p = Path(path)
-        if not p.is_file():
-            raise InputError(f"{p}: measurement file not found")
-        text = p.read_text(errors="replace")
+        text = read_text(p, "measurement file")
         first = text.lstrip().splitlines()[0] if text.strip() else ""
         got = _read_csv(p, text) if first.replace(" ", "").startswith("backend,") else _read_nccl_tests(p, text, op)
         if not got:
@@ -88,13 +89,15 @@ def _read_csv(path: Path, text: str) -> list[Sample]:
         if row["op"] not in OPS:
             raise InputError(f"{where}: op={row['op']!r} is not a collective ({', '.join(OPS)})")
         try:
-            nranks, nbytes, t = int(row["nranks"]), int(float(row["bytes"])), float(row["time_s"])
-        except (TypeError, ValueError):
-            raise InputError(f"{where}: nranks={row['nranks']!r}, bytes={row['bytes']!r}, "
-                             f"time_s={row['time_s']!r} must be numbers") from None
-        if nranks < 2 or nbytes <= 0 or not (t > 0 and math.isfinite(t)):
-            raise InputError(f"{where}: nranks={nranks}, bytes={nbytes}, time_s={t} out of range "
-                             "(nranks >= 2, bytes > 0, time_s > 0)")
+            nranks, t = int(row["nranks"] or ""), float(row["time_s"] or "")
+            nbytes = parse_bytes(row["bytes"] or "", "bytes")
+        except (TypeError, ValueError, InputError):
+            raise InputError(f"{where}: nranks={show(row['nranks'])}, bytes={show(row['bytes'])}, "
+                             f"time_s={show(row['time_s'])} must be numbers (bytes a whole number up to "
+                             f"{LIMITS['bytes']})") from None
+        if not 2 <= nranks <= LIMITS["measured_ranks"] or not (t > 0 and math.isfinite(t)):
+            raise InputError(f"{where}: nranks={show(nranks)}, time_s={t} out of range "
+                             f"(2 <= nranks <= {LIMITS['measured_ranks']}, time_s > 0)")
         out.append(Sample(row["op"], nranks, nbytes, t, row["backend"], str(path)))
     return out
 
@@ -107,6 +110,9 @@ def _read_nccl_tests(path: Path, text: str, op: str | None) -> list[Sample]:
     if name is None:
         raise InputError(f"{path}: cannot tell which collective this nccl-tests output measured; pass --op")
     ranks = len(re.findall(r"^#\s+Rank\s+\d+", text, flags=re.M))
+    if ranks > LIMITS["measured_ranks"]:
+        raise InputError(f"{path}: nccl-tests header lists {ranks} ranks, above the supported "
+                         f"{LIMITS['measured_ranks']}")
     if ranks < 2:
         raise InputError(f"{path}: nccl-tests header lists {ranks} rank(s) ('#  Rank N ...' lines); need >= 2")
     out = []
@@ -119,7 +125,7 @@ def _read_nccl_tests(path: Path, text: str, op: str | None) -> list[Sample]:
             nbytes, t_us = int(tok[0]), float(tok[t_col])
         except ValueError:
             continue
-        if nbytes > 0 and t_us > 0:
+        if 0 < nbytes <= LIMITS["bytes"] and 0 < t_us < math.inf:
             out.append(Sample(name, ranks, nbytes, t_us * 1e-6, "nccl", str(path)))
     return out
 
@@ -284,10 +290,12 @@ def load_calibration(path: str | os.PathLike) -> dict[str, Any]:
     """``{link_type: {efficiency, latency_us, bw_GBps}}`` of a calibration YAML, plus ``gloo_ops`` (per-op
     values for CPU ranks) when present; other keys are provenance."""
     p = Path(path)
-    if not p.is_file():
+    if not str(path).strip():
+        raise InputError("calibration: the file name is empty")
+    if not _exists(p):
         alt = Path(__file__).resolve().parents[1] / "data" / "calibration" / p.name
         p = alt if alt.is_file() else (alt.with_suffix(".yaml") if alt.with_suffix(".yaml").is_file() else p)
-    if not p.is_file():
+    if not _exists(p):
         raise InputError(f"calibration={str(path)!r}: file not found")
     from ..safeyaml import check_kind, read_yaml
 
@@ -304,6 +312,13 @@ def load_calibration(path: str | os.PathLike) -> dict[str, Any]:
                 raise InputError(f"{p}: gloo_ops must be a mapping of collectives to link values")
             out[key] = {op: _link_entry(p, f"gloo_ops.{op}", v) for op, v in (value or {}).items() if op in OPS}
     return out
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:  # a name too long for the file system
+        return False
 
 
 def _link_entry(p: Path, key: str, value: Any) -> dict[str, float]:

@@ -152,9 +152,25 @@ class Cluster:
         if self.fabric is not None:
             yield from self.fabric.edges()
 
+    def vertex_count(self) -> int:
+        """Devices a full graph of the cluster holds, without the fabric's switches (fewer than its NICs)."""
+        return self.num_nodes * len(self.layout.devices)
+
+    def check_graph_size(self) -> None:
+        """Refuse (one line) to build per-device tables for more than tpsim.limits.MAX_GRAPH_NODES devices,
+        before allocating them: they take ~1 kB per device and per link."""
+        from ..limits import MAX_GRAPH_NODES
+
+        n = self.vertex_count()
+        if n > MAX_GRAPH_NODES:
+            raise InputError(f"{self.name} at {self.num_gpus} GPUs has {n:,} devices, above the {MAX_GRAPH_NODES:,} "
+                             "that tpsim builds a full topology graph for (tpsim.limits.MAX_GRAPH_NODES); use "
+                             "fewer --gpus")
+
     @cached_property
     def edge_table(self) -> dict[tuple[str, str], EdgeAttrs]:
         """(u, v) -> attributes of every directed edge (no networkx needed)."""
+        self.check_graph_size()
         table: dict[tuple[str, str], EdgeAttrs] = {}
         for u, v, attrs in self.links():
             if (u, v) in table:
@@ -174,6 +190,7 @@ class Cluster:
         """The networkx DiGraph (built on first use)."""
         import networkx as nx
 
+        self.check_graph_size()
         graph = nx.DiGraph(name=self.name)
         graph.add_nodes_from(self.devices())
         graph.add_edges_from((u, v, a.as_dict()) for (u, v), a in self.edge_table.items())
