@@ -142,7 +142,15 @@ def build_model(args: argparse.Namespace):
     from ..model import load_model, with_overrides
 
     check_model_file(args.model)
-    spec = load_model(args.model)
+    try:
+        spec = load_model(args.model)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        # a config value the loader did not expect (a list, NaN, a 400-digit number, deep nesting): still one
+        # line naming the file, never a traceback
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"model file {args.model}: unusable value ({type(exc).__name__}: {text[:160]})") from None
     return with_overrides(spec, layers=args.layers, hidden=args.hidden, heads=args.heads,
                           kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, seq_len=args.seq_len)
 
