@@ -1052,7 +1052,8 @@ def classify(case: Case, run: Run) -> tuple[str, str]:
     limit = TORCH_MEM_LIMIT if case.verb in TORCH_VERBS else MEM_LIMIT
     if run.status is None:
         return "hang", f"no answer in {case.timeout:g} s"
-    if run.peak_rss > limit or (run.status in (-9, 137) and run.peak_rss > limit // 2) or (
+    killed_by_kernel = run.status in (-9, 137) and not run.signalled  # the OOM killer, or RLIMIT_CPU
+    if run.peak_rss > limit or (killed_by_kernel and run.peak_rss > limit // 2) or (
             "MemoryError" in err and "Traceback" in err):
         return "memory", f"peak RSS {run.peak_rss / 2**20:.0f} MB"
     if "Traceback (most recent call last)" in err + run.stdout:
