@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from ..validate.run import REPORTS_DIR, Options, matrix_cases, validate
     from .common import build_model
 
+    check_run_arguments(args, REPORTS_DIR)
     model = build_model(args)
     if args.shard_of > 1:
         from ..validate.shard import shard_model
@@ -120,6 +121,32 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_report(report))
     return 0 if report["numerics_ok"] and report["collectives_match"] else 1
+
+
+def check_run_arguments(args: argparse.Namespace, default_out: Path) -> None:
+    """Refuse before anything runs (issue 13): an output folder that cannot take the report, a report name
+    that is not a plain file name, a malformed rendezvous endpoint, NCCL without enough GPUs."""
+    from ..errors import InputError
+    from ..io import check_output_dir
+    from ..limits import check_local_ranks, show
+
+    check_output_dir(args.out_dir if args.out_dir is not None else default_out, "--out-dir", force=True,
+                     protected=())
+    if args.name is not None and (not args.name.strip() or "/" in args.name or "\\" in args.name
+                                  or args.name.startswith(".") or len(args.name) > 200):
+        raise InputError(f"--name {show(args.name)}: a report name is a plain file name (no folders, not hidden)")
+    if args.nnodes > 1 or args.rdzv_endpoint:
+        host, _, port = args.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InputError(f"--rdzv-endpoint {show(args.rdzv_endpoint)} must be HOST:PORT (port 1-65535)")
+    nproc = args.nproc or max(1, args.tp // args.nnodes)
+    check_local_ranks(nproc, "--nproc")
+    if args.backend == "nccl":
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < nproc:
+            raise InputError(f"--backend nccl needs {nproc} CUDA device(s) on this node; torch sees {have}")
 
 
 def format_report(report: dict) -> str:
