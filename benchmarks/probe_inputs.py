@@ -334,7 +334,7 @@ def size_cases() -> list[Case]:
     ]
     for label, value in (("1e30", "1e30"), ("nan", "nan"), ("inf", "inf"), ("zero", "0"), ("negative", "-4K"),
                          ("fractional byte", "4097.5"), ("unknown suffix", "12XB"), ("empty", ""),
-                         ("400-digit", "9" * 400), ("above 2^50", str((1 << 50) + 1)), ("1e-3", "1e-3"),
+                         ("400-digit", "9" * 400), ("above 2^60", str((1 << 60) + 1)), ("1e-3", "1e-3"),
                          ("0.4 bytes", "0.4"), ("spaces only", "   ")):
         cases.append(Case(name=f"collective --bytes {label}", category="sizes", argv=(*coll, "--bytes", value),
                           mention=("bytes",)))
@@ -526,7 +526,7 @@ def model_config_cases() -> list[Case]:
            "not json": "hidden_size = 1024", "utf-16": _hf().encode("utf-16")}
     for name, text in bad.items():
         c.append(Case(name=f"config {name}", category="model-config", argv=("estimate", "--model", "{d}/config.json"),
-                      files={"config.json": text}, mention=("config.json",)))
+                      files={"config.json": text}, mention=("config.json", "model ")))
     return c
 
 

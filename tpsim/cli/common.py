@@ -138,6 +138,18 @@ def check_model_file(name_or_path: str) -> None:
         read_text(path, "model file", MAX_CONFIG_BYTES)
 
 
+def check_model_limits(spec: Any, source: str) -> None:
+    """Every size of the model within tpsim.limits (a 1e30-layer config is refused here, not overflowed in the
+    estimator)."""
+    from ..limits import LIMITS, check_int
+
+    for field in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+                  "ffn_hidden_size", "vocab_size", "seq_len", "max_positions"):
+        value = getattr(spec, field, None)
+        if value is not None and field in LIMITS:
+            check_int(field, value, f"model {source}")
+
+
 def build_model(args: argparse.Namespace):
     from ..model import load_model, with_overrides
 
@@ -151,6 +163,7 @@ def build_model(args: argparse.Namespace):
         # line naming the file, never a traceback
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"model file {args.model}: unusable value ({type(exc).__name__}: {text[:160]})") from None
+    check_model_limits(spec, args.model)
     return with_overrides(spec, layers=args.layers, hidden=args.hidden, heads=args.heads,
                           kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, seq_len=args.seq_len)
 

@@ -374,6 +374,8 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
     for key in ("node", "device"):
         if not isinstance(data[key], str) or not data[key].strip():
             raise InputError(f"{where}: {key}={show(data[key])} must be a name")
+    if not (isinstance(data["fabric"], str) and data["fabric"].strip()) and not isinstance(data["fabric"], Mapping):
+        raise InputError(f"{where}: fabric={show(data['fabric'])} must be a name or {{use: name, <overrides>}}")
     node = load_node_template(data["node"], path.parent)
     fabric = load_fabric(data["fabric"], path.parent, where)
     defaults = data.get("defaults") or {}
