@@ -30,7 +30,7 @@ def test_json_object(capsys):
 def test_hf_config_and_overrides(tmp_path, capsys):
     cfg = {"model_type": "mistral", "num_hidden_layers": 8, "hidden_size": 1024, "num_attention_heads": 16,
            "num_key_value_heads": 4, "intermediate_size": 3584, "vocab_size": 32000,
-           "max_position_embeddings": 32768}
+           "max_position_embeddings": 32768, "sliding_window": None}  # absent = transformers' 4096 window
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     assert main(["estimate", "--model", str(path), "--cluster", "hgx-h200", "--gpus", "8", "--tp", "2",

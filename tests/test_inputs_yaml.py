@@ -117,7 +117,7 @@ def test_kind_of(data, text, kind):
     (CLUSTER.replace("gpus: 16", "gpus: [16]"), "must be a positive integer"),
     (CLUSTER.replace("node: dgx-a100", "node: 42"), "node=42 must be a name"),
     (CLUSTER.replace("node: dgx-a100", "node: {a: 1}"), "must be a name"),
-    (CLUSTER.replace("fabric: selene-hdr-fat-tree", "fabric: [1]"), "not a file name or a known fabric"),
+    (CLUSTER.replace("fabric: selene-hdr-fat-tree", "fabric: [1]"), "fabric=[1] must be a name or {use: name"),
     (CLUSTER + "defaults: {efficiency: .nan}\n", "efficiency=nan"),
     (NODE, "is a node template file, not a cluster"),
     ("loopback: {efficiency: 0.5}\n", "is a calibration file, not a cluster"),

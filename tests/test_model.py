@@ -93,6 +93,6 @@ def test_overrides():
 
 
 def test_non_positive_field():
-    with pytest.raises(InputError, match="num_layers=0"):
+    with pytest.raises(InputError, match="n_layer=0 must be >= 1"):
         from_hf_config({"model_type": "gpt2", "n_layer": 0, "n_embd": 64, "n_head": 4, "vocab_size": 100,
                         "n_positions": 128})

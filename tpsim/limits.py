@@ -24,8 +24,23 @@ LIMITS: dict[str, int] = {
     "vocab_size": 1 << 24,
     "seq_len": 1 << 24,
     "max_positions": 1 << 26,
+    "norms_per_layer": 8,
     "num_experts": 1 << 14,
     "experts_per_token": 1 << 10,
+    "moe_ffn_hidden_size": 1 << 22,
+    "num_shared_experts": 1 << 10,
+    "shared_expert_ffn_hidden_size": 1 << 22,
+    "first_dense_layers": 4096,
+    "moe_layer_freq": 4096,
+    "router_groups": 1 << 14,
+    "router_group_topk": 1 << 14,
+    "mtp_layers": 64,
+    "q_lora_rank": 1 << 20,
+    "kv_lora_rank": 1 << 20,
+    "qk_nope_head_dim": 1 << 14,
+    "qk_rope_head_dim": 1 << 14,
+    "v_head_dim": 1 << 14,
+    "sliding_window": 1 << 24,
     # plan and cluster
     "gpus": 1 << 20,
     "tp": 1 << 12,
@@ -71,8 +86,6 @@ MAX_CLI_INT = (1 << 31) - 1
 """Any integer flag without an entry in LIMITS: no count in tpsim needs more."""
 MAX_INPUT_BYTES = 64 << 20
 """Largest text input read (config, profile CSV, measurements): the shipped CPU profile is 0.3 MB."""
-MAX_CONFIG_BYTES = 1 << 20
-"""Largest model config.json (Hugging Face configs are a few kB)."""
 MAX_YAML_BYTES = 4 << 20
 """Largest YAML input (topology and calibration files are under 20 kB)."""
 RANK_PROCESS_BYTES = 300 << 20
@@ -88,6 +101,8 @@ GPT-3 175B on 1024 GPUs, 271,296 plans, 340 MB peak), so this keeps a search nea
 the shipped presets are below it (Llama-3 405B on 131,072 GPUs: 577,728 plans)."""
 MAX_JSON_DEPTH = 64
 """Nesting depth of a JSON or YAML input."""
+MAX_CONFIG_BYTES = 1 << 20
+"""Size of a model config.json (published ones are 1-10 kB; the largest, with label maps, well under 100 kB)."""
 MAX_YAML_NODES = 1_000_000
 """Scalar and collection nodes a YAML document may expand to (alias/anchor bombs)."""
 

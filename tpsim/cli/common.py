@@ -69,11 +69,20 @@ def real_arg(field: str, minimum: float = 0.0, inclusive: bool = False) -> Calla
 def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt3-175b") -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=default,
-                   help="preset name (gpt3-175b, megatron-1t, gpt3-1.3b, llama3-8b, llama3-70b, llama3-405b) "
-                        "or a Hugging Face config.json (default: %(default)s)")
+                   help="preset name (gpt3-175b, megatron-1t, gpt3-1.3b, llama3-8b, llama3-70b, llama3-405b, "
+                        "mixtral-8x7b, deepseek-v3) or a Hugging Face config.json (gpt2, gpt_neox, llama, mistral, "
+                        "qwen2, gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3) "
+                        "(default: %(default)s)")
+    add_model_overrides(g)
+
+
+def add_model_overrides(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """The shape overrides (checked against tpsim/limits.py by :func:`tpsim.model.with_overrides`)."""
     for flag, what in (("--layers", "number of layers"), ("--hidden", "hidden size"),
                        ("--heads", "attention heads"), ("--kv-heads", "key/value heads (GQA)"),
-                       ("--ffn", "MLP hidden size"), ("--vocab", "vocabulary size (before padding)")):
+                       ("--ffn", "MLP hidden size"), ("--vocab", "vocabulary size (before padding)"),
+                       ("--experts", "routed experts per MoE layer (mixture-of-experts models)"),
+                       ("--top-k", "routed experts per token (mixture-of-experts models)")):
         g.add_argument(flag, type=positive_int, help=f"override the model's {what}")
     g.add_argument("--seq-len", type=positive_int,
                    help="training sequence length (default: the preset's, else the config's maximum "
@@ -113,59 +122,18 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="flash (default) or unfused attention (stores the s x s scores)")
 
 
-def check_model_file(name_or_path: str) -> None:
-    """Before the model loader reads a config file: it must be a regular UTF-8 file of bounded size (not a
-    folder without config.json, a FIFO that blocks, /dev/zero that never ends, or binary data)."""
-    from pathlib import Path
+def build_model(args: argparse.Namespace, modelled: bool = True):
+    """The model of ``--model`` with the overrides; with ``modelled`` (every verb that estimates), a model
+    with features the estimator does not model yet is refused (:func:`tpsim.model.require_modelled`)."""
+    from ..model import load_model, require_modelled, with_overrides
 
-    from ..io import read_text
-    from ..limits import MAX_CONFIG_BYTES, show
-
-    if not name_or_path.strip():
-        raise InputError("--model: the name is empty (a preset name or a config.json path)")
-    if len(name_or_path) > 4096:
-        raise InputError(f"--model {show(name_or_path)}: not a preset name nor a file name")
-    path = Path(name_or_path).expanduser()
-    try:
-        if path.is_dir():
-            if not (path / "config.json").exists():
-                raise InputError(f"--model {show(name_or_path)} is a folder without a config.json")
-            path = path / "config.json"
-        exists = path.exists() or path.is_symlink()
-    except OSError:
-        exists = False
-    if exists:
-        read_text(path, "model file", MAX_CONFIG_BYTES)
-
-
-def check_model_limits(spec: Any, source: str) -> None:
-    """Every size of the model within tpsim.limits (a 1e30-layer config is refused here, not overflowed in the
-    estimator)."""
-    from ..limits import LIMITS, check_int
-
-    for field in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
-                  "ffn_hidden_size", "vocab_size", "seq_len", "max_positions"):
-        value = getattr(spec, field, None)
-        if value is not None and field in LIMITS:
-            check_int(field, value, f"model {source}")
-
-
-def build_model(args: argparse.Namespace):
-    from ..model import load_model, with_overrides
-
-    check_model_file(args.model)
-    try:
-        spec = load_model(args.model)
-    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-        if isinstance(exc, InputError):
-            raise
-        # a config value the loader did not expect (a list, NaN, a 400-digit number, deep nesting): still one
-        # line naming the file, never a traceback
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"model file {args.model}: unusable value ({type(exc).__name__}: {text[:160]})") from None
-    check_model_limits(spec, args.model)
-    return with_overrides(spec, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                          kv_heads=args.kv_heads, ffn=args.ffn, vocab=args.vocab, seq_len=args.seq_len)
+    spec = load_model(args.model)
+    spec = with_overrides(spec, layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+                          ffn=args.ffn, vocab=args.vocab, seq_len=args.seq_len,
+                          experts=getattr(args, "experts", None), top_k=getattr(args, "top_k", None))
+    if modelled:
+        require_modelled(spec)
+    return spec
 
 
 def cluster_and_gpus(args: argparse.Namespace, model) -> tuple[str, int | None]:

@@ -81,7 +81,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     from ..io import input_path
     from ..limits import MAX_YAML_BYTES
 
-    stat = input_path(path, "topology file", MAX_YAML_BYTES).stat()
+    stat = input_path(path, "YAML file", MAX_YAML_BYTES).stat()
     return _read_cached(str(path), stat.st_mtime_ns, stat.st_size)
 
 
@@ -91,7 +91,7 @@ def _read_cached(path: str, mtime: int, size: int) -> dict[str, Any]:
     from ..limits import MAX_YAML_BYTES
     from ..safeyaml import kind_of, load_yaml
 
-    text = read_text(path, "topology file", MAX_YAML_BYTES)
+    text = read_text(path, "YAML file", MAX_YAML_BYTES)
     data = load_yaml(text, path)
     if not isinstance(data, dict):
         kind = kind_of(data, text)

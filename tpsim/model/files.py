@@ -1,0 +1,109 @@
+"""Reading a model: a preset name, or a Hugging Face ``config.json`` read defensively (issue 13).
+
+A config file must be a regular file of at most :data:`tpsim.limits.MAX_CONFIG_BYTES`, UTF-8 text, JSON nested
+at most :data:`tpsim.limits.MAX_JSON_DEPTH` deep, without NaN/Infinity (not JSON) or repeated keys (which JSON
+readers resolve differently), and one JSON object. Anything else is one line naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..limits import MAX_CONFIG_BYTES, MAX_JSON_DEPTH
+from .hf import from_hf_config
+from .presets import PRESETS, get_preset
+from .spec import ModelSpec
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name or the path of a Hugging Face ``config.json`` (or of a folder holding one)."""
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise InputError(f"model={name_or_path!r} must be a preset name or a config.json path")
+    if name_or_path.lower() in PRESETS:
+        return PRESETS[name_or_path.lower()]
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        if path.suffix == ".json" or "/" in name_or_path:
+            raise InputError(f"model file {path} does not exist")
+        return get_preset(name_or_path)
+    cfg = read_json_object(path)
+    stem = path.parent.name if path.name == "config.json" else path.stem
+    return from_hf_config(cfg, name=stem or "hf-model", source=str(path))
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, checked as the module docstring says."""
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file")
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise InputError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; a config.json is a few kB")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+    return parse_json_object(text, str(path))
+
+
+def parse_json_object(text: str, source: str) -> dict[str, Any]:
+    """Parse ``text`` as one JSON object (depth-bounded, finite numbers, no repeated keys)."""
+    _check_depth(text, source)
+    try:
+        value = json.loads(text, parse_constant=lambda c: _refuse_constant(c, source),
+                           parse_float=lambda t: _finite_float(t, source),
+                           object_pairs_hook=lambda pairs: _unique_keys(pairs, source))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{source}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"{source}: malformed JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{source}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _check_depth(text: str, source: str) -> None:
+    """Nesting depth of arrays and objects, counted outside strings, at most MAX_JSON_DEPTH."""
+    depth = 0
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise InputError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        elif token in "]}":
+            depth -= 1
+
+
+def _refuse_constant(name: str, source: str) -> Any:
+    raise InputError(f"{source}: {name} is not a JSON number")
+
+
+def _finite_float(text: str, source: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InputError(f"{source}: number {text[:40]} is out of range")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]], source: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InputError(f"{source}: key {key!r} appears twice in one object")
+        out[key] = value
+    return out
