@@ -96,6 +96,8 @@ class Case:
     kill: tuple[int, float] | None = None
     """send this signal to the verb's process after this many seconds."""
     stdin: bytes | None = None
+    requires: tuple[str, ...] = ()
+    """flags the verb must offer (``tpsim VERB --help``): cases of features a checkout lacks are skipped."""
 
     @property
     def verb(self) -> str:
@@ -836,6 +838,49 @@ def process_cases() -> list[Case]:
     return c
 
 
+def launch_cases() -> list[Case]:
+    """Launch configs (export, estimate --from), stack profiles and model show: later verbs, skipped on a
+    checkout without them."""
+    c = []
+    exp = ("export", "--format", "megatron", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
+           "--tp", "8", "--zero", "0", "--no-predict")
+    add = lambda name, argv, mention=(), requires=("--format",), **kw: c.append(Case(  # noqa: E731
+        name=name, category="launch", argv=argv, mention=mention, requires=requires, **kw))
+    add("export --out is a file", (*exp, "--out", "{d}/f"), ("out",), files={"f": "x"})
+    add("export --out unwritable", (*exp, "--out", "{d}/ro/e"), ("out", "kernel"), files={"ro": READONLY_DIR})
+    add("export --out empty", (*exp, "--out", ""), ("out",))
+    add("export over existing launch files", (*exp, "--out", "{d}/e"), ("force", "megatron_args"),
+        files={"e/megatron_args.sh": "#!/bin/bash\n# mine\n"}, check=_file_is("e/megatron_args.sh",
+                                                                              "#!/bin/bash\n# mine\n"))
+    add("export --format bogus", (*exp[:1], "--format", "slurm", *exp[3:], "--out", "{d}/e"), ("format",))
+    for name, files, path in (("bomb", {"s.yaml": BILLION_LAUGHS}, "{d}/s.yaml"),
+                              ("cluster file", {}, str(REPO / "topologies/clusters/dgx-a100.yaml")),
+                              ("missing", {}, "{d}/none.yaml"), ("directory", {"sd": DIR}, "{d}/sd"),
+                              ("binary", {"b.yaml": bytes(range(256)) * 8}, "{d}/b.yaml")):
+        add(f"export --stack {name}", (*exp, "--stack", path, "--out", "{d}/e"), ("stack", "s.yaml", "b.yaml",
+                                                                                  "none.yaml", "sd", "cluster"),
+            files=files, requires=("--stack",))
+    est = ("estimate", "--gpus", "8", "--cluster", "dgx-h100")
+    for name, files, path in (("fifo", {"f.sh": FIFO}, "{d}/f.sh"), ("missing", {}, "{d}/none.sh"),
+                              ("binary", {"b.sh": bytes(range(256)) * 8}, "{d}/b.sh"),
+                              ("garbage", {"g.sh": "torchrun pretrain_gpt.py --tensor-model-parallel-size x\n"},
+                               "{d}/g.sh"),
+                              ("tp 400 digits", {"t.sh": "torchrun pretrain_gpt.py --tensor-model-parallel-size "
+                                                         + "9" * 400 + "\n"}, "{d}/t.sh"),
+                              ("deepspeed deep json", {"d.json": "[" * 100_000 + "]" * 100_000}, "{d}/d.json"),
+                              ("nemo bomb", {"n.yaml": BILLION_LAUGHS}, "{d}/n.yaml"),
+                              ("torchtitan binary toml", {"t.toml": b"\xff\xfe[job]\x00"}, "{d}/t.toml")):
+        add(f"estimate --from {name}", (*est, "--from", path), ("from", "f.sh", "none.sh", "b.sh", "g.sh", "t.sh",
+                                                                "d.json", "n.yaml", "t.toml", "tensor"),
+            files=files, requires=("--from",), timeout=20)
+    for name, argv, files in (("binary config", ("model", "show", "{d}/config.json"),
+                               {"config.json": bytes(range(256))}),
+                              ("fifo config", ("model", "show", "{d}/config.json"), {"config.json": FIFO}),
+                              ("--layers 400 digits", ("model", "show", "llama3-8b", "--layers", "9" * 400), {})):
+        add(f"model show {name}", argv, ("config.json", "layers"), files=files, requires=("show",), timeout=20)
+    return c
+
+
 def all_cases() -> list[Case]:
     cases = _all_cases()
     return [c for c in cases if not (ROOT and UNREADABLE in c.files.values())]
@@ -844,7 +889,7 @@ def all_cases() -> list[Case]:
 def _all_cases() -> list[Case]:
     return (cli_number_cases() + size_cases() + cli_arg_cases() + empty_result_cases() + file_cases()
             + model_config_cases() + yaml_cases() + profile_csv_cases() + measurement_cases() + resource_cases()
-            + output_cases() + interrupt_cases() + cache_cases() + process_cases())
+            + output_cases() + interrupt_cases() + cache_cases() + process_cases() + launch_cases())
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -1106,6 +1151,17 @@ def summarize(results: Sequence[tuple[Case, str, str, Run]]) -> str:
     return "\n".join(lines)
 
 
+def _supported(root: Path, cases: Sequence[Case]) -> Callable[[Case], bool]:
+    """Whether the checkout offers every flag a case requires (from ``tpsim VERB --help``)."""
+    helps: dict[str, str] = {}
+    env = dict(os.environ, PYTHONPATH=str(root))
+    for verb in {c.verb for c in cases if c.requires}:
+        proc = subprocess.run([sys.executable, "-m", "tpsim.cli", verb, "--help"], env=env, capture_output=True,
+                              text=True, timeout=120, cwd=tempfile.gettempdir())  # not a folder holding tpsim/
+        helps[verb] = proc.stdout if proc.returncode == 0 else ""
+    return lambda c: all(flag in helps.get(c.verb, "") for flag in c.requires)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=REPO, help="tpsim source tree to probe (default: this checkout)")
@@ -1116,6 +1172,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="print every outcome, not only the failures")
     args = ap.parse_args(argv)
     cases = [c for c in all_cases() if not args.only or any(o in c.category or o in c.name for o in args.only)]
+    supported = _supported(args.root.resolve(), cases)
+    skipped = [c for c in cases if not supported(c)]
+    cases = [c for c in cases if supported(c)]
+    if skipped:
+        print(f"skipping {len(skipped)} cases of features this checkout lacks", file=sys.stderr)
     if args.list:
         for c in cases:
             print(f"{c.category:<14} {c.name}")

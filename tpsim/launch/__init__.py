@@ -116,15 +116,9 @@ def import_launch(path: str | Path, fmt: str | None = None) -> ImportedLaunch:
     p = Path(path).expanduser()
     if p.is_dir():
         p = _export_file_in(p)
-    if not p.is_file():
-        raise InputError(f"--from {path}: file does not exist")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise InputError(f"--from {path}: {p.stat().st_size} bytes is more than a launch config "
-                         f"({MAX_FILE_BYTES} at most)")
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--from {path}: cannot read ({exc})") from None
+    from ..io import read_text  # a regular UTF-8 file of bounded size: never a FIFO or a device (issue 13)
+
+    text = read_text(p, "--from", MAX_FILE_BYTES)
     fmt = fmt or detect_format(p, text)
     if fmt == "torchtitan":
         return torchtitan.import_text(p, text)
