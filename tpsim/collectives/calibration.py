@@ -68,6 +68,8 @@ def read_measurements(paths: Sequence[str | os.PathLike], op: str | None = None)
     samples: list[Sample] = []
     for path in paths:
         p = Path(path)
+        if not _exists(p):
+            raise InputError(f"{p}: measurement file not found")
         text = read_text(p, "measurement file")
         first = text.lstrip().splitlines()[0] if text.strip() else ""
         got = _read_csv(p, text) if first.replace(" ", "").startswith("backend,") else _read_nccl_tests(p, text, op)
