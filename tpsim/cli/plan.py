@@ -98,7 +98,7 @@ def load_problem(args: argparse.Namespace) -> tuple[Any, str, int, int]:
 
     model = build_model(args)
     name, gpus = cluster_and_gpus(args, model)
-    gpus = int(load_cluster(name, gpus=gpus).num_gpus)
+    gpus = int(load_cluster(name, gpus=gpus, calibration=args.calibration).num_gpus)
     batch = args.global_batch if args.global_batch is not None else model.global_batch
     if not batch:
         raise InputError(f"--global-batch is required (model {model.name} has no default global batch)")
@@ -167,11 +167,11 @@ def gpu_counts_for(name: str, gpus: int, objective: str) -> list[int]:
     return list(cost_gpu_counts(load_cluster(name, gpus=gpus).gpus_per_node, gpus))
 
 
-def clusters_for(name: str, gpus: int, objective: str) -> list[Any]:
+def clusters_for(name: str, gpus: int, objective: str, calibration: str | None = None) -> list[Any]:
     """The cluster at ``gpus``, or with ``--objective cost`` one per searched GPU count."""
     from ..topology import load_cluster
 
-    return [load_cluster(name, gpus=n) for n in gpu_counts_for(name, gpus, objective)]
+    return [load_cluster(name, gpus=n, calibration=calibration) for n in gpu_counts_for(name, gpus, objective)]
 
 
 def check_problem(args: argparse.Namespace, model: Any, space: Any, cluster_name: str, gpus: int,
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     model, cluster_name, gpus, batch = load_problem(args)
     space = build_space(args, model)
     check_problem(args, model, space, cluster_name, gpus, args.objective)
-    clusters = clusters_for(cluster_name, gpus, args.objective)
+    clusters = clusters_for(cluster_name, gpus, args.objective, args.calibration)
     search = cached_search if not args.no_cache else _uncached
     result = search(model, clusters, batch, space=space, objective=args.objective,
                     gpu_hour_price=args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE,
@@ -288,7 +288,7 @@ def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
 
 
 DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "compute_s": "compute", "recompute_s": "recomp_s",
-                 "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm",
+                 "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm", "overhead_s": "overhead",
                  "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm"}
 
 

@@ -10,6 +10,7 @@ Writes ``README.md`` (the report), the charts as PNG and SVG, ``plans.csv`` and 
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 from typing import Any
@@ -46,11 +47,12 @@ def run(args: argparse.Namespace) -> int:
     model, cluster_name, gpus, batch = load_problem(args)
     space = build_space(args, model)
     check_problem(args, model, space, cluster_name, gpus, "cost")
-    compute = load_compute(args, load_cluster(cluster_name, gpus=gpus))
+    loader = functools.partial(load_cluster, calibration=args.calibration)
+    compute = load_compute(args, loader(cluster_name, gpus=gpus))
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
                           gpu_hour_price=price, top=args.top, compute=compute, command=command)
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
-    path = write_report(inputs, args.out, progress=not args.quiet, log=log, force=args.force)
+    path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log, force=args.force)
     print(path)
     return 0

@@ -29,7 +29,6 @@ from ..units import parse_bytes
 from .curve import OPS
 
 COLUMNS = ("backend", "op", "nranks", "bytes", "time_s")
-LINK_TYPES = ("nvlink", "pcie", "ib", "ethernet", "ici", "loopback", "cpu")
 _PERF_OPS = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
              "reduce_scatter_perf": "reduce_scatter", "alltoall_perf": "all_to_all",
              "broadcast_perf": "broadcast", "sendrecv_perf": "send_recv"}
@@ -290,30 +289,11 @@ def provenance(fit: CalibrationFit, cluster_name: str, inputs: Sequence[str]) ->
 # ------------------------------------------------------------------------------------------------ loading
 def load_calibration(path: str | os.PathLike) -> dict[str, Any]:
     """``{link_type: {efficiency, latency_us, bw_GBps}}`` of a calibration YAML, plus ``gloo_ops`` (per-op
-    values for CPU ranks) when present; other keys are provenance."""
-    p = Path(path)
-    if not str(path).strip():
-        raise InputError("calibration: the file name is empty")
-    if not _exists(p):
-        alt = Path(__file__).resolve().parents[1] / "data" / "calibration" / p.name
-        p = alt if alt.is_file() else (alt.with_suffix(".yaml") if alt.with_suffix(".yaml").is_file() else p)
-    if not _exists(p):
-        raise InputError(f"calibration={str(path)!r}: file not found")
-    from ..safeyaml import check_kind, read_yaml
+    values for CPU ranks) when present: :func:`tpsim.calibration.load_calibration`, as the mapping
+    :class:`~tpsim.collectives.model.CollectiveModel` takes."""
+    from ..calibration import load_calibration as load
 
-    data = read_yaml(p, "calibration file") or {}
-    if not isinstance(data, dict):
-        raise InputError(f"{p}: a calibration file is a mapping of link types")
-    check_kind(data, "calibration", str(p))
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in LINK_TYPES:
-            out[key] = _link_entry(p, key, value)
-        elif key == "gloo_ops":
-            if not isinstance(value or {}, dict):
-                raise InputError(f"{p}: gloo_ops must be a mapping of collectives to link values")
-            out[key] = {op: _link_entry(p, f"gloo_ops.{op}", v) for op, v in (value or {}).items() if op in OPS}
-    return out
+    return load(path).link_overrides()
 
 
 def _exists(p: Path) -> bool:
@@ -321,18 +301,3 @@ def _exists(p: Path) -> bool:
         return p.exists()
     except OSError:  # a name too long for the file system
         return False
-
-
-def _link_entry(p: Path, key: str, value: Any) -> dict[str, float]:
-    if not isinstance(value, dict):
-        raise InputError(f"{p}: {key} must be a mapping with efficiency, latency_us, bw_GBps")
-    entry = {}
-    for name in ("efficiency", "latency_us", "bw_GBps"):
-        if name in value:
-            v = value[name]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e300 \
-                    or (name != "latency_us" and v == 0) or (name == "efficiency" and v > 1):
-                raise InputError(f"{p}: {key}.{name}={v!r} must be a positive number"
-                                 + (" at most 1" if name == "efficiency" else ""))
-            entry[name] = float(v)
-    return entry

@@ -15,7 +15,7 @@ from ..model import ModelSpec
 from ..search import SearchResult, SearchSpace, search
 
 SWEEP_COLUMNS = ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "compute_s", "recompute_s", "bubble_s",
-                 "optimizer_s", "exposed_comm_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "fits_effective", "tp",
+                 "optimizer_s", "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "fits_effective", "tp",
                  "pp", "dp", "gpus")
 TP_SWEEP_MAX = 64
 """largest TP degree of the TP sweep (issue 5: every valid tp up to 64)."""

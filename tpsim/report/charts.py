@@ -22,11 +22,19 @@ from .analysis import BandwidthGrid, Sweep
 
 COMPONENTS = (("compute_s", "compute"), ("recompute_s", "recompute"), ("bubble_s", "pipeline bubble"),
               ("optimizer_s", "optimizer"), ("exposed_comm_s", "exposed communication"))
-"""the step-time components, in stacking order (they sum to the step time)."""
+"""the step-time components, in stacking order (with OVERHEAD they sum to the step time)."""
+OVERHEAD = ("overhead_s", "host overhead")
+"""host time of a calibration's ``compute`` section: stacked last, only when some plan shown has it."""
 COLORS = {"compute_s": "#4C72B0", "recompute_s": "#8172B2", "bubble_s": "#CCB974", "optimizer_s": "#64B5CD",
-          "exposed_comm_s": "#C44E52"}
+          "exposed_comm_s": "#C44E52", "overhead_s": "#937860"}
 MAX_SCATTER = 12000
 """time-memory scatter: at most this many points are drawn (evenly sampled; the front is always drawn)."""
+
+
+def _components(columns: Any, rows: Any) -> tuple[tuple[str, str], ...]:
+    """COMPONENTS, and OVERHEAD when the rows have any."""
+    has = OVERHEAD[0] in columns and np.any(np.asarray(columns[OVERHEAD[0]])[rows])
+    return COMPONENTS + ((OVERHEAD,) if has else ())
 
 
 def _figure(width: float, height: float, ncols: int = 1) -> tuple[Any, Any]:
@@ -65,7 +73,7 @@ def breakdown_chart(result: SearchResult, top: int = 10, title: str | None = Non
     fig, ax = _figure(10, 1.2 + 0.42 * max(len(idx), 1))
     y = np.arange(len(idx))[::-1]
     left = np.zeros(len(idx))
-    for key, name in COMPONENTS:
+    for key, name in _components(result.columns, idx):
         values = result.columns[key][idx]
         ax.barh(y, values, left=left, color=COLORS[key], label=name, height=0.7)
         left += values
@@ -86,7 +94,7 @@ def tp_sweep_chart(sweep: Sweep, title: str | None = None) -> Any:
     x = np.arange(len(sweep))
     c = sweep.columns
     bottom = np.zeros(len(sweep))
-    for key, name in COMPONENTS:
+    for key, name in _components(c, slice(None)):
         ax.bar(x, c[key], bottom=bottom, color=COLORS[key], label=name, width=0.65)
         bottom += c[key]
     for xi, fits in zip(x, c["fits_effective"]):
