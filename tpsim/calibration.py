@@ -139,8 +139,9 @@ def _read(path: Path) -> dict[str, Any]:
     from .safeyaml import read_yaml  # the one YAML reader: bounded (bombs, depth, size), strict keys
 
     data = read_yaml(path, "calibration file")
-    if data is None:
-        return {}
+    if data is None:  # an empty file is a truncated or wrong file, not "no calibration" (that is none.yaml)
+        raise InputError(f"{path}: the calibration file is empty (tpsim/data/calibration/none.yaml means no "
+                         "calibration)")
     if not isinstance(data, dict):
         raise InputError(f"{path}: a calibration file is a mapping of link types (got {type(data).__name__})")
     return data
