@@ -13,7 +13,7 @@ import pytest
 from tpsim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-CHILD = ("import sys, time; sys.path.insert(0, {root!r}); import tpsim.process as p; {tweak}"
+CHILD = ("import sys, time; sys.path.insert(0, {root!r}); import tpsim.procs as p; {tweak}"
          "p.die_with_parent(); print('ready', flush=True); time.sleep(120)")
 PARENT = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
           "stdout=subprocess.PIPE, text=True); c.stdout.readline(); print(c.pid, flush=True); time.sleep(120)")
@@ -34,7 +34,7 @@ def _wait_gone(pids, timeout: float = 10.0) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-@pytest.mark.parametrize("tweak", ["", "p._pdeathsig = lambda: None; "], ids=["prctl", "watchdog"])
+@pytest.mark.parametrize("tweak", ["", "p.set_pdeathsig = lambda *a: False; "], ids=["prctl", "watchdog"])
 def test_child_dies_with_a_killed_parent(tweak):
     child = CHILD.format(root=str(ROOT), tweak=tweak)
     parent = subprocess.Popen([sys.executable, "-c", PARENT, child], stdout=subprocess.PIPE, text=True)

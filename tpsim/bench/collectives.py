@@ -56,7 +56,7 @@ def run_bench(nproc: int, backend: str = "gloo", sizes: Sequence[int] = DEFAULT_
     with tempfile.TemporaryDirectory(prefix="tpsim-bench-") as tmp:
         store = Path(tmp) / "store"
         spec = dict(backend=backend, sizes=list(sizes), ops=list(ops), iters=iters, warmup=warmup,
-                    timeout_s=timeout_s, store=str(store), parent=os.getpid())
+                    timeout_s=timeout_s, store=str(store))
         procs = [ctx.Process(target=_worker, args=(rank, nproc, spec, results), daemon=True)
                  for rank in range(nproc)]
         try:
@@ -122,9 +122,8 @@ def _reap(procs) -> None:
 
 
 def _worker(rank: int, nproc: int, spec: dict, results) -> None:
-    from ..process import die_with_parent
-
-    die_with_parent(spec.get("parent"))  # a killed `tpsim bench-collectives` takes its ranks with it
+    from ..procs import die_with_parent
+    die_with_parent()  # spawned ranks outlive a SIGKILLed parent otherwise
     try:
         rows = _measure(rank, nproc, spec)
         if rank == 0:

@@ -78,9 +78,20 @@ def register(subparsers: Any) -> None:
                    help="also print the Pareto fronts: step time vs. memory per GPU (and, with --objective cost, "
                         "throughput vs. GPUs); --json always holds them")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--tp-plan", help="traced models (--model X.ops.json): YAML of TP plan overrides")
+    o.add_argument("--conv-profile", help="traced models: measured convolution kernels "
+                                          "(python -m tpsim.profiler.conv) for their convolutions")
     o.add_argument("--no-cache", action="store_true",
                    help="do not use the on-disk result cache ($TPSIM_CACHE_DIR or ~/.cache/tpsim; "
                         "keyed by a hash of every input and of tpsim's code)")
+    v = p.add_argument_group("checking the ranking (tpsim validate, torch)")
+    v.add_argument("--validate-top", type=count_arg("top"), default=None, metavar="K",
+                   help="run scaled-down versions of the K best plans and a few lower-ranked ones on this "
+                        "machine's ranks (--cluster local-cpu) and report whether the measured order agrees")
+    v.add_argument("--validate-layers-per-chunk", type=count_arg("num_layers"), default=1,
+                   help="layers per pipeline model chunk of those runs (default: %(default)s)")
+    v.add_argument("--validate-name", default=None, help="report name (default: top-<model>-<cluster>-<gpus>)")
+    v.add_argument("--validate-out-dir", default=None, help="report folder (default: reports/validation)")
     e = p.add_argument_group("export (docs/EXPORT.md)")
     e.add_argument("--export", dest="export_format", default=None, choices=EXPORT_FORMATS,
                    help="write the launch config of the best plan the framework can run (its stack's rules)")
@@ -190,8 +201,13 @@ def run(args: argparse.Namespace) -> int:
     from ..search.cache import cached_search, compute_key_of, save_memo
     from ..search.explain import check_found
 
+    from ..opgraph.schema import is_opgraph_path
+
     if args.csv is not None:
         check_output_file(args.csv, "--csv", force=args.force)
+    if is_opgraph_path(args.model):  # a traced model (tpsim trace)
+        from .graph import run_plan
+        return run_plan(args)
     if args.export_format and not args.out:
         raise InputError(f"--export {args.export_format} needs --out DIR")
     if args.export_format:
@@ -225,6 +241,9 @@ def run(args: argparse.Namespace) -> int:
         print(format_pareto(result))
     if args.export_format:
         _export(args, result, model, file=sys.stdout)
+    if args.validate_top:
+        from ..validate.top import run_validate_top
+        return run_validate_top(args, result, model, clusters[-1])
     return 0
 
 
