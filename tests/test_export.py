@@ -104,7 +104,7 @@ def test_megatron_script_uses_only_argument_names_of_megatron_lm(tmp_path):
         flags = flags_of(script)
         assert flags <= names, sorted(flags - names)
         seen |= flags
-        path = write_files({"megatron_args.sh": script}, tmp_path)[0]
+        path = write_files({"megatron_args.sh": script}, tmp_path, force=True)[0]
         if shutil.which("bash"):
             assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
     for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--sequence-parallel",

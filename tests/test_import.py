@@ -299,5 +299,5 @@ def test_missing_file_and_oversized_file(tmp_path):
         import_launch(tmp_path / "nope.sh")
     big = tmp_path / "big.sh"
     big.write_text("#" * (2 << 20))
-    with pytest.raises(InputError, match="more than a launch config"):
+    with pytest.raises(InputError, match="above the 1,048,576-byte limit"):
         import_launch(big)

@@ -121,7 +121,7 @@ def test_cli_profile_and_check(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--dtype", "fp8"], "--dtype=fp8 cannot be profiled on cpu"),
-    (["--threads", "0"], "--threads=0"),
+    (["--threads", "0"], "--threads: 0 must be a positive integer"),
     (["--kinds", "conv"], "--kinds='conv'"),
     (["--json"], "--json and --roofline go with --check"),
 ])

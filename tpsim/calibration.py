@@ -155,16 +155,12 @@ def load_calibration(ref: str | Path, relative_to: Path | None = None) -> Calibr
 
 
 def _read(path: Path) -> dict[str, Any]:
-    import yaml
+    from .safeyaml import read_yaml  # the one YAML reader: bounded (bombs, depth, size), strict keys
 
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read the calibration ({exc})") from None
-    if data is None:
-        return {}
+    data = read_yaml(path, "calibration file")
+    if data is None:  # an empty file is a truncated or wrong file, not "no calibration" (that is none.yaml)
+        raise InputError(f"{path}: the calibration file is empty (tpsim/data/calibration/none.yaml means no "
+                         "calibration)")
     if not isinstance(data, dict):
         raise InputError(f"{path}: a calibration file is a mapping of link types (got {type(data).__name__})")
     return data
@@ -183,7 +179,7 @@ def _refuse_other_kinds(path: Path, data: Mapping[str, Any]) -> None:
 
 def _number(value: Any, where: str, name: str, *, low: float, low_open: bool, high: float = math.inf) -> float:
     """A finite number above ``low`` (or at it when not ``low_open``) and at most ``high``."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e300  # no overflow
     ok = ok and (value > low if low_open else value >= low) and value <= high
     if not ok:
         if high < math.inf:

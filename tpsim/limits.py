@@ -52,18 +52,53 @@ LIMITS: dict[str, int] = {
     "micro_batch": 1 << 16,
     "global_batch": 1 << 26,
     # measurement and local runs
-    "bytes": 1 << 50,
+    "bytes": 1 << 60,      # an exbibyte: beyond any buffer, still exact in int64
     "ranks": 1 << 10,
     "threads": 1 << 10,
     "nproc": 1 << 10,
+    "nnodes": 1 << 14,
+    "iters": 1 << 16,      # timed iterations of one measurement (nccl-tests uses 20)
+    "warmup": 1 << 16,
+    "reps": 1 << 16,
+    "measured_ranks": 1 << 16,  # ranks of one measured collective (a calibration input row)
+    "kernel_dim": 1 << 40,  # one dimension (m, n, k, sequence, elements) of a profiled kernel
+    # output
+    "top": 1 << 20,
+    # topology files: one group of devices in a node template, lanes of one link, switch ports, torus sides
+    "node_devices": 1 << 12,
+    "lanes": 1 << 10,
+    "radix": 1 << 12,
+    "torus_dim": 1 << 12,
 }
 """field -> largest accepted value (inclusive); the smallest is 1 unless a checker says 0."""
+
+FLOAT_LIMITS: dict[str, float] = {
+    "mem_limit_gib": float(1 << 20),    # 1 PiB per GPU
+    "gpu_hour_price": 1e6,              # dollars per GPU-hour
+    "timeout_s": 7 * 24 * 3600.0,       # a week: process-group and run time limits
+    "budget_s": 7 * 24 * 3600.0,
+    "max_kernel_s": 3600.0,
+    "redo_noisy_pct": 1e4,
+}
+"""field -> largest accepted value of a real-valued input (finite and positive unless a checker says 0)."""
+
+MAX_CLI_INT = (1 << 31) - 1
+"""Any integer flag without an entry in LIMITS: no count in tpsim needs more."""
+MAX_INPUT_BYTES = 64 << 20
+"""Largest text input read (config, profile CSV, measurements): the shipped CPU profile is 0.3 MB."""
+MAX_YAML_BYTES = 4 << 20
+"""Largest YAML input (topology and calibration files are under 20 kB)."""
+RANK_PROCESS_BYTES = 300 << 20
+"""Resident memory of one local torch rank (measured: ~220 MB after ``import torch`` plus buffers); local
+runs (``bench-collectives``, ``validate``) refuse more ranks than the machine's available memory holds."""
 
 MAX_GRAPH_NODES = 200_000
 """A full networkx graph is built only below this many vertices (``tpsim topo`` on irregular clusters);
 larger clusters use the structural model."""
-MAX_PLANS = 50_000_000
-"""Plans a search may enumerate without an explicit flag."""
+MAX_PLANS = 1_000_000
+"""Plans a search may enumerate without ``--allow-large-space``: a search holds about 1 kB per plan (measured:
+GPT-3 175B on 1024 GPUs, 271,296 plans, 340 MB peak), so this keeps a search near 1 GB. The full spaces of
+the shipped presets are below it (Llama-3 405B on 131,072 GPUs: 577,728 plans)."""
 MAX_JSON_DEPTH = 64
 """Nesting depth of a JSON or YAML input."""
 MAX_CONFIG_BYTES = 1 << 20
@@ -72,19 +107,73 @@ MAX_YAML_NODES = 1_000_000
 """Scalar and collection nodes a YAML document may expand to (alias/anchor bombs)."""
 
 
+def show(value: Any) -> str:
+    """``repr`` of a value for a one-line message: long numbers and strings abbreviated."""
+    text = repr(value)
+    if len(text) <= 40:
+        return text
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{text[:12]}...({len(text.lstrip('-'))} digits)"
+    return f"{text[:24]}...({len(text)} characters)"
+
+
 def check_int(field: str, value: Any, where: str = "", minimum: int = 1, maximum: int | None = None) -> int:
     """``value`` as an int within ``[minimum, LIMITS[field]]``; strings, booleans, NaN, infinities and floats
     with a fractional part are refused. ``where`` prefixes the message (a file name or a flag)."""
     prefix = f"{where}: " if where else ""
     top = maximum if maximum is not None else LIMITS.get(field)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{prefix}{field}={value!r} must be an integer")
+        raise InputError(f"{prefix}{field}={show(value)} must be an integer")
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
-            raise InputError(f"{prefix}{field}={value!r} must be an integer")
+            raise InputError(f"{prefix}{field}={show(value)} must be an integer")
         value = int(value)
     if value < minimum:
-        raise InputError(f"{prefix}{field}={value} must be >= {minimum}")
+        raise InputError(f"{prefix}{field}={show(value)} must be >= {minimum}")
     if top is not None and value > top:
-        raise InputError(f"{prefix}{field}={value} is above the supported maximum {top}")
+        raise InputError(f"{prefix}{field}={show(value)} is above the supported maximum {top}")
     return int(value)
+
+
+def check_float(field: str, value: Any, where: str = "", minimum: float = 0.0, inclusive: bool = False,
+                maximum: float | None = None) -> float:
+    """``value`` as a finite float above ``minimum`` (or equal, if ``inclusive``) and at most
+    ``FLOAT_LIMITS[field]``; strings, booleans, NaN and infinities are refused."""
+    prefix = f"{where}: " if where else ""
+    top = maximum if maximum is not None else FLOAT_LIMITS.get(field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{prefix}{field}={show(value)} must be a number")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise InputError(f"{prefix}{field}={show(value)} must be a finite number")
+    if number < minimum or (number == minimum and not inclusive):
+        raise InputError(f"{prefix}{field}={show(value)} must be {'>=' if inclusive else '>'} {minimum:g}")
+    if top is not None and number > top:
+        raise InputError(f"{prefix}{field}={show(value)} is above the supported maximum {top:g}")
+    return number
+
+
+def check_local_ranks(nproc: int, flag: str = "--nproc", available: int | None = None) -> None:
+    """Refuse to start more local torch ranks than the machine's available memory holds
+    (:data:`RANK_PROCESS_BYTES` each), before any rank starts."""
+    check_int("nproc", nproc, flag)
+    free = available_memory() if available is None else available
+    if free and nproc * RANK_PROCESS_BYTES > free:
+        raise InputError(f"{flag}={nproc}: {nproc} local ranks need about {nproc * RANK_PROCESS_BYTES / 2**30:.0f} "
+                         f"GiB ({RANK_PROCESS_BYTES >> 20} MB each); this machine has {free / 2**30:.1f} GiB "
+                         "available")
+
+
+def available_memory() -> int:
+    """Bytes of memory available to new processes (``MemAvailable`` of /proc/meminfo; 0 if unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

@@ -210,5 +210,7 @@ def write_csv(rows: Sequence[Measurement], path: str | os.PathLike | None) -> st
         w.writerow([r.backend, r.op, r.nranks, r.bytes, f"{r.time_s:.9g}"])
     text = buf.getvalue()
     if path:
-        Path(path).write_text(text)
+        from ..io import atomic_write_text
+
+        atomic_write_text(path, text, "--out")
     return text

@@ -2,16 +2,23 @@
 ``register(subparsers)``; heavy imports (torch, matplotlib, networkx graphs) happen inside the verb's
 ``run`` so that ``tpsim estimate`` and ``tpsim plan`` start fast.
 
-Bad input (:class:`tpsim.errors.TpsimError`) becomes one line on stderr and exit status 2.
+Bad input (:class:`tpsim.errors.TpsimError`) becomes one line on stderr and exit status 2; so do file-system
+errors nobody checked for (an ``OSError``: the line names the file) and running out of memory. SIGTERM and
+SIGHUP end a verb like Ctrl-C does (``finally`` blocks run: temporary files are removed, child processes
+reaped), with exit status 128 + the signal number.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from ..errors import TpsimError
+
+MAX_MESSAGE = 600
+"""characters of an error line; a longer message (a huge value echoed back) keeps its start and end."""
 
 # verb modules, in the order `tpsim --help` lists them
 VERB_MODULES = ("estimate", "plan", "report", "model", "export", "topo", "collective", "bench_collectives",
@@ -23,7 +30,27 @@ class OneLineParser(argparse.ArgumentParser):
     exit status 2, like every other input error."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread so that cleanup runs as for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def one_line(message: str) -> str:
+    """The message on one line (newlines and control characters escaped), at most :data:`MAX_MESSAGE` long."""
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(message))
+    if len(text) > MAX_MESSAGE:
+        text = f"{text[:MAX_MESSAGE - 160]} ...({len(text)} characters)... {text[-120:]}"
+    return text
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    raise Terminated(signum)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,23 +79,59 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (status 2, one line already printed), --help or --version (0)
+        return exc.code if isinstance(exc.code, int) else 0
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     from ..topology.progress import set_enabled
     set_enabled(not getattr(args, "json", False))   # progress bars stay off stdout's JSON neighbours too
+    previous = _install_signal_handlers()
     try:
         result = args.func(args)
     except TpsimError as exc:
-        print(f"tpsim {args.verb}: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args.verb, str(exc))
+    except Terminated as exc:
+        print(f"tpsim {args.verb}: terminated by {signal.Signals(exc.signum).name}", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print(f"tpsim {args.verb}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a file-system failure no check foresaw: still one line naming the file
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(args.verb, f"{where}{exc.strerror or exc}")
+    except MemoryError:
+        return _fail(args.verb, "out of memory (the input asks for more than this machine has)")
+    finally:
+        _restore_signal_handlers(previous)
     return int(result or 0)
+
+
+def _fail(verb: str, message: str) -> int:
+    print(f"tpsim {verb}: error: {one_line(message)}", file=sys.stderr)
+    return 2
+
+
+def _install_signal_handlers() -> dict[int, object]:
+    """SIGTERM/SIGHUP -> :class:`Terminated` (main thread only; a no-op elsewhere, e.g. under a test runner's
+    worker thread)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        previous[sig] = signal.signal(sig, _on_signal)
+    return previous
+
+
+def _restore_signal_handlers(previous: dict[int, object]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import positive_int
+from .common import count_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,12 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="with --from-validation: the device to fit when the reports hold several")
     p.add_argument("--stack", help="with --from-validation: the stack to fit when the reports hold several")
     p.add_argument("--cluster", default="local-cpu", help="cluster the measurements ran on (default: %(default)s)")
-    p.add_argument("--gpus", type=positive_int, help="GPUs of that cluster (default: the most ranks measured)")
+    p.add_argument("--gpus", type=count_arg("gpus"), help="GPUs of that cluster (default: the most ranks measured)")
     p.add_argument("--op", help="collective of nccl-tests text files that do not name it (e.g. all_reduce)")
     p.add_argument("--stat", default="p25", choices=("p25", "median", "min", "mean"),
                    help="time of a configuration from its repeated iterations (default p25: robust to the "
                         "scheduler preempting ranks on a shared machine)")
     p.add_argument("--out", help="calibration YAML to write (default: print it)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.set_defaults(func=run)
 
 
@@ -45,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     from ..collectives.calibration import fit_calibration, provenance, read_measurements
     from ..topology import load_cluster
 
+    from ..io import check_output_file
+
+    if args.out is not None:  # before the fit: a bad destination costs nothing
+        check_output_file(args.out, "--out", force=args.force)
     samples = read_measurements(args.files, op=args.op)
     gpus = args.gpus or _gpus_for(args.cluster, max(s.nranks for s in samples))
     # fit against the raw link figures: a calibration the cluster file already includes is replaced
@@ -60,10 +65,11 @@ def run(args: argparse.Namespace) -> int:
     for t, v in fit.per_type.items():
         print(f"  {t}: efficiency {v['efficiency']:.4f}, latency {v['latency_us']:.2f} us, "
               f"bw {v['bw_GBps']:.4g} GB/s")
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("# Calibration written by `tpsim calibrate` (include with `calibration:` in a cluster file)\n")
-            f.write(fit.to_yaml())
+    if args.out is not None:
+        from ..io import atomic_write_text
+
+        atomic_write_text(args.out, "# Calibration written by `tpsim calibrate` (include with `calibration:` in a "
+                                    "cluster file)\n" + fit.to_yaml(), "--out")
         print(f"wrote {args.out}")
     else:
         print(fit.to_yaml(), end="")

@@ -6,7 +6,8 @@ import argparse
 import json
 
 from ..errors import InputError
-from .common import positive_int
+from ..limits import show
+from .common import count_arg
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 
@@ -18,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(nccl-tests definitions, GB/s = 1e9 B/s) and the algorithm NCCL would pick. With --group, "
                     "every group of that plan axis runs at once and the slowest one is reported.")
     p.add_argument("--cluster", default="dgx-a100", help="cluster name or YAML path (default: %(default)s)")
-    p.add_argument("--gpus", type=positive_int, help="GPUs in the cluster (default: the file's)")
+    p.add_argument("--gpus", type=count_arg("gpus"), help="GPUs in the cluster (default: the file's)")
     p.add_argument("--op", default="all_reduce", choices=OPS, help="collective (default: %(default)s)")
     p.add_argument("--bytes", default="1GiB",
                    help="buffer size, binary suffixes (4096, 64KiB, 256M, 1GiB; nccl-tests convention: "
@@ -43,8 +44,11 @@ def run(args: argparse.Namespace) -> int:
     nbytes = parse_bytes(args.bytes, "--bytes")
     cluster = load_cluster(args.cluster, gpus=args.gpus)
     groups = select_groups(args, cluster.num_gpus)
-    model = CollectiveModel(cluster, args.calibration) if args.calibration else get_collective_model(cluster)
-    algos = [a.strip() for a in args.algo.split(",") if a.strip()] if args.algo else None
+    model = (CollectiveModel(cluster, args.calibration) if args.calibration is not None
+             else get_collective_model(cluster))
+    algos = [a.strip() for a in args.algo.split(",") if a.strip()] if args.algo is not None else None
+    if algos == []:
+        raise InputError(f"--algo {show(args.algo)} names no algorithm (e.g. ring, tree, nvls)")
     sizes = [1 << e for e in range(10, 34)] if args.sweep else [nbytes]
     results = [model.run(args.op, s, groups, algos) for s in sizes]
     if args.json:
@@ -75,7 +79,7 @@ def select_groups(args: argparse.Namespace, num_gpus: int):
         return np.ascontiguousarray(layout.groups(args.group))
     if args.plan:
         raise InputError("--plan is only used with --group tp|dp|pp")
-    if args.ranks:
+    if args.ranks is not None:
         return (parse_ranks(args.ranks, num_gpus),)
     import numpy as np
     return np.arange(num_gpus, dtype=np.int64)[None, :]
@@ -97,9 +101,10 @@ def parse_plan_sizes(text: str, num_gpus: int) -> tuple[int, int, int, str]:
     sizes = {}
     for key in ("tp", "pp", "dp"):
         if key in fields:
-            if not fields[key].isdigit() or int(fields[key]) < 1:
-                raise InputError(f"--plan {key}={fields[key]!r} must be a positive integer")
-            sizes[key] = int(fields[key])
+            value = fields[key]
+            if not value.isascii() or not value.isdigit() or len(value) > 8 or int(value) < 1:
+                raise InputError(f"--plan {key}={show(value)} must be a positive integer up to the GPU count")
+            sizes[key] = int(value)
     tp, pp = sizes.get("tp", 1), sizes.get("pp", 1)
     if num_gpus % (tp * pp):
         raise InputError(f"--plan tp={tp} x pp={pp} does not divide the cluster's {num_gpus} GPUs")
@@ -114,21 +119,30 @@ def parse_plan_sizes(text: str, num_gpus: int) -> tuple[int, int, int, str]:
 def parse_ranks(text: str, num_gpus: int) -> tuple[int, ...]:
     """``0-7``, ``0,2,4`` or ``0-3,8-11`` -> ranks (each in range, none twice)."""
     ranks: list[int] = []
+    shown = show(text)
     for part in text.split(","):
         part = part.strip()
         lo, sep, hi = part.partition("-")
-        if not lo.strip().isdigit() or (sep and not hi.strip().isdigit()):
-            raise InputError(f"--ranks {text!r}: {part!r} is not a rank or a range a-b")
+        if not _is_rank(lo) or (sep and not _is_rank(hi)):
+            raise InputError(f"--ranks {shown}: {show(part)} is not a rank or a range a-b")
         a, b = int(lo), int(hi) if sep else int(lo)
         if b < a:
-            raise InputError(f"--ranks {text!r}: range {part} runs backwards")
+            raise InputError(f"--ranks {shown}: range {part} runs backwards")
+        if b >= num_gpus:  # checked before the range is expanded: 0-99999999999 costs nothing
+            raise InputError(f"--ranks {shown}: rank {max(a, num_gpus)} is outside the cluster's {num_gpus} GPUs")
         ranks += range(a, b + 1)
-    bad = [r for r in ranks if r >= num_gpus]
-    if bad:
-        raise InputError(f"--ranks {text!r}: rank {bad[0]} is outside the cluster's {num_gpus} GPUs")
+        if len(ranks) > num_gpus:
+            break
     if len(set(ranks)) != len(ranks):
-        raise InputError(f"--ranks {text!r} lists a rank twice")
+        raise InputError(f"--ranks {shown} lists a rank twice")
+    if len(ranks) < 2:
+        raise InputError(f"--ranks {shown}: a collective needs at least 2 ranks")
     return tuple(ranks)
+
+
+def _is_rank(text: str) -> bool:
+    text = text.strip()
+    return text.isascii() and text.isdigit() and len(text) <= 12
 
 
 def _header(cluster, op: str, groups) -> str:

@@ -3,18 +3,67 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import re
+from typing import Any, Callable
 
+from ..errors import InputError
+
+_DIGITS = re.compile(r"^\s*\+?[0-9]+\s*$")
+
+
+def _integer(text: str, minimum: int, maximum: int) -> int:
+    """Plain decimal digits only (``1e3``, ``0x10``, ``8.0`` and ``nan`` are refused), within the bounds;
+    the length is checked before conversion, so a 400-digit number costs nothing."""
+    from ..limits import show
+
+    if not _DIGITS.match(text):
+        kind = "a whole number" if minimum <= 0 else "a positive integer"
+        raise argparse.ArgumentTypeError(f"{show(text)} is not {kind}")
+    digits = text.strip().lstrip("+").lstrip("0") or "0"
+    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+        raise argparse.ArgumentTypeError(f"{show(int(digits)) if len(digits) < 4000 else show(text)} is above "
+                                         f"the supported maximum {maximum}")
+    value = int(digits)
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer" if minimum == 1 else
+                                         f"{value} must be >= {minimum}")
+    return value
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
-    return value
+    """An integer >= 1 (at most :data:`tpsim.limits.MAX_CLI_INT`)."""
+    from ..limits import MAX_CLI_INT
+
+    return _integer(text, 1, MAX_CLI_INT)
+
+
+def count_arg(field: str, minimum: int = 1) -> Callable[[str], int]:
+    """argparse type: an integer in ``[minimum, tpsim.limits.LIMITS[field]]`` (the one table of bounds)."""
+    from ..limits import LIMITS
+
+    def parse(text: str) -> int:
+        return _integer(text, minimum, LIMITS[field])
+    parse.__name__ = field
+    return parse
+
+
+def real_arg(field: str, minimum: float = 0.0, inclusive: bool = False) -> Callable[[str], float]:
+    """argparse type: a finite number above ``minimum`` (or equal, if ``inclusive``) and at most
+    ``tpsim.limits.FLOAT_LIMITS[field]``."""
+    def parse(text: str) -> float:
+        from ..limits import check_float, show
+
+        try:
+            value = float(text) if len(text) <= 64 else float("inf")
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{show(text)} is not a number") from None
+        try:
+            return check_float(field, value, minimum=minimum, inclusive=inclusive)
+        except InputError as exc:  # "field=<value> must ..." -> "<text as typed> must ..."
+            shown = text.strip() if text.strip() and len(text) <= 40 else show(text)
+            raise argparse.ArgumentTypeError(f"{shown} {str(exc).split(' ', 1)[-1]}") from None
+    parse.__name__ = field
+    return parse
 
 
 def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt3-175b") -> None:
@@ -45,7 +94,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cluster", help="cluster name in topologies/clusters (dgx-a100, dgx-h100, hgx-h200, "
                                      "gb200-nvl72, pcie-8gpu, tpu-v4, local-cpu, ...) or a YAML path "
                                      "(default: the model preset's)")
-    g.add_argument("--gpus", type=positive_int, help="number of GPUs (default: the model preset's)")
+    g.add_argument("--gpus", type=count_arg("gpus"), help="number of GPUs (default: the model preset's)")
     g.add_argument("--calibration", metavar="YAML",
                    help="calibration file (link values from `tpsim calibrate`, and/or a fitted `compute` section) "
                         "replacing the cluster file's `calibration:`")
@@ -53,9 +102,9 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan (defaults: the model preset's plan)")
-    g.add_argument("--tp", type=positive_int, help="tensor-parallel degree")
-    g.add_argument("--pp", type=positive_int, help="pipeline stages")
-    g.add_argument("--vpp", type=positive_int,
+    g.add_argument("--tp", type=count_arg("tp"), help="tensor-parallel degree")
+    g.add_argument("--pp", type=count_arg("pp"), help="pipeline stages")
+    g.add_argument("--vpp", type=count_arg("vpp"),
                    help="model chunks per pipeline rank (virtual pipeline; >1 = interleaved 1F1B)")
     sp = g.add_mutually_exclusive_group()
     sp.add_argument("--sp", dest="sp", action="store_true", default=None, help="sequence parallelism (tp > 1)")
@@ -65,8 +114,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                         "full = every layer from its input")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
                    help="ZeRO stage: 1 optimizer states, 2 + gradients, 3 + weights sharded over dp")
-    g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch")
-    g.add_argument("--global-batch", type=positive_int, help="sequences per step (default: the preset's)")
+    g.add_argument("--micro-batch", type=count_arg("micro_batch"), help="sequences per micro-batch")
+    g.add_argument("--global-batch", type=count_arg("global_batch"),
+                   help="sequences per step (default: the preset's)")
     g.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16", "fp8"), help="GEMM precision")
     g.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                    help="do not overlap the DP gradient reduction with the backward pass")
@@ -90,6 +140,8 @@ def build_model(args: argparse.Namespace, modelled: bool = True):
 
 
 def cluster_and_gpus(args: argparse.Namespace, model) -> tuple[str, int | None]:
+    if args.cluster is not None and not args.cluster.strip():
+        raise InputError("--cluster: the name is empty (a cluster name or a YAML path)")
     name = args.cluster or model.default_plan.get("cluster") or "dgx-a100"
     gpus = args.gpus or (model.default_plan.get("gpus") if not args.cluster else None)
     return name, gpus

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
         model, cluster, plan, note = from_launch_file(args)
     else:
-        args.model = args.model or "gpt3-175b"
+        args.model = "gpt3-175b" if args.model is None else args.model  # an empty --model is an error, not the default
         model = build_model(args)
         cluster = build_cluster(args, model)
         plan = build_plan(args, model, cluster)

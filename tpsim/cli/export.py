@@ -40,6 +40,7 @@ def add_format_args(p: argparse.ArgumentParser, choices: tuple[str, ...], requir
     g.add_argument("--format", dest="export_format", choices=choices, required=required,
                    help="launch format (all: every format that can run the plan)")
     g.add_argument("--out", required=required, metavar="DIR", help="folder for the files (created)")
+    g.add_argument("--force", action="store_true", help="replace launch files already in --out")
     g.add_argument("--stack", default=None,
                    help="training-stack profile whose rules decide what can be exported (default: the format's: "
                         "megatron for megatron and nemo, torchtitan, deepspeed; or a profile YAML path)")
@@ -61,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     from ..launch import export_context, export_plan, export_violation, write_files
     from .estimate import compute_model
 
+    from ..io import check_output_dir
+
+    check_output_dir(args.out, "--out", force=True, protected=())  # a usable folder, before any work
     model = build_model(args)
     cluster = build_cluster(args, model)
     plan = build_plan(args, model, cluster)
@@ -79,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             if problem:
                 print(f"skipped {fmt}: {problem}", file=sys.stderr)
                 continue
-        paths = write_files(export_plan(fmt, ctx, args.stack), out)
+        paths = write_files(export_plan(fmt, ctx, args.stack), out, force=args.force)
         written += 1
         print(f"{fmt}: " + ", ".join(str(p) for p in paths))
     if not written:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .common import add_cluster_args, add_model_args, build_model, cluster_and_gpus, positive_int
+from .common import add_cluster_args, add_model_args, build_model, cluster_and_gpus, count_arg, real_arg
 from .export import FORMATS as EXPORT_FORMATS
 
 ORDER_CHOICES = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
@@ -28,7 +28,7 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_cluster_args(p)
     g = p.add_argument_group("batch and precision")
-    g.add_argument("--global-batch", type=positive_int, default=None, help="sequences per step (default: the preset's)")
+    g.add_argument("--global-batch", type=count_arg("global_batch"), default=None, help="sequences per step (default: the preset's)")
     g.add_argument("--dtype", default=None, choices=("fp32", "tf32", "bf16", "fp16", "fp8"),
                    help="GEMM precision (default: the preset's, else bf16)")
     g.add_argument("--attention", default=None, choices=("flash", "unfused"), help="attention kernel (flash)")
@@ -39,19 +39,22 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
 def add_space_arguments(p: argparse.ArgumentParser) -> None:
     """Constraints that narrow the search space."""
     g = p.add_argument_group("search space (constraints)")
-    g.add_argument("--tp", type=positive_int, nargs="+", default=None, help="only these tensor-parallel degrees")
-    g.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel degree")
-    g.add_argument("--pp", type=positive_int, nargs="+", default=None, help="only these pipeline degrees")
+    g.add_argument("--tp", type=count_arg("tp"), nargs="+", default=None, help="only these tensor-parallel degrees")
+    g.add_argument("--max-tp", type=count_arg("tp"), default=None, help="largest tensor-parallel degree")
+    g.add_argument("--pp", type=count_arg("pp"), nargs="+", default=None, help="only these pipeline degrees")
     g.add_argument("--no-pp", action="store_true", help="no pipeline parallelism (pp = 1)")
-    g.add_argument("--vpp", type=positive_int, nargs="+", default=None, help="only these virtual pipeline sizes")
+    g.add_argument("--vpp", type=count_arg("vpp"), nargs="+", default=None, help="only these virtual pipeline sizes")
     g.add_argument("--sp", choices=("on", "off"), default=None, help="sequence parallelism on/off (default both)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), nargs="+", default=None, help="only these ZeRO stages (0-3)")
     g.add_argument("--recompute", nargs="+", default=None, choices=("none", "selective", "full"),
                    help="only these recomputation modes")
-    g.add_argument("--micro-batch", type=positive_int, nargs="+", default=None, help="micro-batch sizes (default 1 2 4 8)")
+    g.add_argument("--micro-batch", type=count_arg("micro_batch"), nargs="+", default=None, help="micro-batch sizes (default 1 2 4 8)")
     g.add_argument("--order", nargs="+", default=None, choices=ORDER_CHOICES, help="only these rank orders")
     g.add_argument("--no-overlap", action="store_true", help="only plans without DP overlap")
-    g.add_argument("--mem-limit-gib", type=float, default=None, help="reject plans above this peak memory per GPU")
+    g.add_argument("--mem-limit-gib", type=real_arg("mem_limit_gib"), default=None, help="reject plans above this peak memory per GPU")
+    g.add_argument("--allow-large-space", action="store_true",
+                   help="search a space of more than tpsim.limits.MAX_PLANS plans (refused by default: it takes "
+                        "minutes and gigabytes)")
 
 
 def register(subparsers: Any) -> None:
@@ -63,11 +66,12 @@ def register(subparsers: Any) -> None:
     o.add_argument("--objective", default="time", choices=("time", "memory", "cost"),
                    help="rank by step time, peak memory per GPU, or $ per million tokens (searches GPU counts "
                         "from one node up to --gpus)")
-    o.add_argument("--gpu-hour-price", type=float, default=None,
+    o.add_argument("--gpu-hour-price", type=real_arg("gpu_hour_price"), default=None,
                    help="dollars per GPU-hour for --objective cost (default 1.0: cost = GPU-hours per M tokens)")
-    o.add_argument("--top", type=positive_int, default=10, help="plans to show (default 10)")
+    o.add_argument("--top", type=count_arg("top"), default=10, help="plans to show (default 10)")
     o.add_argument("--include-unfit", action="store_true", help="also rank plans that do not fit (after fitting ones)")
     o.add_argument("--csv", default=None, metavar="FILE", help="write the ranked plans (--top of them) as CSV")
+    o.add_argument("--force", action="store_true", help="replace an existing --csv file, or launch files in --out")
     o.add_argument("--json", action="store_true", help="print one JSON object (plans, evaluated, rejected)")
     o.add_argument("--why", action="store_true", help="show how many plans were rejected and why")
     o.add_argument("--pareto", action="store_true",
@@ -81,10 +85,10 @@ def register(subparsers: Any) -> None:
                    help="do not use the on-disk result cache ($TPSIM_CACHE_DIR or ~/.cache/tpsim; "
                         "keyed by a hash of every input and of tpsim's code)")
     v = p.add_argument_group("checking the ranking (tpsim validate, torch)")
-    v.add_argument("--validate-top", type=positive_int, default=None, metavar="K",
+    v.add_argument("--validate-top", type=count_arg("top"), default=None, metavar="K",
                    help="run scaled-down versions of the K best plans and a few lower-ranked ones on this "
                         "machine's ranks (--cluster local-cpu) and report whether the measured order agrees")
-    v.add_argument("--validate-layers-per-chunk", type=positive_int, default=1,
+    v.add_argument("--validate-layers-per-chunk", type=count_arg("num_layers"), default=1,
                    help="layers per pipeline model chunk of those runs (default: %(default)s)")
     v.add_argument("--validate-name", default=None, help="report name (default: top-<model>-<cluster>-<gpus>)")
     v.add_argument("--validate-out-dir", default=None, help="report folder (default: reports/validation)")
@@ -93,7 +97,7 @@ def register(subparsers: Any) -> None:
                    help="write the launch config of the best plan the framework can run (its stack's rules)")
     e.add_argument("--out", default=None, metavar="DIR",
                    help="folder for --export (rank<r>/ per plan with --export-top)")
-    e.add_argument("--export-top", type=positive_int, default=1, metavar="K",
+    e.add_argument("--export-top", type=count_arg("top"), default=1, metavar="K",
                    help="export the K best plans the framework can run (default 1)")
     p.set_defaults(func=run)
 
@@ -163,33 +167,54 @@ def load_compute(args: argparse.Namespace, cluster: Any) -> Any:
     return ProfileModel(args.profile, fallback=RooflineModel(cluster.device))
 
 
-def clusters_for(name: str, gpus: int, objective: str, calibration: str | None = None) -> list[Any]:
-    """The cluster at ``gpus``, or with ``--objective cost`` one per searched GPU count."""
+def gpu_counts_for(name: str, gpus: int, objective: str) -> list[int]:
+    """The GPU counts searched: ``gpus``, or with ``--objective cost`` every count :func:`cost_gpu_counts`
+    gives (cheap: no cluster is built)."""
     from ..search import cost_gpu_counts
     from ..topology import load_cluster
 
-    cluster = load_cluster(name, gpus=gpus, calibration=calibration)
     if objective != "cost":
-        return [cluster]
-    counts = cost_gpu_counts(cluster.gpus_per_node, gpus)
-    return [load_cluster(name, gpus=n, calibration=calibration) for n in counts[:-1]] + [cluster]
+        return [gpus]
+    return list(cost_gpu_counts(load_cluster(name, gpus=gpus).gpus_per_node, gpus))
+
+
+def clusters_for(name: str, gpus: int, objective: str, calibration: str | None = None) -> list[Any]:
+    """The cluster at ``gpus``, or with ``--objective cost`` one per searched GPU count."""
+    from ..topology import load_cluster
+
+    return [load_cluster(name, gpus=n, calibration=calibration) for n in gpu_counts_for(name, gpus, objective)]
+
+
+def check_problem(args: argparse.Namespace, model: Any, space: Any, cluster_name: str, gpus: int,
+                  objective: str) -> None:
+    """Refuse before searching: a space that the constraints leave empty (naming the constraint) or one
+    above tpsim.limits.MAX_PLANS without --allow-large-space."""
+    from ..search.explain import check_space
+
+    check_space(model, gpu_counts_for(cluster_name, gpus, objective), space,
+                allow_large=getattr(args, "allow_large_space", False))
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..io import check_output_dir, check_output_file
     from ..search import DEFAULT_GPU_HOUR_PRICE
     from ..search.cache import cached_search, compute_key_of, save_memo
+    from ..search.explain import check_found
 
     from ..opgraph.schema import is_opgraph_path
 
+    if args.csv is not None:
+        check_output_file(args.csv, "--csv", force=args.force)
     if is_opgraph_path(args.model):  # a traced model (tpsim trace)
         from .graph import run_plan
         return run_plan(args)
-    if args.top <= 0:
-        raise InputError(f"--top={args.top} must be a positive integer")
     if args.export_format and not args.out:
         raise InputError(f"--export {args.export_format} needs --out DIR")
+    if args.export_format:
+        check_output_dir(args.out, "--out", force=True, protected=())  # a usable folder, before the search
     model, cluster_name, gpus, batch = load_problem(args)
     space = build_space(args, model)
+    check_problem(args, model, space, cluster_name, gpus, args.objective)
     clusters = clusters_for(cluster_name, gpus, args.objective, args.calibration)
     search = cached_search if not args.no_cache else _uncached
     result = search(model, clusters, batch, space=space, objective=args.objective,
@@ -197,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
                     mem_limit_gib=args.mem_limit_gib, include_unfit=args.include_unfit,
                     compute=load_compute(args, clusters[-1]), compute_key=compute_key_of(args.profile),
                     progress=not args.no_progress and not args.json)
-    if args.csv:
+    check_found(result)
+    if args.csv is not None:
         _write_csv(result, args.csv, args.top)
     if args.json:
         json.dump(result.to_json(args.top), sys.stdout, indent=1, allow_nan=False)
@@ -208,10 +234,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(model.summary())
     print(_header(result, model, clusters[-1], batch))
-    if len(result):
-        print(format_table(result.table(args.top)))
-    else:
-        print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
+    print(format_table(result.table(args.top)))
     if args.why:
         print(format_why(result))
     if args.pareto:
@@ -244,7 +267,7 @@ def _export(args: argparse.Namespace, result: Any, model: Any, file: Any) -> Non
             print(f"export: rank {rank} skipped: {problem}", file=file)
             continue
         out = args.out if args.export_top == 1 else f"{args.out}/rank{rank}"
-        paths = write_files(export_plan(args.export_format, ctx), out)
+        paths = write_files(export_plan(args.export_format, ctx), out, force=args.force)
         print(f"export: rank {rank} ({result.label(i)}) -> " + ", ".join(str(p) for p in paths), file=file)
     if skipped:
         print(f"export: {sum(skipped.values())} better-ranked plans skipped ("
@@ -321,7 +344,6 @@ def format_why(result: Any) -> str:
 
 
 def _write_csv(result: Any, path: str, top: int) -> None:
-    try:
-        result.table(top).to_csv(path, index=False)
-    except OSError as exc:
-        raise InputError(f"--csv {path}: cannot write ({exc.strerror})") from None
+    from ..io import atomic_write_text
+
+    atomic_write_text(path, result.table(top).to_csv(index=False), what="--csv")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import InputError
+from .common import count_arg, real_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,10 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="profile file to write or resume (default profiles/<device>.csv)")
     p.add_argument("--quick", action="store_true", help="coarse grid (under a minute on CPU); same as --grid quick")
     p.add_argument("--grid", choices=("tiny", "quick", "full"), help="grid size (default full; tiny: tests)")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads, torch.set_num_threads (default 1)")
+    p.add_argument("--threads", type=count_arg("threads"), default=1, help="CPU threads, torch.set_num_threads (default 1)")
     p.add_argument("--kinds", default="gemm,attention,memory", help="kernel kinds to measure (default all)")
-    p.add_argument("--max-kernel-s", type=float, help="skip points predicted slower than this (seconds)")
-    p.add_argument("--redo-noisy", type=float, metavar="PCT",
+    p.add_argument("--max-kernel-s", type=real_arg("max_kernel_s"), help="skip points predicted slower than this (seconds)")
+    p.add_argument("--redo-noisy", type=real_arg("redo_noisy_pct", inclusive=True), metavar="PCT",
                    help="first drop the file's points whose interquartile spread exceeds PCT %% (measured on a "
                         "busy machine), then measure what is missing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -43,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json or args.roofline:
         raise InputError("--json and --roofline go with --check FILE")
     from ..profiler.run import RunOptions, run_profile
+    from ..profiler.store import check_destination
+
+    if args.out is not None:  # before torch starts and anything is measured
+        check_destination(args.out)
 
     dtypes = tuple(d.strip() for item in args.dtype for d in item.split(",") if d.strip())
     grid = args.grid or ("quick" if args.quick else "full")

@@ -16,7 +16,8 @@ import sys
 from typing import Any
 
 from ..errors import InputError
-from .plan import add_problem_arguments, add_space_arguments, build_space, load_compute, load_problem
+from .common import count_arg, real_arg
+from .plan import add_problem_arguments, add_space_arguments, build_space, check_problem, load_compute, load_problem
 
 
 def register(subparsers: Any) -> None:
@@ -25,33 +26,33 @@ def register(subparsers: Any) -> None:
     add_problem_arguments(p)
     add_space_arguments(p)
     p.add_argument("--out", required=True, help="output folder (created)")
-    p.add_argument("--top", type=int, default=10, help="plans in the tables and the breakdown chart (10)")
-    p.add_argument("--gpu-hour-price", type=float, default=None,
+    p.add_argument("--top", type=count_arg("top"), default=10, help="plans in the tables and the breakdown chart (10)")
+    p.add_argument("--gpu-hour-price", type=real_arg("gpu_hour_price"), default=None,
                    help="dollars per GPU-hour for the cost column (default 1.0: GPU-hours per M tokens)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
+    p.add_argument("--force", action="store_true",
+                   help="write into a folder that already holds a report (its files are replaced)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report import ReportInputs, write_report
+    from ..report import ReportInputs, check_report_dir, write_report
     from ..search import DEFAULT_GPU_HOUR_PRICE
     from ..topology import load_cluster
 
-    if args.top <= 0:
-        raise InputError(f"--top={args.top} must be a positive integer")
+    check_report_dir(args.out, force=args.force)
     price = args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE
-    if not price > 0:
-        raise InputError(f"--gpu-hour-price={price} must be a positive number of dollars per GPU-hour")
-    model, cluster_name, gpus, batch = load_problem(args)
-    space = build_space(args, model)
     if args.mem_limit_gib is not None:
         raise InputError("--mem-limit-gib is a `tpsim plan` option; a report shows every fitting plan")
+    model, cluster_name, gpus, batch = load_problem(args)
+    space = build_space(args, model)
+    check_problem(args, model, space, cluster_name, gpus, "cost")
     loader = functools.partial(load_cluster, calibration=args.calibration)
     compute = load_compute(args, loader(cluster_name, gpus=gpus))
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
                           gpu_hour_price=price, top=args.top, compute=compute, command=command)
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
-    path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log)
+    path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log, force=args.force)
     print(path)
     return 0

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from .common import count_arg
+
+DRAW_SUFFIXES = (".png", ".svg", ".pdf")
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -14,8 +18,9 @@ def register(subparsers) -> None:
                     "topologies/clusters (see `tpsim topo list`) or a path to a cluster YAML.")
     parser.add_argument("action", choices=("show", "check", "draw", "list"), help="what to do")
     parser.add_argument("cluster", nargs="?", help="cluster name or path to a cluster YAML")
-    parser.add_argument("--gpus", type=int, default=None, help="number of GPUs (default: the file's gpus)")
-    parser.add_argument("--out", default=None, help="PNG file for draw (default: <cluster>.png)")
+    parser.add_argument("--gpus", type=count_arg("gpus"), default=None, help="number of GPUs (default: the file's gpus)")
+    parser.add_argument("--out", default=None, help="PNG (or SVG, PDF) file for draw (default: <cluster>.png)")
+    parser.add_argument("--force", action="store_true", help="draw: replace an existing --out file")
     parser.add_argument("--json", action="store_true", help="show: print the summary as JSON")
     parser.set_defaults(func=run)
 
@@ -29,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.cluster:
         raise InputError(f"CLUSTER is required for topo {args.action} (known: {', '.join(list_clusters())})")
+    if args.action == "draw" and args.out is not None:
+        from ..io import check_output_file
+
+        check_output_file(args.out, "--out", force=args.force, suffixes=DRAW_SUFFIXES)
     cluster = load_cluster(args.cluster, gpus=args.gpus)
     if args.action == "check":
         how = cluster.check()
@@ -38,7 +47,11 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "draw":
         from ..topology.draw import draw_cluster
 
+        from ..io import check_output_file
+
         out = args.out or f"{cluster.name}.png"
+        if args.out is None:
+            check_output_file(out, "--out", force=args.force, suffixes=DRAW_SUFFIXES)
         note = draw_cluster(cluster, out)
         print(f"wrote {out} ({note})")
         return 0

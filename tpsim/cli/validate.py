@@ -10,22 +10,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import add_model_args, positive_int
+from .common import add_model_args, count_arg, real_arg
 
 MATRIX_KINDS = ("all", "blocks", "plans")
 MAX_CPU_RANKS_PER_CORE = 4
 """a CPU run with more ranks per core is refused: beyond timing claims (one rank per core) a few more still
 check numerics and collectives in reasonable time; hundreds of processes would not finish."""
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
-    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,47 +31,47 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "time per phase. Writes reports/validation/<name>.csv, .json and .png.")
     add_model_args(p, default="gpt3-1.3b")
     g = p.add_argument_group("plan")
-    g.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel degree (default: %(default)s)")
-    g.add_argument("--pp", type=positive_int, default=1, help="pipeline stages (default: %(default)s)")
-    g.add_argument("--vpp", type=positive_int, default=1,
+    g.add_argument("--tp", type=count_arg("tp"), default=2, help="tensor-parallel degree (default: %(default)s)")
+    g.add_argument("--pp", type=count_arg("pp"), default=1, help="pipeline stages (default: %(default)s)")
+    g.add_argument("--vpp", type=count_arg("vpp"), default=1,
                    help="model chunks per pipeline rank, > 1: interleaved 1F1B (default: %(default)s)")
-    g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas (default: %(default)s)")
+    g.add_argument("--dp", type=count_arg("dp"), default=1, help="data-parallel replicas (default: %(default)s)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
                    help="ZeRO stage over dp: 0 DDP, 1 sharded optimizer, 2 FSDP2 without resharding after "
                         "forward, 3 FSDP2 (default: %(default)s)")
     g.add_argument("--sp", action="store_true", help="sequence parallelism")
     g.add_argument("--fused", action="store_true", help="fused q/k/v (and gate/up) Linear layers")
-    g.add_argument("--micro-batch", type=positive_int, default=3,
+    g.add_argument("--micro-batch", type=count_arg("micro_batch"), default=3,
                    help="sequences per micro-batch (default 3: token counts 3 x 2^k lie between the profile's "
                         "grid points)")
-    g.add_argument("--microbatches", type=positive_int,
+    g.add_argument("--microbatches", type=count_arg("global_batch"),
                    help="micro-batches per replica and step of a whole-plan run (default: 2 x pp, 2 without pp)")
-    g.add_argument("--layers-per-chunk", type=positive_int, default=2,
+    g.add_argument("--layers-per-chunk", type=count_arg("num_layers"), default=2,
                    help="layers per pipeline model chunk of a whole-plan run: layers = pp x vpp x this, unless "
                         "--layers is given (default: %(default)s)")
     g.add_argument("--order", default="tp-dp-pp", help="rank order, innermost first (default: %(default)s)")
     g.add_argument("--whole", action="store_true", help="run a whole-plan case even with tp only")
-    g.add_argument("--shard-of", type=positive_int, default=1, metavar="T",
+    g.add_argument("--shard-of", type=count_arg("tp"), default=1, metavar="T",
                    help="run one rank's shard of tp=T as a tp=1 block (query/KV heads and FFN divided by T; "
                         "the single-GPU validation of per-shard shapes)")
     g.add_argument("--matrix", nargs="?", const="all", choices=MATRIX_KINDS,
                    help="run the validation matrix: blocks (tp {1,2} x sp x hidden {512,1024,2048} x seq "
                         "{128,512}), plans (pp 2, interleaved, dp 2 with ZeRO 0-3, tp x dp, pp x tp) or all")
     r = p.add_argument_group("ranks")
-    r.add_argument("--nproc", type=positive_int, help="ranks on this node (default: tp x pp x dp / nnodes)")
+    r.add_argument("--nproc", type=count_arg("nproc"), help="ranks on this node (default: tp x pp x dp / nnodes)")
     r.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="default: %(default)s")
-    r.add_argument("--timeout", type=_positive_float, default=60.0,
+    r.add_argument("--timeout", type=real_arg("timeout_s"), default=60.0,
                    help="process-group timeout of every collective and rendezvous, seconds (default: "
                         "%(default)s)")
-    r.add_argument("--run-timeout", type=_positive_float, help="wall-clock limit of each launch, seconds")
-    r.add_argument("--threads", type=positive_int, default=1, help="threads per rank (default: %(default)s)")
-    r.add_argument("--nnodes", type=positive_int, default=1, help="nodes (default: %(default)s)")
+    r.add_argument("--run-timeout", type=real_arg("timeout_s"), help="wall-clock limit of each launch, seconds")
+    r.add_argument("--threads", type=count_arg("threads"), default=1, help="threads per rank (default: %(default)s)")
+    r.add_argument("--nnodes", type=count_arg("nnodes"), default=1, help="nodes (default: %(default)s)")
     r.add_argument("--rdzv-endpoint", default="",
                    help="HOST:PORT of the c10d rendezvous, the same on every node (several nodes)")
     r.add_argument("--rdzv-id", default="tpsim-validate", help="rendezvous id shared by the nodes")
     m = p.add_argument_group("measurement and prediction")
-    m.add_argument("--reps", type=positive_int, default=5, help="timed iterations (default: %(default)s)")
-    m.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default: %(default)s)")
+    m.add_argument("--reps", type=count_arg("reps"), default=5, help="timed iterations (default: %(default)s)")
+    m.add_argument("--warmup", type=count_arg("warmup", minimum=0), default=2, help="untimed iterations first (default: %(default)s)")
     m.add_argument("--cluster", default=None,
                    help="topology the ranks run on (default: local-cpu for gloo, hgx-h200 for nccl)")
     m.add_argument("--profile", help="kernel profile CSV (default: the newest profiles/<cpu|cuda>-*.csv)")
@@ -99,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--no-overhead", action="store_true",
                    help="do not add the framework overhead (measured on a tiny twin of the block first) to "
                         "the prediction")
-    m.add_argument("--budget", type=_positive_float, default=300.0,
+    m.add_argument("--budget", type=real_arg("budget_s"), default=300.0,
                    help="scale a case down (sequence, then micro-batch) until one rank's predicted run time "
                         "is under this many seconds (default: %(default)s)")
     t = p.add_argument_group("traced models (--model X.ops.json, docs/OPGRAPH.md)")
@@ -194,6 +184,21 @@ def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
     return [case], args.name or f"{case.name}-{args.backend}"
 
 
+def check_names(args: argparse.Namespace) -> None:
+    """Refuse before anything runs (issue 13): a report name that is not a plain file name (it would write
+    outside --out-dir) and a rendezvous endpoint that is not HOST:PORT."""
+    from ..errors import InputError
+    from ..limits import show
+
+    if args.name is not None and (not args.name.strip() or "/" in args.name or "\\" in args.name
+                                  or args.name.startswith(".") or len(args.name) > 200):
+        raise InputError(f"--name {show(args.name)}: a report name is a plain file name (no folders, not hidden)")
+    if args.nnodes > 1 or args.rdzv_endpoint:
+        host, _, port = args.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InputError(f"--rdzv-endpoint {show(args.rdzv_endpoint)} must be HOST:PORT (port 1-65535)")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
     from ..validate.launch import LaunchConfig, RankFailure
@@ -204,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
     if is_opgraph_path(args.model):  # a traced model (tpsim trace)
         from .graph import run_validate
         return run_validate(args)
+    check_names(args)
     model = build_model(args)
     if args.shard_of > 1:
         from ..validate.shard import shard_model

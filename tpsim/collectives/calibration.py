@@ -23,6 +23,9 @@ import numpy as np
 import yaml
 
 from ..errors import InputError
+from ..io import read_text
+from ..limits import LIMITS, show
+from ..units import parse_bytes
 from .curve import OPS
 
 COLUMNS = ("backend", "op", "nranks", "bytes", "time_s")
@@ -64,9 +67,9 @@ def read_measurements(paths: Sequence[str | os.PathLike], op: str | None = None)
     samples: list[Sample] = []
     for path in paths:
         p = Path(path)
-        if not p.is_file():
+        if not _exists(p):
             raise InputError(f"{p}: measurement file not found")
-        text = p.read_text(errors="replace")
+        text = read_text(p, "measurement file")
         first = text.lstrip().splitlines()[0] if text.strip() else ""
         got = _read_csv(p, text) if first.replace(" ", "").startswith("backend,") else _read_nccl_tests(p, text, op)
         if not got:
@@ -87,13 +90,15 @@ def _read_csv(path: Path, text: str) -> list[Sample]:
         if row["op"] not in OPS:
             raise InputError(f"{where}: op={row['op']!r} is not a collective ({', '.join(OPS)})")
         try:
-            nranks, nbytes, t = int(row["nranks"]), int(float(row["bytes"])), float(row["time_s"])
-        except (TypeError, ValueError):
-            raise InputError(f"{where}: nranks={row['nranks']!r}, bytes={row['bytes']!r}, "
-                             f"time_s={row['time_s']!r} must be numbers") from None
-        if nranks < 2 or nbytes <= 0 or not (t > 0 and math.isfinite(t)):
-            raise InputError(f"{where}: nranks={nranks}, bytes={nbytes}, time_s={t} out of range "
-                             "(nranks >= 2, bytes > 0, time_s > 0)")
+            nranks, t = int(row["nranks"] or ""), float(row["time_s"] or "")
+            nbytes = parse_bytes(row["bytes"] or "", "bytes")
+        except (TypeError, ValueError, InputError):
+            raise InputError(f"{where}: nranks={show(row['nranks'])}, bytes={show(row['bytes'])}, "
+                             f"time_s={show(row['time_s'])} must be numbers (bytes a whole number up to "
+                             f"{LIMITS['bytes']})") from None
+        if not 2 <= nranks <= LIMITS["measured_ranks"] or not (t > 0 and math.isfinite(t)):
+            raise InputError(f"{where}: nranks={show(nranks)}, time_s={t} out of range "
+                             f"(2 <= nranks <= {LIMITS['measured_ranks']}, time_s > 0)")
         out.append(Sample(row["op"], nranks, nbytes, t, row["backend"], str(path)))
     return out
 
@@ -106,6 +111,9 @@ def _read_nccl_tests(path: Path, text: str, op: str | None) -> list[Sample]:
     if name is None:
         raise InputError(f"{path}: cannot tell which collective this nccl-tests output measured; pass --op")
     ranks = len(re.findall(r"^#\s+Rank\s+\d+", text, flags=re.M))
+    if ranks > LIMITS["measured_ranks"]:
+        raise InputError(f"{path}: nccl-tests header lists {ranks} ranks, above the supported "
+                         f"{LIMITS['measured_ranks']}")
     if ranks < 2:
         raise InputError(f"{path}: nccl-tests header lists {ranks} rank(s) ('#  Rank N ...' lines); need >= 2")
     out = []
@@ -118,7 +126,7 @@ def _read_nccl_tests(path: Path, text: str, op: str | None) -> list[Sample]:
             nbytes, t_us = int(tok[0]), float(tok[t_col])
         except ValueError:
             continue
-        if nbytes > 0 and t_us > 0:
+        if 0 < nbytes <= LIMITS["bytes"] and 0 < t_us < math.inf:
             out.append(Sample(name, ranks, nbytes, t_us * 1e-6, "nccl", str(path)))
     return out
 
@@ -286,3 +294,10 @@ def load_calibration(path: str | os.PathLike) -> dict[str, Any]:
     from ..calibration import load_calibration as load
 
     return load(path).link_overrides()
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:  # a name too long for the file system
+        return False

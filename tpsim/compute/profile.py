@@ -32,6 +32,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import InputError
+from ..limits import LIMITS, show
 from .base import MEMORY_KERNEL_NAMES, ArrayLike, ComputeModel
 
 FORMAT_VERSION = 1
@@ -422,12 +423,12 @@ def _parse_row(cells: dict[str, str], where: str) -> ProfilePoint:
         raise InputError(f"{where}: op={op!r} is not a {kind} op ({', '.join(valid_ops)})")
     dims = []
     for col in DIM_COLUMNS[kind]:
-        try:
-            value = int(cells[col])
-        except ValueError:
-            raise InputError(f"{where}: {col}={cells[col]!r} is not an integer") from None
-        if value <= 0:
-            raise InputError(f"{where}: {col}={value} must be positive")
+        text = cells[col]
+        if len(text) > 20 or not (text.isascii() and text.isdigit()):  # bounded before int(): a 400-digit dim is refused, not parsed
+            raise InputError(f"{where}: {col}={show(text)} is not an integer up to {LIMITS['kernel_dim']}")
+        value = int(text)
+        if not 0 < value <= LIMITS["kernel_dim"]:
+            raise InputError(f"{where}: {col}={value} must be in [1, {LIMITS['kernel_dim']}]")
         dims.append(value)
     try:
         time_s = float(cells["time_s"])

@@ -78,20 +78,23 @@ def export_plan(fmt: str, ctx: ExportContext, stack: Any = None) -> dict[str, st
     return _MODULES[fmt].export_files(ctx)
 
 
-def write_files(files: Mapping[str, str], out_dir: str | Path) -> list[Path]:
-    """Write the files into ``out_dir`` (created); shell scripts are made executable."""
-    out = Path(out_dir).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for name, text in files.items():
-            path = out / name
-            path.write_text(text)
-            if name.endswith(".sh"):
+def write_files(files: Mapping[str, str], out_dir: str | Path, force: bool = False) -> list[Path]:
+    """Write the files into ``out_dir`` (created), each atomically (tpsim.io); shell scripts are made
+    executable. A folder that already holds one of these files is refused unless ``force`` (issue 13: an
+    existing file is never replaced silently)."""
+    from ..io import atomic_write_text, check_output_dir, make_output_dir
+
+    out = make_output_dir(check_output_dir(out_dir, "--out", force=force, protected=tuple(files)), "--out")
+    paths = []
+    for name, text in files.items():
+        path = out / name
+        atomic_write_text(path, text, "--out")
+        if name.endswith(".sh"):
+            try:
                 path.chmod(0o755)
-            paths.append(path)
-    except OSError as exc:
-        raise InputError(f"--out {out}: cannot write ({exc.strerror})") from None
+            except OSError as exc:
+                raise InputError(f"--out {path}: cannot make it executable ({exc.strerror})") from None
+        paths.append(path)
     return paths
 
 
@@ -113,15 +116,9 @@ def import_launch(path: str | Path, fmt: str | None = None) -> ImportedLaunch:
     p = Path(path).expanduser()
     if p.is_dir():
         p = _export_file_in(p)
-    if not p.is_file():
-        raise InputError(f"--from {path}: file does not exist")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise InputError(f"--from {path}: {p.stat().st_size} bytes is more than a launch config "
-                         f"({MAX_FILE_BYTES} at most)")
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--from {path}: cannot read ({exc})") from None
+    from ..io import read_text  # a regular UTF-8 file of bounded size: never a FIFO or a device (issue 13)
+
+    text = read_text(p, "--from", MAX_FILE_BYTES)
     fmt = fmt or detect_format(p, text)
     if fmt == "torchtitan":
         return torchtitan.import_text(p, text)

@@ -89,12 +89,9 @@ def export_files(ctx: ExportContext) -> dict[str, str]:
 
 def import_json(path: Path, text: str, launch: ImportedLaunch | None = None) -> ImportedLaunch:
     """A ds_config.json, alone (tp = pp = 1 unless ``launch``, the script's import, gives them)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, Mapping):
-        raise InputError(f"{path}: a DeepSpeed config must be a JSON object")
+    from ..model.files import parse_json_object  # bounded depth, finite numbers, no repeated keys (issue 13)
+
+    data = parse_json_object(text, str(path))
     where = str(path)
     notes = list(launch.notes) if launch else []
     fields = dict(launch.plan_fields) if launch else {"tp": 1, "pp": 1, "sp": False, "recompute": "none",

@@ -114,6 +114,8 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:  # arrays nested thousands deep (issue 13)
+        raise InputError(f"{path}: not valid TOML (nested too deeply)") from None
     where = str(path)
     notes: list[str] = []
     par, training = _table(data, "parallelism", where), _table(data, "training", where)

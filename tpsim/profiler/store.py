@@ -9,6 +9,7 @@ from typing import Mapping, TextIO
 
 from ..compute.profile import COLUMNS, DIM_COLUMNS, META_KEYS, Profile, ProfilePoint, parse_profile
 from ..errors import InputError
+from ..io import atomic_write_bytes, atomic_write_text
 from .grid import PointKey
 
 TITLE = "# tpsim kernel profile: median seconds per kernel call (format: profiles/README.md)"
@@ -38,15 +39,33 @@ def point_key(point: ProfilePoint) -> PointKey:
     return (point.kind, point.op, point.dtype, point.pass_, point.dims)
 
 
+def check_destination(path: Path | str, what: str = "--out") -> Path:
+    """Check a profile destination before anything is measured: a regular file (a profile is appended to and
+    resumed in place, so not a folder, a device or a pipe), under a folder that accepts new files (missing
+    folders are created), and, if it exists, a tpsim profile (another file is never overwritten)."""
+    from ..io import check_output_file
+
+    p = check_output_file(path, what, force=True, create_parent=True)
+    if p.exists():
+        if not p.is_file():
+            raise InputError(f"{what} {p} is not a regular file; a profile is written and resumed in place")
+        try:
+            with open(p, "rb") as f:
+                head = f.read(len(TITLE))
+        except OSError as exc:
+            raise InputError(f"{what} {p}: cannot read ({exc.strerror})") from None
+        if head and not head.startswith(TITLE[:22].encode()):
+            raise InputError(f"profile {p}: exists and is not a tpsim profile; choose another --out")
+    return p
+
+
 def _repair(path: Path) -> None:
     """Drop a trailing half-written row (no final newline), rewriting the file atomically."""
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         return
     keep = data[: data.rfind(b"\n") + 1]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(keep)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, keep, "profile")
 
 
 def drop_noisy_rows(path: Path, max_spread_pct: float) -> int:
@@ -78,9 +97,7 @@ def drop_noisy_rows(path: Path, max_spread_pct: float) -> int:
             dropped += 1
             continue
         keep.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(keep))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(keep), "profile")
     return dropped
 
 
@@ -98,11 +115,9 @@ class ProfileWriter:
     no finished point; opening an existing file resumes it (``done`` maps its points to their seconds)."""
 
     def __init__(self, path: Path, meta: Mapping[str, object]) -> None:
-        self.path = Path(path)
+        self.path = check_destination(path)
         self.done: dict[PointKey, float] = {}
         if self.path.exists() and self.path.stat().st_size > 0:
-            if not self.path.read_bytes().startswith(TITLE[:22].encode()):
-                raise InputError(f"profile {self.path}: exists and is not a tpsim profile; choose another --out")
             _repair(self.path)
             text = self.path.read_text()
             rows = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
@@ -110,13 +125,27 @@ class ProfileWriter:
                 existing = parse_profile(text, str(self.path))
                 _check_resumable(existing, meta, self.path)
                 self.done = {point_key(p): p.time_s for p in existing.points}
-                self._file: TextIO = open(self.path, "a")
+                self._file: TextIO = self._open("a")
                 return
             self._check_header_only(text, meta)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "w")
-        self._file.write(header_text(meta))
-        self._sync()
+        self._file = self._open("w")
+        self._write(header_text(meta))
+
+    def _open(self, mode: str) -> TextIO:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return open(self.path, mode)
+        except OSError as exc:
+            raise InputError(f"profile {self.path}: cannot write ({exc.strerror})") from None
+
+    def _write(self, text: str) -> None:
+        """Append and fsync; a failure (a full disk) is one line, and every row before it is kept."""
+        try:
+            self._file.write(text)
+            self._sync()
+        except OSError as exc:
+            raise InputError(f"profile {self.path}: cannot write ({exc.strerror}); the {len(self.done)} points "
+                             "measured so far are kept, and a rerun with the same --out resumes") from None
 
     def _check_header_only(self, text: str, meta: Mapping[str, object]) -> None:
         """A profile file with no measured row (killed before the first point) is rewritten, if it is of the
@@ -130,8 +159,7 @@ class ProfileWriter:
                                      f"{meta[key]!r}; write to another --out")
 
     def append(self, point: ProfilePoint) -> None:
-        self._file.write(format_row(point))
-        self._sync()
+        self._write(format_row(point))
         self.done[point_key(point)] = point.time_s
 
     def _sync(self) -> None:
@@ -139,7 +167,10 @@ class ProfileWriter:
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # the write that failed already said so
+            pass
 
     def __enter__(self) -> "ProfileWriter":
         return self

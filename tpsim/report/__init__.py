@@ -4,7 +4,7 @@ imported inside the functions) and the Markdown report (:mod:`.markdown`)."""
 from __future__ import annotations
 
 from .analysis import BandwidthGrid, Sweep, bandwidth_grid, best_per, scaling, tp_sweep
-from .markdown import ReportInputs, md_table, write_report
+from .markdown import ReportInputs, check_report_dir, md_table, write_report
 
-__all__ = ["ReportInputs", "write_report", "md_table", "tp_sweep", "scaling", "bandwidth_grid", "best_per",
+__all__ = ["ReportInputs", "write_report", "check_report_dir", "md_table", "tp_sweep", "scaling", "bandwidth_grid", "best_per",
            "Sweep", "BandwidthGrid"]

@@ -46,15 +46,23 @@ def _figure(width: float, height: float, ncols: int = 1) -> tuple[Any, Any]:
 
 
 def save_figure(fig: Any, stem: str | Path) -> list[Path]:
-    """Write ``stem.png`` (150 dpi) and ``stem.svg``; returns both paths."""
+    """Write ``stem.png`` (150 dpi) and ``stem.svg`` atomically (rendered in memory, then a temporary file
+    replaces the old one: an interrupt never leaves a truncated chart); returns both paths."""
+    import io
+
     import matplotlib
+
+    from ..io import atomic_write_bytes
 
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
-    fig.savefig(paths[0], dpi=150)
+    png, svg = io.BytesIO(), io.BytesIO()
+    fig.savefig(png, format="png", dpi=150)
     with matplotlib.rc_context({"svg.hashsalt": "tpsim"}):  # stable element ids: reruns give the same file
-        fig.savefig(paths[1], metadata={"Date": None})
+        fig.savefig(svg, format="svg", metadata={"Date": None})
+    atomic_write_bytes(paths[0], png.getvalue(), "chart")
+    atomic_write_bytes(paths[1], svg.getvalue(), "chart")
     return paths
 
 

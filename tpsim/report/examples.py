@@ -40,7 +40,7 @@ def make(name: str, log=print) -> Path:
     command = f"python -m tpsim.report.examples {name}\n# same as: {command_for(name)}"
     inputs = ReportInputs(model=model, cluster=cluster, gpus=gpus, global_batch=batch, space=space,
                           command=command)
-    return write_report(inputs, REPORTS_DIR / name, log=log)
+    return write_report(inputs, REPORTS_DIR / name, log=log, force=True)  # regenerating: replace the old report
 
 
 def main(names: list[str]) -> int:

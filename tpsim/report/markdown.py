@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import __version__
+from ..io import atomic_write_text
 from ..model import ModelSpec
 from ..search import SearchResult, SearchSpace, cost_gpu_counts, search
 from . import analysis, charts
@@ -191,20 +192,40 @@ def _section_bandwidth(grid: analysis.BandwidthGrid, base: float, pcie_GBps: flo
         md_table(heads, rows, align="r" * len(heads)), ""])
 
 
+def report_files() -> tuple[str, ...]:
+    """Every file a report writes into its folder."""
+    charts_ = tuple(f"{name}{ext}" for name in CHART_FILES for ext in (".png", ".svg"))
+    return ("README.md", "plans.csv", "summary.json") + charts_
+
+
+def check_report_dir(out_dir: str | Path, force: bool = False) -> Path:
+    """Check the report folder before any work: a folder (or a new one under a writable folder), not a file,
+    and not one holding a report already unless ``force`` (a report or a README is never overwritten
+    silently)."""
+    from ..io import check_output_dir
+
+    return check_output_dir(out_dir, "--out", force=force, protected=report_files())
+
+
 def write_report(inputs: ReportInputs, out_dir: str | Path, *,
                  loader: Callable[..., Any] | None = None, progress: bool = False,
-                 log: Callable[[str], None] = lambda s: None) -> Path:
-    """Run every study, draw the five charts and write the report; returns the README.md path."""
+                 log: Callable[[str], None] = lambda s: None, force: bool = False) -> Path:
+    """Run every study, draw the five charts and write the report; returns the README.md path.
+
+    The folder is checked first (:func:`check_report_dir`; ``force`` replaces an existing report), every
+    file is written atomically (an interrupted run leaves whole files only), and README.md is written last."""
+    from ..io import make_output_dir
+    from ..search.explain import check_found
     from ..topology import load_cluster
 
     loader = loader or load_cluster
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_report_dir(out_dir, force=force)
     model, space = inputs.model, inputs.space
     cluster = loader(inputs.cluster, gpus=inputs.gpus)
     kw = dict(compute=inputs.compute, progress=progress)
     log("searching the full space")
     result = search(model, cluster, inputs.global_batch, space=space, gpu_hour_price=inputs.gpu_hour_price, **kw)
+    check_found(result)
     log("TP sweep")
     sweep = analysis.tp_sweep(model, cluster, inputs.global_batch, space, **kw)
     log("GPU-count scaling and cost")
@@ -227,13 +248,15 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
         "scaling": charts.scaling_chart(scaling, title=f"Scaling of {model.name} on {cluster.name}"),
         "tp_bandwidth": charts.bandwidth_heatmap(grid, title=f"TP communication share ({title}; * = does not fit)"),
     }
+    text = _render(inputs, cluster, result, sweep, scaling, cost, grid, base)
+    make_output_dir(out, "--out")
     for name, fig in figures.items():
         charts.save_figure(fig, out / name)
-    result.table(max(inputs.top, 50)).to_csv(out / "plans.csv", index=False)
-    (out / "summary.json").write_text(json.dumps(result.to_json(inputs.top), indent=1, allow_nan=False) + "\n")
-    text = _render(inputs, cluster, result, sweep, scaling, cost, grid, base)
+    atomic_write_text(out / "plans.csv", result.table(max(inputs.top, 50)).to_csv(index=False), "report")
+    atomic_write_text(out / "summary.json", json.dumps(result.to_json(inputs.top), indent=1, allow_nan=False)
+                      + "\n", "report")
     path = out / "README.md"
-    path.write_text(text)
+    atomic_write_text(path, text, "report")
     return path
 
 
@@ -280,4 +303,4 @@ def _describe_space(space: SearchSpace) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["ReportInputs", "write_report", "md_table", "CHART_FILES"]
+__all__ = ["ReportInputs", "write_report", "check_report_dir", "report_files", "md_table", "CHART_FILES"]

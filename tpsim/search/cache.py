@@ -2,31 +2,48 @@
 
 The key covers the model spec, each cluster's :meth:`fingerprint` (topology files, sizes, calibration), the
 global batch, the search space, objective, price, memory limit, include-unfit, the compute model (the profile
-file's bytes), and the bytes of tpsim's own source and data files (so any code or constant change is a miss).
-Topology YAML files are covered by the cluster fingerprints. A hit restores the evaluated columns (``.npz``) and the estimate objects already printed (``.json``); ranking
-is recomputed from the columns. Folder: ``$TPSIM_CACHE_DIR`` or ``~/.cache/tpsim``, subfolder ``plans``;
-``TPSIM_CACHE_DIR=off`` disables it. Entries beyond :data:`MAX_ENTRIES` are removed oldest first.
+file's bytes), tpsim's version and the bytes of its own source and data files (so any code or constant change
+is a miss), and the entry format. Topology YAML files are covered by the cluster fingerprints. A hit restores
+the evaluated columns (``.npz``) and the estimate objects already printed (``.json``); ranking is recomputed
+from the columns. Folder: ``$TPSIM_CACHE_DIR`` or ``~/.cache/tpsim``, subfolder ``plans``;
+``TPSIM_CACHE_DIR=off`` (or ``--no-cache``) disables it. Entries beyond :data:`MAX_ENTRIES` are removed
+oldest first.
+
+Integrity (issue 13): the ``.json`` of an entry holds the entry format, its own key, the SHA-256 of the
+``.npz`` bytes and of its own metadata. An entry that is truncated, corrupt, hand-edited, written by another
+format or copied from another key is discarded with one warning line on stderr and recomputed (then
+overwritten). Both files are written atomically under unique temporary names, so concurrent writers of the
+same key cannot interleave their bytes; a pair mixed from two writers fails the checksum and is recomputed.
+A cache folder that cannot be written is not an error (the result is just not kept).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
+import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..errors import InputError
 from ..model import ModelSpec
 from .planner import Part, SearchResult, search
 from .space import SearchSpace
 
 MAX_ENTRIES = 64
-FORMAT = 2
+FORMAT = 3
 _PACKAGE = Path(__file__).resolve().parents[1]
+_KEY_NAME = re.compile(r"^[0-9a-f]{64}$")
+REQUIRED_COLUMNS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order",
+                    "global_batch", "part", "gpus", "step_time_s", "peak_memory_gib", "fits", "fits_effective")
+"""columns every cached result must hold (a foreign .npz lacks them)."""
 
 
 def cache_dir() -> Path | None:
@@ -57,7 +74,9 @@ def code_hash() -> str:
 
 def cache_key(model: ModelSpec, clusters: Sequence[Any], global_batch: int, space: SearchSpace,
               compute_key: str, **options: Any) -> str:
-    payload = {"format": FORMAT, "code": code_hash(), "model": model.to_dict(),
+    from .. import __version__
+
+    payload = {"format": FORMAT, "version": __version__, "code": code_hash(), "model": model.to_dict(),
                "clusters": [c.fingerprint() for c in clusters], "global_batch": global_batch,
                "space": dataclasses.asdict(space), "compute": compute_key, "options": options}
     text = json.dumps(payload, sort_keys=True, default=str)
@@ -95,53 +114,78 @@ def cached_search(model: ModelSpec, clusters: Sequence[Any], global_batch: int, 
 def save_memo(result: SearchResult) -> None:
     """Keep the estimate dicts computed since loading (call after printing the top plans)."""
     folder = cache_dir()
-    key = _KEYS.get(id(result))
-    if folder is None or key is None:
+    entry = _KEYS.get(id(result))
+    if folder is None or entry is None:
         return
-    meta_path = folder / f"{key}.json"
+    key, npz_sha = entry
     try:
-        meta = json.loads(meta_path.read_text())
-        if meta.get("memo") != result.memo:
-            meta["memo"] = result.memo
-            _write_atomic(meta_path, json.dumps(meta).encode())
-    except (OSError, ValueError):
+        header = json.loads((folder / f"{key}.json").read_bytes())
+        if header.get("meta", {}).get("memo") != result.memo and header.get("npz_sha256") == npz_sha:
+            meta = dict(header["meta"], memo=result.memo)
+            _write_atomic(folder / f"{key}.json", _header_bytes(key, npz_sha, meta))
+    except (OSError, ValueError, AttributeError, InputError):
         pass
 
 
-_KEYS: dict[int, str] = {}
+_KEYS: dict[int, tuple[str, str]] = {}
+"""id(result) -> (key, SHA-256 of its .npz): where :func:`save_memo` keeps the printed estimates."""
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _meta_sha(meta: dict[str, Any]) -> str:
+    return _sha(json.dumps(meta, sort_keys=True).encode())
+
+
+def _header_bytes(key: str, npz_sha: str, meta: dict[str, Any]) -> bytes:
+    header = {"format": FORMAT, "key": key, "npz_sha256": npz_sha, "meta_sha256": _meta_sha(meta), "meta": meta}
+    return json.dumps(header).encode()
 
 
 def _save(folder: Path, key: str, result: SearchResult) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{key}.{os.getpid()}.npz"
-        np.savez(tmp, __ranking=result.ranking, **{k: np.asarray(v) for k, v in result.columns.items()})
-        os.replace(tmp, folder / f"{key}.npz")
-        meta = {"enumerated": result.enumerated, "evaluated": result.evaluated, "rejected": result.rejected,
+        buf = io.BytesIO()
+        np.savez(buf, __ranking=result.ranking, **{k: np.asarray(v) for k, v in result.columns.items()})
+        data = buf.getvalue()
+        meta = {"enumerated": result.enumerated, "evaluated": result.evaluated, "rejected": dict(result.rejected),
                 "elapsed_s": result.elapsed_s, "memo": result.memo, "duplicates": result.duplicates,
                 "gpus": [int(p.cluster.num_gpus) for p in result.parts]}
-        _write_atomic(folder / f"{key}.json", json.dumps(meta).encode())
-        _KEYS[id(result)] = key
+        header = _header_bytes(key, _sha(data), meta)
+        _write_atomic(folder / f"{key}.npz", data)
+        _write_atomic(folder / f"{key}.json", header)
+        _KEYS[id(result)] = (key, _sha(data))
         _prune(folder)
-    except OSError:
+    except (OSError, InputError):
         pass  # a cache that cannot be written is not an error
+
+
+class _Discard(Exception):
+    """A cache entry that must not be used; the message says why."""
 
 
 def _load(folder: Path, key: str, model: ModelSpec, clusters: list[Any], space: SearchSpace, compute: Any,
           options: dict[str, Any]) -> SearchResult | None:
     npz, meta_path = folder / f"{key}.npz", folder / f"{key}.json"
     try:
-        meta = json.loads(meta_path.read_text())
-        with np.load(npz) as data:
-            columns = {k: data[k] for k in data.files}
-        ranking = columns.pop("__ranking")
-    except (OSError, ValueError, KeyError):
+        header_bytes, data = meta_path.read_bytes(), npz.read_bytes()
+    except OSError:
+        return None  # no entry (or half of one from a writer still at work): a plain miss
+    try:
+        meta, columns, ranking = _verify(key, header_bytes, data)
+        by_gpus = {int(c.num_gpus): c for c in clusters}
+        if sorted(meta["gpus"]) != sorted(by_gpus):
+            raise _Discard(f"GPU counts {meta['gpus']} differ from the search's {sorted(by_gpus)}")
+    except _Discard as exc:
+        _warn(meta_path, str(exc))
         return None
-    by_gpus = {int(c.num_gpus): c for c in clusters}
-    parts = tuple(Part(cluster=by_gpus[g], chunks=(), offsets=()) for g in meta["gpus"] if g in by_gpus)
-    if len(parts) != len(meta["gpus"]):
-        return None
-    os.utime(meta_path)
+    parts = tuple(Part(cluster=by_gpus[g], chunks=(), offsets=()) for g in meta["gpus"])
+    try:
+        os.utime(meta_path)
+    except OSError:
+        pass
     result = SearchResult(model=model, objective=options.get("objective", "time"),
                           gpu_hour_price=options.get("gpu_hour_price", 1.0), parts=parts, columns=columns,
                           ranking=ranking, enumerated=meta["enumerated"],
@@ -149,18 +193,75 @@ def _load(folder: Path, key: str, model: ModelSpec, clusters: list[Any], space: 
                           mem_limit_gib=options.get("mem_limit_gib"), compute=compute, space=space,
                           memo=dict(meta.get("memo", {})), duplicates=int(meta.get("duplicates", 0)),
                           cached=True)
-    _KEYS[id(result)] = key
+    _KEYS[id(result)] = (key, _sha(data))
     return result
 
 
+def _verify(key: str, header_bytes: bytes, data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray], np.ndarray]:
+    """(meta, columns, ranking) of an entry whose checksums, key, format and columns hold, else _Discard."""
+    try:
+        header = json.loads(header_bytes)
+    except ValueError:
+        raise _Discard("its .json is not valid JSON (truncated or corrupt)") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise _Discard(f"format {header.get('format') if isinstance(header, dict) else '?'} is not {FORMAT}")
+    if header.get("key") != key:
+        raise _Discard("it holds the result of other inputs (copied or renamed)")
+    meta = header.get("meta")
+    if not isinstance(meta, dict) or header.get("meta_sha256") != _meta_sha(meta):
+        raise _Discard("its metadata fails its checksum (edited by hand?)")
+    if header.get("npz_sha256") != _sha(data):
+        raise _Discard("its .npz fails its checksum (truncated, corrupt or edited)")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            columns = {k: npz[k] for k in npz.files}
+        ranking = columns.pop("__ranking")
+    except (OSError, ValueError, KeyError, EOFError) as exc:
+        raise _Discard(f"its .npz cannot be read ({type(exc).__name__})") from None
+    _check_columns(meta, columns, ranking)
+    return meta, columns, ranking
+
+
+def _check_columns(meta: dict[str, Any], columns: dict[str, np.ndarray], ranking: np.ndarray) -> None:
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise _Discard(f"its .npz lacks column(s) {', '.join(missing[:3])}")
+    sizes = {v.shape for v in columns.values()}
+    n = len(columns["tp"])
+    if len(sizes) != 1 or any(v.ndim != 1 for v in columns.values()):
+        raise _Discard("its columns differ in length")
+    if ranking.ndim != 1 or ranking.dtype.kind not in "iu" or (ranking.size and (ranking.min() < 0 or
+                                                                                 ranking.max() >= n)):
+        raise _Discard("its ranking indexes rows that do not exist")
+    for field in ("enumerated", "evaluated", "duplicates"):
+        if not isinstance(meta.get(field, 0), int):
+            raise _Discard(f"{field} is not a count")
+    if not isinstance(meta.get("gpus"), list) or not isinstance(meta.get("rejected"), dict):
+        raise _Discard("its metadata lacks gpus or rejected")
+
+
+def _warn(path: Path, why: str) -> None:
+    print(f"tpsim: warning: discarded cache entry {path.with_suffix('')}: {why}; recomputing", file=sys.stderr)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    from ..io import atomic_write_bytes
+
+    atomic_write_bytes(path, data, "cache entry")
 
 
 def _prune(folder: Path) -> None:
-    metas = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-    for old in metas[:-MAX_ENTRIES]:
+    """Remove the oldest entries beyond MAX_ENTRIES (only files named like entries: never a user's file)."""
+    metas = []
+    for p in folder.glob("*.json"):
+        try:
+            if _KEY_NAME.match(p.stem) and p.is_file():
+                metas.append((p.stat().st_mtime, p))
+        except OSError:
+            continue
+    for _, old in sorted(metas)[:-MAX_ENTRIES]:
         for path in (old, old.with_suffix(".npz")):
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from .fabric import FatTree, Torus
@@ -73,9 +73,7 @@ def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gp
     ax.set_xticks([])
     fig.tight_layout()
     try:
-        fig.savefig(out, dpi=110)
-    except OSError as exc:
-        raise InputError(f"--out={out}: cannot write ({exc.strerror})") from None
+        _save_atomic(fig, out)
     finally:
         plt.close(fig)
     return note
@@ -197,3 +195,15 @@ def _note(cluster: "Cluster", shown_nodes: int, max_gpus: int, keep: dict[str, d
         if any(n >= MAX_SWITCHES_PER_LEVEL for n in counts.values()):
             parts.append(f"at most {MAX_SWITCHES_PER_LEVEL} switches per level")
     return "; ".join(parts) if parts else "all devices shown"
+
+
+def _save_atomic(fig: Any, out: str | Path) -> None:
+    """Render in memory, then replace ``out`` in one step (tpsim.io): no truncated drawing after Ctrl-C."""
+    import io
+
+    from ..io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fmt = Path(out).suffix.lstrip(".").lower() or "png"
+    fig.savefig(buf, format=fmt, dpi=110)
+    atomic_write_bytes(out, buf.getvalue(), "--out")

@@ -6,12 +6,12 @@ Parsed files are cached by (path, mtime), so loading the same cluster again cost
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
-
-import yaml
 
 from ..errors import InputError
 
@@ -32,15 +32,21 @@ def topologies_dir() -> Path:
 
 def resolve(kind: str, name_or_path: str | os.PathLike[str], relative_to: Path | None = None) -> Path:
     """Path of a node template / fabric / cluster given a file stem in its folder or a path."""
+    from ..io import input_path
+    from ..limits import MAX_YAML_BYTES, show
+
     text = str(name_or_path)
-    candidate = Path(text).expanduser()
+    if not text.strip():
+        raise InputError(f"{kind}: the name is empty (known: {', '.join(available(kind)) or 'none'})")
     looks_like_path = text.endswith((".yaml", ".yml")) or os.sep in text or "/" in text
     if looks_like_path:
-        if not candidate.is_absolute() and relative_to is not None and (relative_to / candidate).exists():
+        candidate = Path(text).expanduser()
+        if not candidate.is_absolute() and relative_to is not None and _exists(relative_to / candidate):
             candidate = relative_to / candidate
-        if candidate.is_file():
-            return candidate.resolve()
-        raise InputError(f"{kind} file {text!r} does not exist")
+        return input_path(candidate, f"{kind} file", MAX_YAML_BYTES).resolve()
+    if len(text) > 255 or not _NAME.match(text):
+        raise InputError(f"{kind}={show(text)} is not a file name or a known {kind} "
+                         f"(known: {', '.join(available(kind)) or 'none'})")
     folder = topologies_dir() / FOLDERS[kind]
     for suffix in (".yaml", ".yml"):
         path = folder / f"{text}{suffix}"
@@ -50,57 +56,55 @@ def resolve(kind: str, name_or_path: str | os.PathLike[str], relative_to: Path |
     raise InputError(f"{kind}={text!r} is unknown (known in {folder}: {known})")
 
 
+_NAME = re.compile(r"^[\w.+-]+$")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long for the file system
+        return False
+
+
 def available(kind: str) -> list[str]:
     """File stems of the node templates / fabrics / clusters shipped in the topologies folder."""
     folder = topologies_dir() / FOLDERS[kind]
-    if not folder.is_dir():
+    try:
+        return sorted(p.stem for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+    except OSError:  # no such folder, or TPSIM_TOPOLOGIES names a file
         return []
-    return sorted(p.stem for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    loader.flatten_mapping(node)
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise InputError(f"duplicate name {key!r} (line {key_node.start_mark.line + 1}, first defined "
-                             f"on line {seen[key] + 1})")
-        seen[key] = key_node.start_mark.line
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Parsed mapping of a YAML file (cached by path, modification time and size)."""
-    try:
-        stat = path.stat()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    """Parsed mapping of a YAML file (cached by path, modification time and size), read by the one bounded,
+    strict YAML reader (:mod:`tpsim.safeyaml`)."""
+    from ..io import input_path
+    from ..limits import MAX_YAML_BYTES
+
+    stat = input_path(path, "YAML file", MAX_YAML_BYTES).stat()
     return _read_cached(str(path), stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=256)
 def _read_cached(path: str, mtime: int, size: int) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text()
-        data = yaml.load(text, Loader=_StrictLoader)
-    except InputError as exc:
-        raise InputError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        first = str(exc).replace("\n", " ")
-        raise InputError(f"{path}: not valid YAML ({first})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({exc})") from None
+    from ..io import read_text
+    from ..limits import MAX_YAML_BYTES
+    from ..safeyaml import kind_of, load_yaml
+
+    text = read_text(path, "YAML file", MAX_YAML_BYTES)
+    data = load_yaml(text, path)
     if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        kind = kind_of(data, text)
+        got = f"a {kind} file" if kind else type(data).__name__ if data is not None else "an empty file"
+        raise InputError(f"{path}: expected a mapping of names to values at the top level, got {got}")
     return data
+
+
+def check_kind(data: Mapping[str, Any], expected: str, path: Path | str) -> None:
+    """Refuse a file of another recognisable kind (a node template given as a cluster, ...), naming it."""
+    from ..safeyaml import check_kind as _check
+
+    _check(data, expected, str(path))
 
 
 def check_keys(data: Mapping[str, Any], allowed: Iterable[str], where: str,
@@ -117,15 +121,28 @@ def check_keys(data: Mapping[str, Any], allowed: Iterable[str], where: str,
             raise InputError(f"{where}: missing key {key!r}")
 
 
-def positive(value: Any, where: str, field: str, integer: bool = False) -> float:
-    """A finite number > 0 (an int if ``integer``), else InputError."""
+def positive(value: Any, where: str, field: str, integer: bool = False, maximum: float | None = None) -> float:
+    """A finite number > 0 (an int if ``integer``) and at most ``maximum`` (for integers, default
+    ``tpsim.limits.LIMITS[field]`` where the table has the field), else InputError."""
+    from ..limits import LIMITS, show
+
+    kind = "a positive integer" if integer else "a positive number"
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok and integer:
-        ok = float(value).is_integer()
-    if not ok or not (0 < float(value) < float("inf")):
-        kind = "a positive integer" if integer else "a positive number"
-        raise InputError(f"{where}: {field}={value!r} must be {kind}")
-    return int(value) if integer else float(value)
+    if ok and isinstance(value, int):
+        number = value
+    elif ok and math.isfinite(value) and (not integer or float(value).is_integer()):
+        number = int(value) if integer else float(value)
+    else:
+        raise InputError(f"{where}: {field}={show(value)} must be {kind}")
+    if not number > 0:
+        raise InputError(f"{where}: {field}={show(value)} must be {kind}")
+    top = maximum if maximum is not None else LIMITS.get(field) if integer else None
+    if top is not None and number > top:
+        raise InputError(f"{where}: {field}={show(value)} is above the supported maximum "
+                         f"{top if isinstance(top, int) else f'{top:g}'}")
+    if not integer and number > 1e300:
+        raise InputError(f"{where}: {field}={show(value)} is out of range")
+    return int(number) if integer else float(number)
 
 
 def fraction(value: Any, where: str, field: str) -> float:
@@ -137,8 +154,10 @@ def fraction(value: Any, where: str, field: str) -> float:
 
 
 def non_negative(value: Any, where: str, field: str) -> float:
-    """A finite number >= 0, else InputError."""
+    """A finite number >= 0 (below 1e300), else InputError."""
+    from ..limits import show
+
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not (0 <= float(value) < float("inf")):
-        raise InputError(f"{where}: {field}={value!r} must be a number >= 0")
+    if not ok or (isinstance(value, float) and not math.isfinite(value)) or not 0 <= value <= 1e300:
+        raise InputError(f"{where}: {field}={show(value)} must be a number >= 0")
     return float(value)

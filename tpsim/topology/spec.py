@@ -18,7 +18,8 @@ from ..calibration import LINK_TYPES, Calibration
 from ..calibration import load_calibration as load_calibration_file
 from ..errors import InputError
 from ..hardware import DeviceSpec, default_usable_memory_fraction, device_entry, device_from_mapping
-from .files import check_keys, fraction, non_negative, positive, read_yaml, resolve, topologies_dir
+from ..limits import LIMITS, show
+from .files import check_keys, check_kind, fraction, non_negative, positive, read_yaml, resolve, topologies_dir
 
 DEVICE_KINDS = ("gpu", "nvswitch", "pcie_switch", "cpu", "nic", "switch")
 FABRIC_TYPES = ("none", "fat_tree", "rail_optimized", "torus")
@@ -175,6 +176,7 @@ def load_node_template(name_or_path: str, relative_to: Path | None = None) -> No
     path = resolve("node", name_or_path, relative_to)
     data = read_yaml(path)
     where = str(path)
+    check_kind(data, "node template", path)
     check_keys(data, ("name", "description", "source", "devices", "links", "note"), where,
                required=("devices", "links", "source"))
     devices = _device_groups(data["devices"], where)
@@ -201,7 +203,7 @@ def _device_groups(body: Any, where: str) -> tuple[DeviceGroup, ...]:
         if spec["count"] == "any" and spec["kind"] == "gpu":
             count = 0
         else:
-            count = positive(spec["count"], w, "count", integer=True)
+            count = positive(spec["count"], w, "count", integer=True, maximum=LIMITS["node_devices"])
         groups.append(DeviceGroup(name=str(name), kind=spec["kind"], count=count, sharp=bool(spec.get("sharp"))))
     gpu_groups = [g for g in groups if g.kind == "gpu"]
     if len(gpu_groups) != 1:
@@ -237,6 +239,8 @@ def _link_spec(i: int, body: Any, groups: Mapping[str, DeviceGroup], kinds: Mapp
         raise InputError(f"{w}: pattern={pattern!r} is not one of {', '.join(PATTERNS)}")
     lanes_raw = body.get("lanes", 1)
     lanes_list = lanes_raw if isinstance(lanes_raw, list) else [lanes_raw]
+    if len(lanes_list) > LIMITS["node_devices"]:
+        raise InputError(f"{w}: lanes lists {len(lanes_list)} values (at most {LIMITS['node_devices']})")
     lanes = tuple(positive(x, w, "lanes", integer=True) for x in lanes_list)
     if len(lanes) > 1 and pattern != "all":
         raise InputError(f"{w}: lanes={lanes_raw!r}: a list of lanes needs pattern: all (one per {b})")
@@ -271,6 +275,7 @@ def load_fabric(body: Any, relative_to: Path | None, where: str) -> FabricSpec:
         body = body["use"]
     path = resolve("fabric", body, relative_to)
     data = dict(read_yaml(path))
+    check_kind(data, "fabric", path)
     ftype = data.get("type")
     if ftype not in FABRIC_TYPES:
         raise InputError(f"{path}: type={ftype!r} is not one of {', '.join(FABRIC_TYPES)}")
@@ -291,18 +296,19 @@ def _fabric_spec(data: Mapping[str, Any], path: Path, where: str) -> FabricSpec:
         if dims != "auto":
             if not isinstance(dims, list) or len(dims) != 3:
                 raise InputError(f"{where}: dims={dims!r} must be 'auto' or a list of 3 sizes")
-            dims = tuple(positive(d, where, "dims", integer=True) for d in dims)
+            dims = tuple(positive(d, where, "dims", integer=True, maximum=LIMITS["torus_dim"]) for d in dims)
         shape = data.get("host_shape", [1, 1, 1])
         if not isinstance(shape, list) or len(shape) != 3:
             raise InputError(f"{where}: host_shape={shape!r} must be a list of 3 sizes")
         return FabricSpec(name=name, path=path, type=ftype, link=_kind(kinds, data.get("link"), where, "link"),
                           dims=None if dims == "auto" else dims,
-                          host_shape=tuple(positive(d, where, "host_shape", integer=True) for d in shape),
+                          host_shape=tuple(positive(d, where, "host_shape", integer=True,
+                                                    maximum=LIMITS["torus_dim"]) for d in shape),
                           wraparound=bool(data.get("wraparound", True)), raw=data)
     levels = positive(data.get("levels", 2), where, "levels", integer=True)
     if levels > 4:
         raise InputError(f"{where}: levels={levels} must be 1, 2, 3 or 4")
-    radix = positive(data.get("radix"), where, "radix", integer=True)
+    radix = positive(data.get("radix"), where, "radix", integer=True, maximum=LIMITS["radix"])
     placement = "rail" if ftype == "rail_optimized" else data.get("placement", "node")
     if placement not in ("rail", "node"):
         raise InputError(f"{where}: placement={placement!r} is not one of rail, node")
@@ -339,14 +345,20 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
     path = resolve("cluster", name_or_path)
     data = read_yaml(path)
     where = str(path)
+    check_kind(data, "cluster", path)
     check_keys(data, _CLUSTER_KEYS, where, required=("node", "fabric", "device", "gpus", "source"))
+    if not isinstance(data["node"], str) or not data["node"].strip():
+        raise InputError(f"{where}: node={show(data['node'])} must be a name")
+    if not (isinstance(data["fabric"], str) and data["fabric"].strip()) and not isinstance(data["fabric"], Mapping):
+        raise InputError(f"{where}: fabric={show(data['fabric'])} must be a name or {{use: name, <overrides>}}")
     node = load_node_template(data["node"], path.parent)
     fabric = load_fabric(data["fabric"], path.parent, where)
     defaults = data.get("defaults") or {}
     check_keys(defaults, ("efficiency",), f"{where}: defaults")
     eff = fraction(defaults.get("efficiency", 1.0), f"{where}: defaults", "efficiency")
-    total = positive(data["gpus"] if gpus is None else gpus, where if gpus is None else "--gpus", "gpus",
-                     integer=True)
+    total = positive(data["gpus"], where, "gpus", integer=True)
+    if gpus is not None:
+        total = positive(gpus, "--gpus", "gpus", integer=True)
     gpn_raw = data.get("gpus_per_node")
     single = gpn_raw == "all"
     template_gpus = node.gpu_group.count
@@ -357,7 +369,7 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
             raise InputError(f"{where}: gpus_per_node is required: node {node.name} has gpu count 'any'")
         gpn = template_gpus
     else:
-        gpn = positive(gpn_raw, where, "gpus_per_node", integer=True)
+        gpn = positive(gpn_raw, where, "gpus_per_node", integer=True, maximum=LIMITS["gpus"])
     if template_gpus and gpn != template_gpus:
         raise InputError(f"{where}: gpus_per_node={gpn} but node {node.name} has {template_gpus} GPUs")
     if total % gpn:

@@ -1,0 +1,1210 @@
+"""Probe every `tpsim` verb with bad inputs, as a careful and a hostile user would (issue 13).
+
+    python benchmarks/probe_inputs.py                  # this checkout, 2 runs at a time
+    python benchmarks/probe_inputs.py --root /tmp/main # another checkout of tpsim (e.g. `git archive main`)
+    python benchmarks/probe_inputs.py --only yaml -v   # one category, with every outcome printed
+    python benchmarks/probe_inputs.py --json out.json  # every outcome as JSON
+
+Each case runs ``python -m tpsim.cli ARGS`` in a fresh folder (its working directory, with the case's files)
+as a child process with a memory limit (``RLIMIT_AS``), a CPU-time limit and a wall-clock timeout, its own
+session, and a marker in its environment so that any process it leaves behind is found afterwards (and
+killed). Cases that interrupt a run send a signal after a delay. Each outcome is classified:
+
+``clear``           what the user was promised: one line naming the problem and exit status 2 (or, for valid
+                    edge cases, the right answer with status 0)
+``traceback``       a Python traceback
+``hang``            still running at the timeout
+``memory``          peak RSS over the limit, or a MemoryError
+``wrong-exit``      an exit status other than the promised one
+``silently-wrong``  status 0 with a bad input accepted, or a wrong answer
+``unclear``         status 2 but not one line, or the line does not name the field / value
+``data-lost``       a file that existed or was being written is truncated, overwritten or missing
+``process-left``    a child process still running after the verb ended
+
+The figures in the report of issue 13 come from running this script on main and on the branch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+OUTCOMES = ("clear", "traceback", "hang", "memory", "wrong-exit", "silently-wrong", "unclear", "data-lost",
+            "process-left")
+TORCH_VERBS = ("bench-collectives", "profile", "validate")
+MEM_LIMIT = 600 << 20
+"""peak RSS that counts as a memory blow-up for verbs that do not import torch (a run is ~90 MB)."""
+TORCH_MEM_LIMIT = 1536 << 20
+"""the same for the torch verbs (torch alone is ~220 MB; ranks are separate processes)."""
+AS_LIMIT = 6 << 30
+"""address-space limit of every child (torch maps ~1.6 GB at import): a runaway run fails, not the machine."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """What one case did."""
+
+    status: int | None
+    """exit status; negative: killed by that signal; None: timed out."""
+    stdout: str
+    stderr: str
+    seconds: float
+    peak_rss: int
+    """bytes (ru_maxrss of the child and its reaped descendants)."""
+    left: tuple[str, ...]
+    """command lines of processes still alive with the case's marker."""
+    folder: Path
+    signalled: bool = False
+    """the case's signal was sent (the verb was still running at that time)."""
+
+
+Check = Callable[[Run], "str | None"]
+"""Extra check of a run: None if fine, else ``"<outcome>: <detail>"``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    name: str
+    category: str
+    argv: tuple[str, ...]
+    """arguments after ``tpsim``; ``{d}`` is the case folder."""
+    files: Mapping[str, object] = field(default_factory=dict)
+    """relative path -> str/bytes content, or one of DIR, FIFO, UNREADABLE_DIR, READONLY_DIR."""
+    expect: str = "refuse"
+    """``refuse``: one line + status 2; ``ok``: status 0; ``any``: 0 or a clear refusal; ``help``: usage."""
+    mention: tuple[str, ...] = ()
+    """substrings (any of them, case-insensitive) the error line must contain."""
+    check: Check | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 30.0
+    kill: tuple[int, float] | None = None
+    """send this signal to the verb's process after this many seconds."""
+    stdin: bytes | None = None
+    requires: tuple[str, ...] = ()
+    """flags the verb must offer (``tpsim VERB --help``): cases of features a checkout lacks are skipped."""
+
+    @property
+    def verb(self) -> str:
+        return self.argv[0] if self.argv else ""
+
+
+DIR, FIFO, UNREADABLE, READONLY_DIR = "<dir>", "<fifo>", "<unreadable>", "<readonly-dir>"
+ROOT = os.geteuid() == 0
+"""root reads and writes regardless of permission bits: an unreadable file is no test then (skipped), and a
+read-only folder is replaced by one the kernel refuses even to root."""
+ROOT_UNWRITABLE = "/sys/kernel"
+
+
+# ----------------------------------------------------------------------------------------------- fixtures
+def _read(rel: str) -> str:
+    return (REPO / rel).read_text()
+
+
+HF_LLAMA = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8,
+            "num_key_value_heads": 8, "intermediate_size": 2816, "vocab_size": 32000,
+            "max_position_embeddings": 2048}
+CLUSTER = ("name: probe\nnode: dgx-a100\nfabric: selene-hdr-fat-tree\ndevice: A100-SXM4-80GB\ngpus: 16\n"
+           "source: probe\n")
+NODE = ("name: probe-node\nsource: probe\ndevices:\n  gpu: {kind: gpu, count: 8}\n  sw: {kind: nvswitch, count: 1}\n"
+        "links:\n  - {a: gpu, b: sw, pattern: all, link: nvlink3, lanes: 12}\n")
+CALIBRATION = "loopback: {efficiency: 0.5, latency_us: 50}\n"
+BENCH_CSV = "backend,op,nranks,bytes,time_s\n" + "".join(
+    f"gloo,all_reduce,2,{b},{t}\n" for b, t in ((4096, 3e-4), (65536, 6e-4), (1 << 20, 4e-3), (4 << 20, 1.5e-2)))
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8))
+"""nine levels of ten aliases: 10^9 scalars once expanded."""
+
+
+def _json(obj: object) -> str:
+    return json.dumps(obj)
+
+
+def _hf(**changes: object) -> str:
+    cfg = dict(HF_LLAMA)
+    for k, v in changes.items():
+        if v is _DROP:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    return json.dumps(cfg)
+
+
+_DROP = object()
+
+
+def _profile_text() -> str:
+    return _read("profiles/cpu-reference-1t.csv")
+
+
+def _profile_with(edit: Callable[[list[str]], list[str]]) -> str:
+    return "".join(edit(_profile_text().splitlines(keepends=True)))
+
+
+def _first_row(lines: list[str]) -> int:
+    return next(i for i, line in enumerate(lines) if not line.startswith("#")) + 1
+
+
+def _replace_cell(column: str, value: str) -> Callable[[list[str]], list[str]]:
+    def edit(lines: list[str]) -> list[str]:
+        i = _first_row(lines)
+        header = lines[i - 1].rstrip("\n").split(",")
+        cells = lines[i].rstrip("\n").split(",")
+        cells[header.index(column)] = value
+        lines[i] = ",".join(cells) + "\n"
+        return lines
+    return edit
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def _stdout_has(text: str, outcome: str = "silently-wrong") -> Check:
+    def check(run: Run) -> str | None:
+        return None if text in run.stdout else f"{outcome}: output lacks {text!r}"
+    return check
+
+
+def _file_is(rel: str, content: str | bytes) -> Check:
+    """The file must still hold exactly ``content`` (a report or README not overwritten)."""
+    def check(run: Run) -> str | None:
+        path = run.folder / rel
+        data = path.read_bytes() if path.is_file() else None
+        want = content.encode() if isinstance(content, str) else content
+        return None if data == want else f"data-lost: {rel} was {'removed' if data is None else 'changed'}"
+    return check
+
+
+def _pngs_complete(rel_dir: str, temp_files: bool = False) -> Check:
+    """Every PNG under the folder ends with its IEND chunk (no chart half-written by an interrupt), and (with
+    ``temp_files``: after Ctrl-C, when cleanup can run) no temporary file is left behind."""
+    def check(run: Run) -> str | None:
+        folder = run.folder / rel_dir
+        left = [p.name for p in folder.iterdir() if p.name.startswith(".")] if folder.is_dir() else []
+        if temp_files and left:
+            return f"data-lost: temporary file {left[0]} left behind"
+        for png in folder.rglob("*.png") if folder.is_dir() else []:
+            if not png.read_bytes().endswith(b"IEND\xaeB`\x82"):
+                return f"data-lost: {png.name} is truncated"
+        for svg in folder.rglob("*.svg") if folder.is_dir() else []:
+            if not svg.read_bytes().rstrip().endswith(b"</svg>"):
+                return f"data-lost: {svg.name} is truncated"
+        readme = folder / "README.md"
+        if readme.is_file() and not readme.read_text(errors="replace").rstrip().endswith("."):
+            return "data-lost: README.md is truncated"
+        return None
+    return check
+
+
+def _profile_rows_complete(rel: str) -> Check:
+    """A profile killed while measuring keeps only whole rows (the next run resumes it)."""
+    def check(run: Run) -> str | None:
+        path = run.folder / rel
+        if not path.is_file():
+            return None
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            return f"data-lost: {rel} ends in a half-written row"
+        return None
+    return check
+
+
+def _all(*checks: Check) -> Check:
+    def check(run: Run) -> str | None:
+        for c in checks:
+            bad = c(run)
+            if bad:
+                return bad
+        return None
+    return check
+
+
+def _no_measurement_lost(run: Run) -> str | None:
+    """bench-collectives with a bad --out: refused before measuring (quickly), or the CSV saved somewhere
+    the message names."""
+    if run.status == 2 and run.seconds < 20:
+        return None
+    text = run.stdout + run.stderr
+    if "backend,op,nranks" in run.stdout or ".csv" in text and "wrote" in text:
+        return None
+    return "data-lost: measurements neither refused before the run nor saved"
+
+
+def _calibration_whole(run: Run) -> str | None:
+    """An interrupted `calibrate --out` leaves no file or the whole new one (and no temporary file)."""
+    path = run.folder / "cal.yaml"
+    if any(p.name.startswith(".cal.yaml") for p in run.folder.iterdir()):
+        return "data-lost: a temporary file is left behind"
+    if not path.is_file() or path.read_text().rstrip().endswith("(tpsim.collectives.calibration)"):
+        return None
+    return "data-lost: cal.yaml is half-written"
+
+
+def _cache_matches_uncached(run: Run) -> str | None:
+    """The plan printed from a (tampered) cache equals what a fresh search prints."""
+    ref = run.folder / "reference.txt"
+    if not ref.is_file():
+        return None
+    want = [ln for ln in ref.read_text().splitlines() if not ln.startswith(("llama3-8b on", "gpt3"))]
+    got = [ln for ln in run.stdout.splitlines() if not ln.startswith(("llama3-8b on", "gpt3"))]
+    return None if want == got else "silently-wrong: a tampered cache entry changed the printed plans"
+
+
+# ----------------------------------------------------------------------------------------------- cases
+SMALL = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8")
+"""a quick problem for plan and report."""
+BAD_INTS = {"zero": "0", "negative": "-3", "fraction": "2.5", "word": "abc", "empty": "", "nan": "nan",
+            "inf": "inf", "1e30": "1e30", "400-digit": "9" * 400}
+SOME_BAD_INTS = {k: BAD_INTS[k] for k in ("zero", "nan", "1e30", "400-digit")}
+
+
+def cli_number_cases() -> list[Case]:
+    """Every numeric flag of every verb with values a careless or hostile user types."""
+    cases = []
+    full = {"estimate": ("--gpus", "--global-batch", "--micro-batch"),
+            "plan": ("--top",),
+            "collective": ("--gpus",)}
+    some = {"estimate": ("--tp", "--pp", "--vpp", "--layers", "--hidden", "--seq-len"),
+            "plan": ("--gpus", "--global-batch", "--tp", "--max-tp", "--micro-batch"),
+            "report": ("--top", "--gpus"),
+            "topo": ("--gpus",),
+            "calibrate": ("--gpus",),
+            "bench-collectives": ("--nproc", "--iters", "--warmup"),
+            "profile": ("--threads",),
+            "validate": ("--nproc", "--threads", "--tp", "--reps", "--micro-batch", "--warmup")}
+    base = {"estimate": SMALL[:4], "plan": SMALL[:4], "report": SMALL[:4] + ("--out", "{d}/r"),
+            "topo": ("show", "dgx-a100"), "collective": ("--cluster", "dgx-a100"),
+            "calibrate": ("{d}/m.csv",), "bench-collectives": (), "profile": ("--grid", "tiny"),
+            "validate": ("--model", "llama3-8b", "--layers", "1", "--hidden", "256", "--heads", "4",
+                         "--kv-heads", "4", "--seq-len", "64", "--out-dir", "{d}/v")}
+    files = {"calibrate": {"m.csv": BENCH_CSV}}
+    for table, values in ((full, BAD_INTS), (some, SOME_BAD_INTS)):
+        for verb, flags in table.items():
+            for flag in flags:
+                for label, value in values.items():
+                    if label == "zero" and flag == "--warmup":
+                        continue  # no warm-up is valid
+                    cases.append(Case(name=f"{verb} {flag} {label}", category="cli-numbers",
+                                      argv=(verb, *base[verb], flag, value), files=files.get(verb, {}),
+                                      mention=(flag.lstrip("-"), flag.lstrip("-").replace("-", "_"))))
+    for label, value in (("1e30", "1e30"), ("nan", "nan"), ("inf", "inf"), ("negative", "-1"), ("zero", "0")):
+        cases.append(Case(name=f"plan --mem-limit-gib {label}", category="cli-numbers",
+                          argv=("plan", *SMALL, "--mem-limit-gib", value), mention=("mem",)))
+        cases.append(Case(name=f"plan --gpu-hour-price {label}", category="cli-numbers",
+                          argv=("plan", *SMALL, "--objective", "cost", "--gpu-hour-price", value),
+                          mention=("price",)))
+    for flag in ("--timeout", "--run-timeout", "--budget"):
+        for label, value in (("nan", "nan"), ("inf", "inf"), ("zero", "0")):
+            cases.append(Case(name=f"validate {flag} {label}", category="cli-numbers",
+                              argv=("validate", *base["validate"], flag, value), mention=(flag.lstrip("-"),)))
+    for label, value in (("nan", "nan"), ("inf", "inf"), ("negative", "-5"), ("zero", "0")):
+        cases.append(Case(name=f"bench-collectives --timeout {label}", category="cli-numbers",
+                          argv=("bench-collectives", "--timeout", value), mention=("timeout",)))
+        cases.append(Case(name=f"profile --max-kernel-s {label}", category="cli-numbers",
+                          argv=("profile", "--grid", "tiny", "--max-kernel-s", value, "--out", "{d}/p.csv"),
+                          mention=("max-kernel", "max_kernel")))
+    for label, value in (("nan", "nan"), ("negative", "-1")):
+        cases.append(Case(name=f"profile --redo-noisy {label}", category="cli-numbers",
+                          argv=("profile", "--grid", "tiny", "--redo-noisy", value, "--out", "{d}/p.csv"),
+                          mention=("redo-noisy", "redo_noisy")))
+    return cases
+
+
+def size_cases() -> list[Case]:
+    """--bytes and --sizes: exact parsing, suffixes, range."""
+    coll = ("collective", "--cluster", "dgx-a100", "--gpus", "8", "--json")
+    cases = [
+        Case(name="collective --bytes 2^53+1 exact", category="sizes", argv=(*coll, "--bytes", "9007199254740993"),
+             expect="ok", check=_stdout_has('"bytes": 9007199254740993')),
+        Case(name="collective --bytes 1.5GiB", category="sizes", argv=(*coll, "--bytes", "1.5GiB"), expect="ok",
+             check=_stdout_has('"bytes": 1610612736')),
+        Case(name="collective --bytes 64KiB", category="sizes", argv=(*coll, "--bytes", "64KiB"), expect="ok",
+             check=_stdout_has('"bytes": 65536')),
+    ]
+    for label, value in (("1e30", "1e30"), ("nan", "nan"), ("inf", "inf"), ("zero", "0"), ("negative", "-4K"),
+                         ("fractional byte", "4097.5"), ("unknown suffix", "12XB"), ("empty", ""),
+                         ("400-digit", "9" * 400), ("above 2^60", str((1 << 60) + 1)), ("1e-3", "1e-3"),
+                         ("0.4 bytes", "0.4"), ("spaces only", "   ")):
+        cases.append(Case(name=f"collective --bytes {label}", category="sizes", argv=(*coll, "--bytes", value),
+                          mention=("bytes",)))
+    for label, value in (("1e30", "1e30"), ("zero", "0"), ("word", "big"), ("400-digit", "9" * 400)):
+        cases.append(Case(name=f"bench-collectives --sizes {label}", category="sizes",
+                          argv=("bench-collectives", "--sizes", value), mention=("sizes",)))
+    return cases
+
+
+def cli_arg_cases() -> list[Case]:
+    """Choices, strings and combinations."""
+    c = []
+    add = lambda name, argv, mention=(), **kw: c.append(Case(name=name, category="cli-args", argv=argv,  # noqa
+                                                              mention=mention, **kw))
+    add("no verb", (), expect="help")
+    add("unknown verb", ("estimat",), ("estimat", "invalid choice"))
+    add("unknown flag", ("estimate", "--tpp", "8"), ("--tpp",))
+    add("flag without value", ("estimate", "--tp"), ("--tp",))
+    add("estimate --order bogus", ("estimate", *SMALL, "--order", "tp-xx-pp"), ("order",))
+    add("estimate --order repeated axis", ("estimate", *SMALL, "--order", "tp-tp-pp"), ("order",))
+    add("estimate --order empty", ("estimate", *SMALL, "--order", ""), ("order",))
+    add("estimate --model empty", ("estimate", "--model", ""), ("model",))
+    add("estimate --cluster empty", ("estimate", "--model", "llama3-8b", "--cluster", ""), ("cluster",))
+    add("estimate --model unknown", ("estimate", "--model", "gpt5"), ("gpt5",))
+    add("estimate --cluster unknown", ("estimate", "--cluster", "dgx-z900"), ("dgx-z900",))
+    add("estimate --cluster 100 kB name", ("estimate", "--cluster", "x" * 100_000), ("cluster",))
+    add("estimate --model unicode", ("estimate", "--model", "модель\u202e"), ("model",))
+    add("estimate tp exceeds gpus", ("estimate", *SMALL, "--tp", "16"), ("tp",))
+    add("estimate tp not dividing heads", ("estimate", *SMALL, "--tp", "3"), ("tp",))
+    add("estimate micro-batch above global", ("estimate", *SMALL, "--micro-batch", "64", "--global-batch", "8"),
+        ("micro", "batch"))
+    add("estimate sp without tp", ("estimate", *SMALL, "--tp", "1", "--sp"), expect="any")
+    add("estimate gpus not whole nodes", ("estimate", "--model", "llama3-8b", "--cluster", "dgx-a100", "--gpus", "12"),
+        ("gpus",))
+    add("collective --ranks out of range", ("collective", "--gpus", "8", "--ranks", "0-8"), ("ranks",))
+    add("collective --ranks backwards", ("collective", "--gpus", "8", "--ranks", "5-2"), ("ranks",))
+    add("collective --ranks garbage", ("collective", "--gpus", "8", "--ranks", "a,b"), ("ranks",))
+    add("collective --ranks duplicate", ("collective", "--gpus", "8", "--ranks", "1,1"), ("ranks",))
+    add("collective --ranks single rank", ("collective", "--gpus", "8", "--ranks", "3"), ("ranks", "rank"))
+    add("collective --ranks empty", ("collective", "--gpus", "8", "--ranks", ""), ("ranks",))
+    add("collective --ranks negative", ("collective", "--gpus", "8", "--ranks", "-1-3"), ("ranks",))
+    add("collective --ranks 400-digit", ("collective", "--gpus", "8", "--ranks", "9" * 400), ("ranks",))
+    add("collective --plan garbage", ("collective", "--group", "tp", "--plan", "tp=x"), ("plan",))
+    add("collective --plan 400-digit", ("collective", "--group", "tp", "--plan", "tp=" + "9" * 400), ("plan", "tp"))
+    add("collective --plan not dividing", ("collective", "--gpus", "8", "--group", "tp", "--plan", "tp=3"), ("plan",))
+    add("collective --group without --plan", ("collective", "--group", "tp"), ("plan",))
+    add("collective --algo unknown", ("collective", "--gpus", "8", "--algo", "warp"), ("algo", "warp"))
+    add("collective --algo empty", ("collective", "--gpus", "8", "--algo", ","), ("algo",))
+    add("topo without cluster", ("topo", "show"), ("cluster",))
+    add("topo check unknown", ("topo", "check", "nope"), ("nope",))
+    add("profile --kinds unknown", ("profile", "--grid", "tiny", "--kinds", "conv"), ("kinds",))
+    add("profile --kinds empty", ("profile", "--grid", "tiny", "--kinds", ","), ("kinds",))
+    add("profile --dtype unknown", ("profile", "--grid", "tiny", "--dtype", "int4", "--out", "{d}/p.csv"),
+        ("dtype",))
+    add("profile --device cuda without GPU", ("profile", "--device", "cuda", "--grid", "tiny", "--out", "{d}/p.csv"),
+        ("cuda",), timeout=60)
+    add("profile --quick with --grid full", ("profile", "--quick", "--grid", "full"), ("quick", "grid"))
+    add("profile --json without --check", ("profile", "--json"), ("check",))
+    add("bench-collectives --ops unknown", ("bench-collectives", "--ops", "all_reduce", "gather_all"), ("ops", "gather_all"))
+    add("bench-collectives --nproc 1", ("bench-collectives", "--nproc", "1"), ("nproc",))
+    add("bench-collectives --nproc 1000", ("bench-collectives", "--nproc", "1000"), ("nproc",), timeout=60)
+    add("bench-collectives nccl without GPU", ("bench-collectives", "--backend", "nccl"), ("nccl",), timeout=60)
+    add("validate nccl without GPU", ("validate", "--backend", "nccl", "--out-dir", "{d}/v"), ("nccl",), timeout=60)
+    add("validate --nproc x nnodes != tp", ("validate", "--tp", "2", "--nproc", "3", "--out-dir", "{d}/v"),
+        ("nproc",))
+    add("validate --shard-of with tp 2", ("validate", "--shard-of", "2", "--tp", "2", "--out-dir", "{d}/v"),
+        ("shard",))
+    add("validate --rdzv-endpoint garbage", ("validate", "--nnodes", "2", "--tp", "2", "--nproc", "1",
+                                             "--rdzv-endpoint", "::::", "--out-dir", "{d}/v", "--run-timeout", "20",
+                                             "--timeout", "5"), ("rdzv", "endpoint", "nnodes"), timeout=60)
+    add("validate --name with slash", ("validate", "--name", "../../etc/x", "--model", "llama3-8b", "--layers", "1",
+                                       "--hidden", "256", "--heads", "4", "--kv-heads", "4", "--seq-len", "64", "--tp", "1",
+                                       "--out-dir", "{d}/v", "--no-calibrate", "--no-overhead"),
+        ("name",), timeout=120)
+    add("calibrate --stat unknown", ("calibrate", "{d}/m.csv", "--stat", "p99"), ("stat",),
+        files={"m.csv": BENCH_CSV})
+    add("calibrate --cluster unknown", ("calibrate", "{d}/m.csv", "--cluster", "nope"), ("nope",),
+        files={"m.csv": BENCH_CSV})
+    add("report without --out", ("report", *SMALL), ("--out",))
+    add("plan --no-pp with --pp", ("plan", *SMALL, "--no-pp", "--pp", "2"), ("pp",))
+    add("plan --objective unknown", ("plan", *SMALL, "--objective", "speed"), ("objective",))
+    return c
+
+
+def empty_result_cases() -> list[Case]:
+    """Constraints that leave no plan: status 2 and the constraint that removed them."""
+    c = []
+    add = lambda name, argv, mention: c.append(Case(name=name, category="empty-results", argv=argv,  # noqa
+                                                    mention=mention))
+    add("plan --tp 7 on 8 GPUs", ("plan", *SMALL, "--tp", "7"), ("7",))
+    add("plan --tp 16 on 8 GPUs", ("plan", *SMALL, "--tp", "16"), ("16",))
+    add("plan --pp 3 on 8 GPUs", ("plan", *SMALL, "--pp", "3"), ("3",))
+    add("plan --tp 3 (heads 32)", ("plan", *SMALL, "--tp", "3"), ("3",))
+    add("plan --pp 64 (layers 32)", ("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--pp", "64"),
+        ("64", "layers"))
+    add("plan --micro-batch above batch", ("plan", *SMALL, "--micro-batch", "1024", "--global-batch", "8"),
+        ("micro",))
+    add("plan --mem-limit-gib tiny", ("plan", *SMALL, "--mem-limit-gib", "0.01"), ("mem",))
+    add("plan --vpp 5 without pp", ("plan", *SMALL, "--vpp", "5", "--no-pp"), ("vpp",))
+    add("plan --global-batch 3 --tp 1 --pp 1", ("plan", *SMALL, "--global-batch", "3", "--tp", "1", "--pp", "1"),
+        ("batch", "dp"))
+    add("plan cost --tp 7", ("plan", *SMALL, "--objective", "cost", "--tp", "7"), ("7",))
+    add("plan memory 405b on 8 GPUs", ("plan", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", "8",
+                                       "--recompute", "none", "--zero", "0"), ("memory", "fit", "GiB"))
+    c.append(Case(name="report --tp 7", category="empty-results", argv=("report", *SMALL, "--tp", "7", "--out",
+                                                                         "{d}/r"), mention=("7",), timeout=150))
+    add("plan --max-tp 3 --tp 4", ("plan", *SMALL, "--max-tp", "3", "--tp", "4"), ("tp",))
+    return c
+
+
+def file_cases() -> list[Case]:
+    """Every file argument given something that is not the right file."""
+    c = []
+    kinds = {
+        "missing": ({}, "missing.x"),
+        "directory": ({"d1": DIR}, "d1"),
+        "empty": ({"e.x": ""}, "e.x"),
+        "binary": ({"b.x": bytes(range(256)) * 64}, "b.x"),
+        "fifo": ({"pipe.x": FIFO}, "pipe.x"),
+        "dev-zero": ({}, "/dev/zero"),
+        "unreadable": ({"u.x": UNREADABLE}, "u.x"),
+        "not-utf8": ({"l.x": "gpus: 8\nname: caf\xe9\n".encode("latin-1")}, "l.x"),
+    }
+    uses = {
+        "estimate --model": lambda f: ("estimate", "--model", f),
+        "estimate --cluster": lambda f: ("estimate", "--model", "llama3-8b", "--cluster", f),
+        "estimate --profile": lambda f: ("estimate", *SMALL, "--profile", f),
+        "topo show": lambda f: ("topo", "show", f),
+        "collective --calibration": lambda f: ("collective", "--gpus", "8", "--calibration", f),
+        "calibrate": lambda f: ("calibrate", f),
+        "profile --check": lambda f: ("profile", "--check", f),
+    }
+    for use, make in uses.items():
+        for kind, (files, name) in kinds.items():
+            if kind == "not-utf8" and use in ("estimate --profile", "profile --check", "calibrate"):
+                continue
+            path = name if name.startswith("/") else "{d}/" + name
+            f = {k.replace(".x", ".yaml" if "cluster" in use or "topo" in use or "calibration" in use
+                           else ".json" if "model" in use else ".csv"): v for k, v in files.items()}
+            p = path.replace(".x", ".yaml" if "cluster" in use or "topo" in use or "calibration" in use
+                             else ".json" if "model" in use else ".csv")
+            last = p.rsplit("/", 1)[-1]
+            c.append(Case(name=f"{use} {kind}", category="files", argv=make(p), files=f,
+                          mention=(last, "file"), timeout=20))
+    # wrong kinds of file
+    wrong = [
+        ("cluster given a node template", ("estimate", "--model", "llama3-8b", "--cluster", "{d}/n.yaml"),
+         {"n.yaml": NODE}, ("node",)),
+        ("cluster given a calibration", ("topo", "show", "{d}/c.yaml"), {"c.yaml": CALIBRATION},
+         ("calibration",)),
+        ("cluster given a fabric", ("topo", "show", str(REPO / "topologies/fabrics/hdr-fat-tree.yaml")), {},
+         ("fabric",)),
+        ("cluster given links.yaml", ("topo", "show", str(REPO / "topologies/links.yaml")), {}, ("link",)),
+        ("calibration given a cluster", ("collective", "--gpus", "8", "--calibration",
+                                         str(REPO / "topologies/clusters/dgx-a100.yaml")), {}, ("cluster",)),
+        ("estimate --calibration-like cluster via collective", ("collective", "--cluster", "{d}/c.yaml"),
+         {"c.yaml": CALIBRATION}, ("calibration",)),
+        ("model given a cluster yaml", ("estimate", "--model", str(REPO / "topologies/clusters/dgx-a100.yaml")),
+         {}, ("json", "model")),
+        ("model given a profile", ("estimate", "--model", "{d}/p.json"), {"p.json": "kind,op\n"}, ("json",)),
+        ("profile given a cluster", ("estimate", *SMALL, "--profile", str(REPO / "topologies/clusters/dgx-a100.yaml")),
+         {}, ("profile",)),
+        ("profile given a bench CSV", ("profile", "--check", "{d}/m.csv"), {"m.csv": BENCH_CSV}, ("profile",)),
+        ("calibrate given a profile", ("calibrate", str(REPO / "profiles/cpu-reference-1t.csv")), {},
+         ("measure", "column", "collective")),
+        ("calibrate given a cluster yaml", ("calibrate", str(REPO / "topologies/clusters/dgx-a100.yaml")), {},
+         ("measure", "collective", "nccl")),
+    ]
+    for name, argv, files, mention in wrong:
+        c.append(Case(name=name, category="files", argv=argv, files=files, mention=mention))
+    c.append(Case(name="TPSIM_TOPOLOGIES missing", category="files", argv=("topo", "show", "dgx-a100"),
+                  env={"TPSIM_TOPOLOGIES": "/nonexistent/topologies"}, mention=("topolog", "dgx-a100")))
+    c.append(Case(name="TPSIM_TOPOLOGIES is a file", category="files", argv=("estimate",),
+                  env={"TPSIM_TOPOLOGIES": "/etc/hostname"}, mention=("topolog", "link", "cluster")))
+    return c
+
+
+def model_config_cases() -> list[Case]:
+    """A handful of bad HF configs (the full model-config layer is another part of issue 13)."""
+    c = []
+    bad = {"layers string": _hf(num_hidden_layers="32"), "layers float": _hf(num_hidden_layers=32.5),
+           "layers bool": _hf(num_hidden_layers=True), "layers 1e30": _hf(num_hidden_layers=1e30),
+           "heads zero": _hf(num_attention_heads=0), "kv heads zero": _hf(num_key_value_heads=0),
+           "kv not dividing": _hf(num_key_value_heads=3), "hidden list": _hf(hidden_size=[1024]),
+           "vocab negative": _hf(vocab_size=-5), "missing hidden": _hf(hidden_size=_DROP),
+           "NaN literal": _hf().replace("2816", "NaN"), "Infinity literal": _hf().replace("2816", "Infinity"),
+           "400-digit": _hf().replace("32000", "9" * 400), "tie string": _hf(tie_word_embeddings="false"),
+           "top-level list": "[1, 2, 3]", "deep nesting": "[" * 100_000 + "]" * 100_000,
+           "not json": "hidden_size = 1024", "utf-16": _hf().encode("utf-16")}
+    for name, text in bad.items():
+        c.append(Case(name=f"config {name}", category="model-config", argv=("estimate", "--model", "{d}/config.json"),
+                      files={"config.json": text}, mention=("config.json", "model ")))
+    return c
+
+
+def yaml_cases() -> list[Case]:
+    """Cluster, node-template and calibration YAML from a hostile author."""
+    c = []
+    cluster = lambda text: {"c.yaml": text}  # noqa
+    show = ("topo", "show", "{d}/c.yaml")
+    items = {
+        "billion laughs": BILLION_LAUGHS,
+        "billion laughs in a cluster key": CLUSTER + "note: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"n{i}: &n{i} [{', '.join(['*' + ('a' if i == 0 else f'n{i - 1}')] * 10)}]\n" for i in range(8)),
+        "deep nesting": "a: " + "[" * 50_000 + "]" * 50_000 + "\n",
+        "deep mapping": "".join("  " * i + f"k{i}:\n" for i in range(3000)) + "  " * 3000 + "v\n",
+        "unhashable key": "? [a, b]\n: 1\n" + CLUSTER,
+        "unhashable mapping key": CLUSTER + "? {x: 1}\n: 2\n",
+        "python tag": CLUSTER.replace("gpus: 16", "gpus: !!python/object/apply:os.system [echo]"),
+        "gpus 400-digit": CLUSTER.replace("gpus: 16", "gpus: " + "8" * 400),
+        "gpus 1e12": CLUSTER.replace("gpus: 16", "gpus: 1000000000000"),
+        "gpus nan": CLUSTER.replace("gpus: 16", "gpus: .nan"),
+        "gpus inf": CLUSTER.replace("gpus: 16", "gpus: .inf"),
+        "gpus float": CLUSTER.replace("gpus: 16", "gpus: 16.5"),
+        "gpus string": CLUSTER.replace("gpus: 16", "gpus: sixteen"),
+        "gpus bool": CLUSTER.replace("gpus: 16", "gpus: true"),
+        "gpus negative": CLUSTER.replace("gpus: 16", "gpus: -16"),
+        "gpus list": CLUSTER.replace("gpus: 16", "gpus: [16]"),
+        "duplicate key": CLUSTER + "gpus: 32\n",
+        "top-level list": "- 1\n- 2\n",
+        "top-level scalar": "hello\n",
+        "empty document": "",
+        "two documents": CLUSTER + "---\n" + CLUSTER,
+        "tab indentation": "name: x\n\tgpus: 8\n",
+        "merge of a list": "base: &b [1, 2]\nother:\n  <<: *b\n" + CLUSTER,
+        "node is a number": CLUSTER.replace("node: dgx-a100", "node: 42"),
+        "node is a mapping": CLUSTER.replace("node: dgx-a100", "node: {a: 1}"),
+        "fabric is a list": CLUSTER.replace("fabric: selene-hdr-fat-tree", "fabric: [1]"),
+        "device unknown": CLUSTER.replace("A100-SXM4-80GB", "Z100"),
+        "device is a list": CLUSTER.replace("device: A100-SXM4-80GB", "device: [A100]"),
+        "defaults efficiency nan": CLUSTER + "defaults: {efficiency: .nan}\n",
+        "defaults is a list": CLUSTER + "defaults: [1]\n",
+        "calibration bomb": CLUSTER + "calibration: cal.yaml\n",
+        "huge file": CLUSTER + "note: '" + "x" * (64 << 20) + "'\n",
+        "control characters": CLUSTER + "note: \"\\x00\\x07\"\n",
+        "gpus_per_node 1e9": CLUSTER.replace("node: dgx-a100", "node: n.yaml") + "gpus_per_node: 1000000000\n",
+    }
+    extra = {"calibration bomb": {"cal.yaml": BILLION_LAUGHS}, "gpus_per_node 1e9": {"n.yaml": NODE.replace(
+        "count: 8", "count: any")}}
+    for name, text in items.items():
+        files = dict(cluster(text), **extra.get(name, {}))
+        c.append(Case(name=f"cluster yaml {name}", category="yaml", argv=show, files=files,
+                      mention=("c.yaml", "cal.yaml"), timeout=30,
+                      expect="any" if name == "control characters" else "refuse"))  # a note may hold them
+    node_items = {
+        "count 1e9": NODE.replace("count: 8", "count: 1000000000"),
+        "nvswitch count 1e7": NODE.replace("count: 1}", "count: 10000000}"),
+        "count string": NODE.replace("count: 8", "count: eight"),
+        "lanes 1e12": NODE.replace("lanes: 12", "lanes: 1000000000000"),
+        "lanes list wrong length": NODE.replace("lanes: 12", "lanes: [1, 2]"),
+        "selector out of range": NODE.replace("a: gpu,", "a: 'gpu[3-99]',"),
+        "selector 400-digit": NODE.replace("a: gpu,", "a: 'gpu[" + "9" * 400 + "]',"),
+        "link unknown": NODE.replace("nvlink3", "warp-drive"),
+        "links is a mapping": NODE.split("links:")[0] + "links: {a: 1}\n",
+        "device name with brackets": NODE.replace("sw: {", "'s[w]': {"),
+        "billion laughs": NODE + BILLION_LAUGHS.replace("a:", "za:", 1).replace("*a", "*za").replace("&a", "&za"),
+    }
+    for name, text in node_items.items():
+        c.append(Case(name=f"node yaml {name}", category="yaml", argv=show,
+                      files={"c.yaml": CLUSTER.replace("node: dgx-a100", "node: n.yaml"), "n.yaml": text},
+                      mention=("n.yaml", "c.yaml")))
+    fabric = ("name: f\ntype: fat_tree\nlevels: 2\nradix: 40\nnic_link: hdr-ib\nswitch_link: hdr-ib\n"
+              "source: probe\n")
+    for name, text in {"radix 1e9": fabric.replace("radix: 40", "radix: 1000000000"),
+                       "radix 2": fabric.replace("radix: 40", "radix: 2"),
+                       "levels 0": fabric.replace("levels: 2", "levels: 0"),
+                       "oversubscription nan": fabric + "oversubscription: .nan\n",
+                       "torus dims huge": "name: t\ntype: torus\ndims: [100000, 100000, 100000]\nlink: ici-v4\n"
+                                          "source: probe\n",
+                       "torus dims strings": "name: t\ntype: torus\ndims: [a, b, c]\nlink: ici-v4\nsource: p\n"}.items():
+        cl = CLUSTER.replace("fabric: selene-hdr-fat-tree", "fabric: f.yaml")
+        if "torus" in name:
+            cl = cl.replace("node: dgx-a100", "node: tpu-v4-host").replace("A100-SXM4-80GB", "TPU-v4").replace(
+                "gpus: 16", "gpus: 64")
+        c.append(Case(name=f"fabric yaml {name}", category="yaml", argv=show,
+                      files={"c.yaml": cl, "f.yaml": text}, mention=("f.yaml", "c.yaml")))
+    cal_items = {"efficiency 7": "loopback: {efficiency: 7}\n", "efficiency nan": "loopback: {efficiency: .nan}\n",
+                 "latency string": "loopback: {latency_us: fast}\n", "link is a list": "loopback: [1, 2]\n",
+                 "billion laughs": BILLION_LAUGHS, "top-level list": "- 1\n",
+                 "gloo_ops garbage": "gloo_ops: 7\n", "unhashable key": "? [1]\n: 2\n"}
+    for name, text in cal_items.items():
+        c.append(Case(name=f"calibration yaml {name}", category="yaml",
+                      argv=("collective", "--cluster", "local-cpu", "--calibration", "{d}/cal.yaml"),
+                      files={"cal.yaml": text}, mention=("cal.yaml",)))
+    return c
+
+
+def profile_csv_cases() -> list[Case]:
+    """Kernel-profile CSVs cut, edited or made up."""
+    c = []
+    text = _profile_text()
+    items = {
+        "truncated mid-row": text[: len(text) // 2],
+        "header only": "".join(ln for ln in text.splitlines(keepends=True) if ln.startswith("#")),
+        "no header": "".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith("#")),
+        "time nan": _profile_with(_replace_cell("time_s", "nan")),
+        "time negative": _profile_with(_replace_cell("time_s", "-1e-5")),
+        "time zero": _profile_with(_replace_cell("time_s", "0")),
+        "time inf": _profile_with(_replace_cell("time_s", "inf")),
+        "dim 400-digit": _profile_with(_replace_cell("m", "9" * 400)),
+        "dim 1e30": _profile_with(_replace_cell("m", "1e30")),
+        "dim zero": _profile_with(_replace_cell("m", "0")),
+        "unknown kind": _profile_with(_replace_cell("kind", "conv")),
+        "unknown dtype": _profile_with(_replace_cell("dtype", "int3")),
+        "extra column": _profile_with(lambda ls: [ls[i] if i != _first_row(ls) else ls[i].rstrip("\n") + ",9\n"
+                                                  for i in range(len(ls))]),
+        "format_version 99": text.replace("# format_version: 1", "# format_version: 99"),
+        "threads word": text.replace("# threads: 1", "# threads: many"),
+        "binary tail": text + "\x00\x01\x02garbage\n",
+        "duplicate rows": text + "".join(text.splitlines(keepends=True)[_first_row(text.splitlines()):][:3]),
+    }
+    for name, body in items.items():
+        c.append(Case(name=f"profile csv {name}", category="profile-csv",
+                      argv=("estimate", *SMALL, "--profile", "{d}/p.csv"), files={"p.csv": body},
+                      mention=("p.csv",), expect="any" if name == "duplicate rows" else "refuse"))
+        if name in ("truncated mid-row", "time nan", "dim 400-digit", "binary tail"):
+            c.append(Case(name=f"profile --check {name}", category="profile-csv",
+                          argv=("profile", "--check", "{d}/p.csv"), files={"p.csv": body}, mention=("p.csv",)))
+    return c
+
+
+def measurement_cases() -> list[Case]:
+    """Collective measurement files given to `tpsim calibrate`."""
+    c = []
+    head = "backend,op,nranks,bytes,time_s\n"
+    items = {
+        "nranks 1e9": head + "gloo,all_reduce,1000000000,4096,0.001\ngloo,all_reduce,1000000000,8192,0.002\n",
+        "nranks 400-digit": head + f"gloo,all_reduce,{'9' * 400},4096,0.001\n",
+        "bytes 1e30": head + "gloo,all_reduce,2,1e30,0.001\n",
+        "bytes nan": head + "gloo,all_reduce,2,nan,0.001\n",
+        "time nan": head + "gloo,all_reduce,2,4096,nan\n",
+        "time inf": head + "gloo,all_reduce,2,4096,inf\n",
+        "time negative": head + "gloo,all_reduce,2,4096,-1\n",
+        "op unknown": head + "gloo,gather,2,4096,0.001\n",
+        "missing column": "backend,op,nranks,bytes\ngloo,all_reduce,2,4096\n",
+        "short row": head + "gloo,all_reduce\n",
+        "header only": head,
+        "nccl-tests garbage": "#  Rank  0\n#  Rank  1\nall_reduce_perf\n" + "x 2 y 4 z 6 7 8 9 10 11 12 13\n",
+        "nccl-tests 1 rank": "# all_reduce_perf\n#  Rank  0 Group 0\n    1024 256 float sum -1 10.0 0.1 0.1 0 10 0.1 0.1 0\n",
+        "nccl-tests 1e6 ranks": "# all_reduce_perf\n" + "#  Rank  0\n" * 1_000_000
+                                + "    1024 256 float sum -1 10.0 0.1 0.1 0 10 0.1 0.1 0\n",
+    }
+    for name, body in items.items():
+        c.append(Case(name=f"measurements {name}", category="measurements", argv=("calibrate", "{d}/m.csv"),
+                      files={"m.csv": body}, mention=("m.csv", "nranks", "gpus")))
+    return c
+
+
+def resource_cases() -> list[Case]:
+    """Inputs that would build huge tables, graphs, rank lists or search spaces."""
+    c = []
+    add = lambda name, argv, mention=(), expect="refuse", timeout=40.0, **kw: c.append(Case(  # noqa
+        name=name, category="resources", argv=argv, mention=mention, expect=expect, timeout=timeout, **kw))
+    add("collective --ranks 0-1e11", ("collective", "--gpus", "8", "--ranks", "0-99999999999"), ("ranks",))
+    add("collective --ranks 0-1e7 on 8 GPUs", ("collective", "--gpus", "8", "--ranks", "0-9999999"), ("ranks",))
+    add("collective --gpus 2^21", ("collective", "--gpus", str(1 << 21)), ("gpus",))
+    add("estimate --gpus 2^21", ("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", str(1 << 21)),
+        ("gpus",))
+    add("estimate --gpus 2^20 (at the limit)", ("estimate", "--model", "llama3-405b", "--cluster", "dgx-h100",
+                                                "--gpus", str(1 << 20)), ("gpus", "graph", "pods"), expect="any",
+        timeout=60)
+    add("topo show --gpus 2^20", ("topo", "show", "dgx-h100", "--gpus", str(1 << 20)), ("gpus", "graph", "pods"),
+        expect="any", timeout=60)
+    add("topo draw --gpus 2^20", ("topo", "draw", "dgx-h100", "--gpus", str(1 << 20), "--out", "{d}/x.png"),
+        ("gpus", "graph", "pods", "draw"), expect="any", timeout=60)
+    add("topo check --gpus 65536", ("topo", "check", "dgx-h100", "--gpus", "65536"), ("gpus", "graph", "large"),
+        expect="any", timeout=60)
+    add("plan --gpus 2^20", ("plan", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", str(1 << 20),
+                             "--global-batch", "4096"), ("gpus", "graph", "pods", "plans"), expect="any", timeout=60)
+    add("plan 1000 micro-batch sizes x 64 tp", ("plan", *SMALL, "--micro-batch", *map(str, range(1, 1001)),
+                                                "--tp", *map(str, range(1, 65))), ("plans", "space", "micro"),
+        expect="any", timeout=60)
+    add("plan huge space (cost objective, 2^20 GPUs)", ("plan", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                                                          "--gpus", str(1 << 20), "--objective", "cost"),
+        ("gpus", "plans", "space", "graph", "pods"), expect="any", timeout=60)
+    add("collective --sweep on 2^16 GPUs", ("collective", "--cluster", "dgx-h100", "--gpus", "65536", "--sweep"),
+        ("gpus", "graph", "large"), expect="any", timeout=60)
+    add("validate --nproc 1024", ("validate", "--tp", "1024", "--nproc", "1024", "--out-dir", "{d}/v"),
+        ("nproc", "tp", "ranks", "cores"), timeout=60)
+    add("bench-collectives --iters 1e9", ("bench-collectives", "--iters", "1000000000"), ("iters",), timeout=60)
+    add("bench-collectives --sizes 1PiB", ("bench-collectives", "--sizes", "1024T"), ("sizes", "memory"), timeout=60)
+    add("profile --threads 100000", ("profile", "--grid", "tiny", "--threads", "100000", "--out", "{d}/p.csv"),
+        ("threads",), timeout=60)
+    add("estimate --seq-len 2^24 --micro-batch 65536", ("estimate", *SMALL, "--seq-len", str(1 << 24),
+                                                        "--micro-batch", "65536", "--global-batch", "65536"),
+        ("seq", "memory", "micro"), expect="any")
+    return c
+
+
+def output_cases() -> list[Case]:
+    """Destinations that cannot be written, or that hold something that must not be overwritten."""
+    c = []
+    old_readme = "# my notes\nkeep me.\n"
+    add = lambda name, argv, mention=(), **kw: c.append(Case(name=name, category="outputs", argv=argv,  # noqa
+                                                              mention=mention, **kw))
+    rep = ("report", *SMALL, "--tp", "8", "--global-batch", "64")
+    slow = 150.0  # a report runs five searches: ~25 s on a busy 2-core machine
+    add("report --out is a file", (*rep, "--out", "{d}/f"), ("f", "out"), files={"f": "x"}, check=_file_is("f", "x"),
+        timeout=slow)
+    add("report --out missing parent", (*rep, "--out", "{d}/no/such/r"), ("out", "no"), expect="any", timeout=slow)
+    add("report --out unwritable", (*rep, "--out", "{d}/ro/r"), ("ro", "out", "kernel"), files={"ro": READONLY_DIR},
+        timeout=slow)
+    add("report --out empty", (*rep, "--out", ""), ("out",), timeout=slow)
+    add("report over an existing README", (*rep, "--out", "{d}/r"), ("README", "force"),
+        files={"r/README.md": old_readme}, check=_file_is("r/README.md", old_readme), timeout=slow)
+    add("report --out /dev/full", (*rep, "--out", "/dev/full"), ("out", "full"), timeout=slow)
+    add("plan --csv to a directory", ("plan", *SMALL, "--csv", "{d}/dir"), ("csv",), files={"dir": DIR})
+    add("plan --csv missing parent", ("plan", *SMALL, "--csv", "{d}/no/x.csv"), ("csv",))
+    add("plan --csv unwritable", ("plan", *SMALL, "--csv", "{d}/ro/x.csv"), ("csv",), files={"ro": READONLY_DIR})
+    add("plan --csv /dev/full", ("plan", *SMALL, "--csv", "/dev/full"), ("csv",))
+    add("plan --csv empty", ("plan", *SMALL, "--csv", ""), ("csv",))
+    add("topo draw --out directory", ("topo", "draw", "dgx-a100", "--gpus", "16", "--out", "{d}/dir"), ("out",),
+        files={"dir": DIR}, timeout=60)
+    add("topo draw --out missing parent", ("topo", "draw", "dgx-a100", "--gpus", "16", "--out", "{d}/no/x.png"),
+        ("out",), timeout=60)
+    add("topo draw --out unwritable", ("topo", "draw", "dgx-a100", "--gpus", "16", "--out", "{d}/ro/x.png"),
+        ("out",), files={"ro": READONLY_DIR}, timeout=60)
+    add("topo draw --out unknown format", ("topo", "draw", "dgx-a100", "--gpus", "16", "--out", "{d}/x.docx"),
+        ("out", "docx", "format"), timeout=60)
+    add("topo draw over an existing file", ("topo", "draw", "dgx-a100", "--gpus", "16", "--out", "{d}/mine.png"),
+        ("force", "exists"), files={"mine.png": "precious"}, check=_file_is("mine.png", "precious"), timeout=60)
+    add("calibrate --out directory", ("calibrate", "{d}/m.csv", "--out", "{d}/dir"), ("out",),
+        files={"m.csv": BENCH_CSV, "dir": DIR}, timeout=60)
+    add("calibrate --out unwritable", ("calibrate", "{d}/m.csv", "--out", "{d}/ro/c.yaml"), ("out",),
+        files={"m.csv": BENCH_CSV, "ro": READONLY_DIR}, timeout=60)
+    add("calibrate --out /dev/full", ("calibrate", "{d}/m.csv", "--out", "/dev/full"), ("out",),
+        files={"m.csv": BENCH_CSV}, timeout=60)
+    add("calibrate --out over its own input", ("calibrate", "{d}/m.csv", "--out", "{d}/m.csv"), ("out", "m.csv"),
+        files={"m.csv": BENCH_CSV}, check=_file_is("m.csv", BENCH_CSV), timeout=60)
+    for where, files in (("directory", {"dir": DIR}), ("missing parent", {}), ("unwritable", {"ro": READONLY_DIR})):
+        out = {"directory": "{d}/dir", "missing parent": "{d}/no/x.csv", "unwritable": "{d}/ro/x.csv"}[where]
+        add(f"bench-collectives --out {where}", ("bench-collectives", "--sizes", "4K", "--iters", "2", "--ops",
+                                                "all_reduce", "--out", out),
+            ("out",), files=files, check=_no_measurement_lost, timeout=90)
+        add(f"profile --out {where}", ("profile", "--grid", "tiny", "--kinds", "memory", "--no-progress", "--out",
+                                       out), ("out", "kernel"), files=files, timeout=90,
+            expect="any" if where == "missing parent" else "refuse")  # profile creates its folder
+    add("profile --out is a foreign file", ("profile", "--grid", "tiny", "--kinds", "memory", "--out", "{d}/x.csv"),
+        ("x.csv",), files={"x.csv": "a,b\n1,2\n"}, check=_file_is("x.csv", "a,b\n1,2\n"), timeout=60)
+    add("profile --out /dev/full", ("profile", "--grid", "tiny", "--kinds", "memory", "--out", "/dev/full"),
+        ("out", "full"), timeout=60)
+    add("validate --out-dir is a file", ("validate", "--out-dir", "{d}/f"), ("out-dir", "f"), files={"f": "x"},
+        timeout=150)
+    add("validate --out-dir unwritable", ("validate", "--out-dir", "{d}/ro/v"), ("out-dir", "ro", "kernel"),
+        files={"ro": READONLY_DIR}, timeout=150)
+    return c
+
+
+def interrupt_cases() -> list[Case]:
+    """Ctrl-C and kill in the middle of writing."""
+    c = []
+    rep = ("report", "--model", "gpt3-1.3b", "--cluster", "dgx-a100", "--gpus", "64", "--out", "{d}/r")
+    for delay in (6.0, 12.0, 18.0, 21.0, 24.0, 27.0, 30.0, 34.0, 38.0, 44.0):  # the charts come after ~18 s
+        c.append(Case(name=f"report SIGINT after {delay:g}s", category="interrupts", argv=rep,
+                      kill=(signal.SIGINT, delay), check=_pngs_complete("r", temp_files=True), expect="any",
+                      timeout=150))
+    for delay in (20.0, 30.0):
+        c.append(Case(name=f"report SIGKILL after {delay:g}s", category="interrupts", argv=rep,
+                      kill=(signal.SIGKILL, delay), check=_pngs_complete("r"), expect="any", timeout=150))
+    for sig, delay in ((signal.SIGINT, 12.0), (signal.SIGKILL, 12.0), (signal.SIGTERM, 15.0)):
+        c.append(Case(name=f"profile {signal.Signals(sig).name} after {delay:g}s", category="interrupts",
+                      argv=("profile", "--grid", "quick", "--no-progress", "--out", "{d}/p.csv"), kill=(sig, delay),
+                      check=_profile_rows_complete("p.csv"), expect="any", timeout=90))
+    for delay in (1.0, 2.0, 3.0, 4.0):
+        c.append(Case(name=f"calibrate SIGINT after {delay:g}s", category="interrupts",
+                      argv=("calibrate", "{d}/m.csv", "--out", "{d}/cal.yaml"), files={"m.csv": BENCH_CSV},
+                      kill=(signal.SIGINT, delay), expect="any", timeout=60, check=_calibration_whole))
+    return c
+
+
+def cache_cases() -> list[Case]:
+    """The planner's on-disk cache, damaged between two runs."""
+    c = []
+    argv = ("plan", *SMALL, "--global-batch", "64", "--no-progress")
+    for damage in ("truncate-npz", "garbage-json", "edit-json", "edit-npz", "swap-entries", "foreign-files",
+                   "cache-dir-is-file", "cache-dir-unwritable", "empty-files"):
+        c.append(Case(name=f"cache {damage}", category="caches", argv=argv, expect="ok",
+                      env={"PROBE_CACHE_DAMAGE": damage}, check=_cache_matches_uncached, timeout=60))
+    return c
+
+
+def process_cases() -> list[Case]:
+    """Verbs that start processes, killed by every kind of signal: nothing may be left running."""
+    c = []
+    bench = ("bench-collectives", "--nproc", "2", "--sizes", "4K", "1M", "4M", "--iters", "200", "--timeout", "60")
+    for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        c.append(Case(name=f"bench-collectives {signal.Signals(sig).name}", category="processes", argv=bench,
+                      kill=(sig, 8.0), expect="any", timeout=90))
+    val = ("validate", "--model", "llama3-8b", "--layers", "1", "--hidden", "512", "--heads", "8", "--kv-heads", "4",
+           "--seq-len", "128", "--tp", "2", "--reps", "50", "--out-dir", "{d}/v", "--no-calibrate", "--timeout", "60")
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        c.append(Case(name=f"validate {signal.Signals(sig).name}", category="processes", argv=val,
+                      kill=(sig, 12.0), expect="any", timeout=90))
+    c.append(Case(name="profile SIGKILL (children)", category="processes",
+                  argv=("profile", "--grid", "quick", "--no-progress", "--out", "{d}/p.csv"),
+                  kill=(signal.SIGKILL, 8.0), expect="any", timeout=60))
+    c.append(Case(name="calibrate SIGKILL", category="processes", argv=("calibrate", "{d}/m.csv"),
+                  files={"m.csv": BENCH_CSV}, kill=(signal.SIGKILL, 1.0), expect="any", timeout=60))
+    return c
+
+
+def launch_cases() -> list[Case]:
+    """Launch configs (export, estimate --from), stack profiles and model show: later verbs, skipped on a
+    checkout without them."""
+    c = []
+    exp = ("export", "--format", "megatron", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
+           "--tp", "8", "--zero", "0", "--no-predict")
+    add = lambda name, argv, mention=(), requires=("--format",), **kw: c.append(Case(  # noqa: E731
+        name=name, category="launch", argv=argv, mention=mention, requires=requires, **kw))
+    add("export --out is a file", (*exp, "--out", "{d}/f"), ("out",), files={"f": "x"})
+    add("export --out unwritable", (*exp, "--out", "{d}/ro/e"), ("out", "kernel"), files={"ro": READONLY_DIR})
+    add("export --out empty", (*exp, "--out", ""), ("out",))
+    add("export over existing launch files", (*exp, "--out", "{d}/e"), ("force", "megatron_args"),
+        files={"e/megatron_args.sh": "#!/bin/bash\n# mine\n"}, check=_file_is("e/megatron_args.sh",
+                                                                              "#!/bin/bash\n# mine\n"))
+    add("export --format bogus", (*exp[:1], "--format", "slurm", *exp[3:], "--out", "{d}/e"), ("format",))
+    for name, files, path in (("bomb", {"s.yaml": BILLION_LAUGHS}, "{d}/s.yaml"),
+                              ("cluster file", {}, str(REPO / "topologies/clusters/dgx-a100.yaml")),
+                              ("missing", {}, "{d}/none.yaml"), ("directory", {"sd": DIR}, "{d}/sd"),
+                              ("binary", {"b.yaml": bytes(range(256)) * 8}, "{d}/b.yaml")):
+        add(f"export --stack {name}", (*exp, "--stack", path, "--out", "{d}/e"), ("stack", "s.yaml", "b.yaml",
+                                                                                  "none.yaml", "sd", "cluster"),
+            files=files, requires=("--stack",))
+    est = ("estimate", "--gpus", "8", "--cluster", "dgx-h100")
+    for name, files, path in (("fifo", {"f.sh": FIFO}, "{d}/f.sh"), ("missing", {}, "{d}/none.sh"),
+                              ("binary", {"b.sh": bytes(range(256)) * 8}, "{d}/b.sh"),
+                              ("garbage", {"g.sh": "torchrun pretrain_gpt.py --tensor-model-parallel-size x\n"},
+                               "{d}/g.sh"),
+                              ("tp 400 digits", {"t.sh": "torchrun pretrain_gpt.py --tensor-model-parallel-size "
+                                                         + "9" * 400 + "\n"}, "{d}/t.sh"),
+                              ("deepspeed deep json", {"d.json": "[" * 100_000 + "]" * 100_000}, "{d}/d.json"),
+                              ("nemo bomb", {"n.yaml": BILLION_LAUGHS}, "{d}/n.yaml"),
+                              ("torchtitan binary toml", {"t.toml": b"\xff\xfe[job]\x00"}, "{d}/t.toml")):
+        add(f"estimate --from {name}", (*est, "--from", path), ("from", "f.sh", "none.sh", "b.sh", "g.sh", "t.sh",
+                                                                "d.json", "n.yaml", "t.toml", "tensor"),
+            files=files, requires=("--from",), timeout=20)
+    for name, argv, files in (("binary config", ("model", "show", "{d}/config.json"),
+                               {"config.json": bytes(range(256))}),
+                              ("fifo config", ("model", "show", "{d}/config.json"), {"config.json": FIFO}),
+                              ("--layers 400 digits", ("model", "show", "llama3-8b", "--layers", "9" * 400), {})):
+        add(f"model show {name}", argv, ("config.json", "layers"), files=files, requires=("show",), timeout=20)
+    return c
+
+
+def all_cases() -> list[Case]:
+    cases = _all_cases()
+    return [c for c in cases if not (ROOT and UNREADABLE in c.files.values())]
+
+
+def _all_cases() -> list[Case]:
+    return (cli_number_cases() + size_cases() + cli_arg_cases() + empty_result_cases() + file_cases()
+            + model_config_cases() + yaml_cases() + profile_csv_cases() + measurement_cases() + resource_cases()
+            + output_cases() + interrupt_cases() + cache_cases() + process_cases() + launch_cases())
+
+
+# ----------------------------------------------------------------------------------------------- running
+def _prepare(case: Case, folder: Path, root: Path, env: dict[str, str]) -> None:
+    for rel, content in case.files.items():
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content == DIR:
+            path.mkdir()
+        elif content == FIFO:
+            os.mkfifo(path)
+        elif content == UNREADABLE:
+            path.write_text("gpus: 8\n")
+            path.chmod(0)
+        elif content == READONLY_DIR:
+            if not ROOT:
+                path.mkdir()
+                path.chmod(stat.S_IRUSR | stat.S_IXUSR)
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(str(content))
+    damage = case.env.get("PROBE_CACHE_DAMAGE")
+    if damage:
+        _prepare_cache(case, folder, root, env, damage)
+
+
+def _prepare_cache(case: Case, folder: Path, root: Path, env: dict[str, str], damage: str) -> None:
+    """Fill the case's cache with one run, write the uncached output as the reference, then damage it."""
+    cache = folder / "cache"
+    env["TPSIM_CACHE_DIR"] = str(cache)
+    argv = [sys.executable, "-m", "tpsim.cli", *case.argv]
+    ref = subprocess.run(argv + ["--no-cache"], cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+    (folder / "reference.txt").write_text(ref.stdout)
+    subprocess.run(argv, cwd=folder, env=env, capture_output=True, timeout=120)
+    entries = sorted(cache.rglob("*.npz")) + sorted(cache.rglob("*.json"))
+    npz = [p for p in entries if p.suffix == ".npz"]
+    meta = [p for p in entries if p.suffix == ".json"]
+    if damage == "truncate-npz" and npz:
+        data = npz[0].read_bytes()
+        npz[0].write_bytes(data[: len(data) // 2])
+    elif damage == "garbage-json" and meta:
+        meta[0].write_bytes(b"\x00\xff{not json")
+    elif damage == "edit-json" and meta:
+        obj = json.loads(meta[0].read_text())
+        for key in ("enumerated", "evaluated"):
+            if key in obj:
+                obj[key] = 7
+        meta[0].write_text(json.dumps(obj))
+    elif damage == "edit-npz" and npz:
+        import numpy as np
+        with np.load(npz[0]) as data:
+            cols = {k: data[k] for k in data.files}
+        for k, v in cols.items():
+            if v.dtype.kind == "f":
+                cols[k] = v * 0.5
+        np.savez(npz[0], **cols)
+    elif damage == "swap-entries" and npz:
+        # the entry of another search (tp 2 only) copied over this search's entry
+        subprocess.run(argv + ["--tp", "2"], cwd=folder, env=env, capture_output=True, timeout=120)
+        other = sorted(p for p in cache.rglob("*.npz") if p != npz[0])
+        if other:
+            shutil.copy(other[0], npz[0])
+            shutil.copy(other[0].with_suffix(".json"), npz[0].with_suffix(".json"))
+    elif damage == "foreign-files":
+        (cache / "plans").mkdir(parents=True, exist_ok=True)
+        (cache / "plans" / "zzzz.json").write_text("[]")
+        (cache / "plans" / "notes.txt").write_text("mine")
+        (cache / "plans" / "sub.json").mkdir()
+    elif damage == "cache-dir-is-file":
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.write_text("not a folder")
+    elif damage == "cache-dir-unwritable":
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir()
+        cache.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    elif damage == "empty-files":
+        for p in entries:
+            p.write_bytes(b"")
+
+
+def _limits(torch: bool) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
+        resource.setrlimit(resource.RLIMIT_CPU, (300, 300))
+        os.setsid()
+        # a probe started in the background inherits SIGINT ignored, and Python then keeps ignoring it:
+        # restore the default so that the child installs its KeyboardInterrupt handler as under a terminal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return apply
+
+
+def _tagged(tag: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every readable process whose environment holds the marker."""
+    found = []
+    needle = f"TPSIM_PROBE_TAG={tag}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append((int(entry.name), cmd.strip()))
+        except OSError:
+            continue
+    return found
+
+
+def _substitute(arg: str, case: Case, folder: Path) -> str:
+    if ROOT:
+        for rel, content in case.files.items():
+            if content == READONLY_DIR:
+                arg = arg.replace("{d}/" + rel, ROOT_UNWRITABLE)
+    return arg.replace("{d}", str(folder))
+
+
+def run_case(case: Case, root: Path) -> tuple[str, str, Run]:
+    folder = Path(tempfile.mkdtemp(prefix="tpsim-probe-"))
+    tag = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPSIM_", "PYTEST"))}
+    env.update(PYTHONPATH=str(root), TPSIM_PROBE_TAG=tag, TPSIM_CACHE_DIR=str(folder / "cache"),
+               XDG_CACHE_HOME=str(folder / "xdg"), OMP_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
+    env.update({k: v for k, v in case.env.items() if not k.startswith("PROBE_")})
+    try:
+        _prepare(case, folder, root, env)
+        argv = [sys.executable, "-m", "tpsim.cli", *(_substitute(a, case, folder) for a in case.argv)]
+        torch = case.verb in TORCH_VERBS
+        start = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, preexec_fn=_limits(torch))
+        out, err, status, rusage, signalled = _communicate(proc, case)
+        seconds = time.monotonic() - start
+        time.sleep(1.0 if torch or case.kill else 0.1)
+        left = _tagged(tag)
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        run = Run(status=status, stdout=out, stderr=err, seconds=seconds,
+                  peak_rss=rusage.ru_maxrss * 1024 if rusage else 0, left=tuple(cmd for _, cmd in left),
+                  folder=folder, signalled=signalled)
+        outcome, detail = classify(case, run)
+        return outcome, detail, run
+    finally:
+        for p in [folder, *folder.rglob("*")]:
+            try:
+                if p.is_dir() and not p.is_symlink():
+                    p.chmod(stat.S_IRWXU)
+            except OSError:
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _communicate(proc: subprocess.Popen, case: Case):
+    """Wait for the child (sending the case's signal on time); (stdout, stderr, status, rusage)."""
+    import threading
+
+    chunks: dict[str, list[bytes]] = {"out": [], "err": []}
+
+    def pump(stream, key: str) -> None:
+        total = 0
+        for block in iter(lambda: stream.read(65536), b""):
+            if total < (4 << 20):
+                chunks[key].append(block)
+            total += len(block)
+
+    threads = [threading.Thread(target=pump, args=(proc.stdout, "out"), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, "err"), daemon=True)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + case.timeout
+    kill_at = time.monotonic() + case.kill[1] if case.kill else None
+    status, rusage, signalled = None, None, False
+    while True:
+        pid, raw, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            status = os.waitstatus_to_exitcode(raw)
+            rusage = ru
+            proc.returncode = status
+            break
+        now = time.monotonic()
+        if kill_at is not None and now >= kill_at:
+            os.kill(proc.pid, case.kill[0])
+            kill_at, signalled = None, True
+        if now >= deadline:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            pid, raw, ru = os.wait4(proc.pid, 0)
+            rusage = ru
+            proc.returncode = -9
+            status = None
+            break
+        time.sleep(0.05)
+    for t in threads:
+        t.join(timeout=5)
+    decode = lambda k: b"".join(chunks[k]).decode(errors="replace")  # noqa: E731
+    return decode("out"), decode("err"), status, rusage, signalled
+
+
+def classify(case: Case, run: Run) -> tuple[str, str]:
+    err = run.stderr
+    limit = TORCH_MEM_LIMIT if case.verb in TORCH_VERBS else MEM_LIMIT
+    if run.status is None:
+        return "hang", f"no answer in {case.timeout:g} s"
+    killed_by_kernel = run.status in (-9, 137) and not run.signalled  # the OOM killer, or RLIMIT_CPU
+    if run.peak_rss > limit or (killed_by_kernel and run.peak_rss > limit // 2) or (
+            "MemoryError" in err and "Traceback" in err):
+        return "memory", f"peak RSS {run.peak_rss / 2**20:.0f} MB"
+    if "Traceback (most recent call last)" in err + run.stdout:
+        last = [ln for ln in err.splitlines() if ln.strip()][-1:] or [""]
+        return "traceback", last[0][:160]
+    if run.left:
+        return "process-left", f"{len(run.left)} left: {run.left[0][:120]}"
+    if case.check is not None:
+        bad = case.check(run)
+        if bad:
+            outcome, _, detail = bad.partition(": ")
+            return outcome, detail
+    if case.kill and run.signalled:
+        return "clear", f"status {run.status}"
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    if case.expect == "help":
+        helped = "usage:" in (run.stdout + err).lower() and run.status in (0, 2)
+        return ("clear", "usage shown") if helped else ("wrong-exit", f"status {run.status}")
+    if case.expect == "ok" or (case.expect == "any" and run.status == 0):
+        if run.status == 0:
+            return "clear", "status 0"
+        return "wrong-exit", f"status {run.status}: {(errors or lines or [''])[0][:160]}"
+    if run.status == 0:
+        return "silently-wrong", "accepted (status 0): " + (run.stdout.strip().splitlines() or [""])[-1][:120]
+    if run.status != 2:
+        return "wrong-exit", f"status {run.status}: {(errors or lines or [''])[0][:160]}"
+    if len(errors) != 1 or len(lines) > 3:
+        return "unclear", f"{len(lines)} stderr lines: {(lines or [''])[0][:160]}"
+    if case.mention and not any(m.lower() in errors[0].lower() for m in case.mention):
+        return "unclear", f"line does not name {case.mention[0]!r}: {errors[0][:160]}"
+    return "clear", errors[0][:160]
+
+
+# ----------------------------------------------------------------------------------------------- report
+def summarize(results: Sequence[tuple[Case, str, str, Run]]) -> str:
+    cats = sorted({c.category for c, *_ in results}, key=lambda x: [c.category for c, *_ in results].index(x))
+    width = max(len(c) for c in cats + ["category"])
+    head = f"{'category':<{width}} {'cases':>5} " + " ".join(f"{o:>{max(len(o), 5)}}" for o in OUTCOMES)
+    lines = [head]
+    total: Counter = Counter()
+    for cat in cats + ["all"]:
+        counts = Counter(o for c, o, *_ in results if c.category == cat or cat == "all")
+        n = sum(counts.values())
+        lines.append(f"{cat:<{width}} {n:>5} " + " ".join(f"{counts[o]:>{max(len(o), 5)}}" for o in OUTCOMES))
+        if cat == "all":
+            total = counts
+    n = sum(total.values())
+    lines.append(f"\n{total['clear']} of {n} cases clear ({100 * total['clear'] / max(n, 1):.1f}%)")
+    return "\n".join(lines)
+
+
+def _supported(root: Path, cases: Sequence[Case]) -> Callable[[Case], bool]:
+    """Whether the checkout offers every flag a case requires (from ``tpsim VERB --help``)."""
+    helps: dict[str, str] = {}
+    env = dict(os.environ, PYTHONPATH=str(root))
+    for verb in {c.verb for c in cases if c.requires}:
+        proc = subprocess.run([sys.executable, "-m", "tpsim.cli", verb, "--help"], env=env, capture_output=True,
+                              text=True, timeout=120, cwd=tempfile.gettempdir())  # not a folder holding tpsim/
+        helps[verb] = proc.stdout if proc.returncode == 0 else ""
+    return lambda c: all(flag in helps.get(c.verb, "") for flag in c.requires)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", type=Path, default=REPO, help="tpsim source tree to probe (default: this checkout)")
+    ap.add_argument("--only", action="append", default=[], help="only cases whose category or name has this text")
+    ap.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
+    ap.add_argument("--json", type=Path, help="write every outcome to this JSON file")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every outcome, not only the failures")
+    args = ap.parse_args(argv)
+    cases = [c for c in all_cases() if not args.only or any(o in c.category or o in c.name for o in args.only)]
+    supported = _supported(args.root.resolve(), cases)
+    skipped = [c for c in cases if not supported(c)]
+    cases = [c for c in cases if supported(c)]
+    if skipped:
+        print(f"skipping {len(skipped)} cases of features this checkout lacks", file=sys.stderr)
+    if args.list:
+        for c in cases:
+            print(f"{c.category:<14} {c.name}")
+        print(f"{len(cases)} cases")
+        return 0
+    root = args.root.resolve()
+    print(f"probing {root} with {len(cases)} cases ({args.jobs} at a time)", file=sys.stderr)
+    results: list[tuple[Case, str, str, Run]] = []
+    # slow cases (signals, torch verbs) first so that the pool stays busy
+    order = sorted(cases, key=lambda c: (c.kill is None, c.verb not in TORCH_VERBS))
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(run_case, c, root): c for c in order}
+        for done, fut in enumerate(futures, 1):
+            case = futures[fut]
+            outcome, detail, run = fut.result()
+            results.append((case, outcome, detail, run))
+            if args.verbose or outcome != "clear":
+                print(f"[{done:3d}/{len(cases)}] {outcome:<14} {case.category:<13} {case.name}: {detail} "
+                      f"({run.seconds:.1f} s, {run.peak_rss / 2**20:.0f} MB)", file=sys.stderr)
+    results.sort(key=lambda r: cases.index(r[0]))
+    print(summarize(results))
+    if args.json:
+        args.json.write_text(json.dumps([
+            {"category": c.category, "name": c.name, "argv": list(c.argv), "outcome": o, "detail": d,
+             "status": r.status, "seconds": round(r.seconds, 2), "peak_rss_mb": round(r.peak_rss / 2**20),
+             "stderr_tail": r.stderr[-600:]} for c, o, d, r in results], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""The one YAML reader of tpsim (issue 13): every YAML input (topology files, calibration files) goes through
+:func:`read_yaml` or :func:`load_yaml`.
+
+* Safe loading only (``SafeLoader``: no Python objects), with libyaml's parser where installed.
+* Bounded before anything is built: one pass over the parser's events (iterative, no recursion) counts the
+  nodes the document expands to, aliases included, and refuses more than
+  :data:`tpsim.limits.MAX_YAML_NODES` (a "billion laughs" file of nine nested lists of ten aliases expands to
+  1e9 nodes from 200 bytes) and nesting deeper than :data:`tpsim.limits.MAX_JSON_DEPTH`; recursive aliases
+  are refused. The file itself is bounded by :data:`tpsim.limits.MAX_YAML_BYTES`.
+* Strict mappings: a duplicate key (PyYAML silently keeps the last one) or an unhashable key (a list or a
+  mapping used as a key) is an error naming its line.
+* :func:`kind_of` names what a parsed file looks like (a cluster, a node template, a fabric, link kinds, a
+  calibration, a model config, a kernel profile, collective measurements), so that a file of the wrong kind
+  is refused with a line that says what it is.
+
+Every problem is one :class:`~tpsim.errors.InputError` line ``<file>: <problem> (line N)``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import InputError
+from .io import read_text
+from .limits import MAX_JSON_DEPTH, MAX_YAML_BYTES, MAX_YAML_NODES
+
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class StrictLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """SafeLoader that refuses duplicate and unhashable mapping keys."""
+
+
+def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+            hash(key)
+        except TypeError:
+            raise InputError(f"a {type(key).__name__} cannot be a key (line {line}); keys are names or "
+                             "numbers") from None
+        if key in seen:
+            raise InputError(f"duplicate name {key!r} (line {line}, first defined on line {seen[key]})")
+        seen[key] = line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def check_size(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Refuse a document that expands to more than ``max_nodes`` nodes (aliases counted at their expanded
+    size), nests deeper than ``max_depth``, or uses a recursive or undefined alias. Iterative over the
+    parser's events: nothing is constructed."""
+    expanded = 0
+    open_nodes: list[tuple[str | None, int]] = []
+    sizes: dict[str, int] = {}
+    for event in yaml.parse(text, Loader=_BaseLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            open_nodes.append((event.anchor, expanded))
+            expanded += 1
+            if len(open_nodes) > max_depth:
+                raise InputError(f"nested more than {max_depth} levels deep (line {event.start_mark.line + 1})")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            anchor, start = open_nodes.pop()
+            if anchor is not None:
+                sizes[anchor] = expanded - start
+        elif isinstance(event, yaml.ScalarEvent):
+            expanded += 1
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.AliasEvent):
+            if event.anchor not in sizes:
+                raise InputError(f"alias *{event.anchor} refers to an unfinished or undefined anchor "
+                                 f"(line {event.start_mark.line + 1}); recursive aliases are not allowed")
+            expanded += sizes[event.anchor]
+        else:
+            continue
+        if expanded > max_nodes:
+            raise InputError(f"expands to more than {max_nodes:,} values (aliases/anchors counted at their "
+                             f"expanded size, line {event.start_mark.line + 1}); is it a YAML bomb?")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    context = getattr(exc, "context", None)
+    return f"{context + ': ' if context else ''}{problem}{where}".replace("\n", " ")
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """Parse ``text`` (bounded and strict, see the module doc); errors name ``where``."""
+    try:
+        check_size(text)
+        return yaml.load(text, Loader=StrictLoader)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{where}: not valid YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise InputError(f"{where}: nested too deeply") from None
+
+
+def read_yaml(path: str | os.PathLike[str], what: str = "YAML file", max_bytes: int = MAX_YAML_BYTES) -> Any:
+    """The parsed document of a YAML file (see :func:`load_yaml`); the file is read with
+    :func:`tpsim.io.read_text` (a regular UTF-8 file of at most ``max_bytes``)."""
+    text = read_text(path, what, max_bytes)
+    return load_yaml(text, os.fspath(path))
+
+
+# ----------------------------------------------------------------------------------------------- kinds
+_LINK_TYPES = ("nvlink", "pcie", "ib", "ethernet", "ici", "loopback", "cpu")
+_FABRIC_TYPES = ("none", "fat_tree", "rail_optimized", "torus")
+
+
+def kind_of(data: Any, text: str = "") -> str | None:
+    """What a parsed YAML/JSON file looks like: ``cluster``, ``node template``, ``fabric``, ``link kinds``,
+    ``calibration``, ``model config``, ``kernel profile``, ``collective measurements`` or None."""
+    head = text.lstrip()[:200]
+    if head.startswith("# tpsim kernel profile") or head.startswith("kind,op,dtype"):
+        return "kernel profile"
+    if head.replace(" ", "").startswith("backend,op,nranks"):
+        return "collective measurements"
+    if not isinstance(data, Mapping):
+        return None
+    keys = {k for k in data if isinstance(k, str)}
+    if {"node", "fabric"} <= keys:
+        return "cluster"
+    if {"devices", "links"} <= keys:
+        return "node template"
+    if "link_kinds" in keys:
+        return "link kinds"
+    if data.get("type") in _FABRIC_TYPES and not keys & {"node", "devices"}:
+        return "fabric"
+    if keys & {"model_type", "hidden_size", "num_hidden_layers", "n_embd", "n_layer"}:
+        return "model config"
+    if keys & (set(_LINK_TYPES) | {"gloo_ops", "compute"}) and not keys & {"node", "fabric", "devices"}:
+        return "calibration"
+    return None
+
+
+def check_kind(data: Any, expected: str, where: str, text: str = "") -> None:
+    """Refuse a file that is recognisably of another kind than ``expected``, naming what it is."""
+    found = kind_of(data, text)
+    if found is not None and found != expected:
+        article = "an" if found[0] in "aeiou" else "a"
+        raise InputError(f"{where} is {article} {found} file, not a {expected}")
+
+
+__all__ = ["StrictLoader", "load_yaml", "read_yaml", "check_size", "kind_of", "check_kind"]
