@@ -43,8 +43,9 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "comm": ("dp_reduction_timing", "grad_reduce_dtype", "param_gather_dtype", "dp_bucket_elements", "zero3_unit",
              "reshard_after_forward_default", "zero3_prefetch_elements", "zero3_persistence_threshold_elements",
              "zero3_max_live_elements", "reduce_bucket_elements", "allgather_bucket_elements",
-             "overlap_dp_default", "tp_overlap", "host_us_per_collective"),
-    "compute": ("host_us_per_layer", "host_us_per_microbatch", "kernels", "default_attention"),
+             "overlap_dp_default", "tp_overlap", "tp_backward_overlap", "host_us_per_collective"),
+    "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
+                "grad_accumulation_fusion", "optimizer_bytes_per_param"),
     "memory": ("grad_buffer_dtype", "grad_accumulation_buffer", "main_params_dtype", "optimizer_state_dtype",
                "fp8_weights_kept", "allocator_reserve_fraction"),
 }
@@ -59,6 +60,8 @@ class Figure:
     value: Any
     source: str
     unit: str = ""
+    range: tuple[float, float] | None = None
+    """(low, high) of a prior's plausible values (the error band reads it); None: a published figure."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -376,9 +379,10 @@ def _section(body: Any, name: str, where: str) -> dict[str, Figure]:
     _check_keys(body, SECTION_KEYS[name], w)
     out = {}
     for key, entry in body.items():
-        _check_keys(entry, ("value", "unit", "source", "note"), f"{w}.{key}", required=("value",))
+        _check_keys(entry, ("value", "unit", "source", "note", "range"), f"{w}.{key}", required=("value",))
         out[key] = Figure(value=entry["value"], source=_text(entry.get("source"), f"{w}.{key}", "source"),
-                          unit=str(entry.get("unit", "")))
+                          unit=str(entry.get("unit", "")), range=_range(entry.get("range"), entry["value"],
+                                                                        f"{w}.{key}"))
     attention = out.get("default_attention")
     if attention is not None:
         values = attention.value.values() if isinstance(attention.value, Mapping) else [attention.value]
@@ -386,6 +390,17 @@ def _section(body: Any, name: str, where: str) -> dict[str, Figure]:
             if v not in ATTENTION_IMPLEMENTATIONS:
                 raise InputError(f"{w}.default_attention: {v!r} is not one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
     return out
+
+
+def _range(raw: Any, value: Any, where: str) -> tuple[float, float] | None:
+    """A prior's ``[low, high]``: two numbers around the value."""
+    if raw is None:
+        return None
+    ok = (isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, (int, float)) for x in raw)
+          and isinstance(value, (int, float)) and raw[0] <= value <= raw[1])
+    if not ok:
+        raise InputError(f"{where}: range={raw!r} must be [low, high] numbers around value={value!r}")
+    return float(raw[0]), float(raw[1])
 
 
 def _text(value: Any, where: str, field_name: str) -> str:
