@@ -51,6 +51,20 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
                         "replacing the cluster file's `calibration:`")
 
 
+def add_stack_arg(p: argparse.ArgumentParser) -> None:
+    """``--stack``: the training stack whose rules, communication, compute and memory the estimate follows."""
+    p.add_argument("--stack", default=None, metavar="NAME",
+                   help="training stack: megatron (default), torchtitan, deepspeed, or a profile YAML path "
+                        "(tpsim/data/stacks): which plans it runs, how it communicates, computes and holds memory")
+
+
+def build_stack(args: argparse.Namespace):
+    """The StackProfile of ``--stack`` (default megatron)."""
+    from ..stacks import load_stack
+
+    return load_stack(getattr(args, "stack", None) or "megatron")
+
+
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan (defaults: the model preset's plan)")
     g.add_argument("--tp", type=positive_int, help="tensor-parallel degree")

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from .common import add_cluster_args, add_model_args, add_plan_args, build_cluster, build_model, build_plan
+from .common import (add_cluster_args, add_model_args, add_plan_args, add_stack_arg, build_cluster, build_model,
+                     build_plan, build_stack)
 from .export import FORMATS as EXPORT_FORMATS
 
 
@@ -19,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p, default=None)
     add_cluster_args(p)
     add_plan_args(p)
-    p.add_argument("--profile", help="kernel profile CSV (tpsim profile) for compute times instead of the roofline")
+    p.add_argument("--profile", help="kernel profile CSV (tpsim profile) for compute times instead of the kernel "
+                                     "model (measured kernels override the model where the profile has points)")
+    add_stack_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="read the plan (and model shape, GPU count) from a launch config: a Megatron command line "
@@ -31,12 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def compute_model(args: argparse.Namespace, cluster):
+    """None (the estimator's default compute model) or ``--profile``'s measured kernels, falling back to the
+    default model (the stack's attention implementation) where the profile has no points."""
     if not getattr(args, "profile", None):
         return None
     from ..compute.profile import ProfileModel
-    from ..compute.roofline import RooflineModel
+    from ..estimator.context import default_compute
 
-    return ProfileModel(args.profile, fallback=RooflineModel(cluster.device))
+    return ProfileModel(args.profile, fallback=default_compute(cluster.device, build_stack(args))[0])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         model = build_model(args)
         cluster = build_cluster(args, model)
         plan = build_plan(args, model, cluster)
-    result = estimate(model, cluster, plan, compute=compute_model(args, cluster))
+    result = estimate(model, cluster, plan, compute=compute_model(args, cluster), stack=build_stack(args))
     if args.json:
         if note:
             print(note, file=sys.stderr)
@@ -69,10 +74,11 @@ def format_estimate(e, model=None) -> str:
     lines = [
         *(model.summary().splitlines() if model is not None else [f"model    {e.model}"]),
         f"cluster  {e.cluster['name']}: {e.cluster['gpus']} x {e.cluster['device']}",
+        f"stack    {e.stack}",
         f"plan     {p.short()}  (global batch {p.global_batch}, {p.num_microbatches} micro-batches per replica,"
         f" {p.dtype}, {p.attention} attention, order {p.order})",
         f"compute  {e.compute_model}" + (f" ({100 * e.measured_compute_fraction:.0f}% of compute time measured)"
-                                         if e.compute_model != "roofline" else ""),
+                                         if e.compute_model.startswith("profile") else ""),
         "",
         f"step time            {e.step_time_s:10.3f} s",
         f"throughput           {e.tokens_per_s:10.0f} tokens/s",
@@ -80,8 +86,8 @@ def format_estimate(e, model=None) -> str:
         f"hardware TFLOP/s/GPU {e.hardware_tflops_per_gpu:10.1f}   HFU {100 * e.hfu:5.1f}%",
         "",
         "time breakdown (s)   " + "  ".join(f"{k} {b[k]:.3f}" for k in
-                                            ("compute", "recompute", "bubble", "optimizer", "exposed_comm")
-                                            + (("overhead",) if b.get("overhead") else ())),
+                                            ("compute", "recompute", "bubble", "optimizer", "exposed_comm",
+                                             "overhead")),
         "communication (s)    " + "  ".join(f"{k} {b[k]:.3f}" for k in ("tp_comm", "pp_comm", "dp_comm"))
         + "  (totals, partly hidden)",
         "",

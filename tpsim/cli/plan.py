@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .common import add_cluster_args, add_model_args, build_model, cluster_and_gpus, positive_int
+from .common import add_cluster_args, add_model_args, add_stack_arg, build_model, build_stack, cluster_and_gpus, positive_int
 from .export import FORMATS as EXPORT_FORMATS
 
 ORDER_CHOICES = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
@@ -33,7 +33,8 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
                    help="GEMM precision (default: the preset's, else bf16)")
     g.add_argument("--attention", default=None, choices=("flash", "unfused"), help="attention kernel (flash)")
     g.add_argument("--profile", default=None, metavar="CSV",
-                   help="kernel profile CSV (tpsim profile) for compute times (default: the device roofline)")
+                   help="kernel profile CSV (tpsim profile) for compute times (default: the device's kernel model)")
+    add_stack_arg(g)
 
 
 def add_space_arguments(p: argparse.ArgumentParser) -> None:
@@ -143,13 +144,11 @@ def build_space(args: argparse.Namespace, model: Any) -> Any:
 
 
 def load_compute(args: argparse.Namespace, cluster: Any) -> Any:
-    """None (the estimator's roofline) or a ProfileModel for ``--profile``."""
-    if not args.profile:
-        return None
-    from ..compute.profile import ProfileModel
-    from ..compute.roofline import RooflineModel
+    """None (the estimator's default: the device's kernel model) or a ProfileModel for ``--profile`` that falls
+    back to it where the profile has no points."""
+    from .estimate import compute_model
 
-    return ProfileModel(args.profile, fallback=RooflineModel(cluster.device))
+    return compute_model(args, cluster)
 
 
 def clusters_for(name: str, gpus: int, objective: str, calibration: str | None = None) -> list[Any]:
@@ -180,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
                     gpu_hour_price=args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE,
                     mem_limit_gib=args.mem_limit_gib, include_unfit=args.include_unfit,
                     compute=load_compute(args, clusters[-1]), compute_key=compute_key_of(args.profile),
-                    progress=not args.no_progress and not args.json)
+                    progress=not args.no_progress and not args.json, stack=build_stack(args))
     if args.csv:
         _write_csv(result, args.csv, args.top)
     if args.json:

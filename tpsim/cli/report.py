@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from ..errors import InputError
+from .common import build_stack
 from .plan import add_problem_arguments, add_space_arguments, build_space, load_compute, load_problem
 
 
@@ -50,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     compute = load_compute(args, loader(cluster_name, gpus=gpus))
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
-                          gpu_hour_price=price, top=args.top, compute=compute, command=command)
+                          gpu_hour_price=price, top=args.top, compute=compute, command=command,
+                          stack=build_stack(args))
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
     path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log)
     print(path)

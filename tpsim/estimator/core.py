@@ -53,6 +53,14 @@ def _precision(dtype: str) -> tuple[float, float]:
     return (4.0 if wide else 2.0), (0.0 if wide else 4.0)
 
 
+def _wire_bytes(ctx: EstimationContext, dtype: str) -> tuple[float, float]:
+    """(bytes per parameter of the ZeRO all-gathers, bytes per gradient of the DP reductions): the stack's
+    dtypes for 16-bit training, 4 and 4 for fp32/tf32 training."""
+    if dtype in ("fp32", "tf32"):
+        return 4.0, 4.0
+    return ctx.terms.param_gather_bytes, ctx.terms.grad_reduce_bytes
+
+
 def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer_keys: Keys,
               w_bytes: float) -> tuple[Keys, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
@@ -67,14 +75,24 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False))
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
+        gather_bytes, grad_bytes = _wire_bytes(ctx, plans.dtype)
         comm = communication(ctx, layouts, layout_index, layer_index, costs, part,
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
                              params_key=[sub.vpp, sub.zero] + [getattr(sub, f) for f in src.param_fields],
-                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=w_bytes)
+                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=gather_bytes, grad_bytes=grad_bytes,
+                             z3_collectives=_z3_collectives(ctx, sub))
         return part, comm
 
     part, comm = ctx.memo(("patterns", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention), build)
     return keys, part, comm
+
+
+def _z3_collectives(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray | float:
+    """ZeRO-3 gathers per layer and pass of each row (per-parameter ZeRO-3: one per weight tensor)."""
+    if not ctx.terms.zero3_per_parameter:
+        return 1.0
+    per_tp = {int(t): ctx.terms.zero3_collectives_per_layer(ctx.model, int(t)) for t in np.unique(plans.tp)}
+    return np.array([per_tp[int(t)] for t in plans.tp])
 
 
 def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
@@ -88,9 +106,11 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     p = plans
     sched = schedule(ctx, costs=costs, comm=comm, part=part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero,
                      recompute=p.recompute, micro_batch=p.micro_batch, global_batch=p.global_batch,
-                     overlap=p.overlap)
+                     overlap=p.overlap, dtype=p.dtype)
+    grad_bytes = 4.0 if p.dtype in ("fp32", "tf32") else ctx.terms.grad_buffer_bytes
     mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=sched.micro_batches, w_bytes=w_bytes,
-                 master_bytes=master_bytes, grad_bytes=GRAD_BYTES)
+                 master_bytes=master_bytes, grad_bytes=grad_bytes,
+                 grads_sharded=ctx.terms.grads_sharded(p.zero, p.pp))
     return totals(ctx, plans, costs, sched, mem, comm)
 
 
@@ -122,7 +142,7 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         cluster_info={"name": cluster.name, "gpus": cluster.num_gpus, "device": device.name,
                       "gpus_per_node": cluster.gpus_per_node},
         compute_model=ctx.compute_source, collective_codes=comm.names, collective_names=ctx.name_table,
-        context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB)
+        context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB, stack=ctx.stack.name)
 
 
 # ---- entry points ----------------------------------------------------------------------------------------
@@ -146,8 +166,11 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
 def estimate(model: ModelSpec, cluster, plan: Plan, compute: ComputeModel | None = None,
              flavor: str = "megatron", *, calibration=None, stack=None,
              context: EstimationContext | None = None) -> Estimate:
-    """Estimate one plan (a batch of one); ``calibration`` defaults to the cluster's own; ``context`` (for
-    another layer source) replaces the one :func:`context_for` would give."""
+    """Estimate one plan (a batch of one); ``calibration`` defaults to the cluster's own; ``stack`` is a
+    training-stack profile, name or path (default megatron: a plan the stack cannot run is an
+    :class:`~tpsim.errors.InputError` naming the rule); ``context`` (for another layer source) replaces the one
+    :func:`context_for` would give."""
     validate_plan(model, plan, cluster.num_gpus)
     ctx = context or context_for(model, cluster, compute, calibration, stack, flavor)
+    ctx.stack.check_plan(plan, model)
     return run_stages(ctx, PlanBatch.from_plans([plan])).to_estimate(0)

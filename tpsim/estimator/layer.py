@@ -168,6 +168,20 @@ def edge_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np
     lf.add(compute.memory(model.norm, T_norm * h, dtype, False))
     lb.add(compute.memory(model.norm, T_norm * h, dtype, True))
     _linear(lf, lb, compute, T, v_local, h, dtype)
-    lf.add(compute.memory("softmax", T * v_local, "fp32", False))  # fp32 cross-entropy
-    lb.add(compute.memory("softmax", T * v_local, "fp32", True))
+    fwd_el, bwd_el = cross_entropy_elements(T * v_local)
+    lf.add(compute.memory("softmax", fwd_el, "fp32", False))
+    lb.add(compute.memory("softmax", bwd_el, "fp32", True))
     return EdgeCost(first_fwd=ff.t, first_bwd=fb.t, last_fwd=lf.t, last_bwd=lb.t)
+
+
+def cross_entropy_elements(logits: np.ndarray, impl: str = "megatron") -> tuple[np.ndarray, np.ndarray]:
+    """The vocab-parallel cross-entropy as fp32 softmax-kernel work with its real memory traffic: forward and
+    backward bytes per logit element of tpsim/data/kernels/fixed.yaml (``cross_entropy.<impl>``: the fp32 cast,
+    max, subtract, exp, sum, divide forward; the gradient scale and cast backward) expressed as the element
+    counts that move those bytes through the softmax kernel (efficiency.yaml bytes_per_element x 4 B)."""
+    from ..compute.fixed import fixed_data
+    from ..compute.roofline import default_efficiency
+
+    ce = fixed_data().cross_entropy[impl]
+    fwd_per, bwd_per = default_efficiency().bytes_per_element["softmax"]
+    return logits * ce.forward_bytes / (4.0 * fwd_per), logits * ce.backward_bytes / (4.0 * bwd_per)

@@ -127,7 +127,7 @@ def in_flight(position_rank: np.ndarray, pp: np.ndarray, vpp: np.ndarray, m: np.
 
 
 def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, m: np.ndarray,
-           w_bytes: float, master_bytes: float, grad_bytes: float) -> Memory:
+           w_bytes: float, master_bytes: float, grad_bytes: float, grads_sharded: np.ndarray | None = None) -> Memory:
     """Model states (ZeRO-sharded), stored activations of the micro-batches in flight, and buffers, for the
     first, last and busiest middle pipeline rank at once ((position, plan) arrays); the peak rank's terms.
     ``costs`` (:class:`~tpsim.estimator.source.LayerCosts`) and ``part`` (a Partition) are gathered to plans."""
@@ -139,7 +139,7 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     other = on_positions(costs.first.buffer_bytes + zero3_buffers, costs.last.buffer_bytes + zero3_buffers,
                          pp == 1, middle=zero3_buffers, last_alone=costs.last.buffer_bytes)
     w_div = np.where(zero == 3, dp, 1.0)
-    g_div = np.where(zero >= 2, dp, 1.0)
+    g_div = np.where(zero >= 2 if grads_sharded is None else grads_sharded, dp, 1.0)
     o_div = np.where(zero >= 1, dp, 1.0)
     per_param = w_bytes / w_div + grad_bytes / g_div + (master_bytes + 8.0) / o_div
     total = np.where(part.valid, part.params * per_param + activations + other, -1.0)

@@ -42,6 +42,8 @@ class Estimate:
     measured_compute_fraction: float
     collectives: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    stack: str = "megatron"
+    """the training-stack profile the estimate follows."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -92,6 +94,8 @@ class EstimateBatch:
     """warnings that hold for every plan of the batch (kernel profile of another device, ...)."""
     usable_memory_gib: float = math.inf
     """device memory a plan may use (for the ``does not fit`` warning)."""
+    stack: str = "megatron"
+    """the training-stack profile name."""
 
     def __post_init__(self) -> None:
         if self.overhead_s is None:
@@ -130,7 +134,8 @@ class EstimateBatch:
             peak_memory_gib=f(self.peak_memory_gib), fits=bool(self.fits[i]), breakdown=breakdown,
             memory_gib=memory, plan=self.plans.plan(i), model=self.model_name, cluster=dict(self.cluster_info),
             compute_model=self.compute_model, measured_compute_fraction=f(self.measured_compute_fraction),
-            collectives=self.collectives(i), warnings=self.warnings(i) if warnings is None else tuple(warnings))
+            collectives=self.collectives(i), warnings=self.warnings(i) if warnings is None else tuple(warnings),
+            stack=self.stack)
 
     def columns(self) -> dict[str, np.ndarray]:
         """Plan fields and results as named columns (for tables and CSV)."""
