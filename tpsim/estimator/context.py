@@ -223,6 +223,18 @@ class EstimationContext:
             caches.memo_bytes -= dropped
         return value
 
+    def check_stack(self, plan: Any) -> None:
+        """Raise the stack's rule line if it cannot run ``plan`` (remembered per plan: estimate's hot path)."""
+        checks = self.caches.stack_checks
+        if plan not in checks:
+            checks[plan] = self.stack.plan_violation(plan, self.model)
+            if len(checks) > 4096:
+                checks.popitem(last=False)
+        problem = checks[plan]
+        if problem:
+            from ..errors import InputError
+            raise InputError(f"stack {problem}")
+
     def clear_results(self) -> None:
         """Forget the stage results (the collective curves stay): what a benchmark of fresh plans needs."""
         self.caches.memo.clear()
@@ -277,10 +289,19 @@ class FixedCosts:
 
 
 def resolve_stack(stack: Any) -> StackProfile:
-    """A :class:`StackProfile` from a profile, a name or path, or None (the default, megatron)."""
+    """A :class:`StackProfile` from a profile, a name or path, or None (the default, megatron; resolved once
+    per process: the hot path of ``estimate`` does not stat the file)."""
     if isinstance(stack, StackProfile):
         return stack
-    return load_stack(stack if stack is not None else "megatron")
+    if stack is None:
+        global _DEFAULT_STACK
+        if _DEFAULT_STACK is None:
+            _DEFAULT_STACK = load_stack("megatron")
+        return _DEFAULT_STACK
+    return load_stack(stack)
+
+
+_DEFAULT_STACK: StackProfile | None = None
 
 
 def default_compute(device: Any, stack: StackProfile) -> tuple[ComputeModel, str]:

@@ -172,5 +172,5 @@ def estimate(model: ModelSpec, cluster, plan: Plan, compute: ComputeModel | None
     :func:`context_for` would give."""
     validate_plan(model, plan, cluster.num_gpus)
     ctx = context or context_for(model, cluster, compute, calibration, stack, flavor)
-    ctx.stack.check_plan(plan, model)
+    ctx.check_stack(plan)
     return run_stages(ctx, PlanBatch.from_plans([plan])).to_estimate(0)
