@@ -36,7 +36,10 @@ def test_json_fields_and_breakdown_sums(a100_64):
     parts = b["compute"] + b["recompute"] + b["bubble"] + b["optimizer"] + b["exposed_comm"] + b["overhead"]
     assert parts == pytest.approx(d["step_time_s"], rel=1e-9)
     assert b["overhead"] > 0  # launch gaps of every kernel at least
-    assert set(d["memory_gib"]) == {"weights", "grads", "optimizer_states", "activations", "other"}
+    assert set(d["memory_gib"]) == {"weights", "grads", "optimizer_states", "activations", "cuda_context",
+                                    "nccl_buffers", "allocator_reserve", "other"}
+    assert sum(d["memory_gib"].values()) == pytest.approx(d["peak_memory_gib"], rel=1e-12)
+    assert d["memory_gib"]["cuda_context"] > 0 and d["memory_gib"]["nccl_buffers"] > 0
     assert 0 < d["mfu"] <= d["hfu"] < 1
 
 

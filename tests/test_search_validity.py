@@ -103,7 +103,7 @@ BREAKERS = (
     ("sp-needs-tp", 48, Plan(tp=1, dp=48, sp=True, global_batch=48), ("needs tp > 1",)),
     ("sp-seq", 48, Plan(tp=4, dp=12, sp=True, global_batch=48), ("tp=4 does not divide seq_len=1002",)),
     ("vpp-needs-pp", 48, Plan(tp=1, dp=48, vpp=2, global_batch=48), ("vpp=2 needs pp > 1",)),
-    ("layers", 48, Plan(tp=1, pp=4, vpp=2, dp=12, global_batch=48), ("pp=4 x vpp=2 = 8 exceeds num_layers=6",)),
+    ("layers", 48, Plan(tp=1, pp=4, vpp=3, dp=12, global_batch=48), ("pp=4 x vpp=3 = 12 exceeds num_layers=6 + 2",)),
     ("batch", 48, Plan(tp=2, dp=24, global_batch=36), ("global batch 36", "micro-batch 1 x dp 24")),
     ("interleave-microbatches", 48, Plan(tp=2, pp=2, vpp=3, dp=12, global_batch=36),
      ("micro-batches 3 divisible by pp=2",)),

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def compute_model(args: argparse.Namespace, cluster):
+def compute_model(args: argparse.Namespace, cluster, model=None):
     """None (the estimator's default compute model) or ``--profile``'s measured kernels, falling back to the
     default model (the stack's attention implementation) where the profile has no points."""
     if not getattr(args, "profile", None):
@@ -41,7 +41,7 @@ def compute_model(args: argparse.Namespace, cluster):
     from ..compute.profile import ProfileModel
     from ..estimator.context import default_compute
 
-    return ProfileModel(args.profile, fallback=default_compute(cluster.device, build_stack(args))[0])
+    return ProfileModel(args.profile, fallback=default_compute(cluster.device, build_stack(args, model))[0])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         model = build_model(args)
         cluster = build_cluster(args, model)
         plan = build_plan(args, model, cluster)
-    result = estimate(model, cluster, plan, compute=compute_model(args, cluster), stack=build_stack(args))
+    result = estimate(model, cluster, plan, compute=compute_model(args, cluster, model),
+                      stack=build_stack(args, model))
     if args.json:
         if note:
             print(note, file=sys.stderr)

@@ -143,12 +143,12 @@ def build_space(args: argparse.Namespace, model: Any) -> Any:
     return SearchSpace(**kw)
 
 
-def load_compute(args: argparse.Namespace, cluster: Any) -> Any:
+def load_compute(args: argparse.Namespace, cluster: Any, model: Any = None) -> Any:
     """None (the estimator's default: the device's kernel model) or a ProfileModel for ``--profile`` that falls
     back to it where the profile has no points."""
     from .estimate import compute_model
 
-    return compute_model(args, cluster)
+    return compute_model(args, cluster, model)
 
 
 def clusters_for(name: str, gpus: int, objective: str, calibration: str | None = None) -> list[Any]:
@@ -178,8 +178,8 @@ def run(args: argparse.Namespace) -> int:
     result = search(model, clusters, batch, space=space, objective=args.objective,
                     gpu_hour_price=args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE,
                     mem_limit_gib=args.mem_limit_gib, include_unfit=args.include_unfit,
-                    compute=load_compute(args, clusters[-1]), compute_key=compute_key_of(args.profile),
-                    progress=not args.no_progress and not args.json, stack=build_stack(args))
+                    compute=load_compute(args, clusters[-1], model), compute_key=compute_key_of(args.profile),
+                    progress=not args.no_progress and not args.json, stack=build_stack(args, model))
     if args.csv:
         _write_csv(result, args.csv, args.top)
     if args.json:

@@ -48,11 +48,11 @@ def run(args: argparse.Namespace) -> int:
     if args.mem_limit_gib is not None:
         raise InputError("--mem-limit-gib is a `tpsim plan` option; a report shows every fitting plan")
     loader = functools.partial(load_cluster, calibration=args.calibration)
-    compute = load_compute(args, loader(cluster_name, gpus=gpus))
+    compute = load_compute(args, loader(cluster_name, gpus=gpus), model)
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
                           gpu_hour_price=price, top=args.top, compute=compute, command=command,
-                          stack=build_stack(args))
+                          stack=build_stack(args, model))
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
     path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log)
     print(path)

@@ -72,7 +72,8 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         sub = plans.take(keys.first)
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
         layer_index = layer_keys.inverse[keys.first]
-        part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False))
+        part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False),
+                         ctx.terms.pipeline_edges_as_layers)
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         gather_bytes, grad_bytes = _wire_bytes(ctx, plans.dtype)
@@ -95,6 +96,29 @@ def _z3_collectives(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray | fl
     return np.array([per_tp[int(t)] for t in plans.tp])
 
 
+FP8_CAST_BYTES = 2.0
+"""per parameter: Transformer Engine keeps the fp8 cast of each weight and its transpose (Hopper's fp8 GEMMs
+need both layouts) between micro-batches of a step (transformer_engine/pytorch/module/linear.py, the
+``is_first_microbatch`` weight caching); with fp8 weights kept (--fp8-param-gather) only the transpose."""
+
+
+def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
+    """Bytes per parameter of weights, their fp8 casts, gradients, master copy and optimizer moments under the
+    context's stack; the CUDA context and NCCL buffers of each plan; the allocator reserve fraction."""
+    from .memory import communicators, process_memory
+
+    terms, dtype = ctx.terms, plans.dtype
+    wide = dtype in ("fp32", "tf32")
+    w_bytes = 4.0 if wide else (1.0 if dtype == "fp8" and terms.fp8_weights_kept else 2.0)
+    cache = 0.0 if dtype != "fp8" else (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
+    proc = process_memory()
+    return dict(w_bytes=w_bytes, weight_cache_bytes=cache, grad_bytes=4.0 if wide else terms.grad_buffer_bytes,
+                master_bytes=0.0 if wide else terms.main_params_bytes,
+                state_bytes=8.0 if wide else terms.optimizer_state_bytes, process=proc.cuda_context,
+                nccl=communicators(plans.tp, plans.dp, plans.pp) * proc.nccl_per_communicator,
+                reserve_fraction=terms.allocator_reserve_fraction)
+
+
 def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     """Every stage on a batch of valid plans for ``ctx``."""
     w_bytes, master_bytes = _precision(plans.dtype)
@@ -107,10 +131,9 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     sched = schedule(ctx, costs=costs, comm=comm, part=part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero,
                      recompute=p.recompute, micro_batch=p.micro_batch, global_batch=p.global_batch,
                      overlap=p.overlap, dtype=p.dtype)
-    grad_bytes = 4.0 if p.dtype in ("fp32", "tf32") else ctx.terms.grad_buffer_bytes
-    mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=sched.micro_batches, w_bytes=w_bytes,
-                 master_bytes=master_bytes, grad_bytes=grad_bytes,
-                 grads_sharded=ctx.terms.grads_sharded(p.zero, p.pp))
+    m = sched.micro_batches
+    mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=m,
+                 grad_unsharded=ctx.terms.unsharded_grad_fraction(p.zero, p.pp, p.vpp, m), **_memory_figures(ctx, p))
     return totals(ctx, plans, costs, sched, mem, comm)
 
 
@@ -138,6 +161,8 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         mem_weights_gib=mem.terms["weights"] / GiB, mem_grads_gib=mem.terms["grads"] / GiB,
         mem_optimizer_states_gib=mem.terms["optimizer_states"] / GiB,
         mem_activations_gib=mem.terms["activations"] / GiB, mem_other_gib=mem.terms["other"] / GiB,
+        mem_cuda_context_gib=mem.terms["cuda_context"] / GiB, mem_nccl_buffers_gib=mem.terms["nccl_buffers"] / GiB,
+        mem_allocator_reserve_gib=mem.terms["allocator_reserve"] / GiB,
         measured_compute_fraction=costs.measured, overhead_s=sched.overhead, model_name=model.name,
         cluster_info={"name": cluster.name, "gpus": cluster.num_gpus, "device": device.name,
                       "gpus_per_node": cluster.gpus_per_node},

@@ -16,7 +16,9 @@ BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm",
                   "dp_comm")
 STEP_PARTS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
 """the breakdown terms that sum to ``step_time_s`` (the ``*_comm`` ones are totals, partly hidden)."""
-MEMORY_KEYS = ("weights", "grads", "optimizer_states", "activations", "other")
+MEMORY_KEYS = ("weights", "grads", "optimizer_states", "activations", "cuda_context", "nccl_buffers",
+               "allocator_reserve", "other")
+"""named terms of ``memory_gib``; their sum is ``peak_memory_gib`` (docs/SCHEMAS.md section 6)."""
 SCALAR_KEYS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
                "peak_memory_gib", "fits")
 
@@ -80,6 +82,9 @@ class EstimateBatch:
     mem_activations_gib: np.ndarray
     mem_other_gib: np.ndarray
     measured_compute_fraction: np.ndarray
+    mem_cuda_context_gib: np.ndarray | None = None
+    mem_nccl_buffers_gib: np.ndarray | None = None
+    mem_allocator_reserve_gib: np.ndarray | None = None
     overhead_s: np.ndarray | None = None
     """host time per step not hidden by the kernels (None: zeros)."""
     model_name: str = ""
@@ -98,8 +103,9 @@ class EstimateBatch:
     """the training-stack profile name."""
 
     def __post_init__(self) -> None:
-        if self.overhead_s is None:
-            object.__setattr__(self, "overhead_s", np.zeros_like(self.step_time_s))
+        for name in ("overhead_s", "mem_cuda_context_gib", "mem_nccl_buffers_gib", "mem_allocator_reserve_gib"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros_like(self.step_time_s))
 
     def __len__(self) -> int:
         return len(self.step_time_s)

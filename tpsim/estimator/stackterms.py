@@ -38,6 +38,9 @@ class StackTerms:
     name: str
     per_microbatch: np.ndarray
     """(2, 4) bool, [pp > 1, zero]: True where gradients are reduced after every micro-batch."""
+    chunk_reduction: np.ndarray
+    """(4,) bool per ZeRO stage: with pp the gradients of each model chunk are reduced after its last backward
+    (``per_step_with_pp``)."""
     grad_reduce_bytes: float
     """bytes per gradient element on the wire (fp32 4, bf16 2)."""
     param_gather_bytes: float
@@ -54,6 +57,8 @@ class StackTerms:
     """host time to issue one kernel-launching op (framework + driver), seconds."""
     kernel_flavor: str
     """fixed.yaml kernel-count flavor (``megatron_te`` fused layers, ``eager``)."""
+    pipeline_edges_as_layers: bool
+    """the pipeline split counts the embedding and the output layer as one layer each."""
     grad_accumulation_fusion: bool
     """weight-gradient GEMMs accumulate into the gradient buffer (no separate add per micro-batch)."""
     optimizer_bytes_per_param: float
@@ -61,6 +66,12 @@ class StackTerms:
     grad_buffer_bytes: float
     """bytes per element of the gradient accumulation buffer (full while gradients are reduced once per step;
     the rank's shard when ZeRO-2/3 reduces them after every micro-batch)."""
+    main_params_bytes: float
+    """bytes per parameter of the optimizer's master copy (16-bit training)."""
+    optimizer_state_bytes: float
+    """bytes per parameter of the two Adam moments together."""
+    fp8_weights_kept: bool
+    """with fp8 GEMMs the stack keeps fp8 weights instead of 16-bit ones (else 16-bit weights plus fp8 casts)."""
     allocator_reserve_fraction: float
     allocator_reserve_range: tuple[float, float]
     host_range: tuple[float, float]
@@ -77,6 +88,18 @@ class StackTerms:
         """Per plan: the gradient buffer holds only the rank's shard (ZeRO-2/3 reducing after every
         micro-batch); gradients reduced once per step accumulate in a full buffer whatever the ZeRO stage."""
         return (np.asarray(zero) >= 2) & self.reduces_per_microbatch(zero, pp)
+
+    def unsharded_grad_fraction(self, zero: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
+                                m: np.ndarray) -> np.ndarray:
+        """Per plan, the fraction of the rank's parameters whose gradients are held unsharded: 1 for ZeRO-0/1
+        and for gradients reduced once per step; 0 for ZeRO-2/3 reducing after every micro-batch; 1/vpp for
+        ZeRO-2/3 that reduce each model chunk after its last backward (per_step_with_pp) when the interleaved
+        schedule runs a single round (m <= pp): every chunk's backwards are then contiguous, its gradients are
+        reduce-scattered right after them and only one chunk's accumulation buffer is alive at a time."""
+        zero, pp, vpp, m = (np.asarray(x) for x in (zero, pp, vpp, m))
+        sharded = self.grads_sharded(zero, pp)
+        chunk_wise = (zero >= 2) & ~sharded & self.chunk_reduction[zero] & (pp > 1) & (vpp > 1) & (m <= pp)
+        return np.where(sharded, 0.0, np.where(chunk_wise, 1.0 / np.maximum(vpp, 1), 1.0))
 
     def attention_kernel(self, architecture: str | None) -> str:
         """The kernel model's flash implementation this stack runs on ``architecture`` (``fa2`` without data)."""
@@ -147,6 +170,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
     per_mb = np.array([[t == "per_microbatch" for t in timing],
                        [t == "per_microbatch" for t in timing]], dtype=bool)
     per_mb[0] |= np.array([t == "per_step_with_pp" for t in timing])
+    chunk = np.array([t == "per_step_with_pp" for t in timing])
     unit = str(_value(stack, "comm", "zero3_unit", "layer"))
     if unit not in ZERO3_UNITS:
         raise InputError(f"{where}: comm.zero3_unit={unit!r} is not one of {', '.join(ZERO3_UNITS)}")
@@ -159,7 +183,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
     reserve = float(_value(stack, "memory", "allocator_reserve_fraction", 0.0))
     attention = _value(stack, "compute", "default_attention", {})
     return StackTerms(
-        name=stack.name, per_microbatch=per_mb,
+        name=stack.name, per_microbatch=per_mb, chunk_reduction=chunk,
         grad_reduce_bytes=_dtype_bytes(_value(stack, "comm", "grad_reduce_dtype", "fp32"),
                                        f"{where}: comm.grad_reduce_dtype"),
         param_gather_bytes=_dtype_bytes(_value(stack, "comm", "param_gather_dtype", "bf16"),
@@ -170,9 +194,15 @@ def stack_terms(stack: StackProfile) -> StackTerms:
                                                 PERSISTENCE_DEFAULT)),
         host_s_per_collective=host_coll, host_s_per_op=host_op, kernel_flavor=KERNEL_FLAVORS[kernels],
         grad_accumulation_fusion=bool(_value(stack, "compute", "grad_accumulation_fusion", True)),
+        pipeline_edges_as_layers=bool(_value(stack, "compute", "pipeline_edges_as_layers", False)),
         optimizer_bytes_per_param=float(_value(stack, "compute", "optimizer_bytes_per_param", 42.0)),
         grad_buffer_bytes=_dtype_bytes(_value(stack, "memory", "grad_buffer_dtype", "fp32"),
                                        f"{where}: memory.grad_buffer_dtype"),
+        main_params_bytes=_dtype_bytes(_value(stack, "memory", "main_params_dtype", "fp32"),
+                                       f"{where}: memory.main_params_dtype"),
+        optimizer_state_bytes=2.0 * _dtype_bytes(_value(stack, "memory", "optimizer_state_dtype", "fp32"),
+                                                 f"{where}: memory.optimizer_state_dtype"),
+        fp8_weights_kept=bool(_value(stack, "memory", "fp8_weights_kept", False)),
         allocator_reserve_fraction=reserve,
         allocator_reserve_range=(reserve_fig.range if reserve_fig is not None and reserve_fig.range
                                  else (reserve, reserve)),
