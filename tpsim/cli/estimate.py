@@ -68,6 +68,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pm(value: float, low: float, high: float) -> str:
+    """"+x%/-y%" of a band around a value (one "±x%" when symmetric to 0.1%)."""
+    up, down = 100 * (high / value - 1), 100 * (1 - low / value)
+    return f"±{up:.1f}%" if abs(up - down) < 0.05 else f"+{up:.1f}%/-{down:.1f}%"
+
+
 def format_estimate(e, model=None) -> str:
     """The estimate as text; with ``model`` (a ModelSpec) its summary comes first."""
     p = e.plan
@@ -81,9 +87,11 @@ def format_estimate(e, model=None) -> str:
         f"compute  {e.compute_model}" + (f" ({100 * e.measured_compute_fraction:.0f}% of compute time measured)"
                                          if e.compute_model.startswith("profile") else ""),
         "",
-        f"step time            {e.step_time_s:10.3f} s",
-        f"throughput           {e.tokens_per_s:10.0f} tokens/s",
-        f"model TFLOP/s/GPU    {e.model_tflops_per_gpu:10.1f}   MFU {100 * e.mfu:5.1f}%",
+        f"step time            {e.step_time_s:10.3f} s  {_pm(e.step_time_s, e.step_time_s_low, e.step_time_s_high)}"
+        f"  ({e.step_time_s_low:.3f}-{e.step_time_s_high:.3f} s, 90% band)",
+        f"throughput           {e.tokens_per_s:10.0f} tokens/s  ({e.tokens_per_s_low:.0f}-{e.tokens_per_s_high:.0f})",
+        f"model TFLOP/s/GPU    {e.model_tflops_per_gpu:10.1f}   MFU {100 * e.mfu:5.1f}%"
+        f" ({100 * e.mfu_low:.1f}-{100 * e.mfu_high:.1f}%)",
         f"hardware TFLOP/s/GPU {e.hardware_tflops_per_gpu:10.1f}   HFU {100 * e.hfu:5.1f}%",
         "",
         "time breakdown (s)   " + "  ".join(f"{k} {b[k]:.3f}" for k in

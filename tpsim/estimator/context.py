@@ -41,6 +41,7 @@ from ..stacks import StackProfile, load_stack
 from .caches import MEMO_BYTES, ContextCaches, CurveCache, Envelope, EnvelopeTable, RowStore, array_bytes
 from .keys import take_rows
 from .source import LayerSource, TransformerSource
+from .band import BandInputs, band_inputs
 from .stackterms import StackTerms, stack_terms
 
 CONTEXTS = 32
@@ -95,6 +96,8 @@ class EstimationContext:
     """the stack's figures as the stages read them."""
     fixed: "FixedCosts"
     """launches, host time, memory-bound bandwidth of the fixed-cost terms."""
+    band: BandInputs
+    """the relative uncertainties of the inputs (the error band, :mod:`tpsim.estimator.band`)."""
     flavor: str = "megatron"
     collectives: Any
     """the :class:`~tpsim.collectives.model.CollectiveModel` (with the calibration's link values)."""
@@ -136,6 +139,8 @@ class EstimationContext:
         else:
             effective = compute
         fixed = FixedCosts.of(model, terms, achieved_hbm(effective, device))
+        from ..compute.training import default_in_situ
+        band = band_inputs(effective, device, default_in_situ().loo_rms_pct)
         host = 0.0
         fit = cal.compute if cal is not None else None
         if fit is not None:
@@ -149,6 +154,7 @@ class EstimationContext:
                 host = fit.host_overhead_per_layer_us * 1e-6
         return EstimationContext(model=model, cluster=cluster, compute=effective, given_compute=compute,
                                  roofline=roofline, calibration=cal, stack=profile, terms=terms, fixed=fixed,
+                                 band=band,
                                  flavor=flavor,
                                  collectives=collectives, source=source or TransformerSource(model, flavor),
                                  host_overhead_s=host, warnings=tuple(warnings),

@@ -25,7 +25,8 @@ from ..errors import InputError
 from ..model import ModelSpec
 from ..plan import Plan, PlanBatch, validate_plan
 from ..units import GiB
-from .comm import GRAD_BYTES, LAYOUT_AXES, Comm, communication, layouts_of
+from .band import step_band
+from .comm import LAYOUT_AXES, Comm, communication, layouts_of
 from .context import EstimationContext, context_for
 from .flops import layer_forward_flops, model_flops_per_sequence
 from .keys import Keys, distinct
@@ -150,6 +151,13 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
     gpus = float(cluster.num_gpus)
     peak_flops = device.peak(plans.dtype)
     zeros = np.zeros(step.size)
+    layer_t = costs.fwd + costs.bwd
+    attention = np.zeros_like(layer_t) if costs.attention is None else costs.attention
+    step_low, step_high = step_band(
+        ctx.band, plans.dtype, step=step, compute_like=sched.compute + sched.recompute + sched.bubble,
+        attention_share=np.where(layer_t > 0, attention / np.where(layer_t > 0, layer_t, 1.0), 0.0),
+        measured=costs.measured, exposed_comm=sched.exposed_comm, optimizer=sched.optimizer,
+        overhead_low=sched.overhead_low, overhead_high=sched.overhead_high)
     return EstimateBatch(
         plans=plans, step_time_s=step, tokens_per_s=tokens / step,
         model_tflops_per_gpu=mflops / (step * gpus) / 1e12, hardware_tflops_per_gpu=hflops / (step * gpus) / 1e12,
@@ -167,7 +175,10 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         cluster_info={"name": cluster.name, "gpus": cluster.num_gpus, "device": device.name,
                       "gpus_per_node": cluster.gpus_per_node},
         compute_model=ctx.compute_source, collective_codes=comm.names, collective_names=ctx.name_table,
-        context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB, stack=ctx.stack.name)
+        context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB, stack=ctx.stack.name,
+        step_time_s_low=step_low, step_time_s_high=step_high, tokens_per_s_low=tokens / step_high,
+        tokens_per_s_high=tokens / step_low, mfu_low=mflops / (step_high * gpus * peak_flops),
+        mfu_high=mflops / (step_low * gpus * peak_flops))
 
 
 # ---- entry points ----------------------------------------------------------------------------------------

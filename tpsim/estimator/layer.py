@@ -34,6 +34,8 @@ class LayerCost:
     """block -> weight-gradient GEMM time of its column-parallel input linear."""
     measured: np.ndarray
     """fraction of the forward+backward compute time that came from a measured profile."""
+    attention: np.ndarray | float = 0.0
+    """flash-attention kernel time, forward + backward (the error band weighs its kernel data by it)."""
 
 
 class _Acc:
@@ -97,9 +99,10 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     qkv = [q_local + 2 * kv_local] if fused else [q_local, kv_local, kv_local]
     dg_a, wg_a = _linears(fwd, bwd, compute, T, qkv, h, dtype)
     attn_f = _Acc(n_plans)
+    flash_t = np.zeros(n_plans)
     if attention == "flash":
-        attn_f.add(compute.attention(b * heads, s, d, True, dtype, False))
-        bwd.add(compute.attention(b * heads, s, d, True, dtype, True))
+        flash_t = attn_f.add(compute.attention(b * heads, s, d, True, dtype, False))
+        flash_t = flash_t + bwd.add(compute.attention(b * heads, s, d, True, dtype, True))
     else:
         bh = b * heads
         scores = bh * s * s
@@ -139,7 +142,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     measured = np.where(total > 0, (fwd.m + bwd.m) / np.where(total > 0, total, 1.0), 0.0)
     return LayerCost(fwd=fwd.t, bwd=bwd.t, recompute=re_t,
                      dgrad={"attention": dg_a, "feed_forward": dg_m},
-                     wgrad={"attention": wg_a, "feed_forward": wg_m}, measured=measured)
+                     wgrad={"attention": wg_a, "feed_forward": wg_m}, measured=measured, attention=flash_t)
 
 
 @dataclass(frozen=True)

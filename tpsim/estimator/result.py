@@ -21,6 +21,8 @@ MEMORY_KEYS = ("weights", "grads", "optimizer_states", "activations", "cuda_cont
 """named terms of ``memory_gib``; their sum is ``peak_memory_gib`` (docs/SCHEMAS.md section 6)."""
 SCALAR_KEYS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
                "peak_memory_gib", "fits")
+BAND_KEYS = ("step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low", "mfu_high")
+"""the error band (docs/SCHEMAS.md section 6: the values, not deltas; tpsim/estimator/band.py)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,12 @@ class Estimate:
     warnings: tuple[str, ...] = ()
     stack: str = "megatron"
     """the training-stack profile the estimate follows."""
+    step_time_s_low: float = math.nan
+    step_time_s_high: float = math.nan
+    tokens_per_s_low: float = math.nan
+    tokens_per_s_high: float = math.nan
+    mfu_low: float = math.nan
+    mfu_high: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -101,11 +109,20 @@ class EstimateBatch:
     """device memory a plan may use (for the ``does not fit`` warning)."""
     stack: str = "megatron"
     """the training-stack profile name."""
+    step_time_s_low: np.ndarray | None = None
+    step_time_s_high: np.ndarray | None = None
+    tokens_per_s_low: np.ndarray | None = None
+    tokens_per_s_high: np.ndarray | None = None
+    mfu_low: np.ndarray | None = None
+    mfu_high: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in ("overhead_s", "mem_cuda_context_gib", "mem_nccl_buffers_gib", "mem_allocator_reserve_gib"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.zeros_like(self.step_time_s))
+        for name in BAND_KEYS:  # no band given: the prediction itself
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(self, name.rsplit("_", 1)[0]))
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -141,7 +158,7 @@ class EstimateBatch:
             memory_gib=memory, plan=self.plans.plan(i), model=self.model_name, cluster=dict(self.cluster_info),
             compute_model=self.compute_model, measured_compute_fraction=f(self.measured_compute_fraction),
             collectives=self.collectives(i), warnings=self.warnings(i) if warnings is None else tuple(warnings),
-            stack=self.stack)
+            stack=self.stack, **{k: f(getattr(self, k)) for k in BAND_KEYS})
 
     def columns(self) -> dict[str, np.ndarray]:
         """Plan fields and results as named columns (for tables and CSV)."""
@@ -151,7 +168,7 @@ class EstimateBatch:
         cols.update(tp=p.tp, pp=p.pp, vpp=p.vpp, dp=p.dp, sp=p.sp,
                     recompute=np.array(RECOMPUTE, dtype=object)[p.recompute], zero=p.zero,
                     micro_batch=p.micro_batch, overlap=p.overlap, order=np.array(ORDERS, dtype=object)[p.order])
-        for name in SCALAR_KEYS:
+        for name in SCALAR_KEYS + BAND_KEYS:
             cols[name] = getattr(self, name)
         for k in BREAKDOWN_KEYS:
             cols[f"{k}_s"] = getattr(self, f"{k}_s")

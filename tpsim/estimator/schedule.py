@@ -41,7 +41,10 @@ class Schedule:
     optimizer: np.ndarray
     exposed_comm: np.ndarray
     overhead: np.ndarray
-    """host (framework) time per step that the kernels do not hide (calibration ``compute`` section)."""
+    """fixed costs per step: launch gaps and host time the kernels do not hide (and a calibration's host time)."""
+    overhead_low: np.ndarray
+    overhead_high: np.ndarray
+    """``overhead`` at the low and high ends of the stack's host-time prior (the error band)."""
     comm_total: dict[str, np.ndarray]
     """axis -> collective time per step, hidden parts included."""
     step: np.ndarray
@@ -130,6 +133,12 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     params = np.where(zero >= 1, part.largest / dp, part.largest)
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
+    lo, hi = ctx.terms.host_range
+    device = costs.fwd + costs.bwd + costs.recompute
+    overhead_low, overhead_high = (
+        m * layers * (ctx.host_overhead_s + _pick(slow, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
+                                                  + _zero3_hooks(ctx, costs, zero, full, h)))
+        for h in (lo, hi))
     exposed = m * x_stage + pp_total + dp_exposed
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
@@ -139,8 +148,9 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     comm_total["pp"] = pp_total
     comm_total["dp"] = dp_total
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
-                    exposed_comm=exposed, overhead=overhead, comm_total=comm_total, step=step, slowest=slow,
-                    micro_batches=m)
+                    exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
+                    overhead_high=np.maximum(overhead_high, overhead), comm_total=comm_total, step=step,
+                    slowest=slow, micro_batches=m)
 
 
 def _sum(arrays, shape: tuple[int, ...]) -> np.ndarray:

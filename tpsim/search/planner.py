@@ -37,7 +37,8 @@ ESTIMATE_FIELDS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardw
                    "peak_memory_gib", "fits", "compute_s", "recompute_s", "bubble_s", "optimizer_s",
                    "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "mem_weights_gib",
                    "mem_grads_gib", "mem_optimizer_states_gib", "mem_activations_gib", "mem_other_gib",
-                   "mem_cuda_context_gib", "mem_nccl_buffers_gib", "mem_allocator_reserve_gib")
+                   "mem_cuda_context_gib", "mem_nccl_buffers_gib", "mem_allocator_reserve_gib", "step_time_s_low",
+                   "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low", "mfu_high")
 PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order")
 BREAKDOWN = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
 """the components that sum to the step time."""
