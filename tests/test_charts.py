@@ -34,11 +34,22 @@ def test_breakdown_chart_stacks_the_five_components(result):
     fig = charts.breakdown_chart(result, top=5)
     ax = fig.axes[0]
     assert ax.get_xlabel() == "step time (s)"
-    assert len(ax.containers) == 5
-    assert _legend(ax) == [name for _, name in charts.COMPONENTS]
+    # the five components, and the fixed-cost overhead term when the plans have one (launch gaps: always)
+    has_overhead = bool(np.any(result.columns["overhead_s"][result.ranking[:5]]))
+    expected = charts.COMPONENTS + ((charts.OVERHEAD,) if has_overhead else ())
+    bars = [c for c in ax.containers if hasattr(c, "patches")]
+    assert len(bars) == len(expected)
+    assert _legend(ax) == [name for _, name in expected]
     # bar ends = step times of the top plans
-    ends = np.array([p.get_x() + p.get_width() for p in ax.containers[-1].patches])
-    assert np.allclose(ends, result.columns["step_time_s"][result.ranking[:5]])
+    ends = np.array([p.get_x() + p.get_width() for p in bars[-1].patches])
+    top = result.ranking[:5]
+    assert np.allclose(ends, result.columns["step_time_s"][top])
+    # one whisker per bar: the 90% error band around the step time
+    (band,) = [c for c in ax.containers if not hasattr(c, "patches")]
+    (segments,) = band.lines[2]
+    spans = np.array([seg[:, 0] for seg in segments.get_segments()])
+    assert np.allclose(spans[:, 0], result.columns["step_time_s_low"][top])
+    assert np.allclose(spans[:, 1], result.columns["step_time_s_high"][top])
     ticks = {t.get_text().split()[0]: t.get_position()[1] for t in ax.get_yticklabels()}
     assert sorted(ticks, key=ticks.get, reverse=True) == ["#1", "#2", "#3", "#4", "#5"]  # best on top
 

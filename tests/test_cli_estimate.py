@@ -23,7 +23,7 @@ def test_json_object(capsys):
     assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "2",
                  "--global-batch", "64", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["plan"]["dp"] == 8 and d["cluster"]["device"] == "H100-SXM" and d["compute_model"] == "roofline"
+    assert d["plan"]["dp"] == 8 and d["cluster"]["device"] == "H100-SXM" and d["compute_model"] == "kernel:cudnn"
     assert 0 < d["mfu"] < 1
 
 

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 from tpsim.estimator import estimate, estimate_batch, model_flops_per_sequence
 from tpsim.model import ModelSpec, get_preset, with_overrides
 from tpsim.plan import Plan, PlanBatch, make_plan, plan_violation
+from tpsim.stacks import load_stack
 from tpsim.topology import load_cluster
+
+MEGATRON = load_stack("megatron")
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +33,13 @@ def test_json_fields_and_breakdown_sums(a100_64):
     b = d["breakdown"]
     assert set(b) >= {"compute", "recompute", "bubble", "optimizer", "exposed_comm", "tp_comm", "pp_comm",
                       "dp_comm"}
-    parts = b["compute"] + b["recompute"] + b["bubble"] + b["optimizer"] + b["exposed_comm"]
+    parts = b["compute"] + b["recompute"] + b["bubble"] + b["optimizer"] + b["exposed_comm"] + b["overhead"]
     assert parts == pytest.approx(d["step_time_s"], rel=1e-9)
-    assert set(d["memory_gib"]) == {"weights", "grads", "optimizer_states", "activations", "other"}
+    assert b["overhead"] > 0  # launch gaps of every kernel at least
+    assert set(d["memory_gib"]) == {"weights", "grads", "optimizer_states", "activations", "cuda_context",
+                                    "nccl_buffers", "allocator_reserve", "other"}
+    assert sum(d["memory_gib"].values()) == pytest.approx(d["peak_memory_gib"], rel=1e-12)
+    assert d["memory_gib"]["cuda_context"] > 0 and d["memory_gib"]["nccl_buffers"] > 0
     assert 0 < d["mfu"] <= d["hfu"] < 1
 
 
@@ -124,7 +131,7 @@ def model_and_plan(draw):
                 zero=draw(st.sampled_from([0, 1, 2, 3])) if dp > 1 else 0, micro_batch=mb,
                 global_batch=mb * dp * micro, dtype=draw(st.sampled_from(["bf16", "fp16", "fp8"])),
                 overlap=draw(st.booleans()), attention=draw(st.sampled_from(["flash", "unfused"])))
-    if plan_violation(m, plan, gpus):
+    if plan_violation(m, plan, gpus) or MEGATRON.plan_violation(plan, m):
         plan = Plan(tp=1, pp=1, dp=gpus, global_batch=gpus)
     return m, plan
 
@@ -178,7 +185,7 @@ def test_more_link_bandwidth_never_slower(bandwidth_pair, mp):
     m, plan = mp
     dtype = "bf16" if plan.dtype == "fp8" else plan.dtype  # no fp8 on A100
     plan = Plan(**{**plan.to_dict(), "dp": plan.dp * 2, "global_batch": plan.global_batch * 2, "dtype": dtype})
-    if plan_violation(m, plan, 32):
+    if plan_violation(m, plan, 32) or MEGATRON.plan_violation(plan, m):
         return
     slow, fast = bandwidth_pair
     t_slow = estimate(m, slow, plan).step_time_s
@@ -189,7 +196,7 @@ def test_more_link_bandwidth_never_slower(bandwidth_pair, mp):
 def test_unsupported_dtype_is_an_input_error(a100_64):
     from tpsim.errors import InputError
     m = get_preset("llama3-8b")
-    with pytest.raises(InputError, match="dtype=fp8 is not supported by device A100-SXM4-80GB"):
+    with pytest.raises(InputError, match="dtype=fp8 is not supported by A100-SXM4-80GB"):
         estimate(m, a100_64, make_plan(m, 64, dtype="fp8"))
 
 

@@ -45,7 +45,8 @@ def test_compute_scales_multiply_kernel_times_exactly(tmp_path):
     scaled = estimate(*_problem(str(path)))
     assert scaled.breakdown["compute"] == pytest.approx(2 * base.breakdown["compute"], rel=1e-12)
     assert scaled.breakdown["optimizer"] == base.breakdown["optimizer"]  # the optimizer step is not a kernel fit
-    assert scaled.breakdown["overhead"] == 0.0 and not scaled.warnings
+    # longer kernels hide more of the host's issue time: the fixed-cost term never grows
+    assert scaled.breakdown["overhead"] <= base.breakdown["overhead"] and not scaled.warnings
 
 
 def test_host_overhead_is_a_breakdown_term_in_the_step_sum(tmp_path):
@@ -54,7 +55,8 @@ def test_host_overhead_is_a_breakdown_term_in_the_step_sum(tmp_path):
     base = estimate(*_problem())
     e = estimate(model, cluster, plan)
     layers_on_slowest_rank, micro_batches = 2, plan.num_microbatches
-    assert e.breakdown["overhead"] == pytest.approx(micro_batches * layers_on_slowest_rank * 200e-6, rel=1e-12)
+    assert e.breakdown["overhead"] == pytest.approx(base.breakdown["overhead"]
+                                                    + micro_batches * layers_on_slowest_rank * 200e-6, rel=1e-9)
     parts = sum(e.breakdown[k] for k in ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead"))
     assert parts == pytest.approx(e.step_time_s, rel=1e-12)
     # the host time also lengthens each stage, so the bubble grows by (pp - 1) / vpp of it

@@ -19,7 +19,7 @@ def test_table_devices_parse_and_keep_existing_keys():
     assert h100.peak("bf16") == pytest.approx(989.4e12)
     assert h100.hbm_bandwidth == pytest.approx(3.35e12)
     assert h100.compute_units == 132 and h100.architecture == "hopper"
-    assert h100.usable_memory_fraction == pytest.approx(0.92)
+    assert h100.usable_memory_fraction == pytest.approx(1.0)  # context, NCCL, allocator are memory terms now
 
 
 def test_every_optional_figure_has_a_source():
@@ -43,7 +43,7 @@ def test_inline_device_uses_the_same_parser_with_defaults():
     d = device_from_mapping("my-gpu", dict(H100, architecture="hopper"), "cluster.yaml")
     assert d.name == "my-gpu" and d.architecture == "hopper"
     assert d.sustained_clock_ratio is None and d.hbm_achieved_fraction is None and d.sources == {}
-    assert d.usable_memory_fraction == pytest.approx(0.92)
+    assert d.usable_memory_fraction == pytest.approx(1.0)
     assert d.l2_bytes is None
 
 

@@ -41,9 +41,9 @@ def test_sustained_clocks_scale_compute_not_memory():
     assert g == pytest.approx(1 / ratio, rel=1e-3)
     assert float(sustained.memory("rmsnorm", 1e8, "bf16", False)[0]) == float(burst.memory("rmsnorm", 1e8, "bf16",
                                                                                             False)[0])
-    a100 = get_device("A100-SXM4-80GB")
-    assert KernelModel(a100, "fa2").gemm_rate("bf16") == KernelModel(a100, "fa2", sustained_clocks=False).gemm_rate(
-        "bf16")
+    a100 = get_device("A100-SXM4-80GB")  # 400 W part: 0.93 (power-limited clock on random data, devices.yaml)
+    assert KernelModel(a100, "fa2").gemm_rate("bf16") == pytest.approx(
+        a100.sustained_clock_ratio * KernelModel(a100, "fa2", sustained_clocks=False).gemm_rate("bf16"), rel=1e-12)
 
 
 def test_estimator_runs_with_the_kernel_model():
@@ -55,7 +55,8 @@ def test_estimator_runs_with_the_kernel_model():
     result = estimate(model, cluster, plan, compute=KernelModel(cluster.device, "fa3"))
     assert result.compute_model == "kernel:fa3"
     assert math.isfinite(result.step_time_s) and result.step_time_s > 0
-    roof = estimate(model, cluster, plan)
+    from tpsim.compute.roofline import RooflineModel
+    roof = estimate(model, cluster, plan, compute=RooflineModel(cluster.device))
     # kernel data put H100 compute above the SC21-fitted roofline's efficiencies: faster compute
     assert result.breakdown["compute"] < roof.breakdown["compute"]
 

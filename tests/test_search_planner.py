@@ -70,8 +70,8 @@ def test_batched_search_agrees_with_single_estimate_on_every_plan(small):
     model, cluster = small
     small_result = search(model, cluster, 64, space=AGREE_SPACE, include_unfit=True)
     enum = enumerate_plans(model, 8, 64, AGREE_SPACE)
-    valid = np.flatnonzero(violations(model, enum.plans, 8) == 0)
-    assert small_result.evaluated == valid.size > 1000
+    valid = np.flatnonzero(violations(model, enum.plans, 8) == 0)  # plan rules and the megatron stack's
+    assert small_result.evaluated == valid.size > 500
     cols = small_result.columns
     keys = np.stack([cols[k] for k in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch",
                                        "overlap", "order")], 1)
@@ -127,8 +127,8 @@ def test_json_plans_carry_plan_fields_and_estimate_fields(small_result):
                 "step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_gib", "fits", "breakdown", "memory_gib"):
         assert key in plan, key
     b = plan["breakdown"]
-    assert np.isclose(sum(b[k] for k in ("compute", "recompute", "bubble", "optimizer", "exposed_comm")),
-                      plan["step_time_s"], rtol=1e-9)
+    assert np.isclose(sum(b[k] for k in ("compute", "recompute", "bubble", "optimizer", "exposed_comm",
+                                         "overhead")), plan["step_time_s"], rtol=1e-9)
 
 
 def test_bad_arguments_raise_input_errors(small):

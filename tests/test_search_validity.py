@@ -11,6 +11,9 @@ from tpsim.model import ModelSpec
 from tpsim.plan import ORDERS, RULES, Plan, PlanBatch, Rule, first_broken, plan_violation, violation_codes
 from tpsim.search import REASONS, SearchSpace, count_reasons, enumerate_plans, violations
 from tpsim.search.validity import REASON_INDEX
+from tpsim.stacks import load_stack
+
+MEGATRON = load_stack("megatron")
 
 
 def _odd_model() -> ModelSpec:
@@ -34,6 +37,8 @@ def _agree(model: ModelSpec, batch: PlanBatch, gpus: int | None) -> set[str]:
         plan = batch.plan(i)
         rule = first_broken(model, plan, gpus)
         expected = "valid" if rule is None else rule.key
+        if rule is None and MEGATRON.plan_violation(plan, model):
+            expected = "stack"  # a valid plan the default stack cannot run
         assert REASONS[codes[i]].key == expected, (plan, expected, REASONS[codes[i]].key)
         assert (plan_violation(model, plan, gpus) is None) == (rule is None)
         seen.add(expected)
@@ -98,7 +103,7 @@ BREAKERS = (
     ("sp-needs-tp", 48, Plan(tp=1, dp=48, sp=True, global_batch=48), ("needs tp > 1",)),
     ("sp-seq", 48, Plan(tp=4, dp=12, sp=True, global_batch=48), ("tp=4 does not divide seq_len=1002",)),
     ("vpp-needs-pp", 48, Plan(tp=1, dp=48, vpp=2, global_batch=48), ("vpp=2 needs pp > 1",)),
-    ("layers", 48, Plan(tp=1, pp=4, vpp=2, dp=12, global_batch=48), ("pp=4 x vpp=2 = 8 exceeds num_layers=6",)),
+    ("layers", 48, Plan(tp=1, pp=4, vpp=3, dp=12, global_batch=48), ("pp=4 x vpp=3 = 12 exceeds num_layers=6 + 2",)),
     ("batch", 48, Plan(tp=2, dp=24, global_batch=36), ("global batch 36", "micro-batch 1 x dp 24")),
     ("interleave-microbatches", 48, Plan(tp=2, pp=2, vpp=3, dp=12, global_batch=36),
      ("micro-batches 3 divisible by pp=2",)),

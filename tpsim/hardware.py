@@ -26,7 +26,7 @@ OPTIONAL_KEYS = ("usable_memory_fraction", "architecture", "boost_clock_MHz", "s
                  "hbm_achieved_fraction", "l2_MiB", "sources")
 TEXT_KEYS = ("description", "note")
 """free-text keys a device entry may carry (documentation only)."""
-DEFAULT_USABLE_MEMORY_FRACTION = 0.92
+DEFAULT_USABLE_MEMORY_FRACTION = 1.0
 """Used only when a mapping is parsed without the table's top-level ``usable_memory_fraction``."""
 
 

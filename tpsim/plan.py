@@ -157,9 +157,10 @@ RULES: tuple[Rule, ...] = (
     Rule("vpp-needs-pp", "structure", "interleaving (vpp > 1) needs pp > 1",
          lambda m, p, g: (p.vpp > 1) & (p.pp == 1),
          lambda m, p, g: f"vpp={p.vpp} needs pp > 1 (pp=1)"),
-    Rule("layers", "divisibility", "pp x vpp exceeds the number of layers",
-         lambda m, p, g: p.pp * p.vpp > m.num_layers,
-         lambda m, p, g: f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} exceeds num_layers={m.num_layers}"),
+    Rule("layers", "divisibility", "pp x vpp exceeds the number of layers (+2: embedding and output as chunks)",
+         lambda m, p, g: p.pp * p.vpp > m.num_layers + 2,
+         lambda m, p, g: (f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} exceeds num_layers={m.num_layers} + 2 (one "
+                          f"chunk per layer, the embedding and the output layer at most)")),
     Rule("batch", "divisibility", "global batch is not a multiple of micro-batch x dp",
          lambda m, p, g: p.global_batch % (p.micro_batch * p.dp) != 0,
          lambda m, p, g: (f"global batch {p.global_batch} is not a multiple of micro-batch {p.micro_batch} "

@@ -16,6 +16,7 @@ when a model is passed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -43,8 +44,9 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "comm": ("dp_reduction_timing", "grad_reduce_dtype", "param_gather_dtype", "dp_bucket_elements", "zero3_unit",
              "reshard_after_forward_default", "zero3_prefetch_elements", "zero3_persistence_threshold_elements",
              "zero3_max_live_elements", "reduce_bucket_elements", "allgather_bucket_elements",
-             "overlap_dp_default", "tp_overlap", "host_us_per_collective"),
-    "compute": ("host_us_per_layer", "host_us_per_microbatch", "kernels", "default_attention"),
+             "overlap_dp_default", "tp_overlap", "tp_backward_overlap", "host_us_per_collective"),
+    "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
+                "grad_accumulation_fusion", "optimizer_bytes_per_param", "pipeline_edges_as_layers"),
     "memory": ("grad_buffer_dtype", "grad_accumulation_buffer", "main_params_dtype", "optimizer_state_dtype",
                "fp8_weights_kept", "allocator_reserve_fraction"),
 }
@@ -59,6 +61,8 @@ class Figure:
     value: Any
     source: str
     unit: str = ""
+    range: tuple[float, float] | None = None
+    """(low, high) of a prior's plausible values (the error band reads it); None: a published figure."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +92,9 @@ class StackRules:
     overlap_optional: bool
     """whether DP communication can run without overlap (False: the stack always overlaps)."""
     sources: Mapping[str, str] = field(default_factory=dict)
+    edges_as_layers: bool = False
+    """the pipeline split counts the embedding and the output layer as one layer each (the profile's
+    ``compute.pipeline_edges_as_layers``): pp x vpp may reach num_layers + 2."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,10 +252,17 @@ RULES: tuple[Rule, ...] = (
     Rule("no-overlap", "DP communication always overlapped by the stack",
          lambda c, r, m: (not r.overlap_optional) & ~c["overlap"] & (c["dp"] > 1),
          lambda p, r, m: f"overlap=False with dp={p.dp}: the stack always overlaps DP communication"),
+    Rule("chunk-layers", "a model chunk would hold no layer",
+         lambda c, r, m: c["pp"] * c["vpp"] > m.num_layers + (2 if r.edges_as_layers else 0),
+         lambda p, r, m: (f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} model chunks for num_layers={m.num_layers}: "
+                          f"a chunk would hold no layer (the embedding and the output layer are not split as "
+                          f"layers here)"), needs_model=True),
     Rule("stage-layers", "pp x vpp does not divide the layers",
-         lambda c, r, m: r.layers_divisible_by_stages & (m.num_layers % (c["pp"] * c["vpp"]) != 0),
+         lambda c, r, m: r.layers_divisible_by_stages & (m.num_layers % (c["pp"] * c["vpp"]) != 0)
+         & ~(r.edges_as_layers & ((m.num_layers + 2) % (c["pp"] * c["vpp"]) == 0)),
          lambda p, r, m: (f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} does not divide num_layers="
-                          f"{m.num_layers} (equal stages)"), needs_model=True),
+                          f"{m.num_layers}{' (nor num_layers + 2 with the embedding and output as layers)' if r.edges_as_layers else ''} "
+                          f"(equal stages)"), needs_model=True),
     Rule("cp-seq", "sequence length not a multiple of 2 x cp",
          lambda c, r, m: r.cp_seq_multiple_of_2cp & (c["cp"] > 1) & (m.seq_len % (2 * c["cp"]) != 0),
          lambda p, r, m: (f"seq_len={m.seq_len} is not a multiple of 2 x cp = {2 * _plan_cp(p)[0]} "
@@ -307,9 +321,15 @@ def profile_from_mapping(data: Mapping[str, Any], where: str) -> StackProfile:
         raise InputError(f"{where}: sources must be a non-empty list of file paths or URLs")
     sections = {name: _section(data[name], name, where) for name in SECTION_KEYS}
     digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+    rules = _rules(data["rules"], f"{where}: rules")
+    edges = sections["compute"].get("pipeline_edges_as_layers")
+    if edges is not None:
+        if not isinstance(edges.value, bool):
+            raise InputError(f"{where}: compute.pipeline_edges_as_layers: value={edges.value!r} must be a bool")
+        rules = dataclasses.replace(rules, edges_as_layers=edges.value)
     return StackProfile(name=_text(data["name"], where, "name"), version=_text(data["version"], where, "version"),
                         description=str(data.get("description", "")).strip(),
-                        sources=tuple(s.strip() for s in sources), rules=_rules(data["rules"], f"{where}: rules"),
+                        sources=tuple(s.strip() for s in sources), rules=rules,
                         path=Path(where), digest=digest, **sections)
 
 
@@ -376,9 +396,10 @@ def _section(body: Any, name: str, where: str) -> dict[str, Figure]:
     _check_keys(body, SECTION_KEYS[name], w)
     out = {}
     for key, entry in body.items():
-        _check_keys(entry, ("value", "unit", "source", "note"), f"{w}.{key}", required=("value",))
+        _check_keys(entry, ("value", "unit", "source", "note", "range"), f"{w}.{key}", required=("value",))
         out[key] = Figure(value=entry["value"], source=_text(entry.get("source"), f"{w}.{key}", "source"),
-                          unit=str(entry.get("unit", "")))
+                          unit=str(entry.get("unit", "")), range=_range(entry.get("range"), entry["value"],
+                                                                        f"{w}.{key}"))
     attention = out.get("default_attention")
     if attention is not None:
         values = attention.value.values() if isinstance(attention.value, Mapping) else [attention.value]
@@ -386,6 +407,17 @@ def _section(body: Any, name: str, where: str) -> dict[str, Figure]:
             if v not in ATTENTION_IMPLEMENTATIONS:
                 raise InputError(f"{w}.default_attention: {v!r} is not one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
     return out
+
+
+def _range(raw: Any, value: Any, where: str) -> tuple[float, float] | None:
+    """A prior's ``[low, high]``: two numbers around the value."""
+    if raw is None:
+        return None
+    ok = (isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, (int, float)) for x in raw)
+          and isinstance(value, (int, float)) and raw[0] <= value <= raw[1])
+    if not ok:
+        raise InputError(f"{where}: range={raw!r} must be [low, high] numbers around value={value!r}")
+    return float(raw[0]), float(raw[1])
 
 
 def _text(value: Any, where: str, field_name: str) -> str:

@@ -100,6 +100,22 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
                         "replacing the cluster file's `calibration:`")
 
 
+def add_stack_arg(p: argparse.ArgumentParser) -> None:
+    """``--stack``: the training stack whose rules, communication, compute and memory the estimate follows."""
+    p.add_argument("--stack", default=None, metavar="NAME",
+                   help="training stack: megatron (default; a preset may name its own), torchtitan, deepspeed, or a "
+                        "profile YAML path (tpsim/data/stacks): which plans it runs, how it communicates, computes "
+                        "and holds memory")
+
+
+def build_stack(args: argparse.Namespace, model=None):
+    """The StackProfile of ``--stack`` (default: the model preset's stack, else megatron)."""
+    from ..stacks import load_stack
+
+    preset = (model.default_plan.get("stack") if model is not None else None)
+    return load_stack(getattr(args, "stack", None) or preset or "megatron")
+
+
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan (defaults: the model preset's plan)")
     g.add_argument("--tp", type=count_arg("tp"), help="tensor-parallel degree")

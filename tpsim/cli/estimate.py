@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from .common import add_cluster_args, add_model_args, add_plan_args, build_cluster, build_model, build_plan
+from .common import (add_cluster_args, add_model_args, add_plan_args, add_stack_arg, build_cluster, build_model,
+                     build_plan, build_stack)
 from .export import FORMATS as EXPORT_FORMATS
 
 
@@ -19,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p, default=None)
     add_cluster_args(p)
     add_plan_args(p)
-    p.add_argument("--profile", help="kernel profile CSV (tpsim profile) for compute times instead of the roofline")
+    p.add_argument("--profile", help="kernel profile CSV (tpsim profile) for compute times instead of the kernel "
+                                     "model (measured kernels override the model where the profile has points)")
+    add_stack_arg(p)
     p.add_argument("--tp-plan", help="traced models (--model X.ops.json): YAML of TP plan overrides "
                                      "(docs/OPGRAPH.md)")
     p.add_argument("--conv-profile", help="traced models: measured convolution kernels "
@@ -34,13 +37,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def compute_model(args: argparse.Namespace, cluster):
+def compute_model(args: argparse.Namespace, cluster, model=None):
+    """None (the estimator's default compute model) or ``--profile``'s measured kernels, falling back to the
+    default model (the stack's attention implementation) where the profile has no points."""
     if not getattr(args, "profile", None):
         return None
     from ..compute.profile import ProfileModel
-    from ..compute.roofline import RooflineModel
+    from ..estimator.context import default_compute
 
-    return ProfileModel(args.profile, fallback=RooflineModel(cluster.device))
+    return ProfileModel(args.profile, fallback=default_compute(cluster.device, build_stack(args, model))[0])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         model = build_model(args)
         cluster = build_cluster(args, model)
         plan = build_plan(args, model, cluster)
-    result = estimate(model, cluster, plan, compute=compute_model(args, cluster))
+    result = estimate(model, cluster, plan, compute=compute_model(args, cluster, model),
+                      stack=build_stack(args, model))
     if args.json:
         if note:
             print(note, file=sys.stderr)
@@ -70,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pm(value: float, low: float, high: float) -> str:
+    """"+x%/-y%" of a band around a value (one "±x%" when symmetric to 0.1%)."""
+    up, down = 100 * (high / value - 1), 100 * (1 - low / value)
+    return f"±{up:.1f}%" if abs(up - down) < 0.05 else f"+{up:.1f}%/-{down:.1f}%"
+
+
 def format_estimate(e, model=None) -> str:
     """The estimate as text; with ``model`` (a ModelSpec) its summary comes first."""
     p = e.plan
@@ -77,19 +89,22 @@ def format_estimate(e, model=None) -> str:
     lines = [
         *(model.summary().splitlines() if model is not None else [f"model    {e.model}"]),
         f"cluster  {e.cluster['name']}: {e.cluster['gpus']} x {e.cluster['device']}",
+        f"stack    {e.stack}",
         f"plan     {p.short()}  (global batch {p.global_batch}, {p.num_microbatches} micro-batches per replica,"
         f" {p.dtype}, {p.attention} attention, order {p.order})",
         f"compute  {e.compute_model}" + (f" ({100 * e.measured_compute_fraction:.0f}% of compute time measured)"
-                                         if e.compute_model != "roofline" else ""),
+                                         if e.compute_model.startswith("profile") else ""),
         "",
-        f"step time            {e.step_time_s:10.3f} s",
-        f"throughput           {e.tokens_per_s:10.0f} tokens/s",
-        f"model TFLOP/s/GPU    {e.model_tflops_per_gpu:10.1f}   MFU {100 * e.mfu:5.1f}%",
+        f"step time            {e.step_time_s:10.3f} s  {_pm(e.step_time_s, e.step_time_s_low, e.step_time_s_high)}"
+        f"  ({e.step_time_s_low:.3f}-{e.step_time_s_high:.3f} s, 90% band)",
+        f"throughput           {e.tokens_per_s:10.0f} tokens/s  ({e.tokens_per_s_low:.0f}-{e.tokens_per_s_high:.0f})",
+        f"model TFLOP/s/GPU    {e.model_tflops_per_gpu:10.1f}   MFU {100 * e.mfu:5.1f}%"
+        f" ({100 * e.mfu_low:.1f}-{100 * e.mfu_high:.1f}%)",
         f"hardware TFLOP/s/GPU {e.hardware_tflops_per_gpu:10.1f}   HFU {100 * e.hfu:5.1f}%",
         "",
         "time breakdown (s)   " + "  ".join(f"{k} {b[k]:.3f}" for k in
-                                            ("compute", "recompute", "bubble", "optimizer", "exposed_comm")
-                                            + (("overhead",) if b.get("overhead") else ())),
+                                            ("compute", "recompute", "bubble", "optimizer", "exposed_comm",
+                                             "overhead")),
         "communication (s)    " + "  ".join(f"{k} {b[k]:.3f}" for k in ("tp_comm", "pp_comm", "dp_comm"))
         + "  (totals, partly hidden)",
         "",

@@ -68,13 +68,15 @@ def run(args: argparse.Namespace) -> int:
     model = build_model(args)
     cluster = build_cluster(args, model)
     plan = build_plan(args, model, cluster)
+    formats = FORMATS if args.export_format == "all" else (args.export_format,)
     prediction = None
     if not args.no_predict:
-        prediction = estimate(model, cluster, plan, compute=compute_model(args, cluster)).to_dict()
+        stack = _prediction_stack(formats, args.stack, plan, model)
+        if stack is not None:
+            prediction = estimate(model, cluster, plan, compute=compute_model(args, cluster), stack=stack).to_dict()
     ref, overrides = model_ref(args, model)
     ctx = export_context(model, cluster, plan, model_ref=ref, cluster_ref=cluster_ref(args, model),
                          prediction=prediction, model_overrides=overrides)
-    formats = FORMATS if args.export_format == "all" else (args.export_format,)
     written = 0
     for fmt in formats:
         out = args.out if len(formats) == 1 else f"{args.out}/{fmt}"
@@ -90,6 +92,18 @@ def run(args: argparse.Namespace) -> int:
         from ..errors import InputError
         raise InputError(f"no format can run plan {plan.short()} (see the lines above)")
     return 0
+
+
+def _prediction_stack(formats: tuple[str, ...], stack: Any, plan: Any, model: Any) -> Any:
+    """The stack the header's prediction is made for: ``--stack``, else the first format's stack that runs the
+    plan (None: no stack runs it, the formats are refused with their rule)."""
+    from ..launch import format_stack
+
+    for fmt in formats:
+        profile = format_stack(fmt, stack)
+        if profile.plan_violation(plan, model) is None:
+            return profile
+    return None
 
 
 def from_launch_file(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
@@ -114,4 +128,6 @@ def from_launch_file(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
     problem = load_stack(FORMAT_STACK[imp.format]).plan_violation(plan, model)
     if problem:
         note += f"\n  warning: the {imp.format} stack would refuse this plan: {problem}"
+    elif not getattr(args, "stack", None):
+        args.stack = FORMAT_STACK[imp.format]  # estimate what the file's framework runs
     return model, cluster, plan, note

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .common import add_cluster_args, add_model_args, build_model, cluster_and_gpus, count_arg, real_arg
+from .common import (add_cluster_args, add_model_args, add_stack_arg, build_model, build_stack, cluster_and_gpus,
+                     count_arg, real_arg)
 from .export import FORMATS as EXPORT_FORMATS
 
 ORDER_CHOICES = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
@@ -33,7 +34,8 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
                    help="GEMM precision (default: the preset's, else bf16)")
     g.add_argument("--attention", default=None, choices=("flash", "unfused"), help="attention kernel (flash)")
     g.add_argument("--profile", default=None, metavar="CSV",
-                   help="kernel profile CSV (tpsim profile) for compute times (default: the device roofline)")
+                   help="kernel profile CSV (tpsim profile) for compute times (default: the device's kernel model)")
+    add_stack_arg(g)
 
 
 def add_space_arguments(p: argparse.ArgumentParser) -> None:
@@ -157,14 +159,12 @@ def build_space(args: argparse.Namespace, model: Any) -> Any:
     return SearchSpace(**kw)
 
 
-def load_compute(args: argparse.Namespace, cluster: Any) -> Any:
-    """None (the estimator's roofline) or a ProfileModel for ``--profile``."""
-    if not args.profile:
-        return None
-    from ..compute.profile import ProfileModel
-    from ..compute.roofline import RooflineModel
+def load_compute(args: argparse.Namespace, cluster: Any, model: Any = None) -> Any:
+    """None (the estimator's default: the device's kernel model) or a ProfileModel for ``--profile`` that falls
+    back to it where the profile has no points."""
+    from .estimate import compute_model
 
-    return ProfileModel(args.profile, fallback=RooflineModel(cluster.device))
+    return compute_model(args, cluster, model)
 
 
 def gpu_counts_for(name: str, gpus: int, objective: str) -> list[int]:
@@ -220,8 +220,8 @@ def run(args: argparse.Namespace) -> int:
     result = search(model, clusters, batch, space=space, objective=args.objective,
                     gpu_hour_price=args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE,
                     mem_limit_gib=args.mem_limit_gib, include_unfit=args.include_unfit,
-                    compute=load_compute(args, clusters[-1]), compute_key=compute_key_of(args.profile),
-                    progress=not args.no_progress and not args.json)
+                    compute=load_compute(args, clusters[-1], model), compute_key=compute_key_of(args.profile),
+                    progress=not args.no_progress and not args.json, stack=build_stack(args, model))
     check_found(result)
     if args.csv is not None:
         _write_csv(result, args.csv, args.top)

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from ..errors import InputError
-from .common import count_arg, real_arg
+from .common import build_stack, count_arg, real_arg
 from .plan import add_problem_arguments, add_space_arguments, build_space, check_problem, load_compute, load_problem
 
 
@@ -48,10 +48,11 @@ def run(args: argparse.Namespace) -> int:
     space = build_space(args, model)
     check_problem(args, model, space, cluster_name, gpus, "cost")
     loader = functools.partial(load_cluster, calibration=args.calibration)
-    compute = load_compute(args, loader(cluster_name, gpus=gpus))
+    compute = load_compute(args, loader(cluster_name, gpus=gpus), model)
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
-                          gpu_hour_price=price, top=args.top, compute=compute, command=command)
+                          gpu_hour_price=price, top=args.top, compute=compute, command=command,
+                          stack=build_stack(args, model))
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
     path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log, force=args.force)
     print(path)

@@ -49,8 +49,13 @@ class LayerTraits:
 
     @classmethod
     def of(cls, model: ModelSpec, separate_qkv: bool = False) -> "LayerTraits":
-        return cls(gated=model.gated, rotary=model.position == "rotary", dropout=model.family == "gpt",
-                   gqa=model.num_kv_heads < model.num_attention_heads, separate_qkv=separate_qkv, norm=model.norm)
+        """The traits of a preset or config model; a traced graph (tpsim.opgraph) lacks the architecture fields:
+        it gets a plain layer (ungated, learned positions, no dropout, LayerNorm) for its launch gaps."""
+        heads = getattr(model, "num_attention_heads", 1)
+        return cls(gated=bool(getattr(model, "gated", False)), rotary=getattr(model, "position", "") == "rotary",
+                   dropout=getattr(model, "family", "") == "gpt",
+                   gqa=getattr(model, "num_kv_heads", heads) < heads, separate_qkv=separate_qkv,
+                   norm=getattr(model, "norm", "layernorm"))
 
     def holds(self, condition: str) -> bool:
         return {"always": True, "gated": self.gated, "not_gated": not self.gated, "rotary": self.rotary,

@@ -65,6 +65,8 @@ class ContextCaches:
     memo_bytes: int = 0
     layers: dict = field(default_factory=dict)
     """(dtype, attention) -> RowStore of layer costs."""
+    stack_checks: OrderedDict = field(default_factory=OrderedDict)
+    """plan -> the stack rule it breaks (None: runnable); the last few thousand plans checked."""
 
 
 @dataclass

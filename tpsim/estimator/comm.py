@@ -134,29 +134,36 @@ def layouts_of(ctx: EstimationContext, plans: Any) -> tuple[list[RankLayout], np
 
 def communication(ctx: EstimationContext, layouts: list[RankLayout], layout_index: np.ndarray,
                   layer_index: np.ndarray, layer_costs: LayerCosts, part: Partition, *, traffic_key: list,
-                  params_key: list, pp: np.ndarray, zero: np.ndarray, dp: np.ndarray, w_bytes: float) -> Comm:
+                  params_key: list, pp: np.ndarray, zero: np.ndarray, dp: np.ndarray, w_bytes: float,
+                  grad_bytes: float = GRAD_BYTES, z3_collectives: np.ndarray | float = 1.0) -> Comm:
     """Every collective time of the rows (see the module docstring). ``layout_index`` and ``layer_index``
     give each row's layout and layer key (a row of ``layer_costs``); ``part`` is over the rows. A layer's,
     the edges' and the pipeline's traffic is timed once per (layout, ``traffic_key`` columns), the data-parallel
-    traffic once per (layout, ``params_key`` columns: what sets the largest rank's parameters, and ZeRO)."""
+    traffic once per (layout, ``params_key`` columns: what sets the largest rank's parameters, and ZeRO).
+    ``w_bytes`` / ``grad_bytes``: bytes per element the ZeRO gathers / gradient reductions move (the stack's
+    dtypes); ``z3_collectives``: gathers per layer and pass under ZeRO-3 (per row; 1 per layer or block,
+    one per weight tensor for per-parameter ZeRO-3). The backward TP collectives hide behind the GEMMs only
+    where the context's stack overlaps them (``terms.tp_backward_overlap``)."""
     pairs = distinct(layout_index, *traffic_key)
     per_pair = _layer_traffic(AxisCurves(ctx, layouts, layout_index[pairs.first]),
-                              layer_costs.take(layer_index[pairs.first]))
+                              layer_costs.take(layer_index[pairs.first]), ctx.terms.tp_backward_overlap)
     fwd, bwd, f_exp, b_exp, edges, p2p, names = take_rows(per_pair, pairs.inverse)
     single = pp == 1
     edge = {axis: on_positions(first, last, single) for axis, (first, last) in edges.items()}
     groups = distinct(layout_index, *params_key)
     g = groups.first
+    z3 = np.broadcast_to(np.asarray(z3_collectives, dtype=float), zero.shape)
     dp_times, dp_name = _data_parallel(AxisCurves(ctx, layouts, layout_index[g]), take_rows(part, g), zero[g],
-                                       dp[g], layer_costs.params[layer_index[g]], w_bytes)
+                                       dp[g], layer_costs.params[layer_index[g]], w_bytes, grad_bytes, z3[g])
     names["dp"] = dp_name[groups.inverse]
     return Comm(layer_fwd=fwd, layer_bwd=bwd, layer_fwd_exposed=f_exp, layer_bwd_exposed=b_exp, edge=edge,
                 p2p=p2p, names=names, **take_rows(dp_times, groups.inverse))
 
 
-def _layer_traffic(curves: AxisCurves, costs: LayerCosts):
+def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True):
     """Per (layout, layer key): layer totals per axis (fwd, bwd), exposed (fwd, bwd), edge totals per axis
-    (first, last), pipeline transfer and the TP / PP names."""
+    (first, last), pipeline transfer and the TP / PP names. ``overlap`` False: nothing hides (collectives on
+    the compute stream)."""
     n = costs.fwd.size
     fwd: dict[str, np.ndarray] = {}
     bwd: dict[str, np.ndarray] = {}
@@ -169,7 +176,7 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts):
         axis = "-".join(c.axes)
         totals = fwd if c.phase == "fwd" else bwd
         totals[axis] = totals.get(axis, 0.0) + t
-        exposed[c.phase] = exposed[c.phase] + np.maximum(t - c.hide, 0.0)
+        exposed[c.phase] = exposed[c.phase] + (np.maximum(t - c.hide, 0.0) if overlap else t)
         # an axis is named by its first forward reduction, else its first forward collective, else backward
         rank = (0 if c.phase == "fwd" else 2) + (0 if c.op in _REDUCTIONS else 1)
         best, name = named.get(axis, (np.full(n, 9), np.full(n, -1, dtype=np.int32)))
@@ -193,25 +200,28 @@ def _timed(curves: AxisCurves, c: Collective) -> np.ndarray:
 
 
 def _data_parallel(curves: AxisCurves, part: Partition, zero: np.ndarray, dp: np.ndarray,
-                   layer_params: np.ndarray, w_bytes: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                   layer_params: np.ndarray, w_bytes: float, grad_bytes: float = GRAD_BYTES,
+                   z3_collectives: np.ndarray | float = 1.0) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Data-parallel times per step and the DP name (the gradient reduction: reduce-scatter with ZeRO, else
-    all-reduce, at the largest rank's gradient bytes)."""
+    all-reduce, at the largest rank's gradient bytes). ZeRO-3 per layer: ``z3_collectives`` gathers of
+    1/``z3_collectives`` of the layer each (every one pays its latency)."""
     has_dp = dp > 1
-    grad_b, weight_b = part.largest * GRAD_BYTES, part.largest * w_bytes
+    grad_b, weight_b = part.largest * grad_bytes, part.largest * w_bytes
     z12 = has_dp & (zero >= 1) & (zero <= 2)
     z3 = has_dp & (zero == 3)
     axes = GRADIENT_AXES
     all_reduce, ar_name = curves.timed_and_named(axes, "all_reduce", np.where(has_dp & (zero == 0), grad_b, 0.0))
     reduce_scatter, rs_name = curves.timed_and_named(axes, "reduce_scatter", np.where(
-        z12, grad_b, np.where(z3, part.largest_edge * GRAD_BYTES, 0.0)))
+        z12, grad_b, np.where(z3, part.largest_edge * grad_bytes, 0.0)))
     if np.any(z3):  # ZeRO-3 reduces per layer; the name is still that of the whole gradient's reduction
         _, z3_name = curves.timed_and_named(axes, "reduce_scatter", np.where(z3, grad_b, 0.0))
         rs_name = np.where(z3, z3_name, rs_name)
+    n = np.broadcast_to(np.asarray(z3_collectives, dtype=float), zero.shape)
     times = {
         "dp_all_reduce": all_reduce, "dp_reduce_scatter": reduce_scatter,
         "dp_all_gather": curves.time(axes, "all_gather", np.where(
             z12, weight_b, np.where(z3, part.largest_edge * w_bytes, 0.0))),
-        "z3_all_gather": curves.time(axes, "all_gather", np.where(z3, layer_params * w_bytes, 0.0)),
-        "z3_reduce_scatter": curves.time(axes, "reduce_scatter", np.where(z3, layer_params * GRAD_BYTES, 0.0)),
+        "z3_all_gather": n * curves.time(axes, "all_gather", np.where(z3, layer_params * w_bytes / n, 0.0)),
+        "z3_reduce_scatter": curves.time(axes, "reduce_scatter", np.where(z3, layer_params * grad_bytes, 0.0)),
     }
     return times, np.where(zero > 0, rs_name, ar_name)

@@ -33,11 +33,16 @@ import numpy as np
 
 from ..calibration import Calibration, ComputeCalibration
 from ..compute.base import ArrayLike, ComputeModel
+from ..compute.fixed import LayerTraits, fixed_data, layer_kernel_counts
 from ..compute.roofline import RooflineModel
+from ..compute.training import achieved_hbm, training_compute
 from ..model import ModelSpec
+from ..stacks import StackProfile, load_stack
 from .caches import MEMO_BYTES, ContextCaches, CurveCache, Envelope, EnvelopeTable, RowStore, array_bytes
 from .keys import take_rows
 from .source import LayerSource, TransformerSource
+from .band import BandInputs, band_inputs
+from .stackterms import StackTerms, stack_terms
 
 CONTEXTS = 32
 """contexts :func:`context_for` keeps."""
@@ -85,8 +90,14 @@ class EstimationContext:
     """the device roofline: optimizer step and the overlap penalty, whatever serves the kernels."""
     calibration: Calibration | None
     """the calibration in force (the cluster's ``calibration:`` unless one was given)."""
-    stack: Any = None
-    """the training-stack profile (issue 10); None: Megatron-Core behaviour."""
+    stack: StackProfile
+    """the training-stack profile (default ``megatron``)."""
+    terms: StackTerms
+    """the stack's figures as the stages read them."""
+    fixed: "FixedCosts"
+    """launches, host time, memory-bound bandwidth of the fixed-cost terms."""
+    band: BandInputs
+    """the relative uncertainties of the inputs (the error band, :mod:`tpsim.estimator.band`)."""
     flavor: str = "megatron"
     collectives: Any
     """the :class:`~tpsim.collectives.model.CollectiveModel` (with the calibration's link values)."""
@@ -118,12 +129,22 @@ class EstimationContext:
         cal = calibration if calibration is not None else own
         collectives = curves.collectives if curves is not None else _collective_model(cluster, calibration, own)
         roofline = compute if isinstance(compute, RooflineModel) else RooflineModel(device)
-        effective: ComputeModel = compute or roofline
+        profile = resolve_stack(stack)
+        terms = stack_terms(profile)
         warnings = list(_profile_warnings(compute, device.name))
+        if compute is None:
+            effective, note = default_compute(device, profile)
+            if note:
+                warnings.append(f"compute: {note}")
+        else:
+            effective = compute
+        fixed = FixedCosts.of(model, terms, achieved_hbm(effective, device))
+        from ..compute.training import default_in_situ
+        band = band_inputs(effective, device, default_in_situ().loo_rms_pct)
         host = 0.0
         fit = cal.compute if cal is not None else None
         if fit is not None:
-            reason = _not_applicable(fit, device.name, _stack_name(stack))
+            reason = _not_applicable(fit, device.name, profile.name)
             if reason:
                 name = cal.path.name if cal.path is not None else "(given)"
                 warnings.append(f"calibration {name}: compute section not applied ({reason})")
@@ -132,7 +153,9 @@ class EstimationContext:
                     effective = ScaledCompute(effective, fit)
                 host = fit.host_overhead_per_layer_us * 1e-6
         return EstimationContext(model=model, cluster=cluster, compute=effective, given_compute=compute,
-                                 roofline=roofline, calibration=cal, stack=stack, flavor=flavor,
+                                 roofline=roofline, calibration=cal, stack=profile, terms=terms, fixed=fixed,
+                                 band=band,
+                                 flavor=flavor,
                                  collectives=collectives, source=source or TransformerSource(model, flavor),
                                  host_overhead_s=host, warnings=tuple(warnings),
                                  caches=None if curves is None else ContextCaches(curves=curves))
@@ -206,6 +229,18 @@ class EstimationContext:
             caches.memo_bytes -= dropped
         return value
 
+    def check_stack(self, plan: Any) -> None:
+        """Raise the stack's rule line if it cannot run ``plan`` (remembered per plan: estimate's hot path)."""
+        checks = self.caches.stack_checks
+        if plan not in checks:
+            checks[plan] = self.stack.plan_violation(plan, self.model)
+            if len(checks) > 4096:
+                checks.popitem(last=False)
+        problem = checks[plan]
+        if problem:
+            from ..errors import InputError
+            raise InputError(f"stack {problem}")
+
     def clear_results(self) -> None:
         """Forget the stage results (the collective curves stay): what a benchmark of fresh plans needs."""
         self.caches.memo.clear()
@@ -216,15 +251,70 @@ class EstimationContext:
         """SHA-256 of the inputs' contents: model, cluster (topology files, sizes, calibration it includes),
         compute model (profile points or roofline constants), calibration, stack and flavor."""
         payload = {"model": self.model.to_dict(), "cluster": self.cluster.fingerprint(),
-                   "compute": _compute_fingerprint(self.given_compute, self.roofline),
+                   "compute": _compute_fingerprint(self.given_compute, self.roofline, self.compute),
                    "calibration": None if self.calibration is None else self.calibration.fingerprint(),
-                   "stack": _stack_name(self.stack), "flavor": self.flavor, "source": self.source.describe()}
+                   "stack": self.stack.fingerprint(), "flavor": self.flavor, "source": self.source.describe()}
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
     @property
     def compute_source(self) -> str:
-        """"roofline" or "profile:<file>" (reported in every estimate)."""
+        """"kernel:<attention>", "roofline" or "profile:<file>" (reported in every estimate)."""
         return self.compute.source
+
+
+@dataclass(frozen=True, kw_only=True)
+class FixedCosts:
+    """Fixed costs of one model under one stack (tpsim/compute/fixed.py, kernels/fixed.yaml): kernels a layer
+    launches per micro-batch, the GPU gap per kernel, the host time per op, and the streaming bandwidth of the
+    memory-bound fixed costs (optimizer step, gradient accumulation)."""
+
+    kernels_fwd: float
+    kernels_bwd: float
+    gap_s: float
+    """GPU-side gap per kernel (fixed.yaml launch.gpu_gap_us)."""
+    host_s_per_op: float
+    hbm: float
+    """achieved streaming bytes/s."""
+
+    @classmethod
+    def of(cls, model: ModelSpec, terms: StackTerms, hbm: float) -> "FixedCosts":
+        traits = LayerTraits.of(model, separate_qkv=terms.kernel_flavor == "eager")
+        fwd, bwd = layer_kernel_counts(terms.kernel_flavor, traits)
+        return cls(kernels_fwd=fwd, kernels_bwd=bwd, gap_s=fixed_data().launch.gpu_gap_s,
+                   host_s_per_op=terms.host_s_per_op, hbm=hbm)
+
+    def layer(self, device_s: np.ndarray, forward_again: np.ndarray, host_s_per_op: float | None = None
+              ) -> np.ndarray:
+        """Seconds one layer adds per micro-batch beyond its kernels' execution ``device_s``: the GPU gap of
+        every kernel (the forward's again where ``forward_again``: full recomputation) plus the host time the
+        GPU waits for (issue time beyond the device time, :func:`tpsim.compute.fixed.exposed_host_time`)."""
+        kernels = self.kernels_fwd + self.kernels_bwd + np.where(forward_again, self.kernels_fwd, 0.0)
+        gaps = kernels * self.gap_s
+        host = kernels * (self.host_s_per_op if host_s_per_op is None else host_s_per_op)
+        return gaps + np.maximum(host - (device_s + gaps), 0.0)
+
+
+def resolve_stack(stack: Any) -> StackProfile:
+    """A :class:`StackProfile` from a profile, a name or path, or None (the default, megatron; resolved once
+    per process: the hot path of ``estimate`` does not stat the file)."""
+    if isinstance(stack, StackProfile):
+        return stack
+    if stack is None:
+        global _DEFAULT_STACK
+        if _DEFAULT_STACK is None:
+            _DEFAULT_STACK = load_stack("megatron")
+        return _DEFAULT_STACK
+    return load_stack(stack)
+
+
+_DEFAULT_STACK: StackProfile | None = None
+
+
+def default_compute(device: Any, stack: StackProfile) -> tuple[ComputeModel, str]:
+    """The default compute model for ``device`` under ``stack`` (its flash implementation on the device's
+    architecture) and a note when part of it falls back to the roofline."""
+    impl = stack_terms(stack).attention_kernel(getattr(device, "architecture", None))
+    return training_compute(device, impl)
 
 
 _CONTEXTS: OrderedDict = OrderedDict()
@@ -236,7 +326,9 @@ def context_for(model: ModelSpec, cluster: Any, compute: ComputeModel | None = N
                 flavor: str = "megatron") -> EstimationContext:
     """The context of these inputs, built once and remembered by their identity (see the module docstring).
     A new context on a cluster and calibration a remembered one uses shares its collective model and curve
-    cache (a search over compute constants does not rebuild curves)."""
+    cache (a search over compute constants does not rebuild curves). ``stack``: a profile, name or path
+    (None: megatron)."""
+    stack = resolve_stack(stack)
     key = (id(model), id(cluster), id(compute), id(calibration), id(stack), flavor)
     hit = _CONTEXTS.get(key)
     if hit is not None:
@@ -260,10 +352,6 @@ def _collective_model(cluster: Any, calibration: Calibration | None, own: Calibr
     return CollectiveModel(cluster, calibration=calibration.link_overrides())
 
 
-def _stack_name(stack: Any) -> str:
-    return "megatron" if stack is None else str(getattr(stack, "name", stack))
-
-
 def _not_applicable(fit: ComputeCalibration, device: str, stack: str) -> str:
     if fit.device is not None and fit.device != device:
         return f"fitted on device {fit.device}, the cluster has {device}"
@@ -283,10 +371,19 @@ def _profile_warnings(compute: ComputeModel | None, device: str) -> tuple[str, .
             f"compute times are that device's",)
 
 
-def _compute_fingerprint(compute: ComputeModel | None, roofline: RooflineModel) -> str:
+def _compute_fingerprint(compute: ComputeModel | None, roofline: RooflineModel, effective: ComputeModel) -> str:
     profile = getattr(compute, "profile", None)
+    fallback = getattr(compute, "fallback", None)
     if profile is not None:
-        text = repr((profile.meta, profile.points, getattr(compute, "fallback", None) and roofline.eff))
+        text = repr((profile.meta, profile.points, _model_text(fallback, roofline)))
     else:
-        text = repr((roofline.device, roofline.eff))
+        text = _model_text(effective, roofline)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _model_text(model: ComputeModel | None, roofline: RooflineModel) -> str:
+    """What identifies a model compute model: device, kind, in-situ constants (kernel model) or efficiency."""
+    in_situ = getattr(model, "in_situ", None)
+    if in_situ is not None:
+        return repr((roofline.device, model.source, in_situ, getattr(model, "note", "")))
+    return repr((roofline.device, getattr(model, "source", None), roofline.eff))

@@ -25,7 +25,8 @@ from ..errors import InputError
 from ..model import ModelSpec
 from ..plan import Plan, PlanBatch, validate_plan
 from ..units import GiB
-from .comm import GRAD_BYTES, LAYOUT_AXES, Comm, communication, layouts_of
+from .band import step_band
+from .comm import LAYOUT_AXES, Comm, communication, layouts_of
 from .context import EstimationContext, context_for
 from .flops import layer_forward_flops, model_flops_per_sequence
 from .keys import Keys, distinct
@@ -53,6 +54,14 @@ def _precision(dtype: str) -> tuple[float, float]:
     return (4.0 if wide else 2.0), (0.0 if wide else 4.0)
 
 
+def _wire_bytes(ctx: EstimationContext, dtype: str) -> tuple[float, float]:
+    """(bytes per parameter of the ZeRO all-gathers, bytes per gradient of the DP reductions): the stack's
+    dtypes for 16-bit training, 4 and 4 for fp32/tf32 training."""
+    if dtype in ("fp32", "tf32"):
+        return 4.0, 4.0
+    return ctx.terms.param_gather_bytes, ctx.terms.grad_reduce_bytes
+
+
 def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer_keys: Keys,
               w_bytes: float) -> tuple[Keys, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
@@ -64,17 +73,51 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         sub = plans.take(keys.first)
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
         layer_index = layer_keys.inverse[keys.first]
-        part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False))
+        part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False),
+                         ctx.terms.pipeline_edges_as_layers)
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
+        gather_bytes, grad_bytes = _wire_bytes(ctx, plans.dtype)
         comm = communication(ctx, layouts, layout_index, layer_index, costs, part,
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
                              params_key=[sub.vpp, sub.zero] + [getattr(sub, f) for f in src.param_fields],
-                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=w_bytes)
+                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=gather_bytes, grad_bytes=grad_bytes,
+                             z3_collectives=_z3_collectives(ctx, sub))
         return part, comm
 
     part, comm = ctx.memo(("patterns", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention), build)
     return keys, part, comm
+
+
+def _z3_collectives(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray | float:
+    """ZeRO-3 gathers per layer and pass of each row (per-parameter ZeRO-3: one per weight tensor)."""
+    if not ctx.terms.zero3_per_parameter:
+        return 1.0
+    per_tp = {int(t): ctx.terms.zero3_collectives_per_layer(ctx.model, int(t)) for t in np.unique(plans.tp)}
+    return np.array([per_tp[int(t)] for t in plans.tp])
+
+
+FP8_CAST_BYTES = 2.0
+"""per parameter: Transformer Engine keeps the fp8 cast of each weight and its transpose (Hopper's fp8 GEMMs
+need both layouts) between micro-batches of a step (transformer_engine/pytorch/module/linear.py, the
+``is_first_microbatch`` weight caching); with fp8 weights kept (--fp8-param-gather) only the transpose."""
+
+
+def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
+    """Bytes per parameter of weights, their fp8 casts, gradients, master copy and optimizer moments under the
+    context's stack; the CUDA context and NCCL buffers of each plan; the allocator reserve fraction."""
+    from .memory import communicators, process_memory
+
+    terms, dtype = ctx.terms, plans.dtype
+    wide = dtype in ("fp32", "tf32")
+    w_bytes = 4.0 if wide else (1.0 if dtype == "fp8" and terms.fp8_weights_kept else 2.0)
+    cache = 0.0 if dtype != "fp8" else (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
+    proc = process_memory()
+    return dict(w_bytes=w_bytes, weight_cache_bytes=cache, grad_bytes=4.0 if wide else terms.grad_buffer_bytes,
+                master_bytes=0.0 if wide else terms.main_params_bytes,
+                state_bytes=8.0 if wide else terms.optimizer_state_bytes, process=proc.cuda_context,
+                nccl=communicators(plans.tp, plans.dp, plans.pp) * proc.nccl_per_communicator,
+                reserve_fraction=terms.allocator_reserve_fraction)
 
 
 def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
@@ -88,9 +131,10 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     p = plans
     sched = schedule(ctx, costs=costs, comm=comm, part=part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero,
                      recompute=p.recompute, micro_batch=p.micro_batch, global_batch=p.global_batch,
-                     overlap=p.overlap)
-    mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=sched.micro_batches, w_bytes=w_bytes,
-                 master_bytes=master_bytes, grad_bytes=GRAD_BYTES)
+                     overlap=p.overlap, dtype=p.dtype)
+    m = sched.micro_batches
+    mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=m,
+                 grad_unsharded=ctx.terms.unsharded_grad_fraction(p.zero, p.pp, p.vpp, m), **_memory_figures(ctx, p))
     return totals(ctx, plans, costs, sched, mem, comm)
 
 
@@ -107,6 +151,13 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
     gpus = float(cluster.num_gpus)
     peak_flops = device.peak(plans.dtype)
     zeros = np.zeros(step.size)
+    layer_t = costs.fwd + costs.bwd
+    attention = np.zeros_like(layer_t) if costs.attention is None else costs.attention
+    step_low, step_high = step_band(
+        ctx.band, plans.dtype, step=step, compute_like=sched.compute + sched.recompute + sched.bubble,
+        attention_share=np.where(layer_t > 0, attention / np.where(layer_t > 0, layer_t, 1.0), 0.0),
+        measured=costs.measured, exposed_comm=sched.exposed_comm, optimizer=sched.optimizer,
+        overhead_low=sched.overhead_low, overhead_high=sched.overhead_high)
     return EstimateBatch(
         plans=plans, step_time_s=step, tokens_per_s=tokens / step,
         model_tflops_per_gpu=mflops / (step * gpus) / 1e12, hardware_tflops_per_gpu=hflops / (step * gpus) / 1e12,
@@ -118,11 +169,16 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         mem_weights_gib=mem.terms["weights"] / GiB, mem_grads_gib=mem.terms["grads"] / GiB,
         mem_optimizer_states_gib=mem.terms["optimizer_states"] / GiB,
         mem_activations_gib=mem.terms["activations"] / GiB, mem_other_gib=mem.terms["other"] / GiB,
+        mem_cuda_context_gib=mem.terms["cuda_context"] / GiB, mem_nccl_buffers_gib=mem.terms["nccl_buffers"] / GiB,
+        mem_allocator_reserve_gib=mem.terms["allocator_reserve"] / GiB,
         measured_compute_fraction=costs.measured, overhead_s=sched.overhead, model_name=model.name,
         cluster_info={"name": cluster.name, "gpus": cluster.num_gpus, "device": device.name,
                       "gpus_per_node": cluster.gpus_per_node},
         compute_model=ctx.compute_source, collective_codes=comm.names, collective_names=ctx.name_table,
-        context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB)
+        context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB, stack=ctx.stack.name,
+        step_time_s_low=step_low, step_time_s_high=step_high, tokens_per_s_low=tokens / step_high,
+        tokens_per_s_high=tokens / step_low, mfu_low=mflops / (step_high * gpus * peak_flops),
+        mfu_high=mflops / (step_low * gpus * peak_flops))
 
 
 # ---- entry points ----------------------------------------------------------------------------------------
@@ -146,8 +202,11 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
 def estimate(model: ModelSpec, cluster, plan: Plan, compute: ComputeModel | None = None,
              flavor: str = "megatron", *, calibration=None, stack=None,
              context: EstimationContext | None = None) -> Estimate:
-    """Estimate one plan (a batch of one); ``calibration`` defaults to the cluster's own; ``context`` (for
-    another layer source) replaces the one :func:`context_for` would give."""
+    """Estimate one plan (a batch of one); ``calibration`` defaults to the cluster's own; ``stack`` is a
+    training-stack profile, name or path (default megatron: a plan the stack cannot run is an
+    :class:`~tpsim.errors.InputError` naming the rule); ``context`` (for another layer source) replaces the one
+    :func:`context_for` would give."""
     validate_plan(model, plan, cluster.num_gpus)
     ctx = context or context_for(model, cluster, compute, calibration, stack, flavor)
+    ctx.check_stack(plan)
     return run_stages(ctx, PlanBatch.from_plans([plan])).to_estimate(0)

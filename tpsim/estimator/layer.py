@@ -34,6 +34,8 @@ class LayerCost:
     """block -> weight-gradient GEMM time of its column-parallel input linear."""
     measured: np.ndarray
     """fraction of the forward+backward compute time that came from a measured profile."""
+    attention: np.ndarray | float = 0.0
+    """flash-attention kernel time, forward + backward (the error band weighs its kernel data by it)."""
 
 
 class _Acc:
@@ -97,9 +99,10 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     qkv = [q_local + 2 * kv_local] if fused else [q_local, kv_local, kv_local]
     dg_a, wg_a = _linears(fwd, bwd, compute, T, qkv, h, dtype)
     attn_f = _Acc(n_plans)
+    flash_t = np.zeros(n_plans)
     if attention == "flash":
-        attn_f.add(compute.attention(b * heads, s, d, True, dtype, False))
-        bwd.add(compute.attention(b * heads, s, d, True, dtype, True))
+        flash_t = attn_f.add(compute.attention(b * heads, s, d, True, dtype, False))
+        flash_t = flash_t + bwd.add(compute.attention(b * heads, s, d, True, dtype, True))
     else:
         bh = b * heads
         scores = bh * s * s
@@ -139,7 +142,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     measured = np.where(total > 0, (fwd.m + bwd.m) / np.where(total > 0, total, 1.0), 0.0)
     return LayerCost(fwd=fwd.t, bwd=bwd.t, recompute=re_t,
                      dgrad={"attention": dg_a, "feed_forward": dg_m},
-                     wgrad={"attention": wg_a, "feed_forward": wg_m}, measured=measured)
+                     wgrad={"attention": wg_a, "feed_forward": wg_m}, measured=measured, attention=flash_t)
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,20 @@ def edge_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np
     lf.add(compute.memory(model.norm, T_norm * h, dtype, False))
     lb.add(compute.memory(model.norm, T_norm * h, dtype, True))
     _linear(lf, lb, compute, T, v_local, h, dtype)
-    lf.add(compute.memory("softmax", T * v_local, "fp32", False))  # fp32 cross-entropy
-    lb.add(compute.memory("softmax", T * v_local, "fp32", True))
+    fwd_el, bwd_el = cross_entropy_elements(T * v_local)
+    lf.add(compute.memory("softmax", fwd_el, "fp32", False))
+    lb.add(compute.memory("softmax", bwd_el, "fp32", True))
     return EdgeCost(first_fwd=ff.t, first_bwd=fb.t, last_fwd=lf.t, last_bwd=lb.t)
+
+
+def cross_entropy_elements(logits: np.ndarray, impl: str = "megatron") -> tuple[np.ndarray, np.ndarray]:
+    """The vocab-parallel cross-entropy as fp32 softmax-kernel work with its real memory traffic: forward and
+    backward bytes per logit element of tpsim/data/kernels/fixed.yaml (``cross_entropy.<impl>``: the fp32 cast,
+    max, subtract, exp, sum, divide forward; the gradient scale and cast backward) expressed as the element
+    counts that move those bytes through the softmax kernel (efficiency.yaml bytes_per_element x 4 B)."""
+    from ..compute.fixed import fixed_data
+    from ..compute.roofline import default_efficiency
+
+    ce = fixed_data().cross_entropy[impl]
+    fwd_per, bwd_per = default_efficiency().bytes_per_element["softmax"]
+    return logits * ce.forward_bytes / (4.0 * fwd_per), logits * ce.backward_bytes / (4.0 * bwd_per)

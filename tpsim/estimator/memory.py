@@ -17,6 +17,7 @@ The first pipeline stage holds ``min(pp, micro-batches)`` micro-batches in fligh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -102,9 +103,68 @@ def stage_layers(num_layers: int, pp: np.ndarray, vpp: np.ndarray) -> StageLayer
     return StageLayers(first=first, last=last, middle=middle)
 
 
+def stage_layers_with_edges(num_layers: int, pp: np.ndarray, vpp: np.ndarray) -> StageLayers:
+    """The split of stacks that count the embedding and the output layer as one layer each (torchtitan
+    ``generate_llm_fqn_per_model_part(input_weight=1, output_weight=1)``, torchtitan/distributed/
+    pipeline_parallel.py; Megatron's --account-for-embedding/loss-in-pipeline-split; the Llama 3 paper's stage
+    balancing): num_layers + 2 slots over pp x vpp chunks, ``(slots // chunks)`` each and one more for the
+    first ``slots % chunks`` chunks; chunk c sits on rank c mod pp; the first chunk's first slot is the
+    embedding, the last chunk's last slot the output layer."""
+    pp = np.asarray(pp, dtype=np.int64)
+    vpp = np.asarray(vpp, dtype=np.int64)
+    first, last, middle = (np.zeros(pp.shape, dtype=np.int64) for _ in range(3))
+    keys = np.stack([pp, vpp], axis=1)
+    for p_, v_ in np.unique(keys, axis=0).tolist():
+        rows = (pp == p_) & (vpp == v_)
+        chunks = p_ * v_
+        slots = num_layers + 2
+        per_chunk = np.full(chunks, slots // chunks) + (np.arange(chunks) < slots % chunks)
+        per_chunk[0] -= 1  # embedding
+        per_chunk[-1] -= 1  # output layer
+        per_rank = per_chunk.reshape(v_, p_).sum(axis=0)  # chunk c on rank c mod pp
+        if p_ == 1:
+            first[rows] = last[rows] = num_layers
+            continue
+        first[rows], last[rows] = per_rank[0], per_rank[-1]
+        middle[rows] = per_rank[1:-1].max() if p_ > 2 else 0
+    return StageLayers(first=first, last=last, middle=middle)
+
+
 # ---- stage 5: memory per GPU ------------------------------------------------------------------------------
-MEMORY_TERMS = ("weights", "grads", "optimizer_states", "activations", "other")
+MEMORY_TERMS = ("weights", "grads", "optimizer_states", "activations", "cuda_context", "nccl_buffers",
+                "allocator_reserve", "other")
 """named terms of ``memory_gib`` (their sum is the peak; docs/SCHEMAS.md, section 6)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessMemory:
+    """Memory a training process holds beyond its tensors (tpsim/data/memory.yaml), bytes."""
+
+    cuda_context: float
+    cuda_context_range: tuple[float, float]
+    nccl_per_communicator: float
+    nccl_range: tuple[float, float]
+
+
+@lru_cache(maxsize=1)
+def process_memory() -> ProcessMemory:
+    import yaml
+
+    from ..hardware import DATA_DIR
+    from ..units import GiB
+
+    raw = yaml.safe_load((DATA_DIR / "memory.yaml").read_text())
+    ctx, nccl = raw["cuda_context_gib"], raw["nccl_buffers_gib_per_communicator"]
+    return ProcessMemory(cuda_context=float(ctx["value"]) * GiB,
+                         cuda_context_range=tuple(float(x) * GiB for x in ctx["range"]),
+                         nccl_per_communicator=float(nccl["value"]) * GiB,
+                         nccl_range=tuple(float(x) * GiB for x in nccl["range"]))
+
+
+def communicators(tp: np.ndarray, dp: np.ndarray, pp: np.ndarray) -> np.ndarray:
+    """NCCL communicators a rank uses: one per parallel axis of size > 1, and the embedding group (first and
+    last pipeline stage) when pp > 1."""
+    return ((tp > 1).astype(float) + (dp > 1) + 2.0 * (pp > 1))
 
 
 @dataclass(frozen=True)
@@ -127,10 +187,17 @@ def in_flight(position_rank: np.ndarray, pp: np.ndarray, vpp: np.ndarray, m: np.
 
 
 def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, m: np.ndarray,
-           w_bytes: float, master_bytes: float, grad_bytes: float) -> Memory:
+           w_bytes: float, master_bytes: float, grad_bytes: float, grad_unsharded: np.ndarray | None = None,
+           state_bytes: float = 8.0, weight_cache_bytes: float = 0.0, process: np.ndarray | float = 0.0,
+           nccl: np.ndarray | float = 0.0, reserve_fraction: float = 0.0) -> Memory:
     """Model states (ZeRO-sharded), stored activations of the micro-batches in flight, and buffers, for the
     first, last and busiest middle pipeline rank at once ((position, plan) arrays); the peak rank's terms.
-    ``costs`` (:class:`~tpsim.estimator.source.LayerCosts`) and ``part`` (a Partition) are gathered to plans."""
+    ``costs`` (:class:`~tpsim.estimator.source.LayerCosts`) and ``part`` (a Partition) are gathered to plans.
+    ``grad_unsharded``: the fraction of the rank's gradients held unsharded (default: all but ZeRO-2/3's);
+    ``state_bytes``: optimizer moments per parameter (Adam: 2 x 4 B fp32); ``weight_cache_bytes``: per
+    parameter copies the stack keeps beside the weights (FP8 casts); ``process`` and ``nccl``: the CUDA context
+    and the NCCL buffers (bytes, per plan); ``reserve_fraction``: the caching allocator's reserve on top of the
+    allocated peak."""
     from .partition import on_positions
 
     ranks = np.stack([np.zeros_like(pp), pp - 1, np.ones_like(pp)])  # pipeline rank of each position
@@ -139,15 +206,21 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     other = on_positions(costs.first.buffer_bytes + zero3_buffers, costs.last.buffer_bytes + zero3_buffers,
                          pp == 1, middle=zero3_buffers, last_alone=costs.last.buffer_bytes)
     w_div = np.where(zero == 3, dp, 1.0)
-    g_div = np.where(zero >= 2, dp, 1.0)
+    full = np.where(zero >= 2, 0.0, 1.0) if grad_unsharded is None else grad_unsharded
+    g_per = full + (1.0 - full) / dp  # unsharded part + this rank's shard of the rest
     o_div = np.where(zero >= 1, dp, 1.0)
-    per_param = w_bytes / w_div + grad_bytes / g_div + (master_bytes + 8.0) / o_div
-    total = np.where(part.valid, part.params * per_param + activations + other, -1.0)
-    peak_position = np.argmax(total, axis=0)
+    per_param = (w_bytes + weight_cache_bytes) / w_div + grad_bytes * g_per + (master_bytes + state_bytes) / o_div
+    allocated = np.where(part.valid, part.params * per_param + activations + other, -1.0)
+    peak_position = np.argmax(allocated, axis=0)
     columns = np.arange(peak_position.size)
     pick = lambda v: v[peak_position, columns]  # noqa: E731
     held = pick(part.params)
-    terms = {"weights": held * w_bytes / w_div, "grads": held * grad_bytes / g_div,
-             "optimizer_states": held * (master_bytes + 8.0) / o_div, "activations": pick(activations),
+    peak_allocated = allocated.max(axis=0)
+    fixed = np.broadcast_to(np.asarray(process, dtype=float), pp.shape)
+    buffers = np.broadcast_to(np.asarray(nccl, dtype=float), pp.shape)
+    terms = {"weights": held * (w_bytes + weight_cache_bytes) / w_div, "grads": held * grad_bytes * g_per,
+             "optimizer_states": held * (master_bytes + state_bytes) / o_div, "activations": pick(activations),
+             "cuda_context": fixed, "nccl_buffers": buffers, "allocator_reserve": reserve_fraction * peak_allocated,
              "other": pick(other)}
-    return Memory(terms=terms, peak=total.max(axis=0), peak_position=peak_position)
+    peak = peak_allocated * (1.0 + reserve_fraction) + fixed + buffers
+    return Memory(terms=terms, peak=peak, peak_position=peak_position)

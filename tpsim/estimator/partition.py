@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .memory import stage_layers
+from .memory import stage_layers, stage_layers_with_edges
 from .source import LayerCosts
 
 POSITIONS = ("first", "last", "middle")
@@ -57,11 +57,20 @@ def on_positions(first: np.ndarray, last: np.ndarray, single: np.ndarray, middle
                      np.broadcast_to(middle, first_rank.shape)])
 
 
-def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCosts) -> Partition:
-    """Layers split over pp x vpp chunks (:func:`stage_layers`); parameters per rank (``costs`` are gathered
-    to the same rows as ``pp``)."""
+def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCosts,
+              edges_as_layers: bool = False) -> Partition:
+    """Layers split over pp x vpp chunks (:func:`stage_layers`, or :func:`stage_layers_with_edges` for stacks
+    that count the embedding and the output layer as layers); parameters per rank (``costs`` are gathered to
+    the same rows as ``pp``)."""
     split = stage_layers(num_layers, pp, vpp)
     layers = np.stack([split.first, split.last, split.middle])
+    if edges_as_layers:
+        # the stack's split with the embedding and output as layers: 1F1B always, interleaved when the
+        # layers + 2 fill the chunks evenly (else the layers alone are split, as the export writes)
+        use = (vpp == 1) | ((num_layers + 2) % (pp * vpp) == 0)
+        if np.any(use):
+            e = stage_layers_with_edges(num_layers, pp, vpp)
+            layers = np.where(use, np.stack([e.first, e.last, e.middle]), layers)
     valid = positions(pp)
     single = pp == 1
     last_unshared = costs.last.params - costs.last.shared_params

@@ -2,12 +2,13 @@
 
 Each row is re-simulated with every published input (vpp = ``model_chunks_per_gpu``, unfused attention, fp16,
 full recomputation, ``ddp_impl=local`` = no DP overlap) on the ``selene`` cluster (DGX A100, 3-level HDR fat
-tree), and the per-GPU TFLOP/s is computed as the paper does: F / (step time x GPUs) with
-F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)).
+tree) with the training stack the runs used (``tpsim/data/stacks/megatron-sc21.yaml``: Megatron-LM of early 2021,
+no asynchronous TP communication, no gradient-accumulation fusion, fp16 gradient buffers), and the per-GPU
+TFLOP/s is computed as the paper does: F / (step time x GPUs) with F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)).
 
-``fit_constants`` fits the two fitted constants of the roofline (``gemm_peak_fraction`` and
-``elementwise_bandwidth_fraction``) by least squares on the per-row errors; ``leave_one_out`` fits on nine
-rows and predicts the tenth.
+``fit_constants`` fits the two in-situ fractions of the default compute model (``gemm_in_situ_fraction`` and
+``memory_in_situ_fraction``, :mod:`tpsim.compute.training`) by least squares on the per-row errors;
+``leave_one_out`` fits on nine rows and predicts the tenth.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..compute.roofline import RooflineModel, default_efficiency
+from ..compute.base import ComputeModel
+from ..compute.kernel_model import KernelModel
+from ..compute.training import FITTED, TrainingCompute, default_in_situ
 from ..hardware import DATA_DIR
 from ..model import ModelSpec
 from ..plan import Plan
 
 SC21_CSV = DATA_DIR / "reference" / "megatron_weak_scaling.csv"
 SC21_CLUSTER = "selene"
+SC21_STACK = DATA_DIR / "stacks" / "megatron-sc21.yaml"
 
 
 @dataclass(frozen=True)
@@ -61,17 +65,64 @@ def sc21_cases() -> tuple[Sc21Case, ...]:
     return tuple(cases)
 
 
-FITTED = ("gemm_peak_fraction", "elementwise_fraction")
+def sc21_stack():
+    from ..stacks import load_stack
+
+    return load_stack(SC21_STACK)
 
 
-def predict_tflops(case: Sc21Case, constants: dict[str, float] | None = None) -> float:
-    """Predicted per-GPU TFLOP/s of one SC21 run, counted as the paper counts it."""
+def sc21_estimate(case: Sc21Case, constants: dict[str, float] | None = None):
+    """The estimate of one SC21 run (the shipped in-situ fractions, or ``constants``)."""
     from ..topology import load_cluster
     from .core import estimate
 
     cluster = load_cluster(SC21_CLUSTER, gpus=case.gpus)
-    eff = default_efficiency().replace(**(constants or {}))
-    result = estimate(case.model, cluster, case.plan, compute=RooflineModel(cluster.device, eff))
+    compute = None
+    if constants:
+        fit = default_in_situ().replace(**constants)
+        compute = TrainingCompute(_kernel_model(cluster.device), fit)
+    return estimate(case.model, cluster, case.plan, compute=compute, stack=sc21_stack())
+
+
+class _MemoKernels(ComputeModel):
+    """The kernel model with its results remembered by argument values: the fit's grid changes only the
+    in-situ division, not the kernel times."""
+
+    def __init__(self, base: KernelModel):
+        self.base, self.source, self.hbm, self.device = base, base.source, base.hbm, base.device
+        self._memo: dict = {}
+
+    def _call(self, name: str, *args):
+        key = (name,) + tuple(np.asarray(a).tobytes() + str(np.shape(a)).encode()
+                              if isinstance(a, np.ndarray) else a for a in args)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = getattr(self.base, name)(*args)
+        return hit
+
+    def gemm(self, m, n, k, dtype, batch=1):
+        return self._call("gemm", m, n, k, dtype, batch)
+
+    def attention(self, batch_heads, seq, head_dim, causal, dtype, backward):
+        return self._call("attention", batch_heads, seq, head_dim, causal, dtype, backward)
+
+    def memory(self, kernel, numel, dtype, backward):
+        return self._call("memory", kernel, numel, dtype, backward)
+
+
+_KERNEL_MODELS: dict[str, _MemoKernels] = {}
+
+
+def _kernel_model(device) -> _MemoKernels:
+    """One (memoized) kernel model per device name: the fit builds many compute models on it."""
+    if device.name not in _KERNEL_MODELS:
+        _KERNEL_MODELS[device.name] = _MemoKernels(KernelModel(device, "unfused"))
+    return _KERNEL_MODELS[device.name]
+
+
+def predict_tflops(case: Sc21Case, constants: dict[str, float] | None = None) -> float:
+    """Predicted per-GPU TFLOP/s of one SC21 run, counted as the paper counts it."""
+    result = sc21_estimate(case, constants)
     return case.paper_flops() / (result.step_time_s * case.gpus) / 1e12
 
 
@@ -80,40 +131,78 @@ def errors_pct(cases, constants: dict[str, float] | None = None) -> np.ndarray:
                      for c in cases])
 
 
-def fit_constants(cases, iterations: int = 8) -> dict[str, float]:
-    """Least-squares fit of the fitted constants over ``cases``: Gauss-Newton with finite-difference
-    Jacobian on the vector of per-row errors (smooth in both constants), from the shipped values."""
-    eff = default_efficiency()
-    x = np.array([getattr(eff, name) for name in FITTED])
-    lo, hi = np.array([0.3, 0.2]), np.array([0.98, 0.98])
+GRID = {"gemm_in_situ_fraction": np.linspace(0.80, 1.10, 5), "memory_in_situ_fraction": np.linspace(0.45, 0.85, 5)}
+"""the grid the fit evaluates the estimator on (it must contain the optimum of every leave-one-out fit)."""
 
-    def residuals(v: np.ndarray) -> np.ndarray:
-        return errors_pct(cases, dict(zip(FITTED, v)))
 
-    r = residuals(x)
-    for _ in range(iterations):
-        step = 1e-3
-        jac = np.stack([(residuals(x + step * e) - r) / step for e in np.eye(len(x))], axis=1)
-        delta = np.linalg.lstsq(jac, -r, rcond=None)[0]
-        for scale in (1.0, 0.5, 0.25, 0.1):
-            cand = np.clip(x + scale * delta, lo, hi)
-            rc = residuals(cand)
-            if float(rc @ rc) <= float(r @ r):
-                break
-        else:
-            break
-        converged = np.max(np.abs(cand - x)) < 5e-4
-        x, r = cand, rc
-        if converged:
-            break
-    return {k: round(float(v), 3) for k, v in zip(FITTED, x)}
+@dataclass(frozen=True)
+class StepSurface:
+    """Per row, the step time as a quadratic in (1 / gemm fraction, 1 / memory fraction), least squares over
+    the estimator's values on :data:`GRID` (the compute terms are linear in these inverses; exposure and
+    host-overlap terms bend it slightly). ``max_rel_residual``: the worst relative misfit at the grid points."""
+
+    coefficients: np.ndarray
+    """(rows, 6): c0 + c1 a + c2 b + c3 a^2 + c4 a b + c5 b^2."""
+    max_rel_residual: float
+
+    def step(self, gemm: np.ndarray, mem: np.ndarray) -> np.ndarray:
+        """(rows, ...) step times at the fractions (arrays broadcast)."""
+        return np.tensordot(self.coefficients, _features(1.0 / np.asarray(gemm), 1.0 / np.asarray(mem)), axes=1)
+
+
+def _features(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.broadcast_arrays(a, b)
+    return np.stack([np.ones_like(a), a, b, a * a, a * b, b * b])
+
+
+def step_surface(cases) -> StepSurface:
+    """Evaluate the estimator on :data:`GRID` for every row (kernel times cached: only the in-situ division
+    changes) and fit the per-row quadratics."""
+    g, m = np.meshgrid(GRID[FITTED[0]], GRID[FITTED[1]], indexing="ij")
+    steps = np.array([[sc21_estimate(c, {FITTED[0]: float(gi), FITTED[1]: float(mi)}).step_time_s
+                       for gi, mi in zip(g.ravel(), m.ravel())] for c in cases])
+    x = _features(1.0 / g.ravel(), 1.0 / m.ravel()).T
+    coef = np.linalg.lstsq(x, steps.T, rcond=None)[0].T
+    misfit = np.abs(coef @ x.T - steps) / steps
+    return StepSurface(coefficients=coef, max_rel_residual=float(misfit.max()))
+
+
+def _errors_on_surface(cases, surface: StepSurface, gemm: np.ndarray, mem: np.ndarray) -> np.ndarray:
+    """(rows, ...) percent errors of the per-GPU TFLOP/s on the surface."""
+    steps = surface.step(gemm, mem)
+    paper = np.array([c.paper_flops() / (c.gpus * 1e12) for c in cases])
+    measured = np.array([c.measured_tflops for c in cases])
+    shape = (-1,) + (1,) * (steps.ndim - 1)
+    return 100.0 * (paper.reshape(shape) / steps / measured.reshape(shape) - 1.0)
+
+
+def fit_constants(cases, surface: StepSurface | None = None) -> dict[str, float]:
+    """Least-squares fit of the two in-situ fractions over ``cases`` (minimum of the summed squared per-row
+    errors on the step surface: a dense grid search refined twice around its best point), rounded to 3
+    decimals. ``surface`` (of these cases) saves the estimator runs."""
+    surface = surface or step_surface(cases)
+    lo = np.array([GRID[k][0] for k in FITTED])
+    hi = np.array([GRID[k][-1] for k in FITTED])
+    best = None
+    for _ in range(3):
+        gs, ms = (np.linspace(lo[i], hi[i], 121) for i in range(2))
+        gg, mm = np.meshgrid(gs, ms, indexing="ij")
+        cost = (_errors_on_surface(cases, surface, gg, mm) ** 2).sum(axis=0)
+        i, j = np.unravel_index(int(np.argmin(cost)), cost.shape)
+        best = np.array([gs[i], ms[j]])
+        span = (hi - lo) / 20.0
+        lo, hi = best - span, best + span
+    return {k: round(float(v), 3) for k, v in zip(FITTED, best)}
 
 
 def leave_one_out(cases) -> list[tuple[str, dict[str, float], float]]:
-    """(case, constants fitted on the other rows, error % on this row) for every row."""
+    """(case, constants fitted on the other rows, error % on this row from the estimator) for every row."""
+    cases = tuple(cases)
+    surface = step_surface(cases)
     out = []
     for i, case in enumerate(cases):
-        rest = cases[:i] + cases[i + 1:]
-        constants = fit_constants(rest)
+        keep = [j for j in range(len(cases)) if j != i]
+        rest = StepSurface(coefficients=surface.coefficients[keep], max_rel_residual=surface.max_rel_residual)
+        constants = fit_constants(tuple(cases[j] for j in keep), rest)
         out.append((case.case_id, constants, float(errors_pct([case], constants)[0])))
     return out

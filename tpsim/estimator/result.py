@@ -16,9 +16,13 @@ BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm",
                   "dp_comm")
 STEP_PARTS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
 """the breakdown terms that sum to ``step_time_s`` (the ``*_comm`` ones are totals, partly hidden)."""
-MEMORY_KEYS = ("weights", "grads", "optimizer_states", "activations", "other")
+MEMORY_KEYS = ("weights", "grads", "optimizer_states", "activations", "cuda_context", "nccl_buffers",
+               "allocator_reserve", "other")
+"""named terms of ``memory_gib``; their sum is ``peak_memory_gib`` (docs/SCHEMAS.md section 6)."""
 SCALAR_KEYS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
                "peak_memory_gib", "fits")
+BAND_KEYS = ("step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low", "mfu_high")
+"""the error band (docs/SCHEMAS.md section 6: the values, not deltas; tpsim/estimator/band.py)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,14 @@ class Estimate:
     measured_compute_fraction: float
     collectives: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    stack: str = "megatron"
+    """the training-stack profile the estimate follows."""
+    step_time_s_low: float = math.nan
+    step_time_s_high: float = math.nan
+    tokens_per_s_low: float = math.nan
+    tokens_per_s_high: float = math.nan
+    mfu_low: float = math.nan
+    mfu_high: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -78,6 +90,9 @@ class EstimateBatch:
     mem_activations_gib: np.ndarray
     mem_other_gib: np.ndarray
     measured_compute_fraction: np.ndarray
+    mem_cuda_context_gib: np.ndarray | None = None
+    mem_nccl_buffers_gib: np.ndarray | None = None
+    mem_allocator_reserve_gib: np.ndarray | None = None
     overhead_s: np.ndarray | None = None
     """host time per step not hidden by the kernels (None: zeros)."""
     model_name: str = ""
@@ -92,10 +107,22 @@ class EstimateBatch:
     """warnings that hold for every plan of the batch (kernel profile of another device, ...)."""
     usable_memory_gib: float = math.inf
     """device memory a plan may use (for the ``does not fit`` warning)."""
+    stack: str = "megatron"
+    """the training-stack profile name."""
+    step_time_s_low: np.ndarray | None = None
+    step_time_s_high: np.ndarray | None = None
+    tokens_per_s_low: np.ndarray | None = None
+    tokens_per_s_high: np.ndarray | None = None
+    mfu_low: np.ndarray | None = None
+    mfu_high: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if self.overhead_s is None:
-            object.__setattr__(self, "overhead_s", np.zeros_like(self.step_time_s))
+        for name in ("overhead_s", "mem_cuda_context_gib", "mem_nccl_buffers_gib", "mem_allocator_reserve_gib"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros_like(self.step_time_s))
+        for name in BAND_KEYS:  # no band given: the prediction itself
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(self, name.rsplit("_", 1)[0]))
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -130,7 +157,8 @@ class EstimateBatch:
             peak_memory_gib=f(self.peak_memory_gib), fits=bool(self.fits[i]), breakdown=breakdown,
             memory_gib=memory, plan=self.plans.plan(i), model=self.model_name, cluster=dict(self.cluster_info),
             compute_model=self.compute_model, measured_compute_fraction=f(self.measured_compute_fraction),
-            collectives=self.collectives(i), warnings=self.warnings(i) if warnings is None else tuple(warnings))
+            collectives=self.collectives(i), warnings=self.warnings(i) if warnings is None else tuple(warnings),
+            stack=self.stack, **{k: f(getattr(self, k)) for k in BAND_KEYS})
 
     def columns(self) -> dict[str, np.ndarray]:
         """Plan fields and results as named columns (for tables and CSV)."""
@@ -140,7 +168,7 @@ class EstimateBatch:
         cols.update(tp=p.tp, pp=p.pp, vpp=p.vpp, dp=p.dp, sp=p.sp,
                     recompute=np.array(RECOMPUTE, dtype=object)[p.recompute], zero=p.zero,
                     micro_batch=p.micro_batch, overlap=p.overlap, order=np.array(ORDERS, dtype=object)[p.order])
-        for name in SCALAR_KEYS:
+        for name in SCALAR_KEYS + BAND_KEYS:
             cols[name] = getattr(self, name)
         for k in BREAKDOWN_KEYS:
             cols[f"{k}_s"] = getattr(self, f"{k}_s")

@@ -2,10 +2,18 @@
 Narayanan et al. 2021, sections 2.2 and 3.3), with data-parallel overlap.
 
 ``step = m t_stage + (pp - 1) / vpp x t_stage + exposed PP + exposed DP + optimizer``: ``t_stage`` is one
-micro-batch's forward + backward (+ recomputation + exposed collectives + host overhead) on the rank, m the
+micro-batch's forward + backward (+ recomputation + exposed collectives + fixed costs) on the rank, m the
 micro-batches per replica. Each position's stage time is computed at once over the (position, plan) axes and
 the slowest existing position is taken. The breakdown ``compute + recompute + bubble + optimizer +
 exposed_comm + overhead`` sums to the step time; the ``*_comm`` totals include hidden parts.
+
+Fixed costs (tpsim/compute/fixed.py, the context's :class:`~tpsim.estimator.context.FixedCosts`): ``overhead``
+is the GPU gap of every kernel a layer launches plus the host time the GPU waits for (host issue time per op of
+the stack beyond the layer's device time; per-parameter ZeRO-3 adds its module hooks), per layer and
+micro-batch, plus a calibration's host overhead; ``optimizer`` is the fused optimizer step over the rank's
+(ZeRO-sharded) parameters at the achieved streaming bandwidth with the stack's bytes per parameter (fp16 adds
+the loss-scale unscale pass); stacks without gradient-accumulation fusion add the accumulation of each
+micro-batch's weight gradients into the gradient buffer to ``compute``.
 
 Communication hidden behind compute still slows it (NCCL kernels hold SMs and memory bandwidth): a fraction
 ``overlap_compute_penalty`` (tpsim/data/efficiency.yaml) of every hidden collective counts as exposed.
@@ -33,7 +41,10 @@ class Schedule:
     optimizer: np.ndarray
     exposed_comm: np.ndarray
     overhead: np.ndarray
-    """host (framework) time per step that the kernels do not hide (calibration ``compute`` section)."""
+    """fixed costs per step: launch gaps and host time the kernels do not hide (and a calibration's host time)."""
+    overhead_low: np.ndarray
+    overhead_high: np.ndarray
+    """``overhead`` at the low and high ends of the stack's host-time prior (the error band)."""
     comm_total: dict[str, np.ndarray]
     """axis -> collective time per step, hidden parts included."""
     step: np.ndarray
@@ -48,10 +59,44 @@ def _pick(position: np.ndarray, values: np.ndarray) -> np.ndarray:
     return values[position, np.arange(position.size)]
 
 
+FP16_UNSCALE_BYTES = 8.0
+"""fp16 loss scaling: the optimizer first unscales the fp32 gradients and checks them for inf/NaN (read 4 B,
+write 4 B per parameter: Megatron-LM optimizer.py _unscale_main_grads_and_check_for_nan,
+torch._amp_foreach_non_finite_check_and_unscale_)."""
+TENSORS_PER_LAYER = 12.0
+"""parameter tensors per layer for the optimizer's multi-tensor launch count (weights, biases, norms)."""
+
+
+def optimizer_seconds(ctx: EstimationContext, params: np.ndarray, layers: np.ndarray, dtype: str) -> np.ndarray:
+    """One optimizer step over ``params`` (the rank's share) at the achieved streaming bandwidth."""
+    from ..compute.fixed import optimizer_bytes_per_param, optimizer_step_time
+
+    if dtype in ("fp32", "tf32"):  # no master copy, no 16-bit model copy
+        per = optimizer_bytes_per_param(grad_bytes=4, param_bytes=4, master_bytes=0)
+    else:
+        per = ctx.terms.optimizer_bytes_per_param + (FP16_UNSCALE_BYTES if dtype == "fp16" else 0.0)
+    return optimizer_step_time(params, TENSORS_PER_LAYER * layers + 4.0, ctx.fixed.hbm, per)
+
+
+def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharded: np.ndarray,
+                              dp: np.ndarray, dtype: str) -> np.ndarray:
+    """Per micro-batch: adding the layer weight gradients (16-bit GEMM output) into the gradient buffer where
+    the stack does not fuse it into the GEMM (read the gradient, read and write the buffer); on a ZeRO-2/3
+    shard only 1/dp of it."""
+    if ctx.terms.grad_accumulation_fusion:
+        return np.zeros(np.shape(params))
+    wide = dtype in ("fp32", "tf32")
+    buffer = 4.0 if wide else ctx.terms.grad_buffer_bytes
+    per = (4.0 if wide else 2.0) + 2.0 * buffer
+    return params * per / np.where(sharded, dp, 1.0) / ctx.fixed.hbm
+
+
 def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Partition, pp: np.ndarray,
              vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, recompute: np.ndarray, micro_batch: np.ndarray,
-             global_batch: np.ndarray, overlap: np.ndarray) -> Schedule:
-    """Step time and breakdown (everything gathered to plans)."""
+             global_batch: np.ndarray, overlap: np.ndarray, dtype: str = "bf16",
+             host_s_per_op: float | None = None) -> Schedule:
+    """Step time and breakdown (everything gathered to plans); ``host_s_per_op`` replaces the stack's host
+    time per op (the error band's bounds)."""
     penalty = ctx.roofline.eff.overlap_compute_penalty
     full = recompute == 2
     fwd_total = _sum(comm.layer_fwd.values(), pp.shape)
@@ -64,10 +109,15 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     edge_c = on_positions(costs.first.fwd + costs.first.bwd, costs.last.fwd + costs.last.bwd, single)
     edge_x = _sum(comm.edge.values(), (3, pp.size))
     L = part.layers
-    rank_c = L * (costs.fwd + costs.bwd) + edge_c
+    per_mb = ctx.terms.reduces_per_microbatch(zero, pp)
+    sharded = (zero >= 2) & per_mb
+    accum = grad_accumulation_seconds(ctx, costs.params, sharded, dp, dtype)
+    rank_c = L * (costs.fwd + costs.bwd + accum) + edge_c
     rank_r = L * costs.recompute
     rank_x = L * x_layer + edge_x
-    rank_o = L * ctx.host_overhead_s
+    fixed = ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, full, host_s_per_op)
+    fixed = fixed + _zero3_hooks(ctx, costs, zero, full, host_s_per_op)
+    rank_o = L * (ctx.host_overhead_s + fixed)
     totals = np.where(part.valid, rank_c + rank_r + rank_x + rank_o, -1.0)  # -1: no such rank
     slow = np.argmax(totals, axis=0)
     c_stage, r_stage, x_stage, o_stage = (_pick(slow, v) for v in (rank_c, rank_r, rank_x, rank_o))
@@ -79,10 +129,16 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     # pipeline point-to-point: activations forward, gradients backward, per chunk and micro-batch, plus the
     # pipeline fill and drain (exposed)
     pp_total = 2.0 * (m * vpp + pp - 1) * comm.p2p
-    dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty)
+    dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb)
     params = np.where(zero >= 1, part.largest / dp, part.largest)
-    optimizer = ctx.roofline.optimizer_time(params)
+    optimizer = optimizer_seconds(ctx, params, layers, dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
+    lo, hi = ctx.terms.host_range
+    device = costs.fwd + costs.bwd + costs.recompute
+    overhead_low, overhead_high = (
+        m * layers * (ctx.host_overhead_s + _pick(slow, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
+                                                  + _zero3_hooks(ctx, costs, zero, full, h)))
+        for h in (lo, hi))
     exposed = m * x_stage + pp_total + dp_exposed
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
@@ -92,8 +148,9 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     comm_total["pp"] = pp_total
     comm_total["dp"] = dp_total
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
-                    exposed_comm=exposed, overhead=overhead, comm_total=comm_total, step=step, slowest=slow,
-                    micro_batches=m)
+                    exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
+                    overhead_high=np.maximum(overhead_high, overhead), comm_total=comm_total, step=step,
+                    slowest=slow, micro_batches=m)
 
 
 def _sum(arrays, shape: tuple[int, ...]) -> np.ndarray:
@@ -107,22 +164,45 @@ def _sum(arrays, shape: tuple[int, ...]) -> np.ndarray:
     return total
 
 
+def _zero3_hooks(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, full: np.ndarray,
+                 host_s_per_op: float | None) -> np.ndarray:
+    """Per layer and micro-batch: the host time of per-parameter ZeRO-3's module hooks the GPU waits for (one
+    fetch per gathered weight tensor in forward, in backward and in a recomputed forward), beyond what the
+    layer's own ops already leave exposed."""
+    terms = ctx.terms
+    if not terms.zero3_per_parameter or terms.host_s_per_collective <= 0:
+        return np.zeros(np.shape(zero))
+    n = terms.zero3_collectives_per_layer(ctx.model, 1)
+    hooks = n * terms.host_s_per_collective * (2.0 + np.where(full, 1.0, 0.0))
+    f = ctx.fixed
+    per_op = f.host_s_per_op if host_s_per_op is None else host_s_per_op
+    kernels = f.kernels_fwd + f.kernels_bwd + np.where(full, f.kernels_fwd, 0.0)
+    device = costs.fwd + costs.bwd + costs.recompute + kernels * f.gap_s
+    before = np.maximum(kernels * per_op - device, 0.0)
+    after = np.maximum(kernels * per_op + hooks - device, 0.0)
+    return np.where(zero == 3, after - before, 0.0)
+
+
 def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndarray, zero: np.ndarray,
-                   overlap: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray]:
+                   overlap: np.ndarray, penalty: float, per_microbatch: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """(total, exposed) data-parallel time per step. Gradients hide behind the backward of the last
     micro-batch (bucketed), the ZeRO parameter all-gather behind the forward of the first micro-batch of the
-    next step. ZeRO-2 keeps only a gradient shard, so it reduce-scatters after every micro-batch's backward;
-    ZeRO-0/1 reduce once. ZeRO-3 gathers every layer's weights in forward and backward and reduce-scatters
-    its gradients each micro-batch, each hidden behind that layer's compute; its edge shards are gathered in
-    forward and backward and reduced every micro-batch."""
+    next step. Where the stack reduces after every micro-batch (``per_microbatch``: ZeRO-2 keeping only a
+    gradient shard, or a stack without gradient-sync control) each micro-batch's reduction hides behind its
+    own backward; otherwise one reduction per step. ZeRO-3 gathers every layer's weights in forward and backward
+    and reduce-scatters its gradients each micro-batch, each hidden behind that layer's compute; its edge shards
+    are gathered in forward and backward and reduced every micro-batch."""
     f_layer = costs.fwd + comm.layer_fwd_exposed
     b_layer = costs.bwd + costs.recompute + comm.layer_bwd_exposed
+    per_mb = (zero >= 2) if per_microbatch is None else per_microbatch
+    reductions = np.where(per_mb, m, 1)
     z3_ag, z3_rs = comm.z3_all_gather, comm.z3_reduce_scatter
-    z3_total = m * layers * (2 * z3_ag + z3_rs)
-    z3_exposed = m * layers * (np.maximum(z3_ag - f_layer, 0.0) + np.maximum(z3_ag + z3_rs - b_layer, 0.0))
+    z3_total = layers * (2 * m * z3_ag + reductions * z3_rs)
+    z3_exposed = layers * (m * np.maximum(z3_ag - f_layer, 0.0) + (m - reductions) * np.maximum(z3_ag - b_layer, 0.0)
+                           + reductions * np.maximum(z3_ag + z3_rs - b_layer, 0.0))
     bwd_window = layers * b_layer
     fwd_window = layers * f_layer
-    reductions = np.where(zero >= 2, m, 1)
     gathers = np.where(zero == 3, 2 * m, 1)
     grad_t = comm.dp_all_reduce + comm.dp_reduce_scatter
     t_ag = comm.dp_all_gather

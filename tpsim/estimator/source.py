@@ -89,6 +89,9 @@ class LayerCosts:
     """bytes one pipeline stage sends the next per micro-batch (and the gradient back)."""
     first: Edge
     last: Edge
+    attention: np.ndarray | None = None
+    """flash-attention kernel seconds within ``fwd + bwd`` (None: none; the error band weighs the attention
+    kernel data by it)."""
 
     def take(self, index: np.ndarray, with_comm: bool = True) -> "LayerCosts":
         """The rows ``index`` (gather); ``with_comm=False`` leaves the collectives out (the stages after
@@ -109,7 +112,8 @@ class LayerCosts:
         return LayerCosts(fwd=self.fwd[index], bwd=self.bwd[index], recompute=self.recompute[index],
                           measured=self.measured[index], comm=(), params=self.params[index],
                           activations=self.activations[index], working=self.working[index], boundary_bytes=None,
-                          first=edge(self.first), last=edge(self.last))
+                          first=edge(self.first), last=edge(self.last),
+                          attention=None if self.attention is None else self.attention[index])
 
 
 class LayerSource(ABC):
@@ -189,7 +193,8 @@ class TransformerSource(LayerSource):
         return LayerCosts(fwd=lc.fwd, bwd=lc.bwd, recompute=lc.recompute, measured=lc.measured, comm=tuple(comm),
                           params=layer_params_local(model, tp),
                           activations=activation_bytes_per_layer(model, **mem_kw), working=working,
-                          boundary_bytes=boundary, first=first, last=last)
+                          boundary_bytes=boundary, first=first, last=last,
+                          attention=np.broadcast_to(np.asarray(lc.attention, dtype=float), tp.shape))
 
     def _edges(self, compute: ComputeModel, tp: np.ndarray, sp: np.ndarray, mb: np.ndarray, dtype: str,
                act: np.ndarray, act_bytes: int) -> tuple[Edge, Edge]:

@@ -231,7 +231,14 @@ def resolve_plan(imp: ImportedLaunch, model: ModelSpec, gpus: int, global_batch:
 
 def _vpp(imp: ImportedLaunch, model: ModelSpec, pp: int) -> int:
     per_stage = int(imp.layers_per_virtual_stage or 1)
-    if model.num_layers % (pp * per_stage):
-        raise InputError(f"{imp.path}: {model.num_layers} layers are not pp={pp} x {per_stage} layers per virtual "
+    layers = model.num_layers
+    if imp.format == "torchtitan" and (layers + 2) % (pp * per_stage) == 0:
+        # torchtitan splits the layers + 2 (embedding and output as one layer each) over its virtual stages
+        # when they divide evenly; the layers alone otherwise (the export's two cases, told apart here)
+        alone = layers // (pp * per_stage)
+        if layers % (pp * per_stage) or (layers + 2) % (pp * alone) == 0:
+            layers += 2
+    if layers % (pp * per_stage):
+        raise InputError(f"{imp.path}: {layers} layers are not pp={pp} x {per_stage} layers per virtual "
                          f"stage")
-    return model.num_layers // (pp * per_stage)
+    return layers // (pp * per_stage)

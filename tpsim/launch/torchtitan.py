@@ -67,7 +67,11 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
         par["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         if plan.vpp > 1:
-            par["pipeline_parallel_layers_per_stage"] = model.num_layers // (pp * plan.vpp)
+            # torchtitan counts tok_embeddings and norm + output as one layer each when it splits the stages
+            # (generate_llm_fqn_per_model_part input_weight=1, output_weight=1): layers + 2 when that divides
+            chunks = pp * plan.vpp
+            slots = model.num_layers + 2 if (model.num_layers + 2) % chunks == 0 else model.num_layers
+            par["pipeline_parallel_layers_per_stage"] = slots // chunks
     if axis(plan, "ep") > 1:
         par["expert_parallel_degree"] = axis(plan, "ep")
     ac: dict[str, Any] = {"mode": {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]}

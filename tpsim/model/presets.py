@@ -28,6 +28,14 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, s
 # tp=8 pp=16 mbs=1 gbs=1536); Megatron 1T (Narayanan et al. 2021, Table 1); Llama 3 (Llama Team 2024,
 # "The Llama 3 Herd of Models", Tables 3 and 4; HF config.json of meta-llama/Meta-Llama-3-*).
 #
+# llama3-405b: the plan of the Llama 3 paper's 16K-GPU stage (section 3.3.2, Table 4): TP8 CP1 PP16 on 16,384
+# H100 80GB, sequence 8192, 16M tokens per batch (2048 sequences, dp 128); FSDP shards optimizer states and
+# gradients without resharding the weights after forward (tpsim ZeRO-2); an interleaved schedule whose first
+# chunk holds only the embedding and last chunk only the output and loss (126 layers + 2 = 128 = 16 x 8 chunks:
+# vpp 8 with the torchtitan split that counts them as layers); no activation checkpointing at 8K. Runs under the
+# torchtitan stack profile (the PyTorch-native FSDP + pipelining stack that implements this split and reduces each
+# chunk's gradients after its last backward); the stack is the preset's default `--stack`.
+#
 # mixtral-8x7b: shape from the HF config.json of mistralai/Mixtral-8x7B-v0.1 (Jiang et al. 2024, "Mixtral of
 # Experts", Table 1: 46.7B total, 12.9B active). The paper publishes no training plan; the plan is Megatron-LM's
 # recommended one (examples/mixtral/README.md "TP1EP8PP4"; examples/mixtral/train_mixtral_8x7b_distributed.sh:
@@ -57,8 +65,8 @@ PRESETS: dict[str, ModelSpec] = {
                dict(cluster="dgx-h100", gpus=64, tp=8, pp=4, sp=True, zero=1, recompute="selective",
                     micro_batch=1, dtype="bf16"), max_pos=8192),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 8192, 128256, 2048,
-               dict(cluster="dgx-h100", gpus=16384, tp=8, pp=16, vpp=4, sp=True, zero=1, recompute="full",
-                    micro_batch=1, dtype="bf16")),
+               dict(cluster="dgx-h100", gpus=16384, tp=8, pp=16, vpp=8, sp=True, zero=2, recompute="none",
+                    micro_batch=1, dtype="bf16", stack="torchtitan")),
         _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 4096, 32000, 256,
                dict(cluster="dgx-h100", gpus=64, tp=1, pp=4, ep=8, zero=1, micro_batch=1, dtype="bf16"),
                max_pos=32768, architecture="mixtral", num_experts=8, experts_per_token=2,

@@ -511,17 +511,17 @@ _CONTEXTS: dict[tuple, tuple] = {}
 
 
 def graph_context(model: OpGraphModel, cluster: Any, compute: ComputeModel | None = None, flavor: str = "megatron",
-                  conv_times: Any = None) -> Any:
+                  conv_times: Any = None, stack: Any = None) -> Any:
     """An :class:`EstimationContext` whose layer source is the graph (transformer-like graphs), remembered
     by the inputs' identity like :func:`tpsim.estimator.context_for`."""
     from ..estimator.context import EstimationContext
     from .source import OpGraphSource
 
-    key = (id(model), id(cluster), id(compute), flavor, id(conv_times))
+    key = (id(model), id(cluster), id(compute), flavor, id(conv_times), id(stack))
     hit = _CONTEXTS.get(key)
     if hit is None or hit[1] is not model or hit[2] is not cluster:
         source = OpGraphSource(model.graph, model.tp_plan, flavor, conv_times)
-        ctx = EstimationContext.build(model, cluster, compute, flavor=flavor, source=source)  # type: ignore[arg-type]
+        ctx = EstimationContext.build(model, cluster, compute, flavor=flavor, source=source, stack=stack)  # type: ignore[arg-type]
         hit = _CONTEXTS[key] = (ctx, model, cluster, compute)
         while len(_CONTEXTS) > 16:
             _CONTEXTS.pop(next(iter(_CONTEXTS)))
@@ -529,16 +529,17 @@ def graph_context(model: OpGraphModel, cluster: Any, compute: ComputeModel | Non
 
 
 def _stages_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None, flavor: str,
-                  conv_times: Any) -> EstimateBatch:
+                  conv_times: Any, stack: Any = None) -> EstimateBatch:
     """The estimator's own stages (and totals: FLOPs and tokens from the source) on the graph's layer source."""
     from ..estimator.core import run_stages
 
-    return run_stages(graph_context(model, cluster, compute, flavor, conv_times), plans)
+    return run_stages(graph_context(model, cluster, compute, flavor, conv_times, stack), plans)
 
 
 def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None = None,
-                         flavor: str = "megatron", conv_times: Any = None) -> EstimateBatch:
-    """Estimate every plan of the batch for the traced model (plans valid for it on ``cluster``)."""
+                         flavor: str = "megatron", conv_times: Any = None, stack: Any = None) -> EstimateBatch:
+    """Estimate every plan of the batch for the traced model (plans valid for it on ``cluster``); ``stack``
+    (a training-stack profile or name) applies to transformer-like graphs, which run the estimator's stages."""
     from .source import transformer_like
 
     if len(plans) == 0:
@@ -548,16 +549,16 @@ def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, co
         bad = int(np.argmax(wrong))
         raise InputError(f"plan {plans.plan(bad).short()} does not use the cluster's gpus={cluster.num_gpus}")
     if transformer_like(model.graph) is not None:
-        return _stages_batch(model, cluster, plans, compute, flavor, conv_times)
+        return _stages_batch(model, cluster, plans, compute, flavor, conv_times, stack)
     return _generic_batch(model, cluster, plans, compute, flavor, conv_times)
 
 
 def estimate_graph(model: OpGraphModel, cluster: Any, plan: Plan, compute: ComputeModel | None = None,
-                   flavor: str = "megatron", conv_times: Any = None) -> Estimate:
+                   flavor: str = "megatron", conv_times: Any = None, stack: Any = None) -> Estimate:
     """Estimate one plan for the traced model (a batch of one); its warnings add the regions of the derived
     plan that run replicated at this TP degree."""
     validate_graph_plan(model, plan, cluster.num_gpus)
-    batch = estimate_graph_batch(model, cluster, PlanBatch.from_plans([plan]), compute, flavor, conv_times)
+    batch = estimate_graph_batch(model, cluster, PlanBatch.from_plans([plan]), compute, flavor, conv_times, stack)
     return batch.to_estimate(0, tuple(plan_notes(model, plan.tp)) + batch.warnings(0))
 
 

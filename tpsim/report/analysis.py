@@ -14,7 +14,7 @@ import numpy as np
 from ..model import ModelSpec
 from ..search import SearchResult, SearchSpace, search
 
-SWEEP_COLUMNS = ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "compute_s", "recompute_s", "bubble_s",
+SWEEP_COLUMNS = ("step_time_s", "step_time_s_low", "step_time_s_high", "tokens_per_s", "mfu", "peak_memory_gib", "compute_s", "recompute_s", "bubble_s",
                  "optimizer_s", "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "fits_effective", "tp",
                  "pp", "dp", "gpus")
 TP_SWEEP_MAX = 64

@@ -67,7 +67,8 @@ def save_figure(fig: Any, stem: str | Path) -> list[Path]:
 
 
 def breakdown_chart(result: SearchResult, top: int = 10, title: str | None = None) -> Any:
-    """Horizontal stacked bars: one bar per ranked plan (best on top), one segment per time component."""
+    """Horizontal stacked bars: one bar per ranked plan (best on top), one segment per time component; the
+    whisker is the prediction's 90% error band."""
     idx = result.ranking[:top]
     labels = [f"#{r + 1} {result.label(int(i))}" for r, i in enumerate(idx)]
     fig, ax = _figure(10, 1.2 + 0.42 * max(len(idx), 1))
@@ -77,19 +78,29 @@ def breakdown_chart(result: SearchResult, top: int = 10, title: str | None = Non
         values = result.columns[key][idx]
         ax.barh(y, values, left=left, color=COLORS[key], label=name, height=0.7)
         left += values
-    for yi, total in zip(y, left):
-        ax.text(total, yi, f" {total:.2f} s", va="center", fontsize=8)
+    low, high = _band(result.columns, idx, left)
+    ax.errorbar(left, y, xerr=[left - low, high - left], fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+    for yi, total, hi in zip(y, left, high):
+        ax.text(hi, yi, f" {total:.2f} s", va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_xlabel("step time (s)")
-    ax.set_xlim(0, (left.max() if left.size else 1) * 1.15)
+    ax.set_xlim(0, (high.max() if high.size else 1) * 1.15)
     ax.set_title(title or f"Step-time breakdown of the top {len(idx)} plans ({result.model.name})")
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.08), ncol=len(COMPONENTS), fontsize=8, frameon=False)
     return fig
 
 
+def _band(columns: Any, idx: Any, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) step time of the rows (the estimate's error band; the step itself where a column lacks it)."""
+    if "step_time_s_low" not in columns:
+        return step, step
+    return np.asarray(columns["step_time_s_low"])[idx], np.asarray(columns["step_time_s_high"])[idx]
+
+
 def tp_sweep_chart(sweep: Sweep, title: str | None = None) -> Any:
-    """Stacked step-time components of the best plan per tp (bars, left axis) and its memory per GPU (line,
-    right axis); a dashed line marks where the TP group leaves one node (tp > GPUs per node)."""
+    """Stacked step-time components of the best plan per tp (bars, left axis, with the 90% error band as a
+    whisker) and its memory per GPU (line, right axis); a dashed line marks where the TP group leaves one node
+    (tp > GPUs per node)."""
     fig, ax = _figure(9, 5)
     x = np.arange(len(sweep))
     c = sweep.columns
@@ -97,13 +108,16 @@ def tp_sweep_chart(sweep: Sweep, title: str | None = None) -> Any:
     for key, name in _components(c, slice(None)):
         ax.bar(x, c[key], bottom=bottom, color=COLORS[key], label=name, width=0.65)
         bottom += c[key]
+    low, high = _band(c, slice(None), bottom)
+    ax.errorbar(x, bottom, yerr=[bottom - low, high - bottom], fmt="none", ecolor="black", elinewidth=0.8,
+                capsize=3)
     for xi, fits in zip(x, c["fits_effective"]):
         if not fits:
-            ax.text(xi, bottom[xi], "does not fit", ha="center", va="bottom", fontsize=7, color="#C44E52")
+            ax.text(xi, high[xi], "does not fit", ha="center", va="bottom", fontsize=7, color="#C44E52")
     ax.set_xticks(x, [str(int(t)) for t in sweep.x])
     ax.set_xlabel("tensor-parallel degree (best plan for each tp)")
     ax.set_ylabel("step time (s)")
-    ax.set_ylim(0, max(bottom.max(), 1e-9) * 1.2)
+    ax.set_ylim(0, max(high.max() if high.size else 0, 1e-9) * 1.2)
     mem = ax.twinx()
     mem.plot(x, c["peak_memory_gib"], "o-", color="black", label="memory per GPU")
     if np.isfinite(sweep.device_memory_gib):

@@ -39,6 +39,8 @@ class ReportInputs:
     compute: Any = None
     command: str = ""
     """the command that regenerates the report (printed in it)."""
+    stack: Any = None
+    """training-stack profile, name or path (None: megatron)."""
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
@@ -222,7 +224,7 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
     out = check_report_dir(out_dir, force=force)
     model, space = inputs.model, inputs.space
     cluster = loader(inputs.cluster, gpus=inputs.gpus)
-    kw = dict(compute=inputs.compute, progress=progress)
+    kw = dict(compute=inputs.compute, progress=progress, stack=inputs.stack)
     log("searching the full space")
     result = search(model, cluster, inputs.global_batch, space=space, gpu_hour_price=inputs.gpu_hour_price, **kw)
     check_found(result)

@@ -38,7 +38,7 @@ from .planner import Part, SearchResult, search
 from .space import SearchSpace
 
 MAX_ENTRIES = 64
-FORMAT = 3
+FORMAT = 4
 _PACKAGE = Path(__file__).resolve().parents[1]
 _KEY_NAME = re.compile(r"^[0-9a-f]{64}$")
 REQUIRED_COLUMNS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order",
@@ -102,7 +102,11 @@ def cached_search(model: ModelSpec, clusters: Sequence[Any], global_batch: int, 
     clusters = list(clusters)
     if folder is None:
         return search(model, clusters, global_batch, space=space, compute=compute, progress=progress, **options)
-    key = cache_key(model, clusters, global_batch, space, compute_key, **options)
+    from ..estimator.context import resolve_stack
+
+    options["stack"] = resolve_stack(options.get("stack"))
+    key = cache_key(model, clusters, global_batch, space, compute_key,
+                    **{**options, "stack": options["stack"].fingerprint()})
     hit = _load(folder, key, model, clusters, space, compute, options)
     if hit is not None:
         return hit
@@ -151,6 +155,7 @@ def _save(folder: Path, key: str, result: SearchResult) -> None:
         np.savez(buf, __ranking=result.ranking, **{k: np.asarray(v) for k, v in result.columns.items()})
         data = buf.getvalue()
         meta = {"enumerated": result.enumerated, "evaluated": result.evaluated, "rejected": dict(result.rejected),
+                "stack_rejected": dict(result.stack_rejected),
                 "elapsed_s": result.elapsed_s, "memo": result.memo, "duplicates": result.duplicates,
                 "gpus": [int(p.cluster.num_gpus) for p in result.parts]}
         header = _header_bytes(key, _sha(data), meta)
@@ -192,7 +197,8 @@ def _load(folder: Path, key: str, model: ModelSpec, clusters: list[Any], space: 
                           evaluated=meta["evaluated"], rejected=meta["rejected"], elapsed_s=meta["elapsed_s"],
                           mem_limit_gib=options.get("mem_limit_gib"), compute=compute, space=space,
                           memo=dict(meta.get("memo", {})), duplicates=int(meta.get("duplicates", 0)),
-                          cached=True)
+                          cached=True, stack=options.get("stack"),
+                          stack_rejected=dict(meta.get("stack_rejected", {})))
     _KEYS[id(result)] = (key, _sha(data))
     return result
 

@@ -24,7 +24,7 @@ from ..model import ModelSpec
 from ..plan import ORDERS, RECOMPUTE, Plan, PlanBatch
 from .pareto import pareto_front, pareto_front_max_y
 from .space import SearchSpace, enumerate_plans
-from .validity import MEM_LIMIT, MEMORY, REASONS, count_reasons, violations
+from .validity import MEM_LIMIT, MEMORY, REASONS, count_reasons, stack_rule_counts, violations
 
 OBJECTIVES = ("time", "memory", "cost")
 DEFAULT_GPU_HOUR_PRICE = 1.0
@@ -36,7 +36,9 @@ CHUNK = 1 << 14
 ESTIMATE_FIELDS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
                    "peak_memory_gib", "fits", "compute_s", "recompute_s", "bubble_s", "optimizer_s",
                    "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "mem_weights_gib",
-                   "mem_grads_gib", "mem_optimizer_states_gib", "mem_activations_gib", "mem_other_gib")
+                   "mem_grads_gib", "mem_optimizer_states_gib", "mem_activations_gib", "mem_other_gib",
+                   "mem_cuda_context_gib", "mem_nccl_buffers_gib", "mem_allocator_reserve_gib", "step_time_s_low",
+                   "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low", "mfu_high")
 PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order")
 BREAKDOWN = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
 """the components that sum to the step time."""
@@ -105,6 +107,10 @@ class SearchResult:
     """plans left out of the ranking because overlap off predicts exactly what overlap on does."""
     cached: bool = False
     """True when the result came from the on-disk cache (:mod:`tpsim.search.cache`)."""
+    stack: Any = None
+    """the training-stack profile the plans were filtered and evaluated for (None: megatron)."""
+    stack_rejected: Mapping[str, int] = field(default_factory=dict)
+    """{stack rule key: plans} behind the ``stack`` rejection count."""
 
     def __len__(self) -> int:
         return int(self.ranking.size)
@@ -146,7 +152,8 @@ class SearchResult:
             from ..estimator import estimate_batch
 
             batch = estimate_batch(self.model, self.parts[part_i].cluster,
-                                   PlanBatch.from_plans([self.plan(i) for i in wanted]), compute=self.compute)
+                                   PlanBatch.from_plans([self.plan(i) for i in wanted]), compute=self.compute,
+                                   stack=self.stack)
             out.update({i: batch.to_estimate(j) for j, i in enumerate(wanted)})
         return [out[int(i)] for i in rows]
 
@@ -224,6 +231,7 @@ class SearchResult:
         """The ``tpsim plan --json`` object (non-finite numbers become null, so it is strict JSON)."""
         return _finite({
             "model": self.model.name,
+            "stack": self.stack_name,
             "objective": self.objective,
             "gpu_hour_price": self.gpu_hour_price,
             "gpus": sorted({int(p.cluster.num_gpus) for p in self.parts}),
@@ -232,6 +240,7 @@ class SearchResult:
             "kept": int(self.ranking.size),
             "duplicates": self.duplicates,
             "rejected": dict(self.rejected),
+            "stack_rejected": dict(self.stack_rejected),
             "elapsed_s": self.elapsed_s,
             "plans": [p.to_dict() for p in self.top(top)],
             "pareto_time_memory": self.front_rows(self.pareto_time_memory()),
@@ -264,6 +273,10 @@ class SearchResult:
         if self.objective == "cost":
             data["$/Mtok"] = c["cost_per_mtok"][idx]
         return pd.DataFrame(data)
+
+    @property
+    def stack_name(self) -> str:
+        return "megatron" if self.stack is None else str(self.stack.name)
 
     def why(self) -> list[tuple[str, str, int]]:
         """(reason key, explanation, count) for every rejection reason, most frequent first."""
@@ -305,11 +318,11 @@ def _check_args(objective: str, gpu_hour_price: float, mem_limit_gib: float | No
 
 
 def _evaluate(model: ModelSpec, cluster: Any, plans: PlanBatch, compute: Any, estimator: Estimator,
-              bar: Any) -> list[Any]:
+              bar: Any, stack: Any = None) -> list[Any]:
     chunks = []
     for start in range(0, len(plans), CHUNK):
         sub = plans.take(slice(start, start + CHUNK))
-        chunks.append(estimator(model, cluster, sub, compute=compute))
+        chunks.append(estimator(model, cluster, sub, compute=compute, stack=stack))
         bar.update(len(sub))
     return chunks
 
@@ -335,25 +348,33 @@ def _rank(cols: Mapping[str, np.ndarray], objective: str) -> np.ndarray:
 def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchSpace | None = None,
            objective: str = "time", gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE,
            mem_limit_gib: float | None = None, include_unfit: bool = False, compute: Any = None,
-           progress: bool = False, estimator: Estimator | None = None) -> SearchResult:
-    """Rank every valid plan of ``space`` on ``clusters`` (one Cluster, or one per GPU count).
+           progress: bool = False, estimator: Estimator | None = None, stack: Any = None) -> SearchResult:
+    """Rank every valid plan of ``space`` on ``clusters`` (one Cluster, or one per GPU count) that the training
+    ``stack`` (a profile, name or path; default megatron) can run; the others count under ``stack``.
 
     ``estimator`` defaults to :func:`tpsim.estimator.estimate_batch`; ``progress`` shows a tqdm bar on
     stderr when the search takes more than about a second.
     """
+    from ..estimator.context import resolve_stack
+
     started = time.perf_counter()
     _check_args(objective, gpu_hour_price, mem_limit_gib)
     space = space or SearchSpace()
     estimator = estimator or _default_estimator()
+    stack = resolve_stack(stack)
     clusters = tuple(clusters) if isinstance(clusters, (list, tuple)) else (clusters,)
     if not clusters:
         raise InputError("no cluster to search")
     enumerations = [enumerate_plans(model, int(c.num_gpus), global_batch, space) for c in clusters]
-    codes = [violations(model, e.plans, e.num_gpus) for e in enumerations]
+    codes = [violations(model, e.plans, e.num_gpus, stack) for e in enumerations]
     enumerated = sum(len(e.plans) for e in enumerations)
     valid = [e.plans.take(np.flatnonzero(code == 0)) for e, code in zip(enumerations, codes)]
     evaluated = sum(len(v) for v in valid)
     rejected = count_reasons(np.concatenate(codes)) if codes else {}
+    stack_rejected: dict[str, int] = {}
+    for e, code in zip(enumerations, codes):
+        for key, n in stack_rule_counts(model, e.plans, code, stack).items():
+            stack_rejected[key] = stack_rejected.get(key, 0) + n
 
     from tqdm import tqdm
 
@@ -363,7 +384,7 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
         for p, (cluster, plans) in enumerate(zip(clusters, valid)):
             if not len(plans):
                 continue
-            chunks = _evaluate(model, cluster, plans, compute, estimator, bar)
+            chunks = _evaluate(model, cluster, plans, compute, estimator, bar, stack)
             offsets = tuple(offset + i * CHUNK for i in range(len(chunks)))
             parts.append(Part(cluster=cluster, chunks=tuple(chunks), offsets=offsets))
             cols = _columns(chunks, plans)
@@ -390,7 +411,8 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     return SearchResult(model=model, objective=objective, gpu_hour_price=gpu_hour_price, parts=tuple(parts),
                         columns=columns, ranking=order, enumerated=enumerated, evaluated=evaluated,
                         rejected=rejected, elapsed_s=time.perf_counter() - started, mem_limit_gib=mem_limit_gib,
-                        compute=compute, space=space, duplicates=int((twins & (columns["fits_effective"] | include_unfit)).sum()))
+                        compute=compute, space=space, duplicates=int((twins & (columns["fits_effective"] | include_unfit)).sum()),
+                        stack=stack, stack_rejected=stack_rejected)
 
 
 def _same_as_overlapped(cols: Mapping[str, np.ndarray]) -> np.ndarray:

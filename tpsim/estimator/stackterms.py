@@ -1,0 +1,212 @@
+"""What the estimator's stages read from a training-stack profile (:mod:`tpsim.stacks`), resolved once per
+context: when gradients are reduced, in which dtype, whether the backward TP collectives overlap the GEMMs,
+how ZeRO-3 gathers (per block or per parameter tensor), the host cost per op and per collective, which kernels a
+layer launches, the optimizer's memory traffic and the memory the stack holds (gradient buffers, allocator
+reserve). Every value comes from the profile's figures (each with its source); priors carry their range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import InputError
+from ..hardware import DTYPE_BYTES
+from ..model import ModelSpec
+from ..stacks import Figure, StackProfile
+
+TIMINGS = ("per_step", "per_microbatch", "per_step_with_pp")
+"""``comm.dp_reduction_timing`` values: once per step; after every micro-batch; per micro-batch without
+pipeline parallelism and once per step with it (torch pipelining turns gradient sync off but for the last
+backward)."""
+ZERO3_UNITS = ("layer", "block", "parameter")
+KERNEL_FLAVORS = {"fused": "megatron_te", "eager": "eager"}
+"""``compute.kernels`` -> the kernel-count flavor of tpsim/data/kernels/fixed.yaml."""
+ARCH_SM = {"ampere": "sm80", "ada": "sm80", "hopper": "sm90", "blackwell": "sm100"}
+"""device architecture -> the key of ``compute.default_attention`` (Ada runs the sm80 kernels)."""
+ATTENTION_KERNEL = {"flash2": "fa2", "flash3": "fa3", "cudnn": "cudnn", "unfused": "unfused"}
+"""stack attention names -> :class:`~tpsim.compute.kernel_model.KernelModel` implementations."""
+PERSISTENCE_DEFAULT = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackTerms:
+    """A stack profile's figures as the stages use them."""
+
+    name: str
+    per_microbatch: np.ndarray
+    """(2, 4) bool, [pp > 1, zero]: True where gradients are reduced after every micro-batch."""
+    chunk_reduction: np.ndarray
+    """(4,) bool per ZeRO stage: with pp the gradients of each model chunk are reduced after its last backward
+    (``per_step_with_pp``)."""
+    grad_reduce_bytes: float
+    """bytes per gradient element on the wire (fp32 4, bf16 2)."""
+    param_gather_bytes: float
+    """bytes per parameter element the ZeRO all-gathers move."""
+    tp_backward_overlap: bool
+    """the backward TP collectives overlap the GEMMs (asynchronous TP communication)."""
+    zero3_per_parameter: bool
+    """ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of each layer / block (FSDP)."""
+    zero3_persistence_elements: float
+    """parameters smaller than this stay unpartitioned under per-parameter ZeRO-3."""
+    host_s_per_collective: float
+    """host time to issue one ZeRO-3 gather (module hooks), seconds."""
+    host_s_per_op: float
+    """host time to issue one kernel-launching op (framework + driver), seconds."""
+    kernel_flavor: str
+    """fixed.yaml kernel-count flavor (``megatron_te`` fused layers, ``eager``)."""
+    pipeline_edges_as_layers: bool
+    """the pipeline split counts the embedding and the output layer as one layer each."""
+    grad_accumulation_fusion: bool
+    """weight-gradient GEMMs accumulate into the gradient buffer (no separate add per micro-batch)."""
+    optimizer_bytes_per_param: float
+    """HBM bytes one optimizer step moves per (sharded) parameter."""
+    grad_buffer_bytes: float
+    """bytes per element of the gradient accumulation buffer (full while gradients are reduced once per step;
+    the rank's shard when ZeRO-2/3 reduces them after every micro-batch)."""
+    main_params_bytes: float
+    """bytes per parameter of the optimizer's master copy (16-bit training)."""
+    optimizer_state_bytes: float
+    """bytes per parameter of the two Adam moments together."""
+    fp8_weights_kept: bool
+    """with fp8 GEMMs the stack keeps fp8 weights instead of 16-bit ones (else 16-bit weights plus fp8 casts)."""
+    allocator_reserve_fraction: float
+    allocator_reserve_range: tuple[float, float]
+    host_range: tuple[float, float]
+    """(low, high) of ``host_s_per_op`` (seconds) for the error band."""
+    collective_host_range: tuple[float, float]
+    default_attention: Mapping[str, str]
+
+    # ---- queries -------------------------------------------------------------------------------------------
+    def reduces_per_microbatch(self, zero: np.ndarray, pp: np.ndarray) -> np.ndarray:
+        """Per plan: gradients reduced after every micro-batch (else once per step)."""
+        return self.per_microbatch[(np.asarray(pp) > 1).astype(np.int64), np.asarray(zero, dtype=np.int64)]
+
+    def grads_sharded(self, zero: np.ndarray, pp: np.ndarray) -> np.ndarray:
+        """Per plan: the gradient buffer holds only the rank's shard (ZeRO-2/3 reducing after every
+        micro-batch); gradients reduced once per step accumulate in a full buffer whatever the ZeRO stage."""
+        return (np.asarray(zero) >= 2) & self.reduces_per_microbatch(zero, pp)
+
+    def unsharded_grad_fraction(self, zero: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
+                                m: np.ndarray) -> np.ndarray:
+        """Per plan, the fraction of the rank's parameters whose gradients are held unsharded: 1 for ZeRO-0/1
+        and for gradients reduced once per step; 0 for ZeRO-2/3 reducing after every micro-batch; 1/vpp for
+        ZeRO-2/3 that reduce each model chunk after its last backward (per_step_with_pp) when the interleaved
+        schedule runs a single round (m <= pp): every chunk's backwards are then contiguous, its gradients are
+        reduce-scattered right after them and only one chunk's accumulation buffer is alive at a time."""
+        zero, pp, vpp, m = (np.asarray(x) for x in (zero, pp, vpp, m))
+        sharded = self.grads_sharded(zero, pp)
+        chunk_wise = (zero >= 2) & ~sharded & self.chunk_reduction[zero] & (pp > 1) & (vpp > 1) & (m <= pp)
+        return np.where(sharded, 0.0, np.where(chunk_wise, 1.0 / np.maximum(vpp, 1), 1.0))
+
+    def attention_kernel(self, architecture: str | None) -> str:
+        """The kernel model's flash implementation this stack runs on ``architecture`` (``fa2`` without data)."""
+        sm = ARCH_SM.get(architecture or "")
+        name = self.default_attention.get(sm or "", "flash2")
+        # a stack whose default is the unfused core attention runs FlashAttention-2 when the plan asks for flash
+        # (Megatron-DeepSpeed --use-flash-attn-v2); the plan's attention field chooses unfused or flash
+        return "fa2" if name == "unfused" else ATTENTION_KERNEL.get(name, "fa2")
+
+    def zero3_collectives_per_layer(self, model: ModelSpec, tp: int) -> float:
+        """Gathers (and reduce-scatters) one layer's ZeRO-3 parameters take: one per layer or block, or one per
+        weight tensor above the persistence threshold (per-parameter ZeRO-3: q/k/v fused, output projection, MLP
+        input (gate and up fused), MLP output)."""
+        if not self.zero3_per_parameter:
+            return 1.0
+        h, f = float(model.hidden_size), float(model.ffn_hidden_size)
+        q = model.num_attention_heads * model.head_dim
+        kv = model.num_kv_heads * model.head_dim
+        weights = (h * (q + 2 * kv), q * h, h * f * (2 if model.gated else 1), f * h)
+        return float(max(1, sum(1 for w in weights if w / tp >= self.zero3_persistence_elements)))
+
+
+def _value(stack: StackProfile, section: str, key: str, default: Any = None) -> Any:
+    fig = stack.figure(section, key)
+    return default if fig is None or fig.value is None else fig.value
+
+
+def _fig(stack: StackProfile, section: str, key: str) -> Figure | None:
+    return stack.figure(section, key)
+
+
+def _per_zero(value: Any, where: str, allowed: tuple[str, ...] | None = None) -> list[Any]:
+    """A per-ZeRO-stage figure (``{0: x, 2: y}`` or one value for all): values for stages 0-3, a stage the
+    stack does not list takes the nearest lower listed one."""
+    if not isinstance(value, Mapping):
+        values = {z: value for z in range(4)}
+    else:
+        values = {int(k): v for k, v in value.items()}
+    out = []
+    last = next(iter(values.values()))
+    for z in range(4):
+        last = values.get(z, last)
+        if allowed is not None and last not in allowed:
+            raise InputError(f"{where}: {last!r} is not one of {', '.join(allowed)}")
+        out.append(last)
+    return out
+
+
+def _dtype_bytes(value: Any, where: str) -> float:
+    name = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
+            "fp8": "fp8"}.get(str(value))
+    if name is None:
+        raise InputError(f"{where}: dtype {value!r} is not one of fp32, bf16, fp16, fp8")
+    return float(DTYPE_BYTES[name])
+
+
+def _seconds_range(fig: Figure | None, value_s: float) -> tuple[float, float]:
+    if fig is None or fig.range is None:
+        return value_s, value_s
+    return fig.range[0] * 1e-6, fig.range[1] * 1e-6
+
+
+def stack_terms(stack: StackProfile) -> StackTerms:
+    """Resolve a profile's figures (errors name the field and the value)."""
+    where = f"stack {stack.name}"
+    timing = _per_zero(_value(stack, "comm", "dp_reduction_timing", "per_step"),
+                       f"{where}: comm.dp_reduction_timing", TIMINGS)
+    per_mb = np.array([[t == "per_microbatch" for t in timing],
+                       [t == "per_microbatch" for t in timing]], dtype=bool)
+    per_mb[0] |= np.array([t == "per_step_with_pp" for t in timing])
+    chunk = np.array([t == "per_step_with_pp" for t in timing])
+    unit = str(_value(stack, "comm", "zero3_unit", "layer"))
+    if unit not in ZERO3_UNITS:
+        raise InputError(f"{where}: comm.zero3_unit={unit!r} is not one of {', '.join(ZERO3_UNITS)}")
+    kernels = str(_value(stack, "compute", "kernels", "fused"))
+    if kernels not in KERNEL_FLAVORS:
+        raise InputError(f"{where}: compute.kernels={kernels!r} is not one of {', '.join(KERNEL_FLAVORS)}")
+    host_op = float(_value(stack, "compute", "host_us_per_op", 0.0)) * 1e-6
+    host_coll = float(_value(stack, "comm", "host_us_per_collective", 0.0)) * 1e-6
+    reserve_fig = _fig(stack, "memory", "allocator_reserve_fraction")
+    reserve = float(_value(stack, "memory", "allocator_reserve_fraction", 0.0))
+    attention = _value(stack, "compute", "default_attention", {})
+    return StackTerms(
+        name=stack.name, per_microbatch=per_mb, chunk_reduction=chunk,
+        grad_reduce_bytes=_dtype_bytes(_value(stack, "comm", "grad_reduce_dtype", "fp32"),
+                                       f"{where}: comm.grad_reduce_dtype"),
+        param_gather_bytes=_dtype_bytes(_value(stack, "comm", "param_gather_dtype", "bf16"),
+                                        f"{where}: comm.param_gather_dtype"),
+        tp_backward_overlap=bool(_value(stack, "comm", "tp_backward_overlap", True)),
+        zero3_per_parameter=unit == "parameter",
+        zero3_persistence_elements=float(_value(stack, "comm", "zero3_persistence_threshold_elements",
+                                                PERSISTENCE_DEFAULT)),
+        host_s_per_collective=host_coll, host_s_per_op=host_op, kernel_flavor=KERNEL_FLAVORS[kernels],
+        grad_accumulation_fusion=bool(_value(stack, "compute", "grad_accumulation_fusion", True)),
+        pipeline_edges_as_layers=bool(_value(stack, "compute", "pipeline_edges_as_layers", False)),
+        optimizer_bytes_per_param=float(_value(stack, "compute", "optimizer_bytes_per_param", 42.0)),
+        grad_buffer_bytes=_dtype_bytes(_value(stack, "memory", "grad_buffer_dtype", "fp32"),
+                                       f"{where}: memory.grad_buffer_dtype"),
+        main_params_bytes=_dtype_bytes(_value(stack, "memory", "main_params_dtype", "fp32"),
+                                       f"{where}: memory.main_params_dtype"),
+        optimizer_state_bytes=2.0 * _dtype_bytes(_value(stack, "memory", "optimizer_state_dtype", "fp32"),
+                                                 f"{where}: memory.optimizer_state_dtype"),
+        fp8_weights_kept=bool(_value(stack, "memory", "fp8_weights_kept", False)),
+        allocator_reserve_fraction=reserve,
+        allocator_reserve_range=(reserve_fig.range if reserve_fig is not None and reserve_fig.range
+                                 else (reserve, reserve)),
+        host_range=_seconds_range(_fig(stack, "compute", "host_us_per_op"), host_op),
+        collective_host_range=_seconds_range(_fig(stack, "comm", "host_us_per_collective"), host_coll),
+        default_attention=dict(attention) if isinstance(attention, Mapping) else {k: attention for k in
+                                                                                  ("sm80", "sm90", "sm100")})
