@@ -16,8 +16,9 @@ def test_report_cli_writes_markdown_charts_and_tables(tmp_path, capsys):
     assert main(argv) == 0
     text = (out / "README.md").read_text()
     for name in CHART_FILES:
-        assert f"]({name}.png)" in text
+        assert f"]({name}.png)" in text and f"`{name}.csv`" in text
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.svg").exists()
+        assert len((out / f"{name}.csv").read_text().splitlines()) > 1  # the text twin: a header and rows
     for heading in ("## Best plans", "## Rejected plans", "## Step time vs. memory", "## Tensor-parallel degree sweep",
                     "## Scaling and cost", "## What would more inter-node bandwidth buy?"):
         assert heading in text
@@ -25,6 +26,11 @@ def test_report_cli_writes_markdown_charts_and_tables(tmp_path, capsys):
     best = summary["plans"][0]
     assert f"{best['step_time_s']:.3f}" in text  # the table shows the planner's number
     assert (out / "plans.csv").read_text().startswith("rank,")
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left behind
+    # the scaling study spans below and above the 16 GPUs asked (8 = one node .. 16 x 8)
+    scaling = (out / "scaling.csv").read_text().splitlines()
+    gpus = [int(line.split(",")[0]) for line in scaling[1:]]
+    assert min(gpus) < 16 < max(gpus) and "16 GPUs asked about" in text
 
 
 def test_report_bad_input_is_one_line(tmp_path, capsys):
