@@ -1,31 +1,59 @@
-"""Accelerator specifications, read from ``tpsim/data/devices.yaml`` (every figure with its source)."""
+"""Accelerator specifications, read from ``tpsim/data/devices.yaml`` (every figure with its source).
+
+One parser, :func:`device_from_mapping`, turns a device mapping (an entry of ``devices.yaml``, or a device
+defined inline in a cluster YAML) into a :class:`DeviceSpec`; bad input raises one
+:class:`~tpsim.errors.InputError` line naming the place, the field and the value.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from .errors import InputError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+ARCHITECTURES = ("volta", "ampere", "ada", "hopper", "blackwell", "cdna3", "tpu", "cpu")
+"""Architecture families the kernel model knows (``tpsim/data/kernels/gemm.yaml`` has one entry per family)."""
+
+REQUIRED_KEYS = ("compute_units", "peak_tflops", "hbm_TBps", "memory_bytes", "source")
+OPTIONAL_KEYS = ("usable_memory_fraction", "architecture", "boost_clock_MHz", "sustained_clock_ratio",
+                 "hbm_achieved_fraction", "l2_MiB", "sources")
+TEXT_KEYS = ("description", "note")
+"""free-text keys a device entry may carry (documentation only)."""
+DEFAULT_USABLE_MEMORY_FRACTION = 0.92
+"""Used only when a mapping is parsed without the table's top-level ``usable_memory_fraction``."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceSpec:
     name: str
     peak_flops: Mapping[str, float]
-    """dense peak FLOP/s per GEMM dtype."""
+    """dense peak FLOP/s per GEMM dtype (datasheet, at the clock ``boost_clock_MHz``)."""
     hbm_bandwidth: float
-    """bytes/s."""
+    """bytes/s, datasheet."""
     memory_bytes: int
     usable_memory_fraction: float
     compute_units: int
     """SMs (NVIDIA), CUs (AMD), MXUs (TPU): the parallel units a GEMM's tiles are spread over."""
     source: str
+    architecture: str | None = None
+    """family of ARCHITECTURES: selects GEMM tile shapes and attention kernels; None: unknown."""
+    boost_clock_MHz: float | None = None
+    """SM clock the datasheet peak is computed at (MHz)."""
+    sustained_clock_ratio: float | None = None
+    """sustained clock under dense GEMM load / ``boost_clock_MHz`` (power and thermal limits); None: no data."""
+    hbm_achieved_fraction: float | None = None
+    """fraction of ``hbm_bandwidth`` a streaming copy reaches (measured); None: no data."""
+    l2_bytes: int | None = None
+    """last-level (L2) cache size in bytes; None: not published."""
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """optional key -> its source."""
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -38,24 +66,111 @@ class DeviceSpec:
         return self.memory_bytes * self.usable_memory_fraction
 
 
+def _number(where: str, key: str, value: Any, *, low: float, high: float, integer: bool = False) -> float:
+    """``value`` as a finite number in ``[low, high]`` (an int when ``integer``), else one InputError line."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{where}: {key}={value!r} must be a number")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise InputError(f"{where}: {key}={value!r} must be between {low:g} and {high:g}")
+    if integer and value != int(value):
+        raise InputError(f"{where}: {key}={value!r} must be an integer")
+    return int(value) if integer else float(value)
+
+
+def _peaks(where: str, raw: Any) -> dict[str, float]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise InputError(f"{where}: peak_tflops={raw!r} must be a mapping of dtype -> TFLOP/s")
+    peaks = {}
+    for dtype, value in raw.items():
+        if dtype not in DTYPES:
+            raise InputError(f"{where}: peak_tflops has unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+        peaks[dtype] = _number(where, f"peak_tflops.{dtype}", value, low=1e-6, high=1e6) * 1e12
+    return peaks
+
+
+def _sources(where: str, raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or not all(isinstance(v, str) for v in raw.values()):
+        raise InputError(f"{where}: sources must be a mapping of field -> source text")
+    unknown = sorted(set(raw) - set(OPTIONAL_KEYS))
+    if unknown:
+        raise InputError(f"{where}: sources names unknown field {unknown[0]!r}")
+    return {str(k): v for k, v in raw.items()}
+
+
+def device_from_mapping(name: str, mapping: Mapping[str, Any], where: str,
+                        default_usable_fraction: float | None = None) -> DeviceSpec:
+    """A :class:`DeviceSpec` from one device mapping (the schema of ``tpsim/data/devices.yaml``).
+
+    Required keys: ``compute_units``, ``peak_tflops`` (dtype -> dense TFLOP/s), ``hbm_TBps``, ``memory_bytes``,
+    ``source``. Optional: ``usable_memory_fraction``, ``architecture``, ``boost_clock_MHz``,
+    ``sustained_clock_ratio``, ``hbm_achieved_fraction``, ``l2_MiB``, ``sources`` (field -> source).
+    ``where`` (a file name, ``cluster.yaml: device``...) starts every error message.
+    """
+    where = f"{where}: device {name}"
+    if not isinstance(mapping, Mapping):
+        raise InputError(f"{where}: must be a mapping of fields, got {type(mapping).__name__}")
+    unknown = sorted(set(mapping) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS) - set(TEXT_KEYS))
+    if unknown:
+        raise InputError(f"{where}: unknown field {unknown[0]!r} "
+                         f"(known: {', '.join(REQUIRED_KEYS + OPTIONAL_KEYS)})")
+    missing = [k for k in REQUIRED_KEYS if k not in mapping]
+    if missing:
+        raise InputError(f"{where}: missing field {missing[0]!r}")
+    if not isinstance(mapping["source"], str) or not mapping["source"].strip():
+        raise InputError(f"{where}: source={mapping['source']!r} must name where the figures come from")
+    usable = mapping.get("usable_memory_fraction", default_usable_fraction or DEFAULT_USABLE_MEMORY_FRACTION)
+    arch = mapping.get("architecture")
+    if arch is not None and arch not in ARCHITECTURES:
+        raise InputError(f"{where}: architecture={arch!r} is unknown (known: {', '.join(ARCHITECTURES)})")
+
+    def optional(key: str, low: float, high: float) -> float | None:
+        return None if mapping.get(key) is None else _number(where, key, mapping[key], low=low, high=high)
+
+    l2 = optional("l2_MiB", 1e-3, 1e6)
+    return DeviceSpec(
+        name=name, peak_flops=_peaks(where, mapping["peak_tflops"]),
+        hbm_bandwidth=_number(where, "hbm_TBps", mapping["hbm_TBps"], low=1e-6, high=1e4) * 1e12,
+        memory_bytes=_number(where, "memory_bytes", mapping["memory_bytes"], low=1, high=2.0 ** 60, integer=True),
+        usable_memory_fraction=_number(where, "usable_memory_fraction", usable, low=0.01, high=1.0),
+        compute_units=_number(where, "compute_units", mapping["compute_units"], low=1, high=1e6, integer=True),
+        source=mapping["source"].strip(), architecture=arch,
+        boost_clock_MHz=optional("boost_clock_MHz", 1.0, 1e5),
+        sustained_clock_ratio=optional("sustained_clock_ratio", 0.1, 1.0),
+        hbm_achieved_fraction=optional("hbm_achieved_fraction", 0.05, 1.0),
+        l2_bytes=None if l2 is None else int(l2 * 2 ** 20),
+        sources=_sources(where, mapping.get("sources")))
+
+
+def default_usable_memory_fraction() -> float:
+    """The devices file's ``usable_memory_fraction`` (the default for entries and inline devices)."""
+    return float(_raw()["usable_memory_fraction"])
+
+
 @lru_cache(maxsize=None)
-def _table() -> dict[str, DeviceSpec]:
+def _raw() -> dict[str, Any]:
     import yaml  # lazily: `import tpsim` works where PyYAML is missing (e.g. a bare GPU box running the profiler)
 
-    raw = yaml.safe_load((DATA_DIR / "devices.yaml").read_text())
+    return yaml.safe_load((DATA_DIR / "devices.yaml").read_text())
+
+
+@lru_cache(maxsize=None)
+def _table() -> dict[str, DeviceSpec]:
+    raw = _raw()
     frac = float(raw["usable_memory_fraction"])
-    table = {}
-    for name, d in raw["devices"].items():
-        table[name] = DeviceSpec(
-            name=name, peak_flops={k: float(v) * 1e12 for k, v in d["peak_tflops"].items()},
-            hbm_bandwidth=float(d["hbm_TBps"]) * 1e12, memory_bytes=int(d["memory_bytes"]),
-            usable_memory_fraction=float(d.get("usable_memory_fraction", frac)),
-            compute_units=int(d["compute_units"]), source=str(d["source"]))
-    return table
+    return {name: device_from_mapping(name, d, "devices.yaml", default_usable_fraction=frac)
+            for name, d in raw["devices"].items()}
 
 
 def device_names() -> list[str]:
     return sorted(_table())
+
+
+def device_entry(name: str) -> Mapping[str, Any]:
+    """The raw keys of a devices.yaml entry (found as :func:`get_device` finds it), for inline overrides."""
+    spec = get_device(name)
+    return _raw()["devices"][spec.name]
 
 
 def get_device(name: str) -> DeviceSpec:

@@ -14,7 +14,7 @@ import sys
 from ..errors import TpsimError
 
 # verb modules, in the order `tpsim --help` lists them
-VERB_MODULES = ("estimate", "plan", "report", "model", "topo", "collective", "bench_collectives", "calibrate",
+VERB_MODULES = ("estimate", "plan", "report", "model", "export", "topo", "collective", "bench_collectives", "calibrate",
                 "profile", "validate")
 
 

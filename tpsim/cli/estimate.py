@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from .common import add_cluster_args, add_model_args, add_plan_args, build_cluster, build_model, build_plan
+from .export import FORMATS as EXPORT_FORMATS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,11 +16,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Predict the step time, throughput, MFU and memory per GPU of one training plan. With no "
                     "arguments: GPT-3 175B on 1024 A100s (dgx-a100) with the Megatron plan tp=8 pp=16 sp "
                     "selective recomputation.")
-    add_model_args(p)
+    add_model_args(p, default=None)
     add_cluster_args(p)
     add_plan_args(p)
     p.add_argument("--profile", help="kernel profile CSV (tpsim profile) for compute times instead of the roofline")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="read the plan (and model shape, GPU count) from a launch config: a Megatron command line "
+                        "or script, a torchtitan TOML, a DeepSpeed JSON or launch script, a NeMo YAML, or a "
+                        "`tpsim export` folder; plan flags given here override the file's (docs/EXPORT.md)")
+    p.add_argument("--from-format", choices=EXPORT_FORMATS,
+                   help="format of --from when its name does not tell (default: from the file suffix)")
     p.set_defaults(func=run)
 
 
@@ -34,14 +42,23 @@ def compute_model(args: argparse.Namespace, cluster):
 def run(args: argparse.Namespace) -> int:
     from ..estimator import estimate
 
-    model = build_model(args)
-    cluster = build_cluster(args, model)
-    plan = build_plan(args, model, cluster)
+    note = ""
+    if args.from_file:
+        from .export import from_launch_file
+
+        model, cluster, plan, note = from_launch_file(args)
+    else:
+        args.model = args.model or "gpt3-175b"
+        model = build_model(args)
+        cluster = build_cluster(args, model)
+        plan = build_plan(args, model, cluster)
     result = estimate(model, cluster, plan, compute=compute_model(args, cluster))
     if args.json:
+        if note:
+            print(note, file=sys.stderr)
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
-        print(format_estimate(result, model))
+        print((note + "\n\n" if note else "") + format_estimate(result, model))
     return 0
 
 

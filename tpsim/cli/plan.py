@@ -25,8 +25,11 @@ import json
 import sys
 from typing import Any
 
+import numpy as np
+
 from ..errors import InputError
 from .common import add_cluster_args, add_model_args, build_model, cluster_and_gpus, positive_int
+from .export import FORMATS as EXPORT_FORMATS
 
 ORDER_CHOICES = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 
@@ -89,6 +92,13 @@ def register(subparsers: Any) -> None:
     o.add_argument("--no-cache", action="store_true",
                    help="do not use the on-disk result cache ($TPSIM_CACHE_DIR or ~/.cache/tpsim; "
                         "keyed by a hash of every input and of tpsim's code)")
+    e = p.add_argument_group("export (docs/EXPORT.md)")
+    e.add_argument("--export", dest="export_format", default=None, choices=EXPORT_FORMATS,
+                   help="write the launch config of the best plan the framework can run (its stack's rules)")
+    e.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for --export (rank<r>/ per plan with --export-top)")
+    e.add_argument("--export-top", type=positive_int, default=1, metavar="K",
+                   help="export the K best plans the framework can run (default 1)")
     p.set_defaults(func=run)
 
 
@@ -175,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top <= 0:
         raise InputError(f"--top={args.top} must be a positive integer")
+    if args.export_format and not args.out:
+        raise InputError(f"--export {args.export_format} needs --out DIR")
     model, cluster_name, gpus, batch = load_problem(args)
     space = build_space(args, model)
     clusters = clusters_for(cluster_name, gpus, args.objective)
@@ -195,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
             data["compare"] = comparison_json(compared)
         json.dump(data, sys.stdout, indent=1, allow_nan=False)
         print()
+        if args.export_format:
+            _export(args, result, model, file=sys.stderr)
         save_memo(result)
         return 0
     print(model.summary())
@@ -211,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_why(result))
     if args.pareto:
         print(format_pareto(result))
+    if args.export_format:
+        _export(args, result, model, file=sys.stdout)
     return 0
 
 
@@ -221,6 +237,51 @@ def _compare(result: Any, refs: list[str] | None) -> Any:
     from ..report.compare import compare
 
     return compare(result, refs)
+
+
+def _export(args: argparse.Namespace, result: Any, model: Any, file: Any) -> None:
+    """Write the launch configs of the ``--export-top`` best ranked plans the format's stack can run."""
+    from ..launch import export_context, export_plan, export_violation, format_stack, write_files
+    from .export import cluster_ref, model_ref
+
+    picked, skipped = runnable_ranks(result, model, format_stack(args.export_format), args.export_top)
+    if not picked:
+        common = max(skipped, key=skipped.get) if skipped else "no ranked plan"
+        raise InputError(f"--export {args.export_format}: none of the {len(result)} ranked plans can be run "
+                         f"(most common reason: {common})")
+    ref, overrides = model_ref(args, model)
+    for rank, i in picked:
+        cluster = result.parts[int(result.columns["part"][i])].cluster
+        ctx = export_context(model, cluster, result.plan(i), model_ref=ref, cluster_ref=cluster_ref(args, model),
+                             prediction=result.estimate_dict(i), model_overrides=overrides)
+        problem = export_violation(args.export_format, ctx)
+        if problem:
+            print(f"export: rank {rank} skipped: {problem}", file=file)
+            continue
+        out = args.out if args.export_top == 1 else f"{args.out}/rank{rank}"
+        paths = write_files(export_plan(args.export_format, ctx), out)
+        print(f"export: rank {rank} ({result.label(i)}) -> " + ", ".join(str(p) for p in paths), file=file)
+    if skipped:
+        print(f"export: {sum(skipped.values())} better-ranked plans skipped ("
+              + ", ".join(f"{k} {v}" for k, v in skipped.items()) + ")", file=file)
+
+
+def runnable_ranks(result: Any, model: Any, stack: Any, k: int) -> tuple[list[tuple[int, int]], dict[str, int]]:
+    """(rank, row) of the first ``k`` ranked plans the stack runs, and {rule: count} of the ones skipped
+    before them (one vectorized pass of the stack's rule table over the ranking)."""
+    from ..plan import PlanBatch
+    from ..stacks import count_violations
+
+    c, idx = result.columns, result.ranking
+    if not len(idx):
+        return [], {}
+    batch = PlanBatch.from_arrays(dtype=result.space.dtype, attention=result.space.attention,
+                                  **{f: c[f][idx] for f in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero",
+                                                            "micro_batch", "global_batch", "overlap", "order")})
+    codes = stack.violation_codes(batch, model)
+    ok = np.flatnonzero(codes == 0)[:k]
+    last = int(ok[-1]) + 1 if ok.size else len(idx)
+    return [(int(r) + 1, int(idx[r])) for r in ok], count_violations(codes[:last])
 
 
 def _uncached(*args: Any, compute_key: str = "", **kw: Any) -> Any:

@@ -38,7 +38,7 @@ class Cluster:
         self.spec = spec
         self.name = spec.name
         try:
-            self.device: DeviceSpec = get_device(spec.device)
+            self.device: DeviceSpec = spec.device_spec or get_device(spec.device)
         except InputError as exc:
             raise InputError(f"{spec.path}: {exc}") from None
         self.gpus_per_node: int = spec.gpus_per_node

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..hardware import DeviceSpec, default_usable_memory_fraction, device_entry, device_from_mapping
 from .files import check_keys, fraction, non_negative, positive, read_yaml, resolve, topologies_dir
 
 DEVICE_KINDS = ("gpu", "nvswitch", "pcie_switch", "cpu", "nic", "switch")
@@ -130,6 +131,9 @@ class ClusterSpec:
     default_efficiency: float
     calibration: CalibrationSpec | None
     raw: Mapping[str, Any] = field(repr=False)
+    device_spec: DeviceSpec | None = None
+    """a device defined inline in the cluster file (``device:`` as a mapping); None: ``device`` names an entry
+    of tpsim/data/devices.yaml."""
 
 
 # ----------------------------------------------------------------------------------------------- link kinds
@@ -389,6 +393,35 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
         cal_spec = load_calibration(calibration, Path.cwd(), "calibration")
     elif data.get("calibration") is not None:
         cal_spec = load_calibration(data["calibration"], path.parent, where)
+    device_name, device_spec = cluster_device(data["device"], where)
     return ClusterSpec(name=str(data.get("name", path.stem)), path=path, node=node, fabric=fabric,
-                       device=str(data["device"]), gpus=total, gpus_per_node=gpn, single_node=single,
-                       default_efficiency=eff, calibration=cal_spec, raw=data)
+                       device=device_name, gpus=total, gpus_per_node=gpn, single_node=single,
+                       default_efficiency=eff, calibration=cal_spec, raw=data, device_spec=device_spec)
+
+
+def cluster_device(body: Any, where: str) -> tuple[str, DeviceSpec | None]:
+    """A cluster file's ``device:``: a name in tpsim/data/devices.yaml, or an inline device (a mapping with
+    ``name``, the keys of a devices.yaml entry and ``source``; with ``base: <entry>`` the entry's figures are
+    the defaults and the mapping overrides them). Parsed by :func:`tpsim.hardware.device_from_mapping`."""
+    if isinstance(body, str):
+        return body, None
+    if not isinstance(body, Mapping):
+        raise InputError(f"{where}: device must be a device name or a mapping (name, peak_tflops, hbm_TBps, "
+                         f"memory_bytes, compute_units, source), got {body!r}")
+    name = body.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(f"{where}: device: name={name!r}: an inline device needs a name")
+    fields = {k: v for k, v in body.items() if k not in ("name", "base")}
+    if "base" in body:
+        base = body["base"]
+        try:
+            merged = dict(device_entry(str(base)))
+        except InputError as exc:
+            raise InputError(f"{where}: device {name}: base: {exc}") from None
+        if isinstance(fields.get("peak_tflops"), Mapping):
+            fields["peak_tflops"] = {**merged.get("peak_tflops", {}), **fields["peak_tflops"]}
+        if "source" not in fields:
+            raise InputError(f"{where}: device {name}: an inline device overriding {base} needs its own source")
+        merged.update(fields)
+        fields = merged
+    return name, device_from_mapping(name, fields, where, default_usable_memory_fraction())

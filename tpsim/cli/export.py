@@ -1,0 +1,113 @@
+"""``tpsim export``: write the launch config of one plan for Megatron-LM, torchtitan, DeepSpeed or NeMo.
+
+Examples::
+
+    tpsim export --format megatron --out run/ --model llama3-70b --cluster dgx-h100 --gpus 64 --tp 8 --pp 4 --sp
+    tpsim export --format all --out run/ --model llama3-8b --cluster h100-pcie --gpus 16 --tp 2 --zero 3
+
+The files start with a header naming the model, the cluster and the prediction; a plan the framework's stack
+cannot run (for example ZeRO-2 with pipeline stages on Megatron-LM or DeepSpeed) is refused with the rule.
+Formats and keys: docs/EXPORT.md. ``tpsim estimate --from FILE`` reads them back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .common import add_cluster_args, add_model_args, add_plan_args, build_cluster, build_model, build_plan
+
+SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
+FORMATS = ("megatron", "torchtitan", "deepspeed", "nemo")
+"""tpsim.launch.FORMATS, repeated here so that building the parser does not import the exporters."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a plan's launch config (Megatron, torchtitan, DeepSpeed, NeMo)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_format_args(p, FORMATS + ("all",), required=True)
+    add_model_args(p)
+    add_cluster_args(p)
+    add_plan_args(p)
+    p.add_argument("--profile", help="kernel profile CSV for the prediction in the header (default: roofline)")
+    p.add_argument("--no-predict", action="store_true", help="do not run the estimator (no prediction in the header)")
+    p.set_defaults(func=run)
+
+
+def add_format_args(p: argparse.ArgumentParser, choices: tuple[str, ...], required: bool) -> None:
+    g = p.add_argument_group("export")
+    g.add_argument("--format", dest="export_format", choices=choices, required=required,
+                   help="launch format (all: every format that can run the plan)")
+    g.add_argument("--out", required=required, metavar="DIR", help="folder for the files (created)")
+    g.add_argument("--stack", default=None,
+                   help="training-stack profile whose rules decide what can be exported (default: the format's: "
+                        "megatron for megatron and nemo, torchtitan, deepspeed; or a profile YAML path)")
+
+
+def model_ref(args: argparse.Namespace, model: Any) -> tuple[str, dict[str, int | None]]:
+    """How to load the model again (the --model argument) and the shape overrides given on the command line."""
+    return str(args.model), {k: getattr(args, k, None) for k in SHAPE_FLAGS}
+
+
+def cluster_ref(args: argparse.Namespace, model: Any) -> str:
+    from .common import cluster_and_gpus
+
+    return str(cluster_and_gpus(args, model)[0])
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..estimator import estimate
+    from ..launch import export_context, export_plan, export_violation, write_files
+    from .estimate import compute_model
+
+    model = build_model(args)
+    cluster = build_cluster(args, model)
+    plan = build_plan(args, model, cluster)
+    prediction = None
+    if not args.no_predict:
+        prediction = estimate(model, cluster, plan, compute=compute_model(args, cluster)).to_dict()
+    ref, overrides = model_ref(args, model)
+    ctx = export_context(model, cluster, plan, model_ref=ref, cluster_ref=cluster_ref(args, model),
+                         prediction=prediction, model_overrides=overrides)
+    formats = FORMATS if args.export_format == "all" else (args.export_format,)
+    written = 0
+    for fmt in formats:
+        out = args.out if len(formats) == 1 else f"{args.out}/{fmt}"
+        if len(formats) > 1:
+            problem = export_violation(fmt, ctx, args.stack)
+            if problem:
+                print(f"skipped {fmt}: {problem}", file=sys.stderr)
+                continue
+        paths = write_files(export_plan(fmt, ctx, args.stack), out)
+        written += 1
+        print(f"{fmt}: " + ", ".join(str(p) for p in paths))
+    if not written:
+        from ..errors import InputError
+        raise InputError(f"no format can run plan {plan.short()} (see the lines above)")
+    return 0
+
+
+def from_launch_file(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
+    """``tpsim estimate --from FILE``: the model, cluster and plan of a launch config, with the command line's
+    model, cluster, GPU and plan flags on top; and the notes to show (flags ignored, approximations, the stack
+    rule the plan breaks)."""
+    from ..launch import FORMAT_STACK, describe_import, import_launch, resolve_model, resolve_plan
+    from ..model import load_model, with_overrides
+    from ..stacks import load_stack
+    from ..topology import load_cluster
+    from .common import plan_fields
+
+    imp = import_launch(args.from_file, args.from_format)
+    base = load_model(args.model) if args.model else None
+    model = resolve_model(imp, base)
+    model = with_overrides(model, **{k: getattr(args, k, None) for k in SHAPE_FLAGS})
+    name = args.cluster or imp.cluster_ref or model.default_plan.get("cluster") or "dgx-a100"
+    gpus = args.gpus or imp.gpus or (model.default_plan.get("gpus") if not args.cluster else None)
+    cluster = load_cluster(name, gpus=gpus)
+    plan = resolve_plan(imp, model, cluster.num_gpus, global_batch=args.global_batch, overrides=plan_fields(args))
+    note = describe_import(imp)
+    problem = load_stack(FORMAT_STACK[imp.format]).plan_violation(plan, model)
+    if problem:
+        note += f"\n  warning: the {imp.format} stack would refuse this plan: {problem}"
+    return model, cluster, plan, note

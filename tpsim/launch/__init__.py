@@ -1,0 +1,150 @@
+"""Launch configs: export a plan as the files a framework runs, and read such files back (issue 14).
+
+Formats (docs/EXPORT.md): ``megatron`` (Megatron-LM / Megatron-Core ``pretrain_gpt.py`` arguments),
+``torchtitan`` (TOML job config), ``deepspeed`` (``ds_config.json`` + Megatron-DeepSpeed arguments) and
+``nemo`` (NeMo Megatron GPT YAML). Each format runs on a training stack (:mod:`tpsim.stacks`); a plan the stack
+cannot run is refused with the stack rule's line. Every format module has the same shape: ``export_files(ctx)
+-> {file name: text}`` and an import function returning :class:`ImportedLaunch`.
+
+Python API::
+
+    ctx = export_context(model, cluster, plan, model_ref="llama3-70b", cluster_ref="dgx-h100")
+    files = export_plan("megatron", ctx)            # {"megatron_args.sh": "..."}
+    imp = import_launch("out/megatron_args.sh")     # ImportedLaunch (plan fields, model shape, notes)
+    model, plan = resolve_model(imp), resolve_plan(imp, model, gpus=64)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import InputError
+from ..model import ModelSpec
+from ..plan import Plan
+from . import deepspeed, megatron, nemo, torchtitan
+from .common import (ExportContext, ImportedLaunch, check_exportable, resolve_model, resolve_plan)
+
+FORMATS = ("megatron", "torchtitan", "deepspeed", "nemo")
+FORMAT_STACK = {"megatron": "megatron", "nemo": "megatron", "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
+"""the training stack whose rules decide what each format can run (NeMo 1.x runs Megatron-Core)."""
+_MODULES = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed, "nemo": nemo}
+MAX_FILE_BYTES = 1 << 20
+
+__all__ = ["FORMATS", "FORMAT_STACK", "ExportContext", "ImportedLaunch", "export_context", "export_plan",
+           "write_files", "import_launch", "resolve_model", "resolve_plan"]
+
+
+def export_context(model: ModelSpec, cluster: Any, plan: Plan, *, model_ref: str, cluster_ref: str,
+                   prediction: Mapping[str, Any] | None = None,
+                   model_overrides: Mapping[str, int | None] | None = None) -> ExportContext:
+    """The context of an export from a loaded cluster (its GPU count, GPUs per node and device name)."""
+    overrides = {k: int(v) for k, v in (model_overrides or {}).items() if v is not None}
+    return ExportContext(model=model, plan=plan, gpus=int(cluster.num_gpus), gpus_per_node=int(cluster.gpus_per_node),
+                         model_ref=model_ref, cluster_ref=cluster_ref, model_overrides=overrides,
+                         cluster_desc=f"{cluster.name}: {cluster.num_gpus} x {cluster.device.name}",
+                         prediction=prediction)
+
+
+def format_stack(fmt: str, stack: Any = None) -> Any:
+    """The stack profile that decides what ``fmt`` can run (``stack`` overrides: a name, path or profile)."""
+    from ..stacks import StackProfile, load_stack
+
+    if fmt not in FORMATS:
+        raise InputError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
+    if isinstance(stack, StackProfile):
+        return stack
+    return load_stack(stack or FORMAT_STACK[fmt])
+
+
+def export_violation(fmt: str, ctx: ExportContext, stack: Any = None) -> str | None:
+    """Why ``fmt`` cannot run the plan (the stack rule, or the format's own limit), or None."""
+    try:
+        check_exportable(ctx, format_stack(fmt, stack), fmt, _format_violation(fmt, ctx))
+    except InputError as exc:
+        return str(exc)
+    return None
+
+
+def _format_violation(fmt: str, ctx: ExportContext) -> str | None:
+    check = getattr(_MODULES[fmt], "format_violation", None)
+    return check(ctx) if check else None
+
+
+def export_plan(fmt: str, ctx: ExportContext, stack: Any = None) -> dict[str, str]:
+    """The files of ``fmt`` for the context's plan: {file name: text}. A plan the format's stack cannot run
+    raises :class:`InputError` naming the rule."""
+    check_exportable(ctx, format_stack(fmt, stack), fmt, _format_violation(fmt, ctx))
+    return _MODULES[fmt].export_files(ctx)
+
+
+def write_files(files: Mapping[str, str], out_dir: str | Path) -> list[Path]:
+    """Write the files into ``out_dir`` (created); shell scripts are made executable."""
+    out = Path(out_dir).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, text in files.items():
+            path = out / name
+            path.write_text(text)
+            if name.endswith(".sh"):
+                path.chmod(0o755)
+            paths.append(path)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write ({exc.strerror})") from None
+    return paths
+
+
+def detect_format(path: Path, text: str) -> str:
+    """The format of a file: .toml torchtitan, .json DeepSpeed, .yaml/.yml NeMo, anything else a command line
+    (Megatron-DeepSpeed when it has ``--deepspeed``)."""
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        return "torchtitan"
+    if suffix == ".json":
+        return "deepspeed"
+    if suffix in (".yaml", ".yml"):
+        return "nemo"
+    return "deepspeed" if "--deepspeed" in text.replace("--deepspeed-", "") else "megatron"
+
+
+def import_launch(path: str | Path, fmt: str | None = None) -> ImportedLaunch:
+    """Read a launch file (or an export folder) back: plan fields, model shape, GPU count and notes."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = _export_file_in(p)
+    if not p.is_file():
+        raise InputError(f"--from {path}: file does not exist")
+    if p.stat().st_size > MAX_FILE_BYTES:
+        raise InputError(f"--from {path}: {p.stat().st_size} bytes is more than a launch config "
+                         f"({MAX_FILE_BYTES} at most)")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--from {path}: cannot read ({exc})") from None
+    fmt = fmt or detect_format(p, text)
+    if fmt == "torchtitan":
+        return torchtitan.import_text(p, text)
+    if fmt == "nemo":
+        return nemo.import_text(p, text)
+    if fmt == "deepspeed":
+        return deepspeed.import_json(p, text) if p.suffix.lower() == ".json" else deepspeed.import_script(p, text)
+    if fmt == "megatron":
+        return megatron.import_text(p, text)
+    raise InputError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+def _export_file_in(folder: Path) -> Path:
+    names = (megatron.FILENAME, torchtitan.FILENAME, deepspeed.SCRIPT, nemo.FILENAME)
+    found = [folder / n for n in names if (folder / n).is_file()]
+    if len(found) != 1:
+        raise InputError(f"--from {folder}: expected one of {', '.join(names)} in the folder, found "
+                         f"{len(found)}")
+    return found[0]
+
+
+def describe_import(imp: ImportedLaunch) -> str:
+    """One line per note, for the user (what was approximated, ignored or unresolved)."""
+    lines = [f"imported {imp.path} ({imp.format})"]
+    lines += [f"  note: {n}" for n in imp.notes]
+    return "\n".join(lines)

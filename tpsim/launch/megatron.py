@@ -1,0 +1,412 @@
+"""Megatron-LM / Megatron-Core command lines: export a plan as ``pretrain_gpt.py`` arguments and read them back
+(from a script or a pasted command).
+
+Argument names are those of megatron/training/arguments.py at Megatron-LM commit 000c4ac2 (after
+Megatron-Core 0.14); tests/data/megatron_args_000c4ac2.txt lists the names checked, with the source.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import InputError
+from ..model import ModelSpec
+from ..plan import Plan
+from ..stacks import order_key
+from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
+from .shell import Command, flag_values, parse_command
+
+FILENAME = "megatron_args.sh"
+MEGATRON_VERSION = "Megatron-LM 000c4ac2 (Megatron-Core >= 0.14)"
+CP_COMM = {"ring": "p2p", "a2a": "a2a"}
+ZERO_FROM_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+
+# ------------------------------------------------------------------------------------------------- export
+
+def plan_args(plan: Plan, model: ModelSpec) -> list[list[str]]:
+    """Megatron arguments of the plan: parallel sizes, batch, recomputation, optimizer sharding, precision."""
+    args: list[list[str]] = [["--tensor-model-parallel-size", str(plan.tp)],
+                             ["--pipeline-model-parallel-size", str(plan.pp)]]
+    if plan.pp > 1 and model.num_layers % (plan.pp * plan.vpp):
+        args.append(["--pipeline-model-parallel-layout", shlex.quote(layout(model.num_layers, plan.pp, plan.vpp))])
+    elif plan.vpp > 1:
+        args.append(["--num-layers-per-virtual-pipeline-stage", str(model.num_layers // (plan.pp * plan.vpp))])
+    if plan.sp:
+        args.append(["--sequence-parallel"])
+    cp, ep = axis(plan, "cp"), axis(plan, "ep")
+    if cp > 1:
+        args += [["--context-parallel-size", str(cp)], ["--cp-comm-type", CP_COMM[axis(plan, "cp_kind")]]]
+    if ep > 1:
+        args.append(["--expert-model-parallel-size", str(ep)])
+        if axis(plan, "etp"):
+            args.append(["--expert-tensor-parallel-size", str(axis(plan, "etp"))])
+    if order_key(plan.order) == "tp-pp-dp":
+        args.append(["--use-tp-pp-dp-mapping"])
+    args += [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(plan.global_batch)]]
+    args += _recompute(plan.recompute) + _zero(plan) + _precision(plan.dtype)
+    # auto: Transformer Engine picks FlashAttention or cuDNN fused attention; neither stores the scores
+    args.append(["--attention-backend", "auto" if plan.attention == "flash" else "unfused"])
+    return args
+
+
+def chunk_layers(num_layers: int, pp: int, vpp: int) -> list[int]:
+    """Layers of each model chunk in model order (chunk k = virtual stage k // pp on rank k % pp), split as
+    tpsim's estimator splits them (tpsim.estimator.memory.stage_layers): chunks differ by at most one layer and
+    the extra layers go to the middle ranks first, then half to the first and half to the last rank."""
+    base, extra = divmod(num_layers, pp * vpp)
+    counts = [base] * (pp * vpp)
+    middle = list(range(1, pp - 1))
+    to_middle = min(extra, len(middle) * vpp)
+    order = [v * pp + r for v in range(vpp) for r in middle]
+    for k in order[:to_middle]:
+        counts[k] += 1
+    left = extra - to_middle
+    for n, rank in ((left // 2, 0), (left - left // 2, pp - 1)):
+        for v in range(n):
+            counts[v * pp + rank] += 1
+    return counts
+
+
+def layout(num_layers: int, pp: int, vpp: int) -> str:
+    """``--pipeline-model-parallel-layout`` of :func:`chunk_layers`: stages in model order separated by ``|``,
+    ``E`` (embedding) first and ``L`` (loss) last, ``t*n`` for n decoder layers
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
+    stages = [f"t*{n}" if n > 1 else "t" * n for n in chunk_layers(num_layers, pp, vpp)]
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    return "|".join(stages)
+
+
+def layout_stages(text: str) -> tuple[int, int]:
+    """(stages, decoder layers) of a layout string, unrolled as Megatron's parse_str_to_list does."""
+    text = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    if set(text) - set("ELtm|"):
+        raise ValueError(text)
+    return text.count("|") + 1, text.count("t")
+
+
+def _recompute(recompute: str) -> list[list[str]]:
+    if recompute == "selective":
+        return [["--recompute-granularity", "selective"]]
+    if recompute == "full":
+        return [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
+                ["--recompute-num-layers", "1"]]
+    return []
+
+
+def _zero(plan: Plan) -> list[list[str]]:
+    overlap = [["--overlap-grad-reduce"]] if plan.overlap else []
+    if plan.zero == 1:
+        return [["--use-distributed-optimizer"]] + overlap + ([["--overlap-param-gather"]] if overlap else [])
+    if plan.zero in (2, 3):
+        strategy = "optim_grads" if plan.zero == 2 else "optim_grads_params"
+        return ([["--use-megatron-fsdp"], ["--data-parallel-sharding-strategy", strategy],
+                 ["--ckpt-format", "fsdp_dtensor"], ["--init-model-with-meta-device"]] + overlap
+                + ([["--overlap-param-gather"]] if overlap else []))
+    return overlap
+
+
+def _precision(dtype: str) -> list[list[str]]:
+    return {"bf16": [["--bf16"]], "fp16": [["--fp16"]], "fp8": [["--bf16"], ["--fp8-format", "hybrid"]],
+            "fp32": []}[dtype]
+
+
+def model_args(model: ModelSpec) -> list[list[str]]:
+    """Megatron model-shape arguments (GPT: LayerNorm, GeLU, learned positions; Llama: RMSNorm, SwiGLU, RoPE)."""
+    args = [["--num-layers", str(model.num_layers)], ["--hidden-size", str(model.hidden_size)],
+            ["--ffn-hidden-size", str(model.ffn_hidden_size)],
+            ["--num-attention-heads", str(model.num_attention_heads)]]
+    if model.num_kv_heads != model.num_attention_heads:
+        args += [["--group-query-attention"], ["--num-query-groups", str(model.num_kv_heads)]]
+    if model.head_dim * model.num_attention_heads != model.hidden_size:
+        args.append(["--kv-channels", str(model.head_dim)])
+    args += [["--seq-length", str(model.seq_len)], ["--max-position-embeddings", str(model.max_positions)],
+             ["--vocab-size", str(model.vocab_size)], ["--make-vocab-size-divisible-by", "128"]]
+    if model.norm == "rmsnorm":
+        args.append(["--normalization", "RMSNorm"])
+    if model.activation == "swiglu":
+        args.append(["--swiglu"])
+    if model.position == "rotary":
+        args.append(["--position-embedding-type", "rope"])
+    if not model.tie_embeddings:
+        args.append(["--untie-embeddings-and-output-weights"])
+    if not model.linear_bias:
+        args.append(["--disable-bias-linear"])
+        if model.qkv_bias:
+            args.append(["--add-qkv-bias"])
+    return args
+
+
+def launcher(ctx: ExportContext) -> str:
+    return (f"torchrun --nproc-per-node {ctx.devices_per_node} --nnodes {ctx.nodes} "
+            f"--node-rank \"${{NODE_RANK:-0}}\" --master-addr \"${{MASTER_ADDR:-localhost}}\" "
+            f"--master-port \"${{MASTER_PORT:-6000}}\"")
+
+
+def export_files(ctx: ExportContext) -> dict[str, str]:
+    """``megatron_args.sh``: header, environment, and the torchrun command with one argument per line (data,
+    tokenizer, learning-rate and checkpoint arguments are passed through ``"$@"``)."""
+    plan, model = ctx.plan, ctx.model
+    notes = ["data, tokenizer, optimizer and checkpoint arguments: append them (they are passed through \"$@\");",
+             "--vocab-size states the vocabulary for tpsim; with a real tokenizer the tokenizer sets it.",
+             f"argument names: {MEGATRON_VERSION} megatron/training/arguments.py."]
+    env = []
+    if plan.tp > 1 or axis(plan, "cp") > 1:
+        env.append("export CUDA_DEVICE_MAX_CONNECTIONS=1   # required with tp or cp > 1 before Blackwell "
+                   "(arguments.py validate_args)")
+    lines = [launcher(ctx) + " pretrain_gpt.py"]
+    lines += [" ".join(a) for a in model_args(model) + plan_args(plan, model)]
+    lines.append('"$@"')
+    body = " \\\n    ".join(lines)
+    text = ("#!/usr/bin/env bash\n" + commented(header_lines(ctx, "Megatron-LM") + notes) + "set -euo pipefail\n"
+            + "".join(e + "\n" for e in env) + body + "\n")
+    return {FILENAME: text}
+
+
+# ------------------------------------------------------------------------------------------------- import
+
+INT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+             "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+             "--micro-batch-size", "--global-batch-size", "--num-layers", "--hidden-size", "--ffn-hidden-size",
+             "--num-attention-heads", "--num-query-groups", "--kv-channels", "--seq-length",
+             "--max-position-embeddings", "--vocab-size", "--context-parallel-size", "--expert-model-parallel-size",
+             "--expert-tensor-parallel-size", "--recompute-num-layers", "--make-vocab-size-divisible-by",
+             "--zero-stage", "--ds-sequence-parallel-size")
+TEXT_FLAGS = ("--recompute-granularity", "--recompute-method", "--attention-backend", "--normalization",
+              "--position-embedding-type", "--data-parallel-sharding-strategy", "--fp8-format", "--cp-comm-type",
+              "--deepspeed_config", "--deepspeed-config", "--ckpt-format", "--recompute-modules",
+             "--pipeline-model-parallel-layout")
+BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
+              "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16", "--overlap-grad-reduce",
+              "--overlap-param-gather", "--use-tp-pp-dp-mapping", "--swiglu", "--untie-embeddings-and-output-weights",
+              "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--recompute-activations",
+              "--use-flash-attn", "--use-rotary-position-embeddings", "--deepspeed", "--no-pipeline-parallel",
+              "--checkpoint-activations", "--deepspeed-activation-checkpointing", "--use-flash-attn-v2",
+              "--init-model-with-meta-device", "--account-for-embedding-in-pipeline-split",
+              "--account-for-loss-in-pipeline-split")
+KNOWN_FLAGS = set(INT_FLAGS) | set(TEXT_FLAGS) | set(BOOL_FLAGS)
+
+
+class Flags:
+    """Typed access to parsed ``--flags`` (errors name the file, the flag and the value)."""
+
+    def __init__(self, flags: Mapping[str, list[str]], where: str) -> None:
+        self.flags = {name.replace("_", "-") if name != "--deepspeed_config" else name: values
+                      for name, values in flags.items()}
+        self.where = where
+
+    def has(self, name: str) -> bool:
+        return name in self.flags
+
+    def int(self, name: str) -> int | None:
+        values = self.flags.get(name)
+        if values is None:
+            return None
+        if len(values) != 1 or not values[0].lstrip("-").isdigit():
+            raise InputError(f"{self.where}: {name} {' '.join(values)!r} must be one integer")
+        return int(values[0])
+
+    def text(self, name: str) -> str | None:
+        values = self.flags.get(name)
+        if values is None:
+            return None
+        if not values:
+            raise InputError(f"{self.where}: {name} needs a value")
+        return values[0]
+
+    def values(self, name: str) -> list[str]:
+        return list(self.flags.get(name, []))
+
+
+def read_command(path: Path, text: str) -> tuple[Command, Flags, list[str]]:
+    """The training command of a script or pasted argument list, its flags and the notes so far."""
+    command = parse_command(text, str(path))
+    flags, loose = flag_values(command.args)
+    notes = list(command.notes)
+    if loose:
+        notes.append(f"positional words ignored: {' '.join(loose[:6])}{' ...' if len(loose) > 6 else ''}")
+    return command, Flags(flags, str(path)), notes
+
+
+def import_text(path: Path, text: str) -> ImportedLaunch:
+    """A Megatron launch script or pasted command line as an :class:`ImportedLaunch`."""
+    command, f, notes = read_command(path, text)
+    plan, shape = plan_fields(f, notes), model_shape(f)
+    ignored = sorted(set(f.flags) - KNOWN_FLAGS)
+    if ignored:
+        notes.append(f"{len(ignored)} flags not used by tpsim (data, optimizer, logging, ...): "
+                     + " ".join(ignored[:12]) + (" ..." if len(ignored) > 12 else ""))
+    header = read_header(text)
+    gpus = command.gpus_per_node * (command.nodes or 1) if command.gpus_per_node else None
+    shape = {**header_shape(header), **shape}
+    return ImportedLaunch(format="megatron", path=path, plan_fields=plan, model_shape=shape,
+                          layers_per_virtual_stage=f.int("--num-layers-per-virtual-pipeline-stage"),
+                          model_ref=header.get("model"), cluster_ref=header.get("cluster"),
+                          gpus=gpus or _int_or_none(header.get("gpus")), notes=tuple(notes))
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
+    """tpsim plan fields from Megatron flags (Megatron's defaults where a flag is absent)."""
+    tp = f.int("--tensor-model-parallel-size") or 1
+    pp = f.int("--pipeline-model-parallel-size") or 1
+    fields: dict[str, Any] = {"tp": tp, "pp": pp, "sp": f.has("--sequence-parallel") and tp > 1,
+                              "micro_batch": f.int("--micro-batch-size") or 1,
+                              "global_batch": f.int("--global-batch-size"),
+                              "recompute": _recompute_of(f, notes), "zero": _zero_of(f, notes),
+                              "dtype": _dtype_of(f), "overlap": f.has("--overlap-grad-reduce"),
+                              "order": "tp-pp-dp" if f.has("--use-tp-pp-dp-mapping") else "tp-dp-pp",
+                              "attention": _attention_of(f, notes)}
+    if f.has("--sequence-parallel") and tp == 1:
+        notes.append("--sequence-parallel with tp=1: Megatron disables it")
+    uneven = [n for n in ("--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
+                          "--decoder-last-pipeline-num-layers", "--account-for-embedding-in-pipeline-split",
+                          "--account-for-loss-in-pipeline-split") if f.has(n)]
+    if uneven:
+        notes.append(f"{' '.join(uneven)}: the layer split is tpsim's own (chunks differ by at most one layer, "
+                     f"extra layers on the middle ranks)")
+    fields["vpp"] = _vpp_of(f, pp)
+    cp = f.int("--context-parallel-size") or 1
+    if cp > 1:
+        kinds = f.values("--cp-comm-type") or ["p2p"]
+        kind = {"p2p": "ring", "a2a": "a2a"}.get(kinds[0])
+        if kind is None or len(set(kinds)) > 1:
+            notes.append(f"--cp-comm-type {' '.join(kinds)}: estimated as ring (p2p)")
+            kind = "ring"
+        fields.update(cp=cp, cp_kind=kind)
+    ep = f.int("--expert-model-parallel-size") or 1
+    if ep > 1:
+        fields["ep"] = ep
+        etp = f.int("--expert-tensor-parallel-size")
+        if etp is not None and etp != tp:
+            fields["etp"] = etp
+    return fields
+
+
+def _vpp_of(f: Flags, pp: int) -> int | None:
+    """vpp from --pipeline-model-parallel-layout or --num-virtual-stages-per-pipeline-rank, or from
+    --num-layers-per-virtual-pipeline-stage and --num-layers (without --num-layers: left to
+    :func:`resolve_plan` once the model is known)."""
+    text = f.text("--pipeline-model-parallel-layout")
+    if text is not None:
+        try:
+            stages, _ = layout_stages(text)
+        except (ValueError, re.error):
+            raise InputError(f"{f.where}: --pipeline-model-parallel-layout {text!r} is not a layout of E, t, m, L "
+                             f"and |") from None
+        if stages % pp:
+            raise InputError(f"{f.where}: --pipeline-model-parallel-layout has {stages} stages, not a multiple of "
+                             f"pp={pp}")
+        return stages // pp
+    per_rank = f.int("--num-virtual-stages-per-pipeline-rank")
+    if per_rank:
+        return per_rank
+    per_stage = f.int("--num-layers-per-virtual-pipeline-stage")
+    layers = f.int("--num-layers")
+    if layers:   # validate_args counts the embedding and the loss as layers when told to
+        layers += f.has("--account-for-embedding-in-pipeline-split") + f.has("--account-for-loss-in-pipeline-split")
+    if not per_stage or not layers:
+        return None
+    if layers % (pp * per_stage):
+        raise InputError(f"{f.where}: --num-layers {layers} is not a multiple of pp={pp} x "
+                         f"--num-layers-per-virtual-pipeline-stage {per_stage}")
+    return layers // (pp * per_stage)
+
+
+def _recompute_of(f: Flags, notes: list[str]) -> str:
+    granularity = f.text("--recompute-granularity")
+    if f.has("--recompute-activations") and granularity is None:
+        granularity = "selective"
+    if granularity is None:
+        return "full" if f.has("--checkpoint-activations") else "none"
+    if granularity == "selective":
+        modules = f.values("--recompute-modules")
+        if modules and modules != ["core_attn"]:
+            notes.append(f"--recompute-modules {' '.join(modules)}: estimated as core-attention recomputation")
+        return "selective"
+    if granularity != "full":
+        raise InputError(f"{f.where}: --recompute-granularity {granularity!r} is not full or selective")
+    method, layers = f.text("--recompute-method"), f.int("--recompute-num-layers")
+    if method == "block" or (method == "uniform" and layers not in (None, 1)):
+        notes.append(f"--recompute-method {method} --recompute-num-layers {layers}: estimated as full "
+                     f"recomputation of every layer")
+    return "full"
+
+
+def _zero_of(f: Flags, notes: list[str]) -> int:
+    if f.has("--zero-stage"):
+        return f.int("--zero-stage") or 0
+    if f.has("--use-megatron-fsdp"):
+        strategy = f.text("--data-parallel-sharding-strategy") or "no_shard"
+        if strategy not in ZERO_FROM_SHARDING:
+            raise InputError(f"{f.where}: --data-parallel-sharding-strategy {strategy!r} is not one of "
+                             f"{', '.join(ZERO_FROM_SHARDING)}")
+        return ZERO_FROM_SHARDING[strategy]
+    if f.has("--use-torch-fsdp2"):
+        if f.has("--torch-fsdp2-no-reshard-after-forward"):
+            return 2
+        return 3
+    return 1 if f.has("--use-distributed-optimizer") else 0
+
+
+def _dtype_of(f: Flags) -> str:
+    if f.has("--fp8-format"):
+        return "fp8"
+    if f.has("--bf16"):
+        return "bf16"
+    return "fp16" if f.has("--fp16") else "fp32"
+
+
+def _attention_of(f: Flags, notes: list[str]) -> str:
+    backend = f.text("--attention-backend")
+    if backend is None:
+        return "flash" if not f.has("--deepspeed") or f.has("--use-flash-attn-v2") or f.has("--use-flash-attn") \
+            else "unfused"
+    if backend in ("unfused", "local"):
+        return "unfused"
+    if backend not in ("flash", "fused", "auto"):
+        raise InputError(f"{f.where}: --attention-backend {backend!r} is not flash, fused, unfused, local or auto")
+    if backend == "fused":
+        notes.append("--attention-backend fused (cuDNN) estimated as flash attention (scores not stored)")
+    return "flash"
+
+
+def model_shape(f: Flags) -> dict[str, Any]:
+    """ModelSpec fields the flags state (shape, and architecture when flags say so)."""
+    shape: dict[str, Any] = {}
+    for flag, key in (("--num-layers", "num_layers"), ("--hidden-size", "hidden_size"),
+                      ("--ffn-hidden-size", "ffn_hidden_size"), ("--num-attention-heads", "num_attention_heads"),
+                      ("--seq-length", "seq_len"), ("--max-position-embeddings", "max_positions"),
+                      ("--vocab-size", "vocab_size")):
+        value = f.int(flag)
+        if value is not None:
+            shape[key] = value
+    kv_channels = f.int("--kv-channels")
+    if kv_channels and shape.get("hidden_size") != kv_channels * shape.get("num_attention_heads", 0):
+        shape["head_dim"] = kv_channels
+    if f.has("--group-query-attention") and f.int("--num-query-groups"):
+        shape["num_kv_heads"] = f.int("--num-query-groups")
+    elif "num_attention_heads" in shape:
+        shape["num_kv_heads"] = shape["num_attention_heads"]
+    if f.has("--swiglu"):
+        shape["activation"] = "swiglu"
+    if f.text("--normalization") == "RMSNorm":
+        shape["norm"] = "rmsnorm"
+    if f.text("--position-embedding-type") == "rope" or f.has("--use-rotary-position-embeddings"):
+        shape["position"] = "rotary"
+    if f.has("--num-layers"):   # a full command states these choices by the presence of flags
+        shape.setdefault("activation", "gelu")
+        shape.setdefault("norm", "layernorm")
+        shape.setdefault("position", "learned")
+        shape["tie_embeddings"] = not f.has("--untie-embeddings-and-output-weights")
+        shape["linear_bias"] = not f.has("--disable-bias-linear")
+        shape["qkv_bias"] = shape["linear_bias"] or f.has("--add-qkv-bias")
+    return shape

@@ -1,0 +1,183 @@
+"""NeMo (1.x, Megatron-Core GPT) YAML: the ``trainer`` and ``model`` keys of NeMo's Megatron GPT config.
+
+Keys are those of NeMo's ``megatron_gpt_config.yaml`` family as in the NeMo-Framework-Launcher base configs
+(gpt3.yaml, llama3_8b.yaml reproduced in NVIDIA/NeMo nemo/collections/llm/tools/auto_configurator/tests/
+base_configs_tests/test_base_configs.py at commit 00bdb97c): trainer.devices / num_nodes / precision; model
+micro_batch_size, global_batch_size, tensor_model_parallel_size, pipeline_model_parallel_size,
+virtual_pipeline_model_parallel_size, context_parallel_size, expert_model_parallel_size, sequence_parallel,
+encoder_seq_length, num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups,
+normalization, activation, position_embedding_type, bias, share_embeddings_and_output_weights,
+activations_checkpoint_granularity / method / num_layers, mcore_gpt, fp8 / fp8_hybrid, use_flash_attention,
+optim.name (distributed_fused_adam = the distributed optimizer) and optim.overlap_grad_sync; ZeRO-2/3 are
+NeMo's torch FSDP (fsdp, fsdp_sharding_strategy 'grad' / 'full').
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import InputError
+from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
+
+FILENAME = "nemo_megatron_gpt.yaml"
+NEMO_VERSION = "NeMo 1.x Megatron GPT config (launcher base configs, NVIDIA/NeMo 00bdb97c)"
+PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": 32, "fp8": "bf16-mixed"}
+FSDP = {2: "grad", 3: "full"}
+
+
+def format_violation(ctx: ExportContext) -> str | None:
+    from ..stacks import order_key
+
+    plan, layers = ctx.plan, ctx.model.num_layers
+    if order_key(plan.order) != "tp-dp-pp":
+        return f"order={plan.order}: NeMo's config has no rank-order key (Megatron's default tp-cp-ep-dp-pp)"
+    if layers % (plan.pp * plan.vpp):
+        return (f"pp={plan.pp} x vpp={plan.vpp} does not divide num_layers={layers}: the NeMo 1.x config has no "
+                f"uneven pipeline layout key")
+    return None
+
+
+def config(ctx: ExportContext) -> dict[str, Any]:
+    plan, m = ctx.plan, ctx.model
+    model: dict[str, Any] = {
+        "mcore_gpt": True, "micro_batch_size": plan.micro_batch, "global_batch_size": plan.global_batch,
+        "tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
+        "virtual_pipeline_model_parallel_size": plan.vpp if plan.vpp > 1 else None,
+        "context_parallel_size": axis(plan, "cp"), "expert_model_parallel_size": axis(plan, "ep"),
+        "sequence_parallel": plan.sp,
+        "encoder_seq_length": m.seq_len, "max_position_embeddings": m.max_positions, "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size, "ffn_hidden_size": m.ffn_hidden_size,
+        "num_attention_heads": m.num_attention_heads, "num_query_groups": m.num_kv_heads,
+        "kv_channels": None if m.head_dim * m.num_attention_heads == m.hidden_size else m.head_dim,
+        "normalization": m.norm, "activation": "fast-swiglu" if m.activation == "swiglu" else "gelu",
+        "position_embedding_type": "rope" if m.position == "rotary" else "learned_absolute",
+        "bias": m.linear_bias, "share_embeddings_and_output_weights": m.tie_embeddings,
+        "make_vocab_size_divisible_by": 128,
+        "activations_checkpoint_granularity": None if plan.recompute == "none" else plan.recompute,
+        "activations_checkpoint_method": "uniform" if plan.recompute == "full" else None,
+        "activations_checkpoint_num_layers": 1 if plan.recompute == "full" else None,
+        "megatron_amp_O2": plan.dtype in ("bf16", "fp16", "fp8"), "transformer_engine": True,
+        "fp8": plan.dtype == "fp8", "fp8_hybrid": plan.dtype == "fp8",
+        "use_flash_attention": plan.attention == "flash",
+        "fsdp": plan.zero in FSDP,
+        "optim": {"name": "distributed_fused_adam" if plan.zero == 1 else "fused_adam",
+                  "overlap_grad_sync": bool(plan.overlap)},
+    }
+    if plan.zero in FSDP:
+        model["fsdp_sharding_strategy"] = FSDP[plan.zero]
+    trainer = {"devices": ctx.devices_per_node, "num_nodes": ctx.nodes, "accelerator": "gpu",
+               "precision": PRECISION[plan.dtype]}
+    return {"trainer": trainer, "model": model}
+
+
+def export_files(ctx: ExportContext) -> dict[str, str]:
+    import yaml
+
+    notes = [f"keys: {NEMO_VERSION}; merge into megatron_gpt_config.yaml (tokenizer, data, optim lr and",
+             f"scheduler come from there). Vocabulary {ctx.model.vocab_size} comes from the tokenizer."]
+    body = yaml.safe_dump(config(ctx), sort_keys=False, default_flow_style=False)
+    return {FILENAME: commented(header_lines(ctx, "NeMo") + notes) + body}
+
+
+# ------------------------------------------------------------------------------------------------- import
+
+def import_text(path: Path, text: str) -> ImportedLaunch:
+    from ..topology.files import read_yaml  # strict: duplicate keys refused, one line naming the file
+
+    where = str(path)
+    data = read_yaml(path)
+    if not isinstance(data, Mapping) or not isinstance(data.get("model"), Mapping):
+        raise InputError(f"{path}: a NeMo config needs a model: section")
+    model, trainer = data["model"], data.get("trainer") or {}
+    notes: list[str] = []
+    get = lambda key, default=None: model.get(key, default)  # noqa: E731
+    tp, pp = _int(get("tensor_model_parallel_size", 1), "tensor_model_parallel_size", where), \
+        _int(get("pipeline_model_parallel_size", 1), "pipeline_model_parallel_size", where)
+    vpp = get("virtual_pipeline_model_parallel_size")
+    fields: dict[str, Any] = {
+        "tp": tp, "pp": pp, "vpp": _int(vpp, "virtual_pipeline_model_parallel_size", where) if vpp else 1,
+        "sp": bool(get("sequence_parallel", False)) and tp > 1,
+        "micro_batch": _int(get("micro_batch_size", 1), "micro_batch_size", where),
+        "global_batch": _int(get("global_batch_size"), "global_batch_size", where) if get("global_batch_size")
+        else None,
+        "recompute": _recompute(get("activations_checkpoint_granularity"), get("activations_checkpoint_method"),
+                                get("activations_checkpoint_num_layers"), where, notes),
+        "zero": _zero(model, where), "dtype": _dtype(trainer.get("precision", 32), model, where),
+        "overlap": bool((get("optim") or {}).get("overlap_grad_sync", False)), "order": "tp-dp-pp",
+        "attention": "flash" if get("use_flash_attention", True) else "unfused"}
+    cp = _int(get("context_parallel_size", 1) or 1, "context_parallel_size", where)
+    if cp > 1:
+        fields.update(cp=cp, cp_kind="ring")
+    ep = _int(get("expert_model_parallel_size", 1) or 1, "expert_model_parallel_size", where)
+    if ep > 1:
+        fields["ep"] = ep
+    header = read_header(text)
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes", 1)
+    gpus = devices * nodes if isinstance(devices, int) and isinstance(nodes, int) else None
+    return ImportedLaunch(format="nemo", path=path, plan_fields=fields,
+                          model_shape={**header_shape(header), **_shape(model, where)},
+                          model_ref=header.get("model"), cluster_ref=header.get("cluster"),
+                          gpus=gpus or (int(header["gpus"]) if header.get("gpus", "").isdigit() else None),
+                          notes=tuple(notes))
+
+
+def _int(value: Any, key: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(f"{where}: model.{key}={value!r} must be a positive integer")
+    return value
+
+
+def _recompute(granularity: Any, method: Any, layers: Any, where: str, notes: list[str]) -> str:
+    if granularity in (None, "null"):
+        return "none"
+    if granularity not in ("selective", "full"):
+        raise InputError(f"{where}: activations_checkpoint_granularity={granularity!r} is not selective or full")
+    if granularity == "full" and (method == "block" or layers not in (None, 1)):
+        notes.append(f"activations_checkpoint_method {method} num_layers {layers}: estimated as full "
+                     f"recomputation of every layer")
+    return str(granularity)
+
+
+def _zero(model: Mapping[str, Any], where: str) -> int:
+    if model.get("fsdp"):
+        strategy = model.get("fsdp_sharding_strategy", "full")
+        if strategy not in ("grad", "full"):
+            raise InputError(f"{where}: fsdp_sharding_strategy={strategy!r}: tpsim models 'grad' (ZeRO-2) and "
+                             f"'full' (ZeRO-3)")
+        return 2 if strategy == "grad" else 3
+    optim = (model.get("optim") or {}).get("name", "fused_adam")
+    return 1 if str(optim).startswith("distributed") else 0
+
+
+def _dtype(precision: Any, model: Mapping[str, Any], where: str) -> str:
+    if model.get("fp8"):
+        return "fp8"
+    text = str(precision)
+    if text.startswith("bf16"):
+        return "bf16"
+    if text.startswith("16"):
+        return "fp16"
+    if text.startswith("32"):
+        return "fp32"
+    raise InputError(f"{where}: trainer.precision={precision!r} is not bf16-mixed, 16-mixed or 32")
+
+
+def _shape(model: Mapping[str, Any], where: str) -> dict[str, Any]:
+    shape: dict[str, Any] = {}
+    for key, name in (("num_layers", "num_layers"), ("hidden_size", "hidden_size"),
+                      ("ffn_hidden_size", "ffn_hidden_size"), ("num_attention_heads", "num_attention_heads"),
+                      ("num_query_groups", "num_kv_heads"), ("encoder_seq_length", "seq_len"),
+                      ("max_position_embeddings", "max_positions"), ("kv_channels", "head_dim")):
+        value = model.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            shape[name] = value
+    if "num_layers" in shape:
+        activation = str(model.get("activation", "gelu"))
+        shape["activation"] = "swiglu" if "swiglu" in activation else "gelu"
+        shape["norm"] = "rmsnorm" if str(model.get("normalization", "layernorm")).lower() == "rmsnorm" else "layernorm"
+        shape["position"] = "rotary" if model.get("position_embedding_type", "learned_absolute") == "rope" \
+            else "learned"
+        shape["tie_embeddings"] = bool(model.get("share_embeddings_and_output_weights", True))
+        shape["linear_bias"] = shape["qkv_bias"] = bool(model.get("bias", True))
+    return shape

@@ -1,0 +1,235 @@
+"""torchtitan TOML job configs: export a plan as ``torchtitan.toml`` and read one back.
+
+Keys are those of torchtitan/config/job_config.py at pytorch/torchtitan commit 000204a4 ([job], [model],
+[training] local_batch_size / global_batch_size / seq_len / mixed_precision_param, [parallelism]
+data_parallel_replicate_degree / data_parallel_shard_degree / fsdp_reshard_after_forward /
+tensor_parallel_degree / pipeline_parallel_degree / pipeline_parallel_schedule /
+pipeline_parallel_layers_per_stage / pipeline_parallel_microbatch_size / context_parallel_degree /
+expert_parallel_degree, [activation_checkpoint] mode / selective_ac_option).
+
+Batch semantics (torchtitan/train.py): gradient accumulation steps = global_batch_size / (local_batch_size x
+dp); with pipeline parallelism one schedule step runs local_batch_size / pipeline_parallel_microbatch_size
+micro-batches. So without pp, local_batch_size is tpsim's micro-batch; with pp it holds all micro-batches of a
+replica (one accumulation step).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import InputError
+from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
+
+FILENAME = "torchtitan.toml"
+TORCHTITAN_VERSION = "torchtitan 000204a4 (torchtitan/config/job_config.py)"
+FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
+"""tpsim presets with a torchtitan llama3 flavor of the same shape (torchtitan/models/llama3/__init__.py)."""
+RESHARD = {2: "never", 3: "always"}
+ZERO_OF_RESHARD = {"never": 2, "always": 3}
+
+
+def format_violation(ctx: ExportContext) -> str | None:
+    """torchtitan ships Llama-family models: a GPT-family model has no torchtitan model to name."""
+    if ctx.model.family != "llama":
+        return f"model family {ctx.model.family} has no torchtitan model (torchtitan trains llama3-style models)"
+    return None
+
+
+def _flavor(ctx: ExportContext) -> str:
+    """torchtitan's flavor name when the model is exactly a preset with one (shape overrides change it)."""
+    from ..model import PRESETS
+
+    ref = ctx.model_ref.lower()
+    if ref in FLAVORS and PRESETS.get(ref) == ctx.model:
+        return FLAVORS[ref]
+    return ctx.model.name if not ctx.model_overrides else f"{ctx.model.name}-custom"
+
+
+def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
+    """The TOML tables of the plan."""
+    plan, model = ctx.plan, ctx.model
+    flavor = _flavor(ctx)
+    training: dict[str, Any] = {"seq_len": model.seq_len, "global_batch_size": plan.global_batch,
+                                "mixed_precision_param": "float32" if plan.dtype == "fp32" else "bfloat16",
+                                "mixed_precision_reduce": "float32"}
+    pp = plan.pp
+    training["local_batch_size"] = plan.micro_batch * (plan.num_microbatches if pp > 1 else 1)
+    par: dict[str, Any] = {"data_parallel_replicate_degree": plan.dp if plan.zero == 0 else 1,
+                           "data_parallel_shard_degree": plan.dp if plan.zero else 1,
+                           "tensor_parallel_degree": plan.tp, "pipeline_parallel_degree": pp,
+                           "context_parallel_degree": axis(plan, "cp")}
+    if plan.zero in RESHARD:
+        par["fsdp_reshard_after_forward"] = RESHARD[plan.zero]
+    if pp > 1:
+        par["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
+        par["pipeline_parallel_microbatch_size"] = plan.micro_batch
+        if plan.vpp > 1:
+            par["pipeline_parallel_layers_per_stage"] = model.num_layers // (pp * plan.vpp)
+    if axis(plan, "ep") > 1:
+        par["expert_parallel_degree"] = axis(plan, "ep")
+    ac: dict[str, Any] = {"mode": {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]}
+    if plan.recompute == "selective":
+        ac["selective_ac_option"] = "op"
+    model_table: dict[str, Any] = {"name": "llama3", "flavor": flavor}
+    if plan.dtype == "fp8":
+        model_table["converters"] = ["float8"]
+    return {"job": {"description": f"{model.name} on {ctx.cluster_desc} ({plan.short()})"},
+            "model": model_table, "training": training, "parallelism": par, "activation_checkpoint": ac}
+
+
+def export_files(ctx: ExportContext) -> dict[str, str]:
+    notes = [f"keys: {TORCHTITAN_VERSION}; run with NGPU={ctx.devices_per_node} on {ctx.nodes} node(s):",
+             "torchrun --nproc-per-node $NGPU --nnodes N -m torchtitan.train --job.config_file torchtitan.toml",
+             "add [training] dataset / steps, [optimizer] and [checkpoint] as needed."]
+    if _flavor(ctx) not in FLAVORS.values():
+        notes.append(f"[model] flavor {_flavor(ctx)!r}: register a llama3 flavor with this shape in torchtitan.")
+    tables = job_config(ctx)
+    return {FILENAME: commented(header_lines(ctx, "torchtitan") + notes) + "\n" + dump_toml(tables)}
+
+
+def dump_toml(tables: Mapping[str, Mapping[str, Any]]) -> str:
+    """Tables of scalars and string lists as TOML (JSON string and list syntax is valid TOML for these)."""
+    out = []
+    for name, table in tables.items():
+        out.append(f"[{name}]")
+        for key, value in table.items():
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, (int, float, str, list)):
+                text = json.dumps(value)
+            else:
+                raise TypeError(f"{name}.{key}: {type(value).__name__} is not written to TOML")
+            out.append(f"{key} = {text}")
+        out.append("")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------------- import
+
+def import_text(path: Path, text: str) -> ImportedLaunch:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not valid TOML ({exc})") from None
+    where = str(path)
+    notes: list[str] = []
+    par, training = _table(data, "parallelism", where), _table(data, "training", where)
+    ac, model = _table(data, "activation_checkpoint", where), _table(data, "model", where)
+    tp, pp = _int(par, "tensor_parallel_degree", 1, where), _int(par, "pipeline_parallel_degree", 1, where)
+    cp = _int(par, "context_parallel_degree", 1, where)
+    replicate, shard = _int(par, "data_parallel_replicate_degree", 1, where), _int(par, "data_parallel_shard_degree",
+                                                                                     -1, where)
+    zero = _zero(replicate, shard, pp, str(par.get("fsdp_reshard_after_forward", "default")), where, notes)
+    layers_per_stage = None
+    fields: dict[str, Any] = {"tp": tp, "pp": pp, "sp": tp > 1, "zero": zero, "overlap": True,
+                              "order": "tp-dp-pp", "attention": "flash",
+                              "recompute": _recompute(ac, where, notes), "dtype": _dtype(training, model, where)}
+    local = _int(training, "local_batch_size", 8, where)
+    if pp > 1:
+        micro = _int(par, "pipeline_parallel_microbatch_size", 1, where)
+        if local % micro:
+            raise InputError(f"{where}: local_batch_size {local} is not a multiple of "
+                             f"pipeline_parallel_microbatch_size {micro}")
+        fields["micro_batch"] = micro
+        layers_per_stage = _layers_per_stage(par, where)
+        if layers_per_stage is None:
+            fields["vpp"] = 1
+    else:
+        fields["micro_batch"] = local
+    if cp > 1:
+        fields.update(cp=cp, cp_kind="ring")
+    if _int(par, "expert_parallel_degree", 1, where) > 1:
+        fields["ep"] = _int(par, "expert_parallel_degree", 1, where)
+    global_batch = _int(training, "global_batch_size", -1, where)
+    dp = replicate * shard if shard > 0 else None
+    if global_batch > 0:
+        fields["global_batch"] = global_batch
+    elif dp is not None:
+        fields["global_batch"] = local * dp
+    else:   # torchtitan/train.py: global_batch_size < 0 means local_batch_size x dp (one accumulation step)
+        notes.append("global_batch_size -1 with data_parallel_shard_degree -1: global batch = local batch x dp")
+    header = read_header(text)
+    flavor_ref = next((k for k, v in FLAVORS.items() if v == str(model.get("flavor"))), None)
+    shape = {**header_shape(header), "seq_len": _int(training, "seq_len", 2048, where)}
+    gpus = int(header["gpus"]) if header.get("gpus", "").isdigit() else None
+    if gpus is None and dp is not None:
+        gpus = dp * tp * pp * cp
+    return ImportedLaunch(format="torchtitan", path=path, plan_fields=fields, model_shape=shape,
+                          model_ref=header.get("model") or flavor_ref, cluster_ref=header.get("cluster"), gpus=gpus,
+                          dp=dp, layers_per_virtual_stage=layers_per_stage, notes=tuple(notes) + _unused(data),
+                          batch_per_replica=local if global_batch <= 0 and dp is None else None)
+
+
+def _table(data: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
+    table = data.get(name, {})
+    if not isinstance(table, Mapping):
+        raise InputError(f"{where}: [{name}] must be a table")
+    return table
+
+
+def _int(table: Mapping[str, Any], key: str, default: int, where: str) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{where}: {key}={value!r} must be an integer")
+    return value
+
+
+def _zero(replicate: int, shard: int, pp: int, policy: str, where: str, notes: list[str]) -> int:
+    if policy not in ("default", "always", "never"):
+        raise InputError(f"{where}: fsdp_reshard_after_forward={policy!r} is not default, always or never")
+    if shard == 1:
+        return 0
+    if replicate > 1:
+        notes.append(f"HSDP (replicate {replicate} x shard {shard}) estimated as ZeRO over all dp ranks")
+    if policy == "default":
+        return 2 if pp > 1 else 3   # apply_fsdp: reshard after forward only without pp
+    return ZERO_OF_RESHARD[policy]
+
+
+def _recompute(ac: Mapping[str, Any], where: str, notes: list[str]) -> str:
+    mode = ac.get("mode", "selective")   # job_config.py ActivationCheckpoint.mode default
+    if mode in ("none", "full"):
+        return str(mode)
+    if mode != "selective":
+        raise InputError(f"{where}: [activation_checkpoint] mode={mode!r} is not none, selective or full")
+    option = str(ac.get("selective_ac_option", "2"))
+    if option == "op":
+        return "selective"
+    if option.isdigit():
+        notes.append(f"selective_ac_option {option} (full checkpoint of every {option}th layer) estimated as "
+                     f"{'full' if option == '1' else 'selective'} recomputation")
+        return "full" if option == "1" else "selective"
+    raise InputError(f"{where}: selective_ac_option={option!r} is not 'op' or a layer period")
+
+
+def _dtype(training: Mapping[str, Any], model: Mapping[str, Any], where: str) -> str:
+    if "float8" in (model.get("converters") or []):
+        return "fp8"
+    param = training.get("mixed_precision_param", "bfloat16")
+    if param not in ("bfloat16", "float32"):
+        raise InputError(f"{where}: mixed_precision_param={param!r} is not bfloat16 or float32")
+    return "bf16" if param == "bfloat16" else "fp32"
+
+
+def _layers_per_stage(par: Mapping[str, Any], where: str) -> int | None:
+    """pipeline_parallel_layers_per_stage (vpp follows once the model's layers are known); None: one stage per
+    rank (1F1B-style schedules)."""
+    schedule = str(par.get("pipeline_parallel_schedule", "1F1B"))
+    per_stage = par.get("pipeline_parallel_layers_per_stage")
+    if per_stage is None:
+        if schedule.lower().startswith(("interleaved", "looped")):
+            raise InputError(f"{where}: {schedule} without pipeline_parallel_layers_per_stage: give the layers per "
+                             f"stage so tpsim knows the virtual stages")
+        return None
+    if isinstance(per_stage, bool) or not isinstance(per_stage, int) or per_stage <= 0:
+        raise InputError(f"{where}: pipeline_parallel_layers_per_stage={per_stage!r} must be a positive integer")
+    return per_stage
+
+
+def _unused(data: Mapping[str, Any]) -> tuple[str, ...]:
+    read = {"job", "model", "training", "parallelism", "activation_checkpoint"}
+    others = sorted(k for k in data if k not in read)
+    return (f"tables not used by tpsim: {', '.join(f'[{k}]' for k in others)}",) if others else ()
