@@ -245,7 +245,7 @@ def test_overlap_twins_collapse_to_the_better_ranked_row():
     # row 4: another plan (tp) with row 0's time: not a twin; row 5: order differs by float noise only
     cols = _synthetic(times=[1.0, 1.0, 2.0, 2.5, 1.0, 1.0 * (1 + 1e-13)], groups=[1, 1, 2, 2, 3, 1],
                       overlap=[True, False, True, False, True, True], order=[0, 0, 0, 0, 0, 2])
-    order = np.array([1, 0, 5, 4, 2, 3])  # a ranking that puts the overlap-off row first
+    order = np.array([1, 0, 5, 4, 2, 3])  # ranked by time; the overlap-off row first among equals
     assert _twin_of(cols, order).tolist() == [1, 1, 2, 3, 4, 1]
     cols["peak_memory_gib"][5] = 2.0  # same time, more memory: not a twin
     assert _twin_of(cols, order).tolist() == [1, 1, 2, 3, 4, 5]
@@ -262,7 +262,9 @@ def test_twin_sets_property(data, n):
     cols = _synthetic(times=np.array(base) * (1 + np.array(noise)), groups=groups,
                       overlap=data.draw(st.lists(st.booleans(), min_size=n, max_size=n)),
                       order=data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)))
-    order = np.array(data.draw(st.permutations(range(n))), dtype=np.int64)
+    # a ranking as _rank makes one: by step time, ties broken in any order (here: a random permutation)
+    ties = np.array(data.draw(st.permutations(range(n))), dtype=np.int64)
+    order = np.lexsort((ties, cols["step_time_s"]))
     twin_of = _twin_of(cols, order)
     position = np.argsort(order)
     t, g = cols["step_time_s"], cols["tp"]

@@ -292,8 +292,9 @@ class SearchResult:
         twin_of = c.get("twin_of", np.arange(n))
         on = np.bincount(twin_of, weights=c["overlap"].astype(float), minlength=n)[idx]
         count = np.bincount(twin_of, minlength=n)[idx]
-        pairs = np.unique(np.stack([twin_of, np.asarray(c["order"], dtype=np.int64)], 1), axis=0)
-        orders = np.bincount(pairs[:, 0], minlength=n)[idx]
+        kinds = int(np.max(c["order"], initial=0)) + 1
+        pairs = np.unique(twin_of * kinds + np.asarray(c["order"], dtype=np.int64))  # (set, order) pairs
+        orders = np.bincount(pairs // kinds, minlength=n)[idx]
         overlap_text = ["y,-" if 0 < k < m else "y" if k else "-" for k, m in zip(on, count)]
         order_text = [ORDERS[int(c["order"][i])] + (f"+{k - 1}" if k > 1 else "") for i, k in zip(idx, orders)]
         return overlap_text, order_text, count.astype(np.int64)
@@ -441,9 +442,13 @@ def _twin_of(cols: Mapping[str, np.ndarray], order: np.ndarray) -> np.ndarray:
     Twins: rows equal in every plan field but the rank order and the overlap flag (and in the GPU count),
     whose step time and peak memory agree to :data:`TWIN_RTOL` (e.g. an overlap that hides nothing, dp = 1
     stages or ZeRO-3's per-layer reductions; or rank orders that put every group on the same links). Of each
-    set of twins the best-ranked row (first in ``order``) stands for the others. Vectorized: rows are sorted
-    by (plan group, step time, memory) and a new set starts where the group changes or a figure moves by
-    more than the tolerance."""
+    set of twins the best-ranked row (first in ``order``) stands for the others.
+
+    Rows are sorted by (plan group, rank) with one integer key, and a new set starts where the group changes
+    or the step time or memory moves by more than the tolerance. This relies on ``order`` ranking rows of one
+    group with equal figures next to each other, as :func:`_rank` does (its keys before the plan fields are
+    all functions of the step time and memory within a group); an order that did not would split a set, never
+    merge rows that differ."""
     n = cols["tp"].size
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -451,15 +456,13 @@ def _twin_of(cols: Mapping[str, np.ndarray], order: np.ndarray) -> np.ndarray:
     group = _row_groups([np.asarray(cols[k], dtype=np.int64) for k in names if k not in VARIANT_FIELDS])
     position = np.empty(n, dtype=np.int64)
     position[order] = np.arange(n)
-    t, m = cols["step_time_s"], cols["peak_memory_gib"]
-    s = np.lexsort((position, m, t, group))
+    s = np.argsort(group.astype(np.int64) * n + position)
+    t, m = cols["step_time_s"][s], cols["peak_memory_gib"][s]
     new = np.ones(n, dtype=bool)
-    new[1:] = ((group[s][1:] != group[s][:-1]) | ~_close(t[s][1:], t[s][:-1]) | ~_close(m[s][1:], m[s][:-1]))
-    sets = np.cumsum(new) - 1
-    best = np.full(int(sets[-1]) + 1, n, dtype=np.int64)
-    np.minimum.at(best, sets, position[s])
+    new[1:] = (group[s][1:] != group[s][:-1]) | ~_close(t[1:], t[:-1]) | ~_close(m[1:], m[:-1])
+    first = s[new]  # each set's best-ranked row
     twin_of = np.empty(n, dtype=np.int64)
-    twin_of[s] = order[best[sets]]
+    twin_of[s] = first[np.cumsum(new) - 1]
     return twin_of
 
 
