@@ -44,3 +44,15 @@ def test_md_table():
     text = md_table(("a", "b"), [[1, "x"], [2.5, "y"]])
     assert text.splitlines()[1] == "|---:|:---|"
     assert "| 2.50 | y |" in text
+
+
+def test_report_scaling_span_option(tmp_path, capsys):
+    out = tmp_path / "rep"
+    argv = ["report", "--model", "gpt3-1.3b", "--cluster", "dgx-a100", "--gpus", "16", "--global-batch", "32",
+            "--vpp", "1", "--micro-batch", "1", "--order", "tp-dp-pp", "--zero", "1", "--recompute", "none",
+            "--out", str(out), "--quiet", "--scaling-span", "2"]
+    assert main(argv) == 0
+    gpus = [int(line.split(",")[0]) for line in (out / "scaling.csv").read_text().splitlines()[1:]]
+    assert gpus == [8, 16, 32]
+    assert main(argv[:-1] + ["0"]) == 2
+    assert "--scaling-span=0" in capsys.readouterr().err

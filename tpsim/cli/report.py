@@ -27,12 +27,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top", type=int, default=10, help="plans in the tables and the breakdown chart (10)")
     p.add_argument("--gpu-hour-price", type=float, default=None,
                    help="dollars per GPU-hour for the cost column (default 1.0: GPU-hours per M tokens)")
+    p.add_argument("--scaling-span", type=int, default=None, metavar="K",
+                   help="the scaling chart covers --gpus / K to --gpus x K in powers of two (default 8; counts "
+                        "the cluster cannot hold are left out)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..report import ReportInputs, write_report
+    from ..limits import LIMITS
+    from ..report.analysis import SCALING_SPAN
     from ..search import DEFAULT_GPU_HOUR_PRICE
     from ..topology import load_cluster
 
@@ -41,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     price = args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE
     if not price > 0:
         raise InputError(f"--gpu-hour-price={price} must be a positive number of dollars per GPU-hour")
+    span = args.scaling_span if args.scaling_span is not None else SCALING_SPAN
+    if not 1 <= span <= LIMITS["gpus"]:
+        raise InputError(f"--scaling-span={span} must be between 1 and {LIMITS['gpus']}")
     model, cluster_name, gpus, batch = load_problem(args)
     space = build_space(args, model)
     if args.mem_limit_gib is not None:
@@ -48,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     compute = load_compute(args, load_cluster(cluster_name, gpus=gpus))
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
-                          gpu_hour_price=price, top=args.top, compute=compute, command=command)
+                          gpu_hour_price=price, top=args.top, compute=compute, command=command,
+                          scaling_span=span)
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
     path = write_report(inputs, args.out, progress=not args.quiet, log=log)
     print(path)

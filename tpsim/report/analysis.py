@@ -14,6 +14,7 @@ import numpy as np
 
 from ..model import ModelSpec
 from ..errors import InputError
+from ..limits import LIMITS
 from ..search import SearchResult, SearchSpace, search
 from ..search.planner import BAND_FIELDS
 
@@ -99,7 +100,7 @@ def scaling_counts(gpus: int, loader: Callable[[int], Any], span: int = SCALING_
         if gpus % k == 0:
             counts.append(gpus // k)
         k *= 2
-    counts = sorted(set(counts + [gpus * m for m in _powers_of_two(span)]))
+    counts = sorted(set(counts + [gpus * m for m in _powers_of_two(span) if gpus * m <= LIMITS["gpus"]]))
     clusters = []
     for n in counts:
         try:
