@@ -1,7 +1,6 @@
 """`tpsim bench-collectives`: 2 gloo ranks, tiny sizes, bounded time; rows readable by `tpsim calibrate`."""
 
 import multiprocessing
-import time
 
 import pytest
 
@@ -12,13 +11,12 @@ pytestmark = pytest.mark.distributed
 
 @pytest.mark.timeout(120)
 def test_gloo_two_ranks_rows(tmp_path):
+    pytest.importorskip("torch")
     from tpsim.bench.collectives import COLUMNS, run_bench, write_csv
     from tpsim.collectives.calibration import read_measurements
 
-    t0 = time.monotonic()
     rows = run_bench(2, "gloo", sizes=[4096, 65536], ops=["all_reduce", "all_gather", "reduce_scatter"],
-                     iters=2, warmup=1, timeout_s=30)
-    assert time.monotonic() - t0 < 60
+                     iters=2, warmup=1, timeout_s=30)  # bounded by timeout_s and the test timeout
     assert len(rows) == 3 * 2 * 2
     assert {(r.op, r.bytes) for r in rows} == {(op, s) for op in ("all_reduce", "all_gather", "reduce_scatter")
                                               for s in (4096, 65536)}
@@ -39,8 +37,7 @@ def test_bad_arguments_fail_before_spawning():
         run_bench(2, ops=["gather"])
     with pytest.raises(InputError, match="--sizes"):
         run_bench(2, sizes=[0])
-    import torch
-
+    torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         with pytest.raises(InputError, match="nccl"):
             run_bench(2, backend="nccl")
@@ -49,6 +46,7 @@ def test_bad_arguments_fail_before_spawning():
 @pytest.mark.timeout(120)
 def test_failing_ranks_are_reported_and_reaped(monkeypatch):
     """A backend the ranks cannot start (MPI is not built in): one-line BenchError, no process left."""
+    pytest.importorskip("torch")
     import tpsim.bench.collectives as bench
 
     monkeypatch.setattr(bench, "_check", lambda *a, **k: None)  # let the bad backend reach the ranks

@@ -2,7 +2,6 @@
 contention, protocol choice, caching, bad input, and every shipped topology costed."""
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -190,10 +189,7 @@ def test_curve_cached_per_layout_and_model_per_cluster():
     assert m.curve("all_reduce", g) == CostCurve.zero()
     g = (tuple(range(8)),)
     first = m.curve("all_gather", g)
-    t0 = time.perf_counter()
-    for _ in range(1000):
-        assert m.curve("all_gather", g) is first
-    assert (time.perf_counter() - t0) / 1000 < 1e-4
+    assert m.curve("all_gather", g) is first  # lookup speed: benchmarks/bench_lookups.py
 
 
 # --------------------------------------------------------------------------------------- bad input

@@ -2,7 +2,6 @@
 with ``Cluster.paths``; a fresh layout on a big cluster is costed quickly and a seen one is a lookup."""
 
 import random
-import time
 
 import numpy as np
 import pytest
@@ -64,14 +63,8 @@ def test_dp_layout_cost_and_cache_on_256_gpus():
     cluster = load_cluster("dgx-h100")
     model = CollectiveModel(cluster)
     groups = rank_groups(8, cluster.num_gpus // 8, 1)
-    t0 = time.perf_counter()
     curve = model.curve("all_reduce", groups["dp"])
-    build = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(200):
-        assert model.curve("all_reduce", groups["dp"]) is curve
-    lookup = (time.perf_counter() - t0) / 200
-    assert build < 2.0 and lookup < 2e-4, (build, lookup)
+    assert model.curve("all_reduce", groups["dp"]) is curve  # build and lookup speed: benchmarks/bench_lookups.py
     # 8 DP groups (one per rail) each through their own NDR NIC: ~48 GB/s bus bandwidth each
     r = model.run("all_reduce", 1 << 30, groups["dp"])
     assert 40 < r.busbw_GBps < 50

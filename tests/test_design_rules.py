@@ -1,62 +1,141 @@
-"""Design rules: the estimator and planner never import torch or matplotlib; layers import downwards only."""
+"""Design rules: layers import downwards only (every package, relative imports resolved); torch only in the
+torch-side tools, matplotlib only inside the functions that draw; ``tpsim estimate`` and ``tpsim plan`` run
+without torch or matplotlib in ``sys.modules``."""
+
+from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).resolve().parents[1] / "tpsim"
 
-# lower layers must not import higher ones (ARCHITECTURE.md: dependency direction)
-LAYERS = ["errors", "units", "model", "hardware", "plan", "tp_plan", "topology", "collectives", "compute",
-          "estimator", "search", "report", "cli"]
-TORCH_ALLOWED = ("validate", "profiler", "bench")
+# low to high (ARCHITECTURE.md: dependency direction); a module may import its own layer and the ones before it
+LAYERS = ["errors", "units", "limits", "calibration", "model", "hardware", "plan", "tp_plan", "topology", "stacks",
+          "collectives", "compute", "estimator", "search", "report", "launch", "bench", "profiler", "validate", "trace", "cli"]
+TORCH_ALLOWED = ("validate", "profiler", "bench", "trace")
+ENTRY_POINTS = ("__main__.py",)
+"""``python -m tpsim.x`` entry points sit with the command line, above every layer."""
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module:
-            names.add(node.module.split(".")[0])
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tpsim."):
-            names.add(node.module.split(".")[1])
-    return names
+def _layer_of(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    if rel.name in ENTRY_POINTS:
+        return "cli"
+    return rel.parts[0].removesuffix(".py")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute names of the tpsim modules a file imports (anywhere in it), relative imports resolved against
+    the file's package: ``from ..x import y`` in tpsim/a/b.py is tpsim.x (or tpsim.x.y), ``from . import z``
+    is tpsim.a.z."""
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    package = list(rel.parts[:-1])  # a module's package; for __init__ the package itself
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                base = node.module.split(".") if node.module else []
+            else:
+                base = package[:len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+            if node.module is None:  # from . import a, b: each name may be a module
+                names |= {".".join(base + [a.name]) for a in node.names}
+            else:
+                names.add(".".join(base))
+    return {n for n in names if n == "tpsim" or n.startswith("tpsim.")}
+
+
+def _target_layer(module: str) -> str | None:
+    """The layer a tpsim module belongs to; None for the package root (``from .. import __version__``)."""
+    parts = module.split(".")
+    if len(parts) < 2 or not ((PKG / f"{parts[1]}.py").exists() or (PKG / parts[1]).is_dir()):
+        return None
+    return parts[1]
+
+
+def test_relative_imports_are_resolved():
+    core = imported_modules(PKG / "estimator" / "core.py")
+    assert "tpsim.plan" in core and "tpsim.estimator.comm" in core  # from ..plan / from .comm
+    cli = imported_modules(PKG / "cli" / "__init__.py")
+    assert "tpsim.errors" in cli and "tpsim" in {m.rsplit(".", 1)[0] for m in cli if m.endswith("__version__")}
+    init = imported_modules(PKG / "estimator" / "__init__.py")
+    assert "tpsim.estimator.context" in init
+
+
+def test_every_package_has_a_layer():
+    packages = {p.name.removesuffix(".py") for p in PKG.iterdir()
+                if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert not packages - set(LAYERS), f"add {sorted(packages - set(LAYERS))} to LAYERS"
 
 
 def test_import_direction():
     problems = []
-    for i, layer in enumerate(LAYERS):
-        files = [PKG / f"{layer}.py"] if (PKG / f"{layer}.py").exists() else list((PKG / layer).rglob("*.py"))
-        for path in files:
-            for name in _imports(path):
-                if name in LAYERS and LAYERS.index(name) > i:
-                    problems.append(f"{path.relative_to(PKG)} imports {name}")
-    assert not problems, problems
+    for path in sorted(PKG.rglob("*.py")):
+        if path.parent == PKG and path.name == "__init__.py":
+            continue  # the public API (tpsim.estimate, ...) sits on top of everything
+        layer = _layer_of(path)
+        for module in imported_modules(path):
+            target = _target_layer(module)
+            if target is not None and target != layer and LAYERS.index(target) > LAYERS.index(layer):
+                problems.append(f"{path.relative_to(PKG)} ({layer}) imports {module} ({target})")
+    assert not problems, "\n".join(problems)
 
 
-def test_estimator_and_planner_do_not_import_torch_or_matplotlib():
-    code = ("import sys, tpsim, tpsim.estimator, tpsim.cli\n"
-            "import tpsim.search\n"
-            "bad = [m for m in ('torch', 'matplotlib') if m in sys.modules]\n"
-            "print(','.join(bad))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+def _module_level_imports(tree: ast.Module) -> list[str]:
+    mods = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            mods += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods.append(node.module)
+    return mods
 
 
-def test_torch_only_at_module_level_in_allowed_packages():
+def test_torch_only_in_torch_side_tools_and_matplotlib_only_inside_functions():
     offenders = []
     for path in PKG.rglob("*.py"):
         rel = path.relative_to(PKG)
+        tree = ast.parse(path.read_text())
+        top = _module_level_imports(tree)
+        if any(m == "matplotlib" or m.startswith("matplotlib.") for m in top):
+            offenders.append(f"{rel}: matplotlib at module level")
         if rel.parts[0] in TORCH_ALLOWED:
             continue
-        tree = ast.parse(path.read_text())
-        for node in tree.body:  # module level: verbs import torch lazily inside their run()
-            mods = []
-            if isinstance(node, ast.Import):
-                mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                mods = [node.module]
-            if any(m == "torch" or m.startswith("torch.") for m in mods):
-                offenders.append(str(rel))
+        # outside the tools, torch may only be imported lazily inside functions (verbs that run the tools)
+        if any(m == "torch" or m.startswith("torch.") for m in top):
+            offenders.append(f"{rel}: torch at module level")
     assert not offenders, offenders
+
+
+def _run(code: str) -> str:
+    env = dict(os.environ, TPSIM_CACHE_DIR="off")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+_HEAVY = "bad = [m for m in ('torch', 'matplotlib') if m in sys.modules]\nprint('HEAVY:' + ','.join(bad))\n"
+
+
+def test_importing_the_api_and_cli_pulls_in_neither_torch_nor_matplotlib():
+    out = _run("import sys, tpsim, tpsim.estimator, tpsim.search, tpsim.cli, tpsim.calibration\n" + _HEAVY)
+    assert out.strip().endswith("HEAVY:")
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", "--model", "llama3-8b", "--layers", "4", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "2",
+     "--global-batch", "64", "--json"],
+    ["plan", "--model", "gpt3-1.3b", "--layers", "4", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch",
+     "32", "--top", "3", "--vpp", "1", "--micro-batch", "1", "2", "--no-progress", "--no-cache"],
+], ids=["estimate", "plan"])
+def test_estimate_and_plan_run_without_torch_or_matplotlib(argv):
+    code = ("import sys\nfrom tpsim.cli import main\n"
+            f"rc = main({argv!r})\nassert rc == 0, rc\n" + _HEAVY)
+    out = _run(code)
+    assert out.strip().splitlines()[-1] == "HEAVY:", out[-500:]

@@ -270,11 +270,8 @@ def test_loading_and_using_a_profile_does_not_import_torch(tmp_path):
 def test_lookup_speed_is_vectorized():
     rng = np.random.default_rng(2)
     m = rng.uniform(64, 4096, 200_000)
-    import time
-    start = time.perf_counter()
-    t, measured = MODEL.gemm(m, m[::-1], 1000, "fp32")
+    t, measured = MODEL.gemm(m, m[::-1], 1000, "fp32")  # one call for every shape (speed: benchmarks/bench_lookups.py)
     assert measured.all() and t.shape == m.shape
-    assert time.perf_counter() - start < 2.0  # ~0.05 s quiet; generous for a shared machine
 
 
 def test_check_compares_a_roofline_with_the_measured_times(tmp_path, capsys):

@@ -1,39 +1,16 @@
-"""The vectorized validity check agrees with tpsim.plan.plan_violation on every plan of a space."""
+"""Plan validity: one rule table (tpsim.plan.RULES) evaluated on single plans (with the message) and on whole
+batches (vectorized) gives the same first reason for every plan of a space."""
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from tpsim.model import ModelSpec
-from tpsim.plan import ORDERS, PlanBatch, plan_violation
+from tpsim.plan import ORDERS, RULES, Plan, PlanBatch, Rule, first_broken, plan_violation, violation_codes
 from tpsim.search import REASONS, SearchSpace, count_reasons, enumerate_plans, violations
 from tpsim.search.validity import REASON_INDEX
-
-# plan_violation's message -> reason key of tpsim.search.validity
-PATTERNS = (
-    (r"!= gpus=", "gpus"),
-    (r"does not divide num_attention_heads", "tp-heads"),
-    (r"does not divide num_kv_heads", "tp-kv-heads"),
-    (r"does not divide ffn_hidden_size", "tp-ffn"),
-    (r"sequence parallelism needs tp > 1", "sp-needs-tp"),
-    (r"does not divide seq_len", "sp-seq"),
-    (r"vpp=\d+ needs pp > 1", "vpp-needs-pp"),
-    (r"exceeds num_layers", "layers"),
-    (r"is not a multiple of micro-batch", "batch"),
-    (r"interleaved schedule needs", "interleave-microbatches"),
-    (r"zero=\d needs dp > 1", "zero-needs-dp"),
-)
-
-
-def _key(message: str | None) -> str:
-    if message is None:
-        return "valid"
-    keys = [key for pattern, key in PATTERNS if re.search(pattern, message)]
-    assert len(keys) == 1, message
-    return keys[0]
 
 
 def _odd_model() -> ModelSpec:
@@ -50,16 +27,20 @@ def _gqa_model() -> ModelSpec:
 
 
 def _agree(model: ModelSpec, batch: PlanBatch, gpus: int | None) -> set[str]:
+    """The vectorized codes equal the scalar evaluation of the same rules, plan by plan."""
     codes = violations(model, batch, gpus)
     seen = set()
     for i in range(len(batch)):
-        expected = _key(plan_violation(model, batch.plan(i), gpus))
-        assert REASONS[codes[i]].key == expected, (batch.plan(i), expected, REASONS[codes[i]].key)
+        plan = batch.plan(i)
+        rule = first_broken(model, plan, gpus)
+        expected = "valid" if rule is None else rule.key
+        assert REASONS[codes[i]].key == expected, (plan, expected, REASONS[codes[i]].key)
+        assert (plan_violation(model, plan, gpus) is None) == (rule is None)
         seen.add(expected)
     return seen
 
 
-def test_agrees_with_plan_violation_on_a_whole_space():
+def test_single_and_batch_evaluation_agree_on_a_whole_space():
     model = _odd_model()
     space = SearchSpace(vpp=(1, 2, 3, 4), micro_batch=(1, 2, 3, 4))
     seen = set()
@@ -107,3 +88,42 @@ def test_constraints_narrow_the_space():
 def test_count_reasons_counts_only_rejections():
     codes = np.array([0, 2, 2, REASON_INDEX["batch"], 0], dtype=np.int8)
     assert count_reasons(codes) == {"tp-heads": 2, "batch": 1}
+
+
+# one plan breaking each rule (first), on the odd model, and the numbers its message must name
+BREAKERS = (
+    ("gpus", 48, Plan(tp=2, pp=2, dp=2, global_batch=8), ("tp=2 x pp=2 x dp=2 = 8 != gpus=48",)),
+    ("tp-heads", 48, Plan(tp=8, dp=6, global_batch=48), ("tp=8 does not divide num_attention_heads=12",)),
+    ("tp-ffn", 48, Plan(tp=3, dp=16, global_batch=48), ("tp=3 does not divide ffn_hidden_size=3004",)),
+    ("sp-needs-tp", 48, Plan(tp=1, dp=48, sp=True, global_batch=48), ("needs tp > 1",)),
+    ("sp-seq", 48, Plan(tp=4, dp=12, sp=True, global_batch=48), ("tp=4 does not divide seq_len=1002",)),
+    ("vpp-needs-pp", 48, Plan(tp=1, dp=48, vpp=2, global_batch=48), ("vpp=2 needs pp > 1",)),
+    ("layers", 48, Plan(tp=1, pp=4, vpp=2, dp=12, global_batch=48), ("pp=4 x vpp=2 = 8 exceeds num_layers=6",)),
+    ("batch", 48, Plan(tp=2, dp=24, global_batch=36), ("global batch 36", "micro-batch 1 x dp 24")),
+    ("interleave-microbatches", 48, Plan(tp=2, pp=2, vpp=3, dp=12, global_batch=36),
+     ("micro-batches 3 divisible by pp=2",)),
+    ("zero-needs-dp", 24, Plan(tp=4, pp=6, dp=1, zero=1, global_batch=2), ("zero=1 needs dp > 1",)),
+)
+
+
+@pytest.mark.parametrize("key, gpus, plan, parts", BREAKERS, ids=[b[0] for b in BREAKERS])
+def test_each_rule_names_its_numbers(key, gpus, plan, parts):
+    model = _odd_model()
+    rule = first_broken(model, plan, gpus)
+    assert rule is not None and rule.key == key
+    message = plan_violation(model, plan, gpus)
+    for part in parts:
+        assert part in message, message
+    assert violation_codes(model, PlanBatch.from_plans([plan]), gpus)[0] == RULES.index(rule) + 1
+
+
+def test_every_rule_is_a_reason_and_a_new_rule_is_one_row():
+    assert [r.key for r in REASONS[1:1 + len(RULES)]] == [r.key for r in RULES]
+    extra = Rule("toy-max-tp", "structure", "tp above 2", lambda m, p, g: p.tp > 2,
+                 lambda m, p, g: f"tp={p.tp} is above 2")
+    model = _odd_model()
+    batch = PlanBatch.from_arrays(tp=[1, 2, 4, 12], dp=[48, 24, 12, 4], global_batch=48)
+    codes = violation_codes(model, batch, 48, RULES + (extra,))
+    assert list(codes[:2]) == [0, 0]
+    assert codes[2] == len(RULES) + 1  # tp=4 divides heads and ffn: only the new rule is broken
+    assert plan_violation(model, batch.plan(2), 48, RULES + (extra,)) == "tp=4 is above 2"

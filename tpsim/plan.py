@@ -2,14 +2,15 @@
 
 A :class:`Plan` is torch-free and frozen. :func:`validate_plan` checks it against a model and a GPU count
 and raises :class:`~tpsim.errors.PlanError` with a line naming the constraint and the numbers. Inside a
-search, :func:`plan_violation` returns that line (or None) instead of raising.
+search, :func:`plan_violation` returns that line (or None) instead of raising, and :func:`violation_codes`
+checks a whole :class:`PlanBatch` at once; all three read the one rule table :data:`RULES`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -109,35 +110,102 @@ def _check_types(plan: Plan) -> None:
     parse_order(plan.order)
 
 
-def plan_violation(model: ModelSpec, plan: Plan, num_gpus: int | None = None) -> str | None:
-    """The first constraint the plan breaks, as one line with the numbers; None if valid."""
-    if num_gpus is not None and plan.tp * plan.pp * plan.dp != num_gpus:
-        return f"tp={plan.tp} x pp={plan.pp} x dp={plan.dp} = {plan.tp * plan.pp * plan.dp} != gpus={num_gpus}"
-    if model.num_attention_heads % plan.tp:
-        return f"tp={plan.tp} does not divide num_attention_heads={model.num_attention_heads}"
-    if model.num_kv_heads >= plan.tp and model.num_kv_heads % plan.tp:
-        return (f"tp={plan.tp} does not divide num_kv_heads={model.num_kv_heads} (kv heads below tp are "
-                f"replicated; at or above tp they must divide)")
-    if model.ffn_hidden_size % plan.tp:
-        return f"tp={plan.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}"
-    if plan.sp and plan.tp == 1:
-        return "sequence parallelism needs tp > 1 (tp=1)"
-    if plan.sp and model.seq_len % plan.tp:
-        return f"tp={plan.tp} does not divide seq_len={model.seq_len} (sequence parallelism)"
-    if plan.vpp > 1 and plan.pp == 1:
-        return f"vpp={plan.vpp} needs pp > 1 (pp=1)"
-    if plan.pp * plan.vpp > model.num_layers:
-        return f"pp={plan.pp} x vpp={plan.vpp} = {plan.pp * plan.vpp} exceeds num_layers={model.num_layers}"
-    per_step = plan.micro_batch * plan.dp
-    if plan.global_batch % per_step:
-        return (f"global batch {plan.global_batch} is not a multiple of micro-batch {plan.micro_batch} "
-                f"x dp {plan.dp}")
-    if plan.vpp > 1 and plan.num_microbatches % plan.pp:
-        return (f"interleaved schedule needs micro-batches {plan.num_microbatches} divisible by "
-                f"pp={plan.pp} (vpp={plan.vpp})")
-    if plan.zero and plan.dp == 1:
-        return f"zero={plan.zero} needs dp > 1 (dp=1)"
+# ---- validity rules: one table for single plans (the message) and batches (vectorized) -------------------
+@dataclass(frozen=True)
+class Rule:
+    """One constraint on a plan. ``broken`` uses only operators that work on a :class:`Plan` (Python numbers)
+    and on a :class:`PlanBatch` (numpy arrays) alike, so one expression serves ``tpsim estimate`` and the
+    planner; ``message`` is the line a single plan gets, with the numbers."""
+
+    key: str
+    """identifier of the rejection reason (``tpsim plan --json``: ``rejected``)."""
+    kind: str
+    """"divisibility" or "structure"."""
+    text: str
+    """what the constraint says (``tpsim plan --why``)."""
+    broken: Callable[[ModelSpec, Any, int], Any]
+    """(model, plan or batch, GPU count) -> True / bool array where the plan breaks the rule."""
+    message: Callable[[ModelSpec, Plan, int], str]
+    needs_gpus: bool = False
+    """checked only when the GPU count is known."""
+
+
+def _micro_batches(p: Any) -> Any:
+    return p.global_batch // (p.micro_batch * p.dp)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("gpus", "divisibility", "tp x pp x dp differs from the GPU count",
+         lambda m, p, g: p.tp * p.pp * p.dp != g,
+         lambda m, p, g: f"tp={p.tp} x pp={p.pp} x dp={p.dp} = {p.tp * p.pp * p.dp} != gpus={g}", needs_gpus=True),
+    Rule("tp-heads", "divisibility", "tp does not divide the attention heads",
+         lambda m, p, g: m.num_attention_heads % p.tp != 0,
+         lambda m, p, g: f"tp={p.tp} does not divide num_attention_heads={m.num_attention_heads}"),
+    Rule("tp-kv-heads", "divisibility", "tp does not divide the key/value heads (kv heads >= tp)",
+         lambda m, p, g: (m.num_kv_heads >= p.tp) & (m.num_kv_heads % p.tp != 0),
+         lambda m, p, g: (f"tp={p.tp} does not divide num_kv_heads={m.num_kv_heads} (kv heads below tp are "
+                          f"replicated; at or above tp they must divide)")),
+    Rule("tp-ffn", "divisibility", "tp does not divide the FFN hidden size",
+         lambda m, p, g: m.ffn_hidden_size % p.tp != 0,
+         lambda m, p, g: f"tp={p.tp} does not divide ffn_hidden_size={m.ffn_hidden_size}"),
+    Rule("sp-needs-tp", "structure", "sequence parallelism needs tp > 1",
+         lambda m, p, g: p.sp & (p.tp == 1),
+         lambda m, p, g: "sequence parallelism needs tp > 1 (tp=1)"),
+    Rule("sp-seq", "divisibility", "tp does not divide the sequence length (sequence parallelism)",
+         lambda m, p, g: p.sp & (m.seq_len % p.tp != 0),
+         lambda m, p, g: f"tp={p.tp} does not divide seq_len={m.seq_len} (sequence parallelism)"),
+    Rule("vpp-needs-pp", "structure", "interleaving (vpp > 1) needs pp > 1",
+         lambda m, p, g: (p.vpp > 1) & (p.pp == 1),
+         lambda m, p, g: f"vpp={p.vpp} needs pp > 1 (pp=1)"),
+    Rule("layers", "divisibility", "pp x vpp exceeds the number of layers",
+         lambda m, p, g: p.pp * p.vpp > m.num_layers,
+         lambda m, p, g: f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} exceeds num_layers={m.num_layers}"),
+    Rule("batch", "divisibility", "global batch is not a multiple of micro-batch x dp",
+         lambda m, p, g: p.global_batch % (p.micro_batch * p.dp) != 0,
+         lambda m, p, g: (f"global batch {p.global_batch} is not a multiple of micro-batch {p.micro_batch} "
+                          f"x dp {p.dp}")),
+    Rule("interleave-microbatches", "divisibility",
+         "interleaved schedule needs the micro-batch count divisible by pp",
+         lambda m, p, g: (p.vpp > 1) & (_micro_batches(p) % p.pp != 0),
+         lambda m, p, g: (f"interleaved schedule needs micro-batches {_micro_batches(p)} divisible by "
+                          f"pp={p.pp} (vpp={p.vpp})")),
+    Rule("zero-needs-dp", "structure", "ZeRO needs dp > 1",
+         lambda m, p, g: (p.zero > 0) & (p.dp == 1),
+         lambda m, p, g: f"zero={p.zero} needs dp > 1 (dp=1)"),
+)
+"""Every plan constraint, in the order a plan is checked (the first broken rule names the reason). Adding a
+constraint (cp, ep, a training stack's) is one row."""
+
+
+def first_broken(model: ModelSpec, plan: Plan, num_gpus: int | None = None,
+                 rules: tuple[Rule, ...] = RULES) -> Rule | None:
+    """The first rule the plan breaks, or None."""
+    for rule in rules:
+        if rule.needs_gpus and num_gpus is None:
+            continue
+        if rule.broken(model, plan, num_gpus):
+            return rule
     return None
+
+
+def plan_violation(model: ModelSpec, plan: Plan, num_gpus: int | None = None,
+                   rules: tuple[Rule, ...] = RULES) -> str | None:
+    """The first constraint the plan breaks, as one line with the numbers; None if valid."""
+    rule = first_broken(model, plan, num_gpus, rules)
+    return None if rule is None else rule.message(model, plan, num_gpus)
+
+
+def violation_codes(model: ModelSpec, batch: "PlanBatch", num_gpus: int | None = None,
+                    rules: tuple[Rule, ...] = RULES) -> np.ndarray:
+    """Per plan of the batch, 1 + the index of the first rule it breaks (0 = valid); int8 array."""
+    n = len(batch)
+    code = np.zeros(n, dtype=np.int8)
+    for i in range(len(rules), 0, -1):  # the first broken rule wins: assign in reverse
+        rule = rules[i - 1]
+        if rule.needs_gpus and num_gpus is None:
+            continue
+        code[np.broadcast_to(np.asarray(rule.broken(model, batch, num_gpus), dtype=bool), (n,))] = i
+    return code
 
 
 def validate_plan(model: ModelSpec, plan: Plan, num_gpus: int | None = None) -> Plan:
@@ -237,13 +305,15 @@ class PlanBatch:
         attentions = {p.attention for p in plans}
         if len(dtypes) > 1 or len(attentions) > 1:
             raise InputError("a plan batch shares one dtype and one attention kind")
-        return cls.from_arrays(
-            dtype=plans[0].dtype, attention=plans[0].attention,
-            tp=[p.tp for p in plans], pp=[p.pp for p in plans], vpp=[p.vpp for p in plans],
-            dp=[p.dp for p in plans], sp=[p.sp for p in plans],
-            recompute=[RECOMPUTE.index(p.recompute) for p in plans], zero=[p.zero for p in plans],
-            micro_batch=[p.micro_batch for p in plans], global_batch=[p.global_batch for p in plans],
-            overlap=[p.overlap for p in plans], order=[_order_index(p.order) for p in plans])
+        ints = lambda values: np.array(values, dtype=np.int64)  # noqa: E731
+        bools = lambda values: np.array(values, dtype=bool)  # noqa: E731
+        return cls(tp=ints([p.tp for p in plans]), pp=ints([p.pp for p in plans]), vpp=ints([p.vpp for p in plans]),
+                   dp=ints([p.dp for p in plans]), sp=bools([p.sp for p in plans]),
+                   recompute=ints([RECOMPUTE.index(p.recompute) for p in plans]), zero=ints([p.zero for p in plans]),
+                   micro_batch=ints([p.micro_batch for p in plans]),
+                   global_batch=ints([p.global_batch for p in plans]), overlap=bools([p.overlap for p in plans]),
+                   order=ints([_order_index(p.order) for p in plans]), dtype=plans[0].dtype,
+                   attention=plans[0].attention)
 
     def plan(self, i: int) -> Plan:
         """The i-th plan as a :class:`Plan`."""

@@ -46,6 +46,9 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
                                      "gb200-nvl72, pcie-8gpu, tpu-v4, local-cpu, ...) or a YAML path "
                                      "(default: the model preset's)")
     g.add_argument("--gpus", type=positive_int, help="number of GPUs (default: the model preset's)")
+    g.add_argument("--calibration", metavar="YAML",
+                   help="calibration file (link values from `tpsim calibrate`, and/or a fitted `compute` section) "
+                        "replacing the cluster file's `calibration:`")
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -96,7 +99,7 @@ def build_cluster(args: argparse.Namespace, model):
     from ..topology import load_cluster
 
     name, gpus = cluster_and_gpus(args, model)
-    return load_cluster(name, gpus=gpus)
+    return load_cluster(name, gpus=gpus, calibration=getattr(args, "calibration", None))
 
 
 def plan_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -80,7 +80,8 @@ def format_estimate(e, model=None) -> str:
         f"hardware TFLOP/s/GPU {e.hardware_tflops_per_gpu:10.1f}   HFU {100 * e.hfu:5.1f}%",
         "",
         "time breakdown (s)   " + "  ".join(f"{k} {b[k]:.3f}" for k in
-                                            ("compute", "recompute", "bubble", "optimizer", "exposed_comm")),
+                                            ("compute", "recompute", "bubble", "optimizer", "exposed_comm")
+                                            + (("overhead",) if b.get("overhead") else ())),
         "communication (s)    " + "  ".join(f"{k} {b[k]:.3f}" for k in ("tp_comm", "pp_comm", "dp_comm"))
         + "  (totals, partly hidden)",
         "",

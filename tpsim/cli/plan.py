@@ -109,7 +109,7 @@ def load_problem(args: argparse.Namespace) -> tuple[Any, str, int, int]:
 
     model = build_model(args)
     name, gpus = cluster_and_gpus(args, model)
-    gpus = int(load_cluster(name, gpus=gpus).num_gpus)
+    gpus = int(load_cluster(name, gpus=gpus, calibration=args.calibration).num_gpus)
     batch = args.global_batch if args.global_batch is not None else model.global_batch
     if not batch:
         raise InputError(f"--global-batch is required (model {model.name} has no default global batch)")
@@ -167,16 +167,16 @@ def load_compute(args: argparse.Namespace, cluster: Any) -> Any:
     return ProfileModel(args.profile, fallback=RooflineModel(cluster.device))
 
 
-def clusters_for(name: str, gpus: int, objective: str) -> list[Any]:
+def clusters_for(name: str, gpus: int, objective: str, calibration: str | None = None) -> list[Any]:
     """The cluster at ``gpus``, or with ``--objective cost`` one per searched GPU count."""
     from ..search import cost_gpu_counts
     from ..topology import load_cluster
 
-    cluster = load_cluster(name, gpus=gpus)
+    cluster = load_cluster(name, gpus=gpus, calibration=calibration)
     if objective != "cost":
         return [cluster]
     counts = cost_gpu_counts(cluster.gpus_per_node, gpus)
-    return [load_cluster(name, gpus=n) for n in counts[:-1]] + [cluster]
+    return [load_cluster(name, gpus=n, calibration=calibration) for n in counts[:-1]] + [cluster]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--export {args.export_format} needs --out DIR")
     model, cluster_name, gpus, batch = load_problem(args)
     space = build_space(args, model)
-    clusters = clusters_for(cluster_name, gpus, args.objective)
+    clusters = clusters_for(cluster_name, gpus, args.objective, args.calibration)
     search = cached_search if not args.no_cache else _uncached
     result = search(model, clusters, batch, space=space, objective=args.objective,
                     gpu_hour_price=args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE,
@@ -298,8 +298,9 @@ def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
             + (" (cached result)" if result.cached else ""))
 
 
-DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "variants": "var", "compute_s": "compute", "recompute_s": "recomp_s",
-                 "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm",
+DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "variants": "var", "compute_s": "compute",
+                 "recompute_s": "recomp_s", "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm",
+                 "overhead_s": "overhead",
                  "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm"}
 
 

@@ -10,6 +10,7 @@ Writes ``README.md`` (the report), the charts as PNG and SVG, ``plans.csv`` and 
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 from typing import Any
@@ -53,12 +54,13 @@ def run(args: argparse.Namespace) -> int:
     space = build_space(args, model)
     if args.mem_limit_gib is not None:
         raise InputError("--mem-limit-gib is a `tpsim plan` option; a report shows every fitting plan")
-    compute = load_compute(args, load_cluster(cluster_name, gpus=gpus))
+    loader = functools.partial(load_cluster, calibration=args.calibration)
+    compute = load_compute(args, loader(cluster_name, gpus=gpus))
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
                           gpu_hour_price=price, top=args.top, compute=compute, command=command,
                           scaling_span=span)
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
-    path = write_report(inputs, args.out, progress=not args.quiet, log=log)
+    path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log)
     print(path)
     return 0

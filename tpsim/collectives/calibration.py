@@ -26,7 +26,6 @@ from ..errors import InputError
 from .curve import OPS
 
 COLUMNS = ("backend", "op", "nranks", "bytes", "time_s")
-LINK_TYPES = ("nvlink", "pcie", "ib", "ethernet", "ici", "loopback", "cpu")
 _PERF_OPS = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
              "reduce_scatter_perf": "reduce_scatter", "alltoall_perf": "all_to_all",
              "broadcast_perf": "broadcast", "sendrecv_perf": "send_recv"}
@@ -282,36 +281,8 @@ def provenance(fit: CalibrationFit, cluster_name: str, inputs: Sequence[str]) ->
 # ------------------------------------------------------------------------------------------------ loading
 def load_calibration(path: str | os.PathLike) -> dict[str, Any]:
     """``{link_type: {efficiency, latency_us, bw_GBps}}`` of a calibration YAML, plus ``gloo_ops`` (per-op
-    values for CPU ranks) when present; other keys are provenance."""
-    p = Path(path)
-    if not p.is_file():
-        alt = Path(__file__).resolve().parents[1] / "data" / "calibration" / p.name
-        p = alt if alt.is_file() else (alt.with_suffix(".yaml") if alt.with_suffix(".yaml").is_file() else p)
-    if not p.is_file():
-        raise InputError(f"calibration={str(path)!r}: file not found")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise InputError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{p}: a calibration file is a mapping of link types")
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in LINK_TYPES:
-            out[key] = _link_entry(p, key, value)
-        elif key == "gloo_ops":
-            out[key] = {op: _link_entry(p, f"gloo_ops.{op}", v) for op, v in (value or {}).items() if op in OPS}
-    return out
+    values for CPU ranks) when present: :func:`tpsim.calibration.load_calibration`, as the mapping
+    :class:`~tpsim.collectives.model.CollectiveModel` takes."""
+    from ..calibration import load_calibration as load
 
-
-def _link_entry(p: Path, key: str, value: Any) -> dict[str, float]:
-    if not isinstance(value, dict):
-        raise InputError(f"{p}: {key} must be a mapping with efficiency, latency_us, bw_GBps")
-    entry = {}
-    for name in ("efficiency", "latency_us", "bw_GBps"):
-        if name in value:
-            v = value[name]
-            if not isinstance(v, (int, float)) or not v >= 0 or (name != "latency_us" and v == 0):
-                raise InputError(f"{p}: {key}.{name}={v!r} must be a positive number")
-            entry[name] = float(v)
-    return entry
+    return load(path).link_overrides()

@@ -100,3 +100,54 @@ def stage_layers(num_layers: int, pp: np.ndarray, vpp: np.ndarray) -> StageLayer
     last = np.where(single, num_layers, last)
     middle = np.where(middle_ranks > 0, middle, 0)
     return StageLayers(first=first, last=last, middle=middle)
+
+
+# ---- stage 5: memory per GPU ------------------------------------------------------------------------------
+MEMORY_TERMS = ("weights", "grads", "optimizer_states", "activations", "other")
+"""named terms of ``memory_gib`` (their sum is the peak; docs/SCHEMAS.md, section 6)."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per GPU on the rank with the highest peak, arrays over plans."""
+
+    terms: dict
+    """term (MEMORY_TERMS) -> bytes."""
+    peak: np.ndarray
+    peak_position: np.ndarray
+    """position (POSITIONS index) of the rank with the highest peak."""
+
+
+def in_flight(position_rank: np.ndarray, pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Micro-batches (in whole-stage units) whose activations pipeline rank r holds at the 1F1B peak: pp - r,
+    or (2 (pp - r - 1) + (vpp - 1) pp + 1) / vpp model chunks' worth with interleaving (Megatron's warm-up
+    count; Korthikanti et al. 2022 section 4.2.3 for r = 0); never more than the micro-batches."""
+    chunks = np.where(vpp > 1, (2 * (pp - position_rank - 1) + (vpp - 1) * pp + 1) / vpp, pp - position_rank)
+    return np.minimum(chunks, m).astype(float)
+
+
+def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, m: np.ndarray,
+           w_bytes: float, master_bytes: float, grad_bytes: float) -> Memory:
+    """Model states (ZeRO-sharded), stored activations of the micro-batches in flight, and buffers, for the
+    first, last and busiest middle pipeline rank at once ((position, plan) arrays); the peak rank's terms.
+    ``costs`` (:class:`~tpsim.estimator.source.LayerCosts`) and ``part`` (a Partition) are gathered to plans."""
+    from .partition import on_positions
+
+    ranks = np.stack([np.zeros_like(pp), pp - 1, np.ones_like(pp)])  # pipeline rank of each position
+    activations = part.layers * costs.activations * in_flight(ranks, pp, vpp, m) + costs.working
+    zero3_buffers = np.where(zero == 3, 2.0 * costs.params * w_bytes, 0.0)  # this and the next layer gathered
+    other = on_positions(costs.first.buffer_bytes + zero3_buffers, costs.last.buffer_bytes + zero3_buffers,
+                         pp == 1, middle=zero3_buffers, last_alone=costs.last.buffer_bytes)
+    w_div = np.where(zero == 3, dp, 1.0)
+    g_div = np.where(zero >= 2, dp, 1.0)
+    o_div = np.where(zero >= 1, dp, 1.0)
+    per_param = w_bytes / w_div + grad_bytes / g_div + (master_bytes + 8.0) / o_div
+    total = np.where(part.valid, part.params * per_param + activations + other, -1.0)
+    peak_position = np.argmax(total, axis=0)
+    columns = np.arange(peak_position.size)
+    pick = lambda v: v[peak_position, columns]  # noqa: E731
+    held = pick(part.params)
+    terms = {"weights": held * w_bytes / w_div, "grads": held * grad_bytes / g_div,
+             "optimizer_states": held * (master_bytes + 8.0) / o_div, "activations": pick(activations),
+             "other": pick(other)}
+    return Memory(terms=terms, peak=total.max(axis=0), peak_position=peak_position)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from functools import lru_cache
+from typing import Any, Mapping
 
 import numpy as np
 
 from ..plan import Plan, PlanBatch
 
-BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "tp_comm", "pp_comm", "dp_comm")
+BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead", "tp_comm", "pp_comm",
+                  "dp_comm")
+STEP_PARTS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
+"""the breakdown terms that sum to ``step_time_s`` (the ``*_comm`` ones are totals, partly hidden)."""
 MEMORY_KEYS = ("weights", "grads", "optimizer_states", "activations", "other")
 SCALAR_KEYS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
                "peak_memory_gib", "fits")
@@ -74,16 +78,45 @@ class EstimateBatch:
     mem_activations_gib: np.ndarray
     mem_other_gib: np.ndarray
     measured_compute_fraction: np.ndarray
+    overhead_s: np.ndarray | None = None
+    """host time per step not hidden by the kernels (None: zeros)."""
     model_name: str = ""
     cluster_info: dict = field(default_factory=dict)
     compute_model: str = "roofline"
-    collectives: tuple = ()
-    """per plan: {"tp": algorithm, "dp": ..., "pp": ...} (chosen at the plan's message sizes)."""
+    collective_codes: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """axis -> per plan, index into ``collective_names`` of the algorithm chosen at the plan's message sizes
+    (-1: the axis has size 1)."""
+    collective_names: tuple[str, ...] = ()
+    """``"op: algorithm"`` texts the codes index."""
+    context_warnings: tuple[str, ...] = ()
+    """warnings that hold for every plan of the batch (kernel profile of another device, ...)."""
+    usable_memory_gib: float = math.inf
+    """device memory a plan may use (for the ``does not fit`` warning)."""
+
+    def __post_init__(self) -> None:
+        if self.overhead_s is None:
+            object.__setattr__(self, "overhead_s", np.zeros_like(self.step_time_s))
 
     def __len__(self) -> int:
         return len(self.step_time_s)
 
-    def to_estimate(self, i: int, warnings: tuple[str, ...] = ()) -> Estimate:
+    def collectives(self, i: int) -> dict[str, str]:
+        """{axis: "op: algorithm"} of plan ``i`` for its axes of size > 1."""
+        return {axis: self.collective_names[int(codes[i])] for axis, codes in self.collective_codes.items()
+                if codes[i] >= 0}
+
+    def warnings(self, i: int) -> tuple[str, ...]:
+        """What ``tpsim estimate`` warns about for plan ``i``, computed from the batch's own arrays."""
+        out = list(_placement_warnings(self.plans.plan(i), int(self.cluster_info.get("gpus_per_node", 0))))
+        out += self.context_warnings
+        if not self.fits[i]:
+            out.append(f"does not fit: {float(self.peak_memory_gib[i]):.1f} GiB needed, "
+                       f"{self.usable_memory_gib:.1f} GiB usable on {self.cluster_info.get('device', '')}")
+        return tuple(out)
+
+    def to_estimate(self, i: int, warnings: tuple[str, ...] | None = None) -> Estimate:
+        """Plan ``i`` as an :class:`Estimate` (the row of ``tpsim estimate --json``); ``warnings`` default to
+        :meth:`warnings`."""
         def f(x: np.ndarray) -> float:
             v = float(x[i])
             return v if math.isfinite(v) else float("nan")
@@ -97,7 +130,7 @@ class EstimateBatch:
             peak_memory_gib=f(self.peak_memory_gib), fits=bool(self.fits[i]), breakdown=breakdown,
             memory_gib=memory, plan=self.plans.plan(i), model=self.model_name, cluster=dict(self.cluster_info),
             compute_model=self.compute_model, measured_compute_fraction=f(self.measured_compute_fraction),
-            collectives=dict(self.collectives[i]) if self.collectives else {}, warnings=warnings)
+            collectives=self.collectives(i), warnings=self.warnings(i) if warnings is None else tuple(warnings))
 
     def columns(self) -> dict[str, np.ndarray]:
         """Plan fields and results as named columns (for tables and CSV)."""
@@ -118,3 +151,32 @@ class EstimateBatch:
     def to_frame(self):
         import pandas as pd
         return pd.DataFrame(self.columns())
+
+
+def first_group_nodes(plan: Plan, axes: tuple[str, ...], gpus_per_node: int) -> int:
+    """Nodes the first group of ``axes`` (every other axis index 0) touches: its ranks are the sums of the
+    axes' indices times their strides in the plan's rank order (no group tables are built)."""
+    return _first_group_nodes(plan.order, plan.tp, plan.dp, plan.pp, axes, gpus_per_node)
+
+
+@lru_cache(maxsize=1024)
+def _first_group_nodes(order: str, tp: int, dp: int, pp: int, axes: tuple[str, ...], gpus_per_node: int) -> int:
+    from ..topology.placement import RankLayout
+
+    layout = RankLayout.from_order(order, tp=tp, dp=dp, pp=pp)
+    ranks = np.zeros(1, dtype=np.int64)
+    stride = 1
+    for name, size in layout.dims:
+        if name in axes:
+            ranks = (ranks[:, None] + stride * np.arange(size, dtype=np.int64)[None, :]).reshape(-1)
+        stride *= size
+    return int(np.unique(ranks // gpus_per_node).size)
+
+
+def _placement_warnings(plan: Plan, gpus_per_node: int) -> tuple[str, ...]:
+    if gpus_per_node <= 0 or plan.tp == 1:
+        return ()
+    nodes = first_group_nodes(plan, ("tp",), gpus_per_node)
+    if nodes <= 1:
+        return ()
+    return (f"TP group of {plan.tp} spans {nodes} nodes: tensor-parallel traffic crosses the inter-node network",)

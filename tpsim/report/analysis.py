@@ -19,8 +19,8 @@ from ..search import SearchResult, SearchSpace, search
 from ..search.planner import BAND_FIELDS
 
 SWEEP_COLUMNS = ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "compute_s", "recompute_s", "bubble_s",
-                 "optimizer_s", "exposed_comm_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "fits_effective", "tp",
-                 "pp", "dp", "gpus", "cost_per_mtok")
+                 "optimizer_s", "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s",
+                 "fits_effective", "tp", "pp", "dp", "gpus", "cost_per_mtok")
 TP_SWEEP_MAX = 64
 """largest TP degree of the TP sweep (issue 5: every valid tp up to 64)."""
 BANDWIDTH_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)

@@ -37,7 +37,7 @@ COMPONENTS = (("compute_s", "compute"), ("recompute_s", "recompute"), ("bubble_s
 """the step-time components, in stacking order (they sum to the step time; a column the estimator does not
 give, or that is zero for every plan drawn, is left out)."""
 COLORS = {"compute_s": "#4C72B0", "recompute_s": "#8172B2", "bubble_s": "#CCB974", "optimizer_s": "#64B5CD",
-          "exposed_comm_s": "#C44E52", "overhead_s": "#8C8C8C"}
+          "exposed_comm_s": "#C44E52", "overhead_s": "#937860"}
 MAX_SCATTER = 12000
 """time-memory scatter: at most this many points are drawn (evenly sampled; the front is always drawn)."""
 ERROR_BAR = {"fmt": "none", "ecolor": "black", "elinewidth": 1.0, "capsize": 3, "label": "error band"}

@@ -39,8 +39,8 @@ CHUNK = 1 << 14
 # EstimateBatch arrays the planner keeps for every evaluated plan
 ESTIMATE_FIELDS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
                    "peak_memory_gib", "fits", "compute_s", "recompute_s", "bubble_s", "optimizer_s",
-                   "exposed_comm_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "mem_weights_gib", "mem_grads_gib",
-                   "mem_optimizer_states_gib", "mem_activations_gib", "mem_other_gib")
+                   "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "mem_weights_gib",
+                   "mem_grads_gib", "mem_optimizer_states_gib", "mem_activations_gib", "mem_other_gib")
 PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order")
 EXTRA_AXES = ("cp", "cp_kind", "ep", "etp")
 """plan columns of the parallel axes of issue 11 (docs/SCHEMAS.md section 1), used where the batches have them."""
@@ -52,7 +52,7 @@ VARIANT_FIELDS = ("order", "overlap")
 TWIN_RTOL = 1e-9
 """relative tolerance under which two step times (or peak memories) are the same prediction: different rank
 orders can reach the same figure through a different summation order (a few ulps apart)."""
-BREAKDOWN = ("compute", "recompute", "bubble", "optimizer", "exposed_comm")
+BREAKDOWN = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
 """the components that sum to the step time."""
 
 Estimator = Callable[..., Any]
@@ -128,10 +128,9 @@ class SearchResult:
 
     # ---- single plans --------------------------------------------------------------------------------
     def batch_estimate(self, i: int) -> Any:
-        """Row ``i`` (an index into ``columns``) of the estimator's batch, as an :class:`Estimate`."""
-        part = self.parts[int(self.columns["part"][i])]
-        k = int(np.searchsorted(part.offsets, i, side="right")) - 1
-        return part.chunks[k].to_estimate(int(i - part.offsets[k]))
+        """Row ``i`` (an index into ``columns``) of the estimator's batch, as an :class:`Estimate` (collective
+        algorithms and warnings included, from the batch's own arrays)."""
+        return self.estimates([int(i)])[0]
 
     def plan(self, i: int) -> Any:
         """Evaluated plan ``i`` as a :class:`tpsim.plan.Plan`."""
@@ -143,13 +142,30 @@ class SearchResult:
                     attention=self.space.attention)
 
     def estimate(self, i: int) -> Any:
-        """The full :class:`Estimate` of evaluated plan ``i``, exactly as ``tpsim estimate`` gives it (a
-        batch of one through :func:`tpsim.estimator.estimate`, which adds the collective algorithms chosen
-        and the warnings); its numbers equal the batch row's (a test checks it)."""
-        from ..estimator import estimate
+        """The full :class:`Estimate` of evaluated plan ``i``, exactly as ``tpsim estimate`` gives it: the row
+        of the batch the search evaluated (a test checks it equals ``tpsim.estimate`` of the plan)."""
+        return self.estimates([int(i)])[0]
 
-        part = self.parts[int(self.columns["part"][i])]
-        return estimate(self.model, part.cluster, self.plan(i), compute=self.compute)
+    def estimates(self, rows: Sequence[int]) -> list[Any]:
+        """Estimates of evaluated plans ``rows``: rows of the search's batches; a result restored from the
+        on-disk cache holds no batches, so its rows are evaluated again, one batch per GPU count."""
+        out: dict[int, Any] = {}
+        missing: dict[int, list[int]] = {}
+        for i in rows:
+            part_i = int(self.columns["part"][i])
+            part = self.parts[part_i]
+            if part.chunks:
+                k = int(np.searchsorted(part.offsets, i, side="right")) - 1
+                out[i] = part.chunks[k].to_estimate(int(i - part.offsets[k]))
+            else:
+                missing.setdefault(part_i, []).append(int(i))
+        for part_i, wanted in missing.items():
+            from ..estimator import estimate_batch
+
+            batch = estimate_batch(self.model, self.parts[part_i].cluster,
+                                   PlanBatch.from_plans([self.plan(i) for i in wanted]), compute=self.compute)
+            out.update({i: batch.to_estimate(j) for j, i in enumerate(wanted)})
+        return [out[int(i)] for i in rows]
 
     def estimate_dict(self, i: int) -> dict[str, Any]:
         """``self.estimate(i).to_dict()``, memoized (and kept by the on-disk plan cache)."""
@@ -160,6 +176,9 @@ class SearchResult:
 
     def top(self, k: int | None = None) -> list[RankedPlan]:
         idx = self.ranking if k is None else self.ranking[:k]
+        todo = [int(i) for i in idx if str(int(i)) not in self.memo]
+        for i, e in zip(todo, self.estimates(todo)):
+            self.memo[str(i)] = e.to_dict()
         return [RankedPlan(rank=r + 1, gpus=int(self.columns["gpus"][i]),
                            cost_per_mtok=float(self.columns["cost_per_mtok"][i]), estimate=self.estimate_dict(i),
                            variants=tuple(self.variant_fields(int(i))))
@@ -279,6 +298,8 @@ class SearchResult:
         if not c["fits_effective"][idx].all():
             data["fits"] = c["fits_effective"][idx]
         for name in BREAKDOWN + ("tp_comm", "pp_comm", "dp_comm"):
+            if name == "overhead" and not np.any(c["overhead_s"][idx]):
+                continue  # no calibrated host overhead: no column of zeros
             data[f"{name}_s"] = c[f"{name}_s"][idx]
         if self.objective == "cost":
             data["$/Mtok"] = c["cost_per_mtok"][idx]

@@ -1,9 +1,8 @@
-"""Vectorized plan validity: the constraints of :func:`tpsim.plan.plan_violation`, over a whole PlanBatch.
+"""Reasons a plan is rejected in a search: the plan rules of :data:`tpsim.plan.RULES` (one table, checked
+vectorized by :func:`tpsim.plan.violation_codes`) and two reasons of the planner's own after estimation:
+``memory`` (does not fit the device) and ``mem-limit`` (over ``--mem-limit-gib``).
 
-:func:`violations` returns, per plan, the code of the *first* constraint it breaks (0 = valid), checking the
-constraints in the same order as ``plan_violation`` so both name the same reason for every plan (a test
-checks this on a whole space). The codes index :data:`REASONS`. After estimation the planner adds two more
-reasons of its own: ``memory`` (does not fit the device) and ``mem-limit`` (over ``--mem-limit-gib``).
+:func:`violations` returns, per plan, the index into :data:`REASONS` of the first broken rule (0 = valid).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import ModelSpec
-from ..plan import PlanBatch
+from ..plan import RULES, PlanBatch, violation_codes
 
 
 @dataclass(frozen=True)
@@ -27,21 +26,10 @@ class Reason:
 
 
 REASONS: tuple[Reason, ...] = (
-    Reason("valid", "", "valid"),
-    Reason("gpus", "divisibility", "tp x pp x dp differs from the GPU count"),
-    Reason("tp-heads", "divisibility", "tp does not divide the attention heads"),
-    Reason("tp-kv-heads", "divisibility", "tp does not divide the key/value heads (kv heads >= tp)"),
-    Reason("tp-ffn", "divisibility", "tp does not divide the FFN hidden size"),
-    Reason("sp-needs-tp", "structure", "sequence parallelism needs tp > 1"),
-    Reason("sp-seq", "divisibility", "tp does not divide the sequence length (sequence parallelism)"),
-    Reason("vpp-needs-pp", "structure", "interleaving (vpp > 1) needs pp > 1"),
-    Reason("layers", "divisibility", "pp x vpp exceeds the number of layers"),
-    Reason("batch", "divisibility", "global batch is not a multiple of micro-batch x dp"),
-    Reason("interleave-microbatches", "divisibility",
-           "interleaved schedule needs the micro-batch count divisible by pp"),
-    Reason("zero-needs-dp", "structure", "ZeRO needs dp > 1"),
-    Reason("memory", "memory", "does not fit in the device memory"),
-    Reason("mem-limit", "memory", "peak memory above --mem-limit-gib"),
+    (Reason("valid", "", "valid"),)
+    + tuple(Reason(rule.key, rule.kind, rule.text) for rule in RULES)
+    + (Reason("memory", "memory", "does not fit in the device memory"),
+       Reason("mem-limit", "memory", "peak memory above --mem-limit-gib"))
 )
 REASON_INDEX = {r.key: i for i, r in enumerate(REASONS)}
 MEMORY = REASON_INDEX["memory"]
@@ -50,27 +38,7 @@ MEM_LIMIT = REASON_INDEX["mem-limit"]
 
 def violations(model: ModelSpec, batch: PlanBatch, num_gpus: int | None = None) -> np.ndarray:
     """Per plan, the index into :data:`REASONS` of the first broken constraint (0 = valid); int8 array."""
-    tp, pp, vpp, dp = batch.tp, batch.pp, batch.vpp, batch.dp
-    per_step = batch.micro_batch * dp
-    micro = batch.global_batch // per_step
-    gpus_bad = (tp * pp * dp != num_gpus) if num_gpus is not None else np.zeros(len(batch), dtype=bool)
-    checks = (  # same order as tpsim.plan.plan_violation
-        gpus_bad,
-        model.num_attention_heads % tp != 0,
-        (model.num_kv_heads >= tp) & (model.num_kv_heads % tp != 0),
-        model.ffn_hidden_size % tp != 0,
-        batch.sp & (tp == 1),
-        batch.sp & (model.seq_len % tp != 0),
-        (vpp > 1) & (pp == 1),
-        pp * vpp > model.num_layers,
-        batch.global_batch % per_step != 0,
-        (vpp > 1) & (micro % pp != 0),
-        (batch.zero > 0) & (dp == 1),
-    )
-    code = np.zeros(len(batch), dtype=np.int8)
-    for i in range(len(checks), 0, -1):  # the first failing check wins: assign in reverse
-        code[checks[i - 1]] = i
-    return code
+    return violation_codes(model, batch, num_gpus, RULES)
 
 
 def count_reasons(codes: np.ndarray) -> dict[str, int]:

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..calibration import LINK_TYPES, Calibration
+from ..calibration import load_calibration as load_calibration_file
 from ..errors import InputError
 from ..hardware import DeviceSpec, default_usable_memory_fraction, device_entry, device_from_mapping
 from .files import check_keys, fraction, non_negative, positive, read_yaml, resolve, topologies_dir
 
 DEVICE_KINDS = ("gpu", "nvswitch", "pcie_switch", "cpu", "nic", "switch")
-LINK_TYPES = ("nvlink", "pcie", "ib", "ethernet", "ici", "loopback", "cpu")
 FABRIC_TYPES = ("none", "fat_tree", "rail_optimized", "torus")
 PATTERNS = ("block", "all")
 _SELECTOR = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*(?:\[\s*(\d+)\s*(?:-\s*(\d+)\s*)?\])?\s*$")
@@ -108,12 +109,8 @@ class FabricSpec:
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
-class CalibrationSpec:
-    path: Path
-    per_type: Mapping[str, Mapping[str, float]]
-    """link type -> {efficiency, latency_us, bw_GBps} (any subset)."""
-    provenance: Mapping[str, Any]
+CalibrationSpec = Calibration
+"""A cluster's calibration is a :class:`tpsim.calibration.Calibration` (one loader for every calibration)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -322,34 +319,12 @@ def _fabric_spec(data: Mapping[str, Any], path: Path, where: str) -> FabricSpec:
 # ----------------------------------------------------------------------------------------------- calibration
 
 def load_calibration(ref: Any, relative_to: Path, where: str) -> CalibrationSpec:
-    """A calibration YAML (written by ``tpsim calibrate``): {link_type: {efficiency, latency_us, bw_GBps}}
-    plus provenance keys (anything that is not a link type)."""
-    text = str(ref)
-    candidates = [Path(text).expanduser(), relative_to / text,
-                  Path(__file__).resolve().parents[1] / "data" / "calibration" / text,
-                  Path(__file__).resolve().parents[1] / "data" / "calibration" / f"{text}.yaml"]
-    path = next((p for p in candidates if p.is_file()), None)
-    if path is None:
-        raise InputError(f"{where}: calibration={text!r}: file not found (looked in {relative_to} and "
-                         f"tpsim/data/calibration)")
-    data = read_yaml(path.resolve())
-    per_type: dict[str, dict[str, float]] = {}
-    provenance: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in LINK_TYPES:
-            provenance[key] = value
-            continue
-        w = f"{path}: {key}"
-        check_keys(value, ("efficiency", "latency_us", "bw_GBps", "source", "fit_error", "samples", "note"), w)
-        entry: dict[str, float] = {}
-        if "efficiency" in value:
-            entry["efficiency"] = fraction(value["efficiency"], w, "efficiency")
-        if "latency_us" in value:
-            entry["latency_us"] = non_negative(value["latency_us"], w, "latency_us")
-        if "bw_GBps" in value:
-            entry["bw_GBps"] = positive(value["bw_GBps"], w, "bw_GBps")
-        per_type[key] = entry
-    return CalibrationSpec(path=path.resolve(), per_type=per_type, provenance=provenance)
+    """A calibration YAML named by a cluster file (``where``) or ``--calibration``:
+    :func:`tpsim.calibration.load_calibration`, relative paths also from the cluster file's folder."""
+    try:
+        return load_calibration_file(ref, relative_to)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------------------------- clusters

@@ -1,0 +1,102 @@
+"""A plan's estimate does not depend on the batch it was computed in; the planner shows rows of its own batch
+(no estimate per displayed plan); the context owns the caches (nothing on the cluster or collective model)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tpsim.estimator import context_for, estimate, estimate_batch
+from tpsim.model import load_model, with_overrides
+from tpsim.plan import PlanBatch
+from tpsim.search import SearchSpace, enumerate_plans, search, violations
+from tpsim.topology import load_cluster
+
+
+@pytest.fixture(scope="module")
+def problem():
+    model = with_overrides(load_model("llama3-8b"), layers=8)
+    cluster = load_cluster("dgx-h100", gpus=32)
+    enum = enumerate_plans(model, 32, 128, SearchSpace(vpp=(1, 2), micro_batch=(1, 2)))
+    plans = enum.plans.take(np.flatnonzero(violations(model, enum.plans, 32) == 0))
+    return model, cluster, plans
+
+
+def test_rows_do_not_depend_on_the_batch(problem):
+    model, cluster, plans = problem
+    whole = estimate_batch(model, cluster, plans)
+    rng = np.random.default_rng(1)
+    for size in (1, 2, 65, 300):
+        rows = rng.choice(len(plans), size=size, replace=False)
+        part = estimate_batch(model, cluster, plans.take(rows))
+        for j, i in enumerate(rows):
+            assert part.to_estimate(j).to_dict() == whole.to_estimate(int(i)).to_dict()
+
+
+def test_algorithm_names_are_always_there(problem):
+    model, cluster, plans = problem
+    batch = estimate_batch(model, cluster, plans)
+    assert len(batch) > 64
+    for i in range(0, len(batch), 37):
+        names = batch.to_estimate(i).collectives
+        plan = batch.plans.plan(i)
+        assert set(names) == {a for a, n in (("tp", plan.tp), ("dp", plan.dp), ("pp", plan.pp)) if n > 1}
+
+
+def test_planner_shows_rows_of_its_batch_without_estimating_again(problem, monkeypatch):
+    model, cluster, _ = problem
+    result = search(model, cluster, 128, space=SearchSpace(vpp=(1, 2), micro_batch=(1, 2)))
+    import tpsim.estimator as est
+    import tpsim.estimator.core as core
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the planner re-ran the estimator for a displayed plan")
+
+    monkeypatch.setattr(est, "estimate", refuse)
+    monkeypatch.setattr(core, "estimate", refuse)
+    monkeypatch.setattr(est, "estimate_batch", refuse)
+    top = result.top(5)
+    monkeypatch.undo()
+    for ranked in top:
+        plan = result.plan(int(result.ranking[ranked.rank - 1]))
+        assert ranked.estimate == estimate(model, cluster, plan).to_dict()
+
+
+def test_a_cached_result_without_batches_evaluates_its_rows_once(problem):
+    model, cluster, _ = problem
+    result = search(model, cluster, 128, space=SearchSpace(vpp=(1,), micro_batch=(1, 2)))
+    bare = dataclasses.replace(result, parts=tuple(dataclasses.replace(p, chunks=(), offsets=()) for p in result.parts),
+                               memo={})
+    assert [r.to_dict() for r in bare.top(4)] == [r.to_dict() for r in result.top(4)]
+
+
+def test_the_context_owns_the_caches(problem):
+    model, cluster, plans = problem
+    estimate_batch(model, cluster, plans.take(np.arange(10)))
+    from tpsim.collectives.model import get_collective_model
+
+    assert not [k for k in vars(cluster) if "estimator" in k]
+    assert not [k for k in vars(get_collective_model(cluster)) if "estimator" in k]
+    ctx = context_for(model, cluster)
+    assert ctx is context_for(model, cluster)
+    assert ctx.caches.curves.curves and ctx.caches.layers
+    other = load_cluster("dgx-h100", gpus=64)
+    elsewhere = context_for(model, other)
+    assert elsewhere is not ctx and elsewhere.caches.curves is not ctx.caches.curves
+    assert elsewhere.collectives is not ctx.collectives
+    # another compute model on the same cluster: a new context, the same collective curves
+    from tpsim.compute.roofline import RooflineModel
+
+    roofline = RooflineModel(cluster.device)
+    again = context_for(model, cluster, roofline)
+    assert again is not ctx and again.caches.curves is ctx.caches.curves and again.caches.layers == {}
+    assert len(ctx.fingerprint()) == 64 and ctx.fingerprint() != context_for(model, other).fingerprint()
+
+
+def test_single_plan_batch_equals_estimate(problem):
+    model, cluster, plans = problem
+    plan = plans.plan(3)
+    one = estimate_batch(model, cluster, PlanBatch.from_plans([plan])).to_estimate(0)
+    assert one.to_dict() == estimate(model, cluster, plan).to_dict()

@@ -1,0 +1,123 @@
+"""The caches an :class:`~tpsim.estimator.context.EstimationContext` owns (their keys: see that module)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .keys import concat_rows
+
+MEMO_BYTES = 64 << 20
+"""array bytes of stage results a context keeps (a repeated plan or search chunk reuses them)."""
+ENVELOPE_BYTES = np.logspace(0, 13, 131)
+"""1 B .. 10 TB: the message sizes any collective of a plan can have (the envelope's domain)."""
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A cost curve and the lines of it that are the minimum somewhere in 1 B .. 10 TB (the others never
+    matter), with each line's ``"op: algorithm"`` code in the context's name table (-1: a one-rank group)."""
+
+    curve: Any
+    """the :class:`~tpsim.collectives.curve.CostCurve`."""
+    latency_s: np.ndarray
+    """latency of the envelope's lines, seconds."""
+    sec_per_byte: np.ndarray
+    codes: np.ndarray
+    """name code of each envelope line."""
+
+    @staticmethod
+    def of(curve: Any, op: str, code: Callable[[str], int]) -> "Envelope":
+        lat = np.asarray(curve.latency_s, dtype=float)
+        spb = np.asarray(curve.sec_per_byte, dtype=float)
+        winners = np.unique(np.argmin(lat[None, :] + ENVELOPE_BYTES[:, None] * spb[None, :], axis=1))
+        codes = np.array([-1 if curve.algorithms[i] == "none" else code(f"{op}: {curve.algorithms[i]}")
+                          for i in winners], dtype=np.int32)
+        return Envelope(curve=curve, latency_s=lat[winners], sec_per_byte=spb[winners], codes=codes)
+
+
+@dataclass(eq=False)
+class CurveCache:
+    """What depends only on the collective model: envelopes per (layout, axes, op), their padded tables per
+    (axes, op), the ``"op: algorithm"`` name codes and the rank layouts. Contexts on one collective model share
+    it (:func:`context_for`): its keys do not involve the model, compute model or stack."""
+
+    collectives: Any
+    """the collective model every entry was computed with."""
+    curves: dict = field(default_factory=dict)
+    tables: dict = field(default_factory=dict)
+    """(axes, op) -> EnvelopeTable."""
+    names: dict = field(default_factory=dict)
+    """"op: algorithm" -> code (the order of first use)."""
+    layouts: dict = field(default_factory=dict)
+    """(order, axis sizes) -> RankLayout."""
+
+
+@dataclass
+class ContextCaches:
+    curves: CurveCache
+    memo: OrderedDict = field(default_factory=OrderedDict)
+    """key -> (value, bytes)."""
+    memo_bytes: int = 0
+    layers: dict = field(default_factory=dict)
+    """(dtype, attention) -> RowStore of layer costs."""
+
+
+@dataclass
+class EnvelopeTable:
+    """Envelopes of one (axes, op) for every layout seen, one row each, padded to one width by repeating the
+    last line (which leaves the minimum and its line unchanged): rows x lines arrays."""
+
+    index: dict = field(default_factory=dict)
+    latency_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
+    sec_per_byte: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
+    codes: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int32))
+
+    def add(self, layout: Any, env: Envelope) -> None:
+        width = max(self.latency_s.shape[1], env.latency_s.size)
+        rows = [_pad(a, width) for a in (self.latency_s, self.sec_per_byte, self.codes)]
+        new = [_pad(a[None, :], width) for a in (env.latency_s, env.sec_per_byte, env.codes)]
+        self.latency_s, self.sec_per_byte, self.codes = (np.concatenate([r, x]) for r, x in zip(rows, new))
+        self.index[layout] = len(self.index)
+
+
+def _pad(a: np.ndarray, width: int) -> np.ndarray:
+    if a.shape[1] >= width or a.shape[0] == 0:
+        return a if a.shape[0] else np.zeros((0, width), dtype=a.dtype)
+    return np.concatenate([a, np.repeat(a[:, -1:], width - a.shape[1], axis=1)], axis=1)
+
+
+@dataclass
+class RowStore:
+    """Stage results per key row: ``index`` maps a key row to its row in ``value`` (arrays over rows)."""
+
+    index: dict = field(default_factory=dict)
+    value: Any = None
+
+    def rows(self, keys: np.ndarray, build: Callable[[np.ndarray], Any]) -> np.ndarray:
+        """Row of each key in ``value``; rows not seen before are built in one call and appended."""
+        wanted = [tuple(r) for r in keys.tolist()]
+        missing = [i for i, k in enumerate(wanted) if k not in self.index]
+        if missing:
+            new = build(keys[missing])
+            self.value = new if self.value is None else concat_rows(self.value, new)
+            for i in missing:
+                self.index[wanted[i]] = len(self.index)
+        return np.fromiter((self.index[k] for k in wanted), dtype=np.int64, count=len(wanted))
+
+
+def array_bytes(value: Any) -> int:
+    """Bytes of the numpy arrays inside a stage result (dataclasses, dicts, tuples)."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, dict):
+        return sum(array_bytes(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return sum(array_bytes(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(array_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return 0

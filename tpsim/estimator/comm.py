@@ -1,0 +1,217 @@
+"""Stage 3, communication: every collective a plan runs, timed on the topology.
+
+Collectives name their plan axes (``("tp",)``, ``("dp",)``, ``("pp",)``; later ``("cp",)``, ``("ep",)``) and
+are timed with the context's envelope of ``CollectiveModel.axis_curve(op, layout, axes)`` for the plan's
+:class:`~tpsim.topology.placement.RankLayout`. Rows are distinct communication patterns; the collectives of
+a layer, the edges and the pipeline transfer depend only on (layout, layer key) and are timed once per such
+pair.
+
+* per layer and micro-batch: the source's collectives (TP), totals per axis and the exposed part (what the
+  compute each one overlaps with, ``hide``, does not cover), forward and backward;
+* per micro-batch on the first / last pipeline rank: the edges' collectives (exposed);
+* per micro-batch and model chunk: the pipeline send/receive of the boundary activation;
+* per step: the data-parallel gradient reduction and, with ZeRO, the parameter all-gather (Megatron-Core
+  distributed optimizer: reduce-scatter + all-gather); ZeRO-3 gathers each layer's weights in forward and
+  backward and reduce-scatters its gradients, and treats the edge parameters as one more layer.
+
+Each axis of size > 1 is named by the algorithm of the envelope line that times its main collective (a layer
+axis such as TP: its first forward reduction, else its first forward, else backward collective; DP: the
+gradient reduction; PP: the send/receive).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..plan import ORDERS
+from ..topology.placement import RankLayout
+from .context import EstimationContext
+from .keys import distinct, take_rows
+from .partition import Partition, on_positions
+from .source import Collective, LayerCosts
+
+GRAD_BYTES = 4.0
+"""fp32 gradient accumulation and reduction (Megatron-Core ``main_grad``), bytes per parameter."""
+_REDUCTIONS = ("reduce_scatter", "all_reduce")
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Seconds, arrays over rows (communication patterns) unless noted."""
+
+    layer_fwd: dict[str, np.ndarray]
+    """axis -> collective time of one layer's forward per micro-batch."""
+    layer_bwd: dict[str, np.ndarray]
+    """axis -> the same in backward."""
+    layer_fwd_exposed: np.ndarray
+    """part of one layer's forward collectives (all axes) not hidden by compute."""
+    layer_bwd_exposed: np.ndarray
+    edge: dict[str, np.ndarray]
+    """axis -> (3, n) edge collective time per micro-batch on the first / last / middle rank (exposed)."""
+    p2p: np.ndarray
+    """one pipeline send/receive of the boundary activation."""
+    dp_all_reduce: np.ndarray
+    """gradient all-reduce of the largest rank (ZeRO 0)."""
+    dp_reduce_scatter: np.ndarray
+    """gradient reduce-scatter (ZeRO 1-2: the largest rank's; ZeRO 3: its edge parameters')."""
+    dp_all_gather: np.ndarray
+    """parameter all-gather after the optimizer step (ZeRO 1-2), or of the edge parameters (ZeRO 3)."""
+    z3_all_gather: np.ndarray
+    """ZeRO-3: one layer's parameter all-gather."""
+    z3_reduce_scatter: np.ndarray
+    """ZeRO-3: one layer's gradient reduce-scatter."""
+    names: dict[str, np.ndarray]
+    """axis -> name code (the context's ``name_table``) of the algorithm the axis uses (-1: size 1)."""
+
+    def take(self, index: np.ndarray) -> "Comm":
+        """Rows ``index`` (gather)."""
+        pick = lambda a: a[..., index]  # noqa: E731 - (3, n) and (n,) arrays alike
+        return Comm(layer_fwd={k: pick(v) for k, v in self.layer_fwd.items()},
+                    layer_bwd={k: pick(v) for k, v in self.layer_bwd.items()},
+                    layer_fwd_exposed=pick(self.layer_fwd_exposed), layer_bwd_exposed=pick(self.layer_bwd_exposed),
+                    edge={k: pick(v) for k, v in self.edge.items()}, p2p=pick(self.p2p),
+                    dp_all_reduce=pick(self.dp_all_reduce), dp_reduce_scatter=pick(self.dp_reduce_scatter),
+                    dp_all_gather=pick(self.dp_all_gather), z3_all_gather=pick(self.z3_all_gather),
+                    z3_reduce_scatter=pick(self.z3_reduce_scatter), names={k: pick(v) for k, v in self.names.items()})
+
+
+class AxisCurves:
+    """Collective times of rows that sit on a few distinct rank layouts: per (axes, op) the layouts'
+    envelopes are stacked once (rows x lines), padded to one width by repeating the last line (the minimum
+    and its line are unchanged)."""
+
+    def __init__(self, ctx: EstimationContext, layouts: list[RankLayout], inverse: np.ndarray):
+        self.ctx = ctx
+        self.layouts = layouts
+        self.inverse = inverse
+        self._stacked: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._done: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        """(axes, op, bytes) -> (seconds, name codes): collectives of one size are timed once."""
+
+    def _rows(self, axes: tuple[str, ...], op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        key = (axes, op)
+        hit = self._stacked.get(key)
+        if hit is None:
+            lat, spb, codes = self.ctx.envelopes(op, axes, self.layouts)
+            hit = self._stacked[key] = (lat[self.inverse], spb[self.inverse], codes[self.inverse])
+        return hit
+
+    def time(self, axes: tuple[str, ...], op: str, nbytes: np.ndarray) -> np.ndarray:
+        """Seconds of ``op`` on ``nbytes`` per row (0 where nbytes <= 0)."""
+        return self.timed_and_named(axes, op, nbytes)[0]
+
+    def timed_and_named(self, axes: tuple[str, ...], op: str, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, name code of the line that gives them; -1 where nothing runs or the group is one rank)."""
+        b = np.asarray(nbytes, dtype=float)
+        key = (axes, op, b.tobytes())
+        hit = self._done.get(key)
+        if hit is None:
+            lat, spb, codes = self._rows(axes, op)
+            lines = lat + b[:, None] * spb
+            rows = np.arange(b.size)
+            best = np.argmin(lines, axis=1)
+            runs = b > 0
+            hit = self._done[key] = (np.where(runs, lines[rows, best], 0.0), np.where(runs, codes[rows, best], -1))
+        return hit
+
+
+LAYOUT_AXES = ("tp", "dp", "pp")
+"""plan axes that place ranks (PlanBatch columns, RankLayout axis names); issue 11 adds cp here."""
+GRADIENT_AXES = ("dp",)
+"""axes the gradients are reduced over (with context parallelism: dp and cp)."""
+
+
+def layouts_of(ctx: EstimationContext, plans: Any) -> tuple[list[RankLayout], np.ndarray]:
+    """The distinct rank layouts of a batch's rows (sizes of LAYOUT_AXES and the rank order) and each row's
+    index into them."""
+    keys = distinct(*(getattr(plans, a) for a in LAYOUT_AXES), plans.order)
+    layouts = [ctx.layout(ORDERS[row[-1]], **dict(zip(LAYOUT_AXES, row[:-1]))) for row in keys.rows.tolist()]
+    return layouts, keys.inverse
+
+
+def communication(ctx: EstimationContext, layouts: list[RankLayout], layout_index: np.ndarray,
+                  layer_index: np.ndarray, layer_costs: LayerCosts, part: Partition, *, traffic_key: list,
+                  params_key: list, pp: np.ndarray, zero: np.ndarray, dp: np.ndarray, w_bytes: float) -> Comm:
+    """Every collective time of the rows (see the module docstring). ``layout_index`` and ``layer_index``
+    give each row's layout and layer key (a row of ``layer_costs``); ``part`` is over the rows. A layer's,
+    the edges' and the pipeline's traffic is timed once per (layout, ``traffic_key`` columns), the data-parallel
+    traffic once per (layout, ``params_key`` columns: what sets the largest rank's parameters, and ZeRO)."""
+    pairs = distinct(layout_index, *traffic_key)
+    per_pair = _layer_traffic(AxisCurves(ctx, layouts, layout_index[pairs.first]),
+                              layer_costs.take(layer_index[pairs.first]))
+    fwd, bwd, f_exp, b_exp, edges, p2p, names = take_rows(per_pair, pairs.inverse)
+    single = pp == 1
+    edge = {axis: on_positions(first, last, single) for axis, (first, last) in edges.items()}
+    groups = distinct(layout_index, *params_key)
+    g = groups.first
+    dp_times, dp_name = _data_parallel(AxisCurves(ctx, layouts, layout_index[g]), take_rows(part, g), zero[g],
+                                       dp[g], layer_costs.params[layer_index[g]], w_bytes)
+    names["dp"] = dp_name[groups.inverse]
+    return Comm(layer_fwd=fwd, layer_bwd=bwd, layer_fwd_exposed=f_exp, layer_bwd_exposed=b_exp, edge=edge,
+                p2p=p2p, names=names, **take_rows(dp_times, groups.inverse))
+
+
+def _layer_traffic(curves: AxisCurves, costs: LayerCosts):
+    """Per (layout, layer key): layer totals per axis (fwd, bwd), exposed (fwd, bwd), edge totals per axis
+    (first, last), pipeline transfer and the TP / PP names."""
+    n = costs.fwd.size
+    fwd: dict[str, np.ndarray] = {}
+    bwd: dict[str, np.ndarray] = {}
+    exposed = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
+    named: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # axis -> (preference, name code)
+    for c in costs.comm:
+        t, code = curves.timed_and_named(c.axes, c.op, c.nbytes)
+        if c.count != 1.0:
+            t = t * c.count
+        axis = "-".join(c.axes)
+        totals = fwd if c.phase == "fwd" else bwd
+        totals[axis] = totals.get(axis, 0.0) + t
+        exposed[c.phase] = exposed[c.phase] + np.maximum(t - c.hide, 0.0)
+        # an axis is named by its first forward reduction, else its first forward collective, else backward
+        rank = (0 if c.phase == "fwd" else 2) + (0 if c.op in _REDUCTIONS else 1)
+        best, name = named.get(axis, (np.full(n, 9), np.full(n, -1, dtype=np.int32)))
+        better = (code >= 0) & (rank < best)
+        named[axis] = (np.where(better, rank, best), np.where(better, code, name))
+    edges: dict[str, tuple] = {}
+    for which, edge in ((0, costs.first), (1, costs.last)):
+        for c in edge.comm:
+            sums = list(edges.get("-".join(c.axes), (np.zeros(n), np.zeros(n))))
+            sums[which] = sums[which] + _timed(curves, c)
+            edges["-".join(c.axes)] = tuple(sums)
+    p2p, pp_name = curves.timed_and_named(("pp",), "send_recv", costs.boundary_bytes)
+    names = {axis: code for axis, (_, code) in named.items()}
+    names["pp"] = pp_name
+    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, names
+
+
+def _timed(curves: AxisCurves, c: Collective) -> np.ndarray:
+    t = curves.time(c.axes, c.op, c.nbytes)
+    return t * c.count if c.count != 1.0 else t
+
+
+def _data_parallel(curves: AxisCurves, part: Partition, zero: np.ndarray, dp: np.ndarray,
+                   layer_params: np.ndarray, w_bytes: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Data-parallel times per step and the DP name (the gradient reduction: reduce-scatter with ZeRO, else
+    all-reduce, at the largest rank's gradient bytes)."""
+    has_dp = dp > 1
+    grad_b, weight_b = part.largest * GRAD_BYTES, part.largest * w_bytes
+    z12 = has_dp & (zero >= 1) & (zero <= 2)
+    z3 = has_dp & (zero == 3)
+    axes = GRADIENT_AXES
+    all_reduce, ar_name = curves.timed_and_named(axes, "all_reduce", np.where(has_dp & (zero == 0), grad_b, 0.0))
+    reduce_scatter, rs_name = curves.timed_and_named(axes, "reduce_scatter", np.where(
+        z12, grad_b, np.where(z3, part.largest_edge * GRAD_BYTES, 0.0)))
+    if np.any(z3):  # ZeRO-3 reduces per layer; the name is still that of the whole gradient's reduction
+        _, z3_name = curves.timed_and_named(axes, "reduce_scatter", np.where(z3, grad_b, 0.0))
+        rs_name = np.where(z3, z3_name, rs_name)
+    times = {
+        "dp_all_reduce": all_reduce, "dp_reduce_scatter": reduce_scatter,
+        "dp_all_gather": curves.time(axes, "all_gather", np.where(
+            z12, weight_b, np.where(z3, part.largest_edge * w_bytes, 0.0))),
+        "z3_all_gather": curves.time(axes, "all_gather", np.where(z3, layer_params * w_bytes, 0.0)),
+        "z3_reduce_scatter": curves.time(axes, "reduce_scatter", np.where(z3, layer_params * GRAD_BYTES, 0.0)),
+    }
+    return times, np.where(zero > 0, rs_name, ar_name)

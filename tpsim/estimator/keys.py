@@ -1,0 +1,64 @@
+"""Distinct rows of plan columns, and row operations on stage results: the estimator computes per distinct
+key and gathers back to the plans."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The distinct rows of some integer columns: ``first[j]`` is the first plan with key j, ``inverse[i]``
+    the key of plan i, ``rows`` the key columns (n_keys, n_columns)."""
+
+    rows: np.ndarray
+    first: np.ndarray
+    inverse: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.first.size)
+
+
+def distinct(*cols: np.ndarray) -> Keys:
+    """Distinct rows of the columns (small non-negative integers, packed into one int64: one 1-D sort)."""
+    ints = [np.asarray(c, dtype=np.int64) for c in cols]
+    n = ints[0].size
+    if n == 1:  # one plan: nothing to sort
+        zero = np.zeros(1, dtype=np.int64)
+        return Keys(rows=np.stack(ints, axis=1), first=zero, inverse=zero)
+    key = np.zeros(n, dtype=np.int64)
+    for c in ints:
+        key = key * (int(c.max()) + 1) + c
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return Keys(rows=np.stack([c[first] for c in ints], axis=1), first=first, inverse=inverse.reshape(-1))
+
+
+def take_rows(tree: Any, index: np.ndarray) -> Any:
+    """Rows ``index`` of every array in a stage result (frozen dataclasses, dicts, tuples of them); arrays are
+    indexed on their last axis (rows), anything else (None, numbers, names) is kept."""
+    if isinstance(tree, np.ndarray):
+        return tree[..., index]
+    if isinstance(tree, dict):
+        return {k: take_rows(v, index) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(take_rows(v, index) for v in tree)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return type(tree)(**{f.name: take_rows(getattr(tree, f.name), index) for f in dataclasses.fields(tree)})
+    return tree
+
+
+def concat_rows(a: Any, b: Any) -> Any:
+    """``a`` followed by the rows of ``b`` (same structure; non-array parts are taken from ``a``)."""
+    if isinstance(a, np.ndarray):
+        return np.concatenate([a, b], axis=-1)
+    if isinstance(a, dict):
+        return {k: concat_rows(v, b[k]) for k, v in a.items()}
+    if isinstance(a, tuple):
+        return tuple(concat_rows(x, y) for x, y in zip(a, b))
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return type(a)(**{f.name: concat_rows(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)})
+    return a
