@@ -209,6 +209,11 @@ def test_bandwidth_heatmap_shows_the_best_plans_step_time(grid):
             assert f"pp{label.split('pp')[1].split()[0]}" in text  # the cell names its plan
     framed = [p for p in ax.patches if p.get_label() == "best cell"]
     assert len(framed) == 1
+    row, col = grid.best_cell
+    assert framed[0].get_xy() == (col - 0.5, row - 0.5)
+    fastest = np.nanmin(np.where(grid.fits, step, np.nan))
+    assert step[row, col] <= fastest * (1 + 1e-6)  # the best, reached first (least bandwidth) ...
+    assert not np.any(grid.fits[:, :col] & (step[:, :col] <= fastest * (1 + 1e-6)))  # ... no cheaper link has it
     table = charts.bandwidth_table(grid)
     assert len(table) == step.size and np.allclose(table["step_time_s"], step.ravel())
     assert_labels_readable(fig)

@@ -159,6 +159,17 @@ class BandwidthGrid:
         return float(np.nanmin(pool)) if np.isfinite(pool).any() else float("nan")
 
     @property
+    def best_cell(self) -> tuple[int, int] | None:
+        """(row, column) of the best cell: the fastest fitting one; of cells within 1e-6 of it, the one with the
+        least bandwidth (then the smallest tp), where that speed is first reached. None if nothing fits."""
+        if not self.fits.any():
+            return None
+        near = self.fits & (self.step_time_s <= self.best_step_time_s * (1 + 1e-6))
+        rows, cols = np.nonzero(near)
+        k = int(np.lexsort((rows, cols))[0])
+        return int(rows[k]), int(cols[k])
+
+    @property
     def slowdown(self) -> np.ndarray:
         """[tp, scale] step time / the fastest fitting cell's (1 = the best cell)."""
         return self.step_time_s / self.best_step_time_s

@@ -60,6 +60,9 @@ def _atomic_write(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # what open(path, "w") would give, not mkstemp's 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -396,10 +399,14 @@ def scaling_chart(sweep: Sweep, title: str | None = None) -> Any:
     _log_axis(ax.yaxis, _si)
     ax.set_xticks(gpus, [str(int(g)) for g in gpus])
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("number of GPUs (best plan at each count)")
+    missing = sorted(set(sweep.searched) - {int(g) for g in gpus})
+    ax.set_xlabel("number of GPUs (best plan at each count"
+                  + (f"; no plan fits at {', '.join(map(str, missing))}" if missing else "") + ")")
     ax.set_ylabel("throughput (tokens/s)")
-    if gpus.size:
+    if gpus.size:  # room for the plan labels above and below the points
         ax.set_xlim(gpus.min() / 1.5, gpus.max() * 1.5)
+        tokens = np.concatenate([t["tokens_per_s"].to_numpy(), t["tokens_per_s_linear"].to_numpy()])
+        ax.set_ylim(np.nanmin(tokens) / 1.8, np.nanmax(tokens) * 1.8)
     mfu = ax.twinx()
     mfu.plot(gpus, t["mfu"] * 100, "s--", color="#C44E52", label="MFU (%)")
     mfu.set_ylabel("MFU (%)")
@@ -453,7 +460,7 @@ def bandwidth_heatmap(grid: BandwidthGrid, title: str | None = None) -> Any:
     top = float(np.nanmax(slow, initial=1.0))
     norm = LogNorm(vmin=1.0, vmax=top) if top > 1.0 + 1e-9 else Normalize(vmin=0.5, vmax=1.5)
     image = ax.imshow(slow, aspect="auto", cmap="YlOrRd", origin="lower", norm=norm)
-    best = np.unravel_index(np.nanargmin(np.where(grid.fits, slow, np.nan)), slow.shape) if grid.fits.any() else None
+    best = grid.best_cell
     cmap = image.get_cmap()
     for i in range(grid.tp.size):
         for j in range(grid.scales.size):
