@@ -5,6 +5,7 @@ bands appear as error bars when the estimator gives them."""
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import pandas as pd
@@ -253,6 +254,9 @@ def test_save_chart_writes_png_svg_and_csv_twin(result, tmp_path):
     assert np.allclose(back["step_time_s"], table["step_time_s"], rtol=1e-5)
     assert back["plan"].tolist() == table["plan"].tolist()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.csv", "b.png", "b.svg"]  # no temporary files left
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert all(p.stat().st_mode & 0o777 == 0o666 & ~umask for p in paths)  # as a plain open() would make them
 
 
 class _Banded:
