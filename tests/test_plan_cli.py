@@ -210,3 +210,16 @@ def test_compare_bad_references_are_one_line(capsys, refs, needle):
     code, out, err = _compare(capsys, *refs)
     assert code == 2 and needle in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_compare_a_label_copied_from_the_table_is_that_plan(capsys):
+    """A label names tp, pp, dp and mb; the fields it leaves out mean their defaults (sp off, no recompute, ZeRO
+    0, overlap on, tp-dp-pp), so it is not read as 'the best plan with tp2 pp1 dp4 mb1' (which has sp)."""
+    code, out, _ = _compare(capsys, "1", "tp2 pp1 dp4 mb1", "tp2 pp1 dp4", json_out=True)
+    assert code == 0
+    _, exact, loose = json.loads(out)["compare"]["plans"]
+    plan = exact["estimate"]["plan"]
+    assert (plan["tp"], plan["pp"], plan["dp"], plan["micro_batch"], plan["sp"], plan["recompute"], plan["zero"],
+            plan["overlap"], plan["order"], plan["vpp"]) == (2, 1, 4, 1, False, "none", 0, True, "tp-dp-pp", 1)
+    assert exact["label"] == "tp2 pp1 dp4 mb1"
+    assert loose["estimate"]["plan"]["sp"]  # the filter finds the better plan with sequence parallelism

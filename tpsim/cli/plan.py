@@ -15,7 +15,8 @@ them, and ``--json`` lists them (``variants: [{order, overlap}, ...]``).
 from the first. Each is a rank of the ranking (``1`` or ``#1``) or a plan string, the best-ranked plan having
 every field named: short forms as the table prints them (``"tp8 pp4 v2 dp2 sp sel z1 mb1 no-ovl dp-tp-pp"``)
 or ``field=value`` (``"tp=8,pp=4,recompute=full"``); ``64g`` or ``gpus=64`` picks a GPU count of
-``--objective cost``.
+``--objective cost``. A string naming tp, pp, dp and mb is read as a label of the table: the fields it leaves
+out mean their defaults (no sp, no recomputation, ZeRO 0, overlap on, tp-dp-pp), so a copied label is that plan.
 """
 
 from __future__ import annotations

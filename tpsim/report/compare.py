@@ -20,8 +20,12 @@ short form                 ``field=value``
 =========================  ===========================================================================
 
 A plan string is a filter: the best-ranked evaluated plan with every field named is compared (so
-``"tp4 pp2"`` means the best plan with tp = 4 and pp = 2). Plans that do not fit are found too (after every
-fitting one). Nothing matching is an :class:`~tpsim.errors.InputError` naming the string.
+``"tp4 pp2"`` means the best plan with tp = 4 and pp = 2). A string that names tp, pp, dp and the micro-batch,
+as every label of the table and the reports does, is read as such a label: the fields a label leaves out mean
+their defaults (no ``v`` = vpp 1, no ``sp`` = off, no ``sel``/``full`` = no recomputation, no ``z`` = ZeRO 0, no
+``no-ovl`` = overlap on, no order = ``tp-dp-pp``), so a label copied from the table names exactly that plan.
+Plans that do not fit are found too (after every fitting one). Nothing matching is an
+:class:`~tpsim.errors.InputError` naming the string.
 """
 
 from __future__ import annotations
@@ -47,6 +51,11 @@ _BOOL = {"on": True, "yes": True, "true": True, "1": True, "y": True,
          "off": False, "no": False, "false": False, "0": False, "n": False}
 _RECOMPUTE_SHORT = {"sel": "selective", "selective": "selective", "full": "full", "none": "none",
                     "no-recompute": "none"}
+LABEL_FIELDS = ("tp", "pp", "dp", "micro_batch")
+"""a plan string naming all of these is read as a full label (see the module docstring)."""
+LABEL_DEFAULTS = (("vpp", 1), ("sp", 0), ("recompute", 0), ("zero", 0), ("overlap", 1), ("order", 0), ("cp", 1),
+                  ("ep", 1))
+"""what a label's omitted fields mean (coded as the search columns code them)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,8 @@ class PlanRef:
     text: str
     rank: int | None = None
     fields: tuple[tuple[str, int], ...] = ()
+    defaults: tuple[tuple[str, int], ...] = ()
+    """the omitted fields of a full label (applied where the search has that column)."""
 
 
 def parse_ref(text: str) -> PlanRef:
@@ -75,7 +86,10 @@ def parse_ref(text: str) -> PlanRef:
         if name in fields and fields[name] != value:
             raise InputError(f"--compare {text!r}: {name} is given twice with different values")
         fields[name] = value
-    return PlanRef(text=text, fields=tuple(fields.items()))
+    defaults = ()
+    if all(name in fields for name in LABEL_FIELDS):
+        defaults = tuple((name, value) for name, value in LABEL_DEFAULTS if name not in fields)
+    return PlanRef(text=text, fields=tuple(fields.items()), defaults=defaults)
 
 
 def _parse_token(token: str, text: str) -> tuple[str, int]:
@@ -145,10 +159,15 @@ def resolve(result: Any, ref: PlanRef) -> int:
             raise InputError(f"--compare {ref.text!r}: no evaluated plan has {_shown(name, value)} "
                              f"(values evaluated: {seen}; see --why)")
         match &= column == value
+    named = list(ref.fields)
+    for name, value in ref.defaults:
+        if name in c:
+            match &= np.asarray(c[name]).astype(np.int64) == value
+            named.append((name, value))
     rows = np.flatnonzero(match)
     if not rows.size:
         raise InputError(f"--compare {ref.text!r}: no evaluated plan has all of "
-                         + ", ".join(_shown(n, v) for n, v in ref.fields) + " (see --why)")
+                         + ", ".join(_shown(n, v) for n, v in named) + " (see --why)")
     return int(rows[np.argmin(_preference(result)[rows])])
 
 
