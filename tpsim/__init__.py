@@ -14,7 +14,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .errors import InputError, PlanError, TpsimError  # noqa: E402
-from .model import ModelSpec, load_model, require_modelled, with_overrides  # noqa: E402
+from .model import ModelSpec, require_modelled, with_overrides  # noqa: E402
+from .model import load_model as _load_spec  # noqa: E402
 from .plan import Plan, make_plan, validate_plan  # noqa: E402
 
 
@@ -22,12 +23,23 @@ __all__ = ["InputError", "PlanError", "TpsimError", "ModelSpec", "load_model", "
            "make_plan", "validate_plan", "estimate", "estimate_batch", "Estimate", "load_cluster", "Cluster"]
 
 
+def load_model(name_or_path: str):  # noqa: ANN201 - ModelSpec or OpGraphModel
+    """A preset name, a Hugging Face ``config.json`` (:func:`tpsim.model.load_model`), or a traced op graph
+    (``*.ops.json`` from ``tpsim trace``: a :class:`tpsim.opgraph.model.OpGraphModel`, which
+    :func:`tpsim.opgraph.estimate.estimate_graph` estimates; docs/OPGRAPH.md)."""
+    if str(name_or_path).endswith(".ops.json"):
+        from .opgraph.model import load_graph_model
+        return load_graph_model(name_or_path)
+    return _load_spec(name_or_path)
+
+
 def estimate(model, cluster, plan, **kwargs):  # noqa: ANN001, ANN201 - see tpsim.estimator.estimate
     """:func:`tpsim.estimator.estimate`, after refusing a model whose features the estimator does not model
     yet (mixtures of experts, MLA, effective sliding windows: :func:`tpsim.model.unmodelled_features`)."""
     from . import estimator
 
-    require_modelled(model)
+    if isinstance(model, ModelSpec):
+        require_modelled(model)
     return estimator.estimate(model, cluster, plan, **kwargs)
 
 
@@ -35,7 +47,8 @@ def estimate_batch(model, cluster, plans, **kwargs):  # noqa: ANN001, ANN201 - s
     """:func:`tpsim.estimator.estimate_batch`, after the same refusal as :func:`estimate`."""
     from . import estimator
 
-    require_modelled(model)
+    if isinstance(model, ModelSpec):
+        require_modelled(model)
     return estimator.estimate_batch(model, cluster, plans, **kwargs)
 
 

@@ -14,8 +14,8 @@ import sys
 from ..errors import TpsimError
 
 # verb modules, in the order `tpsim --help` lists them
-VERB_MODULES = ("estimate", "plan", "report", "model", "export", "topo", "collective", "bench_collectives", "calibrate",
-                "profile", "validate")
+VERB_MODULES = ("estimate", "plan", "report", "model", "export", "topo", "collective", "bench_collectives",
+                "calibrate", "profile", "validate", "trace")
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -20,6 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cluster_args(p)
     add_plan_args(p)
     p.add_argument("--profile", help="kernel profile CSV (tpsim profile) for compute times instead of the roofline")
+    p.add_argument("--tp-plan", help="traced models (--model X.ops.json): YAML of TP plan overrides "
+                                     "(docs/OPGRAPH.md)")
+    p.add_argument("--conv-profile", help="traced models: measured convolution kernels "
+                                          "(python -m tpsim.profiler.conv) for their convolutions")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="read the plan (and model shape, GPU count) from a launch config: a Megatron command line "
@@ -41,7 +45,11 @@ def compute_model(args: argparse.Namespace, cluster):
 
 def run(args: argparse.Namespace) -> int:
     from ..estimator import estimate
+    from ..opgraph.schema import is_opgraph_path
 
+    if args.model and is_opgraph_path(args.model):  # a traced model (tpsim trace)
+        from .graph import run_estimate
+        return run_estimate(args)
     note = ""
     if args.from_file:
         from .export import from_launch_file

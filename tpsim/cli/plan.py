@@ -90,6 +90,9 @@ def register(subparsers: Any) -> None:
                         "from the first: ranks (1, #3) or quoted plan strings (\"tp8 pp4 z1\", "
                         "\"tp=8,pp=4,recompute=full\"); see the description above")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--tp-plan", help="traced models (--model X.ops.json): YAML of TP plan overrides")
+    o.add_argument("--conv-profile", help="traced models: measured convolution kernels "
+                                          "(python -m tpsim.profiler.conv) for their convolutions")
     o.add_argument("--no-cache", action="store_true",
                    help="do not use the on-disk result cache ($TPSIM_CACHE_DIR or ~/.cache/tpsim; "
                         "keyed by a hash of every input and of tpsim's code)")
@@ -184,6 +187,11 @@ def run(args: argparse.Namespace) -> int:
     from ..search import DEFAULT_GPU_HOUR_PRICE
     from ..search.cache import cached_search, compute_key_of, save_memo
 
+    from ..opgraph.schema import is_opgraph_path
+
+    if is_opgraph_path(args.model):  # a traced model (tpsim trace)
+        from .graph import run_plan
+        return run_plan(args)
     if args.top <= 0:
         raise InputError(f"--top={args.top} must be a positive integer")
     if args.export_format and not args.out:

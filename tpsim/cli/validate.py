@@ -71,6 +71,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--budget", type=_positive_float, default=300.0,
                    help="scale a case down (sequence, then micro-batch) until one rank's predicted run time "
                         "is under this many seconds (default: %(default)s)")
+    t = p.add_argument_group("traced models (--model X.ops.json, docs/OPGRAPH.md)")
+    t.add_argument("--module-spec", help="the model's factory (default: the one the op graph was traced from)")
+    t.add_argument("--kwarg", action="append", default=[], metavar="NAME=VALUE",
+                   help="factory keyword argument (default: the traced ones), repeatable")
+    t.add_argument("--tp-plan", help="YAML of TP plan overrides")
     o = p.add_argument_group("output")
     o.add_argument("--name", help="report name (default: derived from the case, or matrix-<family>-<backend>)")
     o.add_argument("--out-dir", default=None, help="report folder (default: reports/validation)")
@@ -85,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     from ..validate.run import REPORTS_DIR, Options, matrix_cases, validate
     from .common import build_model
 
+    from ..opgraph.schema import is_opgraph_path
+    if is_opgraph_path(args.model):  # a traced model (tpsim trace)
+        from .graph import run_validate
+        return run_validate(args)
     model = build_model(args)
     if args.shard_of > 1:
         from ..validate.shard import shard_model

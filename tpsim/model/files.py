@@ -28,6 +28,9 @@ def load_model(name_or_path: str) -> ModelSpec:
         raise InputError(f"model={name_or_path!r} must be a preset name or a config.json path")
     if name_or_path.lower() in PRESETS:
         return PRESETS[name_or_path.lower()]
+    if name_or_path.endswith(".ops.json"):  # the op graph sits above this layer: tpsim.load_model reads it
+        raise InputError(f"model {name_or_path} is a traced op graph: read it with tpsim.load_model or "
+                         "tpsim.opgraph.model.load_graph_model (the CLI takes it as --model)")
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"

@@ -1,0 +1,93 @@
+"""``tpsim trace``: build a PyTorch model on the meta device, trace one forward pass, write its op graph.
+
+Examples::
+
+    tpsim trace tpsim.trace.zoo:vit_l16 --input-shape 1,3,224,224 --out vit-l16.ops.json
+    tpsim trace tpsim.trace.zoo:gpt --kwarg layers=24 --kwarg hidden=2048 --kwarg heads=16 \\
+        --input-shape 1,2048:int64 --out gpt-1.3b.ops.json
+    tpsim trace my_models.py:build_unet --input-shape 8,3,64,64 --input-shape 8 --out unet.ops.json
+    tpsim trace vit-l16.ops.json --show        # print a graph's units and derived TP plan
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .common import positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="trace a PyTorch model on the meta device into an op graph (*.ops.json)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("module_spec", help="package.module:factory or path/to/file.py:callable (returns an nn.Module); "
+                                       "or an existing *.ops.json with --show")
+    p.add_argument("--input-shape", action="append", default=[], metavar="SHAPE[:DTYPE]",
+                   help="one model input (repeat for several, in forward's order): dims separated by ',' or "
+                        "'x', dim 0 = batch; dtype float32 (default), int64 (token ids), bfloat16, ...")
+    p.add_argument("--kwarg", action="append", default=[], metavar="NAME=VALUE",
+                   help="keyword argument of the factory (a Python literal), repeatable")
+    p.add_argument("--name", help="model name in the graph (default: the factory's name)")
+    p.add_argument("--tokens-per-sample", type=positive_int,
+                   help="tokens per sample for tokens/s (default: the first input's non-batch size when it holds "
+                        "integer token ids, else 1: samples/s)")
+    p.add_argument("--out", help="output file (default: <name>.ops.json)")
+    p.add_argument("--tp-plan", help="YAML of TP plan overrides shown with the derived plan")
+    p.add_argument("--show", action="store_true", help="print the graph's units and its derived TP plan")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import InputError
+    from ..opgraph.schema import is_opgraph_path, load_opgraph
+
+    if is_opgraph_path(args.module_spec) and Path(args.module_spec).is_file():
+        graph = load_opgraph(args.module_spec)
+        print(describe(graph, args.tp_plan))
+        return 0
+    if not args.input_shape:
+        raise InputError("--input-shape is required (one per model input, dim 0 = batch)")
+    from ..trace import trace_spec
+    from ..trace.spec import parse_input_shape, parse_kwargs
+
+    inputs = [parse_input_shape(s) for s in args.input_shape]
+    graph = trace_spec(args.module_spec, inputs, parse_kwargs(args.kwarg), name=args.name,
+                       tokens_per_sample=args.tokens_per_sample)
+    out = Path(args.out or f"{graph.name}.ops.json")
+    if not out.name.endswith(".ops.json"):
+        raise InputError(f"--out {out}: the file name must end in .ops.json (that is how --model recognises it)")
+    if out.exists() and not args.force:
+        raise InputError(f"--out {out} exists (use --force to overwrite)")
+    _write(out, graph.to_json())
+    print(describe(graph, args.tp_plan) if args.show else graph.summary())
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _write(path: Path, text: str) -> None:
+    import os
+
+    from ..errors import InputError
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"--out {path}: cannot write ({exc.strerror})") from None
+
+
+def describe(graph, tp_plan: str | None = None) -> str:  # noqa: ANN001
+    """The graph's summary and its derived TP plan (op -> style, non-replicated ops)."""
+    from ..opgraph.tp import PlanOverrides, derive_plan, load_overrides
+
+    overrides = load_overrides(tp_plan) if tp_plan else PlanOverrides()
+    plan = derive_plan(graph, overrides)
+    lines = [graph.summary(), "TP plan (ops not listed are replicated):"]
+    for name, style in plan.described(graph).items():
+        lines.append(f"  {name:48s} {style}")
+    return "\n".join(lines)

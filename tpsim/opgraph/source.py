@@ -1,0 +1,215 @@
+"""A traced op graph as the estimator's layer-cost source (:class:`tpsim.estimator.source.LayerSource`).
+
+For graphs shaped like a transformer (one repeated block; the units before it and after it are glue), the
+repeated layer is the block unit, the first edge the glue before it (embedding, patch projection) and the last
+edge the glue after it (final norm, output layer, loss): the estimator's own partition, communication,
+schedule, memory and totals stages then run on it exactly as on a preset. Costs per key row (tp, sp,
+micro-batch, recompute) come from :class:`tpsim.opgraph.cost.GraphCosts`; the collectives from the unit
+layouts (:mod:`tpsim.opgraph.layout`), each in a fixed slot so that rows computed at different times line up
+(the slots are the union, over every TP degree pattern of region fallbacks and both sp values, of the
+collectives the layouts issue).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compute.base import ComputeModel
+from ..compute.roofline import activation_bytes
+from ..estimator.source import Collective, Edge, LayerCosts, LayerSource
+from .cost import GraphCosts, UnitCost, forward_flops
+from .layout import Comm as UnitComm
+from .layout import unit_layout
+from .schema import OpGraph
+from .tp import TPPlan, styles_at
+
+MAX_TP = 4096
+"""largest TP degree whose region pattern the slots cover (tpsim.limits: tp)."""
+
+
+def transformer_like(graph: OpGraph) -> int | None:
+    """Index of the one repeated unit when every other unit is glue, else None."""
+    repeated = [i for i, u in enumerate(graph.units) if u.repeat > 1]
+    if len(repeated) != 1:
+        return None
+    others = [u for i, u in enumerate(graph.units) if i != repeated[0]]
+    return repeated[0] if all(u.kind == "glue" for u in others) else None
+
+
+def _slot(c: UnitComm, k: int) -> tuple:
+    return (c.where, c.op, c.phase, c.overlap, c.dtype, c.batched, c.hide, k)
+
+
+def _slots_of(comms: tuple[UnitComm, ...]) -> dict[tuple, UnitComm]:
+    seen: dict[tuple, int] = {}
+    out = {}
+    for c in comms:
+        base = _slot(c, 0)[:-1]
+        k = seen.get(base, 0)
+        seen[base] = k + 1
+        out[base + (k,)] = c
+    return out
+
+
+class OpGraphSource(LayerSource):
+    """Layer costs of a transformer-like traced graph (see the module docstring)."""
+
+    key_fields = ("tp", "sp", "micro_batch", "recompute")
+    comm_fields = ("tp", "sp", "micro_batch")
+    param_fields = ("tp",)
+
+    def __init__(self, graph: OpGraph, plan: TPPlan, flavor: str = "megatron", conv_times=None) -> None:
+        block = transformer_like(graph)
+        if block is None:
+            raise ValueError(f"{graph.name}: not one repeated block with glue around it")
+        self.graph, self.plan, self.flavor, self.block = graph, plan, flavor, block
+        self.num_layers = graph.units[block].repeat
+        self.before = list(range(block))
+        self.after = list(range(block + 1, len(graph.units)))
+        self._conv_times = conv_times
+        self._costs: dict[int, GraphCosts] = {}
+        reps = self._representative_tps()
+        self.slots = {u: self._union_slots(u, reps) for u in range(len(graph.units))}
+
+    def describe(self) -> str:
+        return f"OpGraphSource({self.graph.name}, {self.flavor})"
+
+    # ---- FLOPs and tokens (totals) ----------------------------------------------------------------------
+    @property
+    def tokens_per_sequence(self) -> int:
+        """Tokens per sample (sequence models) or 1 (images: throughput is samples/s)."""
+        return self.graph.tokens_per_sample
+
+    def model_flops_per_sequence(self) -> float:
+        """3 x the forward matmul FLOPs of one sample (linear, convolution, batched matmul, attention)."""
+        return 3.0 * forward_flops(self.graph)[0]
+
+    def recompute_flops_per_sequence(self, recompute: np.ndarray) -> np.ndarray:
+        """Full: the blocks' forward again; selective: the attention core's."""
+        blocks = forward_flops(self.graph, blocks_only=True)[0]
+        core = forward_flops(self.graph)[1]
+        rc = np.asarray(recompute)
+        return np.where(rc == 2, blocks, np.where(rc == 1, core, 0.0))
+
+    # ---- slots ------------------------------------------------------------------------------------------
+    def _representative_tps(self) -> list[int]:
+        """One TP degree per distinct pattern of region fallbacks (2 .. MAX_TP): a region is kept at the degrees
+        dividing the gcd of its split dims, a vocabulary-parallel embedding up to its row count."""
+        import math
+
+        from .tp import split_dims
+
+        gcds = [math.gcd(*(size for _, _, size in split_dims(self.graph.units[r.unit], r))) or 1
+                for r in self.plan.regions]
+        emb = [op.attrs["num_embeddings"] for u in self.graph.units for op in u.ops if op.kind == "embedding"]
+        candidates = {t for g in gcds for t in range(2, min(g, MAX_TP) + 1) if g % t == 0}
+        candidates |= {min(n + 1, MAX_TP) for n in emb} | {min(n, MAX_TP) for n in emb}
+        candidates.add(next((t for t in range(2, MAX_TP + 1) if all(g % t for g in gcds)), MAX_TP))
+        seen: dict[tuple, int] = {}
+        for tp in sorted(t for t in candidates if t >= 2):
+            pattern = tuple(g % tp == 0 for g in gcds) + tuple(n >= tp for n in emb)
+            seen.setdefault(pattern, tp)
+        return sorted(seen.values())
+
+    def _union_slots(self, u: int, tps: list[int]) -> list[tuple]:
+        slots: dict[tuple, None] = {}
+        for tp in tps:
+            styles = styles_at(self.graph, self.plan, tp)[0][u]
+            for sp in (False, True):
+                slots.update(dict.fromkeys(_slots_of(unit_layout(self.graph, u, styles, tp, sp, self.flavor).comms)))
+        return list(slots)
+
+    # ---- costs ------------------------------------------------------------------------------------------
+    def _graph_costs(self, compute: ComputeModel) -> GraphCosts:
+        key = id(compute)
+        if key not in self._costs:
+            self._costs = {key: GraphCosts(self.graph, self.plan, compute, self.flavor, self._conv_times)}
+        return self._costs[key]
+
+    def costs(self, compute: ComputeModel, keys: dict[str, np.ndarray], dtype: str, attention: str) -> LayerCosts:
+        gc = self._graph_costs(compute)
+        tp, sp, mb, rc = (np.asarray(keys[k]) for k in self.key_fields)
+        n = len(tp)
+        act_b = activation_bytes(dtype)
+        fields = {k: np.zeros(n) for k in ("fwd", "bwd", "rsel", "measured", "act0", "act1", "act2", "params",
+                                           "boundary")}
+        edges = {side: {k: np.zeros(n) for k in ("fwd", "bwd", "params", "shared", "buffer")}
+                 for side in ("first", "last")}
+        slot_bytes = {u: np.zeros((len(s), n)) for u, s in self.slots.items()}
+        slot_hide = {u: np.zeros((len(s), n)) for u, s in self.slots.items()}
+        for i in range(n):
+            t, s, b = int(tp[i]), bool(sp[i]), float(mb[i])
+            statics, _ = gc.static(t, s)
+            costs = {u: gc.unit_cost(u, t, s, np.array([b]), dtype) for u in range(len(self.graph.units))}
+            c = costs[self.block]
+            fields["fwd"][i], fields["bwd"][i] = c.fwd[0], c.bwd[0]
+            fields["rsel"][i], fields["measured"][i] = c.recompute_selective[0], c.measured[0]
+            for r in (0, 1, 2):
+                fields[f"act{r}"][i] = c.activation_bytes[r][0]
+            fields["params"][i] = statics[self.block].params
+            fields["boundary"][i] = c.input_bytes[0] * (t if s else 1) / t  # the 1/tp slice (scatter/gather)
+            for side, units in (("first", self.before), ("last", self.after)):
+                e = edges[side]
+                e["fwd"][i] = sum(float(costs[u].fwd[0]) for u in units)
+                e["bwd"][i] = sum(float(costs[u].bwd[0]) for u in units)
+                e["params"][i] = _params(statics, units)
+                e["buffer"][i] = sum(float(costs[u].activation_bytes[0][0]) for u in units)
+            edges["last"]["shared"][i] = _shared(statics, self.before, self.after)
+            if t > 1:
+                for u in range(len(self.graph.units)):
+                    self._fill(u, statics[u].layout.comms, costs[u], b, act_b, slot_bytes[u][:, i],
+                               slot_hide[u][:, i])
+        full = rc == 2
+        recompute = np.where(full, fields["fwd"], np.where(rc == 1, fields["rsel"], 0.0))
+        total = fields["fwd"] + fields["bwd"]
+        measured = np.where(total > 0, fields["measured"] / np.where(total > 0, total, 1.0), 0.0)
+        act = np.where(full, fields["act2"], np.where(rc == 1, fields["act1"], fields["act0"]))
+        layer_comm = self._collectives(self.block, slot_bytes, slot_hide)
+        first = self._edge(edges["first"], self.before, slot_bytes, slot_hide, shared=np.zeros(n))
+        last = self._edge(edges["last"], self.after, slot_bytes, slot_hide, shared=edges["last"]["shared"])
+        return LayerCosts(fwd=fields["fwd"], bwd=fields["bwd"], recompute=recompute, measured=measured,
+                          comm=layer_comm, params=fields["params"], activations=act,
+                          working=np.where(full, fields["act0"], 0.0), boundary_bytes=fields["boundary"],
+                          first=first, last=last)
+
+    def _fill(self, u: int, comms: tuple[UnitComm, ...], cost: UnitCost, mb: float, act_b: int,
+              nbytes: np.ndarray, hide: np.ndarray) -> None:
+        index = {s: k for k, s in enumerate(self.slots[u])}
+        scale = mb / self.graph.batch
+        for slot, c in _slots_of(comms).items():
+            k = index[slot]
+            nbytes[k] = c.numel * (scale if c.batched else 1.0) * (act_b if c.dtype == "act" else 4.0)
+            if c.overlap and self.flavor == "megatron":
+                source = cost.wgrad if c.overlap == "wgrad" else cost.dgrad
+                hide[k] = sum(float(source[j][0]) for j in c.hide if j in source)
+
+    def _collectives(self, u: int, nbytes: dict, hide: dict) -> tuple[Collective, ...]:
+        return tuple(Collective(axes=("tp",), op=s[1], phase=s[2], nbytes=nbytes[u][k], hide=hide[u][k])
+                     for k, s in enumerate(self.slots[u]))
+
+    def _edge(self, e: dict, units: list[int], nbytes: dict, hide: dict, shared: np.ndarray) -> Edge:
+        comm = tuple(c for u in units for c in self._collectives(u, nbytes, hide))
+        # edges: nothing hides their collectives in the estimator's stages
+        comm = tuple(Collective(axes=c.axes, op=c.op, phase=c.phase, nbytes=c.nbytes) for c in comm)
+        return Edge(fwd=e["fwd"], bwd=e["bwd"], comm=comm, params=e["params"], shared_params=shared,
+                    buffer_bytes=e["buffer"])
+
+
+def _params(statics: list, units: list[int]) -> float:
+    """Parameters one rank holds for these units (a tensor used by two of them once)."""
+    seen: dict[str, float] = {}
+    for u in units:
+        for name, numel in statics[u].param_local.items():
+            seen.setdefault(name, numel)
+    return sum(seen.values())
+
+
+def _shared(statics: list, before: list[int], after: list[int]) -> float:
+    """Parameters of the glue after the block that the glue before it holds too (tied embeddings)."""
+    first = {name for u in before for name in statics[u].param_local}
+    seen: dict[str, float] = {}
+    for u in after:
+        for name, numel in statics[u].param_local.items():
+            if name in first:
+                seen.setdefault(name, numel)
+    return sum(seen.values())
