@@ -135,7 +135,7 @@ def test_csv_written_atomically(tmp_path, monkeypatch):
     path = tmp_path / "v.csv"
     write_csv(path, [s], "gloo")
     good = path.read_text()
-    assert good.splitlines()[0].startswith("case,model,family,tp,sp")
+    assert good.splitlines()[0].startswith("case,kind,model,family,tp,sp,pp,vpp,dp,zero")
     assert len(good.splitlines()) == 1 + len(s["phases"])
 
     def boom(*_a, **_k):
@@ -171,7 +171,7 @@ def test_launch_command_never_uses_a_fixed_port(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--tp", "3"], "tp=3 does not divide num_attention_heads"),
-    (["--tp", "2", "--nproc", "4"], "--nproc=4 x --nnodes=1 must equal --tp=2"),
+    (["--tp", "2", "--nproc", "4"], "--nproc=4 x --nnodes=1 must equal tp x pp x dp = 2"),
     (["--model", "no-such-model"], "model='no-such-model'"),
     (["--tp", "1", "--sp"], "--sp needs tp > 1"),
 ])

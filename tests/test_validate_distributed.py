@@ -147,7 +147,7 @@ def test_cli_json_report_and_timing(tmp_path):
     fwd+bwd time within a factor of 2 of the measurement (shared, noisy machine)."""
     cmd = [sys.executable, "-m", "tpsim.cli", "validate", "--model", "gpt3-1.3b", "--hidden", "512",
            "--heads", "8", "--seq-len", "256", "--tp", "2", "--sp", "--reps", "3", "--warmup", "1",
-           "--no-calibrate", "--timeout", "30", "--json", "--out-dir", str(tmp_path), "--name", "t"]
+           "--no-calibrate", "--no-probe", "--timeout", "30", "--json", "--out-dir", str(tmp_path), "--name", "t"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=85)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
@@ -177,7 +177,7 @@ def test_sigterm_to_tpsim_validate_leaves_no_process(tmp_path):
 
     before = set(marked_pids(None))
     cmd = [sys.executable, "-m", "tpsim.cli", "validate", "--hidden", "128", "--heads", "4", "--seq-len", "32",
-           "--tp", "2", "--no-calibrate", "--no-overhead", "--timeout", "60", "--out-dir", str(tmp_path)]
+           "--tp", "2", "--no-calibrate", "--no-probe", "--no-overhead", "--timeout", "60", "--out-dir", str(tmp_path)]
     env = {**os.environ, "TPSIM_VALIDATE_FAIL": "1:hang"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30

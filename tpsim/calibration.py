@@ -34,8 +34,10 @@ LINK_KEYS = ("efficiency", "latency_us", "bw_GBps")
 _LINK_EXTRA = ("source", "fit_error", "samples", "note")
 """keys a link entry may carry besides its values (written by ``tpsim calibrate``)."""
 COMPUTE_SCALES = ("gemm_scale", "attention_scale", "memory_scale")
-_COMPUTE_KEYS = COMPUTE_SCALES + ("host_overhead_per_layer_us", "device", "stack", "leave_one_out", "source",
-                                  "samples", "note")
+_COMPUTE_KEYS = COMPUTE_SCALES + ("host_overhead_per_layer_us", "host_overhead_fwd_share", "device", "stack",
+                                  "leave_one_out", "source", "samples", "note")
+DEFAULT_FWD_SHARE = 1.0 / 3.0
+"""forward part of the host overhead when a file does not say (backward dispatches about twice the ops)."""
 DATA_DIR = Path(__file__).resolve().parent / "data" / "calibration"
 """shipped calibrations, found by name (``local-cpu``)."""
 
@@ -66,8 +68,25 @@ class ComputeCalibration:
     """device name (tpsim/data/devices.yaml) the fit applies to; None: any."""
     stack: str | None = None
     """training stack the fit applies to; None: any."""
+    host_overhead_fwd_share: float = DEFAULT_FWD_SHARE
+    """forward part of ``host_overhead_per_layer_us`` (``tpsim validate`` splits its per-phase prediction)."""
     leave_one_out: Mapping[str, Any] = field(default_factory=dict)
     """leave-one-out error of the fit (provenance, as written)."""
+    source: str = ""
+    """the file it was read from (empty when built in code)."""
+
+    def overhead_s(self) -> dict[str, float]:
+        """Host overhead per layer and micro-batch, seconds, split into forward and backward."""
+        total = self.host_overhead_per_layer_us * 1e-6
+        return {"fwd": total * self.host_overhead_fwd_share, "bwd": total * (1.0 - self.host_overhead_fwd_share)}
+
+    def to_section(self) -> dict[str, Any]:
+        """The ``compute:`` section as written to a calibration file."""
+        return {"device": self.device, "stack": self.stack,
+                **{k: round(getattr(self, k), 6) for k in COMPUTE_SCALES},
+                "host_overhead_per_layer_us": round(self.host_overhead_per_layer_us, 3),
+                "host_overhead_fwd_share": round(self.host_overhead_fwd_share, 4),
+                "leave_one_out": dict(self.leave_one_out)}
 
     @property
     def scales_time(self) -> bool:
@@ -207,7 +226,10 @@ def _compute(value: Any, where: str) -> ComputeCalibration:
             if not isinstance(value[key], str) or not value[key].strip():
                 raise InputError(f"{where}: {key}={value[key]!r} must be a name")
             names[key] = value[key].strip()
+    share = _number(value.get("host_overhead_fwd_share", DEFAULT_FWD_SHARE), where, "host_overhead_fwd_share",
+                    low=0.0, low_open=False, high=1.0)
     loo = value.get("leave_one_out") or {}
     if not isinstance(loo, Mapping):
         raise InputError(f"{where}: leave_one_out must be a mapping (e.g. median_rel, max_rel)")
-    return ComputeCalibration(**scales, host_overhead_per_layer_us=host, leave_one_out=dict(loo), **names)
+    return ComputeCalibration(**scales, host_overhead_per_layer_us=host, host_overhead_fwd_share=share,
+                              leave_one_out=dict(loo), source=where.split(": compute")[0], **names)

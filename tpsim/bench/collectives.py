@@ -122,6 +122,8 @@ def _reap(procs) -> None:
 
 
 def _worker(rank: int, nproc: int, spec: dict, results) -> None:
+    from ..procs import die_with_parent
+    die_with_parent()  # spawned ranks outlive a SIGKILLed parent otherwise
     try:
         rows = _measure(rank, nproc, spec)
         if rank == 0:

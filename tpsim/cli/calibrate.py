@@ -15,7 +15,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "fit per-link-type efficiency and latency by least squares over the collective model "
                     "for the measured groups (ranks 0..n-1 of --cluster), report the fit error and write "
                     "a calibration YAML that a topology includes with `calibration: FILE`.")
-    p.add_argument("files", nargs="+", help="measurement files")
+    p.add_argument("files", nargs="*", help="measurement files")
+    p.add_argument("--from-validation", nargs="+", metavar="REPORT",
+                   help="instead: fit the compute factors (GEMM, attention, memory-bound) and the framework "
+                        "overhead per layer from tpsim validate JSON reports, report the leave-one-out error and "
+                        "write the compute section (with the runs' collective calibration) to --out")
+    p.add_argument("--device", help="with --from-validation: the device to fit when the reports hold several")
+    p.add_argument("--stack", help="with --from-validation: the stack to fit when the reports hold several")
     p.add_argument("--cluster", default="local-cpu", help="cluster the measurements ran on (default: %(default)s)")
     p.add_argument("--gpus", type=positive_int, help="GPUs of that cluster (default: the most ranks measured)")
     p.add_argument("--op", help="collective of nccl-tests text files that do not name it (e.g. all_reduce)")
@@ -27,6 +33,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import InputError
+
+    if args.from_validation:
+        if args.files:
+            raise InputError(f"--from-validation takes validation reports; measurement files "
+                             f"{' '.join(args.files)} belong to a separate `tpsim calibrate` run")
+        return from_validation(args)
+    if not args.files:
+        raise InputError("give measurement files (bench-collectives CSV, nccl-tests output) or --from-validation")
     from ..collectives.calibration import fit_calibration, provenance, read_measurements
     from ..topology import load_cluster
 
@@ -64,3 +79,61 @@ def _gpus_for(cluster: str, ranks: int) -> int | None:
         return None
     per_node = default.gpus_per_node
     return ranks if getattr(default.spec, "single_node", False) else -(-ranks // per_node) * per_node
+
+
+def from_validation(args: argparse.Namespace) -> int:
+    """``tpsim calibrate --from-validation``: :mod:`tpsim.validate.learn`, then one calibration file."""
+    import datetime
+    from pathlib import Path
+
+    from ..validate.calfile import write_calibration
+    from ..validate.learn import fit, read_samples
+
+    samples = read_samples(args.from_validation)
+    result = fit(samples, device=args.device, stack=args.stack)
+    c = result.calibration
+    b, f, loo = result.before_error, result.fit_error, c.leave_one_out
+    print(f"fitted on {len(result.samples)} timed case(s) of {c.device} ({c.stack}): gemm x{c.gemm_scale:.3f}, "
+          f"attention x{c.attention_scale:.3f}, memory-bound x{c.memory_scale:.3f}, host overhead "
+          f"{c.host_overhead_per_layer_us / 1e3:.2f} ms per layer (forward {100 * c.host_overhead_fwd_share:.0f}%)")
+    print(f"  |error| of fwd+bwd per layer: profile and tiny twins as run: median {b['median_pct']:.1f}%, max "
+          f"{b['max_pct']:.1f}%; fitted: median {f['median_pct']:.1f}%, max {f['max_pct']:.1f}%" + (
+              f"; leave-one-out: median {loo['median_pct']:.1f}%, p90 {loo['p90_pct']:.1f}%, max {loo['max_pct']:.1f}%"
+              if loo.get("median_pct") is not None else "; leave-one-out: needs 3 cases"))
+    links = _validation_links(result.samples)
+    provenance = {"tool": "tpsim calibrate --from-validation",
+                  "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  "inputs": sorted({s.source for s in result.samples}), "cases": [s.case for s in result.samples],
+                  "fit_error": f, "error_before": b,
+                  "method": "least squares on relative error, non-negative, weak priors (tpsim.validate.learn)"}
+    if args.out:
+        write_calibration(Path(args.out), c, links, provenance)
+        print(f"wrote {args.out}" + (f" (with the collective calibration of {links['collective_calibration_from']})" if links else ""))
+    else:
+        import yaml
+        print(yaml.safe_dump({"compute": c.to_section()}, sort_keys=False), end="")
+    return 0
+
+
+def _validation_links(samples) -> dict:  # noqa: ANN001
+    """Link entries (and gloo_ops) of the newest collective calibration the validation runs measured
+    (``<name>-calibration.yaml`` next to each report), as they are."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from ..calibration import LINK_TYPES
+
+    found = []
+    for source in {s.source for s in samples}:
+        for case in json.loads(Path(source).read_text()).get("cases", []):
+            cal = case.get("calibration")
+            if cal and Path(cal).is_file():
+                found.append(Path(cal))
+    if not found:
+        return {}
+    newest = max(found, key=lambda p: p.stat().st_mtime)
+    data = yaml.safe_load(newest.read_text()) or {}
+    links = {k: v for k, v in data.items() if k in LINK_TYPES or k == "gloo_ops"}
+    return {**links, "collective_calibration_from": str(newest)} if links else {}

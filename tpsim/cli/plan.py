@@ -96,6 +96,14 @@ def register(subparsers: Any) -> None:
     o.add_argument("--no-cache", action="store_true",
                    help="do not use the on-disk result cache ($TPSIM_CACHE_DIR or ~/.cache/tpsim; "
                         "keyed by a hash of every input and of tpsim's code)")
+    v = p.add_argument_group("checking the ranking (tpsim validate, torch)")
+    v.add_argument("--validate-top", type=positive_int, default=None, metavar="K",
+                   help="run scaled-down versions of the K best plans and a few lower-ranked ones on this "
+                        "machine's ranks (--cluster local-cpu) and report whether the measured order agrees")
+    v.add_argument("--validate-layers-per-chunk", type=positive_int, default=1,
+                   help="layers per pipeline model chunk of those runs (default: %(default)s)")
+    v.add_argument("--validate-name", default=None, help="report name (default: top-<model>-<cluster>-<gpus>)")
+    v.add_argument("--validate-out-dir", default=None, help="report folder (default: reports/validation)")
     e = p.add_argument_group("export (docs/EXPORT.md)")
     e.add_argument("--export", dest="export_format", default=None, choices=EXPORT_FORMATS,
                    help="write the launch config of the best plan the framework can run (its stack's rules)")
@@ -236,6 +244,9 @@ def run(args: argparse.Namespace) -> int:
         print(format_pareto(result))
     if args.export_format:
         _export(args, result, model, file=sys.stdout)
+    if args.validate_top:
+        from ..validate.top import run_validate_top
+        return run_validate_top(args, result, model, clusters[-1])
     return 0
 
 

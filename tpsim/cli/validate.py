@@ -1,13 +1,21 @@
-"""``tpsim validate``: run the plan's real sharded layers through torch.distributed and compare the
-measurements with the estimator's prediction (docs/VALIDATION.md)."""
+"""``tpsim validate``: run the plan's real sharded layers (one block, or every axis of the plan) through
+torch.distributed and compare the measurements with the estimator's prediction (docs/VALIDATION.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 from .common import add_model_args, positive_int
+
+MATRIX_KINDS = ("all", "blocks", "plans")
+MAX_CPU_RANKS_PER_CORE = 4
+"""a CPU run with more ranks per core is refused: beyond timing claims (one rank per core) a few more still
+check numerics and collectives in reasonable time; hundreds of processes would not finish."""
 
 
 def _positive_float(text: str) -> float:
@@ -23,27 +31,44 @@ def _positive_float(text: str) -> float:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "validate", help="run the plan's sharded layers with torch.distributed; predicted vs measured",
-        description="Build one transformer block of the model in PyTorch, shard it with DTensor "
-                    "(parallelize_module, the styles of the plan), run it on --nproc ranks launched by "
-                    "torch.distributed.run, check numerics against the unsharded block and the collectives "
-                    "against the cost model, and compare measured forward/backward/collective times with "
-                    "the estimator's prediction. Writes reports/validation/<name>.csv and <name>.png.")
+        description="Run the plan for real on --nproc ranks launched by torch.distributed.run and compare with "
+                    "the prediction. With tp only: one transformer block sharded with DTensor "
+                    "(parallelize_module, the plan's styles). With --pp / --dp: the whole plan scaled down "
+                    "(fewer layers, the same per-rank shapes where they fit) on a DeviceMesh over its axes: "
+                    "DDP (ZeRO-0), a sharded optimizer (ZeRO-1), FSDP2 (ZeRO-2/3), torch.distributed.pipelining "
+                    "(1F1B, interleaved with --vpp). Checks numerics (loss, gradients, the optimizer step) "
+                    "against the unsharded model, every collective per mesh axis against the cost model, and "
+                    "time per phase. Writes reports/validation/<name>.csv, .json and .png.")
     add_model_args(p, default="gpt3-1.3b")
-    g = p.add_argument_group("block and plan")
+    g = p.add_argument_group("plan")
     g.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel degree (default: %(default)s)")
+    g.add_argument("--pp", type=positive_int, default=1, help="pipeline stages (default: %(default)s)")
+    g.add_argument("--vpp", type=positive_int, default=1,
+                   help="model chunks per pipeline rank, > 1: interleaved 1F1B (default: %(default)s)")
+    g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas (default: %(default)s)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+                   help="ZeRO stage over dp: 0 DDP, 1 sharded optimizer, 2 FSDP2 without resharding after "
+                        "forward, 3 FSDP2 (default: %(default)s)")
     g.add_argument("--sp", action="store_true", help="sequence parallelism")
     g.add_argument("--fused", action="store_true", help="fused q/k/v (and gate/up) Linear layers")
     g.add_argument("--micro-batch", type=positive_int, default=3,
                    help="sequences per micro-batch (default 3: token counts 3 x 2^k lie between the profile's "
                         "grid points)")
+    g.add_argument("--microbatches", type=positive_int,
+                   help="micro-batches per replica and step of a whole-plan run (default: 2 x pp, 2 without pp)")
+    g.add_argument("--layers-per-chunk", type=positive_int, default=2,
+                   help="layers per pipeline model chunk of a whole-plan run: layers = pp x vpp x this, unless "
+                        "--layers is given (default: %(default)s)")
+    g.add_argument("--order", default="tp-dp-pp", help="rank order, innermost first (default: %(default)s)")
+    g.add_argument("--whole", action="store_true", help="run a whole-plan case even with tp only")
     g.add_argument("--shard-of", type=positive_int, default=1, metavar="T",
                    help="run one rank's shard of tp=T as a tp=1 block (query/KV heads and FFN divided by T; "
                         "the single-GPU validation of per-shard shapes)")
-    g.add_argument("--matrix", action="store_true",
-                   help="run the validation matrix: tp {1,2} x sp on/off x hidden {512,1024,2048} x seq "
-                        "{128,512} of the model's family, and summarise the error")
+    g.add_argument("--matrix", nargs="?", const="all", choices=MATRIX_KINDS,
+                   help="run the validation matrix: blocks (tp {1,2} x sp x hidden {512,1024,2048} x seq "
+                        "{128,512}), plans (pp 2, interleaved, dp 2 with ZeRO 0-3, tp x dp, pp x tp) or all")
     r = p.add_argument_group("ranks")
-    r.add_argument("--nproc", type=positive_int, help="ranks on this node (default: --tp; must equal tp)")
+    r.add_argument("--nproc", type=positive_int, help="ranks on this node (default: tp x pp x dp / nnodes)")
     r.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="default: %(default)s")
     r.add_argument("--timeout", type=_positive_float, default=60.0,
                    help="process-group timeout of every collective and rendezvous, seconds (default: "
@@ -61,8 +86,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="topology the ranks run on (default: local-cpu for gloo, hgx-h200 for nccl)")
     m.add_argument("--profile", help="kernel profile CSV (default: the newest profiles/<cpu|cuda>-*.csv)")
     m.add_argument("--no-profile", action="store_true", help="predict compute with the roofline")
-    m.add_argument("--calibration", help="collective calibration YAML (default: measure one first with "
-                                         "tpsim bench-collectives + tpsim calibrate)")
+    m.add_argument("--no-probe", action="store_true",
+                   help="do not check the profile against this machine first (~20 kernels, under 30 s)")
+    m.add_argument("--reprofile", action="store_true",
+                   help="if the profile is off by more than 10%% here, measure a quick profile instead of "
+                        "rescaling it by the measured drift")
+    m.add_argument("--calibration", help="calibration YAML: its link entries replace the collective measurement, "
+                                         "its compute section (tpsim calibrate --from-validation) scales the "
+                                         "profile and gives the host overhead")
     m.add_argument("--no-calibrate", action="store_true",
                    help="predict collectives with the topology's own figures")
     m.add_argument("--no-overhead", action="store_true",
@@ -83,11 +114,90 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check_out_dir(path: Path) -> Path:
+    """A folder the report can be written to (created if missing), or an input error before anything runs."""
+    from ..errors import InputError
+
+    if path.exists() and not path.is_dir():
+        raise InputError(f"--out-dir={str(path)!r} is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".tpsim-write-test-"):
+            pass
+    except OSError as exc:
+        raise InputError(f"--out-dir={str(path)!r} is not a writable directory ({exc.strerror or exc})") from None
+    return path
+
+
+def check_backend(backend: str, nproc: int) -> None:
+    """``--backend nccl`` needs as many CUDA devices as ranks on this node; asked of torch in a subprocess
+    (this process stays torch-free), before any rank starts."""
+    if backend != "nccl":
+        return
+    import subprocess
+    from ..errors import InputError
+
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        found = int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else 0
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        found = 0
+    if found < nproc:
+        raise InputError(f"--backend=nccl needs {nproc} CUDA GPU(s) on this node; torch sees {found} "
+                         "(use --backend gloo on CPU)")
+
+
+def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanCase
+    from ..errors import InputError
+    from ..model import with_overrides
+    from ..validate.plancase import PlanCase
+
+    chunks = args.pp * args.vpp
+    layers = args.layers or chunks * args.layers_per_chunk
+    if layers % chunks:
+        raise InputError(f"--layers={layers} is not a multiple of pp x vpp = {chunks}")
+    m = args.microbatches or (2 * args.pp if args.pp > 1 else 2)
+    from ..limits import check_int
+    check_int("global_batch", args.dp * m * args.micro_batch, where="dp x microbatches x micro-batch")
+    return PlanCase(model=with_overrides(model, layers=layers), tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp,
+                    zero=args.zero, sp=args.sp, fused=args.fused, micro_batch=args.micro_batch, microbatches=m,
+                    order=args.order, reps=args.reps, warmup=args.warmup)
+
+
+def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
+    from ..errors import InputError
+    from ..limits import check_int
+    from ..validate.case import Case
+    from ..validate.run import matrix_cases, plan_matrix_cases
+
+    if args.matrix:
+        cases = matrix_cases(model, fused=args.fused, micro_batch=args.micro_batch, reps=args.reps,
+                             warmup=args.warmup) if args.matrix in ("all", "blocks") else []
+        if args.matrix in ("all", "plans"):
+            cases += plan_matrix_cases(model, fused=args.fused, micro_batch=args.micro_batch)
+        suffix = "" if args.matrix == "blocks" else f"-{args.matrix}"
+        return cases, args.name or f"matrix-{model.family}-{args.backend}{suffix}"
+    whole = args.pp > 1 or args.dp > 1 or args.whole
+    world = check_int("nproc", args.tp * args.pp * args.dp, where="tp x pp x dp")
+    if args.backend == "gloo" and args.nnodes == 1 and world > MAX_CPU_RANKS_PER_CORE * (os.cpu_count() or 1):
+        raise InputError(f"tp x pp x dp = {world} ranks on {os.cpu_count()} CPU cores: at most "
+                         f"{MAX_CPU_RANKS_PER_CORE} ranks per core are run on CPU")
+    nproc = args.nproc or world // args.nnodes
+    if nproc * args.nnodes != world:
+        raise InputError(f"--nproc={nproc} x --nnodes={args.nnodes} must equal tp x pp x dp = {world}")
+    if whole:
+        case = _plan_case(args, model)
+    else:
+        case = Case(model=model, tp=args.tp, sp=args.sp, fused=args.fused, micro_batch=args.micro_batch,
+                    reps=args.reps, warmup=args.warmup)
+    return [case], args.name or f"{case.name}-{args.backend}"
+
+
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
-    from ..validate.case import Case
     from ..validate.launch import LaunchConfig, RankFailure
-    from ..validate.run import REPORTS_DIR, Options, matrix_cases, validate
+    from ..validate.run import REPORTS_DIR, Options, validate
     from .common import build_model
 
     from ..opgraph.schema import is_opgraph_path
@@ -97,37 +207,30 @@ def run(args: argparse.Namespace) -> int:
     model = build_model(args)
     if args.shard_of > 1:
         from ..validate.shard import shard_model
-        if args.tp != 1 or args.matrix:
+        if args.tp != 1 or args.matrix or args.pp > 1 or args.dp > 1:
             raise InputError(f"--shard-of={args.shard_of} runs one shard at --tp=1 (got --tp={args.tp}"
-                             f"{', --matrix' if args.matrix else ''})")
+                             f"{', --matrix' if args.matrix else ''}{', --pp/--dp' if args.pp * args.dp > 1 else ''})")
         model = shard_model(model, args.shard_of)
     if args.warmup < 0:
         raise InputError(f"--warmup={args.warmup} must be >= 0")
-    nproc = args.nproc or args.tp // args.nnodes
-    if args.matrix:
-        cases = matrix_cases(model, fused=args.fused, micro_batch=args.micro_batch, reps=args.reps,
-                             warmup=args.warmup)
-        name = args.name or f"matrix-{model.family}-{args.backend}"
-    else:
-        if nproc * args.nnodes != args.tp:
-            raise InputError(f"--nproc={nproc} x --nnodes={args.nnodes} must equal --tp={args.tp} "
-                             "(one TP group per run)")
-        cases = [Case(model=model, tp=args.tp, sp=args.sp, fused=args.fused, micro_batch=args.micro_batch,
-                      reps=args.reps, warmup=args.warmup)]
-        name = args.name or f"{cases[0].name}-{args.backend}"
-    cfg = LaunchConfig(nproc=nproc if not args.matrix else 1, backend=args.backend, timeout_s=args.timeout,
-                       threads=args.threads, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
-                       rdzv_id=args.rdzv_id, run_timeout_s=args.run_timeout)
+    cases, name = _cases(args, model)
+    out_dir = check_out_dir(Path(args.out_dir) if args.out_dir else REPORTS_DIR)
+    world = max(getattr(c, "world", c.tp) for c in cases)
+    nproc = 1 if args.matrix else (args.nproc or world // args.nnodes)
+    check_backend(args.backend, world // args.nnodes)
+    cfg = LaunchConfig(nproc=nproc, backend=args.backend, timeout_s=args.timeout, threads=args.threads,
+                       nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                       run_timeout_s=args.run_timeout)
     opts = Options(cluster=args.cluster or ("hgx-h200" if args.backend == "nccl" else "local-cpu"),
                    profile=Path(args.profile) if args.profile else None, use_profile=not args.no_profile,
                    calibrate=not args.no_calibrate,
                    calibration=Path(args.calibration) if args.calibration else None,
-                   out_dir=Path(args.out_dir) if args.out_dir else REPORTS_DIR, budget_s=args.budget,
-                   overhead=not args.no_overhead)
+                   out_dir=out_dir, budget_s=args.budget, overhead=not args.no_overhead,
+                   probe=not args.no_probe, reprofile=args.reprofile)
     try:
         report = validate(cases, cfg, opts, name)
     except RankFailure as exc:
-        print(f"tpsim validate: error: {exc}", file=__import__("sys").stderr)
+        print(f"tpsim validate: error: {exc}", file=sys.stderr)
         return 1
     if report.get("note"):
         print(report["note"])
@@ -144,14 +247,22 @@ def run(args: argparse.Namespace) -> int:
 def format_report(report: dict) -> str:
     """Readable table: one block per case, a line per phase."""
     lines = []
+    checks = {s["profile_check"]["action"]: s for s in report["cases"] if s.get("profile_check")}
+    for s in checks.values():
+        lines.append(_drift_line(s["profile_check"]))
     for s in report["cases"]:
         lines.append(f"{s['case']}  numerics {'ok' if s['numerics_ok'] else 'FAIL'} (max rel err "
                      f"{s['numerics_max_rel_err']:.1e})  collectives {'match' if s['collectives_match'] else 'MISMATCH'}"
                      f"  compute: {s['compute_model']}" + (f"  scaled: {s['scaled']}" if s["scaled"] else ""))
-        if s.get("framework_overhead_s"):
-            o = s["framework_overhead_s"]
-            lines.append(f"  framework overhead (tiny twin, in the prediction): fwd {o['fwd'] * 1e3:.2f} ms, "
-                         f"bwd {o['bwd'] * 1e3:.2f} ms")
+        if s.get("kind") == "plan":
+            lines += _plan_lines(s)
+        o = s.get("framework_overhead_s")
+        if o:
+            where = "calibration" if o.get("source") == "calibration" else "tiny twin"
+            lines.append(f"  framework overhead ({where}, in the prediction): fwd {o['fwd'] * 1e3:.2f} ms, "
+                         f"bwd {o['bwd'] * 1e3:.2f} ms per layer" + (
+                             f"; optimizer {o['opt'] * 1e3:.2f} ms, rest {o['other'] * 1e3:.2f} ms per step"
+                             if "opt" in o else ""))
         for p in s["phases"]:
             pred = "-" if p["predicted_s"] is None else f"{p['predicted_s'] * 1e3:10.3f} ms"
             err = "" if p["error_pct"] is None else f"{p['error_pct']:+7.1f}%"
@@ -160,5 +271,43 @@ def format_report(report: dict) -> str:
     if e["cases"]:
         lines.append(f"fwd+bwd per layer, {e['cases']} case(s): median |error| {e['median_abs_error_pct']:.1f}%, "
                      f"worst {e['worst_abs_error_pct']:.1f}%")
+    st = report.get("step_error") or {}
+    if st.get("cases"):
+        lines.append(f"whole step, {st['cases']} plan case(s): median |error| {st['median_abs_error_pct']:.1f}%, "
+                     f"worst {st['worst_abs_error_pct']:.1f}%")
     lines.append(f"report: {report['csv']}" + (f", chart: {report['chart']}" if report.get("chart") else ""))
     return "\n".join(lines)
+
+
+def _drift_line(check: dict) -> str:
+    if check.get("median_drift") is None:
+        return f"kernel profile check: {check['action']}"
+    what = {"none": "within 10%: profile used as is",
+            "rescaled": "over 10%: profile rescaled by the measured drift ("
+                        + ", ".join(f"{k} x{v:.2f}" for k, v in (check.get("scales") or {}).items()) + ")",
+            "reprofiled": f"over 10%: predicted with a quick profile measured here ({check['profile']})",
+            "calibration": "the calibration's compute factors are applied instead"}.get(check["action"],
+                                                                                          check["action"])
+    return (f"kernel profile check: {check['points']} kernels in {check['probe_seconds']:.0f} s, median "
+            f"measured/profile {check['median_drift']:.2f} -> {what}")
+
+
+def _g(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.6g}"
+
+
+def _plan_lines(s: dict) -> list[str]:
+    c = s["config"]
+    lines = [f"  plan: tp {c['tp']} pp {c['pp']} vpp {c['vpp']} dp {c['dp']} ZeRO-{c['zero']} ({c['runtime']}), "
+             f"schedule {c['schedule']}, {c['layers']} layers, {c['microbatches']} micro-batches of {c['micro_batch']}"
+             f"; loss {_g(s['loss']['measured'])} vs unsharded {_g(s['loss']['reference'])}"]
+    comm = s["comm"]["measured"]
+    lines.append("  communication per step (rank {}): ".format(s["comm"]["rank"]) + ("; ".join(
+        f"{axis} {op} x{d['n']} ({d['bytes'] / 2**20:.2f} MiB)" for axis, ops in sorted(comm.items())
+        for op, d in sorted(ops.items())) or "none"))
+    for diff in s.get("stack_differences", []):
+        lines.append(f"  stack difference: {diff}")
+    if s.get("timing") != "measured":
+        lines.append(f"  {s['timing']}")
+    return lines
+

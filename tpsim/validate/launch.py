@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import InputError, TpsimError
 from .case import Case
+from ..procs import child_preexec
 
 MARK_ENV = "TPSIM_VALIDATE_RUN"
 """environment variable set to a unique token in every process of one run."""
@@ -145,6 +146,8 @@ def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
     """
     run_dir = Path(run_dir or tempfile.mkdtemp(prefix="tpsim-validate-"))
     run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*run_dir.glob("error-rank*.json"), run_dir / "result.json"]:
+        stale.unlink(missing_ok=True)  # a reused folder: only this run's errors and result count
     job = {"cases": [c.to_dict() for c in cases], "backend": cfg.backend, "timeout_s": cfg.timeout_s,
            "threads": cfg.threads, "out_dir": str(run_dir)}
     job_path = run_dir / "job.json"
@@ -155,7 +158,7 @@ def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
     log_path = run_dir / "launcher.log"
     with open(log_path, "wb") as log, _terminate_as_exception():
         proc = subprocess.Popen(cfg.command(job_path), stdout=log, stderr=subprocess.STDOUT, env=penv,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=child_preexec)
         try:
             _supervise(proc, cfg, run_dir, token)
         finally:
@@ -211,6 +214,20 @@ def _collect(returncode: int | None, run_dir: Path, log_path: Path, multi_node: 
     if err is not None:
         where = f"rank {err['rank']}" if err["rank"] != "launcher" else "launcher"
         raise RankFailure(f"{where} failed: {err['type']}: {err['message']} (logs: {run_dir})")
-    tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
+    line = _last_exception(log_path)
     raise RankFailure(f"the launcher exited with status {returncode} and no rank reported an error"
-                      f"{': ' + tail[0] if tail else ''} (logs: {run_dir})")
+                      f"{': ' + line if line else ''} (logs: {run_dir})")
+
+
+_EXCEPTION_LINE = re.compile(r"^\s*(\[rank\d+\]:\s*)?([A-Za-z_.]*(Error|Exception|Interrupt)): ")
+
+
+def _last_exception(log_path: Path) -> str:
+    """The last ``SomeError: message`` line of the launcher's log that is not the launcher's own
+    ``ChildFailedError`` (a rank that died before it could write its error file: an import error, a crash),
+    else the log's last line."""
+    if not log_path.exists():
+        return ""
+    lines = log_path.read_text(errors="replace").strip().splitlines()
+    found = [ln.strip() for ln in lines if _EXCEPTION_LINE.match(ln) and "ChildFailedError" not in ln]
+    return (found or lines[-1:] or [""])[-1][:300]

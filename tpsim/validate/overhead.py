@@ -48,3 +48,21 @@ def measured_overhead(ranks: list[dict[str, Any]], tiny_pred: Prediction) -> dic
 
 def with_overhead(pred: Prediction, overhead: dict[str, float]) -> Prediction:
     return dataclasses.replace(pred, fwd_s=pred.fwd_s + overhead["fwd"], bwd_s=pred.bwd_s + overhead["bwd"])
+
+
+def plan_overhead_case(case):  # noqa: ANN001, ANN201 - PlanCase (import cycle)
+    """The tiny twin of a whole-plan case: the same axes, ZeRO stage, schedule, layers and micro-batches, the
+    tiny widths of :func:`overhead_case` (2 heads per TP rank of dim 32, 8 tokens per TP rank, one sequence)."""
+    tiny_block = overhead_case(case.block_case())
+    return dataclasses.replace(case, model=with_overrides(tiny_block.model, layers=case.model.num_layers),
+                               micro_batch=1, reps=max(case.reps, TINY_REPS // 3), warmup=max(case.warmup, 1),
+                               scaled="")
+
+
+def plan_overhead(measured: dict[str, float], predicted: dict[str, float]) -> dict[str, float]:
+    """Framework overhead from a tiny twin's phases (measured and predicted without overhead, as
+    :func:`tpsim.validate.planreport.summarize_plan` names them): per layer and micro-batch for ``fwd`` and
+    ``bwd``, per step for ``opt`` and ``other``; never negative."""
+    return {"fwd": max(measured["fwd"] - predicted["fwd"], 0.0), "bwd": max(measured["bwd"] - predicted["bwd"], 0.0),
+            "opt": max(measured["step:optimizer"] - predicted["step:optimizer"], 0.0),
+            "other": max(measured["step:other"] - predicted["step:other"], 0.0)}

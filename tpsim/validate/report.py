@@ -24,8 +24,8 @@ from typing import Any
 from .case import Case
 from .predict import Prediction
 
-CSV_COLUMNS = ("case", "model", "family", "tp", "sp", "fused", "hidden", "heads", "ffn", "seq_len",
-               "micro_batch", "phase", "predicted_s", "measured_s", "error_pct", "measured_wall_s", "numerics_ok",
+CSV_COLUMNS = ("case", "kind", "model", "family", "tp", "sp", "pp", "vpp", "dp", "zero", "fused", "layers", "hidden",
+               "heads", "ffn", "seq_len", "micro_batch", "microbatches", "phase", "predicted_s", "measured_s", "error_pct", "measured_wall_s", "numerics_ok",
                "numerics_max_rel_err", "collectives_match", "compute_model", "backend", "scaled")
 
 
@@ -127,6 +127,15 @@ def layer_errors(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             "worst_abs_error_pct": max(errs)}
 
 
+def step_errors(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and worst |error| of the whole step over the whole-plan cases that were timed."""
+    errs = [abs(p["error_pct"]) for s in summaries if s.get("kind") == "plan" for p in s["phases"]
+            if p["name"] == "step" and p["error_pct"] is not None]
+    if not errs:
+        return {"cases": 0, "median_abs_error_pct": None, "worst_abs_error_pct": None}
+    return {"cases": len(errs), "median_abs_error_pct": statistics.median(errs), "worst_abs_error_pct": max(errs)}
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write through a temporary file in the same folder and a rename: a killed run leaves the old file or
     the new one, never half of one."""
@@ -148,9 +157,11 @@ def write_csv(path: Path, summaries: list[dict[str, Any]], backend: str) -> None
         c = s["config"]
         for p in s["phases"]:
             writer.writerow({
-                "case": s["case"], "model": c["model"], "family": c["family"], "tp": c["tp"], "sp": c["sp"],
-                "fused": c["fused"], "hidden": c["hidden"], "heads": c["heads"], "ffn": c["ffn"],
-                "seq_len": c["seq_len"], "micro_batch": c["micro_batch"], "phase": p["name"],
+                "case": s["case"], "kind": s.get("kind", "block"), "model": c["model"], "family": c["family"],
+                "tp": c["tp"], "sp": c["sp"], "pp": c.get("pp", 1), "vpp": c.get("vpp", 1), "dp": c.get("dp", 1),
+                "zero": c.get("zero", 0), "fused": c["fused"], "layers": c.get("layers", 1), "hidden": c["hidden"],
+                "heads": c["heads"], "ffn": c["ffn"], "seq_len": c["seq_len"], "micro_batch": c["micro_batch"],
+                "microbatches": c.get("microbatches", 1), "phase": p["name"],
                 "predicted_s": _fmt(p["predicted_s"]), "measured_s": _fmt(p["measured_s"]),
                 "error_pct": "" if p["error_pct"] is None else f"{p['error_pct']:.2f}",
                 "measured_wall_s": _fmt(p.get("measured_wall_s")),
@@ -176,7 +187,8 @@ def write_scatter(path: Path, summaries: list[dict[str, Any]], title: str) -> No
         for p in s["phases"]:
             if p["predicted_s"] is None or not p["measured_s"]:
                 continue
-            kind = p["name"] if ":" not in p["name"] else "collective " + p["name"].split(":")[1]
+            name = p["name"]
+            kind = name if name.startswith("step") or ":" not in name else "collective " + name.split(":")[1]
             groups.setdefault(kind, []).append((p["measured_s"], p["predicted_s"]))
     values = [v for pts in groups.values() for pt in pts for v in pt]
     if values:

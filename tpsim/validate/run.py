@@ -1,9 +1,13 @@
-"""``tpsim validate`` end to end: calibrate the collectives, launch the ranks, predict, compare, report."""
+"""``tpsim validate`` end to end: calibrate the collectives, probe the kernel profile, launch the ranks, predict,
+compare, report. Block cases (one sharded layer, :class:`Case`) and whole-plan cases (every axis of a plan,
+:class:`PlanCase`) run alike; cases with the same number of ranks share one launch."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -11,24 +15,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..model import ModelSpec, with_overrides
+from ..compute.scaled import ScaledCompute
+from .calfile import ComputeCalibration, read_compute_calibration
 from .case import Case
+from .drift import DriftCheck, check_profile
 from .launch import LaunchConfig, RankFailure, launch
+from .overhead import (measured_overhead, overhead_case, plan_overhead, plan_overhead_case, with_overhead)
+from .plancase import PlanCase
+from .planpredict import predict_plan
+from .planreport import summarize_plan
 from .predict import (REPO_ROOT, compute_model, find_profile, grid_hits, load_local_cluster, predict_case)
-from .report import layer_errors, summarize_case, write_atomic, write_csv, write_scatter
-from .overhead import measured_overhead, overhead_case, with_overhead
-from .scale import fit_case
+from ..procs import child_preexec
+from .report import layer_errors, step_errors, summarize_case, write_atomic, write_csv, write_scatter
+from .matrix import matrix_cases, plan_matrix_cases  # noqa: F401 - part of this module's API
+from .scale import fit_case, fit_plan_case
 
 REPORTS_DIR = REPO_ROOT / "reports" / "validation"
-MATRIX_TP = (1, 2)
-MATRIX_SP = (False, True)
-MATRIX_HIDDEN = (512, 1024, 2048)
-MATRIX_SEQ = (128, 512)
 BENCH_SIZES = ("64K", "256K", "1M", "4M", "16M")
 """collective sizes of the calibration run: the validation's activations (tokens x hidden x 4 B) span them."""
-MATRIX_HEAD_DIM = 64
-"""head dim of the matrix's models (heads = hidden / 64)."""
+VALIDATION_STACK = "torchtitan"
+"""the training stack whose runtime validate runs (DTensor TP, FSDP2, torch.distributed.pipelining: issue 10's
+torchtitan profile); a calibration fitted from validation runs applies to it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,79 +59,246 @@ class Options:
     overhead: bool = True
     """measure the runtime's per-layer framework overhead on a tiny twin of each case and add it to the
     prediction (:mod:`tpsim.validate.overhead`)."""
+    probe: bool = True
+    """time ~20 kernels of the profile first and correct it if it is off by more than 10%
+    (:mod:`tpsim.validate.drift`)."""
+    reprofile: bool = False
+    """on a drift over 10%, measure a quick profile instead of rescaling."""
 
 
 def calibrate_collectives(cfg: LaunchConfig, cluster: str, work: Path) -> Path:
     """Run a short ``tpsim bench-collectives`` with the same backend and rank count, then ``tpsim calibrate``;
     return the calibration file."""
-    csv_path, cal_path = work / "bench-collectives.csv", work / "calibration.yaml"
+    csv_path, cal_path = work / f"bench-collectives-{cfg.nproc}.csv", work / f"calibration-{cfg.nproc}.yaml"
     steps = [["bench-collectives", "--nproc", str(cfg.nproc), "--backend", cfg.backend,
               "--ops", "all_reduce", "all_gather", "reduce_scatter", "--sizes", *BENCH_SIZES,
               "--out", str(csv_path), "--timeout", str(int(cfg.timeout_s))],
              ["calibrate", str(csv_path), "--cluster", cluster, "--out", str(cal_path)]]
     for args in steps:
         proc = subprocess.run([sys.executable, "-m", "tpsim.cli", *args], capture_output=True, text=True,
-                              timeout=max(300.0, 10 * cfg.timeout_s))
+                              timeout=max(300.0, 10 * cfg.timeout_s), preexec_fn=child_preexec)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise RankFailure(f"collective calibration failed: tpsim {' '.join(args[:1])}: {last}")
     return cal_path
 
 
-def run_cases(cases: list[Case], cfg: LaunchConfig, opts: Options, work: Path,
-              env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Predict, launch and summarize ``cases`` that share one launch config (same TP degree)."""
-    calibration = opts.calibration
+def _has_links(path: Path) -> bool:
+    """Whether a calibration file holds collective (link) entries, not only a ``compute:`` section."""
+    from ..collectives.calibration import load_calibration
+    return bool(load_calibration(path))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The prediction's inputs for one launch: cluster, compute model and where they came from."""
+
+    cluster: Any
+    compute: Any
+    """the compute model predictions use (profile, rescaled or calibrated)."""
+    raw: Any
+    """the profile as shipped (or the quick profile), for the per-kind breakdown calibrate fits on."""
+    profile: Path | None
+    drift: DriftCheck
+    calibration: Path | None
+    """collective calibration (links)."""
+    compute_cal: ComputeCalibration | None
+
+
+def prepare(cfg: LaunchConfig, opts: Options, work: Path, probes: dict | None = None) -> Setup:
+    """Collective calibration, cluster, profile probe and compute model (module docstring of
+    :mod:`tpsim.validate.drift` for the probe). ``probes`` keeps the probe's answer for the next launch of
+    the same run (the profile and the machine are the same)."""
+    compute_cal = read_compute_calibration(opts.calibration) if opts.calibration else None
+    calibration = opts.calibration if opts.calibration and _has_links(opts.calibration) else None
     if calibration is None and opts.calibrate and cfg.nproc > 1 and cfg.nnodes == 1:  # bench runs on one node
         calibration = calibrate_collectives(cfg, opts.cluster, work)
     cluster = load_local_cluster(opts.cluster, cfg.nproc * cfg.nnodes, calibration, work)
     device_type = "cuda" if cfg.backend == "nccl" else "cpu"
     profile = (opts.profile or find_profile(device_type)) if opts.use_profile else None
-    compute = compute_model(cluster, profile)
-    memory = int(cluster.device.usable_memory_bytes) * cfg.nproc if device_type == "cuda" else None
-    cases = [fit_case(c, cfg.nproc, compute, opts.budget_s, memory_bytes=memory) for c in cases]
-    tiny = {c.name: overhead_case(c) for c in cases} if opts.overhead else {}
-    runs = list({t.name: t for t in tiny.values()}.values()) + cases
-    preds = {c.name: predict_case(c, cluster, compute) for c in runs}
-    result = launch(runs, cfg, work / f"run-tp{cfg.nproc}", env=env)
+    probes = {} if probes is None else probes
+    key = (str(profile), cfg.threads, device_type)
+    if key not in probes:
+        probes[key] = check_profile(profile, cfg.threads, work, opts.reprofile and compute_cal is None,
+                                    enabled=opts.probe, device=device_type)
+    drift = probes[key]
+    if compute_cal is not None and drift.probe is not None:
+        drift = dataclasses.replace(drift, action="calibration", profile=profile, scales=None)
+    raw = compute_model(cluster, drift.profile if drift.profile else profile)
+    if compute_cal is not None:
+        compute = ScaledCompute(raw, gemm=compute_cal.gemm_scale, attention=compute_cal.attention_scale,
+                                memory=compute_cal.memory_scale, label=f"calibration {opts.calibration}")
+    elif drift.action == "rescaled":
+        compute = ScaledCompute(raw, **drift.scales, label="probe drift")
+    else:
+        compute = raw
+    return Setup(cluster=cluster, compute=compute, raw=raw, profile=drift.profile or profile, drift=drift,
+                 calibration=calibration, compute_cal=compute_cal)
+
+
+def timing_allowed(cfg: LaunchConfig) -> tuple[bool, str]:
+    """Timing claims need a core per rank on CPU (more ranks than cores share them: only numerics and
+    communication are checked then)."""
+    if cfg.backend == "nccl":
+        return True, ""
+    cores = os.cpu_count() or 1
+    if cfg.nproc > cores:
+        return False, (f"not timed: {cfg.nproc} ranks on {cores} CPU cores (timing claims need a core per "
+                       "rank); numerics and communication checked")
+    return True, ""
+
+
+def run_cases(cases: list, cfg: LaunchConfig, opts: Options, work: Path,
+              env: dict[str, str] | None = None, probes: dict | None = None) -> list[dict[str, Any]]:
+    """Predict, launch and summarize ``cases`` that share one launch config (same number of ranks)."""
+    setup = prepare(cfg, opts, work, probes)
+    memory = int(setup.cluster.device.usable_memory_bytes) * cfg.nproc if cfg.backend == "nccl" else None
+    timed, note = timing_allowed(cfg)
+    blocks = [fit_case(c, cfg.nproc, setup.compute, opts.budget_s, memory_bytes=memory)
+              for c in cases if isinstance(c, Case)]
+    plans = [fit_plan_case(dataclasses.replace(c, timed=timed), cfg.nproc, setup.compute, opts.budget_s,
+                           memory_bytes=memory) for c in cases if isinstance(c, PlanCase)]
+    twins = opts.overhead and setup.compute_cal is None and timed
+    block_twins = {c.name: overhead_case(c) for c in blocks} if twins else {}
+    plan_twins = {c.name: plan_overhead_case(c) for c in plans} if twins else {}
+    runs = list({t.name: t for t in [*block_twins.values(), *plan_twins.values()]}.values()) + blocks + plans
+    result = launch(runs, cfg, work / f"run-{cfg.nproc}ranks", env=env)
     if result is None:
         return []  # another node holds rank 0 and writes the report
     per_case: dict[str, list[dict[str, Any]]] = {}
     for rank_results in result["ranks"]:
         for r in rank_results:
             per_case.setdefault(r["case"], []).append(r)
-    out = []
-    for c in cases:
-        pred, overhead = preds[c.name], None
-        if c.name in tiny:
-            t = tiny[c.name]
-            overhead = measured_overhead(per_case[t.name], preds[t.name])
-            check = summarize_case(t, per_case[t.name], preds[t.name])
-            overhead.update(case=t.name, numerics_ok=check["numerics_ok"],
-                            collectives_match=check["collectives_match"])
-            pred = with_overhead(pred, overhead)
-        s = summarize_case(c, per_case[c.name], pred)
-        s["framework_overhead_s"] = overhead
-        s["predicted_without_overhead_s"] = {"fwd": preds[c.name].fwd_s, "bwd": preds[c.name].bwd_s}
-        s["profile"] = str(profile) if profile else None
-        s["profile_grid_hits"] = len(grid_hits(c, profile))
-        s["calibration"] = str(calibration) if calibration else None
+    out = [_block_summary(c, per_case, block_twins.get(c.name), setup) for c in blocks]
+    out += [_plan_summary(c, per_case, plan_twins.get(c.name), setup, note) for c in plans]
+    for s in out:
+        s["profile"] = str(setup.profile) if setup.profile else None
+        s["profile_check"] = setup.drift.to_dict()
+        s["calibration"] = str(setup.calibration) if setup.calibration else None
+        s["compute_calibration"] = setup.compute_cal.source if setup.compute_cal else None
         s["meta"] = result["meta"]
-        out.append(s)
     return out
 
 
-def validate(cases: list[Case], cfg: LaunchConfig, opts: Options, name: str,
+def _block_summary(c: Case, per_case: dict[str, list], twin: Case | None, setup: Setup) -> dict[str, Any]:
+    raw_pred = predict_case(c, setup.cluster, setup.compute)
+    pred, overhead = raw_pred, None
+    if twin is not None:
+        tiny = predict_case(twin, setup.cluster, setup.compute)
+        overhead = measured_overhead(per_case[twin.name], tiny)
+        check = summarize_case(twin, per_case[twin.name], tiny)
+        overhead.update(case=twin.name, numerics_ok=check["numerics_ok"], collectives_match=check["collectives_match"])
+        pred = with_overhead(pred, overhead)
+    elif setup.compute_cal is not None:
+        overhead = dict(setup.compute_cal.overhead_s(), source="calibration", numerics_ok=True, collectives_match=True)
+        pred = with_overhead(pred, overhead)
+    s = summarize_case(c, per_case[c.name], pred)
+    s["kind"] = "block"
+    s["framework_overhead_s"] = overhead
+    s["predicted_without_overhead_s"] = {"fwd": raw_pred.fwd_s, "bwd": raw_pred.bwd_s}
+    s["profile_grid_hits"] = len(grid_hits(c, setup.profile))
+    s["calibration_inputs"] = calibration_inputs(s, c.model, c.plan(), c.fused, setup,
+                                                 comm_s=raw_pred.fwd_s + raw_pred.bwd_s - _compute_s(c, setup))
+    return s
+
+
+def _compute_s(c: Case, setup: Setup) -> float:
+    from ..estimator.block import predict_block
+    blk = predict_block(c.model, setup.cluster, c.plan(), compute=setup.compute, flavor="dtensor", fused=c.fused)
+    return blk.fwd_compute_s + blk.bwd_compute_s
+
+
+def _plan_summary(c: PlanCase, per_case: dict[str, list], twin: PlanCase | None, setup: Setup,
+                  note: str) -> dict[str, Any]:
+    overhead = None
+    if twin is not None:
+        over = _plan_twin_overhead(twin, per_case[twin.name], setup)
+        overhead = dict(over)
+        check = summarize_plan(twin, per_case[twin.name], None)
+        overhead.update(case=twin.name, numerics_ok=check["numerics_ok"], collectives_match=check["collectives_match"])
+    elif setup.compute_cal is not None:
+        over = setup.compute_cal.overhead_s()
+        overhead = dict(over, source="calibration", numerics_ok=True, collectives_match=True)
+    else:
+        over = {}
+    raw_pred = predict_plan(c, setup.cluster, setup.compute)
+    pred = predict_plan(c, setup.cluster, setup.compute, overhead=over)
+    s = summarize_plan(c, per_case[c.name], pred, note)
+    s["framework_overhead_s"] = overhead
+    s["predicted_without_overhead_s"] = {k: raw_pred.slowest()[k] for k in ("fwd", "bwd", "optimizer", "other", "step")}
+    if c.timed:
+        compute = _compute_s(c.block_case(), setup)
+        s["calibration_inputs"] = calibration_inputs(s, c.model, c.block_case().plan(), c.fused, setup,
+                                                     comm_s=raw_pred.slowest()["layer"] - compute)
+    return s
+
+
+def _plan_twin_overhead(twin: PlanCase, ranks: list[dict[str, Any]], setup: Setup) -> dict[str, float]:
+    """Framework overhead of a whole-plan case from its tiny twin: fwd/bwd per layer and micro-batch and the
+    optimizer step first, then the rest of the step with those in the prediction (its bubble grows with them)."""
+    measured = {p["name"]: p["measured_s"] for p in summarize_plan(twin, ranks, None)["phases"]}
+    base = {p["name"]: p["predicted_s"] for p in
+            summarize_plan(twin, ranks, predict_plan(twin, setup.cluster, setup.compute))["phases"]}
+    over = plan_overhead(measured, base)
+    with_fb = {p["name"]: p["predicted_s"] for p in summarize_plan(
+        twin, ranks, predict_plan(twin, setup.cluster, setup.compute,
+                                  overhead={"fwd": over["fwd"], "bwd": over["bwd"], "opt": over["opt"]}))["phases"]}
+    over["other"] = plan_overhead(measured, with_fb)["other"]
+    return over
+
+
+def calibration_inputs(summary: dict[str, Any], model: Any, plan: Any, fused: bool, setup: Setup,
+                       comm_s: float) -> dict[str, Any] | None:
+    """What ``tpsim calibrate --from-validation`` fits on: the measured fwd+bwd per layer and micro-batch, and
+    the prediction's parts from the unscaled profile (GEMM, attention, memory-bound kernels; the rest, mostly
+    exposed communication, as predicted)."""
+    measured = next((p for p in summary["phases"] if p["name"] == "fwd+bwd"), None)
+    if measured is None:
+        return None
+    from ..estimator.block import predict_block
+    parts = {}
+    for kind in ("gemm", "attention", "memory"):
+        only = ScaledCompute(setup.raw, **{k: float(k == kind) for k in ("gemm", "attention", "memory")})
+        blk = predict_block(model, setup.cluster, plan, compute=only, flavor="dtensor", fused=fused)
+        parts[f"{kind}_s"] = blk.fwd_compute_s + blk.bwd_compute_s
+    fwd = next((p["measured_s"] for p in summary["phases"] if p["name"] == "fwd"), None)
+    return {"measured_s": measured["measured_s"], "measured_fwd_s": fwd, **parts, "comm_s": max(comm_s, 0.0),
+            "device": setup.cluster.device.name, "profile": str(setup.profile) if setup.profile else None,
+            "profile_device": _profile_device(setup.raw), "stack": VALIDATION_STACK}
+
+
+def _profile_device(compute: Any) -> str | None:
+    profile = getattr(compute, "profile", None)
+    return getattr(getattr(profile, "meta", None), "device", None)
+
+
+def _world(case: Any) -> int:
+    return case.world if isinstance(case, PlanCase) else case.tp
+
+
+def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,
              env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run every case (grouped by TP degree, one launch each), write ``<out_dir>/<name>.csv``, ``.png``,
-    ``.json`` (and the collective calibration it measured); return the report (the ``--json`` object)."""
+    """Run every case (grouped by rank count, one launch each), write ``<out_dir>/<name>.csv``, ``.png``,
+    ``.json`` (and the collective calibration it measured); return the report (the ``--json`` object).
+
+    The work folder (job, launcher log, every rank's errors) is removed after a successful run and kept after
+    a failed one: :class:`RankFailure` names it."""
     summaries: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="tpsim-validate-") as tmp:
-        for tp in sorted({c.tp for c in cases}):
-            group = [c for c in cases if c.tp == tp]
-            launch_cfg = cfg if cfg.nproc * cfg.nnodes == tp else dataclasses.replace(cfg, nproc=tp, nnodes=1)
-            summaries += run_cases(group, launch_cfg, opts, Path(tmp), env)
-        _keep_calibration(summaries, Path(tmp), opts.out_dir, name)
+    cases = list({c.name: c for c in cases}.values())  # a case listed twice runs once (results are by name)
+    work = Path(tempfile.mkdtemp(prefix=f"tpsim-validate-{_slug(name)}-"))
+    probes: dict = {}
+    try:
+        for world in sorted({_world(c) for c in cases}):
+            group = [c for c in cases if _world(c) == world]
+            launch_cfg = cfg if cfg.nproc * cfg.nnodes == world else dataclasses.replace(cfg, nproc=world, nnodes=1)
+            summaries += run_cases(group, launch_cfg, opts, work, env, probes)
+        _keep_calibration(summaries, work, opts.out_dir, name)
+    except RankFailure as exc:
+        raise RankFailure(f"{exc} [logs kept in {work}]") from None
+    except BaseException:
+        print(f"tpsim validate: logs kept in {work}", file=sys.stderr)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
     if not summaries:
         return {"name": name, "backend": cfg.backend, "note": "rank 0 ran on another node; its node writes "
                 "the report", "numerics_ok": True, "collectives_match": True, "phases": [], "cases": []}
@@ -132,7 +306,7 @@ def validate(cases: list[Case], cfg: LaunchConfig, opts: Options, name: str,
     csv_path = opts.out_dir / f"{name}.csv"
     write_csv(csv_path, summaries, cfg.backend)
     report["csv"] = str(csv_path)
-    if opts.chart and _has_matplotlib():
+    if opts.chart and _has_matplotlib() and any(p["predicted_s"] for s in summaries for p in s["phases"]):
         png = opts.out_dir / f"{name}.png"
         err = report["layer_error"]
         title = (f"tpsim validate {name}: {cfg.backend}, {len(summaries)} case(s); fwd+bwd |error| median "
@@ -143,18 +317,28 @@ def validate(cases: list[Case], cfg: LaunchConfig, opts: Options, name: str,
     return report
 
 
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name)[:60]
+
+
 def _keep_calibration(summaries: list[dict[str, Any]], work: Path, out_dir: Path, name: str) -> None:
-    """Copy the collective measurements and calibration made for this run next to the report."""
-    for s in summaries:
-        cal = s.get("calibration")
-        if cal and Path(cal).parent == work:
-            for src, suffix in ((Path(cal), "calibration.yaml"), (work / "bench-collectives.csv",
-                                                                   "bench-collectives.csv")):
-                if src.exists():
-                    dst = out_dir / f"{name}-{suffix}"
-                    write_atomic(dst, src.read_bytes())
-                    if suffix == "calibration.yaml":
-                        s["calibration"] = str(dst)
+    """Copy the collective measurements and calibrations made for this run next to the report
+    (``<name>-calibration.yaml``, or ``<name>-calibration-<n>ranks.yaml`` when several rank counts ran)."""
+    made = sorted({Path(s["calibration"]) for s in summaries
+                   if s.get("calibration") and Path(s["calibration"]).parent == work})
+    for cal in made:
+        nproc = cal.stem.rsplit("-", 1)[1]
+        suffix = "" if len(made) == 1 else f"-{nproc}ranks"
+        kept = {}
+        for src, what in ((cal, "calibration.yaml"), (work / f"bench-collectives-{nproc}.csv", "bench-collectives.csv")):
+            if src.exists():
+                stem, ext = what.rsplit(".", 1)
+                dst = out_dir / f"{name}-{stem}{suffix}.{ext}"
+                write_atomic(dst, src.read_bytes())
+                kept[what] = dst
+        for s in summaries:
+            if s.get("calibration") == str(cal) and "calibration.yaml" in kept:
+                s["calibration"] = str(kept["calibration.yaml"])
 
 
 def _has_matplotlib() -> bool:
@@ -175,26 +359,5 @@ def _report(summaries: list[dict[str, Any]], name: str, backend: str) -> dict[st
             "numerics_ok": all(s["numerics_ok"] for s in summaries) and all(t["numerics_ok"] for t in twins),
             "collectives_match": all(s["collectives_match"] for s in summaries)
             and all(t["collectives_match"] for t in twins),
-            "phases": phases, "layer_error": layer_errors(summaries), "cases": summaries}
-
-
-def matrix_cases(base: ModelSpec, fused: bool = False, micro_batch: int = 3, reps: int = 5,
-                 warmup: int = 2, tps: tuple[int, ...] = MATRIX_TP, hiddens: tuple[int, ...] = MATRIX_HIDDEN,
-                 seqs: tuple[int, ...] = MATRIX_SEQ) -> list[Case]:
-    """tp x sp x hidden x seq (sp only with tp > 1), heads = hidden / 64, GPT ffn = 4h, Llama ffn = 3.5h."""
-    cases = []
-    for tp in tps:
-        for sp in MATRIX_SP:
-            if sp and tp == 1:
-                continue
-            for h in hiddens:
-                for s in seqs:
-                    heads = h // MATRIX_HEAD_DIM
-                    kv = min(base.num_kv_heads, heads) if base.num_kv_heads < base.num_attention_heads else heads
-                    ffn = 4 * h if base.family == "gpt" else 7 * h // 2
-                    model = with_overrides(base, hidden=h, heads=heads, kv_heads=kv, ffn=ffn, seq_len=s)
-                    cases.append(Case(model=model, tp=tp, sp=sp, fused=fused, micro_batch=micro_batch,
-                                      reps=reps, warmup=warmup))
-    if not cases:
-        raise InputError("the validation matrix is empty")
-    return cases
+            "phases": phases, "layer_error": layer_errors(summaries),
+            "step_error": step_errors(summaries), "cases": summaries}

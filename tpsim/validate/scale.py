@@ -91,3 +91,73 @@ def fit_case(case: Case, nproc: int, compute, budget_s: float,  # noqa: ANN001
     if case.micro_batch != original.micro_batch:
         changes.append(f"micro_batch {original.micro_batch}->{case.micro_batch}")
     return dataclasses.replace(case, scaled="; ".join(changes) + " (to fit this machine; widths unchanged)")
+
+
+MAX_OVER_BUDGET = 10.0
+"""a whole-plan case still predicted over this many times --budget at its smallest shape is refused (layers and
+micro-batches are the user's to reduce)."""
+STEPS_CHECKED = 3
+"""training steps of a plan case's check (numerics, bucket settling, communication)."""
+
+
+def plan_memory_per_rank(case) -> float:  # noqa: ANN001 - PlanCase (import cycle)
+    """Bytes one rank needs for a whole-plan case: the unsharded reference stack (weights, gradients, Adam's
+    two moments; one micro-batch's activations per layer) and the rank's own layers (the same, sharded)."""
+    block = case.block_case()
+    m = case.model
+    act = block.tokens * (ACT_PER_TOKEN_HIDDEN * m.hidden_size + ACT_PER_TOKEN_FFN * m.ffn_hidden_size)
+    params = m.layer_params()
+    ref = m.num_layers * (4 * params + act)
+    own = case.layers_per_rank * (4 * params / case.tp + case.microbatches * act / case.tp)
+    batch = 2 * case.dp * case.microbatches * block.tokens * m.hidden_size  # global input and target
+    return FP32_BYTES * (ref + own + batch)
+
+
+def plan_time_of_case(case, compute) -> float:  # noqa: ANN001
+    """Predicted seconds of a whole-plan case on one rank: the reference on the global batch, then the
+    checked, warm-up and timed steps (twice ``reps``: time, then the collectives)."""
+    block = case.block_case()
+    full = dataclasses.replace(block, tp=1, sp=False) if block.tp > 1 else block
+    per_layer = []
+    for c in (full, block):
+        m, n, k = (np.asarray(v, dtype=float) for v in zip(*block_gemms(c)))
+        t, _ = compute.gemm(m, n, k, "fp32")
+        per_layer.append(float(np.sum(t)))
+    reference = per_layer[0] * case.model.num_layers * case.dp * case.microbatches
+    steps = STEPS_CHECKED + (case.warmup + 2 * case.reps if case.timed else 0)
+    return reference + per_layer[1] * case.layers_per_rank * case.microbatches * steps
+
+
+def fit_plan_case(case, nproc: int, compute, budget_s: float,  # noqa: ANN001
+                  memory_bytes: int | None = None):  # noqa: ANN201 - PlanCase
+    """``case`` with seq_len, then micro_batch, reduced until it fits in memory and ``budget_s`` (widths,
+    layers, axes and micro-batch count unchanged)."""
+    limit = MEMORY_SHARE * (memory_bytes or available_memory()) / nproc
+    original = case
+    while plan_memory_per_rank(case) > limit or plan_time_of_case(case, compute) > budget_s:
+        m = case.model
+        if m.seq_len // 2 >= MIN_SEQ and (m.seq_len // 2) % case.tp == 0:
+            case = dataclasses.replace(case, model=with_overrides(m, seq_len=m.seq_len // 2))
+        elif case.micro_batch > 1:
+            case = dataclasses.replace(case, micro_batch=1)
+        else:
+            need = plan_memory_per_rank(case)
+            if need > limit:
+                raise InputError(f"a {m.num_layers}-layer {m.name} stack needs {need / 2**30:.1f} GiB per rank even "
+                                 f"at seq_len={m.seq_len}, micro_batch=1 ({limit / 2**30:.1f} GiB available per "
+                                 "rank); give smaller --hidden/--ffn or fewer --layers-per-chunk")
+            predicted = plan_time_of_case(case, compute)
+            if predicted > MAX_OVER_BUDGET * budget_s:
+                raise InputError(f"a {m.num_layers}-layer {m.name} stack with microbatches={case.microbatches} "
+                                 f"would run ~{predicted:.0f} s per rank even at seq_len={m.seq_len}, micro_batch=1 "
+                                 f"(--budget={budget_s:g}); give fewer --microbatches or --layers-per-chunk")
+            break
+    if case == original:
+        return case
+    changes = []
+    if case.model.seq_len != original.model.seq_len:
+        changes.append(f"seq_len {original.model.seq_len}->{case.model.seq_len}")
+    if case.micro_batch != original.micro_batch:
+        changes.append(f"micro_batch {original.micro_batch}->{case.micro_batch}")
+    note = "; ".join(changes) + " (to fit this machine; widths unchanged)"
+    return dataclasses.replace(case, scaled="; ".join(p for p in (case.scaled, note) if p))

@@ -64,12 +64,23 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
     _inject(rank, "start")
     dist.init_process_group(backend, timeout=timedelta(seconds=float(job["timeout_s"])))
     world = dist.get_world_size()
-    mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("tp",))
+    meshes: dict[tuple, Any] = {}
+
+    def mesh_of(axes: tuple[tuple[str, int], ...]) -> Any:
+        if axes not in meshes:
+            meshes[axes] = init_device_mesh(device_type, tuple(n for _, n in axes),
+                                            mesh_dim_names=tuple(a for a, _ in axes))
+        return meshes[axes]
+
     results = []
     for data in job["cases"]:
+        if data.get("kind") == "plan":
+            results.append(_run_plan(data, world, rank, mesh_of))
+            continue
         case = Case.from_dict(data)
         if case.tp != world:
             raise ValueError(f"case {case.name}: tp={case.tp} but {world} ranks were started")
+        mesh = mesh_of((("tp", world),))
         _inject(rank, "check")
         checks = check_case(case, mesh, rank)
         _inject(rank, "time")
@@ -85,10 +96,29 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
     dist.destroy_process_group()
 
 
+def _run_plan(data: dict[str, Any], world: int, rank: int, mesh_of: Any) -> dict[str, Any]:
+    """Check and (unless the job says not to) time one whole-plan case on a mesh over its axes."""
+    from .plancase import PlanCase
+    from .planrun import check_plan, time_plan
+
+    case = PlanCase.from_dict(data)
+    if case.world != world:
+        raise ValueError(f"case {case.name}: tp x pp x dp = {case.world} but {world} ranks were started")
+    mesh = mesh_of(case.mesh_axes())
+    _inject(rank, "check")
+    checks = check_plan(case, mesh, rank)
+    _inject(rank, "time")
+    timing = time_plan(case, mesh, rank) if case.timed else {}
+    print(f"[tpsim validate] rank {rank}: {case.name} done", file=sys.stderr, flush=True)
+    return {"case": case.name, "rank": rank, **checks, **timing}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tpsim.validate.worker")
     parser.add_argument("--job", required=True, type=Path)
     args = parser.parse_args(argv)
+    from ..procs import die_with_parent
+    die_with_parent()  # a SIGKILL to tpsim validate kills the launcher, and this rank with it
     job = json.loads(args.job.read_text())
     out = Path(job["out_dir"])
     rank = int(os.environ.get("RANK", 0))

@@ -1,0 +1,211 @@
+"""Whole-plan validation without a process group: the case, the per-rank parameters, the communication rules
+(torch's and the estimator's), the plan prediction against ``estimate``, the summary, --validate-top's pieces."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tpsim.errors import InputError
+from tpsim.model import PRESETS, with_overrides
+from tpsim.validate.plancase import PlanCase
+from tpsim.validate.plancomm import (ddp_buckets, differences, estimator_comm, expected_comm, fsdp_unit_bytes,
+                                     rank_param_numel)
+from tpsim.validate.shapes import local_params, partial_grad_params
+
+GPT = with_overrides(PRESETS["gpt3-1.3b"], hidden=128, heads=4, seq_len=32, layers=2)
+LLAMA = with_overrides(PRESETS["llama3-8b"], hidden=128, heads=4, kv_heads=2, ffn=256, seq_len=32, layers=2)
+C0 = {"tp": 0, "dp": 0, "pp": 0}
+
+
+def case(model=LLAMA, **kw) -> PlanCase:
+    return PlanCase(model=model, micro_batch=2, microbatches=kw.pop("microbatches", 2), **kw)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(zero=3), "--zero=3 needs --dp > 1"),
+    (dict(vpp=2), "--vpp=2 needs --pp > 1"),
+    (dict(pp=4, microbatches=2, model=with_overrides(LLAMA, layers=4)), "micro-batches=2 must be >= pp=4"),
+    (dict(pp=2, vpp=2, microbatches=3, model=with_overrides(LLAMA, layers=4)), "divisible by pp=2"),
+    (dict(pp=3, microbatches=3), "num_layers=2 is not a multiple of pp x vpp = 3"),
+    (dict(tp=3), "tp=3 does not divide num_attention_heads=4"),
+])
+def test_plan_case_rejects_bad_input(kw, match):
+    with pytest.raises(InputError, match=match):
+        case(**kw)
+
+
+def test_mesh_axes_and_stages_follow_the_rank_order():
+    c = case(model=with_overrides(LLAMA, layers=8), tp=2, pp=2, vpp=2, dp=2, zero=3, microbatches=4)
+    assert c.mesh_axes() == (("pp", 2), ("dp", 2), ("tp", 2)) and c.world == 8
+    assert c.stages_of(0) == [0, 2] and c.stages_of(1) == [1, 3]  # chunk i of rank r is stage i x pp + r
+    assert list(c.stage_layers(3)) == [6, 7] and c.layers_per_rank == 4
+    other = dataclasses.replace(c, order="dp-tp-pp")
+    assert other.mesh_axes() == (("pp", 2), ("tp", 2), ("dp", 2))
+    assert PlanCase.from_dict(c.to_dict()) == c
+
+
+def test_local_params_are_the_blocks_own():
+    """Names and order of named_parameters(), and each shard times tp is the built (unsharded) shape."""
+    torch = pytest.importorskip("torch")
+    from tpsim.validate.block import build_block
+
+    del torch
+    for model in (GPT, LLAMA, with_overrides(LLAMA, kv_heads=1)):
+        for fused in (False, True):
+            built = [(n, tuple(p.shape)) for n, p in build_block(model, 2, fused, 32).named_parameters()]
+            local = local_params(model, 2, True, fused)
+            assert [n for n, _ in built] == [p.name for p in local]
+            for (name, full), p in zip(built, local):
+                split = {"colwise": 0, "rowwise": 1, "rowwise:seq": 1}.get(p.style)
+                if split is None or (split == 1 and len(full) == 1):
+                    assert p.shape == full, name
+                else:
+                    assert p.shape[split] * 2 == full[split], name
+    assert [p.name for p in partial_grad_params(GPT, 2, True, False)] == [
+        "attention_norm.weight", "attention_norm.bias", "ffn_norm.weight", "ffn_norm.bias"]
+    assert partial_grad_params(GPT, 2, False, False) == []
+
+
+def test_torch_rules_measured_on_torch_2_13():
+    """What the recorder counted on 2 and 4 gloo ranks (tests/test_validate_plan_distributed.py checks the
+    2-rank ones live): per rank and step."""
+    layer = 147712 * 4  # Llama h128 kv2 ffn256: one block's fp32 bytes
+    z3 = expected_comm(case(dp=2, zero=3), C0)["dp"]
+    assert z3 == {"all_gather": {"n": 8, "bytes": 8 * layer}, "reduce_scatter": {"n": 4, "bytes": 4 * layer}}
+    z2 = expected_comm(case(dp=2, zero=2), C0)["dp"]
+    assert z2["all_gather"]["n"] == 4 and z2["reduce_scatter"]["n"] == 4  # FSDP2 frees after every backward
+    assert expected_comm(case(dp=2, zero=1), C0) == {"dp": {"reduce_scatter": {"n": 1, "bytes": 2 * layer},
+                                                            "all_gather": {"n": 1, "bytes": 2 * layer}}}
+    assert expected_comm(case(dp=2, zero=0), C0) == {"dp": {"all_reduce": {"n": 1, "bytes": 2 * layer}}}
+    # pipelining defers FSDP2's reduction to the step's end; ZeRO-3 gathers m + 1 times per block
+    pz3 = expected_comm(case(pp=2, dp=2, zero=3, microbatches=2), C0)
+    assert pz3["dp"] == {"all_gather": {"n": 3, "bytes": 3 * layer}, "reduce_scatter": {"n": 1, "bytes": layer}}
+    assert pz3["pp"] == {"send": {"n": 2, "bytes": 2 * 2 * 32 * 128 * 4}, "recv": {"n": 2, "bytes": 65536}}
+    assert expected_comm(case(pp=2, dp=2, zero=2), C0)["dp"]["all_gather"]["n"] == 1
+    inter = case(model=with_overrides(LLAMA, layers=4), pp=2, vpp=2, microbatches=2)
+    assert expected_comm(inter, C0)["pp"]["send"]["n"] == 6  # stages 0 and 2: 2 x fwd + 1 x bwd, 2 mb each
+    # TP: DTensor's per-layer rules; under SP the partial norm gradients once per reduction
+    sp = expected_comm(case(tp=2, sp=True, dp=2, zero=3), {"tp": 1, "dp": 0, "pp": 0})["tp"]
+    assert sp["all_gather"]["n"] == 16 and sp["all_reduce"] == {"n": 8, "bytes": 8 * 128 * 4}
+    assert expected_comm(case(tp=2, sp=True, dp=2, zero=1), C0)["tp"]["all_reduce"]["n"] == 4
+    assert expected_comm(case(tp=2, sp=True, dp=2, zero=0), C0)["tp"]["all_reduce"]["n"] == 8  # DDP: each backward
+    no_sp_pp = expected_comm(case(tp=2, pp=2), C0)
+    assert no_sp_pp["tp"] == {"all_reduce": {"n": 14, "bytes": 14 * 2 * 32 * 128 * 4}}
+    assert no_sp_pp["pp"]["send"]["bytes"] == 2 * 2 * 32 * 128 * 4  # the whole activation from each TP rank
+
+
+def test_estimator_rules_differ_where_the_stacks_do():
+    z2 = case(dp=2, zero=2)
+    lines = differences(expected_comm(z2, C0), estimator_comm(z2, C0))
+    # FSDP2 gathers every micro-batch (Megatron's ZeRO-2 once per step) and reduces per block (Megatron per stage)
+    assert len(lines) == 2 and lines[0].startswith("dp all_gather: torch") and "4 call(s)" in lines[0] \
+        and "estimator (Megatron-LM) 1 call(s)" in lines[0]
+    assert lines[1].startswith("dp reduce_scatter") and "2363392 B; estimator (Megatron-LM) 2 call(s), 2363392 B" \
+        in lines[1]
+    z3 = case(dp=2, zero=3)
+    assert differences(expected_comm(z3, C0), estimator_comm(z3, C0)) == []
+    tp_pp = case(tp=2, pp=2)
+    diff = differences(expected_comm(tp_pp, C0), estimator_comm(tp_pp, C0))
+    assert [d.split(":")[0] for d in diff] == ["pp recv", "pp send"]  # Megatron sends 1/tp
+
+
+def test_fsdp_padding_and_ddp_buckets():
+    odd = case(model=with_overrides(GPT, hidden=99, heads=3, ffn=201), dp=2, zero=3)
+    padded = sum((-(-p.shape[0] // 2) * 2) * (p.numel // p.shape[0]) for p in local_params(odd.model, 1, False, False))
+    assert fsdp_unit_bytes(odd) == 4 * padded > 4 * sum(p.numel for p in local_params(odd.model, 1, False, False))
+    big = case(model=with_overrides(LLAMA, hidden=1024, heads=16, kv_heads=4, ffn=3584, layers=4), dp=2)
+    buckets = ddp_buckets(big)
+    assert sum(buckets) == rank_param_numel(big) * 4 and len(buckets) > 1
+    assert all(b >= 25 * 2**20 for b in buckets[:-1])
+
+
+def test_plan_prediction_uses_the_estimators_rules():
+    """The scaled-down prediction equals ``estimate`` of the same plan where the stacks agree (the estimator's
+    embedding and output layer made negligible: vocab 1)."""
+    from tpsim.compute.roofline import RooflineModel
+    from tpsim.estimator import estimate
+    from tpsim.topology import load_cluster
+    from tpsim.validate.planpredict import predict_plan
+
+    base = with_overrides(PRESETS["gpt3-1.3b"], hidden=1024, heads=16, seq_len=512, vocab=1, layers=4)
+    for kw in (dict(pp=2, microbatches=4), dict(dp=2, zero=3), dict(dp=2, zero=0), dict(tp=2, sp=True)):
+        c = PlanCase(model=base, micro_batch=2, fused=True, microbatches=kw.pop("microbatches", 2), **kw)
+        cluster = load_cluster("local-cpu", gpus=c.world)
+        compute = RooflineModel(cluster.device)
+        est = estimate(c.model, cluster, c.plan(), compute=compute, flavor="dtensor")
+        pred = predict_plan(c, cluster, compute).slowest()
+        assert pred["step"] == pytest.approx(est.step_time_s, rel=0.03), (kw, pred, est.breakdown)
+
+
+def test_plan_summary_checks_loss_communication_and_phases():
+    from tpsim.validate.planreport import combined_loss, summarize_plan
+
+    c = case(tp=2, sp=True, dp=2, zero=3)
+    ranks = []
+    for r in range(4):
+        coords = {"tp": r % 2, "dp": r // 2, "pp": 0}
+        sample = {"step": 0.1, "step_wall": 0.11, "delay": 0.01, "fwd": 0.02, "bwd": 0.04, "opt": 0.01, "other": 0.03}
+        ranks.append({"rank": r, "coords": coords, "loss_local": 0.25 + 0.5 * coords["dp"], "loss_ref": 1.0,
+                      "numerics": {"grad:x": 1e-6}, "numerics_ok": True, "comm": expected_comm(c, coords),
+                      "samples": [sample], "comm_calls": [[("dp:all_gather", 0.01)]]})
+    assert combined_loss(c, ranks) == pytest.approx(1.0)  # SP: TP parts summed, replicas averaged
+    s = summarize_plan(c, ranks, None)
+    assert s["numerics_ok"] and s["collectives_match"] and s["loss"]["ok"]
+    names = {p["name"] for p in s["phases"]}
+    assert {"fwd", "bwd", "fwd+bwd", "step", "step:optimizer", "step:other", "dp:all_gather"} <= names
+    layer = next(p for p in s["phases"] if p["name"] == "fwd+bwd")
+    assert layer["measured_s"] == pytest.approx(0.06 / (2 * 2))
+    ranks[3]["comm"] = {"dp": {"all_gather": {"n": 7, "bytes": 1}}}
+    bad = summarize_plan(c, ranks, None)
+    assert not bad["collectives_match"] and bad["comm_mismatches"][0]["rank"] == 3
+
+
+def test_validate_top_picks_and_agreement():
+    from tpsim.plan import Plan
+    from tpsim.validate.top import agreement, pick_plans, plan_case, spearman
+
+    plans = [Plan(tp=1, dp=2, micro_batch=1, global_batch=8, zero=z) for z in (0, 1, 2, 3)] + \
+        [Plan(tp=2, dp=1, micro_batch=2, global_batch=8)] * 3
+    picks = pick_plans(plans, 3)
+    assert [p.search_rank for p in picks] == [1, 2, 3, 6] and [p.role for p in picks][-1:] == ["contrast"]
+    # plans that run the same count once: the next distinct plan is taken instead
+    same = pick_plans(plans, 3, key=lambda p: p.zero % 2)
+    assert [p.search_rank for p in same] == [1, 2]
+    c = plan_case(GPT, Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=32, recompute="full"), 1, 3, 1)
+    assert c.microbatches == 8 and c.model.num_layers == 2 and "recompute full not run" in c.scaled
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    rows = [{"case": "a", "predicted_step_s": 1.0, "measured_step_s": 1.08},
+            {"case": "b", "predicted_step_s": 2.0, "measured_step_s": 1.0}]
+    agree = agreement(rows)
+    assert agree["predicted_best"] == "a" and agree["measured_best"] == "b"
+    assert agree["best_gap_pct"] == pytest.approx(8.0) and agree["best_ok"]
+
+
+def test_validate_top_refuses_more_ranks_than_cores():
+    import os
+    import subprocess
+    import sys
+
+    gpus = 2 * (os.cpu_count() or 1)
+    proc = subprocess.run([sys.executable, "-m", "tpsim.cli", "plan", "--model", "gpt3-1.3b", "--hidden", "256",
+                           "--heads", "4", "--seq-len", "64", "--cluster", "local-cpu", "--gpus", str(gpus),
+                           "--global-batch", str(4 * gpus), "--dtype", "fp32", "--top", "2", "--no-cache",
+                           "--no-progress", "--validate-top", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"gpus={gpus} ranks on {os.cpu_count()} CPU cores cannot be timed" in lines[0]
+
+
+def test_plan_matrix_covers_every_axis():
+    from tpsim.validate.matrix import plan_matrix_cases
+
+    for base in (PRESETS["gpt3-1.3b"], PRESETS["llama3-8b"]):
+        cases = plan_matrix_cases(base)
+        kinds = {(c.tp, c.pp, c.vpp, c.dp, c.zero, c.sp) for c in cases}
+        assert {(1, 2, 1, 1, 0, False), (1, 2, 2, 1, 0, False), (2, 1, 1, 2, 3, True), (2, 2, 1, 1, 0, True)} <= kinds
+        assert {c.zero for c in cases if c.dp == 2 and c.tp == 1} == {0, 1, 2, 3}
+        assert {c.world for c in cases} == {2, 4} and all(c.model.hidden_size == 1024 for c in cases)
+        assert all(c.microbatches == 2 * c.pp for c in cases if c.pp > 1)

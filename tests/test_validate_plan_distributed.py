@@ -1,0 +1,116 @@
+"""Whole plans on 2 gloo ranks on CPU: DDP, tpsim's ZeRO-1, FSDP2 ZeRO-2/3, 1F1B and interleaved pipelining --
+numerics against the unsharded stack and every collective against the torch rules; the CLI end to end with a
+calibration file. One launch serves the rule checks (tiny shapes, no timing)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tpsim.model import PRESETS, with_overrides  # noqa: E402
+from tpsim.validate import LaunchConfig, launch  # noqa: E402
+from tpsim.validate.plancase import PlanCase  # noqa: E402
+from tpsim.validate.plancomm import expected_comm, normalize  # noqa: E402
+from tpsim.validate.planreport import summarize_plan  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+LLAMA = with_overrides(PRESETS["llama3-8b"], hidden=64, heads=2, kv_heads=1, ffn=128, seq_len=16, layers=2)
+GPT = with_overrides(PRESETS["gpt3-1.3b"], hidden=64, heads=2, seq_len=16, layers=2)
+
+
+def _cases() -> list[PlanCase]:
+    kw = dict(micro_batch=2, reps=1, warmup=0, timed=False)
+    return [PlanCase(model=LLAMA, pp=2, microbatches=2, **kw),
+            PlanCase(model=with_overrides(GPT, layers=4), pp=2, vpp=2, microbatches=2, **kw),
+            PlanCase(model=GPT, dp=2, zero=0, microbatches=2, **kw),
+            PlanCase(model=LLAMA, dp=2, zero=1, microbatches=2, **kw),
+            PlanCase(model=GPT, dp=2, zero=2, microbatches=2, **kw),
+            PlanCase(model=LLAMA, dp=2, zero=3, microbatches=2, **kw)]
+
+
+@pytest.fixture(scope="module")
+def plan_runs(tmp_path_factory):
+    cases = _cases()
+    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=110), tmp_path_factory.mktemp("run"))
+    per_case: dict[str, list[dict]] = {}
+    for rank_results in result["ranks"]:
+        for r in rank_results:
+            per_case.setdefault(r["case"], []).append(r)
+    return cases, per_case
+
+
+@pytest.mark.timeout(120)
+def test_every_axis_matches_the_unsharded_stack(plan_runs):
+    cases, per_case = plan_runs
+    for case in cases:
+        s = summarize_plan(case, per_case[case.name], None)
+        assert s["numerics_ok"] and s["loss"]["ok"], (case.name, s["numerics_max_rel_err"], s["loss"])
+        # every gradient and every parameter after the step was compared
+        for r in per_case[case.name]:
+            assert sum(k.startswith("step:") for k in r["numerics"]) == r["n_params"] > 0
+
+
+def test_every_collective_matches_the_torch_rules(plan_runs):
+    cases, per_case = plan_runs
+    for case in cases:
+        for r in per_case[case.name]:
+            assert normalize(r["comm"]) == expected_comm(case, r["coords"]), (case.name, r["rank"], r["comm"])
+    z3 = per_case[cases[-1].name][0]["comm_phases"]
+    assert z3["dp:all_gather"] == {"fwd": 4, "bwd": 4} and z3["dp:reduce_scatter"] == {"bwd": 4}
+    z1 = per_case[cases[3].name][0]["comm_phases"]
+    assert z1 == {"dp:reduce_scatter": {"step": 1}, "dp:all_gather": {"step": 1}}  # inside the optimizer step
+
+
+@pytest.mark.timeout(150)
+def test_cli_whole_plan_with_a_calibration_file(tmp_path):
+    """``tpsim validate --dp 2 --zero 3`` end to end with a compute calibration: no tiny twin, the factors in the
+    compute model, the calibrated overhead in the prediction; the JSON, CSV and the fit inputs written."""
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("compute:\n  device: CPU-x86-1thread\n  stack: torchtitan\n  gemm_scale: 1.5\n"
+                   "  attention_scale: 1.0\n  memory_scale: 2.0\n  host_overhead_per_layer_us: 3000\n")
+    cmd = [sys.executable, "-m", "tpsim.cli", "validate", "--model", "llama3-8b", "--hidden", "64", "--heads", "2",
+           "--kv-heads", "1", "--ffn", "128", "--seq-len", "16", "--tp", "1", "--dp", "2", "--zero", "3",
+           "--micro-batch", "2", "--reps", "2", "--warmup", "1", "--no-calibrate", "--no-probe",
+           "--calibration", str(cal), "--timeout", "30", "--json", "--out-dir", str(tmp_path), "--name", "p"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=140)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["numerics_ok"] and report["collectives_match"]
+    s = report["cases"][0]
+    assert s["kind"] == "plan" and s["config"]["runtime"] == "fsdp2" and s["config"]["layers"] == 2
+    assert "gemm x1.5" in s["compute_model"] and "memory x2" in s["compute_model"]
+    assert s["framework_overhead_s"]["source"] == "calibration"
+    assert s["framework_overhead_s"]["fwd"] + s["framework_overhead_s"]["bwd"] == pytest.approx(3e-3)
+    names = {p["name"] for p in s["phases"]}
+    assert {"fwd+bwd", "step", "step:optimizer", "dp:all_gather", "dp:reduce_scatter"} <= names
+    assert all(p["predicted_s"] is not None and p["measured_s"] >= 0 for p in s["phases"])
+    phase = {p["name"]: p for p in s["phases"]}
+    assert min(phase[n]["measured_s"] for n in ("fwd+bwd", "step", "dp:all_gather")) > 0
+    assert phase["step"]["predicted_s"] > phase["fwd+bwd"]["predicted_s"] > 0
+    assert s["calibration_inputs"]["gemm_s"] > 0 and s["calibration_inputs"]["stack"] == "torchtitan"
+    assert (tmp_path / "p.csv").read_text().startswith("case,kind,model")
+
+
+@pytest.mark.timeout(150)
+def test_four_rank_meshes_tp_x_dp_and_pp_x_tp(tmp_path):
+    """The 4-rank meshes of the matrix (on 2 cores: numerics and communication only): tp x dp with FSDP2 and with
+    DDP under SP (DDP's TP composition), pp x tp with SP."""
+    kw = dict(micro_batch=2, reps=1, warmup=0, timed=False)
+    cases = [PlanCase(model=LLAMA, tp=2, sp=True, dp=2, zero=3, microbatches=2, **kw),
+             PlanCase(model=GPT, tp=2, sp=True, dp=2, zero=0, microbatches=2, **kw),
+             PlanCase(model=with_overrides(LLAMA, layers=4), tp=2, sp=True, pp=2, microbatches=2, **kw)]
+    result = launch(cases, LaunchConfig(nproc=4, timeout_s=60, run_timeout_s=140), tmp_path)
+    per_case: dict[str, list[dict]] = {}
+    for rank_results in result["ranks"]:
+        for r in rank_results:
+            per_case.setdefault(r["case"], []).append(r)
+    for case in cases:
+        s = summarize_plan(case, per_case[case.name], None)
+        assert s["numerics_ok"] and s["collectives_match"], (case.name, s["numerics_max_rel_err"], s["comm_mismatches"])
+        assert set(s["comm"]["measured"]) == ({"tp", "dp"} if case.dp > 1 else {"tp", "pp"})

@@ -1,0 +1,167 @@
+"""A whole plan scaled down to run here: every axis of the plan on ``tp x pp x dp`` ranks (torch-free).
+
+A :class:`PlanCase` is the plan's tensor, pipeline and data parallelism (ZeRO stage, schedule, micro-batches)
+applied to a stack of transformer layers: the model's layer shapes (hidden, heads, FFN, sequence where they fit),
+fewer layers (``layers_per_chunk`` per pipeline model chunk). The embedding and the output layer are left out:
+the stack's input is a random activation and its loss ``sum(y * target) / numel`` is linear in the output, so
+the gradients that flow back are exact and cheap; what is validated is the layers' sharding, the data-parallel
+reductions, the pipeline schedule and the optimizer step. The rank mesh is built over the plan's axes by name
+(:func:`PlanCase.mesh_axes`), innermost first as Megatron-Core's ``RankGenerator`` orders them, so that an axis
+added later (cp, ep) is one more name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..errors import InputError
+from ..model import ModelSpec
+from ..plan import Plan, parse_order
+from .case import Case
+
+ZERO_RUNTIME = {0: "ddp", 1: "zero1", 2: "fsdp2-no-reshard", 3: "fsdp2"}
+"""What runs for each ZeRO stage: DDP; a sharded optimizer of tpsim's own (reduce-scatter of the gradients,
+Adam on the rank's shard, all-gather of the weights, as Megatron's distributed optimizer); FSDP2
+``fully_shard`` per block with ``reshard_after_forward=False`` (ZeRO-2-like) or ``True`` (ZeRO-3)."""
+
+SCHEDULES = {1: "1F1B", 2: "interleaved-1F1B"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanCase:
+    """One plan to run on ``tp x pp x dp`` ranks (a scaled-down version of it: see the module docstring)."""
+
+    model: ModelSpec
+    """the model as run: ``num_layers = pp x vpp x layers_per_chunk``, ``seq_len`` of the run."""
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    """model chunks per pipeline rank (> 1: interleaved 1F1B)."""
+    dp: int = 1
+    zero: int = 0
+    sp: bool = False
+    fused: bool = False
+    micro_batch: int = 1
+    """sequences per micro-batch."""
+    microbatches: int = 1
+    """micro-batches per replica and step (the plan's global batch / (micro_batch x dp))."""
+    order: str = "tp-dp-pp"
+    """rank order, innermost first."""
+    warmup: int = 1
+    """untimed steps before the timed ones."""
+    reps: int = 3
+    """timed steps; the median is reported."""
+    seed: int = 0
+    scaled: str = ""
+    """what was reduced from the plan to run here ("" = nothing)."""
+    timed: bool = True
+    """measure time too (False: numerics and communication only, e.g. more ranks than CPU cores)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "vpp", "dp", "micro_batch", "microbatches", "reps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InputError(f"{name}={value!r} must be a positive integer")
+        if self.warmup < 0:
+            raise InputError(f"warmup={self.warmup} must be >= 0")
+        if self.zero not in ZERO_RUNTIME:
+            raise InputError(f"zero={self.zero!r} is not one of 0, 1, 2, 3")
+        if self.zero and self.dp == 1:
+            raise InputError(f"--zero={self.zero} needs --dp > 1 (dp=1)")
+        if self.vpp > 1 and self.pp == 1:
+            raise InputError(f"--vpp={self.vpp} needs --pp > 1 (pp=1)")
+        if self.pp > 1 and self.microbatches < self.pp:
+            raise InputError(f"micro-batches={self.microbatches} must be >= pp={self.pp} (torch's 1F1B schedules)")
+        if self.vpp > 1 and self.microbatches % self.pp:
+            raise InputError(f"interleaved 1F1B needs micro-batches={self.microbatches} divisible by pp={self.pp}")
+        if self.model.num_layers % self.chunks:
+            raise InputError(f"num_layers={self.model.num_layers} is not a multiple of pp x vpp = {self.chunks} "
+                             "(the same number of layers per model chunk)")
+        parse_order(self.order)
+        self.block_case()  # the per-layer TP constraints (heads, FFN, KV heads, sequence under SP)
+
+    # ---- shape of the run ---------------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def chunks(self) -> int:
+        """Pipeline stages in torch's sense: pp x vpp model chunks."""
+        return self.pp * self.vpp
+
+    @property
+    def layers_per_chunk(self) -> int:
+        return self.model.num_layers // self.chunks
+
+    @property
+    def layers_per_rank(self) -> int:
+        return self.layers_per_chunk * self.vpp
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per micro-batch."""
+        return self.micro_batch * self.model.seq_len
+
+    @property
+    def runtime(self) -> str:
+        """The data-parallel runtime of the ZeRO stage (:data:`ZERO_RUNTIME`); "none" without DP."""
+        return ZERO_RUNTIME[self.zero] if self.dp > 1 else "none"
+
+    @property
+    def schedule(self) -> str:
+        return SCHEDULES[1 if self.vpp == 1 else 2] if self.pp > 1 else "none"
+
+    def mesh_axes(self) -> tuple[tuple[str, int], ...]:
+        """(axis, size) outermost first, the shape of ``init_device_mesh``; rank = tp_i + tp (dp_i + dp pp_i)
+        for the default order (``tpsim.topology.placement.RankLayout``, innermost first, reversed)."""
+        sizes = {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+        return tuple((axis, sizes[axis]) for axis in reversed(parse_order(self.order)))
+
+    def stages_of(self, pp_rank: int) -> list[int]:
+        """Stage indices (model chunks) of pipeline rank ``pp_rank``: r, r + pp, ... (Megatron and torch's
+        interleaving: chunk i of rank r is stage i x pp + r)."""
+        return [pp_rank + i * self.pp for i in range(self.vpp)]
+
+    def stage_layers(self, stage: int) -> range:
+        """Global layer indices of one stage."""
+        k = self.layers_per_chunk
+        return range(stage * k, (stage + 1) * k)
+
+    def block_case(self) -> Case:
+        """The per-layer block of this plan as the block validation runs it (same TP, SP, fused, shapes)."""
+        return Case(model=self.model, tp=self.tp, sp=self.sp, fused=self.fused, micro_batch=self.micro_batch,
+                    reps=self.reps, warmup=self.warmup, seed=self.seed)
+
+    def plan(self) -> Plan:
+        """The plan the prediction is for: fp32 (what runs), flash attention, no recomputation."""
+        gb = self.microbatches * self.micro_batch * self.dp
+        return Plan(tp=self.tp, pp=self.pp, vpp=self.vpp, dp=self.dp, sp=self.sp, zero=self.zero,
+                    micro_batch=self.micro_batch, global_batch=gb, dtype="fp32", recompute="none",
+                    attention="flash", overlap=True, order=self.order)
+
+    @property
+    def name(self) -> str:
+        m = self.model
+        axes = [f"tp{self.tp}", "sp" if self.sp else "", f"pp{self.pp}" if self.pp > 1 else "",
+                f"v{self.vpp}" if self.vpp > 1 else "", f"dp{self.dp}" if self.dp > 1 else "",
+                f"z{self.zero}" if self.dp > 1 else "", "fused" if self.fused else ""]
+        parts = [m.name, *axes, f"L{m.num_layers}", f"h{m.hidden_size}", f"s{m.seq_len}", f"b{self.micro_batch}",
+                 f"m{self.microbatches}"]
+        return "-".join(p for p in parts if p)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
+        m = dataclasses.asdict(self.model)
+        m["default_plan"] = dict(self.model.default_plan)
+        d["model"] = m
+        d["kind"] = "plan"
+        return d
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> "PlanCase":
+        fields = {k: v for k, v in data.items() if k != "kind"}
+        fields["model"] = ModelSpec(**fields["model"])
+        return PlanCase(**fields)
