@@ -213,8 +213,9 @@ def test_bandwidth_heatmap_shows_the_best_plans_step_time(grid):
     row, col = grid.best_cell
     assert framed[0].get_xy() == (col - 0.5, row - 0.5)
     fastest = np.nanmin(np.where(grid.fits, step, np.nan))
-    assert step[row, col] <= fastest * (1 + 1e-6)  # the best, reached first (least bandwidth) ...
-    assert not np.any(grid.fits[:, :col] & (step[:, :col] <= fastest * (1 + 1e-6)))  # ... no cheaper link has it
+    assert step[row, col] <= fastest * (1 + analysis.BEST_CELL_RTOL)  # the best, reached first (least bandwidth) ...
+    assert not np.any(grid.fits[:, :col] & (step[:, :col] <= fastest * (1 + analysis.BEST_CELL_RTOL)))  # ... no cheaper link has it
+    assert f"{grid.slowdown[row, col]:.2f}" == "1.00"  # the box never frames a cell that reads slower
     table = charts.bandwidth_table(grid)
     assert len(table) == step.size and np.allclose(table["step_time_s"], step.ravel())
     assert_labels_readable(fig)
@@ -333,3 +334,17 @@ def test_tables_parse_back_as_csv(result, sweep, scaled, grid):
         text = table.to_csv(index=False)
         back = pd.read_csv(io.StringIO(text))
         assert list(back.columns) == list(table.columns) and len(back) == len(table)
+
+
+def test_best_cell_is_the_least_bandwidth_that_reads_as_fast():
+    """A 0.001% gain from doubling the links does not move the box; a 1% gain does (the box reads 1.00x)."""
+    def grid_of(steps):
+        steps = np.array([steps], dtype=float)
+        return analysis.BandwidthGrid(tp=np.array([4]), scales=np.array([1.0, 2.0, 4.0]),
+                                      bandwidth_GBps=np.array([50.0, 100.0, 200.0]), step_time_s=steps,
+                                      labels=(("a", "b", "c"),), fits=np.ones(steps.shape, dtype=bool),
+                                      tp_share=np.zeros(steps.shape), gpus_per_node=8)
+
+    assert grid_of([60.757, 60.7566, 60.7566]).best_cell == (0, 0)
+    assert grid_of([61.4, 60.7566, 60.7566]).best_cell == (0, 1)
+    assert grid_of([61.4, 61.0, 60.7566]).best_cell == (0, 2)

@@ -27,6 +27,10 @@ BANDWIDTH_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
 """multiples of the cluster's inter-node link bandwidth in the heat map (0.5x HDR ~ EDR, 2x HDR = NDR)."""
 SCALING_SPAN = 8
 """the scaling study searches from gpus / SCALING_SPAN to gpus x SCALING_SPAN (powers of two in between)."""
+BEST_CELL_RTOL = 5e-4
+"""heat map: cells this close to the fastest one (relative) are as good as it; the best cell is the first of
+them reached with the least bandwidth. Below the chart's resolution (slowdowns printed to 0.01), so the boxed
+cell always reads 1.00x and a 0.001% gain from doubling the links does not move the box."""
 
 
 def best_per(result: SearchResult, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -160,11 +164,12 @@ class BandwidthGrid:
 
     @property
     def best_cell(self) -> tuple[int, int] | None:
-        """(row, column) of the best cell: the fastest fitting one; of cells within 1e-6 of it, the one with the
-        least bandwidth (then the smallest tp), where that speed is first reached. None if nothing fits."""
+        """(row, column) of the best cell: the fastest fitting one; of cells within :data:`BEST_CELL_RTOL` of
+        it, the one with the least bandwidth (then the smallest tp), where that speed is first reached. None if
+        nothing fits."""
         if not self.fits.any():
             return None
-        near = self.fits & (self.step_time_s <= self.best_step_time_s * (1 + 1e-6))
+        near = self.fits & (self.step_time_s <= self.best_step_time_s * (1 + BEST_CELL_RTOL))
         rows, cols = np.nonzero(near)
         k = int(np.lexsort((rows, cols))[0])
         return int(rows[k]), int(cols[k])
