@@ -189,7 +189,8 @@ def test_curve_cached_per_layout_and_model_per_cluster():
     assert m.curve("all_reduce", g) == CostCurve.zero()
     g = (tuple(range(8)),)
     first = m.curve("all_gather", g)
-    assert m.curve("all_gather", g) is first  # lookup speed: benchmarks/bench_lookups.py
+    assert m.curve("all_gather", g) is first                   # speed of lookups: benchmarks/bench_scale.py
+    assert m.curve("all_gather", np.array(g)) is first         # the same groups as an array share the curve
 
 
 # --------------------------------------------------------------------------------------- bad input

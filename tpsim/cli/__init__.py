@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from ..topology.progress import set_enabled
+    set_enabled(not getattr(args, "json", False))   # progress bars stay off stdout's JSON neighbours too
     try:
         result = args.func(args)
     except TpsimError as exc:

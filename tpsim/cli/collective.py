@@ -14,7 +14,7 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "collective", help="predict one collective (time, algbw, busbw, algorithm) on a cluster",
-        description="Predict a collective with the topology-graph model: time, algorithm and bus bandwidth "
+        description="Predict a collective with the topology's collective model: time, algorithm and bus bandwidth "
                     "(nccl-tests definitions, GB/s = 1e9 B/s) and the algorithm NCCL would pick. With --group, "
                     "every group of that plan axis runs at once and the slowest one is reported.")
     p.add_argument("--cluster", default="dgx-a100", help="cluster name or YAML path (default: %(default)s)")
@@ -59,17 +59,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def select_groups(args: argparse.Namespace, num_gpus: int) -> tuple[tuple[int, ...], ...]:
+def select_groups(args: argparse.Namespace, num_gpus: int):
+    """Every group of ``--group`` of ``--plan`` (an array groups x ranks: no Python object per GPU), or the
+    one group of ``--ranks`` (default: all GPUs)."""
     if args.group:
         if not args.plan:
             raise InputError("--group needs --plan (for example --plan tp=8,pp=2)")
-        from ..topology.placement import rank_groups
+        import numpy as np
+
+        from ..plan import parse_order
+        from ..topology.placement import RankLayout
 
         tp, dp, pp, order = parse_plan_sizes(args.plan, num_gpus)
-        return rank_groups(tp, dp, pp, order)[args.group]
+        layout = RankLayout.from_order(parse_order(order), tp=tp, dp=dp, pp=pp)
+        return np.ascontiguousarray(layout.groups(args.group))
     if args.plan:
         raise InputError("--plan is only used with --group tp|dp|pp")
-    return (parse_ranks(args.ranks, num_gpus) if args.ranks else tuple(range(num_gpus)),)
+    if args.ranks:
+        return (parse_ranks(args.ranks, num_gpus),)
+    import numpy as np
+    return np.arange(num_gpus, dtype=np.int64)[None, :]
 
 
 def parse_plan_sizes(text: str, num_gpus: int) -> tuple[int, int, int, str]:
@@ -130,10 +139,14 @@ def _header(cluster, op: str, groups) -> str:
 
 
 def _short(group) -> str:
-    g = list(group)
-    if g == list(range(g[0], g[0] + len(g))):
-        return f"ranks {g[0]}-{g[-1]}" if len(g) > 1 else f"rank {g[0]}"
-    return "ranks " + ",".join(map(str, g[:8])) + (",..." if len(g) > 8 else "")
+    import numpy as np
+
+    g = np.asarray(group, dtype=np.int64)
+    if len(g) == 1:
+        return f"rank {g[0]}"
+    if np.all(np.diff(g) == 1):
+        return f"ranks {g[0]}-{g[-1]}"
+    return "ranks " + ",".join(map(str, g[:8].tolist())) + (",..." if len(g) > 8 else "")
 
 
 def format_result(r) -> str:

@@ -31,9 +31,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"CLUSTER is required for topo {args.action} (known: {', '.join(list_clusters())})")
     cluster = load_cluster(args.cluster, gpus=args.gpus)
     if args.action == "check":
-        cluster.check()
+        how = cluster.check()
         print(f"OK {cluster.name}: {cluster.num_gpus} GPUs, {_plural(cluster.num_nodes, 'node')}, "
-              f"{len(cluster.edge_table) // 2} links; every GPU reaches every other GPU")
+              f"{cluster.graph_size()[1] // 2} links; {how}")
         return 0
     if args.action == "draw":
         from ..topology.draw import draw_cluster

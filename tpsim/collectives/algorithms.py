@@ -20,9 +20,6 @@ from dataclasses import dataclass
 from .constants import ArchCaps, NcclConstants, nodes_index
 from ..units import GB, US
 
-RING_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-               "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
-"""bytes each ring hop carries per byte of buffer (nccl-tests busbw factor; broadcast: a pipelined chain)."""
 RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
               "reduce_scatter": lambda n: n - 1, "broadcast": lambda n: n}
 """NCCL's ``nsteps`` per collective (tuning.cc)."""
@@ -69,21 +66,26 @@ def ring_latency_us(op: str, g: GroupShape, proto: str, k: NcclConstants) -> flo
     """baseLat + intra steps x hwLat[intra] + inter-node steps x hwLat[NET] (tuning.cc, ring)."""
     steps = RING_STEPS[op](g.n)
     inter = {"all_reduce": 2 * (g.nodes - 1), "broadcast": g.nodes}.get(op, g.nodes - 1) if g.nodes > 1 else 0
-    intra_lat = k.hw(g.hw, "Ring", proto) * (1.8 if g.nodes > 1 and proto == "LL" else 1.0)
+    intra_lat = k.hw(g.hw, "Ring", proto) * (k.factors.ll_intra_multinode if g.nodes > 1 and proto == "LL"
+                                              else 1.0)
     if op == "broadcast":
         per = k.hw("NET" if g.nodes > 1 else g.hw, "Tree" if proto == "Simple" else "Ring", proto)
         return k.base("Ring", proto) + steps * per
     return k.base("Ring", proto) + (steps - inter) * intra_lat + inter * k.hw("NET", "Ring", proto)
 
 
-def ring_protocol_bw(op: str, g: GroupShape, proto: str, bus_bw: float) -> float:
-    """NCCL's protocol refinement of a ring's bus bandwidth (bytes/s; tuning.cc ncclTopoTuneModel)."""
+def ring_protocol_bw(op: str, g: GroupShape, proto: str, bus_bw: float, k: NcclConstants) -> float:
+    """NCCL's protocol refinement of a ring's bus bandwidth (bytes/s; tuning.cc ncclTopoTuneModel, factors
+    from nccl_model.yaml)."""
     col = nodes_index(g.nodes)
+    f = k.factors
     if proto == "LL":
-        factor = 0.25 if (g.nodes > 1 or op == "all_reduce") else 1.0 / 3.0
+        factor = (f.ring_ll_multinode if g.nodes > 1 else f.ring_ll_allreduce if op == "all_reduce"
+                  else f.ring_ll_other)
         return min(g.caps.ll_max_bw[col] * GB, bus_bw * factor)
     if proto == "LL128":
-        return min(bus_bw * (0.7 if g.ppn < 2 else 0.92), g.channels * g.caps.ring_ll128_per_channel[col] * GB)
+        factor = f.ring_ll128_ppn_lt_2 if g.ppn < 2 else f.ring_ll128_ppn_ge_2
+        return min(bus_bw * factor, g.channels * g.caps.ring_ll128_per_channel[col] * GB)
     return bus_bw
 
 
@@ -97,11 +99,11 @@ def ring_lines(op: str, g: GroupShape, hop_bw: float, k: NcclConstants, label: s
     lines = []
     overhead = k.pipeline_overhead_us * US
     for proto in protocols(g):
-        bw = ring_protocol_bw(op, g, proto, hop_bw)
+        bw = ring_protocol_bw(op, g, proto, hop_bw, k)
         lat = ring_latency_us(op, g, proto, k)
         if op == "all_reduce" and proto == "Simple" and g.nodes > 1:
-            lat *= 1.4  # "plateau effect of ring" (tuning.cc ncclTopoGetAlgoTime, compCap >= 80)
-        spb = RING_FACTOR[op](g.n) / bw
+            lat *= k.factors.ring_allreduce_plateau  # "plateau effect of ring" (compCap >= 80)
+        spb = k.bus(op, g.n) / bw
         lines.append(pipelined(f"{label}/{proto} x{g.channels}ch", lat * US, spb, RING_STEPS[op](g.n), overhead))
     return lines
 
@@ -111,16 +113,17 @@ def tree_lines(g: GroupShape, tree_sec_per_byte: float, k: NcclConstants) -> lis
     (each carries half the buffer up and down); NCCL's busBw = 2 / that, algBw = busBw / 2."""
     col = nodes_index(g.nodes)
     bus = 2.0 / tree_sec_per_byte
-    bus = min(bus * 0.92, g.channels * g.caps.tree_per_channel[col] * GB)
+    f = k.factors
+    bus = min(bus * f.tree, g.channels * g.caps.tree_per_channel[col] * GB)
     intra_steps = g.ppn - 1
     inter_steps = math.ceil(math.log2(g.nodes)) if g.nodes > 1 else 0
     lines = []
     overhead = k.pipeline_overhead_us * US
     for proto in protocols(g):
         if proto == "LL":
-            bw = min(bus / 3.8, g.caps.ll_max_bw[col] * GB)
+            bw = min(bus * f.tree_ll, g.caps.ll_max_bw[col] * GB)
         elif proto == "LL128":
-            bw = min(bus * (7.0 / 9.0 if g.nodes == 1 else 120.0 / 128.0),
+            bw = min(bus * (f.tree_ll128_single_node if g.nodes == 1 else f.tree_ll128_multinode),
                      g.channels * g.caps.tree_ll128_per_channel[col] * GB)
         else:
             bw = bus
@@ -152,7 +155,7 @@ def direct_lines(g: GroupShape, sec_per_byte: float, k: NcclConstants, hw: str, 
     steps = g.n - 1
     overhead = k.pipeline_overhead_us * US
     lines = []
-    for proto, factor in (("LL", 0.5), ("Simple", 1.0)):
+    for proto, factor in (("LL", k.factors.p2p_ll), ("Simple", k.factors.p2p_simple)):
         lat = k.base("Ring", proto) + steps * k.hw(hw, "Ring", proto)
         lines.append(pipelined(f"{label}/{proto}", lat * US, sec_per_byte / factor, 1, overhead))
     return lines
@@ -163,7 +166,7 @@ def p2p_lines(sec_per_byte: float, k: NcclConstants, hw: str) -> list[Line]:
     overhead = k.pipeline_overhead_us * US
     return [pipelined(f"p2p/{proto}", (k.base("Ring", proto) + k.hw(hw, "Ring", proto)) * US,
                       sec_per_byte / factor, 1, overhead)
-            for proto, factor in (("LL", 0.5), ("Simple", 1.0))]
+            for proto, factor in (("LL", k.factors.p2p_ll), ("Simple", k.factors.p2p_simple))]
 
 
 def combine(name: str, parts: list[tuple[Line, float]]) -> Line:

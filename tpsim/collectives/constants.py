@@ -34,6 +34,29 @@ class ArchCaps:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProtocolFactors:
+    """NCCL's protocol bandwidth factors and latency refinements (``nccl_model.yaml``: protocol_factors,
+    latency_factors; tuning.cc ncclTopoTuneModel). Dimensionless."""
+
+    ring_ll_allreduce: float
+    ring_ll_other: float
+    ring_ll_multinode: float
+    ring_ll128_ppn_ge_2: float
+    ring_ll128_ppn_lt_2: float
+    tree: float
+    """every tree protocol: busBw x this, before the per-channel cap."""
+    tree_ll: float
+    tree_ll128_single_node: float
+    tree_ll128_multinode: float
+    p2p_ll: float
+    p2p_simple: float
+    ll_intra_multinode: float
+    """LL intra-node hwLat multiplier when the communicator spans nodes."""
+    ring_allreduce_plateau: float
+    """ring/Simple all-reduce latency multiplier across nodes."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class NcclConstants:
     version: str
     base_lat_us: Mapping[tuple[str, str], float]
@@ -53,6 +76,15 @@ class NcclConstants:
     """arch -> GB/s NCCL assumes per NVLink lane and direction (topo.h)."""
     link_efficiency: Mapping[str, float]
     """link type -> fraction of line rate NCCL reaches."""
+    factors: ProtocolFactors
+    bus_factors: Mapping[str, tuple[float, float]]
+    """op -> (a, b): nccl-tests busbw = algbw x (a n + b) / n."""
+
+    def bus(self, op: str, n: int) -> float:
+        """nccl-tests bus factor of ``op`` on ``n`` ranks (busbw / algbw); also the bytes a ring hop carries
+        per byte of buffer for the ring collectives."""
+        a, b = self.bus_factors[op]
+        return (a * n + b) / n
 
     def base(self, algo: str, proto: str) -> float:
         return self.base_lat_us.get((algo, proto), 0.0)
@@ -88,7 +120,22 @@ def nccl_constants(version: str | None = None) -> NcclConstants:
                          pipeline_overhead_us=float(raw["pipeline_chunk_overhead_us"]),
                          launch_us=float(raw["nccl_tests_launch_us"]),
                          nvlink_lane_GBps={k: float(v) for k, v in raw["nccl_nvlink_lane_GBps"].items()},
-                         link_efficiency={k: float(v) for k, v in raw["nccl_link_efficiency"].items()})
+                         link_efficiency={k: float(v) for k, v in raw["nccl_link_efficiency"].items()},
+                         factors=_factors(raw), bus_factors={op: (float(a), float(b))
+                                                             for op, (a, b) in raw["bus_factors"].items()})
+
+
+def _factors(raw: Mapping) -> ProtocolFactors:
+    ring, tree, p2p = (raw["protocol_factors"][k] for k in ("ring", "tree", "p2p"))
+    lat = raw["latency_factors"]
+    return ProtocolFactors(
+        ring_ll_allreduce=float(ring["LL"]["allreduce"]), ring_ll_other=float(ring["LL"]["other"]),
+        ring_ll_multinode=float(ring["LL"]["multinode"]), ring_ll128_ppn_ge_2=float(ring["LL128"]["ppn_ge_2"]),
+        ring_ll128_ppn_lt_2=float(ring["LL128"]["ppn_lt_2"]), tree=float(tree["all"]), tree_ll=float(tree["LL"]),
+        tree_ll128_single_node=float(tree["LL128"]["single_node"]),
+        tree_ll128_multinode=float(tree["LL128"]["multinode"]), p2p_ll=float(p2p["LL"]),
+        p2p_simple=float(p2p["Simple"]), ll_intra_multinode=float(lat["ll_intra_multinode"]),
+        ring_allreduce_plateau=float(lat["ring_allreduce_plateau"]))
 
 
 def _latency_tables(version: str) -> tuple[dict, dict]:

@@ -1,69 +1,55 @@
-"""The cluster graph as arrays for the collective model: link capacities, cached routes, link loads.
+"""The full-graph router: link loads of flows on ``cluster.graph`` (networkx), route by route.
 
-A *flow* is ``(src_rank, dst_rank, bytes_per_byte)``: a logical hop of an algorithm carrying that many bytes
-per byte of the collective's buffer. Routing a flow with ``cluster.paths`` spreads it over the directed links
-of its (weighted, multi-path) route. With the flows of every concurrent group loaded together, the time per
-byte of the slowest group is ``max_link(load / capacity)``: a ring's bandwidth is the minimum over links of
-capacity x efficiency / number of hops using the link (issue 3).
+This is the reference model and the one used for clusters that are not a regular :class:`~tpsim.topology.
+Cluster` (hand-built graphs in tests, irregular user topologies). Every distinct (src, dst) pair of ranks is
+routed with ``cluster.paths`` (weighted multi-path) once; the loads of all flows together are one bincount
+over the stored routes. Time per byte of the slowest group = ``max over links (load / capacity)``: a ring's
+bandwidth is the minimum over links of capacity / hops using it, and two groups sharing a NIC get half of it
+each (issue 3). Its cost grows with the number of distinct pairs; :mod:`tpsim.collectives.structure` computes
+the same loads from the cluster's structure for regular clusters of any size.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from ..errors import InputError
-from ..units import GB, US
+from ..topology.progress import progress
+from .flows import Flows
+from .groups import ShiftedFlows
+from .links import FastLinks, LinkRules, RouteInfo, RouteQueries
 
-Flow = tuple[int, int, float]
-NET_TYPES = frozenset({"ib", "ethernet"})
-HOST_TYPES = frozenset({"loopback", "cpu"})
+FAST_TYPES = ("nvlink", "ici")
 
 
-class Fabric:
-    """Edge arrays of ``cluster.graph`` and routes between ranks, computed once per pair.
+class GraphRouter(RouteQueries):
+    """Edge arrays of ``cluster.graph`` and routes between ranks, computed once per pair."""
 
-    ``calibration`` maps a link type to overrides ``{efficiency, latency_us, bw_GBps}``; ``bw_GBps`` there is
-    the bandwidth of the whole link (all lanes) per direction.
-    """
-
-    def __init__(self, cluster: Any, calibration: Mapping[str, Mapping[str, float]] | None = None,
-                 lane_limit_GBps: Mapping[str, float] | None = None,
-                 efficiency_limit: Mapping[str, float] | None = None):
-        """``lane_limit_GBps`` / ``efficiency_limit`` (by link type) cap a link at what NCCL reaches on it
-        (``nccl_model.yaml``); link types named in ``calibration`` are taken as calibrated, uncapped."""
+    def __init__(self, cluster: Any, rules: LinkRules | None = None):
         self.cluster = cluster
+        self.rules = rules or LinkRules()
         graph = cluster.graph
         self.edge_index: dict[tuple[str, str], int] = {}
-        caps, lats, types = [], [], []
-        calibration = calibration or {}
+        caps, lats, types, bws = [], [], [], []
         for i, (u, v, attrs) in enumerate(graph.edges(data=True)):
             self.edge_index[(u, v)] = i
-            kind = attrs["type"]
-            over = calibration.get(kind, {})
-            bw = float(over.get("bw_GBps", attrs["bw_GBps"]))
-            eff = float(over.get("efficiency", attrs.get("efficiency", 1.0)))
-            cap = bw * eff
-            if kind not in calibration:
-                if lane_limit_GBps and kind in lane_limit_GBps:
-                    cap = min(cap, lane_limit_GBps[kind] * float(attrs.get("lanes", 1) or 1))
-                if efficiency_limit and kind in efficiency_limit:
-                    cap = min(cap, bw * efficiency_limit[kind])
-            caps.append(cap * GB)
-            lats.append(float(over.get("latency_us", attrs.get("latency_us", 0.0))) * US)
+            cap, lat = self.rules.of(attrs)
+            caps.append(cap)
+            lats.append(lat)
             types.append(attrs["type"])
+            bws.append(float(attrs["bw_GBps"]))
         self.capacity = np.asarray(caps, dtype=float)
-        """bytes/s per directed link (bandwidth x efficiency)."""
+        """bytes/s per directed link (bandwidth x efficiency, NCCL caps)."""
         self.latency = np.asarray(lats, dtype=float)
         """seconds per traversal of each directed link."""
         self.types = np.asarray(types, dtype=object)
+        self.bw_GBps = np.asarray(bws, dtype=float)
         if not len(self.capacity) or not np.all(self.capacity > 0):
             raise InputError(f"cluster {getattr(cluster, 'name', '?')}: every link needs bw_GBps > 0 "
                              "and efficiency > 0 for the collective model")
         self._routes: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        self._route_latency: dict[tuple[int, int], float] = {}
-        self._segment_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         # every route's arrays laid end to end (route id -> start, length), for vectorized loads
         self._route_id: dict[tuple[int, int], int] = {}
         self._starts: list[int] = []
@@ -74,123 +60,89 @@ class Fabric:
         self._starts_arr = np.zeros(0, dtype=np.int64)
         self._lens_arr = np.zeros(0, dtype=np.int64)
         self._stored = 0
+        self._node_local: tuple[np.ndarray, np.ndarray] | None = None
 
     # ------------------------------------------------------------------------------------------- ranks
+    @property
+    def num_gpus(self) -> int:
+        return int(self.cluster.num_gpus)
+
     def gpu(self, rank: int) -> str:
         return self.cluster.gpu_id(rank)
 
-    def node_of(self, rank: int) -> int:
-        return int(self.cluster.graph.nodes[self.gpu(rank)]["node_index"])
-
-    def local_of(self, rank: int) -> int:
-        return int(self.cluster.graph.nodes[self.gpu(rank)]["local_index"])
+    def node_local(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(node index, local index) of each rank, from the graph's node attributes."""
+        if self._node_local is None:
+            nodes = self.cluster.graph.nodes
+            attrs = [nodes[self.gpu(r)] for r in range(self.num_gpus)]
+            self._node_local = (np.array([a["node_index"] for a in attrs], dtype=np.int64),
+                                np.array([a["local_index"] for a in attrs], dtype=np.int64))
+        node, local = self._node_local
+        return node[ranks], local[ranks]
 
     # ------------------------------------------------------------------------------------------ routes
-    def route(self, src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
+    def route_arrays(self, src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
         """(edge indices, fraction of the flow on each) for rank ``src`` -> ``dst``; cached."""
         key = (src, dst)
         hit = self._routes.get(key)
         if hit is None:
-            hit = self._routes[key] = self._compute_route(src, dst)
+            hit = self._routes[key] = self._route_arrays(src, dst)
         return hit
 
-    def _compute_route(self, src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
-        parts = self._segment_parts(src, dst)
-        if parts is None:
-            eidx = self.edge_index
-            parts = [self._arrays(((float(f), [eidx[e] for e in edges]) for f, edges in self.cluster.paths(src, dst)))]
-        idx = np.concatenate([p[0] for p in parts])
-        frac = np.concatenate([p[1] for p in parts])
-        # mean path latency = sum over links of (fraction of the flow on the link) x link latency
-        self._route_latency[(src, dst)] = float(np.dot(self.latency[idx], frac)) if len(idx) else 0.0
-        return idx, frac
+    def _route_arrays(self, src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
+        """A route's links with their fractions: from its independent parts where the cluster gives them
+        (each link carries its part's fraction: the product of the parts, ``paths``, would list the same
+        loads thousands of times over on a fat tree), else from ``paths``."""
+        eidx = self.edge_index
+        parts = getattr(self.cluster, "route_segments", None)
+        weighted = ([(float(f), [eidx[e] for e in edges]) for part in parts(src, dst) for f, edges in part]
+                    if parts is not None else
+                    [(float(f), [eidx[e] for e in edges]) for f, edges in self.cluster.paths(src, dst)])
+        return _arrays(weighted)
 
-    @staticmethod
-    def _arrays(weighted_paths: Iterable[tuple[float, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
-        """(edge indices, fractions) of weighted paths; an edge may repeat (loads are summed later)."""
-        idx: list[int] = []
-        frac: list[float] = []
-        for f, ids in weighted_paths:
-            idx += ids
-            frac += [f] * len(ids)
-        return np.asarray(idx, dtype=np.int64), np.asarray(frac, dtype=float)
+    def route(self, src: int, dst: int) -> RouteInfo:
+        idx, frac = self.route_arrays(src, dst)
+        return RouteInfo(tuple(self.types[idx]), frac, self.latency[idx], self.capacity[idx], self.bw_GBps[idx])
 
-    def _segment_parts(self, src: int, dst: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
-        """Link fractions of an inter-node route on a fat tree, from the route's independent segments
-        (GPU -> NIC, NIC -> NIC through the switches, NIC -> GPU) instead of the product of their paths;
-        each segment cached. Mirrors :meth:`tpsim.topology.Cluster.paths` (a test checks both agree);
-        None where that structure is absent (then ``paths`` is used)."""
-        c = self.cluster
-        fabric = getattr(c, "fabric", None)
-        if type(fabric).__name__ != "FatTree" or not hasattr(c, "_proxy"):
-            return None
-        (na, ia), (nb, ib) = divmod(src, c.gpus_per_node), divmod(dst, c.gpus_per_node)
-        if na == nb:
-            return None
-        layout = c.layout
-        nic_b = layout.nic_of(ib)
-        proxy = c._proxy(ia, nic_b)
-        rail_a = layout.devices[layout.nic_of(proxy)]["local_index"]
-        rail_b = layout.devices[nic_b]["local_index"]
-        parts = [self._intra("to_nic", na, proxy, -1), self._intra("from_nic", nb, ib, -1),
-                 self._switch_part(na, rail_a, nb, rail_b)]
-        if proxy != ia:
-            parts.append(self._intra("gpu", na, ia, proxy))
-        return parts
-
-    def _intra(self, kind: str, node: int, i: int, j: int) -> tuple[np.ndarray, np.ndarray]:
-        key = (kind, node, i, j)
-        hit = self._segment_cache.get(key)
-        if hit is None:
-            layout = self.cluster.layout
-            route = (layout.gpu_route(i, j) if kind == "gpu" else layout.to_nic(i) if kind == "to_nic"
-                     else layout.from_nic(i))
-            p = f"n{node}/"
-            hit = self._segment_cache[key] = self._arrays(
-                (float(f), [self.edge_index[(p + u, p + v)] for u, v in path]) for f, path in route)
-        return hit
-
-    def _switch_part(self, na: int, ra: int, nb: int, rb: int) -> tuple[np.ndarray, np.ndarray]:
-        fabric = self.cluster.fabric
-        la, lb = fabric.leaf_of(na, ra), fabric.leaf_of(nb, rb)
-        middle = self._segment_cache.get(("switch", la, lb))
-        if middle is None:
-            route = fabric.route(na, ra, nb, rb)
-            middle = self._segment_cache[("switch", la, lb)] = self._arrays(
-                (float(f), [self.edge_index[e] for e in path[1:-1]]) for f, path in route)
-        ends = [self.edge_index[(fabric.nic_id(na, ra), f"leaf{la}")],
-                self.edge_index[(f"leaf{lb}", fabric.nic_id(nb, rb))]]
-        return np.concatenate([middle[0], ends]), np.concatenate([middle[1], [1.0, 1.0]])
-
-    def route_types(self, src: int, dst: int) -> set[str]:
-        return set(self.types[self.route(src, dst)[0]])
-
-    def route_latency(self, src: int, dst: int) -> float:
-        """Seconds along the route from ``src`` to ``dst`` (mean over its paths, by fraction)."""
-        self.route(src, dst)
-        return self._route_latency[(src, dst)]
+    def fast_links(self, rank: int) -> FastLinks:
+        graph = self.cluster.graph
+        gpu = self.gpu(rank)
+        out = [(gpu, v) for v in graph.successors(gpu) if graph.edges[gpu, v]["type"] in FAST_TYPES]
+        lanes = sum(int(graph.edges[e].get("lanes") or 1) for e in out)
+        up = float(sum(self.capacity[self.edge_index[e]] for e in out))
+        down = float(sum(self.capacity[self.edge_index[(v, u)]] for u, v in out))
+        sharp = bool(out) and all(graph.nodes[v].get("sharp") and graph.nodes[v]["kind"] == "nvswitch"
+                                  for _u, v in out)
+        return FastLinks(lanes=lanes, up_capacity=up, down_capacity=down, nvls_switches=sharp)
 
     # ------------------------------------------------------------------------------------------- loads
-    def sec_per_byte(self, flows: Iterable[Flow], scale: np.ndarray | None = None) -> float:
-        """max over links of (bytes on the link per byte of buffer) / capacity, all flows together.
-
-        ``scale`` multiplies each link's capacity (NVLS efficiency on switch links, for example)."""
-        merged: dict[tuple[int, int], float] = {}
-        for src, dst, nbytes in flows:
-            if src != dst and nbytes > 0:
-                merged[(src, dst)] = merged.get((src, dst), 0.0) + nbytes
-        if not merged:
+    def sec_per_byte(self, flows: Flows | ShiftedFlows) -> float:
+        """max over links of (bytes on the link per byte of buffer) / capacity, all flows together (every copy
+        of shifted flows listed)."""
+        if isinstance(flows, ShiftedFlows):
+            flows = flows.expand()
+        keep = (flows.src != flows.dst) & (flows.weight > 0)
+        if not keep.any():
             return 0.0
+        n = self.num_gpus
+        pair, inv = np.unique(flows.src[keep] * n + flows.dst[keep], return_inverse=True)
+        weight = np.bincount(inv.ravel(), weights=flows.weight[keep], minlength=len(pair))
         rid = self._route_id
-        ids = np.fromiter((rid[k] if k in rid else self._register(*k) for k in merged), dtype=np.int64,
-                          count=len(merged))
-        load = self._loads(ids, np.fromiter(merged.values(), dtype=float, count=len(merged)))
-        cap = self.capacity if scale is None else self.capacity * scale
-        return float(np.max(load / cap))
+        keys = pair.tolist()
+        new = [k for k in keys if k not in rid]
+        with progress(len(new), f"routing on the graph of {getattr(self.cluster, 'name', 'the cluster')}",
+                      "route", quick=len(new) < 2000) as bar:
+            for i, k in enumerate(new):
+                self._register(*divmod(k, n))
+                if i % 256 == 255:
+                    bar.update(256)
+        ids = np.fromiter((rid[k] for k in keys), dtype=np.int64, count=len(keys))
+        load = self._loads(ids, weight)
+        return float(np.max(load / self.capacity))
 
     def _register(self, src: int, dst: int) -> int:
-        idx, frac = self.route(src, dst)
-        i = self._route_id[(src, dst)] = len(self._starts)
+        idx, frac = self.route_arrays(src, dst)
+        i = self._route_id[(src * self.num_gpus + dst)] = len(self._starts)
         self._starts.append(self._stored)
         self._lens.append(len(idx))
         self._stored += len(idx)
@@ -211,12 +163,21 @@ class Fabric:
         return np.bincount(self._flat_idx[pos], weights=self._flat_frac[pos] * np.repeat(weights, lens),
                            minlength=len(self.capacity))
 
-    def link_sec_per_byte(self, loads: Mapping[int, float], scale: float = 1.0) -> float:
-        """Like :meth:`sec_per_byte` for loads given per edge index."""
-        return max((w / (self.capacity[i] * scale) for i, w in loads.items()), default=0.0)
+    def link_types(self) -> set[str]:
+        return set(self.types.tolist())
 
     def out_edges(self, node: str, types: Sequence[str]) -> list[tuple[int, str]]:
         """(edge index, neighbour) of the directed links leaving ``node`` with a type in ``types``."""
         graph = self.cluster.graph
         return [(self.edge_index[(node, v)], v) for v in graph.successors(node)
                 if graph.edges[node, v]["type"] in types]
+
+
+def _arrays(weighted_paths: Iterable[tuple[float, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+    """(edge indices, fractions) of weighted paths; an edge may repeat (loads are summed later)."""
+    idx: list[int] = []
+    frac: list[float] = []
+    for f, ids in weighted_paths:
+        idx += ids
+        frac += [f] * len(ids)
+    return np.asarray(idx, dtype=np.int64), np.asarray(frac, dtype=float)

@@ -60,6 +60,7 @@ class Cluster:
             self.fabric = FatTree(fabric, self.num_nodes, len(self.layout.nics), self.layout.nic_groups[0],
                                   spec.default_efficiency, spec.calibration)
         self._paths: dict[tuple[int, int], tuple] = {}
+        self._fingerprint: str | None = None
 
     def __repr__(self) -> str:
         return (f"Cluster({self.name!r}, {self.num_gpus} x {self.device.name}, {self.num_nodes} nodes of "
@@ -102,14 +103,22 @@ class Cluster:
         return list(cached)
 
     def _route(self, a: int, b: int) -> tuple:
+        return _chain(*self.route_segments(a, b)) if a != b else ()
+
+    def route_segments(self, a: int, b: int) -> list[Route]:
+        """The independent parts of the route from rank ``a`` to rank ``b``, in order (GPU to proxy GPU, to
+        the NIC, through the fabric, NIC to GPU); ``paths`` is their product. Each part's fractions sum to 1,
+        so a link's share of the flow is its own part's fraction."""
+        self._check_rank(a)
+        self._check_rank(b)
         if a == b:
-            return ()
+            return []
         if isinstance(self.fabric, Torus):
-            return self.fabric.route(a, b)
+            return [self.fabric.route(a, b)]
         gpn = self.gpus_per_node
         na, ia, nb, ib = a // gpn, a % gpn, b // gpn, b % gpn
         if na == nb:
-            return _prefix(self.layout.gpu_route(ia, ib), na)
+            return [_prefix(self.layout.gpu_route(ia, ib), na)]
         assert isinstance(self.fabric, FatTree)
         nic_b = self.layout.nic_of(ib)
         proxy = self._proxy(ia, nic_b)
@@ -119,7 +128,7 @@ class Cluster:
                     _prefix(self.layout.to_nic(proxy), na),
                     self.fabric.route(na, rail(nic_a), nb, rail(nic_b)),
                     _prefix(self.layout.from_nic(ib), nb)]
-        return _chain(*segments)
+        return [s for s in segments if s]
 
     def _proxy(self, local: int, dst_nic: str) -> int:
         """PXN (NCCL >= 2.12): the local GPU on the destination's rail, reached over NVLink, else ``local``."""
@@ -152,28 +161,76 @@ class Cluster:
         if self.fabric is not None:
             yield from self.fabric.edges()
 
+    def graph_size(self) -> tuple[int, int]:
+        """(devices, directed edges) of the full graph, counted from the structure without building it."""
+        layout = self.layout
+        vertices = self.num_nodes * len(layout.devices)
+        edges = self.num_nodes * len(layout.edges)
+        if isinstance(self.fabric, FatTree):
+            vertices += self.fabric.num_switches()
+            edges += 2 * self.num_nodes * self.fabric.rails + 2 * self.fabric.num_switch_links()
+        elif isinstance(self.fabric, Torus):
+            edges += 2 * self.fabric.num_links()
+        return vertices, edges
+
+    def check_graph_size(self, what: str = "build its full graph") -> None:
+        """InputError (one line) when the full graph would exceed ``tpsim.limits.MAX_GRAPH_NODES`` devices."""
+        from ..limits import MAX_GRAPH_NODES
+
+        vertices, _ = self.graph_size()
+        if vertices > MAX_GRAPH_NODES:
+            raise InputError(f"cluster {self.name} with {self.num_gpus} GPUs has {vertices} devices, above "
+                             f"MAX_GRAPH_NODES={MAX_GRAPH_NODES} (tpsim/limits.py): too large to {what}; the "
+                             f"collective model, `tpsim topo show` and `topo check` use its structure instead")
+
     @cached_property
     def edge_table(self) -> dict[tuple[str, str], EdgeAttrs]:
-        """(u, v) -> attributes of every directed edge (no networkx needed)."""
+        """(u, v) -> attributes of every directed edge (no networkx needed; refused above
+        ``MAX_GRAPH_NODES`` devices, see :meth:`check_graph_size`)."""
+        from .progress import progress
+
+        self.check_graph_size("list every link")
         table: dict[tuple[str, str], EdgeAttrs] = {}
-        for u, v, attrs in self.links():
-            if (u, v) in table:
-                raise InputError(f"{self.spec.path}: duplicate link {u} -> {v}")
-            table[(u, v)] = attrs
+        _, total = self.graph_size()
+        with progress(total, f"{self.name}: links", "link", quick=total < 200_000) as bar:
+            for i, (u, v, attrs) in enumerate(self.links()):
+                if (u, v) in table:
+                    raise InputError(f"{self.spec.path}: duplicate link {u} -> {v}")
+                table[(u, v)] = attrs
+                if i % 4096 == 4095:
+                    bar.update(4096)
         return table
 
     def link(self, u: str, v: str) -> dict[str, Any]:
         """Attributes of the directed edge u -> v (same keys as the graph's edges)."""
-        try:
-            return self.edge_table[(u, v)].as_dict()
-        except KeyError:
-            raise InputError(f"{self.name}: no link {u} -> {v}") from None
+        return self.link_attrs(u, v).as_dict()
+
+    def link_attrs(self, u: str, v: str) -> EdgeAttrs:
+        """Attributes of the directed edge u -> v, found from the device names and the structure (no edge
+        table, any cluster size); InputError when there is no such edge."""
+        found = None
+        nu, _, lu = u.partition("/") if u.startswith("n") and "/" in u else ("", "", u)
+        nv, _, lv = v.partition("/") if v.startswith("n") and "/" in v else ("", "", v)
+        if nu and nu == nv and _node_index(nu, self.num_nodes) is not None:
+            found = self.layout.edges.get((lu, lv))
+        if found is None and isinstance(self.fabric, Torus) and nu and nv:
+            if _node_index(nu, self.num_nodes) is not None and _node_index(nv, self.num_nodes) is not None:
+                found = self.fabric.link(u, v)
+        elif found is None and isinstance(self.fabric, FatTree):
+            if all(x.startswith(("leaf", "spine", "agg", "core")) or _node_index(x.partition("/")[0], self.num_nodes)
+                   is not None for x in (u, v)):
+                found = self.fabric.switch_link(u, v)
+        if found is None:
+            raise InputError(f"{self.name}: no link {u} -> {v}")
+        return found
 
     @cached_property
     def graph(self):
-        """The networkx DiGraph (built on first use)."""
+        """The networkx DiGraph (built on first use; refused above ``MAX_GRAPH_NODES`` devices: the
+        collective model and the summaries work on the structure)."""
         import networkx as nx
 
+        self.check_graph_size()
         graph = nx.DiGraph(name=self.name)
         graph.add_nodes_from(self.devices())
         graph.add_edges_from((u, v, a.as_dict()) for (u, v), a in self.edge_table.items())
@@ -181,7 +238,14 @@ class Cluster:
 
     # ------------------------------------------------------------------------------------------ identity
     def fingerprint(self) -> str:
-        """SHA-256 of the resolved inputs (cluster, node template, fabric, link kinds, calibration, sizes)."""
+        """SHA-256 of the resolved inputs (cluster, node template, fabric, link kinds, calibration, sizes);
+        computed once (the inputs of a loaded cluster do not change: an edited file loads a new cluster).
+        Its cost does not depend on the number of GPUs."""
+        if self._fingerprint is None:
+            self._fingerprint = self._fingerprint_uncached()
+        return self._fingerprint
+
+    def _fingerprint_uncached(self) -> str:
         spec = self.spec
         from .spec import load_link_kinds, links_file
         from .files import read_yaml
@@ -205,10 +269,20 @@ class Cluster:
         from .analysis import bisection_bandwidth
         return bisection_bandwidth(self)
 
-    def check(self) -> None:
-        """Full check on the graph: every GPU reaches every other one and every route uses existing links."""
+    def check(self) -> str:
+        """Every GPU reaches every other GPU and every route uses existing links: on the full graph, or on
+        the structure above ``MAX_GRAPH_NODES`` devices. Returns how it was checked."""
         from .analysis import check_cluster
-        check_cluster(self)
+        return check_cluster(self)
+
+
+def _node_index(prefix: str, num_nodes: int) -> int | None:
+    """``"n12"`` -> 12 when it names a node of the cluster, else None."""
+    digits = prefix[1:]
+    if not prefix.startswith("n") or not digits.isdigit():
+        return None
+    node = int(digits)
+    return node if node < num_nodes else None
 
 
 def _prefix(route: Route, node: int) -> Route:

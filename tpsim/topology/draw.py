@@ -12,17 +12,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .fabric import Torus
+from .fabric import FatTree, Torus
 
 if TYPE_CHECKING:
     from .cluster import Cluster
 
-_ROW = {("switch", 3): 0, ("switch", 2): 1, ("switch", 1): 2, ("nic", 0): 3, ("cpu", 0): 4,
+_ROW = {("switch", 4): -1, ("switch", 3): 0, ("switch", 2): 1, ("switch", 1): 2, ("nic", 0): 3, ("cpu", 0): 4,
         ("pcie_switch", 0): 5, ("nvswitch", 0): 6, ("gpu", 0): 7}
 _COLOR = {"gpu": "#76b900", "nvswitch": "#1f77b4", "pcie_switch": "#9467bd", "cpu": "#8c564b",
           "nic": "#ff7f0e", "switch": "#d62728"}
 _EDGE_COLOR = {"nvlink": "#76b900", "pcie": "#9467bd", "ib": "#ff7f0e", "ethernet": "#ff7f0e",
                "ici": "#17becf", "loopback": "#7f7f7f", "cpu": "#8c564b"}
+
+
+MAX_SWITCHES_PER_LEVEL = 48
+"""switches drawn per fabric level (the first ones on the way up from the drawn nodes)."""
 
 
 def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gpus_per_node: int = 16) -> str:
@@ -46,7 +50,7 @@ def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gp
     else:
         size = (max(8.0, 2.2 * shown_nodes + 4), 7.0)
     fig, ax = plt.subplots(figsize=size)
-    for (u, v), attrs in cluster.edge_table.items():
+    for u, v, attrs in _kept_links(cluster, keep):
         if u in pos and v in pos and u < v and not (torus and _far(pos[u], pos[v])):
             ax.plot([pos[u][0], pos[v][0]], [pos[u][1], pos[v][1]], color=_EDGE_COLOR[attrs.type],
                     lw=0.4 + 0.15 * min(attrs.lanes, 6), alpha=0.5, zorder=1)
@@ -56,7 +60,7 @@ def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gp
             xs, ys = zip(*pts)
             ax.scatter(xs, ys, s=60 if kind != "gpu" else 90, color=color, label=kind, zorder=2,
                        edgecolors="black", linewidths=0.4)
-    note = _note(cluster, shown_nodes, max_gpus_per_node)
+    note = _note(cluster, shown_nodes, max_gpus_per_node, keep)
     if torus:
         dims = cluster.fabric.dims
         note = (f"chips of the {'x'.join(map(str, dims))} torus, one X-Y plane per Z (first "
@@ -78,26 +82,66 @@ def draw_cluster(cluster: "Cluster", out: str | Path, max_nodes: int = 4, max_gp
 
 
 def _kept_devices(cluster: "Cluster", shown_nodes: int, max_gpus: int) -> dict[str, dict]:
-    """The first nodes; in a big node the first GPUs and the same share of every other device group."""
+    """The first nodes (in a big node the first GPUs and the same share of every other device group) and the
+    switches their NICs reach going up; listed from the structure, not from the whole cluster."""
     share = min(1.0, max_gpus / cluster.gpus_per_node)
     keep: dict[str, dict] = {}
-    for dev, attrs in cluster.devices():
-        node = attrs["node_index"]
-        if node >= shown_nodes and node != -1:
-            continue
-        if node >= 0:
-            group, index = _group_index(dev.split("/", 1)[1])
+    gpn = cluster.gpus_per_node
+    for node in range(shown_nodes):
+        for local_id, attrs in cluster.layout.devices.items():
+            group, index = _group_index(local_id)
             if index >= math.ceil(cluster.layout.counts[group] * share):
                 continue
-        keep[dev] = attrs
-    switches = [d for d, a in keep.items() if a["kind"] == "switch"]
-    used = {v for (u, v) in cluster.edge_table if u in keep and keep[u]["kind"] == "nic"}
-    for level in (2, 3):
-        used |= {v for (u, v) in cluster.edge_table if u in used and v in keep and keep[v]["level"] == level}
-    for dev in switches:
-        if dev not in used:
-            del keep[dev]
+            out = dict(attrs, node_index=node)
+            if attrs["kind"] == "gpu":
+                out["rank"] = node * gpn + attrs["local_index"]
+            keep[f"n{node}/{local_id}"] = out
+    fabric = cluster.fabric
+    if isinstance(fabric, FatTree):
+        by_level: dict[int, list[tuple[str, dict]]] = {}
+        for name, attrs in fabric.switches_near(_kept_leaves(cluster, keep)).items():
+            by_level.setdefault(attrs["level"], []).append((name, attrs))
+        for level, items in by_level.items():
+            items.sort(key=lambda kv: [int(x) for x in re.findall(r"\d+", kv[0])])
+            keep.update(items[:MAX_SWITCHES_PER_LEVEL])
     return keep
+
+
+def _kept_leaves(cluster: "Cluster", keep: dict[str, dict]) -> set[int]:
+    fabric = cluster.fabric
+    leaves = set()
+    for dev, attrs in keep.items():
+        if attrs["kind"] == "nic":
+            leaves.add(fabric.leaf_of(attrs["node_index"], attrs["local_index"]))
+    return leaves
+
+
+def _kept_links(cluster: "Cluster", keep: dict[str, dict]):
+    """(u, v, attributes) of the directed links between kept devices."""
+    nodes = sorted({a["node_index"] for a in keep.values() if a["node_index"] >= 0})
+    for node in nodes:
+        p = f"n{node}/"
+        for (u, v), attrs in cluster.layout.edges.items():
+            if p + u in keep and p + v in keep:
+                yield p + u, p + v, attrs
+    fabric = cluster.fabric
+    if isinstance(fabric, FatTree):
+        for dev, attrs in keep.items():
+            if attrs["kind"] == "nic":
+                leaf = f"leaf{fabric.leaf_of(attrs['node_index'], attrs['local_index'])}"
+                yield dev, leaf, fabric.nic_attrs
+                yield leaf, dev, fabric.nic_attrs
+        kind, eff, cal = fabric._switch_link
+        from .node import link_attrs
+        for u, v, lanes in fabric.switch_links_above(_kept_leaves(cluster, keep)):
+            if u in keep and v in keep:
+                attrs = link_attrs(kind, lanes, eff, cal)
+                yield u, v, attrs
+                yield v, u, attrs
+    elif isinstance(fabric, Torus):
+        for u, v, attrs in fabric.edges():
+            if u in keep and v in keep:
+                yield u, v, attrs
 
 
 def _group_index(local_id: str) -> tuple[str, int]:
@@ -139,10 +183,17 @@ def _far(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return abs(a[0] - b[0]) + abs(a[1] - b[1]) > 1.01
 
 
-def _note(cluster: "Cluster", shown_nodes: int, max_gpus: int) -> str:
+def _note(cluster: "Cluster", shown_nodes: int, max_gpus: int, keep: dict[str, dict] | None = None) -> str:
     parts = []
     if shown_nodes < cluster.num_nodes:
         parts.append(f"showing {shown_nodes} of {cluster.num_nodes} nodes and the switches they use")
     if cluster.gpus_per_node > max_gpus:
         parts.append(f"{max_gpus} of {cluster.gpus_per_node} GPUs per node")
+    if keep is not None and isinstance(cluster.fabric, FatTree):
+        counts: dict[int, int] = {}
+        for attrs in keep.values():
+            if attrs["kind"] == "switch":
+                counts[attrs["level"]] = counts.get(attrs["level"], 0) + 1
+        if any(n >= MAX_SWITCHES_PER_LEVEL for n in counts.values()):
+            parts.append(f"at most {MAX_SWITCHES_PER_LEVEL} switches per level")
     return "; ".join(parts) if parts else "all devices shown"

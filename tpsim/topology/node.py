@@ -218,6 +218,8 @@ def _shortest_route(layout: NodeLayout, src: str, dst: str) -> Route:
             if u != src and layout.devices[u]["kind"] not in _TRANSIT_KINDS:
                 continue
             for v in layout.adjacency[u]:
+                if v != dst and layout.devices[v]["kind"] not in _TRANSIT_KINDS:
+                    continue   # a GPU or NIC that is not the destination forwards nothing: a dead end
                 if v not in dist:
                     dist[v] = dist[u] + 1
                     parents[v] = [u]
@@ -270,7 +272,7 @@ def _hops(layout: NodeLayout, src: str) -> dict[str, int]:
         if u != src and layout.devices[u]["kind"] not in _TRANSIT_KINDS:
             continue
         for v in layout.adjacency[u]:
-            if v not in dist:
-                dist[v] = dist[u] + 1
+            if v not in dist and (layout.devices[v]["kind"] in _TRANSIT_KINDS or layout.devices[v]["kind"] == "nic"):
+                dist[v] = dist[u] + 1   # only NICs are asked for; other end devices are dead ends
                 queue.append(v)
     return dist

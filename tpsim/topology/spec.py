@@ -300,8 +300,8 @@ def _fabric_spec(data: Mapping[str, Any], path: Path, where: str) -> FabricSpec:
                           host_shape=tuple(positive(d, where, "host_shape", integer=True) for d in shape),
                           wraparound=bool(data.get("wraparound", True)), raw=data)
     levels = positive(data.get("levels", 2), where, "levels", integer=True)
-    if levels > 3:
-        raise InputError(f"{where}: levels={levels} must be 1, 2 or 3")
+    if levels > 4:
+        raise InputError(f"{where}: levels={levels} must be 1, 2, 3 or 4")
     radix = positive(data.get("radix"), where, "radix", integer=True)
     placement = "rail" if ftype == "rail_optimized" else data.get("placement", "node")
     if placement not in ("rail", "node"):

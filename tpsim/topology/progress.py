@@ -1,0 +1,44 @@
+"""Progress on stderr for phases that can take more than a second (building a full graph, routing many pairs
+on it, checking a cluster): a tqdm bar that appears after one second, silent when stderr is not a terminal
+and when the command prints JSON (the CLI calls :func:`set_enabled`)."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+_ENABLED = True
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn progress bars on (default; still only on a terminal) or off (``--json``)."""
+    global _ENABLED
+    _ENABLED = bool(enabled)
+
+
+def enabled() -> bool:
+    return _ENABLED
+
+
+class _Silent:
+    def update(self, n: int = 1) -> None:
+        pass
+
+
+@contextmanager
+def progress(total: int | None, desc: str, unit: str = "it", quick: bool = False) -> Iterator[object]:
+    """A bar with ``update(n)``; ``quick=True`` (the caller knows the work is small) gives a silent one
+    without importing tqdm."""
+    if quick or not _ENABLED:
+        yield _Silent()
+        return
+    from tqdm import tqdm
+
+    # disable=None: tqdm stays silent when stderr is not a terminal
+    bar = tqdm(total=total, desc=desc, unit=unit, delay=1.0, disable=None, leave=False, file=sys.stderr,
+               dynamic_ncols=True)
+    try:
+        yield bar
+    finally:
+        bar.close()
