@@ -115,3 +115,107 @@ def test_on_disk_cache_gives_the_same_answer(capsys, tmp_path):
     assert list((tmp_path / "cache" / "plans").glob("*.npz"))
     _, table, _ = _run(capsys)
     assert "(cached result)" in table
+
+
+# ---- readable rankings: twins collapsed, --compare --------------------------------------------------------
+def test_twins_are_one_row_with_variants(capsys):
+    code, out, _ = _run(capsys, "--json", "--top", "100")
+    assert code == 0
+    data = json.loads(out)
+    keys = [(p["tp"], p["pp"], p["vpp"], p["dp"], p["sp"], p["recompute"], p["zero"], p["micro_batch"],
+             p["step_time_s"], p["peak_memory_gib"]) for p in data["plans"]]
+    assert len(keys) == len(set(keys))  # no row repeats another up to order/overlap with the same prediction
+    multi = [p for p in data["plans"] if len(p["variants"]) > 1]
+    assert multi and data["duplicates"] > 0
+    code, text, _ = _run(capsys, "--top", "100")
+    header = text.splitlines()[4].split()
+    for column in ("pp", "vpp", "zero", "mb", "ovl", "order", "var"):
+        assert column in header
+    row = next(line.split() for line in text.splitlines()[5:] if line.split()[0] == str(multi[0]["rank"]))
+    assert row[header.index("var")] == str(len(multi[0]["variants"]))
+
+
+def _compare(capsys, *refs: str, json_out: bool = False) -> tuple[int, str, str]:
+    return _run(capsys, "--compare", *refs, *(["--json"] if json_out else []))
+
+
+def test_compare_ranks_and_plan_strings(capsys):
+    _, out, _ = _run(capsys, "--json", "--top", "3")
+    plans = json.loads(out)["plans"]
+    code, out, _ = _compare(capsys, "1", "#3", "tp=2,pp=1,recompute=full", json_out=True)
+    assert code == 0
+    cmp = json.loads(out)["compare"]
+    a, b, c = cmp["plans"]
+    assert (a["rank"], b["rank"]) == (1, 3) and not a["twin"]
+    assert a["estimate"]["step_time_s"] == plans[0]["step_time_s"]
+    assert b["estimate"]["step_time_s"] == plans[2]["step_time_s"]
+    plan_c = c["estimate"]["plan"]
+    assert (plan_c["tp"], plan_c["pp"], plan_c["recompute"]) == (2, 1, "full")
+    diff_b, diff_c = cmp["differences"]
+    assert diff_b["against"] == "A" and diff_c["name"] == "C"
+    assert diff_b["step_time_s"] == pytest.approx(b["estimate"]["step_time_s"] - a["estimate"]["step_time_s"])
+    for term, value in a["estimate"]["breakdown"].items():
+        assert diff_c["breakdown"][term] == pytest.approx(c["estimate"]["breakdown"][term] - value)
+    for term, value in a["estimate"]["memory_gib"].items():
+        assert diff_c["memory_gib"][term] == pytest.approx(c["estimate"]["memory_gib"][term] - value)
+    # the text: a legend and one row per breakdown and memory term, a delta column per later plan
+    code, text, _ = _compare(capsys, "1", "tp2 pp1 full")
+    assert code == 0
+    lines = text.splitlines()
+    assert any(line.startswith("A  '1': ") and "[#1]" in line for line in lines)
+    head = next(line for line in lines if line.split()[:3] == ["A", "B", "B-A"])
+    assert head
+    for term in list(a["estimate"]["breakdown"]) + list(a["estimate"]["memory_gib"]):
+        row = next(line for line in lines if line.split() and line.split()[0] == term)
+        assert len(row.split()) == 4, row  # name, A, B, B-A
+    step = next(line for line in lines if line.startswith("step time (s)")).split()
+    assert float(step[3]) == pytest.approx(a["estimate"]["step_time_s"], abs=5e-4)
+
+
+def test_compare_best_matching_plan_and_twins(capsys):
+    code, out, _ = _run(capsys, "--json", "--top", "200")
+    plans = json.loads(out)["plans"]
+    multi = next(p for p in plans if len(p["variants"]) > 1)
+    twin = multi["variants"][1]
+    ref = (f"tp{multi['tp']} pp{multi['pp']} dp{multi['dp']} z{multi['zero']} mb{multi['micro_batch']} "
+           f"recompute={multi['recompute']} sp={'on' if multi['sp'] else 'off'} {twin['order']} "
+           f"overlap={'on' if twin['overlap'] else 'off'}")
+    code, out, _ = _compare(capsys, str(multi["rank"]), ref, json_out=True)
+    assert code == 0
+    a, b = json.loads(out)["compare"]["plans"]
+    assert b["twin"] and b["rank"] == multi["rank"] and b["estimate"]["plan"]["order"] == twin["order"]
+    assert b["estimate"]["step_time_s"] == a["estimate"]["step_time_s"]
+    # a partial plan string is the best-ranked plan with those fields
+    best_tp2 = next(p for p in plans if p["tp"] == 2)
+    _, out, _ = _compare(capsys, "1", "tp2", json_out=True)
+    assert json.loads(out)["compare"]["plans"][1]["rank"] == best_tp2["rank"]
+
+
+@pytest.mark.parametrize("refs, needle", [
+    (["1"], "at least two plans"),
+    (["1", "100000"], "rank 100000 is beyond"),
+    (["1", "tp3"], "no evaluated plan has tp=3"),
+    (["1", "tp2 bogus"], "unknown token 'bogus'"),
+    (["1", "zero=7"], "no evaluated plan has zero=7"),
+    (["1", "tp=x"], "tp='x' must be a positive integer"),
+    (["1", "order=tp-tp-pp"], "order='tp-tp-pp' is not one of"),
+    (["1", "tp2 tp4"], "tp is given twice"),
+    (["1", "#0"], "a rank is a positive integer"),
+])
+def test_compare_bad_references_are_one_line(capsys, refs, needle):
+    code, out, err = _compare(capsys, *refs)
+    assert code == 2 and needle in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_compare_a_label_copied_from_the_table_is_that_plan(capsys):
+    """A label names tp, pp, dp and mb; the fields it leaves out mean their defaults (sp off, no recompute, ZeRO
+    0, overlap on, tp-dp-pp), so it is not read as 'the best plan with tp2 pp1 dp4 mb1' (which has sp)."""
+    code, out, _ = _compare(capsys, "1", "tp2 pp1 dp4 mb1", "tp2 pp1 dp4", json_out=True)
+    assert code == 0
+    _, exact, loose = json.loads(out)["compare"]["plans"]
+    plan = exact["estimate"]["plan"]
+    assert (plan["tp"], plan["pp"], plan["dp"], plan["micro_batch"], plan["sp"], plan["recompute"], plan["zero"],
+            plan["overlap"], plan["order"], plan["vpp"]) == (2, 1, 4, 1, False, "none", 0, True, "tp-dp-pp", 1)
+    assert exact["label"] == "tp2 pp1 dp4 mb1"
+    assert loose["estimate"]["plan"]["sp"]  # the filter finds the better plan with sequence parallelism

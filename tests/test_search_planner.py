@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tpsim.estimator import estimate
+from tpsim.plan import ORDERS
 from tpsim.model import load_model
 from tpsim.search import SearchSpace, cost_gpu_counts, enumerate_plans, search, violations
 from tpsim.topology import load_cluster
@@ -170,3 +171,104 @@ def test_search_invariants_on_random_models(layers, heads, kv, seq, gpus, batch,
         assert np.all(np.diff(key[group]) >= 0)
     for i in result.ranking[:20]:
         assert plan_violation(model, result.plan(int(i)), gpus) is None
+
+
+# ---- twins: plans equal up to rank order and overlap with the same prediction are one row -----------------
+def _brute_twin_sets(cols) -> dict:
+    """(plan fields but order/overlap, step time, memory) -> rows: the twin sets by definition (exact
+    equality, which is what the estimator gives for these twins)."""
+    from tpsim.search.planner import PLAN_FIELDS
+
+    keys = [k for k in ("gpus",) + PLAN_FIELDS if k not in ("order", "overlap")]
+    sets: dict = {}
+    for i in range(cols["tp"].size):
+        key = tuple(int(cols[k][i]) for k in keys) + (float(cols["step_time_s"][i]),
+                                                      float(cols["peak_memory_gib"][i]))
+        sets.setdefault(key, []).append(i)
+    return sets
+
+
+def test_twins_are_collapsed_into_one_ranked_row(small_result):
+    cols, ranking = small_result.columns, small_result.ranking
+    twin_of = cols["twin_of"]
+    position = {int(i): k for k, i in enumerate(ranking)}
+    sets = _brute_twin_sets(cols)
+    assert any(len(rows) > 1 for rows in sets.values())  # the case is really exercised
+    for rows in sets.values():
+        ranked = [i for i in rows if i in position]
+        assert len(ranked) == 1  # include_unfit: every set has exactly one ranked row ...
+        assert all(twin_of[i] == ranked[0] for i in rows)  # ... that stands for all of them
+    assert len(ranking) == len(sets)
+    assert small_result.duplicates == cols["tp"].size - len(ranking)
+
+
+def test_variants_list_the_twins_in_json_and_table(small_result):
+    cols = small_result.columns
+    plans = small_result.to_json(top=None)["plans"]
+    assert sum(len(p["variants"]) for p in plans) == cols["tp"].size  # every evaluated plan is listed once
+    for p in plans:
+        first = p["variants"][0]
+        assert (first["order"], first["overlap"]) == (p["order"], p["overlap"])
+        assert len({(v["order"], v["overlap"]) for v in p["variants"]}) == len(p["variants"])
+    multi = next(p for p in plans if len(p["variants"]) > 1)
+    i = int(small_result.ranking[multi["rank"] - 1])
+    for v, j in zip(multi["variants"], small_result.variants(i)):
+        assert (cols["step_time_s"][j], cols["peak_memory_gib"][j]) == (cols["step_time_s"][i],
+                                                                        cols["peak_memory_gib"][i])
+        assert v["order"] == ORDERS[int(cols["order"][j])] and v["overlap"] == bool(cols["overlap"][j])
+    table = small_result.table(top=None)
+    assert table["variants"].tolist() == [len(p["variants"]) for p in plans]
+    row = table.iloc[multi["rank"] - 1]
+    others = len({v["order"] for v in multi["variants"]}) - 1
+    assert row["order"] == multi["order"] + (f"+{others}" if others else "")
+
+
+def _synthetic(times, groups, overlap, order, memory=None):
+    n = len(times)
+    cols = {k: np.zeros(n, dtype=np.int64) for k in ("gpus", "tp", "pp", "vpp", "dp", "recompute", "zero",
+                                                      "micro_batch")}
+    cols["tp"] = np.asarray(groups, dtype=np.int64)
+    cols.update(sp=np.zeros(n, dtype=bool), overlap=np.asarray(overlap, dtype=bool),
+                order=np.asarray(order, dtype=np.int64), step_time_s=np.asarray(times, dtype=float),
+                peak_memory_gib=np.asarray(memory if memory is not None else np.ones(n), dtype=float))
+    return cols
+
+
+def test_overlap_twins_collapse_to_the_better_ranked_row():
+    from tpsim.search.planner import _twin_of
+
+    # rows 0/1: same plan, overlap on/off, same time: twins; rows 2/3: overlap changes the time: not twins;
+    # row 4: another plan (tp) with row 0's time: not a twin; row 5: order differs by float noise only
+    cols = _synthetic(times=[1.0, 1.0, 2.0, 2.5, 1.0, 1.0 * (1 + 1e-13)], groups=[1, 1, 2, 2, 3, 1],
+                      overlap=[True, False, True, False, True, True], order=[0, 0, 0, 0, 0, 2])
+    order = np.array([1, 0, 5, 4, 2, 3])  # ranked by time; the overlap-off row first among equals
+    assert _twin_of(cols, order).tolist() == [1, 1, 2, 3, 4, 1]
+    cols["peak_memory_gib"][5] = 2.0  # same time, more memory: not a twin
+    assert _twin_of(cols, order).tolist() == [1, 1, 2, 3, 4, 5]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(1, 60))
+def test_twin_sets_property(data, n):
+    from tpsim.search.planner import TWIN_RTOL, _twin_of
+
+    groups = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    base = data.draw(st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=n, max_size=n))
+    noise = data.draw(st.lists(st.sampled_from([0.0, 1e-14, 1e-3]), min_size=n, max_size=n))
+    cols = _synthetic(times=np.array(base) * (1 + np.array(noise)), groups=groups,
+                      overlap=data.draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+                      order=data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)))
+    # a ranking as _rank makes one: by step time, ties broken in any order (here: a random permutation)
+    ties = np.array(data.draw(st.permutations(range(n))), dtype=np.int64)
+    order = np.lexsort((ties, cols["step_time_s"]))
+    twin_of = _twin_of(cols, order)
+    position = np.argsort(order)
+    t, g = cols["step_time_s"], cols["tp"]
+    assert np.array_equal(twin_of[twin_of], twin_of)  # a representative stands for itself
+    assert np.all(g[twin_of] == g)
+    assert np.all(np.abs(t[twin_of] - t) <= 2 * TWIN_RTOL * t)
+    assert np.all(position[twin_of] <= position)  # the best-ranked of each set stands for it
+    reps = np.unique(twin_of)
+    for a in reps:  # two representatives are never twins of each other
+        for b in reps[reps > a]:
+            assert g[a] != g[b] or abs(t[a] - t[b]) > TWIN_RTOL * max(t[a], t[b])

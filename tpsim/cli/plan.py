@@ -5,6 +5,18 @@ Examples::
     tpsim plan --model gpt3-175b --cluster dgx-a100 --gpus 1024 --global-batch 1536 --top 5
     tpsim plan --model llama3-70b --cluster dgx-h100 --gpus 64 --max-tp 8 --json
     tpsim plan --model llama3-8b --cluster dgx-h100 --gpus 64 --objective cost --gpu-hour-price 2.5 --why
+    tpsim plan --model llama3-70b --cluster dgx-h100 --gpus 64 --compare 1 3 "tp4 pp4 z1"
+
+Plans equal up to the rank order or the DP-overlap flag that predict the same step time and memory are one row:
+the ``ovl`` column then reads ``y,-``, ``order`` reads ``tp-dp-pp+2`` (two more orders), ``var`` counts
+them, and ``--json`` lists them (``variants: [{order, overlap}, ...]``).
+
+``--compare A B [C ...]`` prints plans side by side with the difference of every breakdown and memory term
+from the first. Each is a rank of the ranking (``1`` or ``#1``) or a plan string, the best-ranked plan having
+every field named: short forms as the table prints them (``"tp8 pp4 v2 dp2 sp sel z1 mb1 no-ovl dp-tp-pp"``)
+or ``field=value`` (``"tp=8,pp=4,recompute=full"``); ``64g`` or ``gpus=64`` picks a GPU count of
+``--objective cost``. A string naming tp, pp, dp and mb is read as a label of the table: the fields it leaves
+out mean their defaults (no sp, no recomputation, ZeRO 0, overlap on, tp-dp-pp), so a copied label is that plan.
 """
 
 from __future__ import annotations
@@ -79,6 +91,10 @@ def register(subparsers: Any) -> None:
     o.add_argument("--pareto", action="store_true",
                    help="also print the Pareto fronts: step time vs. memory per GPU (and, with --objective cost, "
                         "throughput vs. GPUs); --json always holds them")
+    o.add_argument("--compare", nargs="+", default=None, metavar="PLAN",
+                   help="print these plans side by side with the difference of every breakdown and memory term "
+                        "from the first: ranks (1, #3) or quoted plan strings (\"tp8 pp4 z1\", "
+                        "\"tp=8,pp=4,recompute=full\"); see the description above")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--tp-plan", help="traced models (--model X.ops.json): YAML of TP plan overrides")
     o.add_argument("--conv-profile", help="traced models: measured convolution kernels "
@@ -225,8 +241,14 @@ def run(args: argparse.Namespace) -> int:
     check_found(result)
     if args.csv is not None:
         _write_csv(result, args.csv, args.top)
+    compared = _compare(result, args.compare)
     if args.json:
-        json.dump(result.to_json(args.top), sys.stdout, indent=1, allow_nan=False)
+        data = result.to_json(args.top)
+        if compared is not None:
+            from ..report.compare import comparison_json
+
+            data["compare"] = comparison_json(compared)
+        json.dump(data, sys.stdout, indent=1, allow_nan=False)
         print()
         if args.export_format:
             _export(args, result, model, file=sys.stderr)
@@ -234,7 +256,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(model.summary())
     print(_header(result, model, clusters[-1], batch))
-    print(format_table(result.table(args.top)))
+    if compared is not None:
+        from ..report.compare import format_comparison
+
+        print(format_comparison(compared))
+    elif len(result):
+        print(format_table(result.table(args.top)))
+    else:
+        print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
     if args.why:
         print(format_why(result))
     if args.pareto:
@@ -245,6 +274,15 @@ def run(args: argparse.Namespace) -> int:
         from ..validate.top import run_validate_top
         return run_validate_top(args, result, model, clusters[-1])
     return 0
+
+
+def _compare(result: Any, refs: list[str] | None) -> Any:
+    """The resolved plans of ``--compare`` (None without it)."""
+    if refs is None:
+        return None
+    from ..report.compare import compare
+
+    return compare(result, refs)
 
 
 def _export(args: argparse.Namespace, result: Any, model: Any, file: Any) -> None:
@@ -306,8 +344,9 @@ def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
             + (" (cached result)" if result.cached else ""))
 
 
-DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "compute_s": "compute", "recompute_s": "recomp_s",
-                 "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm", "overhead_s": "overhead",
+DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "variants": "var", "compute_s": "compute",
+                 "recompute_s": "recomp_s", "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm",
+                 "overhead_s": "overhead",
                  "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm"}
 
 

@@ -29,6 +29,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top", type=count_arg("top"), default=10, help="plans in the tables and the breakdown chart (10)")
     p.add_argument("--gpu-hour-price", type=real_arg("gpu_hour_price"), default=None,
                    help="dollars per GPU-hour for the cost column (default 1.0: GPU-hours per M tokens)")
+    p.add_argument("--scaling-span", type=int, default=None, metavar="K",
+                   help="the scaling chart covers --gpus / K to --gpus x K in powers of two (default 8; counts "
+                        "the cluster cannot hold are left out)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.add_argument("--force", action="store_true",
                    help="write into a folder that already holds a report (its files are replaced)")
@@ -36,12 +39,17 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..limits import LIMITS
     from ..report import ReportInputs, check_report_dir, write_report
+    from ..report.analysis import SCALING_SPAN
     from ..search import DEFAULT_GPU_HOUR_PRICE
     from ..topology import load_cluster
 
     check_report_dir(args.out, force=args.force)
     price = args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE
+    span = args.scaling_span if args.scaling_span is not None else SCALING_SPAN
+    if not 1 <= span <= LIMITS["gpus"]:
+        raise InputError(f"--scaling-span={span} must be between 1 and {LIMITS['gpus']}")
     if args.mem_limit_gib is not None:
         raise InputError("--mem-limit-gib is a `tpsim plan` option; a report shows every fitting plan")
     model, cluster_name, gpus, batch = load_problem(args)
@@ -52,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
                           gpu_hour_price=price, top=args.top, compute=compute, command=command,
-                          stack=build_stack(args, model))
+                          stack=build_stack(args, model), scaling_span=span)
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
     path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log, force=args.force)
     print(path)

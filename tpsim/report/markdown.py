@@ -2,7 +2,8 @@
 
 :func:`write_report` runs the searches (:mod:`tpsim.report.analysis`), draws the charts
 (:mod:`tpsim.report.charts`) and writes into ``out_dir``: ``README.md`` (the report), ``plans.csv`` (the top
-plans with their breakdown), ``summary.json`` (the ``tpsim plan --json`` object) and each chart as PNG and SVG.
+plans with their breakdown), ``summary.json`` (the ``tpsim plan --json`` object) and each chart as PNG and SVG
+with its text twin, a CSV of the numbers it draws.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from .. import __version__
 from ..io import atomic_write_text
 from ..model import ModelSpec
-from ..search import SearchResult, SearchSpace, cost_gpu_counts, search
+from ..search import SearchResult, SearchSpace, search
 from . import analysis, charts
 from .network import inter_node_bandwidth_GBps, scale_inter_node_bandwidth
 
@@ -41,6 +42,9 @@ class ReportInputs:
     """the command that regenerates the report (printed in it)."""
     stack: Any = None
     """training-stack profile, name or path (None: megatron)."""
+    scaling_span: int = analysis.SCALING_SPAN
+    """the scaling study searches gpus / span .. gpus x span (powers of two; counts the cluster refuses are
+    left out)."""
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
@@ -71,7 +75,8 @@ def _plan_rows(result: SearchResult, idx: np.ndarray) -> list[list[Any]]:
     c = result.columns
     rows = []
     for r, i in enumerate(idx):
-        rows.append([r + 1, result.label(int(i)), _ms(c["step_time_s"][i]), float(c["tokens_per_s"][i]),
+        rows.append([r + 1, result.label(int(i)), int(result.variants(int(i)).size), _step(c, int(i)),
+                     float(c["tokens_per_s"][i]),
                      f"{c['model_tflops_per_gpu'][i]:.0f}", f"{100 * c['mfu'][i]:.1f}%",
                      f"{c['peak_memory_gib'][i]:.1f}", _ms(c["compute_s"][i]), _ms(c["recompute_s"][i]),
                      _ms(c["bubble_s"][i]), _ms(c["optimizer_s"][i]), _ms(c["exposed_comm_s"][i]),
@@ -79,7 +84,15 @@ def _plan_rows(result: SearchResult, idx: np.ndarray) -> list[list[Any]]:
     return rows
 
 
-PLAN_HEADERS = ("#", "plan", "step (s)", "tokens/s", "TFLOP/s/GPU", "MFU", "mem (GiB)", "compute", "recompute",
+def _step(c: Any, i: int) -> str:
+    """Step time in seconds, with the error band where the estimator gives one."""
+    text = _ms(c["step_time_s"][i])
+    if "step_time_s_low" in c and "step_time_s_high" in c and np.isfinite(c["step_time_s_low"][i]):
+        text += f" ({_ms(c['step_time_s_low'][i])}-{_ms(c['step_time_s_high'][i])})"
+    return text
+
+
+PLAN_HEADERS = ("#", "plan", "variants", "step (s)", "tokens/s", "TFLOP/s/GPU", "MFU", "mem (GiB)", "compute", "recompute",
                 "bubble", "optimizer", "exposed comm", "TP comm (total)", "DP comm (total)")
 
 
@@ -91,7 +104,10 @@ def _section_best(result: SearchResult, top: int) -> str:
     algos = best.get("collectives", {})
     text = ["## Best plans\n",
             f"The {idx.size} fastest plans that fit (seconds per step; the five components from *compute* to "
-            f"*exposed comm* add up to the step time; TP/DP comm are totals, partly hidden behind compute).\n",
+            f"*exposed comm* add up to the step time; TP/DP comm are totals, partly hidden behind compute). "
+            f"*variants*: how many plans the row stands for, plans that differ only in the rank order or the DP "
+            f"overlap flag and predict the same time and memory (listed in `summary.json`). The breakdown "
+            f"chart's numbers are in `breakdown.csv`.\n",
             md_table(PLAN_HEADERS, _plan_rows(result, idx), align="rl" + "r" * (len(PLAN_HEADERS) - 2)), "",
             f"Best plan: `{result.label(int(idx[0]))}`"
             + ("; collectives chosen: " + ", ".join(f"{k}: {v}" for k, v in algos.items()) if algos else "") + ".",
@@ -104,8 +120,9 @@ def _section_rejections(result: SearchResult) -> str:
     return "\n".join(["## Rejected plans\n",
                       f"{result.enumerated} plans enumerated, {result.evaluated} evaluated by the estimator, "
                       f"{len(result)} fit and are ranked"
-                      + (f" ({result.duplicates} more predict exactly the same with DP overlap off as on and are "
-                         "not listed twice)" if result.duplicates else "")
+                      + (f" ({result.duplicates} more are twins of ranked plans: they differ only in the rank "
+                         "order or the DP overlap flag and predict the same time and memory, so they are listed "
+                         "once)" if result.duplicates else "")
                       + ". Reasons for the rest (first constraint broken):\n",
                       md_table(("reason", "constraint", "plans"), rows) if rows else "(none)", ""])
 
@@ -119,12 +136,13 @@ def _section_pareto(result: SearchResult) -> str:
         "Every fitting plan, coloured by tp (left) and pp (right). The Pareto front (black) is the fastest plan "
         "for each memory budget: anything above it is slower *and* uses more memory than a plan on it.\n",
         "![Step time vs. memory per GPU](time_memory.png)\n",
+        "Every point drawn is in `time_memory.csv` (column `pareto_front` marks the front).\n",
         md_table(("memory (GiB)", "step (s)", "plan"), rows, align="rrl") if rows else "(no fitting plan)", ""])
 
 
 def _section_tp_sweep(sweep: analysis.Sweep) -> str:
     c = sweep.columns
-    rows = [[int(t), sweep.labels[k], _ms(c["step_time_s"][k]), f"{100 * c['tp_comm_s'][k] / c['step_time_s'][k]:.1f}%",
+    rows = [[int(t), sweep.labels[k], _step(c, k), f"{100 * c['tp_comm_s'][k] / c['step_time_s'][k]:.1f}%",
              f"{c['peak_memory_gib'][k]:.1f}", bool(c["fits_effective"][k]),
              "yes" if t > sweep.gpus_per_node else "no"] for k, t in enumerate(sweep.x)]
     return "\n".join([
@@ -132,30 +150,30 @@ def _section_tp_sweep(sweep: analysis.Sweep) -> str:
         f"The best plan for each tp (every valid tp up to {analysis.TP_SWEEP_MAX}). Right of the dashed line the "
         f"TP group spans more than one node ({sweep.gpus_per_node} GPUs), so its all-reduces cross the network.\n",
         "![TP sweep](tp_sweep.png)\n",
+        "Data: `tp_sweep.csv`.\n",
         md_table(("tp", "best plan", "step (s)", "TP comm / step", "mem (GiB)", "fits", "crosses nodes"), rows,
                  align="rlrrrll"), ""])
 
 
-def _section_scaling(scaling: analysis.Sweep, cost: SearchResult, price: float) -> str:
+def _section_scaling(scaling: analysis.Sweep, result: SearchResult, price: float) -> str:
     c = scaling.columns
-    counts = scaling.x
-    cost_best = {}
-    values, idx = analysis.best_per(cost, "gpus")
-    for g, i in zip(values, idx):
-        cost_best[int(g)] = (float(cost.columns["cost_per_mtok"][i]), cost.label(int(i)))
-    front = {int(cost.columns["gpus"][i]) for i in cost.pareto_gpus_throughput()}
+    front = {int(result.columns["gpus"][i]) for i in result.pareto_gpus_throughput()}
     rows = []
-    for k, g in enumerate(counts):
-        best_cost = cost_best.get(int(g), (float("nan"), "-"))
-        rows.append([int(g), scaling.labels[k].partition(" ")[2], float(c["tokens_per_s"][k]),
-                     f"{100 * c['mfu'][k]:.1f}%", _ms(c["step_time_s"][k]), f"{best_cost[0]:.2f}",
+    for k, g in enumerate(scaling.x):
+        rows.append([int(g) if g != scaling.reference else f"**{int(g)}** (asked)",
+                     scaling.labels[k].partition(" ")[2], float(c["tokens_per_s"][k]),
+                     f"{100 * c['mfu'][k]:.1f}%", _step(c, k), f"{c['cost_per_mtok'][k]:.2f}",
                      "yes" if int(g) in front else "no"])
-    searched = ", ".join(str(int(p.cluster.num_gpus)) for p in cost.parts)
+    searched = ", ".join(str(g) for g in scaling.searched)
+    missing = sorted(set(scaling.searched) - {int(g) for g in scaling.x})
     return "\n".join([
         "## Scaling and cost\n",
-        f"The fastest fitting plan at each GPU count (searched: {searched}; counts where no plan fits are left out). "
-        f"Cost is dollars per million tokens at ${price:g} per GPU-hour, from the cheapest plan at that count; "
-        "a count is on the throughput-vs-GPUs Pareto front when no smaller count is as fast.\n",
+        f"The fastest fitting plan at each GPU count, from below to above the {scaling.reference} GPUs asked about "
+        f"(searched: {searched}"
+        + (f"; no plan fits at {', '.join(map(str, missing))}" if missing else "")
+        + "). At one GPU count the fastest plan is also the cheapest; cost is dollars per million tokens at "
+        f"${price:g} per GPU-hour. A count is on the throughput-vs-GPUs Pareto front when no smaller count is as "
+        "fast. Data: `scaling.csv`.\n",
         "![Scaling](scaling.png)\n",
         md_table(("GPUs", "fastest plan", "tokens/s", "MFU", "step (s)", "$/M tokens", "on front"), rows,
                  align="rlrrrrl") if rows else "(no GPU count fits)", ""])
@@ -175,28 +193,34 @@ def _saturation_note(grid: analysis.BandwidthGrid, pcie_GBps: float) -> str:
 
 
 def _section_bandwidth(grid: analysis.BandwidthGrid, base: float, pcie_GBps: float) -> str:
+    slow = grid.slowdown
     rows = []
     for i, t in enumerate(grid.tp):
-        rows.append([int(t)] + [f"{100 * v:.1f}% ({s:.2f} s)" if np.isfinite(v) else "-"
-                                for v, s in zip(grid.tp_share[i], grid.step_time_s[i])])
+        rows.append([int(t)] + [f"{slow[i, j]:.2f}x{'' if grid.fits[i, j] else '*'}, {grid.step_time_s[i, j]:.2f} s, "
+                                f"TP {100 * grid.tp_share[i, j]:.0f}%: `{grid.labels[i][j]}`"
+                                if np.isfinite(slow[i, j]) else "-" for j in range(grid.scales.size)])
     heads = ["tp"] + [f"{b:g} GB/s ({s:g}x)" for b, s in zip(grid.bandwidth_GBps, grid.scales)]
-    best = np.nanmin(grid.step_time_s, axis=0)
+    best = np.nanmin(np.where(grid.fits, grid.step_time_s, np.nan), axis=0) if grid.fits.any() else \
+        np.nanmin(grid.step_time_s, axis=0)
     gain = ", ".join(f"{s:g}x: {b:.3f} s" for s, b in zip(grid.scales, best))
     return "\n".join([
         "## What would more inter-node bandwidth buy?\n",
-        f"TP communication as a share of the step time of the best plan for each (tp, inter-node bandwidth), with "
-        f"every network link of the cluster scaled (1x = {base:g} GB/s per GPU per direction; for scale: HDR "
-        "200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s per NIC). "
-        "Only the network links (NICs and switches) are scaled, not the PCIe links between GPU and NIC, so the "
-        "gain stops where those become the bottleneck. Cells with * (chart) do not fit. Best step time over all "
-        "tp at each bandwidth: " + gain + "." + _saturation_note(grid, pcie_GBps) + "\n",
-        "![TP communication share over tp x bandwidth](tp_bandwidth.png)\n",
+        f"The step time of the best plan for each (tp, inter-node bandwidth), as the slowdown against the best "
+        f"cell (the fastest fitting plan of the whole grid, framed), with every network link of the cluster "
+        f"scaled (1x = {base:g} GB/s per GPU per direction; for scale: HDR 200 Gb/s = 25 GB/s, NDR 400 Gb/s = "
+        "50 GB/s per NIC). Each cell names its plan, which may change from cell to cell; more bandwidth never "
+        "makes a cell slower. Only the network links (NICs and switches) are scaled, not the PCIe links between "
+        "GPU and NIC, so the gain stops where those become the bottleneck. Cells with * do not fit (the best of "
+        "the plans that do not fit). The table adds TP communication as a share of that plan's step time. "
+        "Best fitting step time over all tp at each bandwidth: " + gain + "."
+        + _saturation_note(grid, pcie_GBps) + " Data: `tp_bandwidth.csv`.\n",
+        "![Step time of the best plan over tp x bandwidth](tp_bandwidth.png)\n",
         md_table(heads, rows, align="r" * len(heads)), ""])
 
 
 def report_files() -> tuple[str, ...]:
     """Every file a report writes into its folder."""
-    charts_ = tuple(f"{name}{ext}" for name in CHART_FILES for ext in (".png", ".svg"))
+    charts_ = tuple(f"{name}{ext}" for name in CHART_FILES for ext in (".png", ".svg", ".csv"))
     return ("README.md", "plans.csv", "summary.json") + charts_
 
 
@@ -231,11 +255,10 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
     log("TP sweep")
     sweep = analysis.tp_sweep(model, cluster, inputs.global_batch, space, **kw)
     log("GPU-count scaling and cost")
-    counts = cost_gpu_counts(cluster.gpus_per_node, inputs.gpus)
-    clusters = [loader(inputs.cluster, gpus=n) for n in counts[:-1]] + [cluster]
-    cost = search(model, clusters, inputs.global_batch, space=space, objective="cost",
-                  gpu_hour_price=inputs.gpu_hour_price, **kw)
-    scaling = analysis.scaling(model, clusters, inputs.global_batch, space, **kw)
+    clusters = analysis.scaling_counts(inputs.gpus, lambda n: cluster if n == inputs.gpus else
+                                       loader(inputs.cluster, gpus=n), inputs.scaling_span)
+    scaling, scaled = analysis.scaling(model, clusters, inputs.global_batch, space, reference=inputs.gpus,
+                                       gpu_hour_price=inputs.gpu_hour_price, **kw)
     log("inter-node bandwidth grid")
     base = inter_node_bandwidth_GBps(cluster)
     grid = analysis.bandwidth_grid(model, cluster, inputs.global_batch, scale_inter_node_bandwidth, base, space,
@@ -243,27 +266,34 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
     log("charts")
     title = f"{model.name}, {inputs.gpus} x {cluster.device.name}"
     figures = {
-        "breakdown": charts.breakdown_chart(result, top=inputs.top, title=f"Step-time breakdown of the top plans "
-                                                                          f"({title})"),
-        "tp_sweep": charts.tp_sweep_chart(sweep, title=f"TP-degree sweep ({title})"),
-        "time_memory": charts.time_memory_chart(result),
-        "scaling": charts.scaling_chart(scaling, title=f"Scaling of {model.name} on {cluster.name}"),
-        "tp_bandwidth": charts.bandwidth_heatmap(grid, title=f"TP communication share ({title}; * = does not fit)"),
+        "breakdown": (charts.breakdown_chart(result, top=inputs.top, title=f"Step-time breakdown of the top plans "
+                                                                           f"({title})"),
+                      charts.breakdown_table(result, top=inputs.top)),
+        "tp_sweep": (charts.tp_sweep_chart(sweep, title=f"TP-degree sweep ({title})"), charts.tp_sweep_table(sweep)),
+        "time_memory": (charts.time_memory_chart(result), charts.time_memory_table(result)),
+        "scaling": (charts.scaling_chart(scaling, title=f"Scaling of {model.name} on {cluster.name}"),
+                    charts.scaling_table(scaling)),
+        "tp_bandwidth": (charts.bandwidth_heatmap(grid, title=f"Step time of the best plan per tp and inter-node "
+                                                              f"bandwidth ({title})"),
+                         charts.bandwidth_table(grid)),
     }
-    text = _render(inputs, cluster, result, sweep, scaling, cost, grid, base)
+    text = _render(inputs, cluster, result, sweep, scaling, scaled, grid, base)
     make_output_dir(out, "--out")
-    for name, fig in figures.items():
-        charts.save_figure(fig, out / name)
-    atomic_write_text(out / "plans.csv", result.table(max(inputs.top, 50)).to_csv(index=False), "report")
-    atomic_write_text(out / "summary.json", json.dumps(result.to_json(inputs.top), indent=1, allow_nan=False)
-                      + "\n", "report")
+    for name, (fig, table) in figures.items():
+        charts.save_chart(fig, table, out / name)
+    _write(out / "plans.csv", result.table(max(inputs.top, 50)).to_csv(index=False))
+    _write(out / "summary.json", json.dumps(result.to_json(inputs.top), indent=1, allow_nan=False) + "\n")
     path = out / "README.md"
-    atomic_write_text(path, text, "report")
+    _write(path, text)  # last: a folder with a README holds a whole report
     return path
 
 
+def _write(path: Path, text: str) -> None:
+    atomic_write_text(path, text, "report")
+
+
 def _render(inputs: ReportInputs, cluster: Any, result: SearchResult, sweep: analysis.Sweep,
-            scaling: analysis.Sweep, cost: SearchResult, grid: analysis.BandwidthGrid, base: float) -> str:
+            scaling: analysis.Sweep, scaled: SearchResult, grid: analysis.BandwidthGrid, base: float) -> str:
     m = inputs.model
     compute = getattr(inputs.compute, "source", "roofline") if inputs.compute else "roofline"
     params = m.total_params() / 1e9
@@ -287,9 +317,10 @@ def _render(inputs: ReportInputs, cluster: Any, result: SearchResult, sweep: ana
                        f"{len(result):,} fit; {result.elapsed_s:.2f} s"],
         ], align="ll"), ""]
     body = [_section_best(result, inputs.top), _section_rejections(result), _section_pareto(result),
-            _section_tp_sweep(sweep), _section_scaling(scaling, cost, inputs.gpu_hour_price),
+            _section_tp_sweep(sweep), _section_scaling(scaling, scaled, inputs.gpu_hour_price),
             _section_bandwidth(grid, base, float(cluster.injection_bandwidth().get("pcie", float("nan"))))]
-    foot = [f"---\nCharts are also saved as SVG next to the PNGs; `plans.csv` holds the top plans with every "
+    foot = [f"---\nEvery chart is saved as PNG and SVG with a text twin, a CSV of the numbers it draws "
+            f"({', '.join(f'`{n}.csv`' for n in CHART_FILES)}); `plans.csv` holds the top plans with every "
             f"breakdown column and `summary.json` the `tpsim plan --json` object. Generated with Python "
             f"{platform.python_version()}.\n"]
     return "\n".join(head + body + foot)

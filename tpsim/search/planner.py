@@ -3,7 +3,11 @@ batches with the vectorized estimator, and rank them.
 
 Ranking (deterministic): plans that fit come first; then the objective ascending (``time``: step time;
 ``memory``: peak memory per GPU; ``cost``: dollars per million tokens); then step time, peak memory, GPUs and
-the plan fields as tie-breakers. Cost = GPUs x price per GPU-hour / 3600 / (tokens per second) x 1e6, so with
+the plan fields as tie-breakers.
+
+Twins are one row: plans that differ only in the rank order and/or the DP-overlap flag and predict the same
+step time and peak memory (to :data:`TWIN_RTOL`) are the same choice for the user, so the ranking lists the
+best-ranked of them and ``variants`` names the others (``--json``: ``variants: [{order, overlap}, ...]``). Cost = GPUs x price per GPU-hour / 3600 / (tokens per second) x 1e6, so with
 the default price of 1 $/GPU-hour it reads as GPU-hours per million tokens.
 
 With ``objective="cost"`` the caller passes several clusters (one per GPU count, from one node up to N; see
@@ -40,6 +44,16 @@ ESTIMATE_FIELDS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardw
                    "mem_cuda_context_gib", "mem_nccl_buffers_gib", "mem_allocator_reserve_gib", "step_time_s_low",
                    "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low", "mfu_high")
 PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order")
+EXTRA_AXES = ("cp", "cp_kind", "ep", "etp")
+"""plan columns of the parallel axes of issue 11 (docs/SCHEMAS.md section 1), used where the batches have them."""
+BAND_FIELDS = ("step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low",
+               "mfu_high")
+"""error-band arrays (docs/SCHEMAS.md section 6), kept when the estimator's batches carry them."""
+VARIANT_FIELDS = ("order", "overlap")
+"""the plan fields in which twins may differ."""
+TWIN_RTOL = 1e-9
+"""relative tolerance under which two step times (or peak memories) are the same prediction: different rank
+orders can reach the same figure through a different summation order (a few ulps apart)."""
 BREAKDOWN = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
 """the components that sum to the step time."""
 
@@ -71,13 +85,16 @@ class RankedPlan:
     """dollars per million tokens at the search's GPU-hour price."""
     estimate: Mapping[str, Any]
     """``Estimate.to_dict()`` of the plan (as ``tpsim estimate --json`` prints it)."""
+    variants: tuple[Mapping[str, Any], ...] = ()
+    """``{order, overlap}`` of every plan this row stands for (itself first): twins with the same prediction."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan's fields at top level, then every field of ``tpsim estimate --json``."""
+        """The plan's fields at top level, ``variants``, then every field of ``tpsim estimate --json``."""
         plan = self.estimate.get("plan", {})
         out: dict[str, Any] = {"rank": self.rank, "gpus": self.gpus}
-        out.update({k: plan[k] for k in PLAN_FIELDS if k in plan})
+        out.update({k: plan[k] for k in PLAN_FIELDS + EXTRA_AXES if k in plan})
         out["cost_per_mtok"] = self.cost_per_mtok
+        out["variants"] = [dict(v) for v in self.variants]
         out.update(self.estimate)
         return out
 
@@ -104,7 +121,7 @@ class SearchResult:
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """estimate dicts already computed, by row index (see :meth:`estimate_dict`)."""
     duplicates: int = 0
-    """plans left out of the ranking because overlap off predicts exactly what overlap on does."""
+    """plans left out of the ranking because they are twins of a ranked plan (see :meth:`variants`)."""
     cached: bool = False
     """True when the result came from the on-disk cache (:mod:`tpsim.search.cache`)."""
     stack: Any = None
@@ -170,8 +187,27 @@ class SearchResult:
         for i, e in zip(todo, self.estimates(todo)):
             self.memo[str(i)] = e.to_dict()
         return [RankedPlan(rank=r + 1, gpus=int(self.columns["gpus"][i]),
-                           cost_per_mtok=float(self.columns["cost_per_mtok"][i]), estimate=self.estimate_dict(i))
+                           cost_per_mtok=float(self.columns["cost_per_mtok"][i]), estimate=self.estimate_dict(i),
+                           variants=tuple(self.variant_fields(int(i))))
                 for r, i in enumerate(idx)]
+
+    # ---- twins ---------------------------------------------------------------------------------------
+    def variants(self, i: int) -> np.ndarray:
+        """Rows that ranked row ``i`` stands for: ``i`` itself first, then its twins (same plan up to rank
+        order and overlap, same predicted step time and memory), by order then overlap on before off."""
+        twin_of = self.columns.get("twin_of")
+        if twin_of is None:
+            return np.array([int(i)])
+        rows = np.flatnonzero(twin_of == twin_of[i])
+        rows = rows[rows != i]
+        c = self.columns
+        rows = rows[np.lexsort((~c["overlap"][rows].astype(bool), c["order"][rows]))]
+        return np.concatenate([[int(i)], rows]).astype(np.int64)
+
+    def variant_fields(self, i: int) -> list[dict[str, Any]]:
+        """``[{order, overlap}, ...]`` of :meth:`variants`."""
+        c = self.columns
+        return [{"order": ORDERS[int(c["order"][j])], "overlap": bool(c["overlap"][j])} for j in self.variants(i)]
 
     def label(self, i: int) -> str:
         """Short label of evaluated plan ``i`` (``tp8 pp16 dp8 sp sel z1 mb1``, with GPUs if they vary)."""
@@ -256,11 +292,15 @@ class SearchResult:
         data: dict[str, Any] = {"rank": np.arange(1, idx.size + 1)}
         if len(self.parts) > 1:
             data["gpus"] = c["gpus"][idx]
+        data["tp"] = c["tp"][idx]
+        data.update({k: c[k][idx] for k in ("cp",) if _varies(c, k, idx)})
+        data.update({"pp": c["pp"][idx], "vpp": c["vpp"][idx], "dp": c["dp"][idx]})
+        data.update({k: c[k][idx] for k in ("ep",) if _varies(c, k, idx)})
+        overlaps, orders, counts = self._variant_columns(np.asarray(idx, dtype=np.int64))
         data.update({
-            "tp": c["tp"][idx], "pp": c["pp"][idx], "vpp": c["vpp"][idx], "dp": c["dp"][idx],
             "sp": np.where(c["sp"][idx], "y", "-"), "recompute": [RECOMPUTE[int(r)] for r in c["recompute"][idx]],
-            "zero": c["zero"][idx], "mb": c["micro_batch"][idx], "overlap": np.where(c["overlap"][idx], "y", "-"),
-            "order": [ORDERS[int(o)] for o in c["order"][idx]],
+            "zero": c["zero"][idx], "mb": c["micro_batch"][idx], "overlap": overlaps, "order": orders,
+            "variants": counts,
             "step_s": c["step_time_s"][idx], "tok/s": c["tokens_per_s"][idx], "mfu": c["mfu"][idx],
             "mem_GiB": c["peak_memory_gib"][idx],
         })
@@ -278,10 +318,31 @@ class SearchResult:
     def stack_name(self) -> str:
         return "megatron" if self.stack is None else str(self.stack.name)
 
+    def _variant_columns(self, idx: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
+        """Per ranked row of ``idx``: overlap ("y", "-", or "y,-" when its twins have both), order (the row's,
+        with "+k" when its twins have k other orders) and the number of plans the row stands for."""
+        c = self.columns
+        n = c["tp"].size
+        twin_of = c.get("twin_of", np.arange(n))
+        on = np.bincount(twin_of, weights=c["overlap"].astype(float), minlength=n)[idx]
+        count = np.bincount(twin_of, minlength=n)[idx]
+        kinds = int(np.max(c["order"], initial=0)) + 1
+        pairs = np.unique(twin_of * kinds + np.asarray(c["order"], dtype=np.int64))  # (set, order) pairs
+        orders = np.bincount(pairs // kinds, minlength=n)[idx]
+        overlap_text = ["y,-" if 0 < k < m else "y" if k else "-" for k, m in zip(on, count)]
+        order_text = [ORDERS[int(c["order"][i])] + (f"+{k - 1}" if k > 1 else "") for i, k in zip(idx, orders)]
+        return overlap_text, order_text, count.astype(np.int64)
+
     def why(self) -> list[tuple[str, str, int]]:
         """(reason key, explanation, count) for every rejection reason, most frequent first."""
         rows = [(key, next(r.text for r in REASONS if r.key == key), n) for key, n in self.rejected.items()]
         return sorted(rows, key=lambda r: (-r[2], r[0]))
+
+
+def _varies(cols: Mapping[str, np.ndarray], name: str, idx: np.ndarray) -> bool:
+    """Whether plan column ``name`` exists and is above 1 somewhere in rows ``idx`` (cp/ep columns are shown
+    only then)."""
+    return name in cols and bool(np.any(np.asarray(cols[name])[idx] > 1))
 
 
 def _finite(obj: Any) -> Any:
@@ -328,8 +389,10 @@ def _evaluate(model: ModelSpec, cluster: Any, plans: PlanBatch, compute: Any, es
 
 
 def _columns(chunks: Sequence[Any], plans: PlanBatch) -> dict[str, np.ndarray]:
-    cols = {name: np.concatenate([np.asarray(getattr(c, name)) for c in chunks]) for name in ESTIMATE_FIELDS}
-    for name in PLAN_FIELDS + ("global_batch",):
+    optional = tuple(name for name in BAND_FIELDS if all(hasattr(c, name) for c in chunks))
+    cols = {name: np.concatenate([np.asarray(getattr(c, name)) for c in chunks])
+            for name in ESTIMATE_FIELDS + optional}
+    for name in PLAN_FIELDS + ("global_batch",) + tuple(a for a in EXTRA_AXES if hasattr(plans, a)):
         cols[name] = getattr(plans, name)
     return cols
 
@@ -398,7 +461,8 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     columns["fits_effective"] = columns["fits"] & ~over_limit
     columns["cost_per_mtok"] = columns["gpus"] * gpu_hour_price / 3600.0 / columns["tokens_per_s"] * 1e6
     order = _rank(columns, objective)
-    twins = _same_as_overlapped(columns)
+    columns["twin_of"] = _twin_of(columns, order)
+    twins = columns["twin_of"] != np.arange(columns["twin_of"].size)
     order = order[~twins[order]]
     if not include_unfit:
         order = order[columns["fits_effective"][order]]
@@ -415,25 +479,40 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
                         stack=stack, stack_rejected=stack_rejected)
 
 
-def _same_as_overlapped(cols: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Rows with overlap off whose twin (every other field equal, overlap on) has the same step time and memory:
-    the overlap makes no difference there (e.g. dp = 1 stages or ZeRO-3's per-layer reductions), so the row is
-    a duplicate in the ranking and is left out of it (it stays in ``columns``)."""
+def _twin_of(cols: Mapping[str, np.ndarray], order: np.ndarray) -> np.ndarray:
+    """For every row, the row that stands for it in the ranking (itself when it has no better-ranked twin).
+
+    Twins: rows equal in every plan field but the rank order and the overlap flag (and in the GPU count),
+    whose step time and peak memory agree to :data:`TWIN_RTOL` (e.g. an overlap that hides nothing, dp = 1
+    stages or ZeRO-3's per-layer reductions; or rank orders that put every group on the same links). Of each
+    set of twins the best-ranked row (first in ``order``) stands for the others.
+
+    Rows are sorted by (plan group, rank) with one integer key, and a new set starts where the group changes
+    or the step time or memory moves by more than the tolerance. This relies on ``order`` ranking rows of one
+    group with equal figures next to each other, as :func:`_rank` does (its keys before the plan fields are
+    all functions of the step time and memory within a group); an order that did not would split a set, never
+    merge rows that differ."""
     n = cols["tp"].size
     if n == 0:
-        return np.zeros(0, dtype=bool)
-    group = _row_groups([np.asarray(cols[k], dtype=np.int64) for k in ("gpus",) + PLAN_FIELDS if k != "overlap"])
-    on = np.flatnonzero(cols["overlap"])
-    twin_of_group = np.full(int(group.max()) + 1, -1, dtype=np.int64)
-    twin_of_group[group[on]] = on
-    off = np.flatnonzero(~cols["overlap"])
-    twin = twin_of_group[group[off]]
-    same = (twin >= 0)
-    same[same] = ((cols["step_time_s"][off[same]] == cols["step_time_s"][twin[same]])
-                  & (cols["peak_memory_gib"][off[same]] == cols["peak_memory_gib"][twin[same]]))
-    mask = np.zeros(n, dtype=bool)
-    mask[off[same]] = True
-    return mask
+        return np.zeros(0, dtype=np.int64)
+    names = ("gpus",) + PLAN_FIELDS + tuple(a for a in EXTRA_AXES if a in cols)
+    group = _row_groups([np.asarray(cols[k], dtype=np.int64) for k in names if k not in VARIANT_FIELDS])
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    s = np.argsort(group.astype(np.int64) * n + position)
+    t, m = cols["step_time_s"][s], cols["peak_memory_gib"][s]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (group[s][1:] != group[s][:-1]) | ~_close(t[1:], t[:-1]) | ~_close(m[1:], m[:-1])
+    first = s[new]  # each set's best-ranked row
+    twin_of = np.empty(n, dtype=np.int64)
+    twin_of[s] = first[np.cumsum(new) - 1]
+    return twin_of
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Equal to :data:`TWIN_RTOL` (exactly equal infinities count as equal)."""
+    with np.errstate(invalid="ignore"):
+        return (a == b) | (np.abs(a - b) <= TWIN_RTOL * np.maximum(np.abs(a), np.abs(b)))
 
 
 def _row_groups(keys: list[np.ndarray]) -> np.ndarray:
@@ -452,7 +531,7 @@ def _merge(col_parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     if not col_parts:
         empty = {name: np.zeros(0) for name in ESTIMATE_FIELDS + PLAN_FIELDS + ("global_batch",)}
         empty.update(part=np.zeros(0, dtype=np.int32), gpus=np.zeros(0, dtype=np.int64),
-                     fits=np.zeros(0, dtype=bool))
+                     fits=np.zeros(0, dtype=bool), twin_of=np.zeros(0, dtype=np.int64))
         for name in PLAN_FIELDS:
             empty[name] = np.zeros(0, dtype=bool if name in ("sp", "overlap") else np.int64)
         return empty
