@@ -211,12 +211,17 @@ class GraphCosts:
             return
         kernel, numel, kdtype = _memory_kernel(op, dtype)
         numel = numel * scale / split
+        numel_bwd = numel
+        if op.kind == "loss" and op.fn in ("cross_entropy", "nll_loss"):
+            # the fp32 cross-entropy's real memory traffic, as the transformer estimator costs it
+            from ..estimator.layer import cross_entropy_elements
+            numel, numel_bwd = cross_entropy_elements(numel)
         res = fwd.add(c.memory(kernel, numel, kdtype, False))
         if core is not None:
             core.add((res, np.zeros_like(res, dtype=bool)))
         if bwd is not None:
             back = "residual_add" if op.kind == "embedding" else kernel
-            bwd.add(c.memory(back, numel, kdtype, True))
+            bwd.add(c.memory(back, numel_bwd, kdtype, True))
 
     def _conv(self, u: int, j: int, op: Op, style: str, split: float, scale: np.ndarray, dtype: str,
               fwd: _Acc, bwd: _Acc | None, wgrad: dict, dgrad: dict) -> None:
