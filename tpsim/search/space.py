@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..model import ModelSpec
-from ..plan import ORDERS, RECOMPUTE, PlanBatch
+from ..plan import FULL_ORDERS, MEGATRON_ORDERS, ORDERS, RECOMPUTE, PlanBatch
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -47,7 +47,9 @@ class SearchSpace:
     micro_batch: tuple[int, ...] = (1, 2, 4, 8)
     """sequences per micro-batch."""
     overlap: tuple[bool, ...] = (True, False)
-    order: tuple[str, ...] = ORDERS
+    order: tuple[str, ...] = MEGATRON_ORDERS
+    """rank orders; by default the six that place cp right after tp, as Megatron-Core's RankGenerator does
+    (any of :data:`~tpsim.plan.ORDERS` may be asked for)."""
     dtype: str = "bf16"
     attention: str = "flash"
 
@@ -102,16 +104,16 @@ class Enumeration:
     """distinct (tp, pp, dp) layouts in the batch."""
 
 
-def _canonical_orders(tp: int, pp: int, dp: int, orders: tuple[str, ...]) -> list[int]:
+def _canonical_orders(tp: int, pp: int, dp: int, orders: tuple[str, ...], cp: int = 1) -> list[int]:
     """Indices (into ORDERS) of the requested orders that place ranks differently for these sizes."""
-    sizes = {"tp": tp, "pp": pp, "dp": dp}
+    sizes = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
     seen: dict[tuple[str, ...], int] = {}
-    for name in ORDERS:  # canonical = first in ORDERS among equivalent ones
-        key = tuple(d for d in name.split("-") if sizes[d] > 1)
-        seen.setdefault(key, ORDERS.index(name))
+    for i, dims in enumerate(FULL_ORDERS):  # canonical = first in ORDERS among equivalent ones
+        key = tuple(d for d in dims if sizes[d] > 1)
+        seen.setdefault(key, i)
     keep = []
     for name in orders:
-        key = tuple(d for d in name.split("-") if sizes[d] > 1)
+        key = tuple(d for d in FULL_ORDERS[ORDERS.index(name)] if sizes[d] > 1)
         idx = seen[key]
         if idx not in keep:
             keep.append(idx)
