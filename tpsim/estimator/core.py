@@ -57,24 +57,35 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
               w_bytes: float) -> tuple[Keys, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
     ZeRO and what the layer's traffic depends on."""
-    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero") + ctx.source.comm_fields)
+    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero") + _EXPERT_FIELDS + ctx.source.comm_fields)
     keys = distinct(*(getattr(plans, f) for f in fields))
 
     def build() -> tuple[Partition, Comm]:
         sub = plans.take(keys.first)
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
         layer_index = layer_keys.inverse[keys.first]
-        part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False))
+        part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False),
+                         getattr(ctx.source, "kind_of_layer", None))
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         comm = communication(ctx, layouts, layout_index, layer_index, costs, part,
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
-                             params_key=[sub.vpp, sub.zero] + [getattr(sub, f) for f in src.param_fields],
-                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=w_bytes)
+                             params_key=[sub.vpp, sub.zero, sub.cp] + [getattr(sub, f) for f in src.param_fields],
+                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=w_bytes, cp=sub.cp, edp=expert_dp(sub))
         return part, comm
 
     part, comm = ctx.memo(("patterns", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention), build)
     return keys, part, comm
+
+
+_EXPERT_FIELDS = ("ep", "etp")
+"""plan fields that set the expert rank layout (with the layout axes)."""
+
+
+def expert_dp(plans: PlanBatch) -> np.ndarray:
+    """Expert data-parallel degree of each plan: tp x cp x dp / (etp x ep)."""
+    etp = np.where(plans.etp == 0, plans.tp, plans.etp)
+    return plans.tp * plans.cp * plans.dp // (etp * plans.ep)
 
 
 def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
@@ -86,11 +97,12 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     part = part_u.for_plans(keys.inverse)
     comm = comm_u.take(keys.inverse)
     p = plans
+    edp = expert_dp(p)
     sched = schedule(ctx, costs=costs, comm=comm, part=part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero,
                      recompute=p.recompute, micro_batch=p.micro_batch, global_batch=p.global_batch,
-                     overlap=p.overlap)
+                     overlap=p.overlap, cp=p.cp, edp=edp)
     mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=sched.micro_batches, w_bytes=w_bytes,
-                 master_bytes=master_bytes, grad_bytes=GRAD_BYTES)
+                 master_bytes=master_bytes, grad_bytes=GRAD_BYTES, cp=p.cp, edp=edp)
     return totals(ctx, plans, costs, sched, mem, comm)
 
 
@@ -115,6 +127,8 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         recompute_s=sched.recompute, bubble_s=sched.bubble, optimizer_s=sched.optimizer,
         exposed_comm_s=sched.exposed_comm, tp_comm_s=sched.comm_total.get("tp", zeros),
         pp_comm_s=sched.comm_total["pp"], dp_comm_s=sched.comm_total["dp"],
+        cp_comm_s=sched.comm_total.get("cp", zeros),
+        ep_comm_s=sched.comm_total.get("ep", zeros) + sched.comm_total.get("etp", zeros),
         mem_weights_gib=mem.terms["weights"] / GiB, mem_grads_gib=mem.terms["grads"] / GiB,
         mem_optimizer_states_gib=mem.terms["optimizer_states"] / GiB,
         mem_activations_gib=mem.terms["activations"] / GiB, mem_other_gib=mem.terms["other"] / GiB,
@@ -134,11 +148,12 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     n = len(plans)
     if n == 0:
         raise InputError("no plans to estimate")
-    wrong = plans.tp * plans.pp * plans.dp != cluster.num_gpus
+    used = plans.tp * plans.cp * plans.pp * plans.dp
+    wrong = used != cluster.num_gpus
     if np.any(wrong):
         bad = int(np.argmax(wrong))
-        raise InputError(f"plan {plans.plan(bad).short()} uses {int(plans.tp[bad] * plans.pp[bad] * plans.dp[bad])}"
-                         f" GPUs but the cluster has gpus={cluster.num_gpus}")
+        raise InputError(f"plan {plans.plan(bad).short()} uses {int(used[bad])} GPUs but the cluster has "
+                         f"gpus={cluster.num_gpus}")
     ctx = context or context_for(model, cluster, compute, calibration, stack, flavor)
     return run_stages(ctx, plans)
 

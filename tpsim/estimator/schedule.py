@@ -50,8 +50,10 @@ def _pick(position: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Partition, pp: np.ndarray,
              vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, recompute: np.ndarray, micro_batch: np.ndarray,
-             global_batch: np.ndarray, overlap: np.ndarray) -> Schedule:
-    """Step time and breakdown (everything gathered to plans)."""
+             global_batch: np.ndarray, overlap: np.ndarray, cp: np.ndarray | None = None,
+             edp: np.ndarray | None = None) -> Schedule:
+    """Step time and breakdown (everything gathered to plans). The optimizer step runs over the rank's share
+    of the parameters: ZeRO shards the dense ones over dp x cp, the routed experts' over edp."""
     penalty = ctx.roofline.eff.overlap_compute_penalty
     full = recompute == 2
     fwd_total = _sum(comm.layer_fwd.values(), pp.shape)
@@ -80,7 +82,7 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     # pipeline fill and drain (exposed)
     pp_total = 2.0 * (m * vpp + pp - 1) * comm.p2p
     dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty)
-    params = np.where(zero >= 1, part.largest / dp, part.largest)
+    params = np.where(zero >= 1, _sharded(part, dp if cp is None else dp * cp, edp), part.largest)
     optimizer = ctx.roofline.optimizer_time(params)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
     exposed = m * x_stage + pp_total + dp_exposed
@@ -94,6 +96,13 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
                     exposed_comm=exposed, overhead=overhead, comm_total=comm_total, step=step, slowest=slow,
                     micro_batches=m)
+
+
+def _sharded(part: Partition, group: np.ndarray, expert_group: np.ndarray | None) -> np.ndarray:
+    """Parameters of the largest rank left to it by ZeRO: dense ones / group, routed experts' / expert group."""
+    if part.expert is None or expert_group is None:
+        return part.largest / group
+    return (part.largest - part.largest_expert) / group + part.largest_expert / expert_group
 
 
 def _sum(arrays, shape: tuple[int, ...]) -> np.ndarray:
