@@ -114,35 +114,50 @@ def _sum_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention (batch, heads, n, d) and the log-sum-exp of each query's scaled scores (batch, heads,
-    n). CPU: the flash kernel ``scaled_dot_product_attention`` runs; elsewhere the explicit formula."""
+    n). CPU: the flash kernel of ``scaled_dot_product_attention``; elsewhere :func:`attention_math`."""
     if q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
         return out, lse
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        n, m = scores.shape[-2:]
-        scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    return torch.exp(scores - lse[..., None]) @ v, lse
+    return attention_math(q, k, v, causal)
 
 
 def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        lse: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of softmax attention given the (merged) output and log-sum-exp of the queries: with a ring's
-    final ``out`` and ``lse`` this is one K/V block's share of the gradient (Dao 2023, FlashAttention-2, alg. 2)."""
+    final ``out`` and ``lse`` this is one K/V block's share of the gradient (Dao 2023, FlashAttention-2, alg. 2).
+    CPU: the flash kernel's backward; elsewhere :func:`attention_backward_math`."""
     if q.device.type == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(), lse.contiguous(),
             0.0, causal)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = q @ k.transpose(-1, -2) * scale
+    return attention_backward_math(dout, q, k, v, out, lse, causal)
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
         n, m = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    p = torch.exp(scores - lse[..., None])
+    return scores
+
+
+def attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention_with_lse` written out: P = exp(S - lse), O = P V, S = Q K^T / sqrt(d)."""
+    scores = _scores(q, k, causal)
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.exp(scores - lse[..., None]) @ v, lse
+
+
+def attention_backward_math(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            out: torch.Tensor, lse: torch.Tensor,
+                            causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`attention_backward` written out: dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = dS K / sqrt(d),
+    dK = dS^T Q / sqrt(d)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    p = torch.exp(_scores(q, k, causal) - lse[..., None])
     dv = p.transpose(-1, -2) @ dout
-    dp = dout @ v.transpose(-1, -2)
-    ds = p * (dp - (dout * out).sum(-1, keepdim=True)) * scale
+    ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True)) * scale
     return ds @ k, ds.transpose(-1, -2) @ q, dv
 
 
@@ -169,7 +184,7 @@ def _wait(works: list[Any]) -> None:
         work.wait()
 
 
-def _step_parts(step: int, rank: int, half: int, q: torch.Tensor, kv: torch.Tensor) \
+def step_parts(step: int, rank: int, half: int, q: torch.Tensor, kv: torch.Tensor) \
         -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice, slice, bool]:
     """What forward step ``step`` (K/V block of rank ``rank - step``) computes under causal load balancing:
     (queries, keys, values, query rows, key rows, causal)."""
@@ -179,6 +194,15 @@ def _step_parts(step: int, rank: int, half: int, q: torch.Tensor, kv: torch.Tens
     if step <= rank:  # a lower rank's block: both query chunks see its first chunk whole
         return q, kv[0][:, :, first], kv[1][:, :, first], full, first, False
     return q[:, :, second], kv[0], kv[1], second, full, False  # a higher rank's block: the second chunk sees it
+
+
+def merge_step(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, l: torch.Tensor, rows: slice) -> None:
+    """Fold one step's partial attention (``o``, ``l`` for the query ``rows``) into the running output and
+    log-sum-exp, in place: lse' = log(e^lse + e^l), out' = out e^(lse - lse') + o e^(l - lse')."""
+    o_rows, l_rows = out[:, :, rows], lse[:, :, rows]
+    merged = torch.logaddexp(l_rows, l)
+    o_rows.mul_(torch.exp(l_rows - merged)[..., None]).add_(o * torch.exp(l - merged)[..., None])
+    l_rows.copy_(merged)
 
 
 class RingAttention(torch.autograd.Function):
@@ -197,15 +221,12 @@ class RingAttention(torch.autograd.Function):
             kv = bufs[step % 2]
             if step < cp - 1:  # pass the block on while attending to it
                 works = _exchange(kv, bufs[(step + 1) % 2], group, (rank + 1) % cp, (rank - 1) % cp, "fwd:cp:send_recv")
-            qs, ks, vs, rows, _cols, causal = _step_parts(step, rank, half, q, kv)
+            qs, ks, vs, rows, _cols, causal = step_parts(step, rank, half, q, kv)
             o, l = attention_with_lse(qs, _repeat_kv(ks, rep), _repeat_kv(vs, rep), causal)
             if out is None:
                 out, lse = o.clone(), l.clone()
-                continue
-            o_rows, l_rows = out[:, :, rows], lse[:, :, rows]
-            merged = torch.logaddexp(l_rows, l)
-            o_rows.mul_(torch.exp(l_rows - merged)[..., None]).add_(o * torch.exp(l - merged)[..., None])
-            l_rows.copy_(merged)
+            else:
+                merge_step(out, lse, o, l, rows)
         ctx.save_for_backward(q, out, lse, bufs[(cp - 1) % 2].clone())
         ctx.group, ctx.rep = group, rep
         return out
@@ -230,7 +251,7 @@ class RingAttention(torch.autograd.Function):
                 send, recv = send[1], recv[1]
             works = _exchange(send, recv, group, (rank - 1) % cp, (rank + 1) % cp, "bwd:cp:send_recv")
             step = cp - 1 - i  # the forward step of this block
-            qs, ks, vs, rows, cols, causal = _step_parts(step, rank, half, q, bufs[i % 2][0])
+            qs, ks, vs, rows, cols, causal = step_parts(step, rank, half, q, bufs[i % 2][0])
             dq_, dk_, dv_ = attention_backward(dout[:, :, rows], qs, _repeat_kv(ks, rep), _repeat_kv(vs, rep),
                                                out[:, :, rows], lse[:, :, rows], causal)
             dq[:, :, rows] += dq_
