@@ -24,10 +24,9 @@ from typing import Any
 from .case import Case
 from .predict import Prediction
 
-CSV_COLUMNS = ("case", "kind", "model", "family", "tp", "sp", "cp", "cp_kind", "ep", "pp", "vpp", "dp", "zero", "fused",
-               "layers", "hidden",
+CSV_COLUMNS = ("case", "kind", "model", "family", "tp", "sp", "pp", "vpp", "dp", "zero", "fused", "layers", "hidden",
                "heads", "ffn", "seq_len", "micro_batch", "microbatches", "phase", "predicted_s", "measured_s", "error_pct", "measured_wall_s", "numerics_ok",
-               "numerics_max_rel_err", "collectives_match", "compute_model", "backend", "scaled")
+               "numerics_max_rel_err", "collectives_match", "compute_model", "backend", "scaled", "cp", "cp_kind", "ep")
 
 
 def error_pct(predicted: float, measured: float) -> float:

@@ -71,12 +71,19 @@ class Options:
     """on a drift over 10%, measure a quick profile instead of rescaling."""
 
 
-def calibrate_collectives(cfg: LaunchConfig, cluster: str, work: Path) -> Path:
+BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+"""collectives the calibration run measures; ``all_to_all`` is added when a launch runs context/expert-parallel
+cases (Ulysses attention, the MoE dispatch). Ring send/receive pairs are not measured by bench-collectives: they
+are timed with the host link's fitted values."""
+
+
+def calibrate_collectives(cfg: LaunchConfig, cluster: str, work: Path,
+                          ops: tuple[str, ...] = BENCH_OPS) -> Path:
     """Run a short ``tpsim bench-collectives`` with the same backend and rank count, then ``tpsim calibrate``;
     return the calibration file."""
     csv_path, cal_path = work / f"bench-collectives-{cfg.nproc}.csv", work / f"calibration-{cfg.nproc}.yaml"
     steps = [["bench-collectives", "--nproc", str(cfg.nproc), "--backend", cfg.backend,
-              "--ops", "all_reduce", "all_gather", "reduce_scatter", "--sizes", *BENCH_SIZES,
+              "--ops", *ops, "--sizes", *BENCH_SIZES,
               "--out", str(csv_path), "--timeout", str(int(cfg.timeout_s))],
              ["calibrate", str(csv_path), "--cluster", cluster, "--out", str(cal_path)]]
     for args in steps:
@@ -110,14 +117,15 @@ class Setup:
     compute_cal: ComputeCalibration | None
 
 
-def prepare(cfg: LaunchConfig, opts: Options, work: Path, probes: dict | None = None) -> Setup:
+def prepare(cfg: LaunchConfig, opts: Options, work: Path, probes: dict | None = None,
+            bench_ops: tuple[str, ...] = BENCH_OPS) -> Setup:
     """Collective calibration, cluster, profile probe and compute model (module docstring of
     :mod:`tpsim.validate.drift` for the probe). ``probes`` keeps the probe's answer for the next launch of
-    the same run (the profile and the machine are the same)."""
+    the same run (the profile and the machine are the same); ``bench_ops``: what the calibration measures."""
     compute_cal = read_compute_calibration(opts.calibration) if opts.calibration else None
     calibration = opts.calibration if opts.calibration and _has_links(opts.calibration) else None
     if calibration is None and opts.calibrate and cfg.nproc > 1 and cfg.nnodes == 1:  # bench runs on one node
-        calibration = calibrate_collectives(cfg, opts.cluster, work)
+        calibration = calibrate_collectives(cfg, opts.cluster, work, bench_ops)
     cluster = load_local_cluster(opts.cluster, cfg.nproc * cfg.nnodes, calibration, work)
     device_type = "cuda" if cfg.backend == "nccl" else "cpu"
     profile = (opts.profile or find_profile(device_type)) if opts.use_profile else None
@@ -156,7 +164,8 @@ def timing_allowed(cfg: LaunchConfig) -> tuple[bool, str]:
 def run_cases(cases: list, cfg: LaunchConfig, opts: Options, work: Path,
               env: dict[str, str] | None = None, probes: dict | None = None) -> list[dict[str, Any]]:
     """Predict, launch and summarize ``cases`` that share one launch config (same number of ranks)."""
-    setup = prepare(cfg, opts, work, probes)
+    a2a = ("all_to_all",) if any(isinstance(c, AxisCase) for c in cases) else ()
+    setup = prepare(cfg, opts, work, probes, BENCH_OPS + a2a)
     memory = int(setup.cluster.device.usable_memory_bytes) * cfg.nproc if cfg.backend == "nccl" else None
     timed, note = timing_allowed(cfg)
     blocks = [fit_case(c, cfg.nproc, setup.compute, opts.budget_s, memory_bytes=memory)
