@@ -88,11 +88,15 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """``x``: the copies sorted by local expert, ``counts[e]`` of them for expert e."""
+        # unbind once: indexing the stack per expert would make each expert's backward write a zero-filled
+        # gradient of the whole stack (E times the work)
+        w1, w2 = self.w1.unbind(0), self.w2.unbind(0)
+        w3 = self.w3.unbind(0) if self.gated else None
         outs = []
         for e, xe in enumerate(torch.split(x, counts)):
-            h = xe @ self.w1[e].t()
-            h = F.silu(h) * (xe @ self.w3[e].t()) if self.gated else F.gelu(h)
-            outs.append(h @ self.w2[e].t())
+            h = xe @ w1[e].t()
+            h = F.silu(h) * (xe @ w3[e].t()) if w3 is not None else F.gelu(h)
+            outs.append(h @ w2[e].t())
         return torch.cat(outs) if outs else x[:0]
 
 
