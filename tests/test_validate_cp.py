@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 from tpsim.errors import InputError  # noqa: E402
 from tpsim.model import PRESETS, with_overrides  # noqa: E402
 from tpsim.validate.axiscase import AxisCase, metadata_comm, moe_layer_model, with_expert_ffn  # noqa: E402
-from tpsim.validate.cp_attention import (attention_backward, attention_backward_math, attention_math,  # noqa: E402
-                                         attention_with_lse, chunk_ids, merge_step, positions, shard_sequence,
-                                         step_parts)
+from tpsim.validate.cp_attention import (attend, attend_backward, attention_backward,  # noqa: E402
+                                         attention_backward_math, attention_math, attention_with_lse, chunk_ids,
+                                         merge_step, positions, shard_sequence, step_parts)
 
 LLAMA = with_overrides(PRESETS["llama3-8b"], hidden=256, heads=4, kv_heads=2, ffn=512, seq_len=64, layers=1)
 GPT = with_overrides(PRESETS["gpt3-1.3b"], hidden=256, heads=4, seq_len=64, layers=1)
@@ -40,34 +40,44 @@ def test_each_rank_holds_chunks_r_and_2cp_minus_1_minus_r(cp):
     assert torch.equal(shard_sequence(x, cp, cp - 1), x[:, held[cp - 1]])
 
 
-def _blocks(cp: int, n: int, d: int, heads: int = 2, dtype=torch.float64):
+def _blocks(cp: int, n: int, dk: int, dv: int, heads: int = 4, kv_heads: int = 4, dtype=torch.float64):
     gen = torch.Generator().manual_seed(cp)
-    q, k, v = (torch.randn(1, heads, n, d, generator=gen, dtype=dtype) for _ in range(3))
-    return q, k, v
+    q = torch.randn(1, heads, n, dk, generator=gen, dtype=dtype)
+    k = torch.randn(1, kv_heads, n, dk, generator=gen, dtype=dtype)
+    return q, k, torch.randn(1, kv_heads, n, dv, generator=gen, dtype=dtype)
+
+
+def _causal(q, k, v):
+    """Plain causal attention (grouped-query heads repeated, key and value dims free: the math backend)."""
+    rep = q.shape[1] // k.shape[1]
+    return torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                                            is_causal=True)
 
 
 @pytest.mark.parametrize("cp", [2, 3, 4])
-def test_ring_steps_merged_rank_by_rank_equal_causal_attention(cp):
+@pytest.mark.parametrize("dk, dv, kv_heads", [(8, 8, 4), (12, 8, 2)], ids=["mha", "gqa-mla-dims"])
+def test_ring_steps_merged_rank_by_rank_equal_causal_attention(cp, dk, dv, kv_heads):
     """Forward: every rank's cp steps (its own block causally, lower ranks' first chunks, the second query chunk
     on higher ranks' blocks), merged by log-sum-exp, give exactly its rows of causal attention; backward: each
     step's flash gradient with the merged output and lse, dK/dV summed at the block's home rank, give the
-    gradients of causal attention."""
-    seq, d = 8 * cp, 8
-    q, k, v = _blocks(cp, seq, d)
+    gradients of causal attention. Also with grouped-query heads and value heads narrower than the keys (MLA)."""
+    seq = 8 * cp
+    q, k, v = _blocks(cp, seq, dk, dv, kv_heads=kv_heads)
+    rep = q.shape[1] // k.shape[1]
     qf, kf, vf = (t.clone().requires_grad_() for t in (q, k, v))
-    ref = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=True)
+    ref = _causal(qf, kf, vf)
     dout = torch.randn_like(ref)
     ref.backward(dout)
     pos = [positions(seq, cp, r) for r in range(cp)]
     local = lambda t, r: t[:, :, pos[r]]  # noqa: E731
-    kv = [torch.stack((local(k, r), local(v, r))) for r in range(cp)]
+    kv = [(local(k, r), local(v, r)) for r in range(cp)]
     half = seq // cp // 2
     outs, lses = [], []
     for r in range(cp):
         out = lse = None
         for step in range(cp):
-            qs, ks, vs, rows, _cols, causal = step_parts(step, r, half, local(q, r), kv[(r - step) % cp])
-            o, l = attention_with_lse(qs, ks, vs, causal)
+            qs, ks, vs, rows, _cols, causal = step_parts(step, r, half, local(q, r), *kv[(r - step) % cp])
+            o, l = attend(qs, ks, vs, causal, rep)
             if out is None:
                 out, lse = o.clone(), l.clone()
             else:
@@ -75,28 +85,28 @@ def test_ring_steps_merged_rank_by_rank_equal_causal_attention(cp):
         torch.testing.assert_close(out, local(ref.detach(), r), rtol=0, atol=1e-12)
         outs.append(out)
         lses.append(lse)
-    dk = [torch.zeros_like(kv[r][0]) for r in range(cp)]
-    dv = [torch.zeros_like(kv[r][0]) for r in range(cp)]
+    dk_ = [torch.zeros_like(kv[r][0]) for r in range(cp)]
+    dv_ = [torch.zeros_like(kv[r][1]) for r in range(cp)]
     for r in range(cp):
         dq = torch.zeros_like(local(q, r))
         for step in range(cp):
             owner = (r - step) % cp
-            qs, ks, vs, rows, cols, causal = step_parts(step, r, half, local(q, r), kv[owner])
-            g = attention_backward(local(dout, r)[:, :, rows], qs, ks, vs, outs[r][:, :, rows], lses[r][:, :, rows],
-                                   causal)
+            qs, ks, vs, rows, cols, causal = step_parts(step, r, half, local(q, r), *kv[owner])
+            g = attend_backward(local(dout, r)[:, :, rows], qs, ks, vs, outs[r][:, :, rows], lses[r][:, :, rows],
+                                causal, rep)
             dq[:, :, rows] += g[0]
-            dk[owner][:, :, cols] += g[1]
-            dv[owner][:, :, cols] += g[2]
+            dk_[owner][:, :, cols] += g[1]
+            dv_[owner][:, :, cols] += g[2]
         torch.testing.assert_close(dq, local(qf.grad, r), rtol=0, atol=1e-12)
     for r in range(cp):
-        torch.testing.assert_close(dk[r], local(kf.grad, r), rtol=0, atol=1e-12)
-        torch.testing.assert_close(dv[r], local(vf.grad, r), rtol=0, atol=1e-12)
+        torch.testing.assert_close(dk_[r], local(kf.grad, r), rtol=0, atol=1e-12)
+        torch.testing.assert_close(dv_[r], local(vf.grad, r), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_written_out_attention_equals_the_flash_kernel(causal):
     """The formulas used off CPU equal the CPU flash kernel, forward (output, lse) and backward."""
-    q, k, v = _blocks(2, 16, 8)
+    q, k, v = _blocks(2, 16, 8, 8)
     out, lse = attention_with_lse(q, k, v, causal)
     out_m, lse_m = attention_math(q, k, v, causal)
     torch.testing.assert_close(out_m, out, rtol=0, atol=1e-12)
@@ -170,7 +180,7 @@ def test_cp_and_ep_on_the_same_two_ranks():
     (dict(model=with_overrides(LLAMA, seq_len=66), cp=2), "multiple of 2 x cp"),
     (dict(model=with_overrides(LLAMA, kv_heads=1), cp=2, cp_kind="a2a"), "kv heads"),
     (dict(model=LLAMA, cp=2, cp_kind="zigzag"), "cp_kind"),
-    (dict(model=PRESETS["deepseek-v3"], ep=2, dp=2), "multi-head latent attention"),
+    (dict(model=moe_layer_model(PRESETS["deepseek-v3"]), cp=2, cp_kind="a2a"), "only with the ring"),
     (dict(model=MIXTRAL, ep=2), "does not divide tp x cp x dp"),
 ])
 def test_bad_cases_are_refused_in_one_line(fields, match):

@@ -1,5 +1,5 @@
 """Context- and expert-parallel layers on gloo ranks on CPU: numerics (fp64) against the unsharded layer and every
-collective per axis against tpsim.comm_plan, on 2 ranks (ring, all-to-all, experts split, both at once) and on
+collective per axis against tpsim.comm_plan, on 2 ranks (ring, all-to-all, experts split, both at once, with multi-head latent attention) and on
 4 (ring with the K/V + dK/dV messages of cp > 2); the CLI end to end with timing. One launch per rank count
 serves the checks (tiny shapes, no timing)."""
 
@@ -27,6 +27,10 @@ MIXTRAL = with_expert_ffn(moe_layer_model(with_overrides(PRESETS["mixtral-8x7b"]
                                                          ffn=128, seq_len=32, layers=1)), 48)
 SHARED = dataclasses.replace(MIXTRAL, name="qwen-like", num_shared_experts=1, shared_expert_ffn_hidden_size=32,
                              shared_expert_gate=True)
+DEEPSEEK = dataclasses.replace(with_expert_ffn(moe_layer_model(with_overrides(
+    PRESETS["deepseek-v3"], hidden=64, heads=4, seq_len=32, experts=8, top_k=2)), 32),
+    q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=4, head_dim=16)
+"""multi-head latent attention (value heads narrower than keys), a shared expert, 8 routed experts."""
 KW = dict(micro_batch=2, reps=1, warmup=0, timed=False)
 
 
@@ -41,7 +45,7 @@ def _run(cases: list[AxisCase], nproc: int, tmp) -> dict[str, list[dict]]:
 
 TWO = [AxisCase(model=LLAMA, cp=2, **KW), AxisCase(model=GPT, cp=2, **KW),
        AxisCase(model=LLAMA, cp=2, cp_kind="a2a", **KW), AxisCase(model=MIXTRAL, ep=2, dp=2, **KW),
-       AxisCase(model=SHARED, cp=2, ep=2, **KW)]
+       AxisCase(model=SHARED, cp=2, ep=2, **KW), AxisCase(model=DEEPSEEK, cp=2, ep=2, **KW)]
 
 
 @pytest.fixture(scope="module")

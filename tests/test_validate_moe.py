@@ -72,3 +72,12 @@ def test_tiny_twin_keeps_axes_experts_and_gqa():
     assert (twin.cp, twin.ep, twin.dp, twin.cp_kind) == (2, 2, 1, "ring")
     assert (m.num_experts, m.experts_per_token, m.num_shared_experts) == (8, 2, 1)
     assert m.num_kv_heads < m.num_attention_heads and m.seq_len == 16 and twin.micro_batch == 1
+
+
+def test_tiny_twin_of_latent_attention_is_a_valid_model():
+    ds = with_expert_ffn(moe_layer_model(with_overrides(PRESETS["deepseek-v3"], hidden=512, heads=8, seq_len=512,
+                                                        experts=8, top_k=2)), 512)
+    twin = overhead_case(AxisCase(model=ds, cp=2, ep=2))
+    m = twin.model
+    assert m.attention_kind == "mla" and m.head_dim == m.qk_nope_head_dim + m.qk_rope_head_dim == 32
+    assert m.q_lora_rank == 64 and m.kv_lora_rank == 64 and m.num_shared_experts == 1

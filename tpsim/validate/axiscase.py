@@ -60,9 +60,6 @@ class AxisCase:
         if self.cp == 1 and self.ep == 1:
             raise InputError("a context/expert-parallel case needs cp > 1 or ep > 1 (cp=1, ep=1)")
         m = self.model
-        if m.attention_kind != "standard":
-            raise InputError(f"attention_kind={m.attention_kind!r}: tpsim validate runs standard (multi-head or "
-                             "grouped-query) attention blocks; multi-head latent attention is not run yet")
         if m.sliding_window and m.sliding_window < m.seq_len:
             raise InputError(f"sliding_window={m.sliding_window} < seq_len={m.seq_len}: tpsim validate runs full "
                              "causal attention (give --seq-len <= the window)")

@@ -15,6 +15,10 @@ from .scale import ACT_PER_TOKEN_FFN, ACT_PER_TOKEN_HIDDEN, MEMORY_SHARE, MIN_SE
 FP64_BYTES = 8
 TINY_EXPERT_FFN = 64
 """expert FFN width of a tiny twin (the number of experts and top-k stay: the per-expert loop is overhead)."""
+TINY_LATENT = 64
+"""query and key/value latent ranks of an MLA twin."""
+TINY_MLA_DIM = 16
+"""nope, rope and value head dims of an MLA twin."""
 
 
 def layer_params(case: AxisCase) -> int:
@@ -78,7 +82,7 @@ def fit_axis_case(case: AxisCase, nproc: int, cluster, compute, budget_s: float,
 
 def overhead_case(case: AxisCase) -> AxisCase:
     """The tiny twin: the same axes, kind, family, GQA shape and experts (count, top-k, shared); 2 heads per cp
-    rank of dim 32, 8 tokens per cp rank, one sequence, expert FFN of 64."""
+    rank of dim 32 (MLA: latents of 64, head dims of 16), 8 tokens per cp rank, one sequence, expert FFN of 64."""
     m = case.model
     heads = 2 * case.cp
     kv = case.cp if m.num_kv_heads < m.num_attention_heads else heads
@@ -86,6 +90,10 @@ def overhead_case(case: AxisCase) -> AxisCase:
     ffn = 4 * hidden if m.family == "gpt" else 3 * hidden
     model = with_overrides(dataclasses.replace(m, name=f"{m.name}-overhead"), hidden=hidden, heads=heads,
                            kv_heads=kv, ffn=ffn, seq_len=TINY_SEQ_PER_RANK * case.cp)
+    if m.attention_kind == "mla":
+        model = dataclasses.replace(model, q_lora_rank=min(m.q_lora_rank, TINY_LATENT), kv_lora_rank=TINY_LATENT,
+                                    qk_nope_head_dim=TINY_MLA_DIM, qk_rope_head_dim=TINY_MLA_DIM,
+                                    v_head_dim=TINY_MLA_DIM, head_dim=2 * TINY_MLA_DIM)
     if m.is_moe:
         shared = TINY_EXPERT_FFN if m.num_shared_experts else 0
         model = dataclasses.replace(model, moe_ffn_hidden_size=TINY_EXPERT_FFN, shared_expert_ffn_hidden_size=shared)

@@ -108,54 +108,60 @@ def _sum_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
     if rep == 1:
         return t
     b, h, n, d = t.shape
-    return t.view(b, h // rep, rep, n, d).sum(dim=2)
+    return t.reshape(b, h // rep, rep, n, d).sum(dim=2)
 
 
-def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                       scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention (batch, heads, n, d) and the log-sum-exp of each query's scaled scores (batch, heads,
-    n). CPU: the flash kernel of ``scaled_dot_product_attention``; elsewhere :func:`attention_math`."""
+    n); ``scale`` defaults to 1/sqrt(d). CPU: the flash kernel of ``scaled_dot_product_attention``; elsewhere
+    :func:`attention_math`."""
     if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
         return out, lse
-    return attention_math(q, k, v, causal)
+    return attention_math(q, k, v, causal, scale)
 
 
 def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                       lse: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       lse: torch.Tensor, causal: bool,
+                       scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of softmax attention given the (merged) output and log-sum-exp of the queries: with a ring's
     final ``out`` and ``lse`` this is one K/V block's share of the gradient (Dao 2023, FlashAttention-2, alg. 2).
     CPU: the flash kernel's backward; elsewhere :func:`attention_backward_math`."""
     if q.device.type == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(), lse.contiguous(),
-            0.0, causal)
-    return attention_backward_math(dout, q, k, v, out, lse, causal)
+            0.0, causal, scale=scale)
+    return attention_backward_math(dout, q, k, v, out, lse, causal, scale)
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float | None) -> torch.Tensor:
+    scores = q @ k.transpose(-1, -2) * _scale(q, scale)
     if causal:
         n, m = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
     return scores
 
 
-def attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`attention_with_lse` written out: P = exp(S - lse), O = P V, S = Q K^T / sqrt(d)."""
-    scores = _scores(q, k, causal)
+    scores = _scores(q, k, causal, scale)
     lse = torch.logsumexp(scores, dim=-1)
     return torch.exp(scores - lse[..., None]) @ v, lse
 
 
 def attention_backward_math(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            out: torch.Tensor, lse: torch.Tensor,
-                            causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            out: torch.Tensor, lse: torch.Tensor, causal: bool,
+                            scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`attention_backward` written out: dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = dS K / sqrt(d),
     dK = dS^T Q / sqrt(d)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    p = torch.exp(_scores(q, k, causal) - lse[..., None])
+    scale = _scale(q, scale)
+    p = torch.exp(_scores(q, k, causal, scale) - lse[..., None])
     dv = p.transpose(-1, -2) @ dout
     ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True)) * scale
     return ds @ k, ds.transpose(-1, -2) @ q, dv
@@ -184,16 +190,44 @@ def _wait(works: list[Any]) -> None:
         work.wait()
 
 
-def step_parts(step: int, rank: int, half: int, q: torch.Tensor, kv: torch.Tensor) \
+def step_parts(step: int, rank: int, half: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) \
         -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice, slice, bool]:
     """What forward step ``step`` (K/V block of rank ``rank - step``) computes under causal load balancing:
     (queries, keys, values, query rows, key rows, causal)."""
     full, first, second = slice(None), slice(0, half), slice(half, None)
     if step == 0:
-        return q, kv[0], kv[1], full, full, True
+        return q, k, v, full, full, True
     if step <= rank:  # a lower rank's block: both query chunks see its first chunk whole
-        return q, kv[0][:, :, first], kv[1][:, :, first], full, first, False
-    return q[:, :, second], kv[0], kv[1], second, full, False  # a higher rank's block: the second chunk sees it
+        return q, k[:, :, first], v[:, :, first], full, first, False
+    return q[:, :, second], k, v, second, full, False  # a higher rank's block: the second chunk sees it
+
+
+def _pad(t: torch.Tensor, d: int) -> torch.Tensor:
+    return t if t.shape[-1] == d else F.pad(t, (0, d - t.shape[-1]))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+           rep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step's attention with its log-sum-exp: KV heads repeated ``rep`` times (grouped-query attention);
+    key and value head dims may differ (multi-head latent attention): the kernel takes one head dim, so the
+    narrower of q/k and v is padded with zeros (which changes neither the scores, scaled by the query/key dim,
+    nor the output's own columns)."""
+    dk, dv = q.shape[-1], v.shape[-1]
+    d = max(dk, dv)
+    out, lse = attention_with_lse(_pad(q, d), _pad(_repeat_kv(k, rep), d), _pad(_repeat_kv(v, rep), d), causal,
+                                  scale=1.0 / math.sqrt(dk))
+    return out[..., :dv], lse
+
+
+def attend_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, causal: bool, rep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of :func:`attend` (KV gradients summed over the repeated heads)."""
+    dk, dv = q.shape[-1], v.shape[-1]
+    d = max(dk, dv)
+    dq, dk_, dv_ = attention_backward(_pad(dout, d), _pad(q, d), _pad(_repeat_kv(k, rep), d),
+                                      _pad(_repeat_kv(v, rep), d), _pad(out, d), lse, causal,
+                                      scale=1.0 / math.sqrt(dk))
+    return dq[..., :dk], _sum_kv(dk_[..., :dk], rep), _sum_kv(dv_[..., :dv], rep)
 
 
 def merge_step(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, l: torch.Tensor, rows: slice) -> None:
@@ -206,14 +240,16 @@ def merge_step(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, l: torch.T
 
 
 class RingAttention(torch.autograd.Function):
-    """Causal ring attention over the cp group (module docstring). q (batch, heads, n, d), k and v
-    (batch, kv heads, n, d) with n = the rank's 2 chunks; returns (batch, heads, n, d)."""
+    """Causal ring attention over the cp group (module docstring). q (batch, heads, n, dk), k (batch, kv heads, n,
+    dk) and v (batch, kv heads, n, dv) with n = the rank's 2 chunks; returns (batch, heads, n, dv). A K/V block
+    travels as one message, k and v side by side in the last dim (TE concatenates them likewise)."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any) -> torch.Tensor:
         cp, rank = group.size(), group.rank()
-        rep, half = q.shape[1] // k.shape[1], q.shape[2] // 2
-        bufs = [torch.stack((k, v)).contiguous(), torch.empty((2, *k.shape), dtype=k.dtype, device=k.device)]
+        rep, half, dk = q.shape[1] // k.shape[1], q.shape[2] // 2, k.shape[-1]
+        bufs = [torch.cat((k, v), dim=-1).contiguous()]
+        bufs.append(torch.empty_like(bufs[0]))
         out = lse = None
         works: list[Any] = []
         for step in range(cp):
@@ -221,13 +257,13 @@ class RingAttention(torch.autograd.Function):
             kv = bufs[step % 2]
             if step < cp - 1:  # pass the block on while attending to it
                 works = _exchange(kv, bufs[(step + 1) % 2], group, (rank + 1) % cp, (rank - 1) % cp, "fwd:cp:send_recv")
-            qs, ks, vs, rows, _cols, causal = step_parts(step, rank, half, q, kv)
-            o, l = attention_with_lse(qs, _repeat_kv(ks, rep), _repeat_kv(vs, rep), causal)
+            qs, ks, vs, rows, _cols, causal = step_parts(step, rank, half, q, kv[..., :dk], kv[..., dk:])
+            o, l = attend(qs, ks, vs, causal, rep)
             if out is None:
                 out, lse = o.clone(), l.clone()
             else:
                 merge_step(out, lse, o, l, rows)
-        ctx.save_for_backward(q, out, lse, bufs[(cp - 1) % 2].clone())
+        ctx.save_for_backward(q, out, lse, bufs[(cp - 1) % 2])  # the last block received: the backward's first
         ctx.group, ctx.rep = group, rep
         return out
 
@@ -236,7 +272,7 @@ class RingAttention(torch.autograd.Function):
         q, out, lse, last_kv = ctx.saved_tensors
         group, rep = ctx.group, ctx.rep
         cp, rank = group.size(), group.rank()
-        half = q.shape[2] // 2
+        half, dk = q.shape[2] // 2, q.shape[-1]
         dq = torch.zeros_like(q)
         # each buffer: [K/V block, dK/dV accumulated for it]
         bufs = [torch.empty((2, *last_kv.shape), dtype=q.dtype, device=q.device) for _ in range(2)]
@@ -251,19 +287,20 @@ class RingAttention(torch.autograd.Function):
                 send, recv = send[1], recv[1]
             works = _exchange(send, recv, group, (rank - 1) % cp, (rank + 1) % cp, "bwd:cp:send_recv")
             step = cp - 1 - i  # the forward step of this block
-            qs, ks, vs, rows, cols, causal = step_parts(step, rank, half, q, bufs[i % 2][0])
-            dq_, dk_, dv_ = attention_backward(dout[:, :, rows], qs, _repeat_kv(ks, rep), _repeat_kv(vs, rep),
-                                               out[:, :, rows], lse[:, :, rows], causal)
+            kv = bufs[i % 2][0]
+            qs, ks, vs, rows, cols, causal = step_parts(step, rank, half, q, kv[..., :dk], kv[..., dk:])
+            dq_, dk_, dv_ = attend_backward(dout[:, :, rows], qs, ks, vs, out[:, :, rows], lse[:, :, rows], causal,
+                                            rep)
             dq[:, :, rows] += dq_
             _wait(works)
             works = []
             dkv = bufs[(i + 1) % 2][1]
             if i == 0:  # nothing accumulated yet: the first exchange carried K/V only
                 dkv.zero_()
-            dkv[0][:, :, cols] += _sum_kv(dk_, rep)
-            dkv[1][:, :, cols] += _sum_kv(dv_, rep)
+            dkv[:, :, cols, :dk] += dk_
+            dkv[:, :, cols, dk:] += dv_
         dkv = bufs[cp % 2][1]
-        return dq, dkv[0].clone(), dkv[1].clone(), None
+        return dq, dkv[..., :dk].clone(), dkv[..., dk:].clone(), None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any) -> torch.Tensor:

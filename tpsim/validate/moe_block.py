@@ -198,7 +198,7 @@ def init_moe(moe: MoEFeedForward, gen: torch.Generator) -> None:
 def shard_experts(ref: MoEFeedForward, model: ModelSpec, ep_group: Any) -> MoEFeedForward:
     """The expert-parallel copy of ``ref``: the same router and shared experts, this rank's slice of the
     routed experts, dispatch over ``ep_group``."""
-    moe = MoEFeedForward(model, ep_group).to(ref.router.weight.dtype)
+    moe = MoEFeedForward(model, ep_group).to(device=ref.router.weight.device, dtype=ref.router.weight.dtype)
     state = {k: v for k, v in ref.state_dict().items() if not k.startswith("experts.")}
     lo, hi = moe.first, moe.first + moe.local
     state.update({f"experts.{k}": v[lo:hi].clone() for k, v in ref.experts.state_dict().items()})
