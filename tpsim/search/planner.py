@@ -51,6 +51,32 @@ def _default_estimator() -> Estimator:
     return estimate_batch
 
 
+_default_estimator_fn = _default_estimator
+
+
+def _without_oversized_states(model: ModelSpec, cluster: Any, plans: PlanBatch, compute: Any) -> tuple[PlanBatch, int]:
+    """The plans whose weights, gradients and optimizer states alone fit in the device's memory, and how many
+    did not (they cannot fit whatever their activations: counted under the ``memory`` reason without being
+    estimated, and without building their collective curves)."""
+    if not len(plans):
+        return plans, 0
+    from ..estimator import context_for
+    from ..estimator.core import model_states_bytes
+
+    ctx = context_for(model, cluster, compute)
+    keep = np.ones(len(plans), dtype=bool)
+    for start in range(0, len(plans), STATES_CHUNK):
+        sub = plans.take(slice(start, start + STATES_CHUNK))
+        keep[start:start + len(sub)] = model_states_bytes(ctx, sub) <= cluster.device.memory_bytes
+    if keep.all():
+        return plans, 0
+    return plans.take(np.flatnonzero(keep)), int((~keep).sum())
+
+
+STATES_CHUNK = 1 << 20
+"""plans per model-states check (bounds the memory of the pattern arrays)."""
+
+
 @dataclass(frozen=True)
 class Part:
     """Plans of one GPU count: the cluster and the estimator's batches (chunks) with their offsets."""
@@ -368,6 +394,11 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     enumerations = [enumerate_valid(model, int(c.num_gpus), global_batch, space) for c in clusters]
     enumerated = sum(e.enumerated for e in enumerations)
     valid = [e.plans for e in enumerations]
+    states_over = 0
+    if not include_unfit and estimator is _default_estimator_fn():
+        kept = [_without_oversized_states(model, c, v, compute) for c, v in zip(clusters, valid)]
+        valid = [k for k, _ in kept]
+        states_over = sum(n for _, n in kept)
     evaluated = sum(len(v) for v in valid)
     rejected = reasons_from_counts(sum(e.codes for e in enumerations))
 
@@ -398,7 +429,7 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     if not include_unfit:
         order = order[columns["fits_effective"][order]]
         extra = np.zeros(len(REASONS), dtype=np.int64)
-        extra[MEMORY] = int((~columns["fits"]).sum())
+        extra[MEMORY] = int((~columns["fits"]).sum()) + states_over
         extra[MEM_LIMIT] = int((columns["fits"] & over_limit).sum())
         for code in (MEMORY, MEM_LIMIT):
             if extra[code]:
