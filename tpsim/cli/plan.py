@@ -262,7 +262,8 @@ def runnable_ranks(result: Any, model: Any, stack: Any, k: int) -> tuple[list[tu
         return [], {}
     batch = PlanBatch.from_arrays(dtype=result.space.dtype, attention=result.space.attention,
                                   **{f: c[f][idx] for f in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero",
-                                                            "micro_batch", "global_batch", "overlap", "order")})
+                                                            "micro_batch", "global_batch", "overlap", "order",
+                                                            "cp", "cp_kind", "ep", "etp")})
     codes = stack.violation_codes(batch, model)
     ok = np.flatnonzero(codes == 0)[:k]
     last = int(ok[-1]) + 1 if ok.size else len(idx)
@@ -285,7 +286,8 @@ def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
 
 DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "compute_s": "compute", "recompute_s": "recomp_s",
                  "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm", "overhead_s": "overhead",
-                 "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm"}
+                 "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm", "cp_comm_s": "cp_comm",
+                 "ep_comm_s": "ep_comm"}
 
 
 def format_table(frame: Any) -> str:

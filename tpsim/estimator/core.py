@@ -35,7 +35,8 @@ from .result import Estimate, EstimateBatch
 from .schedule import Schedule, schedule
 from .source import LayerCosts
 
-__all__ = ["estimate", "estimate_batch", "run_stages", "layer_forward_flops", "model_flops_per_sequence"]
+__all__ = ["estimate", "estimate_batch", "run_stages", "layer_forward_flops", "model_flops_per_sequence",
+           "model_states_bytes"]
 
 
 # ---- stage 1: layer costs --------------------------------------------------------------------------------
@@ -104,6 +105,28 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=sched.micro_batches, w_bytes=w_bytes,
                  master_bytes=master_bytes, grad_bytes=GRAD_BYTES, cp=p.cp, edp=edp)
     return totals(ctx, plans, costs, sched, mem, comm)
+
+
+def model_states_bytes(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray:
+    """Per plan, the weights, gradients and optimizer states (bytes) of the pipeline rank holding the most:
+    a lower bound of its peak memory that needs neither collective curves nor activations (the planner drops
+    plans whose states alone exceed the device). Computed per distinct (parameter, pipeline and ZeRO) pattern
+    with the partition and memory stages' own rules."""
+    from .memory import _state_bytes
+
+    w_bytes, master_bytes = _precision(plans.dtype)
+    costs_u, layer_keys = layer_costs(ctx, plans)
+    edp_all = expert_dp(plans)
+    fields = [plans.pp, plans.vpp, plans.zero, plans.dp, plans.cp, edp_all, layer_keys.inverse]
+    keys = distinct(*fields)
+    sub = plans.take(keys.first)
+    costs = costs_u.take(layer_keys.inverse[keys.first], with_comm=False)
+    part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs, getattr(ctx.source, "kind_of_layer", None))
+    dense = _state_bytes(sub.zero, sub.dp * sub.cp, w_bytes, master_bytes, GRAD_BYTES)["total"]
+    expert = _state_bytes(sub.zero, edp_all[keys.first], w_bytes, master_bytes, GRAD_BYTES)["total"]
+    held_expert = 0.0 if part.expert is None else part.expert
+    states = np.where(part.valid, (part.params - held_expert) * dense + held_expert * expert, 0.0).max(axis=0)
+    return states[keys.inverse]
 
 
 # ---- stage 6: totals -------------------------------------------------------------------------------------

@@ -117,8 +117,8 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
         return np.zeros(n_plans), np.zeros(n_plans)
     if window and window < s:
         w = float(window)
-        blocks = np.maximum(seq - w, 0.0) / w
         windowed = seq > w
+        blocks = np.where(windowed, (seq - w) / w, 1.0)  # (1.0 where unused: no empty kernel)
         for backward, acc in ((False, acc_f), (True, acc_b)):
             full = compute.attention(bh, seq, d, True, dtype, backward)
             band = compute.attention(bh * blocks, w, d, False, dtype, backward)
@@ -130,7 +130,7 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
     acc_b.add(compute.attention(bh, seq, d, True, dtype, True))
     if not np.any(ring):
         return np.zeros(n_plans), np.zeros(n_plans)
-    steps = np.where(ring, (cpf - 1.0) / 2.0, 0.0)  # cp - 1 half blocks
+    steps = np.where(ring, (cpf - 1.0) / 2.0, 1.0)  # cp - 1 half blocks (1.0 where unused: no empty kernel)
     n = s / cpf
     hidden_f = acc_f.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, False)))
     hidden_b = acc_b.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, True)))

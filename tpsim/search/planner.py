@@ -21,10 +21,10 @@ import numpy as np
 
 from ..errors import InputError
 from ..model import ModelSpec
-from ..plan import ORDERS, RECOMPUTE, Plan, PlanBatch
+from ..plan import CP_KINDS, ORDERS, RECOMPUTE, Plan, PlanBatch
 from .pareto import pareto_front, pareto_front_max_y
-from .space import SearchSpace, enumerate_plans
-from .validity import MEM_LIMIT, MEMORY, REASONS, count_reasons, violations
+from .space import SearchSpace, enumerate_valid
+from .validity import MEM_LIMIT, MEMORY, REASONS, reasons_from_counts
 
 OBJECTIVES = ("time", "memory", "cost")
 DEFAULT_GPU_HOUR_PRICE = 1.0
@@ -35,9 +35,11 @@ CHUNK = 1 << 14
 # EstimateBatch arrays the planner keeps for every evaluated plan
 ESTIMATE_FIELDS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
                    "peak_memory_gib", "fits", "compute_s", "recompute_s", "bubble_s", "optimizer_s",
-                   "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "mem_weights_gib",
+                   "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "cp_comm_s", "ep_comm_s",
+                   "mem_weights_gib",
                    "mem_grads_gib", "mem_optimizer_states_gib", "mem_activations_gib", "mem_other_gib")
-PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order")
+PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order", "cp", "cp_kind",
+               "ep", "etp")
 BREAKDOWN = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
 """the components that sum to the step time."""
 
@@ -47,6 +49,32 @@ Estimator = Callable[..., Any]
 def _default_estimator() -> Estimator:
     from ..estimator import estimate_batch
     return estimate_batch
+
+
+_default_estimator_fn = _default_estimator
+
+
+def _without_oversized_states(model: ModelSpec, cluster: Any, plans: PlanBatch, compute: Any) -> tuple[PlanBatch, int]:
+    """The plans whose weights, gradients and optimizer states alone fit in the device's memory, and how many
+    did not (they cannot fit whatever their activations: counted under the ``memory`` reason without being
+    estimated, and without building their collective curves)."""
+    if not len(plans):
+        return plans, 0
+    from ..estimator import context_for
+    from ..estimator.core import model_states_bytes
+
+    ctx = context_for(model, cluster, compute)
+    keep = np.ones(len(plans), dtype=bool)
+    for start in range(0, len(plans), STATES_CHUNK):
+        sub = plans.take(slice(start, start + STATES_CHUNK))
+        keep[start:start + len(sub)] = model_states_bytes(ctx, sub) <= cluster.device.memory_bytes
+    if keep.all():
+        return plans, 0
+    return plans.take(np.flatnonzero(keep)), int((~keep).sum())
+
+
+STATES_CHUNK = 1 << 20
+"""plans per model-states check (bounds the memory of the pattern arrays)."""
 
 
 @dataclass(frozen=True)
@@ -118,11 +146,12 @@ class SearchResult:
     def plan(self, i: int) -> Any:
         """Evaluated plan ``i`` as a :class:`tpsim.plan.Plan`."""
         c = self.columns
-        return Plan(tp=int(c["tp"][i]), pp=int(c["pp"][i]), vpp=int(c["vpp"][i]), dp=int(c["dp"][i]),
-                    sp=bool(c["sp"][i]), recompute=RECOMPUTE[int(c["recompute"][i])], zero=int(c["zero"][i]),
-                    micro_batch=int(c["micro_batch"][i]), global_batch=int(c["global_batch"][i]),
-                    dtype=self.space.dtype, overlap=bool(c["overlap"][i]), order=ORDERS[int(c["order"][i])],
-                    attention=self.space.attention)
+        return Plan(tp=int(c["tp"][i]), cp=int(c["cp"][i]), cp_kind=CP_KINDS[int(c["cp_kind"][i])],
+                    ep=int(c["ep"][i]), etp=int(c["etp"][i]), pp=int(c["pp"][i]), vpp=int(c["vpp"][i]),
+                    dp=int(c["dp"][i]), sp=bool(c["sp"][i]), recompute=RECOMPUTE[int(c["recompute"][i])],
+                    zero=int(c["zero"][i]), micro_batch=int(c["micro_batch"][i]),
+                    global_batch=int(c["global_batch"][i]), dtype=self.space.dtype, overlap=bool(c["overlap"][i]),
+                    order=ORDERS[int(c["order"][i])], attention=self.space.attention)
 
     def estimate(self, i: int) -> Any:
         """The full :class:`Estimate` of evaluated plan ``i``, exactly as ``tpsim estimate`` gives it: the row
@@ -169,7 +198,14 @@ class SearchResult:
     def label(self, i: int) -> str:
         """Short label of evaluated plan ``i`` (``tp8 pp16 dp8 sp sel z1 mb1``, with GPUs if they vary)."""
         c = self.columns
-        parts = [f"tp{c['tp'][i]}", f"pp{c['pp'][i]}"]
+        parts = [f"tp{c['tp'][i]}"]
+        if c["cp"][i] > 1:
+            parts.append(f"cp{c['cp'][i]}" + ("/a2a" if c["cp_kind"][i] == 1 else ""))
+        if c["ep"][i] > 1:
+            parts.append(f"ep{c['ep'][i]}")
+        if c["etp"][i] and c["etp"][i] != c["tp"][i]:
+            parts.append(f"etp{c['etp'][i]}")
+        parts.append(f"pp{c['pp'][i]}")
         if c["vpp"][i] > 1:
             parts.append(f"v{c['vpp'][i]}")
         parts.append(f"dp{c['dp'][i]}")
@@ -247,8 +283,15 @@ class SearchResult:
         data: dict[str, Any] = {"rank": np.arange(1, idx.size + 1)}
         if len(self.parts) > 1:
             data["gpus"] = c["gpus"][idx]
+        data["tp"] = c["tp"][idx]
+        if np.any(c["cp"][idx] > 1):
+            data["cp"] = [f"{n}{'/a2a' if k == 1 else ''}" for n, k in zip(c["cp"][idx], c["cp_kind"][idx])]
+        if np.any(c["ep"][idx] > 1):
+            data["ep"] = c["ep"][idx]
+        if np.any((c["etp"][idx] > 0) & (c["etp"][idx] != c["tp"][idx])):
+            data["etp"] = np.where(c["etp"][idx] == 0, c["tp"][idx], c["etp"][idx])
         data.update({
-            "tp": c["tp"][idx], "pp": c["pp"][idx], "vpp": c["vpp"][idx], "dp": c["dp"][idx],
+            "pp": c["pp"][idx], "vpp": c["vpp"][idx], "dp": c["dp"][idx],
             "sp": np.where(c["sp"][idx], "y", "-"), "recompute": [RECOMPUTE[int(r)] for r in c["recompute"][idx]],
             "zero": c["zero"][idx], "mb": c["micro_batch"][idx], "overlap": np.where(c["overlap"][idx], "y", "-"),
             "order": [ORDERS[int(o)] for o in c["order"][idx]],
@@ -257,9 +300,9 @@ class SearchResult:
         })
         if not c["fits_effective"][idx].all():
             data["fits"] = c["fits_effective"][idx]
-        for name in BREAKDOWN + ("tp_comm", "pp_comm", "dp_comm"):
-            if name == "overhead" and not np.any(c["overhead_s"][idx]):
-                continue  # no calibrated host overhead: no column of zeros
+        for name in BREAKDOWN + ("tp_comm", "pp_comm", "dp_comm", "cp_comm", "ep_comm"):
+            if name in ("overhead", "cp_comm", "ep_comm") and not np.any(c[f"{name}_s"][idx]):
+                continue  # no calibrated host overhead, no cp / ep: no column of zeros
             data[f"{name}_s"] = c[f"{name}_s"][idx]
         if self.objective == "cost":
             data["$/Mtok"] = c["cost_per_mtok"][idx]
@@ -348,12 +391,16 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     clusters = tuple(clusters) if isinstance(clusters, (list, tuple)) else (clusters,)
     if not clusters:
         raise InputError("no cluster to search")
-    enumerations = [enumerate_plans(model, int(c.num_gpus), global_batch, space) for c in clusters]
-    codes = [violations(model, e.plans, e.num_gpus) for e in enumerations]
-    enumerated = sum(len(e.plans) for e in enumerations)
-    valid = [e.plans.take(np.flatnonzero(code == 0)) for e, code in zip(enumerations, codes)]
+    enumerations = [enumerate_valid(model, int(c.num_gpus), global_batch, space) for c in clusters]
+    enumerated = sum(e.enumerated for e in enumerations)
+    valid = [e.plans for e in enumerations]
+    states_over = 0
+    if not include_unfit and estimator is _default_estimator_fn():
+        kept = [_without_oversized_states(model, c, v, compute) for c, v in zip(clusters, valid)]
+        valid = [k for k, _ in kept]
+        states_over = sum(n for _, n in kept)
     evaluated = sum(len(v) for v in valid)
-    rejected = count_reasons(np.concatenate(codes)) if codes else {}
+    rejected = reasons_from_counts(sum(e.codes for e in enumerations))
 
     from tqdm import tqdm
 
@@ -382,7 +429,7 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     if not include_unfit:
         order = order[columns["fits_effective"][order]]
         extra = np.zeros(len(REASONS), dtype=np.int64)
-        extra[MEMORY] = int((~columns["fits"]).sum())
+        extra[MEMORY] = int((~columns["fits"]).sum()) + states_over
         extra[MEM_LIMIT] = int((columns["fits"] & over_limit).sum())
         for code in (MEMORY, MEM_LIMIT):
             if extra[code]:
