@@ -240,3 +240,13 @@ def test_prediction_without_a_load_is_the_estimators(machine):
                     kind=LayerKind(moe=True, window=0))
     assert pred.fwd_compute_s == pytest.approx(float(lc.fwd[0]))
     assert pred.bwd_compute_s == pytest.approx(float(lc.bwd[0]))
+
+
+def test_validate_top_skips_plans_the_whole_plan_run_cannot_execute():
+    """--validate-top picks among plans without cp/ep (those are checked per layer), keeping their search ranks."""
+    from tpsim.plan import Plan
+    from tpsim.validate.top import pick_plans
+    ranking = [Plan(cp=2, global_batch=4), Plan(dp=2, global_batch=4), Plan(ep=2, dp=2, global_batch=4),
+               Plan(pp=2, global_batch=4), Plan(dp=2, zero=1, global_batch=4)]
+    picks = pick_plans(ranking, 2, contrast=1)
+    assert [(p.search_rank, p.role) for p in picks] == [(2, "top"), (4, "top"), (5, "contrast")]
