@@ -52,6 +52,17 @@ class AxisPrediction:
         return {}
 
 
+class _Seconds:
+    """Sums what :func:`tpsim.estimator.moe.add_expert_compute` adds (``add((seconds, measured), times)``) for
+    one plan."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def add(self, res: tuple, times: float = 1.0) -> None:
+        self.t += float(np.asarray(res[0]).reshape(-1)[0]) * times
+
+
 def _a(x: float) -> np.ndarray:
     return np.asarray([x])
 
@@ -102,7 +113,6 @@ def predict_axis(case: AxisCase, cluster, compute=None, load: int | None = None)
 def _at_load(case: AxisCase, compute, comm: list, load: int | None) -> tuple[dict, list, tuple[float, float]]:  # noqa: ANN001
     """The estimator's imbalance, and with a measured ``load``: the ep all-to-alls resized and the change of the
     expert compute (forward, backward) from the estimator's busiest-rank copies to ``load``."""
-    from ..estimator.layer import _Acc
     from ..estimator.moe import add_expert_compute, expert_shape
 
     model = case.model
@@ -115,9 +125,9 @@ def _at_load(case: AxisCase, compute, comm: list, load: int | None) -> tuple[dic
     observed = dataclasses.replace(shape, copies=_a(float(load)), imbalance=_a(load / balanced))
     sums = []
     for s in (shape, observed):
-        f, b = _Acc(1), _Acc(1)
+        f, b = _Seconds(), _Seconds()
         add_expert_compute(f, b, compute, model, s, "fp32")
-        sums.append((float(f.t[0]), float(b.t[0])))
+        sums.append((f.t, b.t))
     ratio = load / float(shape.copies[0])
     resized = [dataclasses.replace(c, nbytes=np.asarray(c.nbytes) * ratio) if c.axes == ("ep",) else c for c in comm]
     return info, resized, (sums[1][0] - sums[0][0], sums[1][1] - sums[0][1])

@@ -34,11 +34,11 @@ NUMERICS_RTOL_FP64 = 1e-9
 _GROUPS: dict[tuple[int, int, int], dict[str, Any]] = {}
 
 
-def _layout_groups(world: int, size: int) -> list[list[int]]:
+def _layout_groups(world: int, size: int) -> tuple[list[list[int]], list[list[int]]]:
     """Rank lists of an axis of ``size`` that is innermost (consecutive ranks) and of the axis outside it."""
     inner = [list(range(b * size, (b + 1) * size)) for b in range(world // size)]
     outer = [list(range(o, world, size)) for o in range(size)]
-    return [inner, outer]
+    return inner, outer
 
 
 def axis_groups(case: AxisCase, rank: int) -> dict[str, Any]:
