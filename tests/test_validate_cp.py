@@ -250,3 +250,27 @@ def test_validate_top_skips_plans_the_whole_plan_run_cannot_execute():
                Plan(pp=2, global_batch=4), Plan(dp=2, zero=1, global_batch=4)]
     picks = pick_plans(ranking, 2, contrast=1)
     assert [(p.search_rank, p.role) for p in picks] == [(2, "top"), (4, "top"), (5, "contrast")]
+
+
+# ---- matrix ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", ["llama3-8b", "gpt3-1.3b", "mixtral-8x7b"])
+def test_matrix_has_ring_ulysses_and_expert_entries_on_two_ranks(preset):
+    """--matrix axes: cp 2 ring, cp 2 a2a, ep 2 (dp 2) and cp 2 x ep 2, each on 2 ranks and each expecting the
+    collectives of its axes (a dense model's ep entries on an MoE layer of 8 experts top-2)."""
+    from tpsim.validate.matrix import AXIS_MATRIX_CP, AXIS_MATRIX_MOE, axis_matrix_cases
+    base = PRESETS[preset]
+    cases = axis_matrix_cases(base)
+    assert [(c.cp, c.cp_kind, c.ep, c.dp) for c in cases] == [(2, "ring", 1, 1), (2, "a2a", 1, 1), (1, "ring", 2, 2),
+                                                             (2, "ring", 2, 1)]
+    assert all(c.world == 2 for c in cases)
+    assert [set(c.expected_comm()) for c in cases] == [{"cp"}, {"cp"}, {"ep"}, {"cp", "ep"}]
+    for c in cases[2:]:
+        assert c.model.is_moe and c.model.hidden_size == AXIS_MATRIX_MOE["hidden"]
+        assert c.model.num_experts // c.ep >= 2
+        if not base.is_moe:
+            assert (c.model.num_experts, c.model.experts_per_token) == (AXIS_MATRIX_MOE["experts"],
+                                                                          AXIS_MATRIX_MOE["top_k"])
+    for c in cases[:2]:
+        assert c.model.is_moe == base.is_moe
+        if not base.is_moe:
+            assert (c.model.hidden_size, c.model.seq_len) == (AXIS_MATRIX_CP["hidden"], AXIS_MATRIX_CP["seq"])
