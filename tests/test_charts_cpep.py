@@ -70,3 +70,22 @@ def test_context_sweep_finds_where_cp_pays():
     assert f"context parallelism pays from {first:,} tokens" in lines
     assert [t.get_text() for t in ax.texts][: int(np.isfinite(b["tokens_per_s"]).sum())] == [
         f"cp{int(c)}" + ("/a2a" if k == 1 else "") for c, k in zip(b["cp"], b["cp_kind"])]
+
+
+def test_report_adds_the_ep_and_cp_sweeps_for_a_long_context_moe_model(tmp_path):
+    from tpsim.cli import main
+    from tpsim.report.markdown import CHART_FILES, context_seq_lens
+
+    out = tmp_path / "rep"
+    argv = ["report", "--model", "mixtral-8x7b", "--layers", "2", "--seq-len", "32768", "--cluster", "dgx-h100",
+            "--gpus", "16", "--global-batch", "4", "--vpp", "1", "--micro-batch", "1", "--order", "tp-dp-pp",
+            "--zero", "1", "--recompute", "selective", "--sp", "on", "--etp", "1", "--cp-kind", "ring", "--out",
+            str(out), "--quiet", "--top", "3"]
+    assert main(argv) == 0
+    text = (out / "README.md").read_text()
+    for name in CHART_FILES + ("ep_sweep", "cp_sweep"):
+        assert f"]({name}.png)" in text and (out / f"{name}.png").stat().st_size > 1000
+    assert "## Expert-parallel degree sweep" in text and "## Where context parallelism pays" in text
+    assert context_seq_lens(32768) == (4096, 8192, 16384, 32768)
+    for s in context_seq_lens(32768):
+        assert f"| {s:,} |" in text or f"| {s} |" in text
