@@ -193,3 +193,31 @@ def test_deepseek_v3_layers_and_parameters_per_rank(h100):
     assert part.params[0, 0] == pytest.approx(3 * dense + moe + emb)  # layers 0-3: 3 dense + 1 MoE
     assert part.expert[0, 0] == pytest.approx(costs.expert_by_kind[1, 0])
     assert part.expert[1, 0] == pytest.approx(4 * costs.expert_by_kind[1, 0])
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "gemma2"])
+def test_identical_collectives_of_layer_kinds_merge_exactly(h100, monkeypatch, name):
+    """Dense and MoE layers (DeepSeek-V3), windowed and global ones (Gemma 2) share their attention-block
+    collectives: merged into one entry each, the estimate is the one of the kinds' collectives kept apart."""
+    import tpsim.estimator.source as source
+    from tpsim.estimator.context import context_for
+    from tpsim.estimator.core import layer_costs
+    from tpsim.model import load_model
+
+    if name == "gemma2":
+        m = with_overrides(load_model("tests/data/configs/gemma2.json"), layers=4, seq_len=4096)
+        plans = [Plan(tp=2, cp=2, cp_kind="a2a", dp=4, sp=sp, micro_batch=1, global_batch=16) for sp in (False, True)]
+    else:
+        m = dataclasses.replace(with_overrides(get_preset("deepseek-v3"), layers=6, seq_len=2048), mtp_layers=0)
+        plans = [Plan(tp=2, cp=2, ep=4, etp=etp, dp=4, sp=True, micro_batch=1, global_batch=16, dtype="bf16")
+                 for etp in (1, 2)]
+    batch = PlanBatch.from_plans(plans)
+    merged = estimate_batch(m, h100[16], batch)
+    n_merged = len(layer_costs(context_for(m, h100[16]), batch)[0].comm)
+    monkeypatch.setattr(source, "_merged", lambda comm, tags: tuple(comm))
+    apart = dataclasses.replace(m)  # another object: a new context, costed without the merge
+    separate = estimate_batch(apart, h100[16], batch)
+    assert len(layer_costs(context_for(apart, h100[16]), batch)[0].comm) > n_merged
+    for field in ("step_time_s", "exposed_comm_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "peak_memory_gib"):
+        np.testing.assert_allclose(getattr(merged, field), getattr(separate, field), rtol=1e-12, atol=0)
+    assert merged.cp_comm_s.min() > 0 and merged.tp_comm_s.min() > 0

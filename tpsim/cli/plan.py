@@ -41,6 +41,15 @@ def add_space_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search space (constraints)")
     g.add_argument("--tp", type=positive_int, nargs="+", default=None, help="only these tensor-parallel degrees")
     g.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel degree")
+    g.add_argument("--cp", type=positive_int, nargs="+", default=None,
+                   help="only these context-parallel degrees (default: every divisor of the non-pipeline ranks)")
+    g.add_argument("--max-cp", type=positive_int, default=None, help="largest context-parallel degree")
+    g.add_argument("--cp-kind", nargs="+", default=None, choices=("ring", "a2a"),
+                   help="only these context-parallel kinds (default both where cp > 1)")
+    g.add_argument("--ep", type=positive_int, nargs="+", default=None,
+                   help="only these expert-parallel degrees (MoE models; default: every divisor of the experts)")
+    g.add_argument("--etp", type=int, nargs="+", default=None,
+                   help="only these expert tensor-parallel degrees (0 = equal to tp; default: tp and 1)")
     g.add_argument("--pp", type=positive_int, nargs="+", default=None, help="only these pipeline degrees")
     g.add_argument("--no-pp", action="store_true", help="no pipeline parallelism (pp = 1)")
     g.add_argument("--vpp", type=positive_int, nargs="+", default=None, help="only these virtual pipeline sizes")
@@ -136,6 +145,17 @@ def build_space(args: argparse.Namespace, model: Any) -> Any:
         if args.max_tp <= 0:
             raise InputError(f"--max-tp={args.max_tp} must be a positive integer")
         kw["max_tp"] = args.max_tp
+    kw["cp"] = _positive("cp", args.cp)
+    if args.max_cp is not None:
+        kw["max_cp"] = args.max_cp
+    if args.cp_kind:
+        kw["cp_kind"] = tuple(args.cp_kind)
+    kw["ep"] = _positive("ep", args.ep)
+    if args.etp is not None:
+        for v in args.etp:
+            if v < 0:
+                raise InputError(f"--etp={v} must be 0 (equal to tp) or a positive integer")
+        kw["etp"] = tuple(args.etp)
     for name, flag in (("vpp", "vpp"), ("micro_batch", "micro-batch")):
         values = _positive(flag, getattr(args, name))
         if values:

@@ -225,18 +225,28 @@ class TransformerSource(LayerSource):
         mem_kw = dict(tp=tp, sp=sp, micro_batch=mb, recompute=rc, attention=attention, act_bytes=axes["act_bytes"],
                       cp=cp, kind=kind, ep=ep, etp=etp)
         working = np.where(rc == 2, full_layer_activations(model, **mem_kw), 0.0)
-        comm = self._tp_collectives(lc, kind, axes) + cp_layer_collectives(model, lc, axes, cp_kind)
+        tp_ops = self._tp_collectives(lc, kind, axes)
+        cp_ops = cp_layer_collectives(model, lc, axes, cp_kind)
+        comm = [c for c, _ in tp_ops] + cp_ops
+        # what makes two kinds' collectives the same: attention-block TP ops never differ, MLP-block ones only
+        # between kinds with the same MLP; ring exchanges hide behind attention (same window), the rest are
+        # exposed and sized by the attention or the experts alone
+        tags = [("tp", who, kind.moe if who[1] == "feed_forward" else None) for _, who in tp_ops]
+        tags += [("cp", i, kind.window if c.op == "send_recv" else None) for i, c in enumerate(cp_ops)]
         if kind.moe:
-            comm += moe_layer_collectives(model, axes)
+            ep_ops = moe_layer_collectives(model, axes)
+            comm += ep_ops
+            tags += [("ep", i) for i in range(len(ep_ops))]
             working = working + _dispatch_buffers(model, axes)
         return _KindCosts(fwd=lc.fwd, bwd=lc.bwd, recompute=lc.recompute, measured=lc.measured, comm=tuple(comm),
                           params=layer_params_local(model, tp, kind, ep, etp),
                           expert_params=layer_expert_params_local(model, tp, kind, ep, etp),
-                          activations=activation_bytes_per_layer(model, **mem_kw), working=working)
+                          activations=activation_bytes_per_layer(model, **mem_kw), working=working,
+                          tags=tuple(tags))
 
-    def _tp_collectives(self, lc, kind: LayerKind, axes: dict) -> list[Collective]:
-        """The block's TP collectives; a mixture-of-experts layer without shared experts has no dense MLP, so
-        no feed-forward ones."""
+    def _tp_collectives(self, lc, kind: LayerKind, axes: dict) -> list[tuple[Collective, tuple]]:
+        """The block's TP collectives, each with what identifies it (sp, block, module, phase, op, overlap); a
+        mixture-of-experts layer without shared experts has no dense MLP, so no feed-forward ones."""
         model, tp, sp = self.model, axes["tp"], axes["sp"]
         T = axes["micro_batch"] * float(model.seq_len) / axes["cp"]
         act = np.where(tp > 1, T * model.hidden_size * axes["act_bytes"], 0.0)
@@ -250,8 +260,9 @@ class TransformerSource(LayerSource):
                     continue
                 nbytes = act if c.activation else np.full(len(tp), float(c.numel * 4))
                 hide = {"wgrad": lc.wgrad, "dgrad": lc.dgrad}.get(c.overlap, {}).get(block, 0.0)
-                comm.append(Collective(axes=("tp",), op=c.op, phase=c.phase, nbytes=np.where(mask, nbytes, 0.0),
-                                       hide=np.broadcast_to(np.asarray(hide, dtype=float), tp.shape)))
+                comm.append((Collective(axes=("tp",), op=c.op, phase=c.phase, nbytes=np.where(mask, nbytes, 0.0),
+                                        hide=np.broadcast_to(np.asarray(hide, dtype=float), tp.shape)),
+                             (sp_value, block, c.module, c.phase, c.op, c.overlap)))
         return comm
 
     def _edges(self, compute: ComputeModel, tp: np.ndarray, sp: np.ndarray, mb: np.ndarray, cp: np.ndarray,
@@ -303,6 +314,8 @@ class _KindCosts:
     expert_params: np.ndarray
     activations: np.ndarray
     working: np.ndarray
+    tags: tuple = ()
+    """one per collective: equal tags across kinds mean the same message hidden the same way."""
 
 
 def _mean_layer(kinds: list[_KindCosts], weights: tuple[float, ...]) -> _KindCosts:
@@ -312,13 +325,31 @@ def _mean_layer(kinds: list[_KindCosts], weights: tuple[float, ...]) -> _KindCos
     if len(kinds) == 1:
         return kinds[0]
     mean = lambda name: sum(w * getattr(k, name) for k, w in zip(kinds, weights))  # noqa: E731
-    comm = tuple(dataclasses.replace(c, count=c.count * w, hide=c.hide * w)
-                 for k, w in zip(kinds, weights) for c in k.comm)
+    comm = _merged([dataclasses.replace(c, count=c.count * w, hide=c.hide * w)
+                    for k, w in zip(kinds, weights) for c in k.comm], [t for k in kinds for t in k.tags])
     total = mean("fwd") + mean("bwd")
     measured = sum(w * k.measured * (k.fwd + k.bwd) for k, w in zip(kinds, weights)) / np.where(total > 0, total, 1)
     return _KindCosts(fwd=mean("fwd"), bwd=mean("bwd"), recompute=mean("recompute"), measured=measured, comm=comm,
                       params=mean("params"), expert_params=mean("expert_params"), activations=mean("activations"),
                       working=np.max(np.stack([k.working for k in kinds]), axis=0))
+
+
+def _merged(comm: list[Collective], tags: list[tuple]) -> tuple[Collective, ...]:
+    """Collectives of several layer kinds with the same tag (the same message, hidden behind the same compute,
+    by construction: see :meth:`TransformerSource._kind_costs`) as one entry with the summed count and hidden
+    seconds: the exposed time max(0, count x time - hide) adds up exactly. The merge depends only on the
+    kinds, so every key row of the source has the same collectives."""
+    out: list[Collective] = []
+    where: dict[tuple, int] = {}
+    for c, tag in zip(comm, tags):
+        i = where.get(tag)
+        if i is None:
+            where[tag] = len(out)
+            out.append(c)
+        else:
+            m = out[i]
+            out[i] = dataclasses.replace(m, count=m.count + c.count, hide=m.hide + c.hide)
+    return tuple(out)
 
 
 def cp_layer_collectives(model: ModelSpec, lc, axes: dict, cp_kind: np.ndarray) -> list[Collective]:
@@ -333,14 +364,14 @@ def cp_layer_collectives(model: ModelSpec, lc, axes: dict, cp_kind: np.ndarray) 
     steps = np.maximum(cpf - 1.0, 1.0)
     per_step_f, per_step_b = lc.ring_fwd / steps, lc.ring_bwd / steps
     middle = np.maximum(cpf - 2.0, 0.0)
+    # backward: the first step sends K/V, the last dK/dV (one block each), the middle ones both at once
     ops = [Collective(("cp",), "send_recv", "fwd", kv, per_step_f * (cpf - 1.0), cpf - 1.0),
-           Collective(("cp",), "send_recv", "bwd", kv, per_step_b, 1.0),
-           Collective(("cp",), "send_recv", "bwd", np.where(middle > 0, 2.0 * kv, 0.0), per_step_b * middle, middle),
-           Collective(("cp",), "send_recv", "bwd", kv, per_step_b, 1.0)]
+           Collective(("cp",), "send_recv", "bwd", kv, 2.0 * per_step_b, 2.0),
+           Collective(("cp",), "send_recv", "bwd", np.where(middle > 0, 2.0 * kv, 0.0), per_step_b * middle, middle)]
     sizes = a2a_bytes(model, tp=tp, cp=cp, micro_batch=mb, act_bytes=act_bytes)
-    for phase in ("fwd", "bwd"):
-        for t in ("q", "k", "v", "o"):
-            ops.append(Collective(("cp",), "all_to_all", phase, np.where(a2a, sizes[t], 0.0), 0.0, 1.0))
+    for phase in ("fwd", "bwd"):  # q and o (and k and v) move the same bytes: all-to-all needs dqk == dv (no MLA)
+        ops.append(Collective(("cp",), "all_to_all", phase, np.where(a2a, sizes["q"], 0.0), 0.0, 2.0))
+        ops.append(Collective(("cp",), "all_to_all", phase, np.where(a2a, sizes["k"], 0.0), 0.0, 2.0))
     return ops
 
 

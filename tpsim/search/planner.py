@@ -368,11 +368,10 @@ def _rank(cols: Mapping[str, np.ndarray], objective: str) -> np.ndarray:
     """Indices of all rows, best first (np.lexsort: the last key is the primary one)."""
     primary = {"time": cols["step_time_s"], "memory": cols["peak_memory_gib"],
                "cost": cols["cost_per_mtok"]}[objective]
-    # tie-breakers, last = most important: fewer GPUs, then the plan fields ascending, except that the
-    # default overlap=True goes before overlap=False
-    keys = [~cols[name] if name == "overlap" else cols[name] for name in reversed(("gpus",) + PLAN_FIELDS)]
-    keys += [cols["peak_memory_gib"], cols["step_time_s"], primary, ~cols["fits_effective"]]
-    return np.lexsort(keys)
+    # tie-breakers: fewer GPUs, then the plan fields ascending in PLAN_FIELDS order, except that the default
+    # overlap=True goes before overlap=False; packed into one key that sorts like that tuple
+    fields = _packed([~cols[name] if name == "overlap" else cols[name] for name in ("gpus",) + PLAN_FIELDS])
+    return np.lexsort([fields, cols["peak_memory_gib"], cols["step_time_s"], primary, ~cols["fits_effective"]])
 
 
 def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchSpace | None = None,
@@ -447,30 +446,40 @@ def _same_as_overlapped(cols: Mapping[str, np.ndarray]) -> np.ndarray:
     n = cols["tp"].size
     if n == 0:
         return np.zeros(0, dtype=bool)
-    group = _row_groups([np.asarray(cols[k], dtype=np.int64) for k in ("gpus",) + PLAN_FIELDS if k != "overlap"])
+    key = _packed([cols[k] for k in ("gpus",) + PLAN_FIELDS if k != "overlap"])
     on = np.flatnonzero(cols["overlap"])
-    twin_of_group = np.full(int(group.max()) + 1, -1, dtype=np.int64)
-    twin_of_group[group[on]] = on
     off = np.flatnonzero(~cols["overlap"])
-    twin = twin_of_group[group[off]]
-    same = (twin >= 0)
-    same[same] = ((cols["step_time_s"][off[same]] == cols["step_time_s"][twin[same]])
-                  & (cols["peak_memory_gib"][off[same]] == cols["peak_memory_gib"][twin[same]]))
     mask = np.zeros(n, dtype=bool)
+    if not on.size or not off.size:
+        return mask
+    order = np.argsort(key[on], kind="stable")
+    sorted_on = key[on][order]
+    at = np.minimum(np.searchsorted(sorted_on, key[off]), on.size - 1)
+    twin = on[order[at]]
+    same = ((sorted_on[at] == key[off]) & (cols["step_time_s"][off] == cols["step_time_s"][twin])
+            & (cols["peak_memory_gib"][off] == cols["peak_memory_gib"][twin]))
     mask[off[same]] = True
     return mask
 
 
-def _row_groups(keys: list[np.ndarray]) -> np.ndarray:
-    """Group id per row of equal ``keys`` (non-negative ints): one mixed-radix int64 key when it cannot
-    overflow (fast 1-D unique), else unique rows."""
-    radix = [int(k.max()) + 1 for k in keys]
-    if math.prod(radix) < 2**62:
-        flat = np.zeros(keys[0].size, dtype=np.int64)
-        for k, r in zip(keys, radix):
-            flat = flat * r + k
-        return np.unique(flat, return_inverse=True)[1].reshape(-1)
-    return np.unique(np.stack(keys, 1), axis=0, return_inverse=True)[1].reshape(-1)
+def _packed(columns: list[np.ndarray]) -> np.ndarray:
+    """One int64 per row that sorts like the tuple of ``columns`` (non-negative integers or booleans, first
+    most significant): each column replaced by the rank of its value among the values present, then mixed
+    radix; unique rows when even that could overflow."""
+    codes, radix = [], []
+    for col in columns:
+        c = np.asarray(col, dtype=np.int64)
+        present = np.zeros(int(c.max()) + 1 if c.size else 1, dtype=bool)
+        present[c] = True
+        rank = np.cumsum(present) - 1
+        codes.append(rank[c])
+        radix.append(int(present.sum()))
+    if math.prod(radix) >= 2**62:
+        return np.unique(np.stack(codes, 1), axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    flat = np.zeros(codes[0].size, dtype=np.int64)
+    for c, r in zip(codes, radix):
+        flat = flat * r + c
+    return flat
 
 
 def _merge(col_parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

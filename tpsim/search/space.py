@@ -297,9 +297,9 @@ def _expand(pieces: list, lay: np.ndarray, axes: dict, part: dict, reduces: np.n
     row, zero, rc, ov = row[order], zero[order], rc[order], ov[order]
     cols = {name: a[row] for name, a in axes.items()}
     cols.update({name: a[row] for name, a in part.items()})
-    return PlanBatch.from_arrays(dtype=space.dtype, attention=space.attention, **cols, recompute=rc,
-                                 zero=zero.astype(np.int64), overlap=ov.astype(bool),
-                                 global_batch=np.full(row.size, global_batch, dtype=np.int64))
+    return PlanBatch(**cols, recompute=rc.astype(np.int64), zero=zero.astype(np.int64), overlap=ov.astype(bool),
+                     global_batch=np.full(row.size, global_batch, dtype=np.int64), dtype=space.dtype,
+                     attention=space.attention)
 
 
 def _positions(values, column: np.ndarray) -> np.ndarray:
