@@ -42,7 +42,9 @@ def test_algorithm_names_are_always_there(problem):
     for i in range(0, len(batch), 37):
         names = batch.to_estimate(i).collectives
         plan = batch.plans.plan(i)
-        assert set(names) == {a for a, n in (("tp", plan.tp), ("dp", plan.dp), ("pp", plan.pp)) if n > 1}
+        # the gradient reduction ("dp") spans dp x cp
+        axes = (("tp", plan.tp), ("cp", plan.cp), ("dp", plan.dp * plan.cp), ("pp", plan.pp))
+        assert set(names) == {a for a, n in axes if n > 1}
 
 
 def test_planner_shows_rows_of_its_batch_without_estimating_again(problem, monkeypatch):

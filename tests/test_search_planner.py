@@ -45,7 +45,10 @@ def test_unfit_plans_never_rank_above_fitting_ones():
     assert np.all(np.diff(fits.astype(int)) <= 0)
     strict = search(model, cluster, 64, space=SearchSpace(vpp=(1,), micro_batch=(1,), order=("tp-dp-pp",)))
     assert strict.columns["fits_effective"][strict.ranking].all()
-    assert strict.rejected["memory"] == int((~strict.columns["fits"]).sum()) > 0
+    # every plan that does not fit is counted under memory: estimated ones, and those whose model states alone
+    # exceed the device (not estimated)
+    assert strict.rejected["memory"] == int((~result.columns["fits"]).sum()) > int((~strict.columns["fits"]).sum())
+    assert result.evaluated - strict.evaluated == strict.rejected["memory"] - int((~strict.columns["fits"]).sum())
 
 
 def test_every_enumerated_plan_is_accounted_for(small):
@@ -64,7 +67,8 @@ def test_ranking_is_deterministic_and_sorted(small, small_result):
     assert [p.to_dict() for p in again.top(5)] == [p.to_dict() for p in small_result.top(5)]
 
 
-AGREE_SPACE = SearchSpace(vpp=(1, 2), micro_batch=(1, 4), order=("tp-dp-pp", "dp-tp-pp", "pp-dp-tp"))
+AGREE_SPACE = SearchSpace(vpp=(1, 2), micro_batch=(1, 4), order=("tp-dp-pp", "dp-tp-pp", "pp-dp-tp"), cp=(1, 2),
+                          recompute=("none", "full"))
 
 
 def test_batched_search_agrees_with_single_estimate_on_every_plan(small):
@@ -75,14 +79,15 @@ def test_batched_search_agrees_with_single_estimate_on_every_plan(small):
     assert small_result.evaluated == valid.size > 500
     cols = small_result.columns
     keys = np.stack([cols[k] for k in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch",
-                                       "overlap", "order")], 1)
+                                       "overlap", "order", "cp", "cp_kind", "ep", "etp")], 1)
     row_of = {tuple(r): i for i, r in enumerate(keys.tolist())}
     for j in valid:
         plan = enum.plans.plan(int(j))
         single = estimate(model, cluster, plan)
         i = row_of[tuple(int(v) for v in (plan.tp, plan.pp, plan.vpp, plan.dp, plan.sp,
                                           ("none", "selective", "full").index(plan.recompute), plan.zero,
-                                          plan.micro_batch, plan.overlap, enum.plans.order[j]))]
+                                          plan.micro_batch, plan.overlap, enum.plans.order[j], plan.cp,
+                                          enum.plans.cp_kind[j], plan.ep, plan.etp))]
         assert np.isclose(single.step_time_s, cols["step_time_s"][i], rtol=1e-12)
         assert np.isclose(single.peak_memory_gib, cols["peak_memory_gib"][i], rtol=1e-12)
         assert single.fits == bool(cols["fits"][i])

@@ -29,6 +29,15 @@ def _gqa_model() -> ModelSpec:
                      norm="rmsnorm", activation="swiglu", position="rotary", qkv_bias=False, linear_bias=False)
 
 
+def _moe_model() -> ModelSpec:
+    # 6 experts (ep=4 does not divide them), expert FFN 1002 (etp=4 does not divide it), a 256-token window
+    # shorter than the sequence, 12 heads and 4 KV heads (tp x cp = 8 does not divide the heads for a2a)
+    return ModelSpec(name="moe", family="llama", num_layers=6, hidden_size=768, num_attention_heads=12,
+                     num_kv_heads=4, ffn_hidden_size=3072, vocab_size=1000, seq_len=1024, max_positions=1024,
+                     norm="rmsnorm", activation="swiglu", position="rotary", qkv_bias=False, linear_bias=False,
+                     num_experts=6, experts_per_token=2, moe_ffn_hidden_size=1002, sliding_window=256)
+
+
 def _agree(model: ModelSpec, batch: PlanBatch, gpus: int | None) -> set[str]:
     """The vectorized codes equal the scalar evaluation of the same rules, plan by plan."""
     codes = violations(model, batch, gpus)
@@ -47,7 +56,7 @@ def _agree(model: ModelSpec, batch: PlanBatch, gpus: int | None) -> set[str]:
 
 def test_single_and_batch_evaluation_agree_on_a_whole_space():
     model = _odd_model()
-    space = SearchSpace(vpp=(1, 2, 3, 4), micro_batch=(1, 2, 3, 4))
+    space = SearchSpace(vpp=(1, 2, 3, 4), micro_batch=(1, 2, 3, 4), cp=(1,))
     seen = set()
     for m, gpus, gbs in ((model, 48, 96), (model, 32, 64), (model, 6, 36), (_gqa_model(), 16, 32)):
         enum = enumerate_plans(m, gpus, gbs, space)
@@ -58,28 +67,45 @@ def test_single_and_batch_evaluation_agree_on_a_whole_space():
                     "interleave-microbatches", "zero-needs-dp"}
 
 
+def test_the_context_and_expert_rules_agree_on_a_whole_space():
+    """The issue-11 rows (cp, cp kind, ep, expert tp) on a windowed mixture of experts: vectorized = scalar."""
+    space = SearchSpace(vpp=(1,), micro_batch=(1, 3), recompute=("none",), overlap=(True,), cp=(1, 2, 3, 4),
+                        ep=(1, 2, 3, 4), etp=(0, 1, 4), zero=(0, 1))
+    seen = set()
+    for m, gpus, gbs in ((_moe_model(), 24, 48), (_moe_model(), 16, 32), (_odd_model(), 24, 48)):
+        seen |= _agree(m, enumerate_plans(m, gpus, gbs, space).plans, gpus)
+    assert seen >= {"valid", "cp-seq", "cp-a2a-heads", "cp-ring-window", "ep-experts", "etp-ffn", "ep-ranks",
+                    "moe-tp-sp", "zero-needs-dp", "sp-seq"}
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([1, 2, 3, 4, 6, 8, 16]), st.integers(1, 8), st.integers(1, 4),
                           st.integers(1, 8), st.booleans(), st.integers(0, 2), st.integers(0, 3),
-                          st.integers(1, 6), st.integers(1, 200), st.integers(0, len(ORDERS) - 1)),
+                          st.integers(1, 6), st.integers(1, 200), st.integers(0, len(ORDERS) - 1),
+                          st.sampled_from([1, 1, 2, 3, 4]), st.integers(0, 1), st.sampled_from([1, 1, 2, 3, 6]),
+                          st.sampled_from([0, 0, 1, 2, 4])),
                 min_size=1, max_size=30),
-       st.sampled_from([None, 16, 24]), st.booleans())
-def test_agrees_on_random_plans_including_gpu_mismatch(rows, gpus, gqa):
+       st.sampled_from([None, 16, 24]), st.sampled_from(["odd", "gqa", "moe"]))
+def test_agrees_on_random_plans_including_gpu_mismatch(rows, gpus, model):
     cols = list(zip(*rows))
     batch = PlanBatch.from_arrays(tp=cols[0], pp=cols[1], vpp=cols[2], dp=cols[3], sp=cols[4], recompute=cols[5],
-                                  zero=cols[6], micro_batch=cols[7], global_batch=cols[8], order=cols[9])
-    _agree(_gqa_model() if gqa else _odd_model(), batch, gpus)
+                                  zero=cols[6], micro_batch=cols[7], global_batch=cols[8], order=cols[9],
+                                  cp=cols[10], cp_kind=cols[11], ep=cols[12], etp=cols[13])
+    _agree({"odd": _odd_model, "gqa": _gqa_model, "moe": _moe_model}[model](), batch, gpus)
 
 
 def test_enumeration_holds_the_gpu_identity_and_has_no_duplicates():
     model = _odd_model()
-    enum = enumerate_plans(model, 48, 96, SearchSpace())
+    enum = enumerate_plans(model, 48, 96, SearchSpace(micro_batch=(1, 2), vpp=(1, 2)))
     b = enum.plans
-    assert np.all(b.tp * b.pp * b.dp == 48)
-    rows = np.stack([b.tp, b.pp, b.vpp, b.dp, b.sp, b.recompute, b.zero, b.micro_batch, b.overlap, b.order], 1)
+    assert np.all(b.tp * b.cp * b.pp * b.dp == 48)
+    rows = np.stack([b.tp, b.pp, b.vpp, b.dp, b.sp, b.recompute, b.zero, b.micro_batch, b.overlap, b.order, b.cp,
+                     b.cp_kind, b.ep, b.etp], 1)
     assert len(np.unique(rows, axis=0)) == len(b)
-    # no overlap=False duplicate when dp == 1
-    assert not np.any(~b.overlap & (b.dp == 1))
+    # no overlap=False duplicate without a data-parallel reduction (dense model: dp x cp == 1); cp_kind only
+    # varies where cp > 1; a dense model has no expert axes
+    assert not np.any(~b.overlap & (b.dp * b.cp == 1))
+    assert not np.any((b.cp == 1) & (b.cp_kind != 0)) and np.all(b.ep == 1) and np.all(b.etp == 0)
 
 
 def test_constraints_narrow_the_space():
@@ -108,7 +134,32 @@ BREAKERS = (
     ("interleave-microbatches", 48, Plan(tp=2, pp=2, vpp=3, dp=12, global_batch=36),
      ("micro-batches 3 divisible by pp=2",)),
     ("zero-needs-dp", 24, Plan(tp=4, pp=6, dp=1, zero=1, global_batch=2), ("zero=1 needs dp > 1",)),
+    ("cp-seq", 48, Plan(tp=2, cp=2, dp=12, global_batch=48), ("seq_len=1002 is not a multiple of 2 x cp = 4",)),
 )
+MOE_BREAKERS = (
+    ("cp-a2a-heads", 16, Plan(tp=2, cp=4, cp_kind="a2a", dp=2, sp=True, global_batch=4),
+     ("tp x cp = 8", "num_attention_heads=12")),
+    ("cp-ring-window", 16, Plan(tp=2, cp=2, dp=4, sp=True, global_batch=4), ("sliding_window=256",)),
+    ("ep-experts", 16, Plan(tp=1, ep=4, dp=16, global_batch=16), ("ep=4 does not divide num_experts=6",)),
+    ("etp-ffn", 16, Plan(tp=4, etp=4, dp=4, sp=True, global_batch=4),
+     ("etp=4 does not divide moe_ffn_hidden_size=1002",)),
+    ("ep-ranks", 16, Plan(tp=2, ep=3, etp=1, dp=8, sp=True, global_batch=8),
+     ("ep=3 x etp=1 = 3 does not divide tp x cp x dp = 16",)),
+    ("moe-tp-sp", 16, Plan(tp=2, dp=8, global_batch=8), ("tp=2 without sequence parallelism",)),
+)
+
+
+@pytest.mark.parametrize("key, gpus, plan, parts", MOE_BREAKERS, ids=[b[0] for b in MOE_BREAKERS])
+def test_each_issue_11_rule_names_its_numbers(key, gpus, plan, parts):
+    model = _moe_model()
+    rule = first_broken(model, plan, gpus)
+    assert rule is not None and rule.key == key
+    message = plan_violation(model, plan, gpus)
+    for part in parts:
+        assert part in message, message
+    assert violation_codes(model, PlanBatch.from_plans([plan]), gpus)[0] == RULES.index(rule) + 1
+    dense = first_broken(_odd_model(), Plan(tp=1, ep=2, dp=16, global_batch=16), 16)
+    assert dense.key == "ep-needs-moe"
 
 
 @pytest.mark.parametrize("key, gpus, plan, parts", BREAKERS, ids=[b[0] for b in BREAKERS])

@@ -1,4 +1,5 @@
-"""The sharding plan: TP x SP x PP (x VPP) x DP x ZeRO, micro-batching, recomputation, rank order.
+"""The sharding plan: TP x SP x CP x PP (x VPP) x DP x ZeRO, expert parallelism (EP, expert TP) for mixtures of
+experts, micro-batching, recomputation, rank order.
 
 A :class:`Plan` is torch-free and frozen. :func:`validate_plan` checks it against a model and a GPU count
 and raises :class:`~tpsim.errors.PlanError` with a line naming the constraint and the numbers. Inside a
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from itertools import permutations
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -20,7 +22,14 @@ from .model import ModelSpec
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
+CP_KINDS = ("ring", "a2a")
+"""context-parallel kinds (PlanBatch code 0, 1): ``ring`` = point-to-point K/V exchange overlapped with the
+attention (Megatron-Core / TransformerEngine ``p2p``, causal load balancing), ``a2a`` = Ulysses all-to-all of
+the q, k, v and output activations (TransformerEngine ``a2a``)."""
 DIMS = ("tp", "dp", "pp")
+"""the dense axes of the first wave; a three-axis rank order places cp right after tp."""
+AXES = ("tp", "cp", "dp", "pp")
+"""the dense plan axes that place ranks (docs/SCHEMAS.md section 1); experts re-factor tp x cp x dp."""
 DEFAULT_ORDER = "tp-dp-pp"
 
 
@@ -30,6 +39,14 @@ class Plan:
 
     tp: int = 1
     """tensor-parallel degree (Megatron column/row splits)."""
+    cp: int = 1
+    """context-parallel degree: the sequence split over cp ranks."""
+    cp_kind: str = "ring"
+    """ring (p2p K/V exchange overlapped with attention) | a2a (Ulysses all-to-all); see :data:`CP_KINDS`."""
+    ep: int = 1
+    """expert-parallel degree (mixture-of-experts models): routed experts split over ep ranks."""
+    etp: int = 0
+    """expert tensor-parallel degree; 0 means equal to tp (Megatron-Core's default)."""
     pp: int = 1
     """pipeline stages."""
     vpp: int = 1
@@ -57,7 +74,17 @@ class Plan:
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel degree with 0 resolved to tp."""
+        return self.etp or self.tp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: tp x cp x dp / (etp x ep) (Megatron-Core expert rank generator)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
 
     @property
     def num_microbatches(self) -> int:
@@ -69,7 +96,14 @@ class Plan:
 
     def short(self) -> str:
         """Compact label, e.g. ``tp8 pp16 dp8 sp sel z1 mb1``."""
-        parts = [f"tp{self.tp}", f"pp{self.pp}"]
+        parts = [f"tp{self.tp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}" + ("/a2a" if self.cp_kind == "a2a" else ""))
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp and self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
+        parts.append(f"pp{self.pp}")
         if self.vpp > 1:
             parts.append(f"v{self.vpp}")
         parts.append(f"dp{self.dp}")
@@ -87,11 +121,31 @@ class Plan:
 
 
 def parse_order(order: str) -> tuple[str, ...]:
-    """``"tp-dp-pp"`` -> ("tp", "dp", "pp"); must be a permutation of tp, dp, pp."""
-    dims = tuple(order.lower().split("-"))
-    if sorted(dims) != sorted(DIMS):
-        raise InputError(f"order={order!r} must be a permutation of tp, dp, pp joined by '-' (e.g. tp-dp-pp)")
+    """``"tp-dp-pp"`` -> ("tp", "dp", "pp"): a permutation of tp, dp, pp (cp right after tp) or of tp, cp, dp,
+    pp, as written."""
+    dims = tuple(str(order).lower().split("-"))
+    if sorted(dims) != sorted(DIMS) and sorted(dims) != sorted(AXES):
+        raise InputError(f"order={order!r} must be a permutation of tp, dp, pp (or tp, cp, dp, pp) joined by '-' "
+                         f"(e.g. tp-dp-pp)")
     return dims
+
+
+def full_order(order: str) -> tuple[str, ...]:
+    """The four dense axes of a rank order, innermost first: a three-axis order gets cp right after tp
+    (Megatron-Core ``RankGenerator`` default ``tp-cp-ep-dp-pp``; docs/SCHEMAS.md section 1)."""
+    dims = parse_order(order)
+    if "cp" in dims:
+        return dims
+    i = dims.index("tp")
+    return dims[:i + 1] + ("cp",) + dims[i + 1:]
+
+
+def canonical_order(order: str) -> str:
+    """The :data:`ORDERS` name of a rank order: three axes when cp sits right after tp, else all four."""
+    dims = full_order(order)
+    if dims.index("cp") == dims.index("tp") + 1:
+        return "-".join(d for d in dims if d != "cp")
+    return "-".join(dims)
 
 
 def _check_types(plan: Plan) -> None:
@@ -107,6 +161,14 @@ def _check_types(plan: Plan) -> None:
         raise InputError(f"dtype={plan.dtype!r} is not one of {', '.join(DTYPES)}")
     if plan.attention not in ATTENTION:
         raise InputError(f"attention={plan.attention!r} is not one of {', '.join(ATTENTION)}")
+    for name in ("cp", "ep"):
+        value = getattr(plan, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise InputError(f"{name}={value!r} must be a positive integer")
+    if not isinstance(plan.etp, int) or isinstance(plan.etp, bool) or plan.etp < 0:
+        raise InputError(f"etp={plan.etp!r} must be a positive integer (or 0: equal to tp)")
+    if plan.cp_kind not in CP_KINDS:
+        raise InputError(f"cp_kind={plan.cp_kind!r} is not one of {', '.join(CP_KINDS)}")
     parse_order(plan.order)
 
 
@@ -134,10 +196,30 @@ def _micro_batches(p: Any) -> Any:
     return p.global_batch // (p.micro_batch * p.dp)
 
 
+def _etp(p: Any) -> Any:
+    """Expert tensor-parallel degree with 0 resolved to tp (plans and batches alike)."""
+    return p.etp + (p.etp == 0) * p.tp
+
+
+def _a2a(p: Any) -> Any:
+    """cp_kind is a2a (a Plan's string, a PlanBatch's code 1)."""
+    return p.cp_kind == "a2a" if isinstance(p.cp_kind, str) else p.cp_kind == 1
+
+
+def _windowed(m: ModelSpec) -> bool:
+    """Some layer's sliding window is shorter than the sequence."""
+    return bool(m.sliding_window) and m.sliding_window < m.seq_len and len(m.full_attention_layers) < m.num_layers
+
+
+def _gpus_text(p: Plan) -> str:
+    cp = f" x cp={p.cp}" if p.cp > 1 else ""
+    return f"tp={p.tp}{cp} x pp={p.pp} x dp={p.dp} = {p.num_gpus}"
+
+
 RULES: tuple[Rule, ...] = (
-    Rule("gpus", "divisibility", "tp x pp x dp differs from the GPU count",
-         lambda m, p, g: p.tp * p.pp * p.dp != g,
-         lambda m, p, g: f"tp={p.tp} x pp={p.pp} x dp={p.dp} = {p.tp * p.pp * p.dp} != gpus={g}", needs_gpus=True),
+    Rule("gpus", "divisibility", "tp x cp x pp x dp differs from the GPU count",
+         lambda m, p, g: p.tp * p.cp * p.pp * p.dp != g,
+         lambda m, p, g: f"{_gpus_text(p)} != gpus={g}", needs_gpus=True),
     Rule("tp-heads", "divisibility", "tp does not divide the attention heads",
          lambda m, p, g: m.num_attention_heads % p.tp != 0,
          lambda m, p, g: f"tp={p.tp} does not divide num_attention_heads={m.num_attention_heads}"),
@@ -151,9 +233,11 @@ RULES: tuple[Rule, ...] = (
     Rule("sp-needs-tp", "structure", "sequence parallelism needs tp > 1",
          lambda m, p, g: p.sp & (p.tp == 1),
          lambda m, p, g: "sequence parallelism needs tp > 1 (tp=1)"),
-    Rule("sp-seq", "divisibility", "tp does not divide the sequence length (sequence parallelism)",
-         lambda m, p, g: p.sp & (m.seq_len % p.tp != 0),
-         lambda m, p, g: f"tp={p.tp} does not divide seq_len={m.seq_len} (sequence parallelism)"),
+    Rule("sp-seq", "divisibility", "tp (x cp) does not divide the sequence length (sequence parallelism)",
+         lambda m, p, g: p.sp & (m.seq_len % (p.tp * p.cp) != 0),
+         lambda m, p, g: (f"tp={p.tp} does not divide seq_len={m.seq_len} (sequence parallelism)" if p.cp == 1 else
+                          f"tp={p.tp} x cp={p.cp} does not divide seq_len={m.seq_len} (sequence parallelism splits "
+                          f"each context-parallel rank's tokens)")),
     Rule("vpp-needs-pp", "structure", "interleaving (vpp > 1) needs pp > 1",
          lambda m, p, g: (p.vpp > 1) & (p.pp == 1),
          lambda m, p, g: f"vpp={p.vpp} needs pp > 1 (pp=1)"),
@@ -170,9 +254,46 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, g: (p.vpp > 1) & (_micro_batches(p) % p.pp != 0),
          lambda m, p, g: (f"interleaved schedule needs micro-batches {_micro_batches(p)} divisible by "
                           f"pp={p.pp} (vpp={p.vpp})")),
-    Rule("zero-needs-dp", "structure", "ZeRO needs dp > 1",
-         lambda m, p, g: (p.zero > 0) & (p.dp == 1),
+    Rule("zero-needs-dp", "structure", "ZeRO needs dp x cp > 1 (Megatron shards over the dp x cp group)",
+         lambda m, p, g: (p.zero > 0) & (p.dp * p.cp == 1),
          lambda m, p, g: f"zero={p.zero} needs dp > 1 (dp=1)"),
+    # context parallelism: Megatron-LM validate_args and TransformerEngine attn_forward_func_with_cp
+    Rule("cp-seq", "divisibility", "the sequence is not a multiple of 2 x cp (causal load balancing)",
+         lambda m, p, g: (p.cp > 1) & (m.seq_len % (2 * p.cp) != 0),
+         lambda m, p, g: (f"seq_len={m.seq_len} is not a multiple of 2 x cp = {2 * p.cp} (each context-parallel "
+                          f"rank holds two of 2 x cp chunks: Megatron-LM validate_args)")),
+    Rule("cp-a2a-heads", "divisibility", "all-to-all context parallelism: tp x cp does not divide the heads",
+         lambda m, p, g: (p.cp > 1) & _a2a(p) & (
+             (m.num_attention_heads % (p.tp * p.cp) != 0) | (np.maximum(m.num_kv_heads // p.tp, 1) % p.cp != 0)),
+         lambda m, p, g: (f"cp={p.cp} with cp_kind=a2a needs tp x cp = {p.tp * p.cp} to divide "
+                          f"num_attention_heads={m.num_attention_heads} and cp to divide the kv heads per TP rank "
+                          f"({max(m.num_kv_heads // p.tp, 1)}): the all-to-all scatters heads")),
+    Rule("cp-a2a-mla", "structure", "all-to-all context parallelism does not run multi-head latent attention",
+         lambda m, p, g: (p.cp > 1) & _a2a(p) & (m.attention_kind == "mla"),
+         lambda m, p, g: (f"cp={p.cp} with cp_kind=a2a: TransformerEngine runs multi-head latent attention (k and v "
+                          f"head dims differ) only with the ring (p2p) kind")),
+    Rule("cp-ring-window", "structure", "ring context parallelism does not run sliding-window attention",
+         lambda m, p, g: (p.cp > 1) & ~np.asarray(_a2a(p), dtype=bool) & _windowed(m),
+         lambda m, p, g: (f"cp={p.cp} with cp_kind=ring: TransformerEngine runs sliding-window attention "
+                          f"(sliding_window={m.sliding_window}) only with the a2a (or all-gather) kind")),
+    # expert parallelism: Megatron-LM validate_args, Megatron-Core MoELayer and its expert rank generator
+    Rule("ep-needs-moe", "structure", "expert parallelism (ep, etp) needs a mixture-of-experts model",
+         lambda m, p, g: (not m.is_moe) & ((p.ep > 1) | ((p.etp != 0) & (p.etp != p.tp))),
+         lambda m, p, g: f"ep={p.ep} etp={p.etp}: model {m.name} has no experts (num_experts=0)"),
+    Rule("ep-experts", "divisibility", "ep does not divide the number of experts",
+         lambda m, p, g: m.is_moe & (max(m.num_experts, 1) % p.ep != 0),
+         lambda m, p, g: f"ep={p.ep} does not divide num_experts={m.num_experts}"),
+    Rule("etp-ffn", "divisibility", "expert tp does not divide the expert FFN size",
+         lambda m, p, g: m.is_moe & (max(m.moe_ffn_hidden_size, 1) % _etp(p) != 0),
+         lambda m, p, g: f"etp={_etp(p)} does not divide moe_ffn_hidden_size={m.moe_ffn_hidden_size}"),
+    Rule("ep-ranks", "divisibility", "ep x expert tp does not divide tp x cp x dp",
+         lambda m, p, g: m.is_moe & ((p.tp * p.cp * p.dp) % (p.ep * _etp(p)) != 0),
+         lambda m, p, g: (f"ep={p.ep} x etp={_etp(p)} = {p.ep * _etp(p)} does not divide tp x cp x dp = "
+                          f"{p.tp * p.cp * p.dp} (experts re-factor the non-pipeline ranks)")),
+    Rule("moe-tp-sp", "structure", "mixture of experts with tp > 1 needs sequence parallelism",
+         lambda m, p, g: m.is_moe & (p.tp > 1) & ~np.asarray(p.sp, dtype=bool),
+         lambda m, p, g: (f"tp={p.tp} without sequence parallelism: Megatron-Core's MoE layer refuses tensor "
+                          f"parallelism without --sequence-parallel")),
 )
 """Every plan constraint, in the order a plan is checked (the first broken rule names the reason). Adding a
 constraint (cp, ep, a training stack's) is one row."""
@@ -226,15 +347,19 @@ def make_plan(model: ModelSpec, num_gpus: int, *, global_batch: int | None = Non
     unknown = set(values) - _PLAN_FIELDS
     if unknown:
         raise InputError(f"unknown plan field(s): {', '.join(sorted(unknown))}")
-    tp, pp = int(values.get("tp", 1)), int(values.get("pp", 1))
-    for name, value in (("tp", tp), ("pp", pp)):
+    tp, pp, cp = int(values.get("tp", 1)), int(values.get("pp", 1)), int(values.get("cp", 1))
+    for name, value in (("tp", tp), ("pp", pp), ("cp", cp)):
         if value <= 0:
             raise InputError(f"{name}={value} must be a positive integer")
     if num_gpus <= 0:
         raise InputError(f"gpus={num_gpus} must be a positive integer")
-    if num_gpus % (tp * pp):
-        raise PlanError(f"tp={tp} x pp={pp} = {tp * pp} does not divide gpus={num_gpus}")
-    values["dp"] = num_gpus // (tp * pp)
+    if num_gpus % (tp * cp * pp):
+        ctext = f" x cp={cp}" if cp > 1 else ""
+        raise PlanError(f"tp={tp}{ctext} x pp={pp} = {tp * cp * pp} does not divide gpus={num_gpus}")
+    values["dp"] = num_gpus // (tp * cp * pp)
+    if "order" in values:
+        parse_order(values["order"])
+        values["order"] = canonical_order(values["order"])
     gbs = global_batch or values.get("global_batch") or model.global_batch
     if not gbs:
         gbs = values["dp"] * int(values.get("micro_batch", 1))
@@ -258,15 +383,29 @@ def plan_from_mapping(data: Mapping[str, Any]) -> Plan:
     return plan
 
 
-ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
+def _orders() -> tuple[str, ...]:
+    """The six orders of the first wave (cp right after tp, Megatron-Core's placement), then every order of
+    the four axes with cp elsewhere."""
+    first = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
+    rest = tuple("-".join(d) for d in permutations(AXES) if d.index("cp") != d.index("tp") + 1)
+    return first + rest
+
+
+ORDERS = _orders()
+"""rank orders a PlanBatch indexes (canonical names, :func:`canonical_order`); the first six place cp right
+after tp (Megatron-Core ``tp-cp-ep-dp-pp`` and ``tp-cp-ep-pp-dp``)."""
+FULL_ORDERS = tuple(full_order(o) for o in ORDERS)
+"""each order's four axes, innermost first."""
+MEGATRON_ORDERS = ORDERS[:6]
 
 
 @dataclass(frozen=True)
 class PlanBatch:
     """Many plans as numpy arrays (struct of arrays) for the vectorized estimator.
 
-    ``recompute`` is coded 0 none / 1 selective / 2 full; ``order`` indexes :data:`ORDERS`. ``dtype`` and
-    ``attention`` are shared by the whole batch. Build with :meth:`from_plans` or directly from arrays.
+    ``recompute`` is coded 0 none / 1 selective / 2 full; ``cp_kind`` 0 ring / 1 a2a; ``order`` indexes
+    :data:`ORDERS`. ``dtype`` and ``attention`` are shared by the whole batch. ``cp``, ``cp_kind``, ``ep`` and
+    ``etp`` default to 1, ring, 1 and 0 (= tp). Build with :meth:`from_plans` or directly from arrays.
     """
 
     tp: np.ndarray
@@ -282,6 +421,16 @@ class PlanBatch:
     order: np.ndarray
     dtype: str = "bf16"
     attention: str = "flash"
+    cp: np.ndarray = None  # type: ignore[assignment]
+    cp_kind: np.ndarray = None  # type: ignore[assignment]
+    ep: np.ndarray = None  # type: ignore[assignment]
+    etp: np.ndarray = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        n = int(self.tp.shape[0])
+        for name, default in _AXIS_DEFAULTS.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.full(n, default, dtype=np.int64))
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -290,7 +439,7 @@ class PlanBatch:
     def from_arrays(cls, *, dtype: str = "bf16", attention: str = "flash", **arrays: Any) -> "PlanBatch":
         n = max(np.size(v) for v in arrays.values())
         defaults = dict(tp=1, pp=1, vpp=1, dp=1, sp=False, recompute=0, zero=0, micro_batch=1, global_batch=1,
-                        overlap=True, order=0)
+                        overlap=True, order=0, **_AXIS_DEFAULTS)
         cols = {}
         for key, default in defaults.items():
             value = np.asarray(arrays.get(key, default))
@@ -314,15 +463,18 @@ class PlanBatch:
                    micro_batch=ints([p.micro_batch for p in plans]),
                    global_batch=ints([p.global_batch for p in plans]), overlap=bools([p.overlap for p in plans]),
                    order=ints([_order_index(p.order) for p in plans]), dtype=plans[0].dtype,
-                   attention=plans[0].attention)
+                   attention=plans[0].attention, cp=ints([p.cp for p in plans]),
+                   cp_kind=ints([CP_KINDS.index(p.cp_kind) for p in plans]), ep=ints([p.ep for p in plans]),
+                   etp=ints([p.etp for p in plans]))
 
     def plan(self, i: int) -> Plan:
         """The i-th plan as a :class:`Plan`."""
-        return Plan(tp=int(self.tp[i]), pp=int(self.pp[i]), vpp=int(self.vpp[i]), dp=int(self.dp[i]),
-                    sp=bool(self.sp[i]), recompute=RECOMPUTE[int(self.recompute[i])], zero=int(self.zero[i]),
-                    micro_batch=int(self.micro_batch[i]), global_batch=int(self.global_batch[i]),
-                    dtype=self.dtype, overlap=bool(self.overlap[i]), order=ORDERS[int(self.order[i])],
-                    attention=self.attention)
+        return Plan(tp=int(self.tp[i]), cp=int(self.cp[i]), cp_kind=CP_KINDS[int(self.cp_kind[i])],
+                    ep=int(self.ep[i]), etp=int(self.etp[i]), pp=int(self.pp[i]), vpp=int(self.vpp[i]),
+                    dp=int(self.dp[i]), sp=bool(self.sp[i]), recompute=RECOMPUTE[int(self.recompute[i])],
+                    zero=int(self.zero[i]), micro_batch=int(self.micro_batch[i]),
+                    global_batch=int(self.global_batch[i]), dtype=self.dtype, overlap=bool(self.overlap[i]),
+                    order=ORDERS[int(self.order[i])], attention=self.attention)
 
     def take(self, index: np.ndarray) -> "PlanBatch":
         """Sub-batch of the rows ``index`` (boolean mask or integer indices)."""
@@ -330,7 +482,19 @@ class PlanBatch:
                   if f.name not in ("dtype", "attention")}
         return PlanBatch(**fields, dtype=self.dtype, attention=self.attention)
 
+    @property
+    def expert_tp(self) -> np.ndarray:
+        """Expert tensor-parallel degree with 0 resolved to tp."""
+        return _etp(self)
+
+    @property
+    def num_gpus(self) -> np.ndarray:
+        return self.tp * self.cp * self.pp * self.dp
+
+
+_AXIS_DEFAULTS = {"cp": 1, "cp_kind": 0, "ep": 1, "etp": 0}
+"""columns of the issue-11 axes and their values in a plan without them."""
+
 
 def _order_index(order: str) -> int:
-    dims = "-".join(parse_order(order))
-    return ORDERS.index(dims)
+    return ORDERS.index(canonical_order(order))

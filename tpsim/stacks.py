@@ -250,8 +250,9 @@ RULES: tuple[Rule, ...] = (
          lambda c, r, m: ~np.isin(c["order"], [i for i, o in enumerate(ORDERS) if order_key(o) in r.orders]),
          lambda p, r, m: f"order={p.order} is not expressible (orders: {_names(r.orders)})"),
     Rule("no-overlap", "DP communication always overlapped by the stack",
-         lambda c, r, m: (not r.overlap_optional) & ~c["overlap"] & (c["dp"] > 1),
-         lambda p, r, m: f"overlap=False with dp={p.dp}: the stack always overlaps DP communication"),
+         lambda c, r, m: (not r.overlap_optional) & ~c["overlap"] & (c["dp"] * c["cp"] > 1),
+         lambda p, r, m: (f"overlap=False with dp={p.dp}{f' x cp={_plan_cp(p)[0]}' if _plan_cp(p)[0] > 1 else ''}: "
+                          f"the stack always overlaps the gradient reduction")),
     Rule("chunk-layers", "a model chunk would hold no layer",
          lambda c, r, m: c["pp"] * c["vpp"] > m.num_layers + (2 if r.edges_as_layers else 0),
          lambda p, r, m: (f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} model chunks for num_layers={m.num_layers}: "

@@ -119,6 +119,13 @@ def build_stack(args: argparse.Namespace, model=None):
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan (defaults: the model preset's plan)")
     g.add_argument("--tp", type=count_arg("tp"), help="tensor-parallel degree")
+    g.add_argument("--cp", type=count_arg("cp"), help="context-parallel degree (the sequence split over cp ranks)")
+    g.add_argument("--cp-kind", choices=("ring", "a2a"),
+                   help="context parallelism: ring (p2p K/V exchange overlapped with attention, default) or a2a "
+                        "(Ulysses all-to-all)")
+    g.add_argument("--ep", type=count_arg("ep"), help="expert-parallel degree (mixture-of-experts models)")
+    g.add_argument("--etp", type=count_arg("tp", minimum=0),
+                   help="expert tensor-parallel degree (default: equal to --tp)")
     g.add_argument("--pp", type=count_arg("pp"), help="pipeline stages")
     g.add_argument("--vpp", type=count_arg("vpp"),
                    help="model chunks per pipeline rank (virtual pipeline; >1 = interleaved 1F1B)")
@@ -136,7 +143,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16", "fp8"), help="GEMM precision")
     g.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                    help="do not overlap the DP gradient reduction with the backward pass")
-    g.add_argument("--order", help="rank order, innermost first (default tp-dp-pp)")
+    g.add_argument("--order", help="rank order, innermost first (default tp-dp-pp; cp sits right after tp unless "
+                                   "named, e.g. tp-dp-cp-pp)")
     g.add_argument("--attention", choices=("flash", "unfused"),
                    help="flash (default) or unfused attention (stores the s x s scores)")
 
@@ -171,7 +179,8 @@ def build_cluster(args: argparse.Namespace, model):
 
 
 def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("tp", "pp", "vpp", "sp", "recompute", "zero", "micro_batch", "dtype", "overlap", "order", "attention")
+    keys = ("tp", "cp", "cp_kind", "ep", "etp", "pp", "vpp", "sp", "recompute", "zero", "micro_batch", "dtype",
+            "overlap", "order", "attention")
     return {k: getattr(args, k, None) for k in keys if getattr(args, k, None) is not None}
 
 

@@ -105,7 +105,8 @@ def format_estimate(e, model=None) -> str:
         "time breakdown (s)   " + "  ".join(f"{k} {b[k]:.3f}" for k in
                                             ("compute", "recompute", "bubble", "optimizer", "exposed_comm",
                                              "overhead")),
-        "communication (s)    " + "  ".join(f"{k} {b[k]:.3f}" for k in ("tp_comm", "pp_comm", "dp_comm"))
+        "communication (s)    " + "  ".join(f"{k} {b[k]:.3f}" for k in ("tp_comm", "pp_comm", "dp_comm")
+                                            + tuple(k for k in ("cp_comm", "ep_comm") if b.get(k)))
         + "  (totals, partly hidden)",
         "",
         f"memory per GPU       {e.peak_memory_gib:10.2f} GiB  "

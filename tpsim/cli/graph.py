@@ -4,6 +4,7 @@ the search and the output. The verbs call in here when their ``--model`` names a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -98,7 +99,12 @@ def run_plan(args: argparse.Namespace) -> int:
     clusters = clusters_for(args.cluster or "dgx-a100", int(cluster.num_gpus), args.objective,
                             getattr(args, "calibration", None))
     model = model.with_gpus(math.lcm(*(int(c.num_gpus) for c in clusters)))
-    space = build_space(args, model)
+    # the graph estimator models tp, pp, dp and ZeRO only: no context or expert parallelism
+    for flag in ("cp", "ep"):
+        if any(v != 1 for v in getattr(args, flag, None) or ()):
+            raise InputError(f"--{flag} {' '.join(map(str, getattr(args, flag)))}: a traced model is planned "
+                             f"without {'context' if flag == 'cp' else 'expert'} parallelism")
+    space = dataclasses.replace(build_space(args, model), cp=(1,), ep=(1,))
     compute = load_compute(args, clusters[-1])
     conv = conv_profile(args)
     result = search(model, clusters, int(args.global_batch), space=space, objective=args.objective,

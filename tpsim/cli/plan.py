@@ -55,6 +55,15 @@ def add_space_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search space (constraints)")
     g.add_argument("--tp", type=count_arg("tp"), nargs="+", default=None, help="only these tensor-parallel degrees")
     g.add_argument("--max-tp", type=count_arg("tp"), default=None, help="largest tensor-parallel degree")
+    g.add_argument("--cp", type=count_arg("cp"), nargs="+", default=None,
+                   help="only these context-parallel degrees (default: every divisor of the non-pipeline ranks)")
+    g.add_argument("--max-cp", type=count_arg("cp"), default=None, help="largest context-parallel degree")
+    g.add_argument("--cp-kind", nargs="+", default=None, choices=("ring", "a2a"),
+                   help="only these context-parallel kinds (default both where cp > 1)")
+    g.add_argument("--ep", type=count_arg("ep"), nargs="+", default=None,
+                   help="only these expert-parallel degrees (MoE models; default: every divisor of the experts)")
+    g.add_argument("--etp", type=count_arg("tp", minimum=0), nargs="+", default=None,
+                   help="only these expert tensor-parallel degrees (0 = equal to tp; default: tp and 1)")
     g.add_argument("--pp", type=count_arg("pp"), nargs="+", default=None, help="only these pipeline degrees")
     g.add_argument("--no-pp", action="store_true", help="no pipeline parallelism (pp = 1)")
     g.add_argument("--vpp", type=count_arg("vpp"), nargs="+", default=None, help="only these virtual pipeline sizes")
@@ -158,6 +167,17 @@ def build_space(args: argparse.Namespace, model: Any) -> Any:
         if args.max_tp <= 0:
             raise InputError(f"--max-tp={args.max_tp} must be a positive integer")
         kw["max_tp"] = args.max_tp
+    kw["cp"] = _positive("cp", args.cp)
+    if args.max_cp is not None:
+        kw["max_cp"] = args.max_cp
+    if args.cp_kind:
+        kw["cp_kind"] = tuple(args.cp_kind)
+    kw["ep"] = _positive("ep", args.ep)
+    if args.etp is not None:
+        for v in args.etp:
+            if v < 0:
+                raise InputError(f"--etp={v} must be 0 (equal to tp) or a positive integer")
+        kw["etp"] = tuple(args.etp)
     for name, flag in (("vpp", "vpp"), ("micro_batch", "micro-batch")):
         values = _positive(flag, getattr(args, name))
         if values:
@@ -323,7 +343,8 @@ def runnable_ranks(result: Any, model: Any, stack: Any, k: int) -> tuple[list[tu
         return [], {}
     batch = PlanBatch.from_arrays(dtype=result.space.dtype, attention=result.space.attention,
                                   **{f: c[f][idx] for f in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero",
-                                                            "micro_batch", "global_batch", "overlap", "order")})
+                                                            "micro_batch", "global_batch", "overlap", "order",
+                                                            "cp", "cp_kind", "ep", "etp")})
     codes = stack.violation_codes(batch, model)
     ok = np.flatnonzero(codes == 0)[:k]
     last = int(ok[-1]) + 1 if ok.size else len(idx)
@@ -347,7 +368,8 @@ def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
 DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "variants": "var", "compute_s": "compute",
                  "recompute_s": "recomp_s", "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm",
                  "overhead_s": "overhead",
-                 "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm"}
+                 "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm", "cp_comm_s": "cp_comm",
+                 "ep_comm_s": "ep_comm"}
 
 
 def format_table(frame: Any) -> str:

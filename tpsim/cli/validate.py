@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .common import add_model_args, count_arg, real_arg
 
-MATRIX_KINDS = ("all", "blocks", "plans")
+MATRIX_KINDS = ("all", "blocks", "plans", "axes")
 MAX_CPU_RANKS_PER_CORE = 4
 """a CPU run with more ranks per core is refused: beyond timing claims (one rank per core) a few more still
 check numerics and collectives in reasonable time; hundreds of processes would not finish."""
@@ -31,7 +31,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "time per phase. Writes reports/validation/<name>.csv, .json and .png.")
     add_model_args(p, default="gpt3-1.3b")
     g = p.add_argument_group("plan")
-    g.add_argument("--tp", type=count_arg("tp"), default=2, help="tensor-parallel degree (default: %(default)s)")
+    g.add_argument("--tp", type=count_arg("tp"), default=None,
+                   help="tensor-parallel degree (default: 2; 1 with --cp or --ep)")
+    g.add_argument("--cp", type=count_arg("cp"), default=1,
+                   help="context-parallel degree: the sequence split over cp ranks with causal load balancing, "
+                        "the attention core a ring of K/V exchanges or all-to-alls (default: %(default)s)")
+    g.add_argument("--cp-kind", choices=("ring", "a2a"), default="ring",
+                   help="ring (send/recv of K/V blocks, TransformerEngine p2p) or a2a (Ulysses all-to-all of heads "
+                        "and sequence) (default: %(default)s)")
+    g.add_argument("--ep", type=count_arg("ep"), default=1,
+                   help="expert-parallel degree of a mixture-of-experts model's layer: routed experts split over ep "
+                        "ranks, tokens dispatched and combined by all-to-all; the dense part runs as cp x dp ranks "
+                        "(dp defaults to ep / cp) (default: %(default)s)")
+    g.add_argument("--moe-ffn", type=count_arg("moe_ffn_hidden_size"),
+                   help="override the routed (and shared) experts' FFN size of a mixture-of-experts model "
+                        "(--ffn sets the dense MLP's)")
     g.add_argument("--pp", type=count_arg("pp"), default=1, help="pipeline stages (default: %(default)s)")
     g.add_argument("--vpp", type=count_arg("vpp"), default=1,
                    help="model chunks per pipeline rank, > 1: interleaved 1F1B (default: %(default)s)")
@@ -56,7 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the single-GPU validation of per-shard shapes)")
     g.add_argument("--matrix", nargs="?", const="all", choices=MATRIX_KINDS,
                    help="run the validation matrix: blocks (tp {1,2} x sp x hidden {512,1024,2048} x seq "
-                        "{128,512}), plans (pp 2, interleaved, dp 2 with ZeRO 0-3, tp x dp, pp x tp) or all")
+                        "{128,512}), plans (pp 2, interleaved, dp 2 with ZeRO 0-3, tp x dp, pp x tp), axes (cp 2 "
+                        "ring and a2a, ep 2, cp 2 x ep 2) or all")
     r = p.add_argument_group("ranks")
     r.add_argument("--nproc", type=count_arg("nproc"), help="ranks on this node (default: tp x pp x dp / nnodes)")
     r.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="default: %(default)s")
@@ -166,8 +181,14 @@ def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
                              warmup=args.warmup) if args.matrix in ("all", "blocks") else []
         if args.matrix in ("all", "plans"):
             cases += plan_matrix_cases(model, fused=args.fused, micro_batch=args.micro_batch)
+        if args.matrix in ("all", "axes"):
+            from ..validate.matrix import axis_matrix_cases
+            cases += axis_matrix_cases(model, fused=args.fused, micro_batch=args.micro_batch, reps=args.reps,
+                                       warmup=args.warmup)
         suffix = "" if args.matrix == "blocks" else f"-{args.matrix}"
         return cases, args.name or f"matrix-{model.family}-{args.backend}{suffix}"
+    if args.cp > 1 or args.ep > 1:
+        return _axis_case(args, model)
     whole = args.pp > 1 or args.dp > 1 or args.whole
     world = check_int("nproc", args.tp * args.pp * args.dp, where="tp x pp x dp")
     if args.backend == "gloo" and args.nnodes == 1 and world > MAX_CPU_RANKS_PER_CORE * (os.cpu_count() or 1):
@@ -199,18 +220,54 @@ def check_names(args: argparse.Namespace) -> None:
             raise InputError(f"--rdzv-endpoint {show(args.rdzv_endpoint)} must be HOST:PORT (port 1-65535)")
 
 
+def _axis_case(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
+    """A context- and/or expert-parallel layer on cp x dp ranks (tp 1): ``--cp``, ``--cp-kind``, ``--ep``."""
+    from ..errors import InputError
+    from ..validate.axiscase import AxisCase, moe_layer_model
+
+    if args.tp != 1 or args.pp > 1 or args.zero or args.vpp > 1 or args.whole or args.sp:
+        raise InputError(f"--cp/--ep run one context/expert-parallel layer with tp=1 and no --pp/--vpp/--zero/"
+                         f"--sp/--whole (got --tp={args.tp}, --pp={args.pp}, --zero={args.zero})")
+    dp = args.dp if args.dp > 1 else max(1, args.ep // args.cp)
+    if (args.cp * dp) % args.ep:
+        raise InputError(f"--ep={args.ep} does not divide cp x dp = {args.cp * dp} (the expert layer re-factors the "
+                         "same ranks)")
+    world = args.cp * dp
+    if args.backend == "gloo" and args.nnodes == 1 and world > MAX_CPU_RANKS_PER_CORE * (os.cpu_count() or 1):
+        raise InputError(f"cp x dp = {world} ranks on {os.cpu_count()} CPU cores: at most "
+                         f"{MAX_CPU_RANKS_PER_CORE} ranks per core are run on CPU")
+    if (args.nproc or world) != world or args.nnodes != 1:
+        raise InputError(f"--cp/--ep cases run on one node with --nproc equal to cp x dp = {world}")
+    case = AxisCase(model=moe_layer_model(model), cp=args.cp, cp_kind=args.cp_kind, ep=args.ep, dp=dp,
+                    fused=args.fused, micro_batch=args.micro_batch, reps=args.reps, warmup=args.warmup)
+    return [case], args.name or f"{case.name}-{args.backend}"
+
+
+def _with_expert_ffn(args: argparse.Namespace, model):  # noqa: ANN001, ANN202
+    from ..errors import InputError
+    from ..validate.axiscase import with_expert_ffn
+    if args.moe_ffn is None:
+        return model
+    if not model.is_moe:
+        raise InputError(f"--moe-ffn needs a mixture-of-experts model; model {model.name} is dense")
+    return with_expert_ffn(model, args.moe_ffn)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
     from ..validate.launch import LaunchConfig, RankFailure
     from ..validate.run import REPORTS_DIR, Options, validate
     from .common import build_model
 
+    if args.tp is None:
+        args.tp = 1 if args.cp > 1 or args.ep > 1 else 2
+
     from ..opgraph.schema import is_opgraph_path
     if is_opgraph_path(args.model):  # a traced model (tpsim trace)
         from .graph import run_validate
         return run_validate(args)
     check_names(args)
-    model = build_model(args)
+    model = _with_expert_ffn(args, build_model(args))
     if args.shard_of > 1:
         from ..validate.shard import shard_model
         if args.tp != 1 or args.matrix or args.pp > 1 or args.dp > 1:
@@ -262,6 +319,8 @@ def format_report(report: dict) -> str:
                      f"  compute: {s['compute_model']}" + (f"  scaled: {s['scaled']}" if s["scaled"] else ""))
         if s.get("kind") == "plan":
             lines += _plan_lines(s)
+        if s.get("kind") == "axis":
+            lines += _axis_lines(s)
         o = s.get("framework_overhead_s")
         if o:
             where = "calibration" if o.get("source") == "calibration" else "tiny twin"
@@ -317,3 +376,32 @@ def _plan_lines(s: dict) -> list[str]:
         lines.append(f"  {s['timing']}")
     return lines
 
+
+
+def _axis_lines(s: dict) -> list[str]:
+    """Configuration, communication per layer and micro-batch against the cost model, routing load."""
+    c = s["config"]
+    kind = f"cp {c['cp']}" + (f" ({c['cp_kind']})" if c["cp"] > 1 else "")
+    moe = f", {c['experts']} experts top-{c['top_k']}" + (f" + {c['shared_experts']} shared" if c["shared_experts"] else "") \
+        if c["experts"] else ""
+    lines = [f"  layer: {kind}, ep {c['ep']}, dp {c['dp']}{moe}; numerics in {s['numerics_dtype']}"]
+    comm = s["comm"]
+    parts = []
+    for axis, phases in sorted(comm["measured"].items()):
+        for phase, ops in sorted(phases.items()):
+            for op, d in sorted(ops.items()):
+                parts.append(f"{phase} {axis} {op} x{d['n']} ({d['bytes'] / 2**20:.3f} MiB)")
+    lines.append(f"  communication per layer (rank {comm['rank']}): " + ("; ".join(parts) or "none"))
+    g = comm.get("ep_group")
+    if g:
+        lines.append(f"  routing: copies processed per rank {g['loads']} (balanced {g['balanced_load']}); returned "
+                     f"all-to-all bytes over the ep group {g['returned_bytes']:.0f} vs balanced {g['balanced_bytes']:.0f}")
+    imb = s.get("imbalance")
+    if imb and imb.get("run") is not None:
+        lines.append(f"  predicted at this run's load (busiest rank x{imb['run']:.3f} balanced); the estimator's "
+                     f"trained-router factor would be x{imb['estimator']:.3f}")
+    for diff in s.get("stack_differences", []):
+        lines.append(f"  stack difference: {diff}")
+    if s.get("timing") != "measured":
+        lines.append(f"  {s['timing']}")
+    return lines

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from .keys import concat_rows
+from .keys import concat_rows, field_names
 
 MEMO_BYTES = 64 << 20
 """array bytes of stage results a context keeps (a repeated plan or search chunk reuses them)."""
@@ -120,6 +119,4 @@ def array_bytes(value: Any) -> int:
         return sum(array_bytes(v) for v in value.values())
     if isinstance(value, (tuple, list)):
         return sum(array_bytes(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return sum(array_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return 0
+    return sum(array_bytes(getattr(value, f)) for f in field_names(type(value)))

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..plan import ORDERS
+from ..plan import FULL_ORDERS
 from ..topology.placement import RankLayout
 from .context import EstimationContext
 from .keys import distinct, take_rows
@@ -81,9 +81,10 @@ class Comm:
 class AxisCurves:
     """Collective times of rows that sit on a few distinct rank layouts: per (axes, op) the layouts'
     envelopes are stacked once (rows x lines), padded to one width by repeating the last line (the minimum
-    and its line are unchanged)."""
+    and its line are unchanged). Axes of the expert layout (:data:`EXPERT_AXES`) are timed on
+    ``expert_layouts``, the others on ``layouts``."""
 
-    def __init__(self, ctx: EstimationContext, layouts: list[RankLayout], inverse: np.ndarray):
+    def __init__(self, ctx: EstimationContext, layouts: "Layouts", inverse: np.ndarray):
         self.ctx = ctx
         self.layouts = layouts
         self.inverse = inverse
@@ -95,7 +96,8 @@ class AxisCurves:
         key = (axes, op)
         hit = self._stacked.get(key)
         if hit is None:
-            lat, spb, codes = self.ctx.envelopes(op, axes, self.layouts)
+            expert = set(axes) <= set(EXPERT_AXES)
+            lat, spb, codes = self.ctx.envelopes(op, axes, self.layouts.expert if expert else self.layouts.dense)
             hit = self._stacked[key] = (lat[self.inverse], spb[self.inverse], codes[self.inverse])
         return hit
 
@@ -118,24 +120,45 @@ class AxisCurves:
         return hit
 
 
-LAYOUT_AXES = ("tp", "dp", "pp")
-"""plan axes that place ranks (PlanBatch columns, RankLayout axis names); issue 11 adds cp here."""
-GRADIENT_AXES = ("dp",)
-"""axes the gradients are reduced over (with context parallelism: dp and cp)."""
+LAYOUT_AXES = ("tp", "cp", "dp", "pp")
+"""plan axes that place ranks (PlanBatch columns, RankLayout axis names)."""
+GRADIENT_AXES = ("dp", "cp")
+"""axes the dense gradients are reduced (and ZeRO-sharded) over: Megatron-Core's dp x cp group."""
+EXPERT_AXES = ("etp", "ep", "edp")
+"""axes of the expert layout: Megatron-Core's expert RankGenerator re-factors tp x cp x dp as etp x ep x edp
+(with pp alike), ep taking cp's place in the rank order."""
+EXPERT_GRADIENT_AXES = ("edp",)
+"""axes the routed experts' gradients are reduced over."""
+_EXPERT_NAMES = {"tp": "etp", "cp": "ep", "dp": "edp", "pp": "pp"}
 
 
-def layouts_of(ctx: EstimationContext, plans: Any) -> tuple[list[RankLayout], np.ndarray]:
-    """The distinct rank layouts of a batch's rows (sizes of LAYOUT_AXES and the rank order) and each row's
-    index into them."""
-    keys = distinct(*(getattr(plans, a) for a in LAYOUT_AXES), plans.order)
-    layouts = [ctx.layout(ORDERS[row[-1]], **dict(zip(LAYOUT_AXES, row[:-1]))) for row in keys.rows.tolist()]
-    return layouts, keys.inverse
+@dataclass(frozen=True)
+class Layouts:
+    """The distinct rank layouts of a batch's rows: the dense one and the expert one of each."""
+
+    dense: list
+    expert: list
 
 
-def communication(ctx: EstimationContext, layouts: list[RankLayout], layout_index: np.ndarray,
+def layouts_of(ctx: EstimationContext, plans: Any) -> tuple[Layouts, np.ndarray]:
+    """The distinct rank layouts of a batch's rows (sizes of LAYOUT_AXES, the expert axes and the rank order)
+    and each row's index into them."""
+    etp = np.where(plans.etp == 0, plans.tp, plans.etp)
+    keys = distinct(*(getattr(plans, a) for a in LAYOUT_AXES), plans.ep, etp, plans.order)
+    dense, expert = [], []
+    for tp, cp, dp, pp, ep, et, order in keys.rows.tolist():
+        dims = FULL_ORDERS[order]
+        dense.append(ctx.layout("-".join(dims), tp=tp, cp=cp, dp=dp, pp=pp))
+        sizes = {"etp": et, "ep": ep, "edp": tp * cp * dp // (et * ep), "pp": pp}
+        expert.append(ctx.layout("-".join(_EXPERT_NAMES[d] for d in dims), **sizes))
+    return Layouts(dense=dense, expert=expert), keys.inverse
+
+
+def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.ndarray,
                   layer_index: np.ndarray, layer_costs: LayerCosts, part: Partition, *, traffic_key: list,
                   params_key: list, pp: np.ndarray, zero: np.ndarray, dp: np.ndarray, w_bytes: float,
-                  grad_bytes: float = GRAD_BYTES, z3_collectives: np.ndarray | float = 1.0) -> Comm:
+                  grad_bytes: float = GRAD_BYTES, z3_collectives: np.ndarray | float = 1.0,
+                  cp: np.ndarray | None = None, edp: np.ndarray | None = None) -> Comm:
     """Every collective time of the rows (see the module docstring). ``layout_index`` and ``layer_index``
     give each row's layout and layer key (a row of ``layer_costs``); ``part`` is over the rows. A layer's,
     the edges' and the pipeline's traffic is timed once per (layout, ``traffic_key`` columns), the data-parallel
@@ -153,8 +176,12 @@ def communication(ctx: EstimationContext, layouts: list[RankLayout], layout_inde
     groups = distinct(layout_index, *params_key)
     g = groups.first
     z3 = np.broadcast_to(np.asarray(z3_collectives, dtype=float), zero.shape)
+    expert_params = None if layer_costs.expert_params is None else layer_costs.expert_params[layer_index[g]]
+    ranks = dp[g] if cp is None else dp[g] * cp[g]
+    expert_ranks = ranks if edp is None else edp[g]
     dp_times, dp_name = _data_parallel(AxisCurves(ctx, layouts, layout_index[g]), take_rows(part, g), zero[g],
-                                       dp[g], layer_costs.params[layer_index[g]], w_bytes, grad_bytes, z3[g])
+                                       ranks, expert_ranks, layer_costs.params[layer_index[g]], w_bytes,
+                                       expert_params, grad_bytes, z3[g])
     names["dp"] = dp_name[groups.inverse]
     return Comm(layer_fwd=fwd, layer_bwd=bwd, layer_fwd_exposed=f_exp, layer_bwd_exposed=b_exp, edge=edge,
                 p2p=p2p, names=names, **take_rows(dp_times, groups.inverse))
@@ -171,8 +198,7 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True):
     named: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # axis -> (preference, name code)
     for c in costs.comm:
         t, code = curves.timed_and_named(c.axes, c.op, c.nbytes)
-        if c.count != 1.0:
-            t = t * c.count
+        t = _times_count(t, c.count)
         axis = "-".join(c.axes)
         totals = fwd if c.phase == "fwd" else bwd
         totals[axis] = totals.get(axis, 0.0) + t
@@ -195,24 +221,48 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True):
 
 
 def _timed(curves: AxisCurves, c: Collective) -> np.ndarray:
-    t = curves.time(c.axes, c.op, c.nbytes)
-    return t * c.count if c.count != 1.0 else t
+    return _times_count(curves.time(c.axes, c.op, c.nbytes), c.count)
 
 
-def _data_parallel(curves: AxisCurves, part: Partition, zero: np.ndarray, dp: np.ndarray,
-                   layer_params: np.ndarray, w_bytes: float, grad_bytes: float = GRAD_BYTES,
+def _times_count(t: np.ndarray, count: np.ndarray | float) -> np.ndarray:
+    """``t`` for ``count`` runs (a number, or an array over the rows)."""
+    if isinstance(count, np.ndarray) or count != 1.0:
+        return t * count
+    return t
+
+
+def _data_parallel(curves: AxisCurves, part: Partition, zero: np.ndarray, ranks: np.ndarray,
+                   expert_ranks: np.ndarray, layer_params: np.ndarray, w_bytes: float,
+                   expert_params: np.ndarray | None = None, grad_bytes: float = GRAD_BYTES,
                    z3_collectives: np.ndarray | float = 1.0) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Data-parallel times per step and the DP name (the gradient reduction: reduce-scatter with ZeRO, else
-    all-reduce, at the largest rank's gradient bytes). ZeRO-3 per layer: ``z3_collectives`` gathers of
-    1/``z3_collectives`` of the layer each (every one pays its latency)."""
-    has_dp = dp > 1
-    grad_b, weight_b = part.largest * grad_bytes, part.largest * w_bytes
+    all-reduce, at the largest rank's gradient bytes). Dense parameters reduce over dp x cp; the routed
+    experts' over the expert data-parallel group (edp), with the same ZeRO stage, and their times add up.
+    ZeRO-3 per layer: ``z3_collectives`` gathers of 1/``z3_collectives`` of the layer each (every one pays its
+    latency)."""
+    dense, dense_edge = part.largest - part.largest_expert, part.largest_edge
+    times, name = _reductions(curves, GRADIENT_AXES, dense, dense_edge, zero, ranks > 1,
+                              layer_params if expert_params is None else layer_params - expert_params, w_bytes,
+                              grad_bytes, z3_collectives)
+    if expert_params is not None:
+        extra, _ = _reductions(curves, EXPERT_GRADIENT_AXES, part.largest_expert, np.zeros_like(dense_edge), zero,
+                               expert_ranks > 1, expert_params, w_bytes, grad_bytes, z3_collectives)
+        times = {k: v + extra[k] for k, v in times.items()}
+    return times, name
+
+
+def _reductions(curves: AxisCurves, axes: tuple[str, ...], largest: np.ndarray, largest_edge: np.ndarray,
+                zero: np.ndarray, has_dp: np.ndarray, layer_params: np.ndarray, w_bytes: float,
+                grad_bytes: float = GRAD_BYTES,
+                z3_collectives: np.ndarray | float = 1.0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Gradient reduction and parameter gathers of ``largest`` parameters over the groups of ``axes``
+    (``has_dp``: the group has more than one rank; a group of one rank costs nothing anyway)."""
+    grad_b, weight_b = largest * grad_bytes, largest * w_bytes
     z12 = has_dp & (zero >= 1) & (zero <= 2)
     z3 = has_dp & (zero == 3)
-    axes = GRADIENT_AXES
     all_reduce, ar_name = curves.timed_and_named(axes, "all_reduce", np.where(has_dp & (zero == 0), grad_b, 0.0))
     reduce_scatter, rs_name = curves.timed_and_named(axes, "reduce_scatter", np.where(
-        z12, grad_b, np.where(z3, part.largest_edge * grad_bytes, 0.0)))
+        z12, grad_b, np.where(z3, largest_edge * grad_bytes, 0.0)))
     if np.any(z3):  # ZeRO-3 reduces per layer; the name is still that of the whole gradient's reduction
         _, z3_name = curves.timed_and_named(axes, "reduce_scatter", np.where(z3, grad_b, 0.0))
         rs_name = np.where(z3, z3_name, rs_name)
@@ -220,7 +270,7 @@ def _data_parallel(curves: AxisCurves, part: Partition, zero: np.ndarray, dp: np
     times = {
         "dp_all_reduce": all_reduce, "dp_reduce_scatter": reduce_scatter,
         "dp_all_gather": curves.time(axes, "all_gather", np.where(
-            z12, weight_b, np.where(z3, part.largest_edge * w_bytes, 0.0))),
+            z12, weight_b, np.where(z3, largest_edge * w_bytes, 0.0))),
         "z3_all_gather": n * curves.time(axes, "all_gather", np.where(z3, layer_params * w_bytes / n, 0.0)),
         "z3_reduce_scatter": curves.time(axes, "reduce_scatter", np.where(z3, layer_params * grad_bytes, 0.0)),
     }

@@ -36,7 +36,8 @@ from .result import Estimate, EstimateBatch
 from .schedule import Schedule, schedule
 from .source import LayerCosts
 
-__all__ = ["estimate", "estimate_batch", "run_stages", "layer_forward_flops", "model_flops_per_sequence"]
+__all__ = ["estimate", "estimate_batch", "run_stages", "layer_forward_flops", "model_flops_per_sequence",
+           "model_states_bytes"]
 
 
 # ---- stage 1: layer costs --------------------------------------------------------------------------------
@@ -66,7 +67,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
               w_bytes: float) -> tuple[Keys, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
     ZeRO and what the layer's traffic depends on."""
-    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero") + ctx.source.comm_fields)
+    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero") + _EXPERT_FIELDS + ctx.source.comm_fields)
     keys = distinct(*(getattr(plans, f) for f in fields))
 
     def build() -> tuple[Partition, Comm]:
@@ -74,15 +75,15 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
         layer_index = layer_keys.inverse[keys.first]
         part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False),
-                         ctx.terms.pipeline_edges_as_layers)
+                         ctx.terms.pipeline_edges_as_layers, getattr(ctx.source, "kind_of_layer", None))
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         gather_bytes, grad_bytes = _wire_bytes(ctx, plans.dtype)
         comm = communication(ctx, layouts, layout_index, layer_index, costs, part,
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
-                             params_key=[sub.vpp, sub.zero] + [getattr(sub, f) for f in src.param_fields],
+                             params_key=[sub.vpp, sub.zero, sub.cp] + [getattr(sub, f) for f in src.param_fields],
                              pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=gather_bytes, grad_bytes=grad_bytes,
-                             z3_collectives=_z3_collectives(ctx, sub))
+                             z3_collectives=_z3_collectives(ctx, sub), cp=sub.cp, edp=expert_dp(sub))
         return part, comm
 
     part, comm = ctx.memo(("patterns", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention), build)
@@ -116,8 +117,18 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
     return dict(w_bytes=w_bytes, weight_cache_bytes=cache, grad_bytes=4.0 if wide else terms.grad_buffer_bytes,
                 master_bytes=0.0 if wide else terms.main_params_bytes,
                 state_bytes=8.0 if wide else terms.optimizer_state_bytes, process=proc.cuda_context,
-                nccl=communicators(plans.tp, plans.dp, plans.pp) * proc.nccl_per_communicator,
+                nccl=communicators(plans.tp, plans.dp, plans.pp, plans.cp, plans.ep) * proc.nccl_per_communicator,
                 reserve_fraction=terms.allocator_reserve_fraction)
+
+
+_EXPERT_FIELDS = ("ep", "etp")
+"""plan fields that set the expert rank layout (with the layout axes)."""
+
+
+def expert_dp(plans: PlanBatch) -> np.ndarray:
+    """Expert data-parallel degree of each plan: tp x cp x dp / (etp x ep)."""
+    etp = np.where(plans.etp == 0, plans.tp, plans.etp)
+    return plans.tp * plans.cp * plans.dp // (etp * plans.ep)
 
 
 def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
@@ -129,13 +140,43 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     part = part_u.for_plans(keys.inverse)
     comm = comm_u.take(keys.inverse)
     p = plans
+    edp = expert_dp(p)
     sched = schedule(ctx, costs=costs, comm=comm, part=part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero,
                      recompute=p.recompute, micro_batch=p.micro_batch, global_batch=p.global_batch,
-                     overlap=p.overlap, dtype=p.dtype)
+                     overlap=p.overlap, dtype=p.dtype, cp=p.cp, edp=edp)
     m = sched.micro_batches
     mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=m,
-                 grad_unsharded=ctx.terms.unsharded_grad_fraction(p.zero, p.pp, p.vpp, m), **_memory_figures(ctx, p))
+                 grad_unsharded=ctx.terms.unsharded_grad_fraction(p.zero, p.pp, p.vpp, m), cp=p.cp, edp=edp,
+                 **_memory_figures(ctx, p))
     return totals(ctx, plans, costs, sched, mem, comm)
+
+
+def model_states_bytes(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray:
+    """Per plan, the weights, gradients and optimizer states (bytes) of the pipeline rank holding the most:
+    a lower bound of its peak memory that needs neither collective curves nor activations (the planner drops
+    plans whose states alone exceed the device). Computed per distinct (parameter, pipeline and ZeRO) pattern
+    with the partition and memory stages' own rules."""
+    from .memory import _state_bytes
+
+    costs_u, layer_keys = layer_costs(ctx, plans)
+    edp_all = expert_dp(plans)
+    fields = [plans.pp, plans.vpp, plans.zero, plans.dp, plans.cp, edp_all, layer_keys.inverse]
+    keys = distinct(*fields)
+    sub = plans.take(keys.first)
+    costs = costs_u.take(layer_keys.inverse[keys.first], with_comm=False)
+    part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs, ctx.terms.pipeline_edges_as_layers,
+                     getattr(ctx.source, "kind_of_layer", None))
+    fig = _memory_figures(ctx, sub)
+    # the stack's bytes per parameter; gradients as sharded as ZeRO allows (the stack may keep more of them
+    # whole, which only raises the peak: this stays a lower bound)
+    full = np.where(sub.zero >= 2, 0.0, 1.0)
+    per = dict(w_bytes=fig["w_bytes"] + fig["weight_cache_bytes"],
+               state_bytes=fig["master_bytes"] + fig["state_bytes"], grad_bytes=fig["grad_bytes"])
+    dense = _state_bytes(sub.zero, sub.dp * sub.cp, full, **per)["total"]
+    expert = _state_bytes(sub.zero, edp_all[keys.first], full, **per)["total"]
+    held_expert = 0.0 if part.expert is None else part.expert
+    states = np.where(part.valid, (part.params - held_expert) * dense + held_expert * expert, 0.0).max(axis=0)
+    return states[keys.inverse]
 
 
 # ---- stage 6: totals -------------------------------------------------------------------------------------
@@ -166,6 +207,8 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         recompute_s=sched.recompute, bubble_s=sched.bubble, optimizer_s=sched.optimizer,
         exposed_comm_s=sched.exposed_comm, tp_comm_s=sched.comm_total.get("tp", zeros),
         pp_comm_s=sched.comm_total["pp"], dp_comm_s=sched.comm_total["dp"],
+        cp_comm_s=sched.comm_total.get("cp", zeros),
+        ep_comm_s=sched.comm_total.get("ep", zeros) + sched.comm_total.get("etp", zeros),
         mem_weights_gib=mem.terms["weights"] / GiB, mem_grads_gib=mem.terms["grads"] / GiB,
         mem_optimizer_states_gib=mem.terms["optimizer_states"] / GiB,
         mem_activations_gib=mem.terms["activations"] / GiB, mem_other_gib=mem.terms["other"] / GiB,
@@ -190,11 +233,12 @@ def estimate_batch(model: ModelSpec, cluster, plans: PlanBatch, compute: Compute
     n = len(plans)
     if n == 0:
         raise InputError("no plans to estimate")
-    wrong = plans.tp * plans.pp * plans.dp != cluster.num_gpus
+    used = plans.tp * plans.cp * plans.pp * plans.dp
+    wrong = used != cluster.num_gpus
     if np.any(wrong):
         bad = int(np.argmax(wrong))
-        raise InputError(f"plan {plans.plan(bad).short()} uses {int(plans.tp[bad] * plans.pp[bad] * plans.dp[bad])}"
-                         f" GPUs but the cluster has gpus={cluster.num_gpus}")
+        raise InputError(f"plan {plans.plan(bad).short()} uses {int(used[bad])} GPUs but the cluster has "
+                         f"gpus={cluster.num_gpus}")
     ctx = context or context_for(model, cluster, compute, calibration, stack, flavor)
     return run_stages(ctx, plans)
 

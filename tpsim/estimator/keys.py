@@ -46,9 +46,23 @@ def take_rows(tree: Any, index: np.ndarray) -> Any:
         return {k: take_rows(v, index) for k, v in tree.items()}
     if isinstance(tree, tuple):
         return tuple(take_rows(v, index) for v in tree)
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        return type(tree)(**{f.name: take_rows(getattr(tree, f.name), index) for f in dataclasses.fields(tree)})
+    names = field_names(type(tree))
+    if names:
+        return type(tree)(**{f: take_rows(getattr(tree, f), index) for f in names})
     return tree
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """The dataclass fields of ``cls`` (() for any other type), remembered per type (the stages walk their
+    results once per pattern and chunk)."""
+    hit = _FIELDS.get(cls)
+    if hit is None:
+        hit = _FIELDS[cls] = (tuple(f.name for f in dataclasses.fields(cls))
+                              if dataclasses.is_dataclass(cls) else ())
+    return hit
 
 
 def concat_rows(a: Any, b: Any) -> Any:
@@ -59,6 +73,7 @@ def concat_rows(a: Any, b: Any) -> Any:
         return {k: concat_rows(v, b[k]) for k, v in a.items()}
     if isinstance(a, tuple):
         return tuple(concat_rows(x, y) for x, y in zip(a, b))
-    if dataclasses.is_dataclass(a) and not isinstance(a, type):
-        return type(a)(**{f.name: concat_rows(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)})
+    names = field_names(type(a))
+    if names:
+        return type(a)(**{f: concat_rows(getattr(a, f), getattr(b, f)) for f in names})
     return a

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..compute.base import ComputeModel
-from ..model import ModelSpec
+from ..model import LayerKind, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,11 @@ class LayerCost:
     """fraction of the forward+backward compute time that came from a measured profile."""
     attention: np.ndarray | float = 0.0
     """flash-attention kernel time, forward + backward (the error band weighs its kernel data by it)."""
+    ring_fwd: np.ndarray | float = 0.0
+    """ring context parallelism: forward attention time of the cp - 1 steps after the first (as long as the
+    steps the K/V exchanges overlap: every step is half an n x n block)."""
+    ring_bwd: np.ndarray | float = 0.0
+    """the same in backward."""
 
 
 class _Acc:
@@ -75,60 +80,159 @@ def _linears(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, widths, k, dtyp
     return dgrad, wgrad
 
 
+def _ones(n: int) -> np.ndarray:
+    return np.ones(n, dtype=np.int64)
+
+
+def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: ModelSpec, *, b: np.ndarray,
+                    heads: np.ndarray, cp: np.ndarray, a2a: np.ndarray, window: int, d: float, dtype: str,
+                    attention: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Attention core of one layer on one rank (forward into ``acc_f``, backward into ``acc_b``); returns the
+    forward and backward time of the ring steps after the first (what the ring's K/V exchange hides behind) and
+    the flash-attention kernels' time, forward + backward (the error band weighs its kernel data by it).
+
+    Flash attention over the rank's queries: without context parallelism ``b x heads`` heads of ``s`` causal
+    tokens. Ring (TransformerEngine p2p with DualChunkSwap): the first step is causal attention of the rank's
+    ``n = s / cp`` tokens on their own keys, each of the ``cp - 1`` further steps half a non-causal ``n x n``
+    block (both chunks' queries on the first chunk of a lower rank's keys, or the second chunk's queries on all
+    of a higher rank's). All-to-all (Ulysses): causal attention of ``heads / cp`` heads over the whole sequence.
+    A sliding window ``w`` shorter than the attended sequence: ``(L - w) / w`` non-causal ``w x w`` blocks plus
+    one causal block of ``w`` (each query sees ``w`` keys). Unfused attention materializes the ``s x s`` scores
+    whatever the window (no context parallelism: a plan rule)."""
+    s = float(model.seq_len)
+    n_plans = b.size
+    cpf = cp.astype(float)
+    ring = (cp > 1) & ~a2a
+    bh = np.where(a2a, b * heads / cpf, b * heads)
+    seq = np.where(a2a, s, s / cpf)
+    if attention != "flash":
+        bh_u = b * heads
+        scores = bh_u * s * s
+        acc_f.add(compute.gemm(s, s, d, dtype, batch=bh_u))          # Q K^T
+        acc_f.add(compute.memory("softmax", scores, dtype, False))  # fused scale-mask-softmax
+        if model.family == "gpt":
+            acc_f.add(compute.memory("dropout", scores, dtype, False))
+            acc_b.add(compute.memory("dropout", scores, dtype, True))
+        acc_f.add(compute.gemm(s, d, s, dtype, batch=bh_u))          # P V
+        acc_b.add(compute.gemm(s, s, d, dtype, batch=bh_u), 1.0)     # dP = dO V^T
+        acc_b.add(compute.gemm(s, d, s, dtype, batch=bh_u), 3.0)     # dV = P^T dO, dQ = dS K, dK = dS^T Q
+        acc_b.add(compute.memory("softmax", scores, dtype, True))
+        return np.zeros(n_plans), np.zeros(n_plans), np.zeros(n_plans)
+    if window and window < s:
+        w = float(window)
+        windowed = seq > w
+        blocks = np.where(windowed, (seq - w) / w, 1.0)  # (1.0 where unused: no empty kernel)
+        flash = np.zeros(n_plans)
+        for backward, acc in ((False, acc_f), (True, acc_b)):
+            full = compute.attention(bh, seq, d, True, dtype, backward)
+            band = compute.attention(bh * blocks, w, d, False, dtype, backward)
+            diag = compute.attention(bh, w, d, True, dtype, backward)
+            flash = flash + acc.add((np.where(windowed, band[0] + diag[0], full[0]),
+                                     np.where(windowed, band[1] & diag[1], full[1])))
+        return np.zeros(n_plans), np.zeros(n_plans), flash
+    flash = acc_f.add(compute.attention(bh, seq, d, True, dtype, False))
+    flash = flash + acc_b.add(compute.attention(bh, seq, d, True, dtype, True))
+    if not np.any(ring):
+        return np.zeros(n_plans), np.zeros(n_plans), flash
+    steps = np.where(ring, (cpf - 1.0) / 2.0, 1.0)  # cp - 1 half blocks (1.0 where unused: no empty kernel)
+    n = s / cpf
+    hidden_f = acc_f.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, False)))
+    hidden_b = acc_b.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, True)))
+    return hidden_f, hidden_b, flash + hidden_f + hidden_b
+
+
+def _where(mask: np.ndarray, res: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A compute result kept where ``mask`` holds, zero seconds elsewhere."""
+    t, measured = res
+    return np.where(mask, t, 0.0), np.broadcast_to(measured, np.shape(mask))
+
+
+def _attention_linears(fwd: _Acc, bwd: _Acc, compute: ComputeModel, model: ModelSpec, T, t, dtype: str,
+                       fused: bool):
+    """Input projections of the attention block; returns (dgrad, wgrad) of its column-parallel input linear(s).
+    Standard: fused QKV ``(T, h, q/t + 2 kv_local)`` (or q, k, v apart). MLA (DeepSeek-V2 eq. 9-14, Megatron-Core
+    ``MLASelfAttention``): the down-projections of queries (q_lora) and of the key/value latent plus the shared
+    rotary key (kv_lora + rope) are duplicated on every TP rank; the up-projections are column-parallel."""
+    h = float(model.hidden_size)
+    if model.attention_kind != "mla":
+        heads = model.num_attention_heads / t
+        kv_heads = np.maximum(model.num_kv_heads / t, 1.0)  # kv heads < tp are replicated (Megatron)
+        q_local, kv_local = heads * model.head_dim, kv_heads * model.head_dim
+        qkv = [q_local + 2 * kv_local] if fused else [q_local, kv_local, kv_local]
+        return _linears(fwd, bwd, compute, T, qkv, h, dtype)
+    heads = model.num_attention_heads / t
+    qk, rope, v = model.qk_nope_head_dim + model.qk_rope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    ql, kvl = float(model.q_lora_rank), float(model.kv_lora_rank)
+    down = [ql + kvl + rope] if ql else [kvl + rope]
+    dgrad, wgrad = _linears(fwd, bwd, compute, T, down, h, dtype)
+    if ql:
+        _linear(fwd, bwd, compute, T, heads * qk, ql, dtype)
+    else:
+        d2, w2 = _linear(fwd, bwd, compute, T, heads * qk, h, dtype)
+        dgrad, wgrad = dgrad + d2, wgrad + w2
+    _linear(fwd, bwd, compute, T, heads * (model.qk_nope_head_dim + v), kvl, dtype)
+    fwd.add(compute.memory("rmsnorm", T * (ql + kvl), dtype, False))  # q_a / kv_a latent norms
+    bwd.add(compute.memory("rmsnorm", T * (ql + kvl), dtype, True))
+    return dgrad, wgrad
+
+
 def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np.ndarray,
                micro_batch: np.ndarray, recompute: np.ndarray, dtype: str, attention: str,
-               fused: bool = True) -> LayerCost:
-    """Cost of one layer for each plan (arrays of equal length; recompute coded 0/1/2). ``fused``: one QKV
-    GEMM and one gate+up GEMM (Megatron); otherwise q, k, v (and w1, w3) are separate GEMMs (as
-    ``tpsim validate`` runs DTensor's separate Linear layers)."""
+               fused: bool = True, cp: np.ndarray | None = None, cp_kind: np.ndarray | None = None,
+               ep: np.ndarray | None = None, etp: np.ndarray | None = None, kind: LayerKind | None = None) -> LayerCost:
+    """Cost of one layer for each plan (arrays of equal length; recompute coded 0/1/2, cp_kind 0 ring / 1
+    a2a, etp 0 = tp). ``fused``: one QKV GEMM and one gate+up GEMM (Megatron); otherwise q, k, v (and w1, w3)
+    are separate GEMMs (as ``tpsim validate`` runs DTensor's separate Linear layers). ``kind``: the layer's
+    MLP (dense or mixture of experts) and sliding window (default: dense, full attention). Context parallelism
+    divides the rank's tokens by cp (all GEMMs and memory-bound kernels on ``b s / cp`` tokens)."""
     n_plans = len(tp)
+    kind = kind or LayerKind(moe=False, window=0)
+    cp = _ones(n_plans) if cp is None else cp
+    a2a = np.zeros(n_plans, dtype=bool) if cp_kind is None else (cp_kind == 1) & (cp > 1)
     t = tp.astype(float)
     b = micro_batch.astype(float)
     s = float(model.seq_len)
-    T = b * s
-    h, d = float(model.hidden_size), float(model.head_dim)
+    T = b * s / cp.astype(float)
+    h = float(model.hidden_size)
     heads = model.num_attention_heads / t
-    kv_heads = np.maximum(model.num_kv_heads / t, 1.0)  # kv heads < tp are replicated (Megatron)
-    q_local = heads * d
-    kv_local = kv_heads * d
-    f_local = model.ffn_hidden_size / t
+    dqk = model.head_dim if model.attention_kind != "mla" else model.qk_nope_head_dim + model.qk_rope_head_dim
+    dv = model.head_dim if model.attention_kind != "mla" else model.v_head_dim
     T_norm = np.where(sp, T / t, T)
     fwd, bwd = _Acc(n_plans), _Acc(n_plans)
 
     # attention block
-    qkv = [q_local + 2 * kv_local] if fused else [q_local, kv_local, kv_local]
-    dg_a, wg_a = _linears(fwd, bwd, compute, T, qkv, h, dtype)
+    dg_a, wg_a = _attention_linears(fwd, bwd, compute, model, T, t, dtype, fused)
     attn_f = _Acc(n_plans)
-    flash_t = np.zeros(n_plans)
-    if attention == "flash":
-        flash_t = attn_f.add(compute.attention(b * heads, s, d, True, dtype, False))
-        flash_t = flash_t + bwd.add(compute.attention(b * heads, s, d, True, dtype, True))
-    else:
-        bh = b * heads
-        scores = bh * s * s
-        attn_f.add(compute.gemm(s, s, d, dtype, batch=bh))          # Q K^T
-        attn_f.add(compute.memory("softmax", scores, dtype, False))  # fused scale-mask-softmax
-        if model.family == "gpt":
-            attn_f.add(compute.memory("dropout", scores, dtype, False))
-            bwd.add(compute.memory("dropout", scores, dtype, True))
-        attn_f.add(compute.gemm(s, d, s, dtype, batch=bh))          # P V
-        bwd.add(compute.gemm(s, s, d, dtype, batch=bh), 1.0)         # dP = dO V^T
-        bwd.add(compute.gemm(s, d, s, dtype, batch=bh), 3.0)         # dV = P^T dO, dQ = dS K, dK = dS^T Q
-        bwd.add(compute.memory("softmax", scores, dtype, True))
+    ring_f, ring_b, flash_t = _attention_core(attn_f, bwd, compute, model, b=b, heads=heads, cp=cp, a2a=a2a,
+                                              window=kind.window, d=(dqk + dv) / 2.0, dtype=dtype,
+                                              attention=attention)
     fwd.absorb(attn_f)  # the attention core, kept apart too for selective recomputation
     if model.position == "rotary":
-        fwd.add(compute.memory("residual_add", T * (q_local + kv_local), dtype, False))
-        bwd.add(compute.memory("residual_add", T * (q_local + kv_local), dtype, True))
-    _linear(fwd, bwd, compute, T, h, q_local, dtype)
+        kv_heads = np.maximum(model.num_kv_heads / t, 1.0)
+        rotated = (heads * model.head_dim + kv_heads * model.head_dim if model.attention_kind != "mla"
+                   else heads * model.qk_rope_head_dim + model.qk_rope_head_dim)
+        fwd.add(compute.memory("residual_add", T * rotated, dtype, False))
+        bwd.add(compute.memory("residual_add", T * rotated, dtype, True))
+    _linear(fwd, bwd, compute, T, h, heads * dv, dtype)
 
-    # MLP block
+    # MLP block: dense, or shared experts (tensor-parallel like it) beside the routed experts
     gated = model.gated
-    mlp_in = [f_local * (2 if gated else 1)] if (fused or not gated) else [f_local, f_local]
-    dg_m, wg_m = _linears(fwd, bwd, compute, T, mlp_in, h, dtype)
     act = "swiglu" if gated else "gelu"
-    fwd.add(compute.memory(act, T * f_local, dtype, False))
-    bwd.add(compute.memory(act, T * f_local, dtype, True))
-    _linear(fwd, bwd, compute, T, h, f_local, dtype)
+    f_local = (model.ffn_hidden_size if not kind.moe
+               else model.num_shared_experts * model.shared_expert_ffn_hidden_size) / t
+    dg_m = wg_m = np.zeros(n_plans)
+    if not kind.moe or model.num_shared_experts:
+        mlp_in = [f_local * (2 if gated else 1)] if (fused or not gated) else [f_local, f_local]
+        dg_m, wg_m = _linears(fwd, bwd, compute, T, mlp_in, h, dtype)
+        fwd.add(compute.memory(act, T * f_local, dtype, False))
+        bwd.add(compute.memory(act, T * f_local, dtype, True))
+        _linear(fwd, bwd, compute, T, h, f_local, dtype)
+    if kind.moe:
+        from .moe import add_expert_compute, expert_shape
+        etp_eff = np.where(etp == 0, tp, etp) if etp is not None else tp
+        shape = expert_shape(model, tokens_total=T, tp=tp, sp=sp, ep=_ones(n_plans) if ep is None else ep,
+                             etp=etp_eff)
+        add_expert_compute(fwd, bwd, compute, model, shape, dtype)
 
     # norms, residuals, hidden dropout (on T/t tokens with sequence parallelism)
     norm = model.norm
@@ -142,7 +246,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     measured = np.where(total > 0, (fwd.m + bwd.m) / np.where(total > 0, total, 1.0), 0.0)
     return LayerCost(fwd=fwd.t, bwd=bwd.t, recompute=re_t,
                      dgrad={"attention": dg_a, "feed_forward": dg_m},
-                     wgrad={"attention": wg_a, "feed_forward": wg_m}, measured=measured, attention=flash_t)
+                     wgrad={"attention": wg_a, "feed_forward": wg_m}, measured=measured, attention=flash_t,
+                     ring_fwd=ring_f, ring_bwd=ring_b)
 
 
 @dataclass(frozen=True)
@@ -156,11 +261,14 @@ class EdgeCost:
 
 
 def edge_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np.ndarray,
-              micro_batch: np.ndarray, dtype: str) -> EdgeCost:
-    """Embedding lookup (memory-bound) and output layer: final norm, logits GEMM, vocab-parallel softmax."""
+              micro_batch: np.ndarray, dtype: str, cp: np.ndarray | None = None) -> EdgeCost:
+    """Embedding lookup (memory-bound) and output layer: final norm, logits GEMM, vocab-parallel softmax, on
+    the rank's b s / cp tokens."""
     n_plans = len(tp)
     t = tp.astype(float)
     T = micro_batch.astype(float) * model.seq_len
+    if cp is not None:
+        T = T / cp.astype(float)
     h = float(model.hidden_size)
     vocab_local = np.array([model.padded_vocab(int(x)) for x in np.unique(tp)])
     v_local = vocab_local[np.searchsorted(np.unique(tp), tp)] / t

@@ -21,11 +21,48 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..model import ModelSpec
+from ..model import LayerKind, ModelSpec
 
 
-def layer_params_local(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
-    """Parameters of one layer held by one TP rank (column/row-split weights / t, norms and row biases whole)."""
+def attention_params_local(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
+    """Attention weights and biases of one layer on one TP rank. Standard: column/row-split q, k, v, o (kv heads
+    below tp replicated). MLA: the q and kv down-projections and their latent norms are duplicated on every TP
+    rank (Megatron-Core MLASelfAttention), the up-projections and o are split."""
+    t = tp.astype(float)
+    h = float(model.hidden_size)
+    if model.attention_kind == "mla":
+        heads = model.num_attention_heads / t
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        ql, kvl, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+        q = (h * ql + ql * heads * qk + ql) if ql else h * heads * qk
+        kv = h * (kvl + rope) + kvl * heads * (model.qk_nope_head_dim + model.v_head_dim) + kvl
+        return q + kv + heads * model.v_head_dim * h + (h if model.linear_bias else 0.0)
+    d = float(model.head_dim)
+    q_local = model.num_attention_heads / t * d
+    kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
+    weights = h * (q_local + 2 * kv_local) + q_local * h
+    biases = (q_local + 2 * kv_local if model.qkv_bias else 0.0)
+    if model.linear_bias:
+        biases = biases + h
+    return weights + biases
+
+
+def layer_params_local(model: ModelSpec, tp: np.ndarray, kind: LayerKind | None = None,
+                       ep: np.ndarray | None = None, etp: np.ndarray | None = None) -> np.ndarray:
+    """Parameters of one layer held by one rank: column/row-split weights / t, norms and row biases whole; a
+    mixture-of-experts layer (``kind.moe``) holds its E / ep routed experts split over etp
+    (:func:`layer_expert_params_local`), the shared experts split over tp and the router."""
+    if kind is not None and kind.moe:
+        from .moe import shared_params_local
+        norms = 2 * float(model.hidden_size) * (2 if model.norm == "layernorm" else 1)
+        return (attention_params_local(model, tp) + shared_params_local(model, tp) + norms
+                + layer_expert_params_local(model, tp, kind, ep, etp))
+    if model.attention_kind == "mla":
+        f = float(model.ffn_hidden_size) / tp.astype(float)
+        n_in = 2.0 if model.gated else 1.0
+        h = float(model.hidden_size)
+        mlp = n_in * h * f + f * h + ((n_in * f + h) if model.linear_bias else 0.0)
+        return attention_params_local(model, tp) + mlp + 2 * h * (2 if model.norm == "layernorm" else 1)
     t = tp.astype(float)
     h, d, f = float(model.hidden_size), float(model.head_dim), float(model.ffn_hidden_size)
     q_local = model.num_attention_heads / t * d
@@ -39,31 +76,71 @@ def layer_params_local(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
     return weights + biases + norms
 
 
+def layer_expert_params_local(model: ModelSpec, tp: np.ndarray, kind: LayerKind | None = None,
+                              ep: np.ndarray | None = None, etp: np.ndarray | None = None) -> np.ndarray:
+    """Of :func:`layer_params_local`, the routed experts' parameters (their gradients are reduced over the
+    expert data-parallel group); 0 for a dense layer."""
+    if kind is None or not kind.moe:
+        return np.zeros(tp.shape)
+    from .moe import expert_params_local
+    ones = np.ones(tp.shape, dtype=np.int64)
+    ep = ones if ep is None else ep
+    etp_eff = tp if etp is None else np.where(etp == 0, tp, etp)
+    return expert_params_local(model, ep, etp_eff)
+
+
 def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarray, micro_batch: np.ndarray,
-                               recompute: np.ndarray, attention: str, act_bytes: int) -> np.ndarray:
-    """Stored activations of one layer for one micro-batch on one TP rank (bytes)."""
+                               recompute: np.ndarray, attention: str, act_bytes: int,
+                               cp: np.ndarray | None = None, kind: LayerKind | None = None,
+                               ep: np.ndarray | None = None, etp: np.ndarray | None = None) -> np.ndarray:
+    """Stored activations of one layer for one micro-batch on one rank (bytes): the rank's b s / cp tokens
+    (context parallelism divides every term by cp). MLA stores its q/kv latents (duplicated over TP) and the
+    up-projected q, k (qk_nope + qk_rope) and v (v_head_dim) per head; a mixture-of-experts layer stores the
+    routed copies' expert activations on the busiest rank (:func:`tpsim.estimator.moe.expert_activation_bytes`)
+    and the shared experts' like a dense MLP."""
     t = tp.astype(float)
     s = float(model.seq_len)
-    T = micro_batch.astype(float) * s
-    h, d = float(model.hidden_size), float(model.head_dim)
+    cpf = 1.0 if cp is None else cp.astype(float)
+    T = micro_batch.astype(float) * s / cpf
+    h = float(model.hidden_size)
     heads = model.num_attention_heads / t
-    q_local = heads * d
-    kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
-    f_local = model.ffn_hidden_size / t
     e = act_bytes / 2.0  # formulas below are for 16-bit activations
     dropout = model.family == "gpt"
     replicated = T * h * ((8.0 + (2.0 if dropout else 0.0)) * e)       # norm inputs, QKV/MLP inputs, masks
     replicated = np.where(sp, replicated / t, replicated)
-    sharded = 2 * e * T * (q_local + kv_local) + 2 * e * T * kv_local + 2 * e * T * q_local
+    if model.attention_kind == "mla":
+        qk = heads * (model.qk_nope_head_dim + model.qk_rope_head_dim)
+        v = heads * model.v_head_dim
+        latents = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
+        sharded = 2 * e * T * (qk + qk) + 2 * e * T * v + 2 * e * T * v + 2 * e * T * latents
+    else:
+        d = float(model.head_dim)
+        q_local = heads * d
+        kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
+        sharded = 2 * e * T * (q_local + kv_local) + 2 * e * T * kv_local + 2 * e * T * q_local
+    moe = kind is not None and kind.moe
+    f_local = (model.ffn_hidden_size if not moe
+               else model.num_shared_experts * model.shared_expert_ffn_hidden_size) / t
     sharded = sharded + (6.0 if model.gated else 4.0) * e * T * f_local
+    if moe:
+        sharded = sharded + _expert_activations(model, T, tp, sp, ep, etp, e)
     if attention == "unfused":
         scores = micro_batch * heads * s * s * ((5.0 if dropout else 2.0) * e)
     else:
-        scores = micro_batch * heads * s * 4.0  # fp32 log-sum-exp kept by flash attention
+        scores = micro_batch * heads * s * 4.0 / cpf  # fp32 log-sum-exp kept by flash attention
     rc = np.asarray(recompute)
     per_layer = replicated + sharded + np.where((rc == 1) & (attention == "unfused"), 0.0, scores)
     layer_input = np.where(sp, 2 * e * T * h / t, 2 * e * T * h)
     return np.where(rc == 2, layer_input, per_layer)
+
+
+def _expert_activations(model: ModelSpec, T: np.ndarray, tp: np.ndarray, sp: np.ndarray, ep, etp,
+                        e: float) -> np.ndarray:
+    from .moe import expert_activation_bytes, expert_shape
+    ones = np.ones(tp.shape, dtype=np.int64)
+    shape = expert_shape(model, tokens_total=T, tp=tp, sp=sp, ep=ones if ep is None else ep,
+                         etp=tp if etp is None else np.where(etp == 0, tp, etp))
+    return expert_activation_bytes(model, shape, e)
 
 
 def full_layer_activations(model: ModelSpec, **kw) -> np.ndarray:
@@ -161,10 +238,14 @@ def process_memory() -> ProcessMemory:
                          nccl_range=tuple(float(x) * GiB for x in nccl["range"]))
 
 
-def communicators(tp: np.ndarray, dp: np.ndarray, pp: np.ndarray) -> np.ndarray:
-    """NCCL communicators a rank uses: one per parallel axis of size > 1, and the embedding group (first and
-    last pipeline stage) when pp > 1."""
-    return ((tp > 1).astype(float) + (dp > 1) + 2.0 * (pp > 1))
+def communicators(tp: np.ndarray, dp: np.ndarray, pp: np.ndarray, cp: np.ndarray | None = None,
+                  ep: np.ndarray | None = None) -> np.ndarray:
+    """NCCL communicators a rank uses: one per parallel axis of size > 1 (tp, dp, cp, ep), and the embedding
+    group (first and last pipeline stage) when pp > 1."""
+    extra = 0.0 if cp is None else (cp > 1).astype(float)
+    if ep is not None:
+        extra = extra + (ep > 1)
+    return ((tp > 1).astype(float) + (dp > 1) + 2.0 * (pp > 1)) + extra
 
 
 @dataclass(frozen=True)
@@ -189,7 +270,8 @@ def in_flight(position_rank: np.ndarray, pp: np.ndarray, vpp: np.ndarray, m: np.
 def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, m: np.ndarray,
            w_bytes: float, master_bytes: float, grad_bytes: float, grad_unsharded: np.ndarray | None = None,
            state_bytes: float = 8.0, weight_cache_bytes: float = 0.0, process: np.ndarray | float = 0.0,
-           nccl: np.ndarray | float = 0.0, reserve_fraction: float = 0.0) -> Memory:
+           nccl: np.ndarray | float = 0.0, reserve_fraction: float = 0.0, cp: np.ndarray | None = None,
+           edp: np.ndarray | None = None) -> Memory:
     """Model states (ZeRO-sharded), stored activations of the micro-batches in flight, and buffers, for the
     first, last and busiest middle pipeline rank at once ((position, plan) arrays); the peak rank's terms.
     ``costs`` (:class:`~tpsim.estimator.source.LayerCosts`) and ``part`` (a Partition) are gathered to plans.
@@ -197,7 +279,8 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     ``state_bytes``: optimizer moments per parameter (Adam: 2 x 4 B fp32); ``weight_cache_bytes``: per
     parameter copies the stack keeps beside the weights (FP8 casts); ``process`` and ``nccl``: the CUDA context
     and the NCCL buffers (bytes, per plan); ``reserve_fraction``: the caching allocator's reserve on top of the
-    allocated peak."""
+    allocated peak. ZeRO shards the dense parameters' states over dp x cp (Megatron's distributed optimizer
+    uses the dp x cp group) and the routed experts' over the expert data-parallel group (``edp``)."""
     from .partition import on_positions
 
     ranks = np.stack([np.zeros_like(pp), pp - 1, np.ones_like(pp)])  # pipeline rank of each position
@@ -205,22 +288,38 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     zero3_buffers = np.where(zero == 3, 2.0 * costs.params * w_bytes, 0.0)  # this and the next layer gathered
     other = on_positions(costs.first.buffer_bytes + zero3_buffers, costs.last.buffer_bytes + zero3_buffers,
                          pp == 1, middle=zero3_buffers, last_alone=costs.last.buffer_bytes)
-    w_div = np.where(zero == 3, dp, 1.0)
     full = np.where(zero >= 2, 0.0, 1.0) if grad_unsharded is None else grad_unsharded
-    g_per = full + (1.0 - full) / dp  # unsharded part + this rank's shard of the rest
-    o_div = np.where(zero >= 1, dp, 1.0)
-    per_param = (w_bytes + weight_cache_bytes) / w_div + grad_bytes * g_per + (master_bytes + state_bytes) / o_div
-    allocated = np.where(part.valid, part.params * per_param + activations + other, -1.0)
+    group = dp if cp is None else dp * cp
+    shard = _state_bytes(zero, group, full, w_bytes + weight_cache_bytes, master_bytes + state_bytes, grad_bytes)
+    expert_shard = shard if edp is None else _state_bytes(zero, edp, full, w_bytes + weight_cache_bytes,
+                                                          master_bytes + state_bytes, grad_bytes)
+    expert = 0.0 if part.expert is None else part.expert
+    per_rank_states = (part.params - expert) * shard["total"] + expert * expert_shard["total"]
+    allocated = np.where(part.valid, per_rank_states + activations + other, -1.0)
     peak_position = np.argmax(allocated, axis=0)
     columns = np.arange(peak_position.size)
     pick = lambda v: v[peak_position, columns]  # noqa: E731
     held = pick(part.params)
+    held_expert = 0.0 if part.expert is None else pick(part.expert)
+    dense = held - held_expert
     peak_allocated = allocated.max(axis=0)
     fixed = np.broadcast_to(np.asarray(process, dtype=float), pp.shape)
     buffers = np.broadcast_to(np.asarray(nccl, dtype=float), pp.shape)
-    terms = {"weights": held * (w_bytes + weight_cache_bytes) / w_div, "grads": held * grad_bytes * g_per,
-             "optimizer_states": held * (master_bytes + state_bytes) / o_div, "activations": pick(activations),
-             "cuda_context": fixed, "nccl_buffers": buffers, "allocator_reserve": reserve_fraction * peak_allocated,
-             "other": pick(other)}
+    terms = {k: dense * shard[k] + held_expert * expert_shard[k] for k in ("weights", "grads", "optimizer_states")}
+    terms.update(activations=pick(activations), cuda_context=fixed, nccl_buffers=buffers,
+                 allocator_reserve=reserve_fraction * peak_allocated, other=pick(other))
     peak = peak_allocated * (1.0 + reserve_fraction) + fixed + buffers
-    return Memory(terms=terms, peak=peak, peak_position=peak_position)
+    return Memory(terms={k: terms[k] for k in MEMORY_TERMS}, peak=peak, peak_position=peak_position)
+
+
+def _state_bytes(zero: np.ndarray, group: np.ndarray, grad_unsharded: np.ndarray, w_bytes: float,
+                 state_bytes: float, grad_bytes: float) -> dict:
+    """Bytes per parameter of weights (with the stack's weight caches), gradients and optimizer states
+    (master copy + moments) on one rank, ZeRO-sharded over a group of ``group`` ranks (ZeRO-1: optimizer states,
+    2: + gradients, 3: + weights; ``grad_unsharded`` of the gradients stays whole), and their sum."""
+    w_div = np.where(zero == 3, group, 1.0)
+    o_div = np.where(zero >= 1, group, 1.0)
+    out = {"weights": w_bytes / w_div, "grads": grad_bytes * (grad_unsharded + (1.0 - grad_unsharded) / group),
+           "optimizer_states": state_bytes / o_div}
+    out["total"] = out["weights"] + out["grads"] + out["optimizer_states"]
+    return out

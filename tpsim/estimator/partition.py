@@ -6,6 +6,7 @@ three ranks with one expression.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -34,12 +35,19 @@ class Partition:
     """(n,) parameters of the rank holding the most (sets the data-parallel traffic)."""
     largest_edge: np.ndarray
     """(n,) the larger edge's parameters (ZeRO-3 gathers and reduces them like one more layer)."""
+    expert: np.ndarray | None = None
+    """(3, n) of ``params``, the routed experts' (None: a dense model)."""
+    largest_expert: np.ndarray | float = 0.0
+    """(n,) the routed experts' parameters on the rank holding the most parameters."""
 
     def for_plans(self, index: np.ndarray) -> "Partition":
         """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
         communication only, are None)."""
+        expert = None if self.expert is None else self.expert[:, index]
+        largest_expert = self.largest_expert if np.isscalar(self.largest_expert) else self.largest_expert[index]
         return Partition(layers=self.layers[:, index], valid=self.valid[:, index], params=self.params[:, index],
-                         edge_params=None, largest=self.largest[index], largest_edge=None)
+                         edge_params=None, largest=self.largest[index], largest_edge=None, expert=expert,
+                         largest_expert=largest_expert)
 
 
 def positions(pp: np.ndarray) -> np.ndarray:
@@ -58,10 +66,12 @@ def on_positions(first: np.ndarray, last: np.ndarray, single: np.ndarray, middle
 
 
 def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCosts,
-              edges_as_layers: bool = False) -> Partition:
+              edges_as_layers: bool = False, kind_of_layer: np.ndarray | None = None) -> Partition:
     """Layers split over pp x vpp chunks (:func:`stage_layers`, or :func:`stage_layers_with_edges` for stacks
     that count the embedding and the output layer as layers); parameters per rank (``costs`` are gathered to
-    the same rows as ``pp``)."""
+    the same rows as ``pp``). With layers of several kinds (``costs.params_by_kind`` and the kind of every
+    layer), each rank holds exactly its own layers' parameters (:func:`position_kind_counts`, over the
+    layers-only split)."""
     split = stage_layers(num_layers, pp, vpp)
     layers = np.stack([split.first, split.last, split.middle])
     if edges_as_layers:
@@ -75,7 +85,71 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCost
     single = pp == 1
     last_unshared = costs.last.params - costs.last.shared_params
     edges = on_positions(costs.first.params, costs.last.params, single, last_alone=last_unshared)
-    params = layers * costs.params + edges
+    if costs.params_by_kind is not None and kind_of_layer is not None:
+        counts = position_kind_counts(kind_of_layer, pp, vpp)
+        params = np.einsum("pkn,kn->pn", counts, costs.params_by_kind) + edges
+        expert = np.einsum("pkn,kn->pn", counts, costs.expert_by_kind)
+    else:
+        params = layers * costs.params + edges
+        expert = None if costs.expert_params is None else layers * costs.expert_params
     held = np.where(valid, params, 0.0)
+    largest_expert = 0.0
+    if expert is not None:
+        at = np.argmax(held, axis=0)
+        largest_expert = expert[at, np.arange(at.size)]
     return Partition(layers=layers, valid=valid, params=params, edge_params=edges, largest=held.max(axis=0),
-                     largest_edge=np.where(valid, edges, 0.0).max(axis=0))
+                     largest_edge=np.where(valid, edges, 0.0).max(axis=0), expert=expert,
+                     largest_expert=largest_expert)
+
+
+def position_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray) -> np.ndarray:
+    """(3, kinds, n): layers of each kind on the first, last and busiest middle rank, with the layers in
+    order over the model chunks (chunk v of rank r is the (v pp + r)-th) and the chunk sizes of
+    :func:`stage_layers`."""
+    kinds = int(kind_of_layer.max()) + 1
+    key = tuple(int(k) for k in kind_of_layer)
+    out = np.zeros((3, kinds, pp.size))
+    pairs = np.unique(np.stack([pp, vpp], axis=1), axis=0)
+    for p_, v_ in pairs.tolist():
+        where = (pp == p_) & (vpp == v_)
+        out[:, :, where] = _kind_counts(key, kinds, p_, v_)[:, :, None]
+    return out
+
+
+@lru_cache(maxsize=256)
+def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int) -> np.ndarray:
+    n = len(kind_of_layer)
+    per_rank = _rank_layers(n, pp, vpp)
+    chunks = [np.array_split(np.arange(c), vpp) for c in per_rank]  # sizes of each rank's chunks
+    order = [(v, r) for v in range(vpp) for r in range(pp)]
+    start, owner = 0, np.zeros(n, dtype=np.int64)
+    for v, r in order:
+        size = len(chunks[r][v])
+        owner[start:start + size] = r
+        start += size
+    kinds_arr = np.asarray(kind_of_layer)
+    ranks = (0, pp - 1, 1 if pp > 2 else 0)
+    out = np.zeros((3, kinds))
+    for i, r in enumerate(ranks):
+        if i == MIDDLE and pp <= 2:
+            continue
+        out[i] = np.bincount(kinds_arr[owner == r], minlength=kinds)
+    return out
+
+
+def _rank_layers(num_layers: int, pp: int, vpp: int) -> list[int]:
+    """Layers of every pipeline rank, as :func:`stage_layers` splits them (extra layers to the middle ranks
+    first, the busiest being rank 1; the rest shared by the first and last rank)."""
+    if pp == 1:
+        return [num_layers]
+    base = num_layers // (pp * vpp)
+    extra = num_layers - base * pp * vpp
+    middle = pp - 2
+    to_middle = min(extra, middle * vpp)
+    counts = [base * vpp] * pp
+    for i in range(middle):
+        counts[1 + i] += to_middle // middle + (1 if i < to_middle % middle else 0)
+    left = extra - to_middle
+    counts[0] += left // 2
+    counts[-1] += left - left // 2
+    return counts

@@ -13,7 +13,7 @@ import numpy as np
 from ..plan import Plan, PlanBatch
 
 BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead", "tp_comm", "pp_comm",
-                  "dp_comm")
+                  "dp_comm", "cp_comm", "ep_comm")
 STEP_PARTS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
 """the breakdown terms that sum to ``step_time_s`` (the ``*_comm`` ones are totals, partly hidden)."""
 MEMORY_KEYS = ("weights", "grads", "optimizer_states", "activations", "cuda_context", "nccl_buffers",
@@ -95,6 +95,10 @@ class EstimateBatch:
     mem_allocator_reserve_gib: np.ndarray | None = None
     overhead_s: np.ndarray | None = None
     """host time per step not hidden by the kernels (None: zeros)."""
+    cp_comm_s: np.ndarray | None = None
+    """context-parallel collectives per step, hidden parts included (None: zeros)."""
+    ep_comm_s: np.ndarray | None = None
+    """expert-parallel collectives (ep all-to-alls, expert-tp gathers) per step (None: zeros)."""
     model_name: str = ""
     cluster_info: dict = field(default_factory=dict)
     compute_model: str = "roofline"
@@ -117,7 +121,8 @@ class EstimateBatch:
     mfu_high: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        for name in ("overhead_s", "mem_cuda_context_gib", "mem_nccl_buffers_gib", "mem_allocator_reserve_gib"):
+        for name in ("overhead_s", "cp_comm_s", "ep_comm_s", "mem_cuda_context_gib", "mem_nccl_buffers_gib",
+                     "mem_allocator_reserve_gib"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.zeros_like(self.step_time_s))
         for name in BAND_KEYS:  # no band given: the prediction itself
@@ -184,14 +189,16 @@ class EstimateBatch:
 def first_group_nodes(plan: Plan, axes: tuple[str, ...], gpus_per_node: int) -> int:
     """Nodes the first group of ``axes`` (every other axis index 0) touches: its ranks are the sums of the
     axes' indices times their strides in the plan's rank order (no group tables are built)."""
-    return _first_group_nodes(plan.order, plan.tp, plan.dp, plan.pp, axes, gpus_per_node)
+    return _first_group_nodes(plan.order, plan.tp, plan.cp, plan.dp, plan.pp, axes, gpus_per_node)
 
 
 @lru_cache(maxsize=1024)
-def _first_group_nodes(order: str, tp: int, dp: int, pp: int, axes: tuple[str, ...], gpus_per_node: int) -> int:
+def _first_group_nodes(order: str, tp: int, cp: int, dp: int, pp: int, axes: tuple[str, ...],
+                       gpus_per_node: int) -> int:
+    from ..plan import full_order
     from ..topology.placement import RankLayout
 
-    layout = RankLayout.from_order(order, tp=tp, dp=dp, pp=pp)
+    layout = RankLayout.from_order(full_order(order), tp=tp, cp=cp, dp=dp, pp=pp)
     ranks = np.zeros(1, dtype=np.int64)
     stride = 1
     for name, size in layout.dims:

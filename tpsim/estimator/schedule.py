@@ -94,9 +94,11 @@ def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharde
 def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Partition, pp: np.ndarray,
              vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, recompute: np.ndarray, micro_batch: np.ndarray,
              global_batch: np.ndarray, overlap: np.ndarray, dtype: str = "bf16",
-             host_s_per_op: float | None = None) -> Schedule:
+             host_s_per_op: float | None = None, cp: np.ndarray | None = None,
+             edp: np.ndarray | None = None) -> Schedule:
     """Step time and breakdown (everything gathered to plans); ``host_s_per_op`` replaces the stack's host
-    time per op (the error band's bounds)."""
+    time per op (the error band's bounds). The optimizer step runs over the rank's share of the parameters:
+    ZeRO shards the dense ones over dp x cp, the routed experts' over edp."""
     penalty = ctx.roofline.eff.overlap_compute_penalty
     full = recompute == 2
     fwd_total = _sum(comm.layer_fwd.values(), pp.shape)
@@ -111,7 +113,8 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     L = part.layers
     per_mb = ctx.terms.reduces_per_microbatch(zero, pp)
     sharded = (zero >= 2) & per_mb
-    accum = grad_accumulation_seconds(ctx, costs.params, sharded, dp, dtype)
+    # ZeRO's gradient shards span the dp x cp group (Megatron's distributed optimizer)
+    accum = grad_accumulation_seconds(ctx, costs.params, sharded, dp if cp is None else dp * cp, dtype)
     rank_c = L * (costs.fwd + costs.bwd + accum) + edge_c
     rank_r = L * costs.recompute
     rank_x = L * x_layer + edge_x
@@ -130,7 +133,7 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     # pipeline fill and drain (exposed)
     pp_total = 2.0 * (m * vpp + pp - 1) * comm.p2p
     dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb)
-    params = np.where(zero >= 1, part.largest / dp, part.largest)
+    params = np.where(zero >= 1, _sharded(part, dp if cp is None else dp * cp, edp), part.largest)
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
     lo, hi = ctx.terms.host_range
@@ -151,6 +154,13 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
                     exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
                     overhead_high=np.maximum(overhead_high, overhead), comm_total=comm_total, step=step,
                     slowest=slow, micro_batches=m)
+
+
+def _sharded(part: Partition, group: np.ndarray, expert_group: np.ndarray | None) -> np.ndarray:
+    """Parameters of the largest rank left to it by ZeRO: dense ones / group, routed experts' / expert group."""
+    if part.expert is None or expert_group is None:
+        return part.largest / group
+    return (part.largest - part.largest_expert) / group + part.largest_expert / expert_group
 
 
 def _sum(arrays, shape: tuple[int, ...]) -> np.ndarray:

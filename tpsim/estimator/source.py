@@ -19,14 +19,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..comm_plan import a2a_bytes, kv_block_bytes
 from ..compute.base import ComputeModel
 from ..compute.roofline import activation_bytes
-from ..model import ModelSpec
+from ..model import LayerKind, ModelSpec
 from ..tp_plan import layer_collectives
 from .flops import layer_forward_flops, model_flops_per_sequence
 from .keys import take_rows
 from .layer import edge_cost, layer_cost
-from .memory import activation_bytes_per_layer, full_layer_activations, layer_params_local
+from .memory import (activation_bytes_per_layer, full_layer_activations, layer_expert_params_local,
+                     layer_params_local)
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,9 @@ class Collective:
     nbytes: np.ndarray
     """bytes per layer key; 0 where this key does not run it."""
     hide: np.ndarray | float = 0.0
-    """seconds of compute it overlaps with (0: exposed), per layer key."""
-    count: float = 1.0
-    """times it runs per micro-batch."""
+    """seconds of compute it overlaps with (0: exposed), per layer key (all ``count`` runs together)."""
+    count: np.ndarray | float = 1.0
+    """times it runs per micro-batch (per layer key, or one number)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,14 @@ class LayerCosts:
     attention: np.ndarray | None = None
     """flash-attention kernel seconds within ``fwd + bwd`` (None: none; the error band weighs the attention
     kernel data by it)."""
+    expert_params: np.ndarray | None = None
+    """of ``params``, the routed experts' (their gradients reduce over the expert data-parallel group); None:
+    none (a dense model)."""
+    params_by_kind: np.ndarray | None = None
+    """(kinds, n) parameters of one layer of each :attr:`TransformerSource.kinds` entry (the partition counts
+    each pipeline rank's layers of each kind); None: every layer holds ``params``."""
+    expert_by_kind: np.ndarray | None = None
+    """(kinds, n) the routed experts' share of ``params_by_kind``."""
 
     def take(self, index: np.ndarray, with_comm: bool = True) -> "LayerCosts":
         """The rows ``index`` (gather); ``with_comm=False`` leaves the collectives out (the stages after
@@ -113,7 +123,8 @@ class LayerCosts:
                           measured=self.measured[index], comm=(), params=self.params[index],
                           activations=self.activations[index], working=self.working[index], boundary_bytes=None,
                           first=edge(self.first), last=edge(self.last),
-                          attention=None if self.attention is None else self.attention[index])
+                          attention=None if self.attention is None else self.attention[index],
+                          expert_params=None if self.expert_params is None else self.expert_params[index])
 
 
 class LayerSource(ABC):
@@ -149,13 +160,31 @@ class LayerSource(ABC):
 
 class TransformerSource(LayerSource):
     """A preset / Hugging Face decoder block (:mod:`tpsim.estimator.layer`, :mod:`tpsim.estimator.memory`)
-    with Megatron tensor parallelism; its TP collectives come from :func:`tpsim.tp_plan.layer_collectives`."""
+    with Megatron tensor parallelism; its TP collectives come from :func:`tpsim.tp_plan.layer_collectives`,
+    its context- and expert-parallel ones from :mod:`tpsim.comm_plan`.
+
+    A model whose layers differ (mixture-of-experts and dense layers, sliding-window and full attention) is
+    costed per layer kind (:meth:`tpsim.model.ModelSpec.layer_counts`): the layer arrays are the mean over the
+    model's layers (times, collectives with their counts, activations), and the parameters of each kind are
+    kept apart so each pipeline rank holds exactly its layers' parameters (:attr:`kind_of_layer`)."""
 
     def __init__(self, model: ModelSpec, flavor: str = "megatron"):
         self.model = model
         self.flavor = flavor
         self.num_layers = model.num_layers
         self.tokens_per_sequence = model.seq_len
+        moe = ("ep", "etp") if model.is_moe else ()
+        self.key_fields = ("tp", "sp", "micro_batch", "recompute", "cp", "cp_kind") + moe
+        self.comm_fields = ("tp", "sp", "micro_batch", "cp", "cp_kind") + moe
+        self.param_fields = ("tp",) + moe
+        counts = model.layer_counts()
+        self.kinds: tuple[LayerKind, ...] = tuple(counts)
+        """the distinct layer kinds, in order of first appearance."""
+        self.weights = tuple(counts[k] / model.num_layers for k in self.kinds)
+        """each kind's share of the layers."""
+        index = {k: i for i, k in enumerate(self.kinds)}
+        self.kind_of_layer = np.array([index[k] for k in model.layer_kinds()], dtype=np.int64)
+        """kind index of every layer, in order (the pipeline partition counts them per rank)."""
         # the TP collectives of one layer, with and without sequence parallelism (tp only changes the group)
         self._tp_ops = {sp: layer_collectives(model, 2, sp, flavor) for sp in (False, True)}
 
@@ -170,41 +199,88 @@ class TransformerSource(LayerSource):
     def costs(self, compute: ComputeModel, keys: dict[str, np.ndarray], dtype: str,
               attention: str) -> LayerCosts:
         model = self.model
-        tp, sp, mb, rc = (keys[k] for k in self.key_fields)
+        tp, sp, mb, rc, cp, cp_kind = (keys[k] for k in self.key_fields[:6])
+        ep, etp = (keys["ep"], keys["etp"]) if model.is_moe else (None, None)
         sp = sp.astype(bool)
         act_bytes = activation_bytes(dtype)
-        lc = layer_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, recompute=rc, dtype=dtype,
-                        attention=attention)
-        mem_kw = dict(tp=tp, sp=sp, micro_batch=mb, recompute=rc, attention=attention, act_bytes=act_bytes)
-        working = np.where(rc == 2, full_layer_activations(model, **mem_kw), 0.0)
-        T = mb * float(model.seq_len)
+        axes = dict(tp=tp, sp=sp, micro_batch=mb, cp=cp, ep=ep, etp=etp, act_bytes=act_bytes)
+        kinds = [self._kind_costs(compute, kind, rc, cp_kind, dtype, attention, axes) for kind in self.kinds]
+        mean = _mean_layer(kinds, self.weights)
+        T = mb * float(model.seq_len) / cp
         act = np.where(tp > 1, T * model.hidden_size * act_bytes, 0.0)  # one activation, bytes
+        first, last = self._edges(compute, tp, sp, mb, cp, dtype, act, act_bytes, kinds)
+        # Megatron's scatter/gather optimization (or SP): a stage sends its 1/tp slice of the activation
+        boundary = T * model.hidden_size * act_bytes / tp
+        many = len(kinds) > 1
+        return LayerCosts(fwd=mean.fwd, bwd=mean.bwd, recompute=mean.recompute, measured=mean.measured,
+                          comm=mean.comm, params=mean.params, activations=mean.activations, working=mean.working,
+                          boundary_bytes=boundary, first=first, last=last,
+                          expert_params=mean.expert_params if model.is_moe else None,
+                          params_by_kind=np.stack([k.params for k in kinds]) if many else None,
+                          expert_by_kind=np.stack([k.expert_params for k in kinds]) if many else None,
+                          attention=np.broadcast_to(np.asarray(mean.attention, dtype=float), tp.shape))
+
+    def _kind_costs(self, compute: ComputeModel, kind: LayerKind, rc: np.ndarray, cp_kind: np.ndarray,
+                    dtype: str, attention: str, axes: dict) -> "_KindCosts":
+        """One layer of ``kind``: compute, collectives, parameters, activations."""
+        model = self.model
+        tp, sp, mb, cp, ep, etp = (axes[k] for k in ("tp", "sp", "micro_batch", "cp", "ep", "etp"))
+        lc = layer_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, recompute=rc, dtype=dtype,
+                        attention=attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, kind=kind)
+        mem_kw = dict(tp=tp, sp=sp, micro_batch=mb, recompute=rc, attention=attention, act_bytes=axes["act_bytes"],
+                      cp=cp, kind=kind, ep=ep, etp=etp)
+        working = np.where(rc == 2, full_layer_activations(model, **mem_kw), 0.0)
+        tp_ops = self._tp_collectives(lc, kind, axes)
+        cp_ops = cp_layer_collectives(model, lc, axes, cp_kind)
+        comm = [c for c, _ in tp_ops] + cp_ops
+        # what makes two kinds' collectives the same: attention-block TP ops never differ, MLP-block ones only
+        # between kinds with the same MLP; ring exchanges hide behind attention (same window), the rest are
+        # exposed and sized by the attention or the experts alone
+        tags = [("tp", who, kind.moe if who[1] == "feed_forward" else None) for _, who in tp_ops]
+        tags += [("cp", i, kind.window if c.op == "send_recv" else None) for i, c in enumerate(cp_ops)]
+        if kind.moe:
+            ep_ops = moe_layer_collectives(model, axes)
+            comm += ep_ops
+            tags += [("ep", i) for i in range(len(ep_ops))]
+            working = working + _dispatch_buffers(model, axes)
+        return _KindCosts(fwd=lc.fwd, bwd=lc.bwd, recompute=lc.recompute, measured=lc.measured, comm=tuple(comm),
+                          params=layer_params_local(model, tp, kind, ep, etp),
+                          expert_params=layer_expert_params_local(model, tp, kind, ep, etp),
+                          activations=activation_bytes_per_layer(model, **mem_kw), working=working,
+                          tags=tuple(tags), attention=lc.attention)
+
+    def _tp_collectives(self, lc, kind: LayerKind, axes: dict) -> list[tuple[Collective, tuple]]:
+        """The block's TP collectives, each with what identifies it (sp, block, module, phase, op, overlap); a
+        mixture-of-experts layer without shared experts has no dense MLP, so no feed-forward ones."""
+        model, tp, sp = self.model, axes["tp"], axes["sp"]
+        T = axes["micro_batch"] * float(model.seq_len) / axes["cp"]
+        act = np.where(tp > 1, T * model.hidden_size * axes["act_bytes"], 0.0)
+        keep_mlp = not kind.moe or model.num_shared_experts > 0
         comm = []
         for sp_value, ops in self._tp_ops.items():
             mask = sp == sp_value
             for c in ops:
+                block = c.module.split(".")[0]
+                if block == "feed_forward" and not keep_mlp:
+                    continue
                 nbytes = act if c.activation else np.full(len(tp), float(c.numel * 4))
-                hide = {"wgrad": lc.wgrad, "dgrad": lc.dgrad}.get(c.overlap, {}).get(c.module.split(".")[0], 0.0)
-                comm.append(Collective(axes=("tp",), op=c.op, phase=c.phase, nbytes=np.where(mask, nbytes, 0.0),
-                                       hide=np.broadcast_to(np.asarray(hide, dtype=float), tp.shape)))
-        first, last = self._edges(compute, tp, sp, mb, dtype, act, act_bytes)
-        # Megatron's scatter/gather optimization (or SP): a stage sends its 1/tp slice of the activation
-        boundary = T * model.hidden_size * act_bytes / tp
-        return LayerCosts(fwd=lc.fwd, bwd=lc.bwd, recompute=lc.recompute, measured=lc.measured, comm=tuple(comm),
-                          params=layer_params_local(model, tp),
-                          activations=activation_bytes_per_layer(model, **mem_kw), working=working,
-                          boundary_bytes=boundary, first=first, last=last,
-                          attention=np.broadcast_to(np.asarray(lc.attention, dtype=float), tp.shape))
+                hide = {"wgrad": lc.wgrad, "dgrad": lc.dgrad}.get(c.overlap, {}).get(block, 0.0)
+                comm.append((Collective(axes=("tp",), op=c.op, phase=c.phase, nbytes=np.where(mask, nbytes, 0.0),
+                                        hide=np.broadcast_to(np.asarray(hide, dtype=float), tp.shape)),
+                             (sp_value, block, c.module, c.phase, c.op, c.overlap)))
+        return comm
 
-    def _edges(self, compute: ComputeModel, tp: np.ndarray, sp: np.ndarray, mb: np.ndarray, dtype: str,
-               act: np.ndarray, act_bytes: int) -> tuple[Edge, Edge]:
+    def _edges(self, compute: ComputeModel, tp: np.ndarray, sp: np.ndarray, mb: np.ndarray, cp: np.ndarray,
+               dtype: str, act: np.ndarray, act_bytes: int, kinds: list) -> tuple[Edge, Edge]:
         """Vocab-parallel embedding (first rank) and output layer + vocab-parallel cross-entropy (last rank):
         Megatron-Core ``VocabParallelEmbedding`` reduces its partial output over TP (reduce-scatter with SP),
         the output layer gathers the sequence-parallel input and the loss all-reduces max, sum-exp and the
-        target logit (fp32 per token); backward reduces the input gradient."""
+        target logit (fp32 per token); backward reduces the input gradient. With context parallelism each rank
+        embeds and scores its b s / cp tokens. Multi-token prediction modules (DeepSeek-V3) sit on the last
+        rank: :func:`_mtp_edge`."""
         model = self.model
-        ec = edge_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, dtype=dtype)
-        T = mb * float(model.seq_len)
+        ec = edge_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, dtype=dtype, cp=cp)
+        T = mb * float(model.seq_len) / cp
         h = float(model.hidden_size)
         tp_vals = np.unique(tp)
         emb_local = np.array([model.padded_vocab(int(t)) * h / t for t in tp_vals])[np.searchsorted(tp_vals, tp)]
@@ -225,4 +301,132 @@ class TransformerSource(LayerSource):
                           c("all_reduce", "bwd", np.where(sp, 0.0, act))),
                     params=emb_local + final_norm, shared_params=tied,
                     buffer_bytes=4.0 * T * emb_local / h)  # fp32 logits of the rank's vocabulary shard
+        if model.mtp_layers:
+            last = _mtp_edge(model, compute, last, ec, kinds[self.kind_of_layer[-1]], tp=tp, T=T, dtype=dtype, emb_local=emb_local)
         return first, last
+
+
+@dataclass(frozen=True)
+class _KindCosts:
+    """One layer of one kind (arrays over layer keys)."""
+
+    fwd: np.ndarray
+    bwd: np.ndarray
+    recompute: np.ndarray
+    measured: np.ndarray
+    comm: tuple[Collective, ...]
+    params: np.ndarray
+    expert_params: np.ndarray
+    activations: np.ndarray
+    working: np.ndarray
+    tags: tuple = ()
+    """one per collective: equal tags across kinds mean the same message hidden the same way."""
+    attention: np.ndarray | float = 0.0
+    """flash-attention kernel seconds within ``fwd + bwd``."""
+
+
+def _mean_layer(kinds: list[_KindCosts], weights: tuple[float, ...]) -> _KindCosts:
+    """The model's mean layer: times, parameters and activations weighted by each kind's share of the layers,
+    collectives with their counts (and hidden seconds) scaled by it; the working set of the largest kind.
+    One kind: the kind itself."""
+    if len(kinds) == 1:
+        return kinds[0]
+    mean = lambda name: sum(w * getattr(k, name) for k, w in zip(kinds, weights))  # noqa: E731
+    comm = _merged([dataclasses.replace(c, count=c.count * w, hide=c.hide * w)
+                    for k, w in zip(kinds, weights) for c in k.comm], [t for k in kinds for t in k.tags])
+    total = mean("fwd") + mean("bwd")
+    measured = sum(w * k.measured * (k.fwd + k.bwd) for k, w in zip(kinds, weights)) / np.where(total > 0, total, 1)
+    return _KindCosts(fwd=mean("fwd"), bwd=mean("bwd"), recompute=mean("recompute"), measured=measured, comm=comm,
+                      params=mean("params"), expert_params=mean("expert_params"), activations=mean("activations"),
+                      working=np.max(np.stack([k.working for k in kinds]), axis=0), attention=mean("attention"))
+
+
+def _merged(comm: list[Collective], tags: list[tuple]) -> tuple[Collective, ...]:
+    """Collectives of several layer kinds with the same tag (the same message, hidden behind the same compute,
+    by construction: see :meth:`TransformerSource._kind_costs`) as one entry with the summed count and hidden
+    seconds: the exposed time max(0, count x time - hide) adds up exactly. The merge depends only on the
+    kinds, so every key row of the source has the same collectives."""
+    out: list[Collective] = []
+    where: dict[tuple, int] = {}
+    for c, tag in zip(comm, tags):
+        i = where.get(tag)
+        if i is None:
+            where[tag] = len(out)
+            out.append(c)
+        else:
+            m = out[i]
+            out[i] = dataclasses.replace(m, count=m.count + c.count, hide=m.hide + c.hide)
+    return tuple(out)
+
+
+def cp_layer_collectives(model: ModelSpec, lc, axes: dict, cp_kind: np.ndarray) -> list[Collective]:
+    """Context-parallel collectives of one layer (:mod:`tpsim.comm_plan`): ring K/V exchanges, each hidden
+    behind one step's attention (exposed = max(0, exchange - step) per step), or the four exposed all-to-alls
+    of Ulysses each way; zero bytes where cp = 1 or the other kind is used."""
+    tp, cp, mb, act_bytes = axes["tp"], axes["cp"], axes["micro_batch"], axes["act_bytes"]
+    cpf = cp.astype(float)
+    ring = (cp > 1) & (cp_kind == 0)
+    a2a = (cp > 1) & (cp_kind == 1)
+    kv = np.where(ring, kv_block_bytes(model, tp=tp, cp=cp, micro_batch=mb, act_bytes=act_bytes), 0.0)
+    steps = np.maximum(cpf - 1.0, 1.0)
+    per_step_f, per_step_b = lc.ring_fwd / steps, lc.ring_bwd / steps
+    middle = np.maximum(cpf - 2.0, 0.0)
+    # backward: the first step sends K/V, the last dK/dV (one block each), the middle ones both at once
+    ops = [Collective(("cp",), "send_recv", "fwd", kv, per_step_f * (cpf - 1.0), cpf - 1.0),
+           Collective(("cp",), "send_recv", "bwd", kv, 2.0 * per_step_b, 2.0),
+           Collective(("cp",), "send_recv", "bwd", np.where(middle > 0, 2.0 * kv, 0.0), per_step_b * middle, middle)]
+    sizes = a2a_bytes(model, tp=tp, cp=cp, micro_batch=mb, act_bytes=act_bytes)
+    for phase in ("fwd", "bwd"):  # q and o (and k and v) move the same bytes: all-to-all needs dqk == dv (no MLA)
+        ops.append(Collective(("cp",), "all_to_all", phase, np.where(a2a, sizes["q"], 0.0), 0.0, 2.0))
+        ops.append(Collective(("cp",), "all_to_all", phase, np.where(a2a, sizes["k"], 0.0), 0.0, 2.0))
+    return ops
+
+
+def moe_layer_collectives(model: ModelSpec, axes: dict) -> list[Collective]:
+    """Expert-parallel collectives of one mixture-of-experts layer on the busiest rank (its routed copies,
+    load imbalance included): dispatch and combine all-to-alls over ep (2 forward, 2 backward) and, with expert
+    tensor parallelism, the all-gather / reduce-scatter of the received copies over etp; all exposed."""
+    from .moe import expert_shape
+    tp, sp, cp, ep, etp = (axes[k] for k in ("tp", "sp", "cp", "ep", "etp"))
+    etp_eff = np.where(etp == 0, tp, etp)
+    T = axes["micro_batch"] * float(model.seq_len) / cp
+    shape = expert_shape(model, tokens_total=T, tp=tp, sp=sp, ep=ep, etp=etp_eff)
+    per_copy = model.hidden_size * axes["act_bytes"]
+    a2a = np.where(ep > 1, shape.copies / etp_eff * per_copy, 0.0)  # the busiest rank's share
+    gathered = np.where(etp_eff > 1, shape.copies * per_copy, 0.0)
+    out = []
+    for phase in ("fwd", "bwd"):
+        out += [Collective(("ep",), "all_to_all", phase, a2a, 0.0, 2.0),
+                Collective(("etp",), "all_gather", phase, gathered, 0.0, 1.0),
+                Collective(("etp",), "reduce_scatter", phase, gathered, 0.0, 1.0)]
+    return out
+
+
+def _dispatch_buffers(model: ModelSpec, axes: dict) -> np.ndarray:
+    from .moe import dispatch_buffer_bytes, expert_shape
+    tp, etp = axes["tp"], axes["etp"]
+    T = axes["micro_batch"] * float(model.seq_len) / axes["cp"]
+    shape = expert_shape(model, tokens_total=T, tp=tp, sp=axes["sp"], ep=axes["ep"],
+                         etp=np.where(etp == 0, tp, etp))
+    return dispatch_buffer_bytes(model, shape, axes["act_bytes"] / 2.0)
+
+
+def _mtp_edge(model: ModelSpec, compute: ComputeModel, last: Edge, ec, kind: "_KindCosts", *, tp: np.ndarray,
+              T: np.ndarray, dtype: str, emb_local: np.ndarray) -> Edge:
+    """Multi-token prediction (DeepSeek-V3 report section 2.2, Megatron-Core ``MultiTokenPredictionBlock``) on
+    the last pipeline rank, per module: two RMSNorms and the projection of [embedding; hidden] (2h -> h,
+    column-parallel), one transformer layer like the model's last one (its compute, collectives as exposed,
+    parameters and activations), and the shared output head again (logits GEMM and cross-entropy; the head's
+    weights are the model's). Not counted in model FLOPs (MFU counts the main model, as DeepSeek's report)."""
+    from .layer import _Acc, _linear
+    k = float(model.mtp_layers)
+    h = float(model.hidden_size)
+    acc_f, acc_b = _Acc(tp.size), _Acc(tp.size)
+    _linear(acc_f, acc_b, compute, T, h / tp, 2 * h, dtype)
+    fwd = k * (acc_f.t + kind.fwd + ec.last_fwd)
+    bwd = k * (acc_b.t + kind.bwd + ec.last_bwd)
+    comm = last.comm + tuple(dataclasses.replace(c, count=c.count * k, hide=0.0) for c in kind.comm)
+    params = k * (kind.params + 2 * h * h / tp + 2 * h)
+    buffers = k * (kind.activations + T * h * 2.0 + 4.0 * T * emb_local / h)
+    return Edge(fwd=last.fwd + fwd, bwd=last.bwd + bwd, comm=comm, params=last.params + params,
+                shared_params=last.shared_params, buffer_bytes=last.buffer_bytes + buffers)

@@ -32,6 +32,8 @@ def format_violation(ctx: ExportContext) -> str | None:
     plan, layers = ctx.plan, ctx.model.num_layers
     if order_key(plan.order) != "tp-dp-pp":
         return f"order={plan.order}: NeMo's config has no rank-order key (Megatron's default tp-cp-ep-dp-pp)"
+    if axis(plan, "cp") > 1 and axis(plan, "cp_kind") != "ring":
+        return f"cp_kind={axis(plan, 'cp_kind')}: the NeMo 1.x config written has no context-parallel kind key (ring)"
     if layers % (plan.pp * plan.vpp):
         return (f"pp={plan.pp} x vpp={plan.vpp} does not divide num_layers={layers}: the NeMo 1.x config has no "
                 f"uneven pipeline layout key")

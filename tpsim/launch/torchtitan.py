@@ -35,6 +35,12 @@ def format_violation(ctx: ExportContext) -> str | None:
     """torchtitan ships Llama-family models: a GPT-family model has no torchtitan model to name."""
     if ctx.model.family != "llama":
         return f"model family {ctx.model.family} has no torchtitan model (torchtitan trains llama3-style models)"
+    plan = ctx.plan
+    if axis(plan, "cp") > 1 and axis(plan, "cp_kind") != "ring":
+        return f"cp_kind={axis(plan, 'cp_kind')}: torchtitan's context parallelism rotates K/V shards (ring only)"
+    if axis(plan, "cp") > 1 and plan.zero == 0:
+        return (f"zero=0 with cp={axis(plan, 'cp')}: torchtitan applies FSDP over the dp_shard x cp mesh whenever "
+                "context parallelism is on (parallelize_llama)")
     return None
 
 
@@ -128,7 +134,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     cp = _int(par, "context_parallel_degree", 1, where)
     replicate, shard = _int(par, "data_parallel_replicate_degree", 1, where), _int(par, "data_parallel_shard_degree",
                                                                                      -1, where)
-    zero = _zero(replicate, shard, pp, str(par.get("fsdp_reshard_after_forward", "default")), where, notes)
+    zero = _zero(replicate, shard, pp, str(par.get("fsdp_reshard_after_forward", "default")), where, notes, cp)
     layers_per_stage = None
     fields: dict[str, Any] = {"tp": tp, "pp": pp, "sp": tp > 1, "zero": zero, "overlap": True,
                               "order": "tp-dp-pp", "attention": "flash",
@@ -183,10 +189,10 @@ def _int(table: Mapping[str, Any], key: str, default: int, where: str) -> int:
     return value
 
 
-def _zero(replicate: int, shard: int, pp: int, policy: str, where: str, notes: list[str]) -> int:
+def _zero(replicate: int, shard: int, pp: int, policy: str, where: str, notes: list[str], cp: int = 1) -> int:
     if policy not in ("default", "always", "never"):
         raise InputError(f"{where}: fsdp_reshard_after_forward={policy!r} is not default, always or never")
-    if shard == 1:
+    if shard == 1 and cp == 1:  # with cp > 1 torchtitan shards over the dp_shard x cp mesh, even dp_shard = 1
         return 0
     if replicate > 1:
         notes.append(f"HSDP (replicate {replicate} x shard {shard}) estimated as ZeRO over all dp ranks")

@@ -34,6 +34,15 @@ class OpGraphModel:
     default_plan: Mapping[str, Any] = field(default_factory=dict)
 
     family = "opgraph"
+    # the mixture-of-experts and attention fields of the shared plan rules (tpsim/plan.py): a traced graph is
+    # planned as a dense model with standard attention, without context or expert parallelism (its estimator
+    # has neither; tpsim/cli/graph.py fixes cp = ep = 1)
+    is_moe = False
+    num_experts = 0
+    moe_ffn_hidden_size = 0
+    attention_kind = "standard"
+    sliding_window = 0
+    full_attention_layers = ()
 
     @property
     def name(self) -> str:

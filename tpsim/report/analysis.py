@@ -19,8 +19,8 @@ from ..search import SearchResult, SearchSpace, search
 from ..search.planner import BAND_FIELDS
 
 SWEEP_COLUMNS = ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "compute_s", "recompute_s", "bubble_s",
-                 "optimizer_s", "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s",
-                 "fits_effective", "tp", "pp", "dp", "gpus", "cost_per_mtok")
+                 "optimizer_s", "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "cp_comm_s",
+                 "ep_comm_s", "fits_effective", "tp", "pp", "dp", "cp", "ep", "etp", "gpus", "cost_per_mtok")
 TP_SWEEP_MAX = 64
 """largest TP degree of the TP sweep (issue 5: every valid tp up to 64)."""
 BANDWIDTH_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -212,3 +212,78 @@ def bandwidth_grid(model: ModelSpec, cluster: Any, global_batch: int,
                          bandwidth_GBps=np.asarray(scales, dtype=float) * base_bandwidth_GBps, step_time_s=step,
                          labels=tuple(tuple(row) for row in labels), fits=fits, tp_share=share,
                          gpus_per_node=int(cluster.gpus_per_node), bands=bands)
+
+
+
+def ep_sweep(model: ModelSpec, cluster: Any, global_batch: int, space: SearchSpace | None = None,
+             **kw: Any) -> Sweep:
+    """Best plan per expert-parallel degree (every ep dividing the experts that has a valid plan); unfitting
+    plans only where none fits. A dense model has the one value ep = 1."""
+    result = search(model, cluster, global_batch, space=space or SearchSpace(), include_unfit=True, **kw)
+    return _sweep(result, "ep", cluster)
+
+
+CONTEXT_SEQ_LENS = (4096, 8192, 16384, 32768, 65536, 131072)
+"""sequence lengths of the context-parallel sweep (tokens)."""
+
+
+@dataclass(frozen=True)
+class ContextSweep:
+    """Per sequence length, the best fitting plan without context parallelism (cp = 1) and with it (cp > 1),
+    at the same tokens per step (global batch = tokens // sequence length). Columns are NaN (fits False) where
+    that side has no fitting plan."""
+
+    seq_len: np.ndarray
+    tokens_per_step: int
+    without_cp: Mapping[str, np.ndarray]
+    with_cp: Mapping[str, np.ndarray]
+    labels_without: tuple[str, ...]
+    labels_with: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return int(self.seq_len.size)
+
+    def pays(self) -> np.ndarray:
+        """Where the best cp > 1 plan has more throughput than the best cp = 1 plan, or is the only one that
+        fits."""
+        a, b = self.without_cp["tokens_per_s"], self.with_cp["tokens_per_s"]
+        return np.isfinite(b) & ~(a >= b)
+
+    def first_paying(self) -> int | None:
+        """The shortest sequence length from which context parallelism pays at every longer one (None: never)."""
+        pays = self.pays()
+        if not pays.any() or not pays[-1]:
+            return None
+        k = len(pays) - 1
+        while k > 0 and pays[k - 1]:
+            k -= 1
+        return int(self.seq_len[k])
+
+
+def context_sweep(model: ModelSpec, cluster: Any, tokens_per_step: int, space: SearchSpace | None = None,
+                  seq_lens: Sequence[int] = CONTEXT_SEQ_LENS, **kw: Any) -> ContextSweep:
+    """One search per sequence length (the model with that ``seq_len``; learned positions grow with it), each
+    reduced to its best fitting cp = 1 and cp > 1 plans: where context parallelism starts to pay."""
+    from ..model import with_overrides
+
+    space = space or SearchSpace()
+    names = SWEEP_COLUMNS + ("cp_kind",)
+    sides: dict[str, dict[str, list]] = {"without": {n: [] for n in names}, "with": {n: [] for n in names}}
+    labels: dict[str, list[str]] = {"without": [], "with": []}
+    for s in seq_lens:
+        batch = max(1, int(tokens_per_step) // int(s))
+        result = search(with_overrides(model, seq_len=int(s)), cluster, batch, space=space, **kw)
+        ranked = result.ranking
+        cp = result.columns["cp"][ranked]
+        for side, rows in (("without", ranked[cp == 1]), ("with", ranked[cp > 1])):
+            i = int(rows[0]) if rows.size else -1
+            for n in names:
+                value = result.columns[n][i] if i >= 0 else np.nan
+                sides[side][n].append(float(value))
+            labels[side].append(result.label(i) if i >= 0 else "")
+    cols = {side: {n: np.asarray(v, dtype=float) for n, v in d.items()} for side, d in sides.items()}
+    for d in cols.values():
+        d["fits_effective"] = np.nan_to_num(d["fits_effective"]).astype(bool)
+    return ContextSweep(seq_len=np.asarray(seq_lens, dtype=np.int64), tokens_per_step=int(tokens_per_step),
+                        without_cp=cols["without"], with_cp=cols["with"], labels_without=tuple(labels["without"]),
+                        labels_with=tuple(labels["with"]))

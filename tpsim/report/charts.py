@@ -29,7 +29,7 @@ import numpy as np
 
 from ..plan import ORDERS, RECOMPUTE
 from ..search import SearchResult
-from .analysis import BandwidthGrid, Sweep
+from .analysis import BandwidthGrid, ContextSweep, Sweep
 
 COMPONENTS = (("compute_s", "compute"), ("recompute_s", "recompute"), ("bubble_s", "pipeline bubble"),
               ("optimizer_s", "optimizer"), ("exposed_comm_s", "exposed communication"),
@@ -270,6 +270,103 @@ def time_memory_table(result: SearchResult) -> Any:
     data.update({"tp": c["tp"][rows], "pp": c["pp"][rows], "plan": [result.label(int(i)) for i in rows],
                  "pareto_front": np.isin(rows, front)})
     return pd.DataFrame(data).sort_values(["peak_memory_gib", "step_time_s"], kind="stable").reset_index(drop=True)
+
+
+def ep_sweep_table(sweep: Sweep) -> Any:
+    """Text twin of :func:`ep_sweep_chart`: the best plan per ep, its components, step time (and band),
+    expert all-to-all total, memory and whether it fits."""
+    import pandas as pd
+
+    c = sweep.columns
+    data: dict[str, Any] = {"ep": sweep.x.astype(int), "plan": list(sweep.labels)}
+    data.update({key: c[key] for key, _ in _components(c)})
+    data["step_time_s"] = c["step_time_s"]
+    data.update(_bands_of(c))
+    data.update({"ep_comm_s": c["ep_comm_s"], "peak_memory_gib": c["peak_memory_gib"],
+                 "fits": c["fits_effective"].astype(bool)})
+    return pd.DataFrame(data)
+
+
+def context_sweep_table(sweep: ContextSweep) -> Any:
+    """Text twin of :func:`context_sweep_chart`: per sequence length, throughput and plan of the best cp = 1
+    and best cp > 1 plans (NaN where none fits) and whether context parallelism pays."""
+    import pandas as pd
+
+    a, b = sweep.without_cp, sweep.with_cp
+    return pd.DataFrame({"seq_len": sweep.seq_len, "tokens_per_s_cp1": a["tokens_per_s"],
+                         "plan_cp1": list(sweep.labels_without), "tokens_per_s_cp": b["tokens_per_s"],
+                         "cp": b["cp"], "plan_cp": list(sweep.labels_with), "cp_pays": sweep.pays()})
+
+
+def ep_sweep_chart(sweep: Sweep, title: str | None = None) -> Any:
+    """Stacked step-time components of the best plan per expert-parallel degree (bars, left axis), its exposed
+    share of expert-parallel communication (ep_comm_s, hatched outline) and memory per GPU (line, right axis);
+    a dashed line marks where the expert group (ep x etp ranks) leaves one node, so the dispatch and combine
+    all-to-alls cross the network."""
+    fig, ax = _figure(9, 5)
+    x = np.arange(len(sweep))
+    c = sweep.columns
+    bottom = np.zeros(len(sweep))
+    for key, name in _components(c):
+        ax.bar(x, c[key], bottom=bottom, color=COLORS[key], label=name, width=0.65)
+        bottom += c[key]
+    ax.bar(x, c["ep_comm_s"], width=0.65, fill=False, hatch="//", edgecolor="black", lw=0.5,
+           label="expert all-to-all (total, partly hidden)")
+    for xi, fits in zip(x, c["fits_effective"]):
+        if not fits:
+            ax.text(xi, bottom[xi], "does not fit", ha="center", va="bottom", fontsize=7, color="#C44E52")
+    ax.set_xticks(x, [str(int(e)) for e in sweep.x])
+    ax.set_xlabel("expert-parallel degree (best plan for each ep)")
+    ax.set_ylabel("step time (s)")
+    ax.set_ylim(0, max(bottom.max(initial=0.0), np.nanmax(c["ep_comm_s"], initial=0.0), 1e-9) * 1.2)
+    mem = ax.twinx()
+    mem.plot(x, c["peak_memory_gib"], "o-", color="black", label="memory per GPU")
+    if np.isfinite(sweep.device_memory_gib):
+        mem.axhline(sweep.device_memory_gib, color="gray", ls=":", lw=1, label="usable device memory")
+    mem.set_ylabel("peak memory per GPU (GiB)")
+    mem.set_ylim(0, max(np.nanmax(c["peak_memory_gib"]), np.nan_to_num(sweep.device_memory_gib)) * 1.15)
+    inside = c["ep"] * np.maximum(c["etp"], 1) <= sweep.gpus_per_node
+    if inside.any() and (~inside).any():
+        boundary = float(np.flatnonzero(inside)[-1]) + 0.5
+        ax.axvline(boundary, color="#C44E52", ls="--", lw=1.5, label="expert group crosses the node boundary")
+        ax.text(boundary, ax.get_ylim()[1] * 0.97, f" ep x etp > {sweep.gpus_per_node} GPUs/node:\n"
+                " all-to-all over the network", va="top", fontsize=8, color="#C44E52")
+    handles = ax.get_legend_handles_labels()
+    more = mem.get_legend_handles_labels()
+    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="lower center", bbox_to_anchor=(0.5, 1.02),
+              ncol=4, fontsize=8, frameon=False)
+    ax.set_title(title or "Expert-parallel degree sweep", pad=40)
+    return fig
+
+
+def context_sweep_chart(sweep: ContextSweep, title: str | None = None) -> Any:
+    """Throughput of the best plan without context parallelism and of the best with it per sequence length
+    (log-log, same tokens per step), the cp of the latter annotated; a dashed line marks the shortest sequence
+    from which context parallelism pays."""
+    fig, ax = _figure(9, 5)
+    s = sweep.seq_len.astype(float)
+    a, b = sweep.without_cp, sweep.with_cp
+    ax.plot(s, a["tokens_per_s"], "o-", color="#4C72B0", label="best plan with cp = 1")
+    ax.plot(s, b["tokens_per_s"], "s-", color="#C44E52", label="best plan with cp > 1")
+    for si, t, cp, kind in zip(s, b["tokens_per_s"], b["cp"], b["cp_kind"]):
+        if np.isfinite(t):
+            ax.annotate(f"cp{int(cp)}" + ("/a2a" if kind == 1 else ""), (si, t), textcoords="offset points",
+                        xytext=(4, 6), fontsize=7, color="#C44E52")
+    for si, t in zip(s, a["tokens_per_s"]):
+        if not np.isfinite(t):
+            ax.annotate("cp = 1 does not fit", (si, np.nanmin(b["tokens_per_s"], initial=1.0)),
+                        textcoords="offset points", xytext=(0, -14), ha="center", fontsize=7, color="#4C72B0")
+    ax.set_xscale("log", base=2)
+    _log_axis(ax.yaxis)
+    ax.set_xticks(s, [f"{int(v) // 1024}k" if v >= 1024 else str(int(v)) for v in s])
+    ax.set_xlabel(f"sequence length (tokens; {sweep.tokens_per_step:,} tokens per step)")
+    ax.set_ylabel("throughput (tokens/s)")
+    first = sweep.first_paying()
+    if first is not None:
+        ax.axvline(first, color="#C44E52", ls="--", lw=1.2, label=f"context parallelism pays from {first:,} tokens")
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title(title or "Where context parallelism starts to pay")
+    return fig
 
 
 def _categorical(ax: Any, x: np.ndarray, y: np.ndarray, groups: np.ndarray, name: str) -> None:

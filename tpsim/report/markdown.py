@@ -24,6 +24,17 @@ from . import analysis, charts
 from .network import inter_node_bandwidth_GBps, scale_inter_node_bandwidth
 
 CHART_FILES = ("breakdown", "tp_sweep", "time_memory", "scaling", "tp_bandwidth")
+"""the charts of every report; ``ep_sweep`` is added for a mixture-of-experts model, ``cp_sweep`` for a long
+context (:data:`LONG_CONTEXT`)."""
+LONG_CONTEXT = 32768
+"""sequence length (tokens) from which the report adds the context-parallel sweep."""
+
+
+def context_seq_lens(seq_len: int) -> tuple[int, ...]:
+    """Sequence lengths of the report's context sweep: the model's own and the powers of two from 4096 below
+    it, at most five (long-context training extends a 4k-8k model)."""
+    shorter = [1 << k for k in range(12, 31) if (1 << k) < seq_len]
+    return tuple(shorter[-4:]) + (int(seq_len),)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,7 +231,7 @@ def _section_bandwidth(grid: analysis.BandwidthGrid, base: float, pcie_GBps: flo
 
 def report_files() -> tuple[str, ...]:
     """Every file a report writes into its folder."""
-    charts_ = tuple(f"{name}{ext}" for name in CHART_FILES for ext in (".png", ".svg", ".csv"))
+    charts_ = tuple(f"{name}{ext}" for name in CHART_FILES + ("ep_sweep", "cp_sweep") for ext in (".png", ".svg", ".csv"))
     return ("README.md", "plans.csv", "summary.json") + charts_
 
 
@@ -263,8 +274,16 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
     base = inter_node_bandwidth_GBps(cluster)
     grid = analysis.bandwidth_grid(model, cluster, inputs.global_batch, scale_inter_node_bandwidth, base, space,
                                    **kw)
-    log("charts")
+    extra: dict[str, Any] = {}
     title = f"{model.name}, {inputs.gpus} x {cluster.device.name}"
+    if model.is_moe:
+        log("expert-parallel sweep")
+        extra["ep_sweep"] = analysis.ep_sweep(model, cluster, inputs.global_batch, space, **kw)
+    if model.seq_len >= LONG_CONTEXT:
+        log("context-parallel sweep")
+        extra["cp_sweep"] = analysis.context_sweep(model, cluster, inputs.global_batch * model.seq_len, space,
+                                                   context_seq_lens(model.seq_len), **kw)
+    log("charts")
     figures = {
         "breakdown": (charts.breakdown_chart(result, top=inputs.top, title=f"Step-time breakdown of the top plans "
                                                                            f"({title})"),
@@ -277,7 +296,14 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
                                                               f"bandwidth ({title})"),
                          charts.bandwidth_table(grid)),
     }
-    text = _render(inputs, cluster, result, sweep, scaling, scaled, grid, base)
+    if "ep_sweep" in extra:
+        figures["ep_sweep"] = (charts.ep_sweep_chart(extra["ep_sweep"], title=f"Expert-parallel sweep ({title})"),
+                               charts.ep_sweep_table(extra["ep_sweep"]))
+    if "cp_sweep" in extra:
+        figures["cp_sweep"] = (charts.context_sweep_chart(extra["cp_sweep"],
+                                                          title=f"Context parallelism ({title})"),
+                               charts.context_sweep_table(extra["cp_sweep"]))
+    text = _render(inputs, cluster, result, sweep, scaling, scaled, grid, base, extra)
     make_output_dir(out, "--out")
     for name, (fig, table) in figures.items():
         charts.save_chart(fig, table, out / name)
@@ -293,7 +319,8 @@ def _write(path: Path, text: str) -> None:
 
 
 def _render(inputs: ReportInputs, cluster: Any, result: SearchResult, sweep: analysis.Sweep,
-            scaling: analysis.Sweep, scaled: SearchResult, grid: analysis.BandwidthGrid, base: float) -> str:
+            scaling: analysis.Sweep, scaled: SearchResult, grid: analysis.BandwidthGrid, base: float,
+            extra: dict[str, Any] | None = None) -> str:
     m = inputs.model
     compute = getattr(inputs.compute, "source", "roofline") if inputs.compute else "roofline"
     params = m.total_params() / 1e9
@@ -319,6 +346,11 @@ def _render(inputs: ReportInputs, cluster: Any, result: SearchResult, sweep: ana
     body = [_section_best(result, inputs.top), _section_rejections(result), _section_pareto(result),
             _section_tp_sweep(sweep), _section_scaling(scaling, scaled, inputs.gpu_hour_price),
             _section_bandwidth(grid, base, float(cluster.injection_bandwidth().get("pcie", float("nan"))))]
+    extra = extra or {}
+    if "ep_sweep" in extra:
+        body.append(_section_ep_sweep(extra["ep_sweep"]))
+    if "cp_sweep" in extra:
+        body.append(_section_cp_sweep(extra["cp_sweep"]))
     foot = [f"---\nEvery chart is saved as PNG and SVG with a text twin, a CSV of the numbers it draws "
             f"({', '.join(f'`{n}.csv`' for n in CHART_FILES)}); `plans.csv` holds the top plans with every "
             f"breakdown column and `summary.json` the `tpsim plan --json` object. Generated with Python "
@@ -326,14 +358,48 @@ def _render(inputs: ReportInputs, cluster: Any, result: SearchResult, sweep: ana
     return "\n".join(head + body + foot)
 
 
+def _section_ep_sweep(sweep: analysis.Sweep) -> str:
+    c = sweep.columns
+    rows = [[int(e), sweep.labels[k], _ms(c["step_time_s"][k]), f"{100 * c['ep_comm_s'][k] / c['step_time_s'][k]:.1f}%",
+             f"{c['peak_memory_gib'][k]:.1f}", bool(c["fits_effective"][k]),
+             "yes" if e * max(int(c["etp"][k]), 1) > sweep.gpus_per_node else "no"] for k, e in enumerate(sweep.x)]
+    return "\n".join([
+        "## Expert-parallel degree sweep\n",
+        "The best plan for each ep (every ep dividing the experts). Right of the dashed line the expert group "
+        f"(ep x etp ranks) spans more than one node ({sweep.gpus_per_node} GPUs), so the dispatch and combine "
+        "all-to-alls cross the network.\n",
+        "![EP sweep](ep_sweep.png)\n",
+        md_table(("ep", "best plan", "step (s)", "EP all-to-all / step", "mem (GiB)", "fits", "crosses nodes"), rows,
+                 align="rlrrrll"), ""])
+
+
+def _section_cp_sweep(sweep: analysis.ContextSweep) -> str:
+    a, b = sweep.without_cp, sweep.with_cp
+    rows = [[int(s), sweep.labels_without[k] or "(none fits)", float(a["tokens_per_s"][k]),
+             sweep.labels_with[k] or "(none fits)", float(b["tokens_per_s"][k]), bool(sweep.pays()[k])]
+            for k, s in enumerate(sweep.seq_len)]
+    first = sweep.first_paying()
+    verdict = (f"Context parallelism pays from {first:,} tokens on." if first is not None
+               else "Context parallelism does not pay at the longest sequence shown.")
+    return "\n".join([
+        "## Where context parallelism pays\n",
+        f"The best fitting plan without context parallelism (cp = 1) and with it (cp > 1) per sequence length, at "
+        f"the same {sweep.tokens_per_step:,} tokens per step. {verdict}\n",
+        "![CP sweep](cp_sweep.png)\n",
+        md_table(("sequence", "best cp = 1 plan", "tokens/s", "best cp > 1 plan", "tokens/s", "cp pays"), rows,
+                 align="rlrlrl"), ""])
+
+
 def _describe_space(space: SearchSpace) -> str:
     def vals(v: Any) -> str:
         return "all divisors" if v is None else " ".join(str(x) for x in v)
     parts = [f"tp {vals(space.tp)}" + (f" (<= {space.max_tp})" if space.max_tp else ""),
+             f"cp {vals(space.cp)} ({' '.join(space.cp_kind)})", f"ep {vals(space.ep)}",
              f"pp {vals(space.pp)}", f"vpp {vals(space.vpp)}", f"sp {vals(['off' if not s else 'on' for s in space.sp])}",
              f"recompute {vals(space.recompute)}", f"ZeRO {vals(space.zero)}", f"micro-batch {vals(space.micro_batch)}",
              f"overlap {vals(['on' if o else 'off' for o in space.overlap])}", f"{len(space.order)} rank orders"]
     return "; ".join(parts)
 
 
-__all__ = ["ReportInputs", "write_report", "check_report_dir", "report_files", "md_table", "CHART_FILES"]
+__all__ = ["ReportInputs", "write_report", "check_report_dir", "report_files", "md_table", "CHART_FILES",
+           "LONG_CONTEXT", "context_seq_lens"]

@@ -25,10 +25,10 @@ import numpy as np
 
 from ..errors import InputError
 from ..model import ModelSpec
-from ..plan import ORDERS, RECOMPUTE, Plan, PlanBatch
+from ..plan import CP_KINDS, ORDERS, RECOMPUTE, Plan, PlanBatch
 from .pareto import pareto_front, pareto_front_max_y
-from .space import SearchSpace, enumerate_plans
-from .validity import MEM_LIMIT, MEMORY, REASONS, count_reasons, stack_rule_counts, violations
+from .space import SearchSpace, enumerate_valid
+from .validity import MEM_LIMIT, MEMORY, REASONS, STACK, reasons_from_counts, stack_codes
 
 OBJECTIVES = ("time", "memory", "cost")
 DEFAULT_GPU_HOUR_PRICE = 1.0
@@ -39,11 +39,13 @@ CHUNK = 1 << 14
 # EstimateBatch arrays the planner keeps for every evaluated plan
 ESTIMATE_FIELDS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
                    "peak_memory_gib", "fits", "compute_s", "recompute_s", "bubble_s", "optimizer_s",
-                   "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "mem_weights_gib",
-                   "mem_grads_gib", "mem_optimizer_states_gib", "mem_activations_gib", "mem_other_gib",
-                   "mem_cuda_context_gib", "mem_nccl_buffers_gib", "mem_allocator_reserve_gib", "step_time_s_low",
-                   "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low", "mfu_high")
-PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order")
+                   "exposed_comm_s", "overhead_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "cp_comm_s", "ep_comm_s",
+                   "mem_weights_gib", "mem_grads_gib", "mem_optimizer_states_gib", "mem_activations_gib",
+                   "mem_other_gib", "mem_cuda_context_gib", "mem_nccl_buffers_gib", "mem_allocator_reserve_gib",
+                   "step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low",
+                   "mfu_high")
+PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order", "cp", "cp_kind",
+               "ep", "etp")
 EXTRA_AXES = ("cp", "cp_kind", "ep", "etp")
 """plan columns of the parallel axes of issue 11 (docs/SCHEMAS.md section 1), used where the batches have them."""
 BAND_FIELDS = ("step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low",
@@ -63,6 +65,49 @@ Estimator = Callable[..., Any]
 def _default_estimator() -> Estimator:
     from ..estimator import estimate_batch
     return estimate_batch
+
+
+_default_estimator_fn = _default_estimator
+
+
+def _stack_refused(model: ModelSpec, plans: PlanBatch, stack: Any) -> tuple[dict[str, int], PlanBatch]:
+    """({stack rule key: count} of the plans the training ``stack`` cannot run, the plans it can)."""
+    from ..stacks import count_violations
+
+    if not len(plans):
+        return {}, plans
+    codes = stack_codes(model, plans, stack)
+    refused = codes > 0
+    if not refused.any():
+        return {}, plans
+    return count_violations(codes[refused]), plans.take(np.flatnonzero(~refused))
+
+
+def _without_oversized_states(model: ModelSpec, cluster: Any, plans: PlanBatch, compute: Any,
+                              stack: Any = None) -> tuple[PlanBatch, int]:
+    """The plans whose weights, gradients and optimizer states alone fit in the device's memory, and how many
+    did not (they cannot fit whatever their activations: counted under the ``memory`` reason without being
+    estimated, and without building their collective curves)."""
+    if not len(plans):
+        return plans, 0
+    from ..estimator import context_for
+    from ..estimator.core import model_states_bytes
+
+    ctx = context_for(model, cluster, compute, stack=stack)
+    states = np.zeros(len(plans))
+    for start in range(0, len(plans), STATES_CHUNK):
+        sub = plans.take(slice(start, start + STATES_CHUNK))
+        states[start:start + len(sub)] = model_states_bytes(ctx, sub)
+    keep = states <= cluster.device.memory_bytes
+    if keep.all():
+        return plans, 0
+    if not keep.any():  # none can fit: still estimate one, so an empty result can say what the smallest needs
+        keep[int(np.argmin(states))] = True
+    return plans.take(np.flatnonzero(keep)), int((~keep).sum())
+
+
+STATES_CHUNK = 1 << 20
+"""plans per model-states check (bounds the memory of the pattern arrays)."""
 
 
 @dataclass(frozen=True)
@@ -141,11 +186,12 @@ class SearchResult:
     def plan(self, i: int) -> Any:
         """Evaluated plan ``i`` as a :class:`tpsim.plan.Plan`."""
         c = self.columns
-        return Plan(tp=int(c["tp"][i]), pp=int(c["pp"][i]), vpp=int(c["vpp"][i]), dp=int(c["dp"][i]),
-                    sp=bool(c["sp"][i]), recompute=RECOMPUTE[int(c["recompute"][i])], zero=int(c["zero"][i]),
-                    micro_batch=int(c["micro_batch"][i]), global_batch=int(c["global_batch"][i]),
-                    dtype=self.space.dtype, overlap=bool(c["overlap"][i]), order=ORDERS[int(c["order"][i])],
-                    attention=self.space.attention)
+        return Plan(tp=int(c["tp"][i]), cp=int(c["cp"][i]), cp_kind=CP_KINDS[int(c["cp_kind"][i])],
+                    ep=int(c["ep"][i]), etp=int(c["etp"][i]), pp=int(c["pp"][i]), vpp=int(c["vpp"][i]),
+                    dp=int(c["dp"][i]), sp=bool(c["sp"][i]), recompute=RECOMPUTE[int(c["recompute"][i])],
+                    zero=int(c["zero"][i]), micro_batch=int(c["micro_batch"][i]),
+                    global_batch=int(c["global_batch"][i]), dtype=self.space.dtype, overlap=bool(c["overlap"][i]),
+                    order=ORDERS[int(c["order"][i])], attention=self.space.attention)
 
     def estimate(self, i: int) -> Any:
         """The full :class:`Estimate` of evaluated plan ``i``, exactly as ``tpsim estimate`` gives it: the row
@@ -212,7 +258,14 @@ class SearchResult:
     def label(self, i: int) -> str:
         """Short label of evaluated plan ``i`` (``tp8 pp16 dp8 sp sel z1 mb1``, with GPUs if they vary)."""
         c = self.columns
-        parts = [f"tp{c['tp'][i]}", f"pp{c['pp'][i]}"]
+        parts = [f"tp{c['tp'][i]}"]
+        if c["cp"][i] > 1:
+            parts.append(f"cp{c['cp'][i]}" + ("/a2a" if c["cp_kind"][i] == 1 else ""))
+        if c["ep"][i] > 1:
+            parts.append(f"ep{c['ep'][i]}")
+        if c["etp"][i] and c["etp"][i] != c["tp"][i]:
+            parts.append(f"etp{c['etp'][i]}")
+        parts.append(f"pp{c['pp'][i]}")
         if c["vpp"][i] > 1:
             parts.append(f"v{c['vpp'][i]}")
         parts.append(f"dp{c['dp'][i]}")
@@ -293,11 +346,15 @@ class SearchResult:
         if len(self.parts) > 1:
             data["gpus"] = c["gpus"][idx]
         data["tp"] = c["tp"][idx]
-        data.update({k: c[k][idx] for k in ("cp",) if _varies(c, k, idx)})
-        data.update({"pp": c["pp"][idx], "vpp": c["vpp"][idx], "dp": c["dp"][idx]})
-        data.update({k: c[k][idx] for k in ("ep",) if _varies(c, k, idx)})
+        if np.any(c["cp"][idx] > 1):
+            data["cp"] = [f"{n}{'/a2a' if k == 1 else ''}" for n, k in zip(c["cp"][idx], c["cp_kind"][idx])]
+        if np.any(c["ep"][idx] > 1):
+            data["ep"] = c["ep"][idx]
+        if np.any((c["etp"][idx] > 0) & (c["etp"][idx] != c["tp"][idx])):
+            data["etp"] = np.where(c["etp"][idx] == 0, c["tp"][idx], c["etp"][idx])
         overlaps, orders, counts = self._variant_columns(np.asarray(idx, dtype=np.int64))
         data.update({
+            "pp": c["pp"][idx], "vpp": c["vpp"][idx], "dp": c["dp"][idx],
             "sp": np.where(c["sp"][idx], "y", "-"), "recompute": [RECOMPUTE[int(r)] for r in c["recompute"][idx]],
             "zero": c["zero"][idx], "mb": c["micro_batch"][idx], "overlap": overlaps, "order": orders,
             "variants": counts,
@@ -306,9 +363,9 @@ class SearchResult:
         })
         if not c["fits_effective"][idx].all():
             data["fits"] = c["fits_effective"][idx]
-        for name in BREAKDOWN + ("tp_comm", "pp_comm", "dp_comm"):
-            if name == "overhead" and not np.any(c["overhead_s"][idx]):
-                continue  # no calibrated host overhead: no column of zeros
+        for name in BREAKDOWN + ("tp_comm", "pp_comm", "dp_comm", "cp_comm", "ep_comm"):
+            if name in ("overhead", "cp_comm", "ep_comm") and not np.any(c[f"{name}_s"][idx]):
+                continue  # no calibrated host overhead, no cp / ep: no column of zeros
             data[f"{name}_s"] = c[f"{name}_s"][idx]
         if self.objective == "cost":
             data["$/Mtok"] = c["cost_per_mtok"][idx]
@@ -401,11 +458,10 @@ def _rank(cols: Mapping[str, np.ndarray], objective: str) -> np.ndarray:
     """Indices of all rows, best first (np.lexsort: the last key is the primary one)."""
     primary = {"time": cols["step_time_s"], "memory": cols["peak_memory_gib"],
                "cost": cols["cost_per_mtok"]}[objective]
-    # tie-breakers, last = most important: fewer GPUs, then the plan fields ascending, except that the
-    # default overlap=True goes before overlap=False
-    keys = [~cols[name] if name == "overlap" else cols[name] for name in reversed(("gpus",) + PLAN_FIELDS)]
-    keys += [cols["peak_memory_gib"], cols["step_time_s"], primary, ~cols["fits_effective"]]
-    return np.lexsort(keys)
+    # tie-breakers: fewer GPUs, then the plan fields ascending in PLAN_FIELDS order, except that the default
+    # overlap=True goes before overlap=False; packed into one key that sorts like that tuple
+    fields = _packed([~cols[name] if name == "overlap" else cols[name] for name in ("gpus",) + PLAN_FIELDS])
+    return np.lexsort([fields, cols["peak_memory_gib"], cols["step_time_s"], primary, ~cols["fits_effective"]])
 
 
 def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchSpace | None = None,
@@ -428,16 +484,25 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     clusters = tuple(clusters) if isinstance(clusters, (list, tuple)) else (clusters,)
     if not clusters:
         raise InputError("no cluster to search")
-    enumerations = [enumerate_plans(model, int(c.num_gpus), global_batch, space) for c in clusters]
-    codes = [violations(model, e.plans, e.num_gpus, stack) for e in enumerations]
-    enumerated = sum(len(e.plans) for e in enumerations)
-    valid = [e.plans.take(np.flatnonzero(code == 0)) for e, code in zip(enumerations, codes)]
-    evaluated = sum(len(v) for v in valid)
-    rejected = count_reasons(np.concatenate(codes)) if codes else {}
+    enumerations = [enumerate_valid(model, int(c.num_gpus), global_batch, space) for c in clusters]
+    enumerated = sum(e.enumerated for e in enumerations)
+    counts = np.zeros(len(REASONS), dtype=np.int64)
     stack_rejected: dict[str, int] = {}
-    for e, code in zip(enumerations, codes):
-        for key, n in stack_rule_counts(model, e.plans, code, stack).items():
+    valid = []
+    for e in enumerations:  # the plan rules' counts, then the stack's rules on the plans they let through
+        counts[:e.codes.size] += e.codes
+        refused, kept = _stack_refused(model, e.plans, stack)
+        counts[STACK] += sum(refused.values())
+        for key, n in refused.items():
             stack_rejected[key] = stack_rejected.get(key, 0) + n
+        valid.append(kept)
+    states_over = 0
+    if not include_unfit and estimator is _default_estimator_fn():
+        kept = [_without_oversized_states(model, c, v, compute, stack) for c, v in zip(clusters, valid)]
+        valid = [k for k, _ in kept]
+        states_over = sum(n for _, n in kept)
+    evaluated = sum(len(v) for v in valid)
+    rejected = reasons_from_counts(counts)
 
     from tqdm import tqdm
 
@@ -467,7 +532,7 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     if not include_unfit:
         order = order[columns["fits_effective"][order]]
         extra = np.zeros(len(REASONS), dtype=np.int64)
-        extra[MEMORY] = int((~columns["fits"]).sum())
+        extra[MEMORY] = int((~columns["fits"]).sum()) + states_over
         extra[MEM_LIMIT] = int((columns["fits"] & over_limit).sum())
         for code in (MEMORY, MEM_LIMIT):
             if extra[code]:
@@ -495,7 +560,7 @@ def _twin_of(cols: Mapping[str, np.ndarray], order: np.ndarray) -> np.ndarray:
     n = cols["tp"].size
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    names = ("gpus",) + PLAN_FIELDS + tuple(a for a in EXTRA_AXES if a in cols)
+    names = tuple(dict.fromkeys(k for k in ("gpus",) + PLAN_FIELDS + EXTRA_AXES if k in cols))
     group = _row_groups([np.asarray(cols[k], dtype=np.int64) for k in names if k not in VARIANT_FIELDS])
     position = np.empty(n, dtype=np.int64)
     position[order] = np.arange(n)
@@ -516,15 +581,29 @@ def _close(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _row_groups(keys: list[np.ndarray]) -> np.ndarray:
-    """Group id per row of equal ``keys`` (non-negative ints): one mixed-radix int64 key when it cannot
-    overflow (fast 1-D unique), else unique rows."""
-    radix = [int(k.max()) + 1 for k in keys]
-    if math.prod(radix) < 2**62:
-        flat = np.zeros(keys[0].size, dtype=np.int64)
-        for k, r in zip(keys, radix):
-            flat = flat * r + k
-        return np.unique(flat, return_inverse=True)[1].reshape(-1)
-    return np.unique(np.stack(keys, 1), axis=0, return_inverse=True)[1].reshape(-1)
+    """Group id per row of equal ``keys`` (non-negative ints), dense from 0: one packed int64 key
+    (:func:`_packed`), then its unique values."""
+    return np.unique(_packed(keys), return_inverse=True)[1].reshape(-1)
+
+
+def _packed(columns: list[np.ndarray]) -> np.ndarray:
+    """One int64 per row that sorts like the tuple of ``columns`` (non-negative integers or booleans, first
+    most significant): each column replaced by the rank of its value among the values present, then mixed
+    radix; unique rows when even that could overflow."""
+    codes, radix = [], []
+    for col in columns:
+        c = np.asarray(col, dtype=np.int64)
+        present = np.zeros(int(c.max()) + 1 if c.size else 1, dtype=bool)
+        present[c] = True
+        rank = np.cumsum(present) - 1
+        codes.append(rank[c])
+        radix.append(int(present.sum()))
+    if math.prod(radix) >= 2**62:
+        return np.unique(np.stack(codes, 1), axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    flat = np.zeros(codes[0].size, dtype=np.int64)
+    for c, r in zip(codes, radix):
+        flat = flat * r + c
+    return flat
 
 
 def _merge(col_parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -1,14 +1,17 @@
-"""The search space: every combination of (tp, pp, vpp, dp, sp, recompute, zero, micro-batch, overlap, order).
+"""The search space: every combination of (tp, cp, cp kind, ep, expert tp, pp, vpp, dp, sp, recompute, zero,
+micro-batch, overlap, order).
 
 :class:`SearchSpace` holds the candidate values of each plan field (the user's constraints narrow them);
 :func:`enumerate_plans` turns it into one :class:`~tpsim.plan.PlanBatch` (struct of numpy arrays) for a GPU
 count, without a Python loop per plan. The product is taken over (tp, pp) pairs whose product divides the GPU
 count (dp = gpus / (tp x pp)), so the identity tp x pp x dp = gpus always holds.
 
-Two kinds of rows are never produced because they are the same plan as another row (not rejected plans):
+Rows that are the same plan as another row are never produced (they are not rejected plans):
 * rank orders that place the ranks identically: with an axis of size 1 the orders differ only in where that
   axis sits (the canonical one, first in :data:`~tpsim.plan.ORDERS`, is kept);
-* ``overlap=False`` when dp = 1 (there is no DP reduction to overlap).
+* ``overlap=False`` when no data-parallel reduction exists (dp x cp = 1 and, for experts, edp = 1);
+* a context-parallel kind other than ring when cp = 1; an expert tp other than tp (0) when tp = 1 or the
+  model is dense; ep > 1 or an expert tp for a dense model.
 Everything else, including rows that break a constraint (``sp`` with tp = 1, ZeRO with dp = 1, ...), is
 enumerated and then rejected with a reason by :mod:`tpsim.search.validity`, so ``--why`` can count them.
 """
@@ -21,7 +24,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..model import ModelSpec
-from ..plan import ORDERS, RECOMPUTE, PlanBatch
+from ..plan import CP_KINDS, FULL_ORDERS, MEGATRON_ORDERS, ORDERS, RECOMPUTE, PlanBatch
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -37,6 +40,17 @@ class SearchSpace:
     """tensor-parallel degrees; None: every divisor of the GPU count up to ``max_tp``."""
     max_tp: int | None = None
     """upper bound on tp (None: no bound)."""
+    cp: tuple[int, ...] | None = None
+    """context-parallel degrees; None: every divisor of gpus / (tp x pp) up to ``max_cp``."""
+    max_cp: int | None = None
+    """upper bound on cp (None: no bound)."""
+    cp_kind: tuple[str, ...] = CP_KINDS
+    """context-parallel kinds (ring, a2a), searched where cp > 1."""
+    ep: tuple[int, ...] | None = None
+    """expert-parallel degrees; None: every divisor of the number of experts (1 for a dense model)."""
+    etp: tuple[int, ...] | None = None
+    """expert tensor-parallel degrees (0: equal to tp); None: tp and 1 (Megatron-Core's default and the
+    DeepSeek-V3 / Mixtral recipes' choice)."""
     pp: tuple[int, ...] | None = None
     """pipeline degrees; None: every divisor of gpus / tp up to the number of layers."""
     vpp: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
@@ -47,12 +61,14 @@ class SearchSpace:
     micro_batch: tuple[int, ...] = (1, 2, 4, 8)
     """sequences per micro-batch."""
     overlap: tuple[bool, ...] = (True, False)
-    order: tuple[str, ...] = ORDERS
+    order: tuple[str, ...] = MEGATRON_ORDERS
+    """rank orders; by default the six that place cp right after tp, as Megatron-Core's RankGenerator does
+    (any of :data:`~tpsim.plan.ORDERS` may be asked for)."""
     dtype: str = "bf16"
     attention: str = "flash"
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "vpp", "micro_batch"):
+        for name in ("tp", "pp", "vpp", "micro_batch", "cp", "ep"):
             values = getattr(self, name)
             if values is None:
                 continue
@@ -61,8 +77,15 @@ class SearchSpace:
             for v in values:
                 if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
                     raise InputError(f"{name}={v!r} must be a positive integer")
-        if self.max_tp is not None and self.max_tp <= 0:
-            raise InputError(f"max_tp={self.max_tp} must be a positive integer")
+        for name in ("max_tp", "max_cp"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise InputError(f"{name}={getattr(self, name)} must be a positive integer")
+        for k in self.cp_kind:
+            if k not in CP_KINDS:
+                raise InputError(f"cp_kind={k!r} is not one of {', '.join(CP_KINDS)}")
+        for v in self.etp or ():
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+                raise InputError(f"etp={v!r} must be a positive integer (or 0: equal to tp)")
         for r in self.recompute:
             if r not in RECOMPUTE:
                 raise InputError(f"recompute={r!r} is not one of {', '.join(RECOMPUTE)}")
@@ -72,7 +95,7 @@ class SearchSpace:
         for o in self.order:
             if o not in ORDERS:
                 raise InputError(f"order={o!r} is not one of {', '.join(ORDERS)}")
-        for name in ("sp", "recompute", "zero", "overlap", "order"):
+        for name in ("sp", "recompute", "zero", "overlap", "order", "cp_kind"):
             if not getattr(self, name):
                 raise InputError(f"{name}: the search space has no candidate value")
 
@@ -83,6 +106,23 @@ class SearchSpace:
         if self.max_tp is not None:
             values = tuple(t for t in values if t <= self.max_tp)
         return values
+
+    def cp_candidates(self, rest: int) -> tuple[int, ...]:
+        """cp values that divide ``rest`` = gpus / (tp x pp) (and respect ``max_cp``)."""
+        values = divisors(rest) if self.cp is None else tuple(c for c in sorted(set(self.cp)) if rest % c == 0)
+        if self.max_cp is not None:
+            values = tuple(c for c in values if c <= self.max_cp)
+        return values
+
+    def expert_candidates(self, model: ModelSpec, tp: int) -> list[tuple[int, int]]:
+        """(ep, etp) pairs for a model: (1, 0) for a dense one; else the requested or default values, with an
+        expert tp equal to tp written 0 (one plan, not two)."""
+        if not model.is_moe:
+            return [(1, 0)]
+        eps = divisors(model.num_experts) if self.ep is None else tuple(sorted(set(self.ep)))
+        etps = (0, 1) if self.etp is None else tuple(sorted(set(self.etp)))
+        pairs = {(e, 0 if t in (0, tp) else t) for e in eps for t in etps}
+        return sorted(pairs)
 
     def pp_candidates(self, model: ModelSpec, num_gpus: int, tp: int) -> tuple[int, ...]:
         """pp values that divide gpus / tp; unconstrained pp stops at the number of layers."""
@@ -102,31 +142,49 @@ class Enumeration:
     """distinct (tp, pp, dp) layouts in the batch."""
 
 
-def _canonical_orders(tp: int, pp: int, dp: int, orders: tuple[str, ...]) -> list[int]:
+def _canonical_orders(tp: int, pp: int, dp: int, orders: tuple[str, ...], cp: int = 1) -> list[int]:
     """Indices (into ORDERS) of the requested orders that place ranks differently for these sizes."""
-    sizes = {"tp": tp, "pp": pp, "dp": dp}
+    sizes = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
     seen: dict[tuple[str, ...], int] = {}
-    for name in ORDERS:  # canonical = first in ORDERS among equivalent ones
-        key = tuple(d for d in name.split("-") if sizes[d] > 1)
-        seen.setdefault(key, ORDERS.index(name))
+    for i, dims in enumerate(FULL_ORDERS):  # canonical = first in ORDERS among equivalent ones
+        key = tuple(d for d in dims if sizes[d] > 1)
+        seen.setdefault(key, i)
     keep = []
     for name in orders:
-        key = tuple(d for d in name.split("-") if sizes[d] > 1)
+        key = tuple(d for d in FULL_ORDERS[ORDERS.index(name)] if sizes[d] > 1)
         idx = seen[key]
         if idx not in keep:
             keep.append(idx)
     return sorted(keep)
 
 
-def _layouts(model: ModelSpec, num_gpus: int, space: SearchSpace) -> list[tuple[int, int, int, int]]:
-    """(tp, pp, dp, order index) rows, one per distinct rank placement."""
+LAYOUT_COLUMNS = ("tp", "cp", "pp", "dp", "order", "cp_kind", "ep", "etp")
+"""columns of a layout row: what places ranks and sets the parallel collectives."""
+
+
+def _layouts(model: ModelSpec, num_gpus: int, space: SearchSpace) -> list[tuple[int, ...]]:
+    """One row per distinct rank placement and parallel-axis choice (:data:`LAYOUT_COLUMNS`; cp_kind coded)."""
     rows = []
+    kinds = [CP_KINDS.index(k) for k in space.cp_kind]
     for tp in space.tp_candidates(num_gpus):
+        experts = space.expert_candidates(model, tp)
         for pp in space.pp_candidates(model, num_gpus, tp):
-            dp = num_gpus // (tp * pp)
-            for order in _canonical_orders(tp, pp, dp, space.order):
-                rows.append((tp, pp, dp, order))
+            for cp in space.cp_candidates(num_gpus // (tp * pp)):
+                dp = num_gpus // (tp * cp * pp)
+                for order in _canonical_orders(tp, pp, dp, space.order, cp):
+                    for kind in (kinds if cp > 1 else [0]):
+                        rows += [(tp, cp, pp, dp, order, kind, ep, etp) for ep, etp in experts]
     return rows
+
+
+def _reduces(lay: np.ndarray) -> np.ndarray:
+    """Layout rows with a data-parallel reduction: dp x cp > 1, or an expert data-parallel group."""
+    tp, cp, dp, ep, etp = (lay[:, LAYOUT_COLUMNS.index(c)] for c in ("tp", "cp", "dp", "ep", "etp"))
+    etp = np.where(etp == 0, tp, etp)
+    return (dp * cp > 1) | (tp * cp * dp > etp * ep)
+
+
+PER_LAYOUT = ("vpp", "sp", "recompute", "zero", "micro_batch", "overlap")
 
 
 def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace) -> Enumeration:
@@ -135,7 +193,7 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, space: S
         raise InputError(f"gpus={num_gpus} must be a positive integer")
     if global_batch <= 0:
         raise InputError(f"global_batch={global_batch} must be a positive integer")
-    layouts = np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, 4)
+    layouts = np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, len(LAYOUT_COLUMNS))
     per_layout = [np.asarray(space.vpp, dtype=np.int64), np.asarray(space.sp, dtype=bool),
                   np.asarray([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64),
                   np.asarray(space.zero, dtype=np.int64), np.asarray(space.micro_batch, dtype=np.int64),
@@ -143,27 +201,123 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, space: S
     # index grid over (layout, vpp, sp, recompute, zero, micro_batch, overlap)
     sizes = [len(layouts)] + [len(a) for a in per_layout]
     grid = np.indices(sizes, dtype=np.int32).reshape(len(sizes), -1)
-    lay = layouts[grid[0]]
-    cols = {name: values[grid[i + 1]] for i, (name, values) in
-            enumerate(zip(("vpp", "sp", "recompute", "zero", "micro_batch", "overlap"), per_layout))}
-    keep = cols["overlap"] | (lay[:, 2] > 1) | (True not in space.overlap)
+    lay_index = grid[0]
+    cols = {name: values[grid[i + 1]] for i, (name, values) in enumerate(zip(PER_LAYOUT, per_layout))}
+    keep = cols["overlap"] | _reduces(layouts)[lay_index] | (True not in space.overlap)
     if not keep.all():
-        lay = lay[keep]
+        lay_index = lay_index[keep]
         cols = {k: v[keep] for k, v in cols.items()}
-    batch = PlanBatch.from_arrays(dtype=space.dtype, attention=space.attention, tp=lay[:, 0], pp=lay[:, 1],
-                                  dp=lay[:, 2], order=lay[:, 3],
+    lay = layouts[lay_index]
+    axes = {name: lay[:, i] for i, name in enumerate(LAYOUT_COLUMNS)}
+    batch = PlanBatch.from_arrays(dtype=space.dtype, attention=space.attention, **axes,
                                   global_batch=np.full(len(lay), global_batch, dtype=np.int64), **cols)
     return Enumeration(plans=batch, num_gpus=num_gpus, layouts=len(layouts))
 
 
+@dataclass(frozen=True)
+class ValidPlans:
+    """The valid plans of a space for one GPU count, and how many plans were enumerated and rejected."""
+
+    plans: PlanBatch
+    num_gpus: int
+    enumerated: int
+    """rows of the full product (as :func:`enumerate_plans` would build them)."""
+    codes: np.ndarray
+    """per code of :func:`tpsim.plan.violation_codes` (0 = valid), the number of enumerated plans with it."""
+
+
+def enumerate_valid(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace) -> ValidPlans:
+    """The valid rows of :func:`enumerate_plans` (same rows, same order of fields; the rejected ones only
+    counted), built without materializing the product: the plan rules read only the layout, vpp, sp and
+    micro-batch, and of ZeRO only whether it is on (``zero-needs-dp``), never recomputation or overlap. So the
+    rules run once per (layout, vpp, sp, micro-batch) row with ZeRO off and once with it on, each result
+    counts for every recomputation and overlap choice, and only the valid rows are expanded. The first broken
+    rule of every row is the one :func:`enumerate_plans` + :func:`tpsim.plan.violation_codes` name."""
+    from ..plan import RULES, violation_codes
+
+    if num_gpus <= 0:
+        raise InputError(f"gpus={num_gpus} must be a positive integer")
+    if global_batch <= 0:
+        raise InputError(f"global_batch={global_batch} must be a positive integer")
+    layouts = np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, len(LAYOUT_COLUMNS))
+    first = [np.asarray(space.vpp, dtype=np.int64), np.asarray(space.sp, dtype=bool),
+             np.asarray(space.micro_batch, dtype=np.int64)]
+    sizes = [len(layouts)] + [len(a) for a in first]
+    grid = np.indices(sizes, dtype=np.int32).reshape(len(sizes), -1)
+    lay = layouts[grid[0]]
+    part = {name: values[grid[i + 1]] for i, (name, values) in enumerate(zip(("vpp", "sp", "micro_batch"), first))}
+    axes = {name: lay[:, i] for i, name in enumerate(LAYOUT_COLUMNS)}
+    gb = np.full(len(lay), global_batch, dtype=np.int64)
+    code_of = {}
+    for z in sorted({min(int(z), 1) for z in space.zero}):
+        batch = PlanBatch.from_arrays(dtype=space.dtype, attention=space.attention, **axes, global_batch=gb,
+                                      zero=np.full(len(lay), z, dtype=np.int64), **part)
+        code_of[z] = violation_codes(model, batch, num_gpus)
+    reduces = _reduces(lay)
+    overlaps = np.where(reduces | (True not in space.overlap), len(space.overlap), 1)
+    per_zero = len(space.recompute) * overlaps  # plans of one (partial row, zero) pair
+    counts = np.zeros(len(RULES) + 1, dtype=np.int64)
+    pieces = []
+    for z in space.zero:
+        code = code_of[min(int(z), 1)]
+        counts += np.bincount(code, weights=per_zero, minlength=len(RULES) + 1).astype(np.int64)
+        ok = np.flatnonzero(code == 0)
+        pieces.append((int(z), ok))
+    plans = _expand(pieces, lay, axes, part, reduces, space, global_batch)
+    return ValidPlans(plans=plans, num_gpus=num_gpus, enumerated=int(counts.sum()), codes=counts)
+
+
+def _expand(pieces: list, lay: np.ndarray, axes: dict, part: dict, reduces: np.ndarray, space: SearchSpace,
+            global_batch: int) -> PlanBatch:
+    """The valid (partial row, zero) pairs times every recomputation and overlap choice, in the column order
+    of :func:`enumerate_plans` (rows sorted like it: layout, vpp, sp, recompute, zero, micro-batch, overlap)."""
+    rc_values = np.asarray([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64)
+    ov_values = np.asarray(space.overlap, dtype=bool)
+    rows, zeros, rcs, ovs = [], [], [], []
+    only = True not in space.overlap
+    for z, ok in pieces:
+        for rc in rc_values:
+            for ov in ov_values:
+                sel = ok if (ov or only) else ok[reduces[ok]]
+                rows.append(sel)
+                zeros.append(np.full(sel.size, z, dtype=np.int64))
+                rcs.append(np.full(sel.size, rc, dtype=np.int64))
+                ovs.append(np.full(sel.size, ov, dtype=bool))
+    row = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+    zero, rc, ov = (np.concatenate(x) if x else np.zeros(0) for x in (zeros, rcs, ovs))
+    # enumerate_plans' order: layout, vpp, sp, recompute, zero, micro_batch, overlap (the partial rows are in
+    # (layout, vpp, sp, micro_batch) order)
+    n_mb = len(space.micro_batch)
+    lay_vpp_sp, mb_i = np.divmod(row, n_mb)
+    z_i = _positions(space.zero, zero.astype(np.int64))
+    rc_i = _positions(rc_values, rc.astype(np.int64))
+    ov_i = _positions([int(v) for v in space.overlap], ov.astype(np.int64))
+    key = (((lay_vpp_sp * len(rc_values) + rc_i) * len(space.zero) + z_i) * n_mb + mb_i) * len(space.overlap) + ov_i
+    order = np.argsort(key, kind="stable")
+    row, zero, rc, ov = row[order], zero[order], rc[order], ov[order]
+    cols = {name: a[row] for name, a in axes.items()}
+    cols.update({name: a[row] for name, a in part.items()})
+    return PlanBatch(**cols, recompute=rc.astype(np.int64), zero=zero.astype(np.int64), overlap=ov.astype(bool),
+                     global_batch=np.full(row.size, global_batch, dtype=np.int64), dtype=space.dtype,
+                     attention=space.attention)
+
+
+def _positions(values, column: np.ndarray) -> np.ndarray:
+    """Index of each entry of ``column`` in ``values`` (small non-negative integers)."""
+    lookup = np.zeros(max(int(v) for v in values) + 1, dtype=np.int64)
+    lookup[np.asarray(values, dtype=np.int64)] = np.arange(len(values))
+    return lookup[column]
+
+
 def space_size(model: ModelSpec, num_gpus: int, space: SearchSpace) -> int:
     """Number of rows :func:`enumerate_plans` would produce (without building them)."""
-    n = 0
     per = len(space.vpp) * len(space.sp) * len(space.recompute) * len(space.zero) * len(space.micro_batch)
-    for tp, pp, dp, _ in _layouts(model, num_gpus, space):
-        overlaps = len(space.overlap) if dp > 1 or True not in space.overlap else 1
-        n += per * overlaps
-    return n
+    layouts = np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, len(LAYOUT_COLUMNS))
+    if not len(layouts):
+        return 0
+    overlaps = np.where(_reduces(layouts) | (True not in space.overlap), len(space.overlap), 1)
+    return int(per * overlaps.sum())
 
 
-__all__ = ["SearchSpace", "Enumeration", "enumerate_plans", "space_size", "divisors"]
+__all__ = ["SearchSpace", "Enumeration", "ValidPlans", "enumerate_plans", "enumerate_valid", "space_size",
+           "divisors"]

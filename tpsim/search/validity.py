@@ -75,5 +75,10 @@ def count_reasons(codes: np.ndarray) -> dict[str, int]:
     return {REASONS[i].key: int(c) for i, c in enumerate(counts) if i and c}
 
 
+def reasons_from_counts(counts: np.ndarray) -> dict[str, int]:
+    """{reason key: count} from counts per code (index 0 = valid), in :data:`REASONS` order."""
+    return {REASONS[i].key: int(c) for i, c in enumerate(counts) if i and c}
+
+
 def describe(key: str) -> Reason:
     return REASONS[REASON_INDEX[key]]

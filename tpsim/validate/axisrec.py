@@ -5,7 +5,8 @@ DTensor issues (``_c10d_functional.*``, group named by a string argument) and th
 ``torch.distributed``'s calls that DDP's reducer, FSDP2 and the pipelining stages make (group passed as a
 ``ProcessGroup`` object). Each call is attributed to the mesh axis whose process group it ran on, and recorded
 as (axis, phase, op, bytes, seconds) with nccl-tests' byte convention (full buffer: the all-gather's output,
-the reduce-scatter's input; a send or receive its tensor).
+the reduce-scatter's input, an all-to-all's send buffer (with uneven splits, as the MoE dispatch, the received
+size differs from rank to rank); a send or receive its tensor).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def call_bytes(namespace: str, opname: str, args: tuple) -> int:
         return size * int(args[1]) if op == "all_gather" else size
     if op == "all_gather":  # c10d ops take (output(s), input(s), group, ...)
         return sum(_nbytes(t) for t in _tensors(args[0]))
-    if op == "reduce_scatter":
+    if op in ("reduce_scatter", "all_to_all"):  # the input; an all-to-all's with uneven splits is its send buffer
         return sum(_nbytes(t) for t in _tensors(args[1]))
     return sum(_nbytes(t) for t in _tensors(args[0]))
 

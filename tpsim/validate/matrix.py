@@ -70,3 +70,43 @@ def plan_matrix_cases(base: ModelSpec, fused: bool = False, micro_batch: int = 3
         cases.append(PlanCase(model=model, fused=fused, micro_batch=micro_batch, microbatches=2 * pp if pp > 1 else 2,
                               reps=reps, warmup=warmup, **axes))
     return cases
+
+
+AXIS_MATRIX = (
+    dict(cp=2),
+    dict(cp=2, cp_kind="a2a"),
+    dict(ep=2, dp=2),
+    dict(cp=2, ep=2),
+)
+"""context- and expert-parallel cases of the matrix on 2 ranks: ring and all-to-all attention of the model's
+family, an MoE layer with its experts split over 2 ranks (dp 2 for the dense part), and both at once."""
+AXIS_MATRIX_CP = dict(hidden=1024, seq=1024)
+"""the dense cp cases: hidden 1024 (16 heads of 64), sequence 1024 (512 tokens per rank)."""
+AXIS_MATRIX_MOE = dict(hidden=512, seq=512, experts=8, top_k=2, expert_ffn=1024)
+"""the MoE cases: the model's own MoE shape if it has one (else Mixtral's, 8 experts top-2), hidden 512 (8 heads
+of 64), sequence 512, expert FFN 1024."""
+
+
+def axis_matrix_cases(base: ModelSpec, fused: bool = False, micro_batch: int = 3, reps: int = 5,
+                      warmup: int = 2) -> list:
+    """The cases of :data:`AXIS_MATRIX` (an MoE preset stands in for a dense model's ep cases)."""
+    from .axiscase import AxisCase, moe_layer_model, with_expert_ffn
+    from ..model import PRESETS
+
+    def shaped(model: ModelSpec, hidden: int, seq: int) -> ModelSpec:
+        heads = hidden // MATRIX_HEAD_DIM
+        kv = min(model.num_kv_heads, heads) if model.num_kv_heads < model.num_attention_heads else heads
+        ffn = 4 * hidden if model.family == "gpt" else 7 * hidden // 2
+        return moe_layer_model(with_overrides(model, hidden=hidden, heads=heads, kv_heads=kv, ffn=ffn, seq_len=seq,
+                                              layers=1))
+    dense = shaped(base, AXIS_MATRIX_CP["hidden"], AXIS_MATRIX_CP["seq"]) if not base.is_moe else None
+    moe_base = base if base.is_moe else PRESETS["mixtral-8x7b"]
+    k = AXIS_MATRIX_MOE
+    moe = with_expert_ffn(shaped(moe_base, k["hidden"], k["seq"]), k["expert_ffn"])
+    if not base.is_moe:
+        moe = with_overrides(moe, experts=k["experts"], top_k=k["top_k"])
+    cases = []
+    for axes in AXIS_MATRIX:
+        model = moe if axes.get("ep", 1) > 1 or dense is None else dense
+        cases.append(AxisCase(model=model, fused=fused, micro_batch=micro_batch, reps=reps, warmup=warmup, **axes))
+    return cases

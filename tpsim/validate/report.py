@@ -26,7 +26,7 @@ from .predict import Prediction
 
 CSV_COLUMNS = ("case", "kind", "model", "family", "tp", "sp", "pp", "vpp", "dp", "zero", "fused", "layers", "hidden",
                "heads", "ffn", "seq_len", "micro_batch", "microbatches", "phase", "predicted_s", "measured_s", "error_pct", "measured_wall_s", "numerics_ok",
-               "numerics_max_rel_err", "collectives_match", "compute_model", "backend", "scaled")
+               "numerics_max_rel_err", "collectives_match", "compute_model", "backend", "scaled", "cp", "cp_kind", "ep")
 
 
 def error_pct(predicted: float, measured: float) -> float:
@@ -158,7 +158,8 @@ def write_csv(path: Path, summaries: list[dict[str, Any]], backend: str) -> None
         for p in s["phases"]:
             writer.writerow({
                 "case": s["case"], "kind": s.get("kind", "block"), "model": c["model"], "family": c["family"],
-                "tp": c["tp"], "sp": c["sp"], "pp": c.get("pp", 1), "vpp": c.get("vpp", 1), "dp": c.get("dp", 1),
+                "tp": c["tp"], "sp": c["sp"], "cp": c.get("cp", 1), "cp_kind": c.get("cp_kind", ""),
+                "ep": c.get("ep", 1), "pp": c.get("pp", 1), "vpp": c.get("vpp", 1), "dp": c.get("dp", 1),
                 "zero": c.get("zero", 0), "fused": c["fused"], "layers": c.get("layers", 1), "hidden": c["hidden"],
                 "heads": c["heads"], "ffn": c["ffn"], "seq_len": c["seq_len"], "micro_batch": c["micro_batch"],
                 "microbatches": c.get("microbatches", 1), "phase": p["name"],
@@ -188,7 +189,7 @@ def write_scatter(path: Path, summaries: list[dict[str, Any]], title: str) -> No
             if p["predicted_s"] is None or not p["measured_s"]:
                 continue
             name = p["name"]
-            kind = name if name.startswith("step") or ":" not in name else "collective " + name.split(":")[1]
+            kind = name if name.startswith("step") or ":" not in name else "collective " + name.split(":", 1)[1]
             groups.setdefault(kind, []).append((p["measured_s"], p["predicted_s"]))
     values = [v for pts in groups.values() for pt in pts for v in pt]
     if values:

@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ..compute.scaled import ScaledCompute
+from .axiscase import AxisCase
+from .axispredict import predict_axis
+from .axisreport import summarize_axis
+from .axisscale import fit_axis_case
+from .axisscale import overhead_case as axis_overhead_case
 from .calfile import ComputeCalibration, read_compute_calibration
 from .case import Case
 from .drift import DriftCheck, check_profile
@@ -66,12 +71,19 @@ class Options:
     """on a drift over 10%, measure a quick profile instead of rescaling."""
 
 
-def calibrate_collectives(cfg: LaunchConfig, cluster: str, work: Path) -> Path:
+BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+"""collectives the calibration run measures; ``all_to_all`` is added when a launch runs context/expert-parallel
+cases (Ulysses attention, the MoE dispatch). Ring send/receive pairs are not measured by bench-collectives: they
+are timed with the host link's fitted values."""
+
+
+def calibrate_collectives(cfg: LaunchConfig, cluster: str, work: Path,
+                          ops: tuple[str, ...] = BENCH_OPS) -> Path:
     """Run a short ``tpsim bench-collectives`` with the same backend and rank count, then ``tpsim calibrate``;
     return the calibration file."""
     csv_path, cal_path = work / f"bench-collectives-{cfg.nproc}.csv", work / f"calibration-{cfg.nproc}.yaml"
     steps = [["bench-collectives", "--nproc", str(cfg.nproc), "--backend", cfg.backend,
-              "--ops", "all_reduce", "all_gather", "reduce_scatter", "--sizes", *BENCH_SIZES,
+              "--ops", *ops, "--sizes", *BENCH_SIZES,
               "--out", str(csv_path), "--timeout", str(int(cfg.timeout_s))],
              ["calibrate", str(csv_path), "--cluster", cluster, "--out", str(cal_path)]]
     for args in steps:
@@ -105,14 +117,15 @@ class Setup:
     compute_cal: ComputeCalibration | None
 
 
-def prepare(cfg: LaunchConfig, opts: Options, work: Path, probes: dict | None = None) -> Setup:
+def prepare(cfg: LaunchConfig, opts: Options, work: Path, probes: dict | None = None,
+            bench_ops: tuple[str, ...] = BENCH_OPS) -> Setup:
     """Collective calibration, cluster, profile probe and compute model (module docstring of
     :mod:`tpsim.validate.drift` for the probe). ``probes`` keeps the probe's answer for the next launch of
-    the same run (the profile and the machine are the same)."""
+    the same run (the profile and the machine are the same); ``bench_ops``: what the calibration measures."""
     compute_cal = read_compute_calibration(opts.calibration) if opts.calibration else None
     calibration = opts.calibration if opts.calibration and _has_links(opts.calibration) else None
     if calibration is None and opts.calibrate and cfg.nproc > 1 and cfg.nnodes == 1:  # bench runs on one node
-        calibration = calibrate_collectives(cfg, opts.cluster, work)
+        calibration = calibrate_collectives(cfg, opts.cluster, work, bench_ops)
     cluster = load_local_cluster(opts.cluster, cfg.nproc * cfg.nnodes, calibration, work)
     device_type = "cuda" if cfg.backend == "nccl" else "cpu"
     profile = (opts.profile or find_profile(device_type)) if opts.use_profile else None
@@ -151,17 +164,22 @@ def timing_allowed(cfg: LaunchConfig) -> tuple[bool, str]:
 def run_cases(cases: list, cfg: LaunchConfig, opts: Options, work: Path,
               env: dict[str, str] | None = None, probes: dict | None = None) -> list[dict[str, Any]]:
     """Predict, launch and summarize ``cases`` that share one launch config (same number of ranks)."""
-    setup = prepare(cfg, opts, work, probes)
+    a2a = ("all_to_all",) if any(isinstance(c, AxisCase) for c in cases) else ()
+    setup = prepare(cfg, opts, work, probes, BENCH_OPS + a2a)
     memory = int(setup.cluster.device.usable_memory_bytes) * cfg.nproc if cfg.backend == "nccl" else None
     timed, note = timing_allowed(cfg)
     blocks = [fit_case(c, cfg.nproc, setup.compute, opts.budget_s, memory_bytes=memory)
               for c in cases if isinstance(c, Case)]
     plans = [fit_plan_case(dataclasses.replace(c, timed=timed), cfg.nproc, setup.compute, opts.budget_s,
                            memory_bytes=memory) for c in cases if isinstance(c, PlanCase)]
+    axes = [fit_axis_case(dataclasses.replace(c, timed=timed), cfg.nproc, setup.cluster, setup.compute,
+                          opts.budget_s, memory_bytes=memory) for c in cases if isinstance(c, AxisCase)]
     twins = opts.overhead and setup.compute_cal is None and timed
     block_twins = {c.name: overhead_case(c) for c in blocks} if twins else {}
     plan_twins = {c.name: plan_overhead_case(c) for c in plans} if twins else {}
-    runs = list({t.name: t for t in [*block_twins.values(), *plan_twins.values()]}.values()) + blocks + plans
+    axis_twins = {c.name: axis_overhead_case(c) for c in axes} if twins else {}
+    twin_runs = [*block_twins.values(), *plan_twins.values(), *axis_twins.values()]
+    runs = list({t.name: t for t in twin_runs}.values()) + blocks + plans + axes
     result = launch(runs, cfg, work / f"run-{cfg.nproc}ranks", env=env)
     if result is None:
         return []  # another node holds rank 0 and writes the report
@@ -171,6 +189,7 @@ def run_cases(cases: list, cfg: LaunchConfig, opts: Options, work: Path,
             per_case.setdefault(r["case"], []).append(r)
     out = [_block_summary(c, per_case, block_twins.get(c.name), setup) for c in blocks]
     out += [_plan_summary(c, per_case, plan_twins.get(c.name), setup, note) for c in plans]
+    out += [_axis_summary(c, per_case, axis_twins.get(c.name), setup, note) for c in axes]
     for s in out:
         s["profile"] = str(setup.profile) if setup.profile else None
         s["profile_check"] = setup.drift.to_dict()
@@ -233,6 +252,58 @@ def _plan_summary(c: PlanCase, per_case: dict[str, list], twin: PlanCase | None,
     return s
 
 
+def _busiest_load(case: AxisCase, ranks: list[dict[str, Any]]) -> int | None:
+    """The most token copies any rank's experts processed (the recorded fp32 pass); None without experts."""
+    return max(r["expert_load"] for r in ranks) if case.model.is_moe else None
+
+
+def _axis_summary(c: AxisCase, per_case: dict[str, list], twin: AxisCase | None, setup: Setup,
+                  note: str) -> dict[str, Any]:
+    """A context/expert-parallel case: the prediction at the run's routing load, with the framework overhead of
+    its tiny twin (or the calibration's) as for blocks."""
+    ranks = per_case[c.name]
+    load = _busiest_load(c, ranks)
+    raw_pred = predict_axis(c, setup.cluster, setup.compute, load)
+    pred, overhead = raw_pred, None
+    if twin is not None:
+        tiny = predict_axis(twin, setup.cluster, setup.compute, _busiest_load(twin, per_case[twin.name]))
+        overhead = measured_overhead(per_case[twin.name], tiny)
+        check = summarize_axis(twin, per_case[twin.name], tiny)
+        overhead.update(case=twin.name, numerics_ok=check["numerics_ok"], collectives_match=check["collectives_match"])
+    elif setup.compute_cal is not None:
+        overhead = dict(setup.compute_cal.overhead_s(), source="calibration", numerics_ok=True, collectives_match=True)
+    if overhead is not None:
+        pred = with_overhead(pred, overhead)
+    s = summarize_axis(c, ranks, pred, note)
+    s["framework_overhead_s"] = overhead
+    s["predicted_without_overhead_s"] = {"fwd": raw_pred.fwd_s, "bwd": raw_pred.bwd_s}
+    if c.model.is_moe:
+        est = predict_axis(c, setup.cluster, setup.compute)
+        extra = (overhead or {"fwd": 0.0, "bwd": 0.0})
+        s["predicted_at_estimator_imbalance_s"] = {"fwd": est.fwd_s + extra["fwd"], "bwd": est.bwd_s + extra["bwd"]}
+    if s["phases"]:
+        s["calibration_inputs"] = _axis_calibration_inputs(s, c, setup, load, raw_pred)
+    return s
+
+
+def _axis_calibration_inputs(summary: dict[str, Any], c: AxisCase, setup: Setup, load: int | None,
+                             raw_pred: Any) -> dict[str, Any] | None:
+    """:func:`calibration_inputs` for an :class:`AxisCase` (the parts from :func:`predict_axis`)."""
+    measured = next((p for p in summary["phases"] if p["name"] == "fwd+bwd"), None)
+    if measured is None:
+        return None
+    parts = {}
+    for kind in ("gemm", "attention", "memory"):
+        only = ScaledCompute(setup.raw, **{k: float(k == kind) for k in ("gemm", "attention", "memory")})
+        p = predict_axis(c, setup.cluster, only, load)
+        parts[f"{kind}_s"] = p.fwd_compute_s + p.bwd_compute_s
+    comm = raw_pred.fwd_s + raw_pred.bwd_s - raw_pred.fwd_compute_s - raw_pred.bwd_compute_s
+    fwd = next((p["measured_s"] for p in summary["phases"] if p["name"] == "fwd"), None)
+    return {"measured_s": measured["measured_s"], "measured_fwd_s": fwd, **parts, "comm_s": max(comm, 0.0),
+            "device": setup.cluster.device.name, "profile": str(setup.profile) if setup.profile else None,
+            "profile_device": _profile_device(setup.raw), "stack": VALIDATION_STACK}
+
+
 def _plan_twin_overhead(twin: PlanCase, ranks: list[dict[str, Any]], setup: Setup) -> dict[str, float]:
     """Framework overhead of a whole-plan case from its tiny twin: fwd/bwd per layer and micro-batch and the
     optimizer step first, then the rest of the step with those in the prediction (its bubble grows with them)."""
@@ -273,7 +344,7 @@ def _profile_device(compute: Any) -> str | None:
 
 
 def _world(case: Any) -> int:
-    return case.world if isinstance(case, PlanCase) else case.tp
+    return case.world if isinstance(case, (PlanCase, AxisCase)) else case.tp
 
 
 def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,

@@ -40,15 +40,23 @@ class Pick:
     """"top" or "contrast"."""
 
 
+def runs_whole(plan: Any) -> bool:
+    """Whether the whole-plan run can execute ``plan``: tp, pp (and vpp), dp and ZeRO; context and expert
+    parallelism run per layer only (``tpsim validate --cp/--ep``), so plans with cp > 1 or ep > 1 are skipped."""
+    return getattr(plan, "cp", 1) == 1 and getattr(plan, "ep", 1) == 1
+
+
 def pick_plans(ranking: list[Any], k: int, contrast: int = CONTRAST,
                key: Any = None) -> list[Pick]:
-    """The ``k`` best plans and ``contrast`` lower-ranked ones (evenly spread below them, the last included).
-    ``key(plan)``: plans with equal keys run the same (they differ only in what validate does not run): only
-    the first of each counts."""
+    """The ``k`` best plans and ``contrast`` lower-ranked ones (evenly spread below them, the last included),
+    among those the whole-plan run executes (:func:`runs_whole`). ``key(plan)``: plans with equal keys run the
+    same (they differ only in what validate does not run): only the first of each counts."""
     if k <= 0:
         raise InputError(f"--validate-top={k} must be a positive integer")
-    key = key or (lambda plan: plan)
-    seen: set = set()
+    base = key or (lambda plan: plan)
+    skip = object()
+    key = lambda plan: base(plan) if runs_whole(plan) else skip  # noqa: E731
+    seen: set = {skip}
     picks, last_top = [], -1
     for i, plan in enumerate(ranking):
         if len(picks) == k:
@@ -192,6 +200,10 @@ def run_validate_top(args: Any, result: Any, model: ModelSpec, cluster: Any) -> 
     rows = rows_of(report, picks, cases)
     agree = agreement(rows)
     print(format_rows(rows, agree))
+    skipped = sum(not runs_whole(p) for p in ranking[:max(pk.search_rank for pk in picks)])
+    if skipped:
+        print(f"validate-top: {skipped} plan(s) with cp > 1 or ep > 1 ranked among these were skipped (the whole-plan "
+              "run executes tp, pp, dp and ZeRO; tpsim validate --cp/--ep checks those axes per layer)")
     write_atomic(opts.out_dir / f"{name}-ranking.json",
                  json.dumps({"rows": rows, "agreement": agree, "report": str(opts.out_dir / f"{name}.json")},
                             indent=1).encode())

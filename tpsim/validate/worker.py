@@ -77,6 +77,9 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
         if data.get("kind") == "plan":
             results.append(_run_plan(data, world, rank, mesh_of))
             continue
+        if data.get("kind") == "axis":
+            results.append(_run_axis(data, world, rank))
+            continue
         case = Case.from_dict(data)
         if case.tp != world:
             raise ValueError(f"case {case.name}: tp={case.tp} but {world} ranks were started")
@@ -109,6 +112,22 @@ def _run_plan(data: dict[str, Any], world: int, rank: int, mesh_of: Any) -> dict
     checks = check_plan(case, mesh, rank)
     _inject(rank, "time")
     timing = time_plan(case, mesh, rank) if case.timed else {}
+    print(f"[tpsim validate] rank {rank}: {case.name} done", file=sys.stderr, flush=True)
+    return {"case": case.name, "rank": rank, **checks, **timing}
+
+
+def _run_axis(data: dict[str, Any], world: int, rank: int) -> dict[str, Any]:
+    """Check and (unless the job says not to) time one context/expert-parallel case on its own groups."""
+    from .axiscase import AxisCase
+    from .axisrun import check_axis, time_axis
+
+    case = AxisCase.from_dict(data)
+    if case.world != world:
+        raise ValueError(f"case {case.name}: cp x dp = {case.world} but {world} ranks were started")
+    _inject(rank, "check")
+    checks = check_axis(case, rank)
+    _inject(rank, "time")
+    timing = time_axis(case, rank) if case.timed else {}
     print(f"[tpsim validate] rank {rank}: {case.name} done", file=sys.stderr, flush=True)
     return {"case": case.name, "rank": rank, **checks, **timing}
 
