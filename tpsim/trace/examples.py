@@ -93,7 +93,7 @@ def make(name: str, retrace: bool = False, log=print) -> Path:  # noqa: ANN001
     cluster = load_cluster(ex.cluster, gpus=ex.gpus)
     model = OpGraphModel(graph=graph, tp_plan=derive_plan(graph), path=str(out / "model.ops.json")) \
         .with_gpus(cluster.num_gpus)
-    space = SearchSpace(dtype="bf16", **ex.space)
+    space = SearchSpace(dtype="bf16", cp=(1,), ep=(1,), **ex.space)  # traced graphs: no cp/ep (as `tpsim plan`)
     estimator = partial(estimate_graph_batch)
     started = time.perf_counter()
     result = search(model, cluster, ex.global_batch, space=space, estimator=estimator)
