@@ -436,8 +436,8 @@ def empty_result_cases() -> list[Case]:
         ("micro",))
     add("plan --mem-limit-gib tiny", ("plan", *SMALL, "--mem-limit-gib", "0.01"), ("mem",))
     add("plan --vpp 5 without pp", ("plan", *SMALL, "--vpp", "5", "--no-pp"), ("vpp",))
-    add("plan --global-batch 3 --tp 1 --pp 1", ("plan", *SMALL, "--global-batch", "3", "--tp", "1", "--pp", "1"),
-        ("batch", "dp"))
+    add("plan --global-batch 3 --tp 1 --pp 1 --cp 1", ("plan", *SMALL, "--global-batch", "3", "--tp", "1", "--pp", "1",
+                                                     "--cp", "1"), ("batch", "dp"))  # cp 8 x dp 1 would be valid
     add("plan cost --tp 7", ("plan", *SMALL, "--objective", "cost", "--tp", "7"), ("7",))
     add("plan memory 405b on 8 GPUs", ("plan", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", "8",
                                        "--recompute", "none", "--zero", "0"), ("memory", "fit", "GiB"))
@@ -696,7 +696,7 @@ def resource_cases() -> list[Case]:
     add("estimate --gpus 2^21", ("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", str(1 << 21)),
         ("gpus",))
     add("estimate --gpus 2^20 (at the limit)", ("estimate", "--model", "llama3-405b", "--cluster", "dgx-h100",
-                                                "--gpus", str(1 << 20)), ("gpus", "graph", "pods"), expect="any",
+                                                "--gpus", str(1 << 20)), ("gpus", "graph", "pods", "batch"), expect="any",
         timeout=60)
     add("topo show --gpus 2^20", ("topo", "show", "dgx-h100", "--gpus", str(1 << 20)), ("gpus", "graph", "pods"),
         expect="any", timeout=60)
