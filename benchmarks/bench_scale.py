@@ -58,7 +58,8 @@ def gpus_for(size: int, gpn: int) -> int:
 def estimate_args(path: str, gpus: int, pp: int, order: str) -> list[str]:
     dp = gpus // (8 * pp)
     return ["estimate", "--model", "llama3-405b", "--cluster", path, "--gpus", str(gpus), "--tp", "8", "--pp",
-            str(pp), "--vpp", "1", "--order", order, "--global-batch", str(MICRO_BATCHES * dp)]
+            str(pp), "--vpp", "1", "--order", order, "--global-batch", str(MICRO_BATCHES * dp),
+            "--stack", "megatron", "--zero", "1"]  # the preset's own plan runs under torchtitan (tp-dp-pp only)
 
 
 def run_tpsim(args: list[str], env: dict | None = None) -> tuple[float, float, int]:
