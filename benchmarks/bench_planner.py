@@ -11,7 +11,13 @@
 2. Wall time of ``tpsim plan --model gpt3-175b --cluster dgx-a100 --gpus 1024 --global-batch 1536`` over
    the full space (roofline compute), process start included: three runs against a fresh on-disk cache
    (the first one fills it), median of three; and one run with ``--no-cache``.
-Targets: >= 1,000,000 evaluations/s; median < 2 s; first run < 5 s.
+3. The same evaluations per second for a mixture-of-experts model with the cp / ep / etp axes searched
+   (``--moe``: Mixtral 8x7B on 256 H100s, global batch 256).
+4. Cold ``tpsim plan`` of DeepSeek-V3 on 2048 H100s (global batch 15360) over the full default space (cp, cp
+   kind, ep, etp included), ``--no-cache``, process start included, once (``--deepseek``); the child's
+   address space is capped (``--deepseek-mem-gib``, default 16) so an over-large search fails instead of
+   exhausting a shared machine; wall time, exit status and the child's peak RSS are printed.
+Targets: >= 1,000,000 evaluations/s; median < 2 s; first run < 5 s; DeepSeek-V3 on 2048 GPUs < 10 s cold.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ MODEL, CLUSTER, GPUS, BATCH = "gpt3-175b", "dgx-a100", 1024, 1536
 PLAN_CMD = ["tpsim", "plan", "--model", MODEL, "--cluster", CLUSTER, "--gpus", str(GPUS), "--global-batch",
             str(BATCH), "--top", "10", "--no-progress"]
 TARGET_EVALS, TARGET_MEDIAN_S, TARGET_FIRST_S = 1_000_000, 2.0, 5.0
+MOE_CASE = ("mixtral-8x7b", "dgx-h100", 256, 256)
+DEEPSEEK_CMD = ["tpsim", "plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "2048",
+                "--global-batch", "15360", "--top", "5", "--no-progress", "--no-cache"]
+TARGET_DEEPSEEK_S = 10.0
 
 
 def pin_one_core() -> str:
@@ -53,16 +63,18 @@ def _timed(fn, repeat: int) -> list[float]:
     return times
 
 
-def bench_evaluations(repeat: int) -> dict[str, float]:
+def bench_evaluations(repeat: int, case: tuple[str, str, int, int] = (MODEL, CLUSTER, GPUS, BATCH),
+                      search_too: bool = True) -> dict[str, float]:
     from tpsim.estimator import estimate_batch
     from tpsim.model import load_model
     from tpsim.search import SearchSpace, enumerate_plans, violations
     from tpsim.search.planner import CHUNK
     from tpsim.topology import load_cluster
 
-    model, cluster = load_model(MODEL), load_cluster(CLUSTER, gpus=GPUS)
-    enum = enumerate_plans(model, GPUS, BATCH, SearchSpace())
-    plans = enum.plans.take(np.flatnonzero(violations(model, enum.plans, GPUS) == 0))
+    name, cluster_name, gpus, batch = case
+    model, cluster = load_model(name), load_cluster(cluster_name, gpus=gpus)
+    enum = enumerate_plans(model, gpus, batch, SearchSpace())
+    plans = enum.plans.take(np.flatnonzero(violations(model, enum.plans, gpus) == 0))
     from tpsim.estimator import context_for
 
     ctx = context_for(model, cluster)
@@ -88,14 +100,14 @@ def bench_evaluations(repeat: int) -> dict[str, float]:
         spent.clear()
         ctx.clear_results()
         t0 = time.perf_counter()
-        search(model, cluster, BATCH, estimator=timed)
+        search(model, cluster, batch, estimator=timed)
         return time.perf_counter() - t0 - sum(spent)
     totals, owns = [], []
-    for _ in range(repeat):
+    for _ in range(repeat if search_too else 0):
         t0 = time.perf_counter()
         owns.append(one_search())
         totals.append(time.perf_counter() - t0)
-    own = statistics.median(owns)
+    own = statistics.median(owns) if owns else float("nan")
     reps = max(1, round(1_000_000 / len(plans)))
     big = plans.take(np.tile(np.arange(len(plans)), reps))
 
@@ -104,7 +116,7 @@ def bench_evaluations(repeat: int) -> dict[str, float]:
         for start in range(0, len(big), CHUNK):
             estimate_batch(model, cluster, big.take(slice(start, start + CHUNK)))
     large = _timed(chunked, max(1, repeat // 2))
-    return {"plans": len(plans), "cold_s": cold, "enumerated": len(enum.plans), "search_s": statistics.median(totals),
+    return {"plans": len(plans), "cold_s": cold, "enumerated": len(enum.plans), "search_s": statistics.median(totals) if totals else float("nan"),
             "planner_own_s": own, "warm_s": statistics.median(warm),
             "evals_per_s": len(plans) / statistics.median(warm), "big_plans": len(big),
             "big_s": statistics.median(large), "big_evals_per_s": len(big) / statistics.median(large)}
@@ -126,22 +138,55 @@ def bench_cli() -> dict[str, float]:
             "import_s": time.perf_counter() - start}
 
 
+def bench_deepseek(mem_gib: float) -> dict[str, float]:
+    """One cold ``tpsim plan`` of DeepSeek-V3 on 2048 GPUs in a child process (address space capped)."""
+    import resource
+
+    def cap() -> None:
+        limit = int(mem_gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, TPSIM_CACHE_DIR=tmp)
+        t = time.perf_counter()
+        done = subprocess.run(DEEPSEEK_CMD, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=cap)
+        wall = time.perf_counter() - t
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux -> GiB
+    return {"wall_s": wall, "rc": done.returncode, "max_rss_gib": rss,
+            "tail": (done.stdout.strip().splitlines() or [""])[-12:] + done.stderr.strip().splitlines()[-3:]}
+
+
+def _report_evaluations(title: str, ev: dict[str, float]) -> None:
+    print(f"{title}: estimate_batch, {ev['plans']:,} valid plans of the full space: cold {ev['cold_s']:.2f} s "
+          f"(collective curves built), warm median {ev['warm_s'] * 1e3:.0f} ms = {ev['evals_per_s']:,.0f} plans/s")
+    if ev["search_s"] == ev["search_s"]:
+        print(f"search() of the full space: {ev['search_s']:.2f} s, of which the planner's own work (enumerate "
+              f"{ev['enumerated']:,} plans, validity, ranking; estimator excluded) {ev['planner_own_s']:.3f} s = "
+              f"{ev['enumerated'] / max(ev['planner_own_s'], 1e-9):,.0f} plans/s")
+    print(f"estimate_batch, {ev['big_plans']:,} plans (tiled, in chunks as the planner does): median {ev['big_s']:.2f} s = "
+          f"{ev['big_evals_per_s']:,.0f} plans/s (target >= {TARGET_EVALS:,}: "
+          f"{'met' if ev['big_evals_per_s'] >= TARGET_EVALS else 'NOT met'})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--skip-cli", action="store_true", help="only the evaluations per second")
+    parser.add_argument("--moe", action="store_true", help="also the evaluations per second of " + MOE_CASE[0])
+    parser.add_argument("--deepseek", action="store_true", help="also the cold DeepSeek-V3 2048-GPU plan")
+    parser.add_argument("--deepseek-only", action="store_true", help="only the cold DeepSeek-V3 2048-GPU plan")
+    parser.add_argument("--deepseek-mem-gib", type=float, default=16.0, help="address-space cap of that run")
     args = parser.parse_args()
+    if args.deepseek_only:
+        return _deepseek(args.deepseek_mem_gib)
     print(f"tpsim planner benchmark: {MODEL} on {GPUS} x {CLUSTER}, global batch {BATCH}; {pin_one_core()}",
           flush=True)
-    ev = bench_evaluations(3 if args.quick else 7)
-    print(f"estimate_batch, {ev['plans']:,} valid plans of the full space: cold {ev['cold_s']:.2f} s "
-          f"(collective curves built), warm median {ev['warm_s'] * 1e3:.0f} ms = {ev['evals_per_s']:,.0f} plans/s")
-    print(f"search() of the full space: {ev['search_s']:.2f} s, of which the planner's own work (enumerate "
-          f"{ev['enumerated']:,} plans, validity, ranking; estimator excluded) {ev['planner_own_s']:.3f} s = "
-          f"{ev['enumerated'] / max(ev['planner_own_s'], 1e-9):,.0f} plans/s")
-    print(f"estimate_batch, {ev['big_plans']:,} plans (tiled, in chunks as the planner does): median {ev['big_s']:.2f} s = "
-          f"{ev['big_evals_per_s']:,.0f} plans/s (target >= {TARGET_EVALS:,}: "
-          f"{'met' if ev['big_evals_per_s'] >= TARGET_EVALS else 'NOT met'})")
+    _report_evaluations(MODEL, bench_evaluations(3 if args.quick else 7))
+    if args.moe:
+        _report_evaluations(f"{MOE_CASE[0]} on {MOE_CASE[2]} x {MOE_CASE[1]}, global batch {MOE_CASE[3]}",
+                            bench_evaluations(3 if args.quick else 5, MOE_CASE, search_too=False))
+    if args.deepseek:
+        _deepseek(args.deepseek_mem_gib)
     if args.skip_cli:
         return 0
     cli = bench_cli()
@@ -152,6 +197,16 @@ def main() -> int:
           f"(target < {TARGET_MEDIAN_S:g} s: {'met' if cli['median_s'] < TARGET_MEDIAN_S else 'NOT met'})")
     print(f"  --no-cache (warm files, cold process): {cli['no_cache_s']:.2f} s; `import tpsim.cli`: "
           f"{cli['import_s']:.2f} s")
+    return 0
+
+
+def _deepseek(mem_gib: float) -> int:
+    ds = bench_deepseek(mem_gib)
+    print(f"`{' '.join(DEEPSEEK_CMD)}` (cold, process start included, address space <= {mem_gib:g} GiB): "
+          f"{ds['wall_s']:.1f} s, exit {ds['rc']}, peak RSS {ds['max_rss_gib']:.1f} GiB (target < "
+          f"{TARGET_DEEPSEEK_S:g} s: {'met' if ds['rc'] == 0 and ds['wall_s'] < TARGET_DEEPSEEK_S else 'NOT met'})")
+    for line in ds["tail"]:
+        print("  | " + line)
     return 0
 
 

@@ -48,6 +48,10 @@ class CurveCache:
     collectives: Any
     """the collective model every entry was computed with."""
     curves: dict = field(default_factory=dict)
+    """(layout, axes, op) -> Envelope."""
+    by_groups: dict = field(default_factory=dict)
+    """(digest of the rank groups, op) -> Envelope: layouts whose axis has the same groups (an ep group is the
+    same ranks whatever the split of the other ranks into tp, cp and dp) share one curve."""
     tables: dict = field(default_factory=dict)
     """(axes, op) -> EnvelopeTable."""
     names: dict = field(default_factory=dict)

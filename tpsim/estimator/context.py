@@ -167,8 +167,15 @@ class EstimationContext:
         cache = self.caches.curves
         hit = cache.curves.get(key)
         if hit is None:
-            hit = cache.curves[key] = Envelope.of(self.collectives.axis_curve(op, layout, axes), op,
-                                                        self._name_code)
+            # the curve depends only on the groups of ranks (CollectiveModel.axis_curve): one per distinct set
+            groups = np.asarray(layout.groups(axes), dtype=np.int64) if layout.size(*axes) > 1 else None
+            digest = (None if groups is None
+                      else (groups.shape, hashlib.blake2b(groups.tobytes(), digest_size=16).digest()))
+            hit = cache.by_groups.get((digest, op))
+            if hit is None:
+                hit = cache.by_groups[(digest, op)] = Envelope.of(self.collectives.axis_curve(op, layout, axes),
+                                                                  op, self._name_code)
+            cache.curves[key] = hit
         return hit
 
     def envelopes(self, op: str, axes: tuple[str, ...], layouts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -266,7 +266,7 @@ def context_sweep(model: ModelSpec, cluster: Any, tokens_per_step: int, space: S
     reduced to its best fitting cp = 1 and cp > 1 plans: where context parallelism starts to pay."""
     from ..model import with_overrides
 
-    space = space or SearchSpace()
+    space = dataclasses.replace(space or SearchSpace(), cp_min_seq=1)  # cp > 1 at every length of the sweep
     names = SWEEP_COLUMNS + ("cp_kind",)
     sides: dict[str, dict[str, list]] = {"without": {n: [] for n in names}, "with": {n: [] for n in names}}
     labels: dict[str, list[str]] = {"without": [], "with": []}
