@@ -20,7 +20,7 @@ QUICK = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--no-p
     (["--pp", "3"], ["--pp 3 does not divide the GPUs left"]),
     (["--max-tp", "3", "--tp", "4"], ["--max-tp 3 excludes every tp of 4"]),
     (["--objective", "cost", "--tp", "7"], ["--tp 7"]),
-    (["--vpp", "5", "--no-pp"], ["all 4,512 candidate plans were rejected", "needs pp > 1 (vpp-needs-pp)"]),
+    (["--vpp", "5", "--no-pp"], ["all 1,056 candidate plans were rejected", "needs pp > 1 (vpp-needs-pp)"]),
     (["--micro-batch", "1024", "--global-batch", "8"], ["rejected", "(batch)"]),
     (["--mem-limit-gib", "0.01"], ["The smallest plan needs", "--mem-limit-gib 0.01"]),
     (["--json", "--tp", "7"], ["--tp 7"]),
@@ -53,14 +53,14 @@ def test_space_conflicts_and_size_guard():
     with pytest.raises(InputError, match="--allow-large-space"):
         check_space(model, [8], big)
     assert check_space(model, [8], big, allow_large=True) > MAX_PLANS
-    assert check_space(model, [8], SearchSpace()) == 69120  # with the cp axis (cp x cp-kind layouts)
+    assert check_space(model, [8], SearchSpace()) == 20736  # cp > 1 only from cp_min_seq (16k tokens); llama3-8b has 8k
 
 
 def test_large_space_needs_the_flag(capsys):
     argv = ["plan", *QUICK, "--micro-batch", *map(str, range(1, 1001)), "--tp", *map(str, range(1, 65))]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "17,280,000 plans" in err and "--allow-large-space" in err
+    assert "5,184,000 plans" in err and "--allow-large-space" in err
 
 
 @pytest.mark.parametrize("argv, needle", [
