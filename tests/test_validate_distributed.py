@@ -164,7 +164,7 @@ def test_cli_json_report_and_timing(tmp_path):
     ratio = total["predicted_s"] / total["measured_s"]
     load = os.getloadavg()[0]
     # --no-probe: the shipped CPU profile (a Xeon) is used as is; the drift probe measured about 2.1x slower
-    # kernels on other x86 machines (docs/VALIDATION.md), so the bound allows 3x either way: it catches a broken
+    # kernels on an AMD EPYC host (the profile-drift probe of docs/VALIDATION.md), so the bound allows 3x either way: it catches a broken
     # launch or a wrong unit, not the profile's drift
     if load > OVERLOADED * (os.cpu_count() or 1) and not 1 / 3 <= ratio <= 3.0:
         pytest.skip(f"timing not asserted: predicted/measured = {ratio:.2f} with load average {load:.1f} on "
