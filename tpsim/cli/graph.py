@@ -87,7 +87,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     from ..opgraph.estimate import estimate_graph, estimate_graph_batch
     from ..search import DEFAULT_GPU_HOUR_PRICE, search
-    from .plan import _header, _write_csv, build_space, clusters_for, format_pareto, format_table, format_why
+    from .plan import _header, _write_csv, build_space, clusters_for, print_ranking
     from .plan import load_compute
 
     if args.top <= 0:
@@ -123,14 +123,7 @@ def run_plan(args: argparse.Namespace) -> int:
         print()
         return 0
     print(_header(result, model, clusters[-1], int(args.global_batch)))
-    if len(result):
-        print(format_table(result.table(args.top)))
-    else:
-        print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
-    if args.why:
-        print(format_why(result))
-    if args.pareto:
-        print(format_pareto(result))
+    print_ranking(result, args)
     return 0
 
 

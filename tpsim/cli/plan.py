@@ -276,18 +276,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(model.summary())
     print(_header(result, model, clusters[-1], batch))
-    if compared is not None:
-        from ..report.compare import format_comparison
-
-        print(format_comparison(compared))
-    elif len(result):
-        print(format_table(result.table(args.top)))
-    else:
-        print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
-    if args.why:
-        print(format_why(result))
-    if args.pareto:
-        print(format_pareto(result))
+    print_ranking(result, args, compared)
     if args.export_format:
         _export(args, result, model, file=sys.stdout)
     if args.validate_top:
@@ -408,3 +397,20 @@ def _write_csv(result: Any, path: str, top: int) -> None:
     from ..io import atomic_write_text
 
     atomic_write_text(path, result.table(top).to_csv(index=False), what="--csv")
+
+
+def print_ranking(result: Any, args: argparse.Namespace, compared: Any = None) -> None:
+    """The text body of a search (`tpsim plan` and traced-model plans): the ranking table (or the ``--compare``
+    table), then ``--why`` and ``--pareto`` when asked."""
+    if compared is not None:
+        from ..report.compare import format_comparison
+
+        print(format_comparison(compared))
+    elif len(result):
+        print(format_table(result.table(args.top)))
+    else:
+        print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
+    if args.why:
+        print(format_why(result))
+    if args.pareto:
+        print(format_pareto(result))
