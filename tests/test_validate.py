@@ -157,6 +157,24 @@ def test_first_error_prefers_the_cause(tmp_path):
     assert first_error(tmp_path / "nothing") is None
 
 
+def test_a_crash_in_teardown_keeps_the_gathered_results(tmp_path):
+    """Rank 0 writes result.json only after gathering every rank's results; a rank that then dies in C++ static
+    teardown (SIGABRT, seen on gloo) must not throw the measurements away, but a run without a result must fail."""
+    from tpsim.validate.launch import RankFailure, _collect
+
+    log = tmp_path / "launcher.log"
+    log.write_text("terminate called without an active exception\nChildFailedError\n")
+    with pytest.raises(RankFailure, match="status 1"):
+        _collect(1, tmp_path, log, False)
+    (tmp_path / "result.json").write_text(json.dumps({"meta": {"world": 2}, "ranks": [[], []]}))
+    result = _collect(1, tmp_path, log, False)
+    assert result["meta"] == {"world": 2, "launcher_status": 1}
+    (tmp_path / "error-rank1.json").write_text(json.dumps(
+        {"rank": 1, "time": 2.0, "type": "ValueError", "message": "shape mismatch"}))
+    with pytest.raises(RankFailure, match="rank 1 failed: ValueError: shape mismatch"):
+        _collect(1, tmp_path, log, False)
+
+
 def test_launch_command_never_uses_a_fixed_port(tmp_path):
     cmd = LaunchConfig(nproc=2).command(tmp_path / "job.json")
     assert "--standalone" in cmd and not any("rdzv-endpoint" in c or "master-port" in c for c in cmd)

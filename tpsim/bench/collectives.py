@@ -16,6 +16,7 @@ import csv
 import datetime
 import os
 import queue
+import sys
 import tempfile
 import time
 import traceback
@@ -131,6 +132,13 @@ def _worker(rank: int, nproc: int, spec: dict, results) -> None:
     except Exception as exc:  # reported to the parent as one line
         line = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         results.put(("error", rank, line or traceback.format_exc(limit=1)))
+    # Flush the queue, then leave without C++ static teardown: a gloo thread still joinable there aborts the
+    # process now and then (SIGABRT, 'terminate called without an active exception') after the work is done.
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _measure(rank: int, nproc: int, spec: dict) -> list[tuple[str, int, float]]:

@@ -211,6 +211,12 @@ def _collect(returncode: int | None, run_dir: Path, log_path: Path, multi_node: 
             return json.loads(result_path.read_text())
         if multi_node:
             return None
+    if err is None and result_path.exists():
+        # Every rank's results were gathered and written by rank 0 before a rank died in teardown (after
+        # destroy_process_group): the measurements are complete; keep them and record how the launcher ended.
+        result = json.loads(result_path.read_text())
+        result.setdefault("meta", {})["launcher_status"] = returncode
+        return result
     if err is not None:
         where = f"rank {err['rank']}" if err["rank"] != "launcher" else "launcher"
         raise RankFailure(f"{where} failed: {err['type']}: {err['message']} (logs: {run_dir})")
