@@ -238,3 +238,30 @@ def test_shard_model_is_one_rank_of_tp():
     assert shard_model(base, 1) is base
     with pytest.raises(InputError, match="--shard-of=3 does not divide num_attention_heads=32"):
         shard_model(base, 3)
+
+
+def test_step_check_sees_optimizer_errors_not_rounding():
+    """The Adam-update check of whole-plan runs: a norm weight of 1.0 with tiny gradients (1e-5) moves by less than the
+    weight's own rounding allows to be read exactly; that (and the slope lr/eps times the gradient's difference)
+    is not the optimizer's error, but a missing average over dp (the update of 2 x the gradient) or a stale shard is."""
+    torch = pytest.importorskip("torch")
+    from tpsim.validate.planrun import STEP_RTOL, _step_err
+    from tpsim.validate.stack import ADAM_EPS, ADAM_LR
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.ones(1024)
+    grad = 1e-5 * torch.randn(1024, generator=gen)
+
+    def update(g: torch.Tensor) -> torch.Tensor:  # first Adam step, read back as a difference of fp32 weights
+        return (weight - ADAM_LR * g / (g.abs() + ADAM_EPS)) - weight
+
+    ref = update(grad)
+    exact = update(grad.double()).float()  # the same update without the weight's rounding
+    assert (exact - ref).abs().max() / ref.abs().max() > STEP_RTOL  # what the old check called a failure
+    assert _step_err(ref, exact, weight, grad, grad) < 1e-6
+    noisy = grad * (1 + 1e-6 * torch.randn(1024, generator=gen))  # rounding-level gradient difference
+    assert _step_err(update(noisy), ref, weight, noisy, grad) < 1e-6
+    assert _step_err(update(2 * grad), ref, weight, grad, grad) > 10 * STEP_RTOL  # dp average missing
+    stale = ref.clone()
+    stale[:512] = 0.0  # half of the parameter never updated (a shard not written back)
+    assert _step_err(stale, ref, weight, grad, grad) > 10 * STEP_RTOL
