@@ -18,11 +18,13 @@ enumerated and then rejected with a reason by :mod:`tpsim.search.validity`, so `
 **The default space of a mixture-of-experts model is pruned** (:meth:`SearchSpace.prunes`; ``full=True`` /
 ``tpsim plan --full-space`` restores the product). Its ep and expert-tp axes multiply the rank layouts (DeepSeek-V3
 on 2048 GPUs: 5.0 M plans, 81 % of them rejected by a rule), so :func:`enumerate_valid` leaves out, instead of
-enumerating and counting them, (1) every plan a plan rule (:data:`tpsim.plan.RULES`) rejects, and (2) every
-(layout, vpp, sp, ZeRO) combination the training stack's rules reject whatever the recomputation and overlap
-(Megatron-Core: ZeRO-2/3 with pp > 1). Both come from the rule tables themselves, so no plan that could be
-ranked is left out: the ranking is the full space's (tests/test_search_moe_space.py compares them). The
-stack's remaining rejections and memory are still counted; ``--why`` says how many plans were left out.
+enumerating and counting them, every plan that a plan rule (:data:`tpsim.plan.RULES`) or the training stack's
+rules (:data:`tpsim.stacks.RULES`; Megatron-Core: ZeRO-2/3 with pp > 1) reject. The verdicts come from the rule
+tables themselves, evaluated per (layout, vpp, sp, micro-batch) row with ZeRO off and on (plan rules) and per
+(layout, vpp, sp) row with each ZeRO, recomputation and overlap choice (stack rules, which never read the
+micro-batch), so no plan is built to be rejected and none that could be ranked is left out: the ranking is
+the full space's (tests/test_search_moe_space.py compares them). Memory is still counted; ``--why`` says how
+many plans were left out.
 """
 
 from __future__ import annotations
@@ -295,24 +297,23 @@ def _partial(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSp
 
 
 def _stack_admits(model: ModelSpec, space: SearchSpace, stack: Any, p: _Partial, z: int,
-                  rows: np.ndarray) -> np.ndarray:
-    """Of the partial ``rows`` (valid under the plan rules), those whose (layout, vpp, sp) with ZeRO ``z`` the
-    stack runs for at least one recomputation and overlap choice of the space (its rules never read the
-    micro-batch, so each (layout, vpp, sp) is checked once)."""
+                  rows: np.ndarray) -> dict[tuple[int, bool], np.ndarray]:
+    """Of the partial ``rows`` (valid under the plan rules), per (recomputation code, overlap) of the space,
+    those the stack runs with ZeRO ``z`` (its rules never read the micro-batch, so each (layout, vpp, sp) is
+    checked once)."""
     n_mb = len(space.micro_batch)
-    if not rows.size:
-        return rows
     head, first = np.unique(rows // n_mb, return_index=True)
     pick = rows[first]
     cols = {name: a[pick] for name, a in p.axes.items()}
     cols.update({name: a[pick] for name, a in p.part.items()})
-    ok = np.zeros(pick.size, dtype=bool)
+    out = {}
     for rc in space.recompute:
         for ov in space.overlap:
             batch = PlanBatch.from_arrays(dtype=space.dtype, attention=space.attention, **cols, zero=z,
                                           recompute=RECOMPUTE.index(rc), overlap=ov, global_batch=1)
-            ok |= stack.violation_codes(batch, model) == 0
-    return rows[np.isin(rows // n_mb, head[ok])]
+            ok = stack.violation_codes(batch, model) == 0 if pick.size else np.zeros(0, dtype=bool)
+            out[(RECOMPUTE.index(rc), bool(ov))] = rows[np.isin(rows // n_mb, head[ok])]
+    return out
 
 
 _PRUNED: dict = {}
@@ -321,20 +322,18 @@ _PRUNED: dict = {}
 
 def _pruned(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace,
             stack: Any) -> tuple[_Partial, list, int]:
-    """The partial rows, the (ZeRO, kept rows) pieces of a pruned space and the plans it holds (kept rows x
-    recomputation x overlap choices). The last one is remembered: ``tpsim plan`` counts it for the size guard,
-    then searches it."""
+    """The partial rows, the (ZeRO, {(recompute code, overlap): kept rows}) pieces of a pruned space and the
+    plans it holds. The last one is remembered: ``tpsim plan`` counts it for the size guard, then searches it."""
     key = (id(model), num_gpus, global_batch, space, id(stack))
     hit = _PRUNED.get(key)
     if hit is not None:
         return hit[1]
     p = _partial(model, num_gpus, global_batch, space)
-    overlaps = np.where(p.reduces | (True not in space.overlap), len(space.overlap), 1)
-    pieces, count = [], 0
+    pieces = []
     for z in space.zero:
-        rows = _stack_admits(model, space, stack, p, int(z), np.flatnonzero(p.code_of[min(int(z), 1)] == 0))
-        pieces.append((int(z), rows))
-        count += int(overlaps[rows].sum()) * len(space.recompute)
+        valid = np.flatnonzero(p.code_of[min(int(z), 1)] == 0)
+        pieces.append((int(z), _stack_admits(model, space, stack, p, int(z), valid)))
+    count = len(_piece_rows(pieces, p.reduces, space)[0])
     _PRUNED.clear()
     _PRUNED[key] = ((model, stack), (p, pieces, count))
     return p, pieces, count
@@ -355,8 +354,8 @@ def enumerate_valid(model: ModelSpec, num_gpus: int, global_batch: int, space: S
     rule of every row is the one :func:`enumerate_plans` + :func:`tpsim.plan.violation_codes` name.
 
     A pruned space (:meth:`SearchSpace.prunes`: mixture-of-experts models by default) leaves the rejected
-    rows out instead of counting them, and the (row, ZeRO) pairs the training ``stack`` (a profile, name or
-    path; None: megatron) rejects for every recomputation and overlap choice (module docstring)."""
+    rows out instead of counting them, and the plans the training ``stack`` (a profile, name or path; None:
+    megatron) rejects (module docstring)."""
     from ..plan import RULES
 
     if space.prunes(model):
@@ -379,24 +378,33 @@ def enumerate_valid(model: ModelSpec, num_gpus: int, global_batch: int, space: S
     return ValidPlans(plans=plans, num_gpus=num_gpus, enumerated=int(counts.sum()), codes=counts)
 
 
-def _expand(pieces: list, lay: np.ndarray, axes: dict, part: dict, reduces: np.ndarray, space: SearchSpace,
-            global_batch: int) -> PlanBatch:
-    """The valid (partial row, zero) pairs times every recomputation and overlap choice, in the column order
-    of :func:`enumerate_plans` (rows sorted like it: layout, vpp, sp, recompute, zero, micro-batch, overlap)."""
-    rc_values = np.asarray([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64)
-    ov_values = np.asarray(space.overlap, dtype=bool)
-    rows, zeros, rcs, ovs = [], [], [], []
+def _piece_rows(pieces: list, reduces: np.ndarray, space: SearchSpace) -> tuple[np.ndarray, ...]:
+    """(partial row, zero, recompute code, overlap) of every plan of ``pieces``: (zero, rows) pairs, the rows
+    taken with every recomputation and overlap choice, or (zero, {(recompute code, overlap): rows}); overlap
+    off only where a data-parallel reduction exists (unless the space has only overlap off)."""
+    rc_values = [RECOMPUTE.index(r) for r in space.recompute]
     only = True not in space.overlap
+    rows, zeros, rcs, ovs = [], [], [], []
     for z, ok in pieces:
         for rc in rc_values:
-            for ov in ov_values:
-                sel = ok if (ov or only) else ok[reduces[ok]]
+            for ov in space.overlap:
+                got = ok[(rc, bool(ov))] if isinstance(ok, dict) else ok
+                sel = got if (ov or only) else got[reduces[got]]
                 rows.append(sel)
                 zeros.append(np.full(sel.size, z, dtype=np.int64))
                 rcs.append(np.full(sel.size, rc, dtype=np.int64))
                 ovs.append(np.full(sel.size, ov, dtype=bool))
-    row = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-    zero, rc, ov = (np.concatenate(x) if x else np.zeros(0) for x in (zeros, rcs, ovs))
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, bool)
+    return tuple(np.concatenate(x) for x in (rows, zeros, rcs, ovs))
+
+
+def _expand(pieces: list, lay: np.ndarray, axes: dict, part: dict, reduces: np.ndarray, space: SearchSpace,
+            global_batch: int) -> PlanBatch:
+    """The plans of ``pieces`` (:func:`_piece_rows`), in the column order of :func:`enumerate_plans` (rows
+    sorted like it: layout, vpp, sp, recompute, zero, micro-batch, overlap)."""
+    rc_values = np.asarray([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64)
+    row, zero, rc, ov = _piece_rows(pieces, reduces, space)
     # enumerate_plans' order: layout, vpp, sp, recompute, zero, micro_batch, overlap (the partial rows are in
     # (layout, vpp, sp, micro_batch) order)
     n_mb = len(space.micro_batch)
