@@ -92,13 +92,14 @@ class AxisCurves:
         self._done: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         """(axes, op, bytes) -> (seconds, name codes): collectives of one size are timed once."""
 
-    def _rows(self, axes: tuple[str, ...], op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _table(self, axes: tuple[str, ...], op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(latency, sec_per_byte, name code) of ``op`` over ``axes``: one row per layout (not per row)."""
         key = (axes, op)
         hit = self._stacked.get(key)
         if hit is None:
             expert = set(axes) <= set(EXPERT_AXES)
-            lat, spb, codes = self.ctx.envelopes(op, axes, self.layouts.expert if expert else self.layouts.dense)
-            hit = self._stacked[key] = (lat[self.inverse], spb[self.inverse], codes[self.inverse])
+            hit = self._stacked[key] = self.ctx.envelopes(op, axes, self.layouts.expert if expert
+                                                          else self.layouts.dense)
         return hit
 
     def time(self, axes: tuple[str, ...], op: str, nbytes: np.ndarray) -> np.ndarray:
@@ -106,17 +107,24 @@ class AxisCurves:
         return self.timed_and_named(axes, op, nbytes)[0]
 
     def timed_and_named(self, axes: tuple[str, ...], op: str, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(seconds, name code of the line that gives them; -1 where nothing runs or the group is one rank)."""
+        """(seconds, name code of the line that gives them; -1 where nothing runs or the group is one rank).
+        Only the rows that move bytes are timed (a DP reduction runs for one ZeRO stage, a TP collective only
+        with tp > 1): the others are 0 and -1 without evaluating their envelopes."""
         b = np.asarray(nbytes, dtype=float)
         key = (axes, op, b.tobytes())
         hit = self._done.get(key)
         if hit is None:
-            lat, spb, codes = self._rows(axes, op)
-            lines = lat + b[:, None] * spb
-            rows = np.arange(b.size)
-            best = np.argmin(lines, axis=1)
-            runs = b > 0
-            hit = self._done[key] = (np.where(runs, lines[rows, best], 0.0), np.where(runs, codes[rows, best], -1))
+            lat, spb, codes = self._table(axes, op)
+            runs = np.flatnonzero(b > 0)
+            seconds = np.zeros(b.size)
+            names = np.full(b.size, -1, dtype=codes.dtype)
+            if runs.size:
+                at = self.inverse[runs]
+                lines = lat[at] + b[runs, None] * spb[at]
+                best = np.argmin(lines, axis=1)
+                seconds[runs] = lines[np.arange(runs.size), best]
+                names[runs] = codes[at, best]
+            hit = self._done[key] = (seconds, names)
         return hit
 
 
