@@ -97,9 +97,10 @@ class AxisCurves:
         key = (axes, op)
         hit = self._stacked.get(key)
         if hit is None:
+            lay = self.layouts
             expert = set(axes) <= set(EXPERT_AXES)
-            hit = self._stacked[key] = self.ctx.envelopes(op, axes, self.layouts.expert if expert
-                                                          else self.layouts.dense)
+            hit = self._stacked[key] = self.ctx.envelopes(op, axes, lay.expert if expert else lay.dense,
+                                                          lay.expert_numbers if expert else lay.dense_numbers)
         return hit
 
     def time(self, axes: tuple[str, ...], op: str, nbytes: np.ndarray) -> np.ndarray:
@@ -146,6 +147,9 @@ class Layouts:
 
     dense: list
     expert: list
+    dense_numbers: np.ndarray | None = None
+    """each dense layout's number in the context's curve cache (:meth:`EstimationContext.layout_number`)."""
+    expert_numbers: np.ndarray | None = None
 
 
 def layouts_of(ctx: EstimationContext, plans: Any) -> tuple[Layouts, np.ndarray]:
@@ -153,13 +157,19 @@ def layouts_of(ctx: EstimationContext, plans: Any) -> tuple[Layouts, np.ndarray]
     and each row's index into them."""
     etp = np.where(plans.etp == 0, plans.tp, plans.etp)
     keys = distinct(*(getattr(plans, a) for a in LAYOUT_AXES), plans.ep, etp, plans.order)
-    dense, expert = [], []
-    for tp, cp, dp, pp, ep, et, order in keys.rows.tolist():
-        dims = FULL_ORDERS[order]
-        dense.append(ctx.layout("-".join(dims), tp=tp, cp=cp, dp=dp, pp=pp))
-        sizes = {"etp": et, "ep": ep, "edp": tp * cp * dp // (et * ep), "pp": pp}
-        expert.append(ctx.layout("-".join(_EXPERT_NAMES[d] for d in dims), **sizes))
-    return Layouts(dense=dense, expert=expert), keys.inverse
+    found = [ctx.plan_layouts(tuple(row), lambda row=row: _layouts_of_row(ctx, *row)) for row in keys.rows.tolist()]
+    numbers = np.array([(f[2], f[3]) for f in found], dtype=np.int64).reshape(-1, 2)
+    return Layouts(dense=[f[0] for f in found], expert=[f[1] for f in found], dense_numbers=numbers[:, 0],
+                   expert_numbers=numbers[:, 1]), keys.inverse
+
+
+def _layouts_of_row(ctx: EstimationContext, tp: int, cp: int, dp: int, pp: int, ep: int, et: int,
+                    order: int) -> tuple[Any, Any]:
+    """The dense and the expert rank layout of one (tp, cp, dp, pp, ep, expert tp, order) row."""
+    dims = FULL_ORDERS[order]
+    dense = ctx.layout("-".join(dims), tp=tp, cp=cp, dp=dp, pp=pp)
+    sizes = {"etp": et, "ep": ep, "edp": tp * cp * dp // (et * ep), "pp": pp}
+    return dense, ctx.layout("-".join(_EXPERT_NAMES[d] for d in dims), **sizes)
 
 
 def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.ndarray,
