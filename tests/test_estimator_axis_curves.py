@@ -44,3 +44,26 @@ def test_timed_rows_match_the_curve_of_their_layout(name, gpus, batch, axes, op)
             assert names[codes[i]].startswith(f"{op}: ")
             checked += 1
     assert checked > 50
+
+
+def test_results_do_not_depend_on_the_order_layouts_enter_the_tables():
+    """Envelope tables grow as chunks bring new layouts (rows by layout number, padded to the widest): one
+    batch on a fresh context and the same plans in reversed chunks on another give identical results."""
+    from tpsim.estimator import estimate_batch
+    from tpsim.estimator.context import EstimationContext
+
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100", gpus=64)
+    plans = enumerate_valid(model, 64, 256, SearchSpace(vpp=(1, 2), micro_batch=(1, 2))).plans
+    whole = estimate_batch(model, cluster, plans, context=EstimationContext.build(model, cluster))
+    ctx = EstimationContext.build(model, cluster)
+    bounds = np.linspace(0, len(plans), 7).astype(int)
+    parts = {}
+    for lo, hi in reversed(list(zip(bounds[:-1], bounds[1:]))):
+        parts[lo] = estimate_batch(model, cluster, plans.take(np.arange(lo, hi)), context=ctx)
+    joined = [parts[lo] for lo in bounds[:-1]]
+    for name in ("step_time_s", "peak_memory_gib", "exposed_comm_s", "dp_comm_s", "ep_comm_s", "tp_comm_s"):
+        assert np.array_equal(np.concatenate([getattr(p, name) for p in joined]), getattr(whole, name)), name
+    for axis, codes in whole.collective_codes.items():
+        names = [whole.collective_names[c] if c >= 0 else "" for c in codes]
+        mine = [p.collective_names[c] if c >= 0 else "" for p in joined for c in p.collective_codes[axis]]
+        assert mine == names, axis
