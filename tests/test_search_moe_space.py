@@ -93,3 +93,26 @@ def test_full_space_stays_behind_the_guard():
     with pytest.raises(InputError, match="above the 1,000,000"):
         check_space(model, [256], SearchSpace(full=True), global_batch=256)
     assert check_space(model, [256], SearchSpace(full=True), global_batch=256, allow_large=True) > MAX_PLANS
+
+
+def test_cli_full_space_flag_and_left_out_count(capsys, tmp_path, monkeypatch):
+    import json
+
+    from tpsim.cli import main
+
+    monkeypatch.setenv("TPSIM_CACHE_DIR", str(tmp_path))
+    base = ["plan", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
+            "--vpp", "1", "2", "--micro-batch", "1", "2", "--no-progress", "--json", "--top", "3"]
+    assert main(base) == 0
+    pruned = json.loads(capsys.readouterr().out)
+    assert main(base + ["--full-space"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert pruned["left_out"] > 0 and full["left_out"] == 0
+    assert pruned["enumerated"] + pruned["left_out"] == full["enumerated"]
+    assert [p["step_time_s"] for p in pruned["plans"]] == [p["step_time_s"] for p in full["plans"]]
+    assert [p["plan"] for p in pruned["plans"]] == [p["plan"] for p in full["plans"]]
+    assert main(base[:-3] + ["--why"]) == 0
+    assert "left out of the space:" in capsys.readouterr().out
+    assert main(["plan", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "256", "--no-progress",
+                 "--full-space"]) == 2
+    assert "--allow-large-space" in capsys.readouterr().err
