@@ -17,7 +17,7 @@ enumerated and then rejected with a reason by :mod:`tpsim.search.validity`, so `
 
 **The default space of a mixture-of-experts model is pruned** (:meth:`SearchSpace.prunes`; ``full=True`` /
 ``tpsim plan --full-space`` restores the product). Its ep and expert-tp axes multiply the rank layouts (DeepSeek-V3
-on 2048 GPUs: 5.0 M plans, 81 % of them rejected by a rule), so :func:`enumerate_valid` leaves out, instead of
+on 2048 GPUs: 5.05 M plans, 97 % of them rejected by a plan rule or the stack), so :func:`enumerate_valid` leaves out, instead of
 enumerating and counting them, every plan that a plan rule (:data:`tpsim.plan.RULES`) or the training stack's
 rules (:data:`tpsim.stacks.RULES`; Megatron-Core: ZeRO-2/3 with pp > 1) reject. The verdicts come from the rule
 tables themselves, evaluated per (layout, vpp, sp, micro-batch) row with ZeRO off and on (plan rules) and per
@@ -317,7 +317,8 @@ def _stack_admits(model: ModelSpec, space: SearchSpace, stack: Any, p: _Partial,
 
 
 _PRUNED: dict = {}
-"""the last pruned count: (model, gpus, batch, space, stack) -> (holds model and stack, (kept pieces, count))."""
+"""the last pruned space: (id of model, gpus, batch, space, id of stack) -> ((model, stack), (partial rows, kept
+pieces, count)); the entry holds the model and stack, so their ids cannot be reused while it is kept."""
 
 
 def _pruned(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace,
@@ -333,7 +334,7 @@ def _pruned(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpa
     for z in space.zero:
         valid = np.flatnonzero(p.code_of[min(int(z), 1)] == 0)
         pieces.append((int(z), _stack_admits(model, space, stack, p, int(z), valid)))
-    count = len(_piece_rows(pieces, p.reduces, space)[0])
+    count = _piece_count(pieces, p.reduces, space)
     _PRUNED.clear()
     _PRUNED[key] = ((model, stack), (p, pieces, count))
     return p, pieces, count
@@ -399,6 +400,18 @@ def _piece_rows(pieces: list, reduces: np.ndarray, space: SearchSpace) -> tuple[
     return tuple(np.concatenate(x) for x in (rows, zeros, rcs, ovs))
 
 
+def _piece_count(pieces: list, reduces: np.ndarray, space: SearchSpace) -> int:
+    """Plans of ``pieces`` (as :func:`_piece_rows` lists them), counted without building them."""
+    only = True not in space.overlap
+    count = 0
+    for _, ok in pieces:
+        for rc in (RECOMPUTE.index(r) for r in space.recompute):
+            for ov in space.overlap:
+                got = ok[(rc, bool(ov))] if isinstance(ok, dict) else ok
+                count += got.size if (ov or only) else int(np.count_nonzero(reduces[got]))
+    return count
+
+
 def _expand(pieces: list, lay: np.ndarray, axes: dict, part: dict, reduces: np.ndarray, space: SearchSpace,
             global_batch: int) -> PlanBatch:
     """The plans of ``pieces`` (:func:`_piece_rows`), in the column order of :func:`enumerate_plans` (rows
@@ -434,7 +447,7 @@ def space_size(model: ModelSpec, num_gpus: int, space: SearchSpace, global_batch
     """Number of plans the space holds: the rows :func:`enumerate_plans` would produce (without building
     them); for a pruned space (:meth:`SearchSpace.prunes`) with ``global_batch`` given, the plans
     :func:`enumerate_valid` keeps (the plan rules' verdict per (layout, vpp, sp, micro-batch) row and the
-    ``stack``'s per (layout, vpp, sp, ZeRO): no plan is built)."""
+    ``stack``'s per (layout, vpp, sp) row and ZeRO, recomputation and overlap choice: no plan is built)."""
     if space.prunes(model) and global_batch is not None:
         return _pruned(model, num_gpus, global_batch, space, _stack_of(stack))[2]
     per = len(space.vpp) * len(space.sp) * len(space.recompute) * len(space.zero) * len(space.micro_batch)
