@@ -399,9 +399,8 @@ def format_why(result: Any) -> str:
     if not result.rejected:
         lines.append("  (none)")
     if getattr(result, "left_out", 0):
-        lines.append(f"left out of the space: {result.left_out} plans of the full product, rejected by a plan rule or "
-                     "the stack whatever the other fields (mixture-of-experts default; --full-space enumerates "
-                     "and counts them)")
+        lines.append(f"left out of the space: {result.left_out} plans of the full product, each rejected by a plan "
+                     "rule or the stack (mixture-of-experts default; --full-space enumerates and counts them)")
     return "\n".join(lines)
 
 
