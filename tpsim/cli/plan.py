@@ -75,6 +75,10 @@ def add_space_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--order", nargs="+", default=None, choices=ORDER_CHOICES, help="only these rank orders")
     g.add_argument("--no-overlap", action="store_true", help="only plans without DP overlap")
     g.add_argument("--mem-limit-gib", type=real_arg("mem_limit_gib"), default=None, help="reject plans above this peak memory per GPU")
+    g.add_argument("--full-space", action="store_true",
+                   help="enumerate the full product of the axes for a mixture-of-experts model too (by default "
+                        "its space leaves out the plans the plan rules and the --stack reject: same ranking, "
+                        "fewer plans; see docs/MODEL.md)")
     g.add_argument("--allow-large-space", action="store_true",
                    help="search a space of more than tpsim.limits.MAX_PLANS plans (refused by default: it takes "
                         "minutes and gigabytes)")
@@ -192,6 +196,8 @@ def build_space(args: argparse.Namespace, model: Any) -> Any:
         kw["order"] = tuple(args.order)
     if args.no_overlap:
         kw["overlap"] = (False,)
+    if getattr(args, "full_space", False):
+        kw["full"] = True
     return SearchSpace(**kw)
 
 
@@ -222,13 +228,15 @@ def clusters_for(name: str, gpus: int, objective: str, calibration: str | None =
 
 
 def check_problem(args: argparse.Namespace, model: Any, space: Any, cluster_name: str, gpus: int,
-                  objective: str) -> None:
+                  objective: str, global_batch: int | None = None) -> None:
     """Refuse before searching: a space that the constraints leave empty (naming the constraint) or one
-    above tpsim.limits.MAX_PLANS without --allow-large-space."""
+    above tpsim.limits.MAX_PLANS without --allow-large-space (a mixture-of-experts model's default space
+    counted as pruned for ``global_batch`` under the --stack, as the search will enumerate it)."""
     from ..search.explain import check_space
 
     check_space(model, gpu_counts_for(cluster_name, gpus, objective), space,
-                allow_large=getattr(args, "allow_large_space", False))
+                allow_large=getattr(args, "allow_large_space", False), global_batch=global_batch,
+                stack=build_stack(args, model))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -250,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(args.out, "--out", force=True, protected=())  # a usable folder, before the search
     model, cluster_name, gpus, batch = load_problem(args)
     space = build_space(args, model)
-    check_problem(args, model, space, cluster_name, gpus, args.objective)
+    check_problem(args, model, space, cluster_name, gpus, args.objective, batch)
     clusters = clusters_for(cluster_name, gpus, args.objective, args.calibration)
     search = cached_search if not args.no_cache else _uncached
     result = search(model, clusters, batch, space=space, objective=args.objective,
@@ -390,6 +398,9 @@ def format_why(result: Any) -> str:
         lines.append(f"  {count:>10}  {key:<24} {text}")
     if not result.rejected:
         lines.append("  (none)")
+    if getattr(result, "left_out", 0):
+        lines.append(f"left out of the space: {result.left_out} plans of the full product, each rejected by a plan "
+                     "rule or the stack (mixture-of-experts default; --full-space enumerates and counts them)")
     return "\n".join(lines)
 
 

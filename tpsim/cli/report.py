@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--mem-limit-gib is a `tpsim plan` option; a report shows every fitting plan")
     model, cluster_name, gpus, batch = load_problem(args)
     space = build_space(args, model)
-    check_problem(args, model, space, cluster_name, gpus, "cost")
+    check_problem(args, model, space, cluster_name, gpus, "cost", batch)
     loader = functools.partial(load_cluster, calibration=args.calibration)
     compute = load_compute(args, loader(cluster_name, gpus=gpus), model)
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""

@@ -58,6 +58,10 @@ class CurveCache:
     """"op: algorithm" -> code (the order of first use)."""
     layouts: dict = field(default_factory=dict)
     """(order, axis sizes) -> RankLayout."""
+    layout_ids: dict = field(default_factory=dict)
+    """RankLayout -> its number in this cache (the envelope tables index their rows by it)."""
+    plan_layouts: dict = field(default_factory=dict)
+    """(tp, cp, dp, pp, ep, expert tp, order code) -> (dense layout, expert layout, their numbers)."""
 
 
 @dataclass
@@ -75,19 +79,53 @@ class ContextCaches:
 @dataclass
 class EnvelopeTable:
     """Envelopes of one (axes, op) for every layout seen, one row each, padded to one width by repeating the
-    last line (which leaves the minimum and its line unchanged): rows x lines arrays."""
+    last line (which leaves the minimum and its line unchanged): rows x lines arrays. ``row_of`` maps a
+    layout's number (:attr:`CurveCache.layout_ids`) to its row (-1: not yet in the table)."""
 
     index: dict = field(default_factory=dict)
     latency_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
     sec_per_byte: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
     codes: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int32))
+    row_of: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
-    def add(self, layout: Any, env: Envelope) -> None:
-        width = max(self.latency_s.shape[1], env.latency_s.size)
+    def add(self, layout: Any, env: Envelope, number: int | None = None) -> None:
+        self.add_many([layout], [env], [number])
+
+    def add_many(self, layouts: list, envs: list, numbers: list) -> None:
+        """Append rows (one concatenation for all of them)."""
+        if not envs:
+            return
+        width = max([self.latency_s.shape[1]] + [e.latency_s.size for e in envs])
         rows = [_pad(a, width) for a in (self.latency_s, self.sec_per_byte, self.codes)]
-        new = [_pad(a[None, :], width) for a in (env.latency_s, env.sec_per_byte, env.codes)]
+        new = [np.concatenate([_pad(getattr(e, f)[None, :], width) for e in envs])
+               for f in ("latency_s", "sec_per_byte", "codes")]
         self.latency_s, self.sec_per_byte, self.codes = (np.concatenate([r, x]) for r, x in zip(rows, new))
-        self.index[layout] = len(self.index)
+        for layout, number in zip(layouts, numbers):
+            row = len(self.index)
+            self.index[layout] = row
+            if number is not None:
+                if number >= self.row_of.size:
+                    grown = np.full(max(2 * self.row_of.size, number + 1, 64), -1, dtype=np.int64)
+                    grown[:self.row_of.size] = self.row_of
+                    self.row_of = grown
+                self.row_of[number] = row
+
+    def rows(self, numbers: np.ndarray, layouts: list, envelope: Callable[[Any], Envelope]) -> np.ndarray:
+        """Row of each layout (``numbers[i]`` is ``layouts[i]``'s number); the missing ones are added, their
+        envelopes from ``envelope(layout)``."""
+        if numbers.size and int(numbers.max()) >= self.row_of.size:
+            grown = np.full(int(numbers.max()) + 1, -1, dtype=np.int64)
+            grown[:self.row_of.size] = self.row_of
+            self.row_of = grown
+        found = self.row_of[numbers]
+        missing = np.flatnonzero(found < 0)
+        if missing.size:
+            _, first = np.unique(numbers[missing], return_index=True)
+            new = missing[np.sort(first)]
+            self.add_many([layouts[i] for i in new], [envelope(layouts[i]) for i in new],
+                          [int(numbers[i]) for i in new])
+            found = self.row_of[numbers]
+        return found
 
 
 def _pad(a: np.ndarray, width: int) -> np.ndarray:

@@ -92,13 +92,15 @@ class AxisCurves:
         self._done: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         """(axes, op, bytes) -> (seconds, name codes): collectives of one size are timed once."""
 
-    def _rows(self, axes: tuple[str, ...], op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _table(self, axes: tuple[str, ...], op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(latency, sec_per_byte, name code) of ``op`` over ``axes``: one row per layout (not per row)."""
         key = (axes, op)
         hit = self._stacked.get(key)
         if hit is None:
+            lay = self.layouts
             expert = set(axes) <= set(EXPERT_AXES)
-            lat, spb, codes = self.ctx.envelopes(op, axes, self.layouts.expert if expert else self.layouts.dense)
-            hit = self._stacked[key] = (lat[self.inverse], spb[self.inverse], codes[self.inverse])
+            hit = self._stacked[key] = self.ctx.envelopes(op, axes, lay.expert if expert else lay.dense,
+                                                          lay.expert_numbers if expert else lay.dense_numbers)
         return hit
 
     def time(self, axes: tuple[str, ...], op: str, nbytes: np.ndarray) -> np.ndarray:
@@ -106,17 +108,24 @@ class AxisCurves:
         return self.timed_and_named(axes, op, nbytes)[0]
 
     def timed_and_named(self, axes: tuple[str, ...], op: str, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(seconds, name code of the line that gives them; -1 where nothing runs or the group is one rank)."""
+        """(seconds, name code of the line that gives them; -1 where nothing runs or the group is one rank).
+        Only the rows that move bytes are timed (a DP reduction runs for one ZeRO stage, a TP collective only
+        with tp > 1): the others are 0 and -1 without evaluating their envelopes."""
         b = np.asarray(nbytes, dtype=float)
         key = (axes, op, b.tobytes())
         hit = self._done.get(key)
         if hit is None:
-            lat, spb, codes = self._rows(axes, op)
-            lines = lat + b[:, None] * spb
-            rows = np.arange(b.size)
-            best = np.argmin(lines, axis=1)
-            runs = b > 0
-            hit = self._done[key] = (np.where(runs, lines[rows, best], 0.0), np.where(runs, codes[rows, best], -1))
+            lat, spb, codes = self._table(axes, op)
+            runs = np.flatnonzero(b > 0)
+            seconds = np.zeros(b.size)
+            names = np.full(b.size, -1, dtype=codes.dtype)
+            if runs.size:
+                at = self.inverse[runs]
+                lines = lat[at] + b[runs, None] * spb[at]
+                best = np.argmin(lines, axis=1)
+                seconds[runs] = lines[np.arange(runs.size), best]
+                names[runs] = codes[at, best]
+            hit = self._done[key] = (seconds, names)
         return hit
 
 
@@ -138,6 +147,9 @@ class Layouts:
 
     dense: list
     expert: list
+    dense_numbers: np.ndarray | None = None
+    """each dense layout's number in the context's curve cache (:meth:`EstimationContext.layout_number`)."""
+    expert_numbers: np.ndarray | None = None
 
 
 def layouts_of(ctx: EstimationContext, plans: Any) -> tuple[Layouts, np.ndarray]:
@@ -145,13 +157,19 @@ def layouts_of(ctx: EstimationContext, plans: Any) -> tuple[Layouts, np.ndarray]
     and each row's index into them."""
     etp = np.where(plans.etp == 0, plans.tp, plans.etp)
     keys = distinct(*(getattr(plans, a) for a in LAYOUT_AXES), plans.ep, etp, plans.order)
-    dense, expert = [], []
-    for tp, cp, dp, pp, ep, et, order in keys.rows.tolist():
-        dims = FULL_ORDERS[order]
-        dense.append(ctx.layout("-".join(dims), tp=tp, cp=cp, dp=dp, pp=pp))
-        sizes = {"etp": et, "ep": ep, "edp": tp * cp * dp // (et * ep), "pp": pp}
-        expert.append(ctx.layout("-".join(_EXPERT_NAMES[d] for d in dims), **sizes))
-    return Layouts(dense=dense, expert=expert), keys.inverse
+    found = [ctx.plan_layouts(tuple(row), lambda row=row: _layouts_of_row(ctx, *row)) for row in keys.rows.tolist()]
+    numbers = np.array([(f[2], f[3]) for f in found], dtype=np.int64).reshape(-1, 2)
+    return Layouts(dense=[f[0] for f in found], expert=[f[1] for f in found], dense_numbers=numbers[:, 0],
+                   expert_numbers=numbers[:, 1]), keys.inverse
+
+
+def _layouts_of_row(ctx: EstimationContext, tp: int, cp: int, dp: int, pp: int, ep: int, et: int,
+                    order: int) -> tuple[Any, Any]:
+    """The dense and the expert rank layout of one (tp, cp, dp, pp, ep, expert tp, order) row."""
+    dims = FULL_ORDERS[order]
+    dense = ctx.layout("-".join(dims), tp=tp, cp=cp, dp=dp, pp=pp)
+    sizes = {"etp": et, "ep": ep, "edp": tp * cp * dp // (et * ep), "pp": pp}
+    return dense, ctx.layout("-".join(_EXPERT_NAMES[d] for d in dims), **sizes)
 
 
 def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.ndarray,

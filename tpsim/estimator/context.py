@@ -178,14 +178,17 @@ class EstimationContext:
             cache.curves[key] = hit
         return hit
 
-    def envelopes(self, op: str, axes: tuple[str, ...], layouts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def envelopes(self, op: str, axes: tuple[str, ...], layouts: list,
+                  numbers: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(latency, sec_per_byte, name code) arrays (layouts x lines) of ``op`` over ``axes``: each layout's
-        envelope, padded to one width (cached per (axes, op), a row per layout)."""
+        envelope, padded to one width (cached per (axes, op), a row per layout). ``numbers``: the layouts'
+        :meth:`layout_number` (computed when not given)."""
         table = self.caches.curves.tables.setdefault((axes, op), EnvelopeTable())
-        for layout in layouts:
-            if layout not in table.index:
-                table.add(layout, self.curve(op, layout, axes))
-        rows = np.fromiter((table.index[layout] for layout in layouts), dtype=np.int64, count=len(layouts))
+        if numbers is None:
+            numbers = np.fromiter((self.layout_number(layout) for layout in layouts), dtype=np.int64,
+                                  count=len(layouts))
+        rows = table.rows(np.asarray(numbers, dtype=np.int64), layouts,
+                          lambda layout: self.curve(op, layout, axes))
         return table.latency_s[rows], table.sec_per_byte[rows], table.codes[rows]
 
     def layout(self, order: str, **sizes: int) -> Any:
@@ -196,6 +199,24 @@ class EstimationContext:
         if hit is None:
             from ..topology.placement import RankLayout
             hit = layouts[key] = RankLayout.from_order(order, **sizes)
+        return hit
+
+    def layout_number(self, layout: Any) -> int:
+        """The layout's number in the curve cache (assigned on first sight; the envelope tables' row key)."""
+        ids = self.caches.curves.layout_ids
+        number = ids.get(layout)
+        if number is None:
+            number = ids[layout] = len(ids)
+        return number
+
+    def plan_layouts(self, row: tuple[int, ...], build: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any, int, int]:
+        """(dense layout, expert layout, their numbers) of a (tp, cp, dp, pp, ep, expert tp, order) row, the
+        layouts from ``build()`` on first sight."""
+        cache = self.caches.curves.plan_layouts
+        hit = cache.get(row)
+        if hit is None:
+            dense, expert = build()
+            hit = cache[row] = (dense, expert, self.layout_number(dense), self.layout_number(expert))
         return hit
 
     def _name_code(self, text: str) -> int:

@@ -157,7 +157,7 @@ def _save(folder: Path, key: str, result: SearchResult) -> None:
         meta = {"enumerated": result.enumerated, "evaluated": result.evaluated, "rejected": dict(result.rejected),
                 "stack_rejected": dict(result.stack_rejected),
                 "elapsed_s": result.elapsed_s, "memo": result.memo, "duplicates": result.duplicates,
-                "gpus": [int(p.cluster.num_gpus) for p in result.parts]}
+                "left_out": result.left_out, "gpus": [int(p.cluster.num_gpus) for p in result.parts]}
         header = _header_bytes(key, _sha(data), meta)
         _write_atomic(folder / f"{key}.npz", data)
         _write_atomic(folder / f"{key}.json", header)
@@ -197,6 +197,7 @@ def _load(folder: Path, key: str, model: ModelSpec, clusters: list[Any], space: 
                           evaluated=meta["evaluated"], rejected=meta["rejected"], elapsed_s=meta["elapsed_s"],
                           mem_limit_gib=options.get("mem_limit_gib"), compute=compute, space=space,
                           memo=dict(meta.get("memo", {})), duplicates=int(meta.get("duplicates", 0)),
+                          left_out=int(meta.get("left_out", 0)),
                           cached=True, stack=options.get("stack"),
                           stack_rejected=dict(meta.get("stack_rejected", {})))
     _KEYS[id(result)] = (key, _sha(data))
@@ -239,7 +240,7 @@ def _check_columns(meta: dict[str, Any], columns: dict[str, np.ndarray], ranking
     if ranking.ndim != 1 or ranking.dtype.kind not in "iu" or (ranking.size and (ranking.min() < 0 or
                                                                                  ranking.max() >= n)):
         raise _Discard("its ranking indexes rows that do not exist")
-    for field in ("enumerated", "evaluated", "duplicates"):
+    for field in ("enumerated", "evaluated", "duplicates", "left_out"):
         if not isinstance(meta.get(field, 0), int):
             raise _Discard(f"{field} is not a count")
     if not isinstance(meta.get("gpus"), list) or not isinstance(meta.get("rejected"), dict):

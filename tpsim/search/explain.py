@@ -48,13 +48,16 @@ def space_conflict(model: ModelSpec, num_gpus: int, space: SearchSpace) -> str |
             f"({' or '.join(map(str, rest))} = {num_gpus} GPUs / tp {_values(list(tps))})")
 
 
-def check_space(model: ModelSpec, gpu_counts: Sequence[int], space: SearchSpace, allow_large: bool = False) -> int:
-    """Plans the space holds over ``gpu_counts``; refuses (before anything is built) an empty space with the
-    constraint that emptied it, and one above :data:`MAX_PLANS` unless ``allow_large``."""
+def check_space(model: ModelSpec, gpu_counts: Sequence[int], space: SearchSpace, allow_large: bool = False,
+                global_batch: int | None = None, stack: Any = None) -> int:
+    """Plans the space holds over ``gpu_counts``; refuses (before any plan is built) an empty space with the
+    constraint that emptied it, and one above :data:`MAX_PLANS` unless ``allow_large``. A pruned space
+    (mixture-of-experts default, :meth:`SearchSpace.prunes`) is counted as pruned when ``global_batch`` is
+    given (``stack``: the training stack, None: megatron)."""
     conflicts = [space_conflict(model, n, space) for n in gpu_counts]
     if all(conflicts):
         raise InputError(conflicts[-1])
-    total = sum(space_size(model, n, space) for n in gpu_counts)
+    total = sum(space_size(model, n, space, global_batch, stack) for n in gpu_counts)
     if total > MAX_PLANS and not allow_large:
         raise InputError(f"the search space holds {total:,} plans, above the {MAX_PLANS:,} searched without "
                          "--allow-large-space; narrow it (--tp, --pp, --micro-batch, --zero, ...) or pass that flag")

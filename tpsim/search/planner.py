@@ -173,6 +173,9 @@ class SearchResult:
     """the training-stack profile the plans were filtered and evaluated for (None: megatron)."""
     stack_rejected: Mapping[str, int] = field(default_factory=dict)
     """{stack rule key: plans} behind the ``stack`` rejection count."""
+    left_out: int = 0
+    """plans of the full product that a pruned space (mixture-of-experts default) left out, every one
+    rejected by a plan rule or the stack (:mod:`tpsim.search.space`); not in ``enumerated``."""
 
     def __len__(self) -> int:
         return int(self.ranking.size)
@@ -325,6 +328,7 @@ class SearchResult:
             "gpu_hour_price": self.gpu_hour_price,
             "gpus": sorted({int(p.cluster.num_gpus) for p in self.parts}),
             "enumerated": self.enumerated,
+            "left_out": self.left_out,
             "evaluated": self.evaluated,
             "kept": int(self.ranking.size),
             "duplicates": self.duplicates,
@@ -484,7 +488,7 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     clusters = tuple(clusters) if isinstance(clusters, (list, tuple)) else (clusters,)
     if not clusters:
         raise InputError("no cluster to search")
-    enumerations = [enumerate_valid(model, int(c.num_gpus), global_batch, space) for c in clusters]
+    enumerations = [enumerate_valid(model, int(c.num_gpus), global_batch, space, stack) for c in clusters]
     enumerated = sum(e.enumerated for e in enumerations)
     counts = np.zeros(len(REASONS), dtype=np.int64)
     stack_rejected: dict[str, int] = {}
@@ -541,7 +545,8 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
                         columns=columns, ranking=order, enumerated=enumerated, evaluated=evaluated,
                         rejected=rejected, elapsed_s=time.perf_counter() - started, mem_limit_gib=mem_limit_gib,
                         compute=compute, space=space, duplicates=int((twins & (columns["fits_effective"] | include_unfit)).sum()),
-                        stack=stack, stack_rejected=stack_rejected)
+                        stack=stack, stack_rejected=stack_rejected,
+                        left_out=sum(e.left_out for e in enumerations))
 
 
 def _twin_of(cols: Mapping[str, np.ndarray], order: np.ndarray) -> np.ndarray:

@@ -14,11 +14,24 @@ Rows that are the same plan as another row are never produced (they are not reje
   model is dense; ep > 1 or an expert tp for a dense model.
 Everything else, including rows that break a constraint (``sp`` with tp = 1, ZeRO with dp = 1, ...), is
 enumerated and then rejected with a reason by :mod:`tpsim.search.validity`, so ``--why`` can count them.
+
+**The default space of a mixture-of-experts model is pruned** (:meth:`SearchSpace.prunes`; ``full=True`` /
+``tpsim plan --full-space`` restores the product). Its ep and expert-tp axes multiply the rank layouts (DeepSeek-V3
+on 2048 GPUs: 5.05 M plans, 97 % of them rejected by a plan rule or the stack), so :func:`enumerate_valid` leaves out, instead of
+enumerating and counting them, every plan that a plan rule (:data:`tpsim.plan.RULES`) or the training stack's
+rules (:data:`tpsim.stacks.RULES`; Megatron-Core: ZeRO-2/3 with pp > 1) reject. The verdicts come from the rule
+tables themselves, evaluated per (layout, vpp, sp, micro-batch) row with ZeRO off and on (plan rules) and per
+(layout, vpp, sp) row with each ZeRO, recomputation and overlap choice (stack rules, which never read the
+micro-batch), so no plan is built to be rejected and none that could be ranked is left out: the ranking is
+the full space's (tests/test_search_moe_space.py compares them). Memory is still counted; ``--why`` says how
+many plans were left out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -74,6 +87,13 @@ class SearchSpace:
     (any of :data:`~tpsim.plan.ORDERS` may be asked for)."""
     dtype: str = "bf16"
     attention: str = "flash"
+    full: bool = False
+    """True: enumerate the full product for every model. False (default): the space of a mixture-of-experts
+    model leaves out the plans the rule tables reject (module docstring); a dense model's is the product."""
+
+    def prunes(self, model: ModelSpec) -> bool:
+        """Whether this space leaves rejected plans of ``model`` out (mixture of experts, ``full`` off)."""
+        return bool(model.is_moe) and not self.full
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "micro_batch", "cp", "ep"):
@@ -232,19 +252,28 @@ class ValidPlans:
     plans: PlanBatch
     num_gpus: int
     enumerated: int
-    """rows of the full product (as :func:`enumerate_plans` would build them)."""
+    """rows of the space: the full product (as :func:`enumerate_plans` would build them), or for a pruned
+    space the plans it holds."""
     codes: np.ndarray
     """per code of :func:`tpsim.plan.violation_codes` (0 = valid), the number of enumerated plans with it."""
+    left_out: int = 0
+    """plans of the full product a pruned space left out (all rejected by a plan rule or the stack)."""
 
 
-def enumerate_valid(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace) -> ValidPlans:
-    """The valid rows of :func:`enumerate_plans` (same rows, same order of fields; the rejected ones only
-    counted), built without materializing the product: the plan rules read only the layout, vpp, sp and
-    micro-batch, and of ZeRO only whether it is on (``zero-needs-dp``), never recomputation or overlap. So the
-    rules run once per (layout, vpp, sp, micro-batch) row with ZeRO off and once with it on, each result
-    counts for every recomputation and overlap choice, and only the valid rows are expanded. The first broken
-    rule of every row is the one :func:`enumerate_plans` + :func:`tpsim.plan.violation_codes` name."""
-    from ..plan import RULES, violation_codes
+@dataclass(frozen=True)
+class _Partial:
+    """(layout, vpp, sp, micro-batch) rows of a space and the plan rules' verdict with ZeRO off and on."""
+
+    lay: np.ndarray
+    axes: dict
+    part: dict
+    reduces: np.ndarray
+    code_of: dict
+    """0 / 1 (ZeRO off / on) -> violation code per row."""
+
+
+def _partial(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace) -> _Partial:
+    from ..plan import violation_codes
 
     if num_gpus <= 0:
         raise InputError(f"gpus={num_gpus} must be a positive integer")
@@ -264,38 +293,131 @@ def enumerate_valid(model: ModelSpec, num_gpus: int, global_batch: int, space: S
         batch = PlanBatch.from_arrays(dtype=space.dtype, attention=space.attention, **axes, global_batch=gb,
                                       zero=np.full(len(lay), z, dtype=np.int64), **part)
         code_of[z] = violation_codes(model, batch, num_gpus)
-    reduces = _reduces(lay)
-    overlaps = np.where(reduces | (True not in space.overlap), len(space.overlap), 1)
+    return _Partial(lay=lay, axes=axes, part=part, reduces=_reduces(lay), code_of=code_of)
+
+
+def _stack_admits(model: ModelSpec, space: SearchSpace, stack: Any, p: _Partial, z: int,
+                  rows: np.ndarray) -> dict[tuple[int, bool], np.ndarray]:
+    """Of the partial ``rows`` (valid under the plan rules), per (recomputation code, overlap) of the space,
+    those the stack runs with ZeRO ``z`` (its rules never read the micro-batch, so each (layout, vpp, sp) is
+    checked once)."""
+    n_mb = len(space.micro_batch)
+    head, first = np.unique(rows // n_mb, return_index=True)
+    pick = rows[first]
+    cols = {name: a[pick] for name, a in p.axes.items()}
+    cols.update({name: a[pick] for name, a in p.part.items()})
+    out = {}
+    for rc in space.recompute:
+        for ov in space.overlap:
+            batch = PlanBatch.from_arrays(dtype=space.dtype, attention=space.attention, **cols, zero=z,
+                                          recompute=RECOMPUTE.index(rc), overlap=ov, global_batch=1)
+            ok = stack.violation_codes(batch, model) == 0 if pick.size else np.zeros(0, dtype=bool)
+            out[(RECOMPUTE.index(rc), bool(ov))] = rows[np.isin(rows // n_mb, head[ok])]
+    return out
+
+
+_PRUNED: dict = {}
+"""the last pruned space: (id of model, gpus, batch, space, id of stack) -> ((model, stack), (partial rows, kept
+pieces, count)); the entry holds the model and stack, so their ids cannot be reused while it is kept."""
+
+
+def _pruned(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace,
+            stack: Any) -> tuple[_Partial, list, int]:
+    """The partial rows, the (ZeRO, {(recompute code, overlap): kept rows}) pieces of a pruned space and the
+    plans it holds. The last one is remembered: ``tpsim plan`` counts it for the size guard, then searches it."""
+    key = (id(model), num_gpus, global_batch, space, id(stack))
+    hit = _PRUNED.get(key)
+    if hit is not None:
+        return hit[1]
+    p = _partial(model, num_gpus, global_batch, space)
+    pieces = []
+    for z in space.zero:
+        valid = np.flatnonzero(p.code_of[min(int(z), 1)] == 0)
+        pieces.append((int(z), _stack_admits(model, space, stack, p, int(z), valid)))
+    count = _piece_count(pieces, p.reduces, space)
+    _PRUNED.clear()
+    _PRUNED[key] = ((model, stack), (p, pieces, count))
+    return p, pieces, count
+
+
+def _stack_of(stack: Any) -> Any:
+    from ..estimator.context import resolve_stack
+    return resolve_stack(stack)
+
+
+def enumerate_valid(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace,
+                    stack: Any = None) -> ValidPlans:
+    """The valid rows of :func:`enumerate_plans` (same rows, same order of fields; the rejected ones only
+    counted), built without materializing the product: the plan rules read only the layout, vpp, sp and
+    micro-batch, and of ZeRO only whether it is on (``zero-needs-dp``), never recomputation or overlap. So the
+    rules run once per (layout, vpp, sp, micro-batch) row with ZeRO off and once with it on, each result
+    counts for every recomputation and overlap choice, and only the valid rows are expanded. The first broken
+    rule of every row is the one :func:`enumerate_plans` + :func:`tpsim.plan.violation_codes` name.
+
+    A pruned space (:meth:`SearchSpace.prunes`: mixture-of-experts models by default) leaves the rejected
+    rows out instead of counting them, and the plans the training ``stack`` (a profile, name or path; None:
+    megatron) rejects (module docstring)."""
+    from ..plan import RULES
+
+    if space.prunes(model):
+        p, pieces, count = _pruned(model, num_gpus, global_batch, space, _stack_of(stack))
+        counts = np.zeros(len(RULES) + 1, dtype=np.int64)
+        counts[0] = count
+        plans = _expand(pieces, p.lay, p.axes, p.part, p.reduces, space, global_batch)
+        left = space_size(model, num_gpus, dataclasses.replace(space, full=True)) - count
+        return ValidPlans(plans=plans, num_gpus=num_gpus, enumerated=count, codes=counts, left_out=left)
+    p = _partial(model, num_gpus, global_batch, space)
+    overlaps = np.where(p.reduces | (True not in space.overlap), len(space.overlap), 1)
     per_zero = len(space.recompute) * overlaps  # plans of one (partial row, zero) pair
     counts = np.zeros(len(RULES) + 1, dtype=np.int64)
     pieces = []
     for z in space.zero:
-        code = code_of[min(int(z), 1)]
+        code = p.code_of[min(int(z), 1)]
         counts += np.bincount(code, weights=per_zero, minlength=len(RULES) + 1).astype(np.int64)
-        ok = np.flatnonzero(code == 0)
-        pieces.append((int(z), ok))
-    plans = _expand(pieces, lay, axes, part, reduces, space, global_batch)
+        pieces.append((int(z), np.flatnonzero(code == 0)))
+    plans = _expand(pieces, p.lay, p.axes, p.part, p.reduces, space, global_batch)
     return ValidPlans(plans=plans, num_gpus=num_gpus, enumerated=int(counts.sum()), codes=counts)
 
 
-def _expand(pieces: list, lay: np.ndarray, axes: dict, part: dict, reduces: np.ndarray, space: SearchSpace,
-            global_batch: int) -> PlanBatch:
-    """The valid (partial row, zero) pairs times every recomputation and overlap choice, in the column order
-    of :func:`enumerate_plans` (rows sorted like it: layout, vpp, sp, recompute, zero, micro-batch, overlap)."""
-    rc_values = np.asarray([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64)
-    ov_values = np.asarray(space.overlap, dtype=bool)
-    rows, zeros, rcs, ovs = [], [], [], []
+def _piece_rows(pieces: list, reduces: np.ndarray, space: SearchSpace) -> tuple[np.ndarray, ...]:
+    """(partial row, zero, recompute code, overlap) of every plan of ``pieces``: (zero, rows) pairs, the rows
+    taken with every recomputation and overlap choice, or (zero, {(recompute code, overlap): rows}); overlap
+    off only where a data-parallel reduction exists (unless the space has only overlap off)."""
+    rc_values = [RECOMPUTE.index(r) for r in space.recompute]
     only = True not in space.overlap
+    rows, zeros, rcs, ovs = [], [], [], []
     for z, ok in pieces:
         for rc in rc_values:
-            for ov in ov_values:
-                sel = ok if (ov or only) else ok[reduces[ok]]
+            for ov in space.overlap:
+                got = ok[(rc, bool(ov))] if isinstance(ok, dict) else ok
+                sel = got if (ov or only) else got[reduces[got]]
                 rows.append(sel)
                 zeros.append(np.full(sel.size, z, dtype=np.int64))
                 rcs.append(np.full(sel.size, rc, dtype=np.int64))
                 ovs.append(np.full(sel.size, ov, dtype=bool))
-    row = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-    zero, rc, ov = (np.concatenate(x) if x else np.zeros(0) for x in (zeros, rcs, ovs))
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, bool)
+    return tuple(np.concatenate(x) for x in (rows, zeros, rcs, ovs))
+
+
+def _piece_count(pieces: list, reduces: np.ndarray, space: SearchSpace) -> int:
+    """Plans of ``pieces`` (as :func:`_piece_rows` lists them), counted without building them."""
+    only = True not in space.overlap
+    count = 0
+    for _, ok in pieces:
+        for rc in (RECOMPUTE.index(r) for r in space.recompute):
+            for ov in space.overlap:
+                got = ok[(rc, bool(ov))] if isinstance(ok, dict) else ok
+                count += got.size if (ov or only) else int(np.count_nonzero(reduces[got]))
+    return count
+
+
+def _expand(pieces: list, lay: np.ndarray, axes: dict, part: dict, reduces: np.ndarray, space: SearchSpace,
+            global_batch: int) -> PlanBatch:
+    """The plans of ``pieces`` (:func:`_piece_rows`), in the column order of :func:`enumerate_plans` (rows
+    sorted like it: layout, vpp, sp, recompute, zero, micro-batch, overlap)."""
+    rc_values = np.asarray([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64)
+    row, zero, rc, ov = _piece_rows(pieces, reduces, space)
     # enumerate_plans' order: layout, vpp, sp, recompute, zero, micro_batch, overlap (the partial rows are in
     # (layout, vpp, sp, micro_batch) order)
     n_mb = len(space.micro_batch)
@@ -320,8 +442,14 @@ def _positions(values, column: np.ndarray) -> np.ndarray:
     return lookup[column]
 
 
-def space_size(model: ModelSpec, num_gpus: int, space: SearchSpace) -> int:
-    """Number of rows :func:`enumerate_plans` would produce (without building them)."""
+def space_size(model: ModelSpec, num_gpus: int, space: SearchSpace, global_batch: int | None = None,
+               stack: Any = None) -> int:
+    """Number of plans the space holds: the rows :func:`enumerate_plans` would produce (without building
+    them); for a pruned space (:meth:`SearchSpace.prunes`) with ``global_batch`` given, the plans
+    :func:`enumerate_valid` keeps (the plan rules' verdict per (layout, vpp, sp, micro-batch) row and the
+    ``stack``'s per (layout, vpp, sp) row and ZeRO, recomputation and overlap choice: no plan is built)."""
+    if space.prunes(model) and global_batch is not None:
+        return _pruned(model, num_gpus, global_batch, space, _stack_of(stack))[2]
     per = len(space.vpp) * len(space.sp) * len(space.recompute) * len(space.zero) * len(space.micro_batch)
     layouts = np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, len(LAYOUT_COLUMNS))
     if not len(layouts):
