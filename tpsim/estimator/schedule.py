@@ -113,8 +113,13 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     L = part.layers
     per_mb = ctx.terms.reduces_per_microbatch(zero, pp)
     sharded = (zero >= 2) & per_mb
-    # ZeRO's gradient shards span the dp x cp group (Megatron's distributed optimizer)
-    accum = grad_accumulation_seconds(ctx, costs.params, sharded, dp if cp is None else dp * cp, dtype)
+    # ZeRO's gradient shards span the dp x cp group (Megatron's distributed optimizer); the routed experts'
+    # span the expert data-parallel group edp
+    group = dp if cp is None else dp * cp
+    experts = 0.0 if costs.expert_params is None or edp is None else costs.expert_params
+    accum = grad_accumulation_seconds(ctx, costs.params - experts, sharded, group, dtype)
+    if costs.expert_params is not None and edp is not None:
+        accum = accum + grad_accumulation_seconds(ctx, experts, sharded, edp, dtype)
     rank_c = L * (costs.fwd + costs.bwd + accum) + edge_c
     rank_r = L * costs.recompute
     rank_x = L * x_layer + edge_x

@@ -1,0 +1,101 @@
+"""Memory of mixture-of-experts plans: the routed experts' weights, gradients and optimizer states are ZeRO-sharded
+over the expert data-parallel group edp = tp cp dp / (ep etp) (Megatron-Core's expert_data_parallel_group),
+the dense parameters' over dp x cp; checked term by term against a hand count."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tpsim.estimator import estimate
+from tpsim.estimator.memory import layer_expert_params_local
+from tpsim.model import get_preset, with_overrides
+from tpsim.plan import Plan
+from tpsim.topology import load_cluster
+
+GIB = 2 ** 30
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    return with_overrides(get_preset("mixtral-8x7b"), layers=2, seq_len=1024)
+
+
+@pytest.fixture(scope="module")
+def h100_16():
+    return load_cluster("dgx-h100", gpus=16)
+
+
+def _expert_params(model, plan: Plan) -> float:
+    """Routed-expert parameters one rank holds (pp = 1: every layer), by hand: E / ep experts of 3 h f / etp."""
+    h, f = model.hidden_size, model.moe_ffn_hidden_size
+    etp = plan.etp or plan.tp
+    return model.num_layers * model.num_experts / plan.ep * 3 * h * f / etp
+
+
+# tp 2 x cp 2 x dp 4 = 16 ranks; ep 4 x etp 1 leaves edp = 4, while dp x cp = 8
+PLAN = Plan(tp=2, sp=True, cp=2, ep=4, etp=1, dp=4, pp=1, global_batch=8, micro_batch=1, zero=0)
+
+
+def test_hand_count_of_local_expert_parameters(mixtral):
+    x = layer_expert_params_local(mixtral, np.array([2]), mixtral.layer_kinds()[0], np.array([4]), np.array([1]))
+    assert x[0] * mixtral.num_layers == pytest.approx(_expert_params(mixtral, PLAN))
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_expert_states_are_sharded_over_the_expert_data_parallel_group(mixtral, h100_16, zero):
+    """Megatron bf16 (2 B weights, 4 B fp32 gradient buffer, 4 B master + 8 B Adam moments): dense parameters
+    sharded over dp x cp = 8, routed experts over edp = 4 (the stage each ZeRO level shards)."""
+    plan = dataclasses.replace(PLAN, zero=zero)
+    assert plan.edp == 4 and plan.dp * plan.cp == 8
+    e = estimate(mixtral, h100_16, plan)
+    x = _expert_params(mixtral, plan)
+    weights = e.memory_gib["weights"] * GIB
+    total = weights * (8 if zero == 3 else 1) / 2.0 if zero < 3 else None
+    if zero == 3:  # weights are sharded too: solve dense d from weights = 2 (d / 8 + x / 4)
+        dense = (weights / 2.0 - x / 4) * 8
+    else:
+        dense = total - x
+    assert dense > 0 and x > dense  # Mixtral: experts dominate
+    dense_div, expert_div = 8, 4
+    w_div = (dense_div, expert_div) if zero == 3 else (1, 1)
+    g_div = (dense_div, expert_div) if zero >= 2 else (1, 1)
+    o_div = (dense_div, expert_div) if zero >= 1 else (1, 1)
+    for term, per, (dd, ed) in (("weights", 2.0, w_div), ("grads", 4.0, g_div),
+                                ("optimizer_states", 12.0, o_div)):
+        assert e.memory_gib[term] * GIB == pytest.approx(per * (dense / dd + x / ed), rel=1e-9), term
+
+
+def test_expert_shard_is_not_the_dense_one(mixtral, h100_16):
+    """Same dp x cp, different edp: only the experts' optimizer states change (edp 4 vs 8 by moving ep)."""
+    a = estimate(mixtral, h100_16, dataclasses.replace(PLAN, zero=1))          # ep 4: edp 4
+    b = estimate(mixtral, h100_16, dataclasses.replace(PLAN, zero=1, ep=2))    # ep 2: edp 8, twice the experts
+    xa, xb = _expert_params(mixtral, PLAN), _expert_params(mixtral, dataclasses.replace(PLAN, ep=2))
+    # experts held: 2x with ep 2, each rank's share of their states: 1/8 instead of 1/4, so equal bytes
+    delta = (b.memory_gib["optimizer_states"] - a.memory_gib["optimizer_states"]) * GIB
+    assert xb == 2 * xa and delta == pytest.approx(12.0 * (xb / 8 - xa / 4), abs=1.0)
+    assert (b.memory_gib["weights"] - a.memory_gib["weights"]) * GIB == pytest.approx(2.0 * (xb - xa), rel=1e-9)
+
+
+def test_expert_gradient_accumulation_runs_on_the_expert_shard(mixtral, h100_16, monkeypatch):
+    """A stack without fused gradient accumulation (torchtitan) adds each micro-batch's gradients into the
+    ZeRO-2 shard: the dense parameters' shard is 1 / (dp x cp), the routed experts' 1 / edp."""
+    from tpsim.estimator import schedule as sched_mod
+
+    calls = []
+    real = sched_mod.grad_accumulation_seconds
+
+    def spy(ctx, params, sharded, group, dtype):
+        calls.append((np.asarray(params, dtype=float).copy(), np.asarray(group).copy()))
+        return real(ctx, params, sharded, group, dtype)
+
+    monkeypatch.setattr(sched_mod, "grad_accumulation_seconds", spy)
+    plan = dataclasses.replace(PLAN, zero=2, etp=0)  # torchtitan: expert tp = tp, so edp = 16 / (4 x 2) = 2
+    assert plan.edp == 2
+    estimate(mixtral, h100_16, plan, stack="torchtitan")
+    (dense, dense_group), (experts, expert_group) = calls
+    assert int(dense_group[0]) == 8 and int(expert_group[0]) == 2
+    per_layer = _expert_params(mixtral, dataclasses.replace(plan, etp=2)) / mixtral.num_layers
+    assert experts[0] == pytest.approx(per_layer) and dense[0] > 0
