@@ -99,3 +99,78 @@ def test_expert_gradient_accumulation_runs_on_the_expert_shard(mixtral, h100_16,
     assert int(dense_group[0]) == 8 and int(expert_group[0]) == 2
     per_layer = _expert_params(mixtral, dataclasses.replace(plan, etp=2)) / mixtral.num_layers
     assert experts[0] == pytest.approx(per_layer) and dense[0] > 0
+
+
+# ---- layer kinds per pipeline rank (dense first layers + MoE layers) --------------------------------------------
+def _deepseek(layers: int = 8):
+    return dataclasses.replace(with_overrides(get_preset("deepseek-v3"), layers=layers, seq_len=1024),
+                               mtp_layers=0)
+
+
+def _parts(model, cluster, plan, stack=None):
+    from tpsim.estimator.context import context_for
+    from tpsim.estimator.core import _patterns, layer_costs
+    from tpsim.plan import PlanBatch
+
+    ctx = context_for(model, cluster, stack=stack)
+    b = PlanBatch.from_plans([plan])
+    costs, keys = layer_costs(ctx, b)
+    _, part, _ = _patterns(ctx, b, costs, keys, 2.0)
+    return ctx, costs, part
+
+
+def test_each_rank_stores_the_activations_of_its_own_layer_kinds(h100_16):
+    """DeepSeek-V3 shape (3 dense layers first): with pp 2 the first rank holds 3 dense + 1 MoE layer, the last
+    4 MoE layers; each stores its own layers' activations (not the model's mean layer x its layer count)."""
+    from tpsim.estimator.memory import in_flight
+
+    m = _deepseek(8)
+    plan = Plan(tp=1, pp=2, ep=8, dp=8, global_batch=16, zero=1, dtype="bf16")
+    ctx, costs, part = _parts(m, h100_16, plan)
+    dense_act, moe_act = costs.activations_by_kind[:, 0]
+    assert moe_act > dense_act
+    e = estimate(m, h100_16, plan)
+    mb = np.array([plan.global_batch // plan.dp])
+    first = in_flight(np.array([0]), np.array([2]), np.array([1]), mb)[0] * (3 * dense_act + moe_act)
+    last = in_flight(np.array([1]), np.array([2]), np.array([1]), mb)[0] * 4 * moe_act
+    got = e.memory_gib["activations"] * GIB - costs.working[0]
+    assert any(got == pytest.approx(x, rel=1e-9) for x in (first, last))
+    mean = (3 * dense_act + 5 * moe_act) / 8  # the model's mean layer, which a rank's layer count would take
+    assert not any(got == pytest.approx(4 * mean * k, rel=1e-6) for k in (1, 2))
+
+
+@pytest.mark.parametrize("pp,vpp", [(2, 1), (4, 1), (3, 3), (16, 1)])
+def test_torchtitan_split_counts_the_layers_each_rank_holds(pp, vpp):
+    """torchtitan splits layers + 2 (embedding and output as one layer each) over pp x vpp chunks: the layers of
+    each kind per rank must add up to the rank's layers of that split (dense first layers on the first rank)."""
+    from tpsim.estimator.memory import stage_layers_with_edges
+    from tpsim.estimator.partition import chunk_sizes, position_kind_counts
+
+    m = get_preset("deepseek-v3")
+    kinds = np.array([0 if i < m.first_dense_layers else 1 for i in range(m.num_layers)])
+    if (m.num_layers + 2) % (pp * vpp) and vpp > 1:
+        pytest.skip("torchtitan splits the layers alone here")
+    counts = position_kind_counts(kinds, np.array([pp]), np.array([vpp]), edges_as_layers=True)[:, :, 0]
+    split = stage_layers_with_edges(m.num_layers, np.array([pp]), np.array([vpp]))
+    assert sum(chunk_sizes(m.num_layers, pp, vpp, True)) == m.num_layers
+    assert counts[0].sum() == split.first[0]
+    if pp > 1:
+        assert counts[1].sum() == split.last[0]
+    if pp > 2:
+        assert counts[2].sum() == split.middle[0]
+    if pp == 16:  # 63 slots: 4 per chunk, 3 for the last; the first chunk is the embedding + the 3 dense layers
+        assert counts[0].tolist() == [3, 0] and counts[2].tolist() == [0, 4] and counts[1].tolist() == [0, 2]
+
+
+def test_torchtitan_stage_parameters_follow_its_own_split(h100_16):
+    """Under torchtitan the first rank of a pp-4 DeepSeek-V3-shaped model holds the embedding and layers 0-1
+    (10 slots over 4 chunks: 3, 3, 2, 2), the last rank 1 layer and the output layer; the parameters of each
+    rank are exactly its layers' of each kind."""
+    m = _deepseek(8)
+    plan = Plan(tp=1, pp=4, ep=4, dp=4, global_batch=16, zero=2, dtype="bf16")
+    ctx, costs, part = _parts(m, h100_16, plan, stack="torchtitan")
+    dense, moe = costs.params_by_kind[:, 0]
+    emb = m.padded_vocab(1) * m.hidden_size
+    assert part.layers[:, 0].tolist() == [2, 1, 3]
+    assert part.params[0, 0] == pytest.approx(2 * dense + emb)
+    assert part.params[2, 0] == pytest.approx(dense + 2 * moe)  # rank 1: layers 2 (dense), 3, 4

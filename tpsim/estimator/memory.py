@@ -284,7 +284,8 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     from .partition import on_positions
 
     ranks = np.stack([np.zeros_like(pp), pp - 1, np.ones_like(pp)])  # pipeline rank of each position
-    activations = part.layers * costs.activations * in_flight(ranks, pp, vpp, m) + costs.working
+    stored = part.layer_sum(costs.activations, getattr(costs, "activations_by_kind", None))
+    activations = stored * in_flight(ranks, pp, vpp, m) + costs.working
     zero3_buffers = np.where(zero == 3, 2.0 * costs.params * w_bytes, 0.0)  # this and the next layer gathered
     other = on_positions(costs.first.buffer_bytes + zero3_buffers, costs.last.buffer_bytes + zero3_buffers,
                          pp == 1, middle=zero3_buffers, last_alone=costs.last.buffer_bytes)

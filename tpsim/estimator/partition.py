@@ -39,6 +39,8 @@ class Partition:
     """(3, n) of ``params``, the routed experts' (None: a dense model)."""
     largest_expert: np.ndarray | float = 0.0
     """(n,) the routed experts' parameters on the rank holding the most parameters."""
+    kind_counts: np.ndarray | None = None
+    """(3, kinds, n) layers of each kind the rank holds (None: one kind, ``layers`` of it)."""
 
     def for_plans(self, index: np.ndarray) -> "Partition":
         """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
@@ -47,7 +49,15 @@ class Partition:
         largest_expert = self.largest_expert if np.isscalar(self.largest_expert) else self.largest_expert[index]
         return Partition(layers=self.layers[:, index], valid=self.valid[:, index], params=self.params[:, index],
                          edge_params=None, largest=self.largest[index], largest_edge=None, expert=expert,
-                         largest_expert=largest_expert)
+                         largest_expert=largest_expert,
+                         kind_counts=None if self.kind_counts is None else self.kind_counts[:, :, index])
+
+    def layer_sum(self, per_layer: np.ndarray, by_kind: np.ndarray | None = None) -> np.ndarray:
+        """(3, n) sum of a per-layer quantity over each rank's layers: ``layers x per_layer``, or with layer
+        kinds (``by_kind`` (kinds, n) and :attr:`kind_counts`) each rank's own layers of each kind."""
+        if by_kind is None or self.kind_counts is None:
+            return self.layers * per_layer
+        return np.einsum("pkn,kn->pn", self.kind_counts, by_kind)
 
 
 def positions(pp: np.ndarray) -> np.ndarray:
@@ -85,8 +95,9 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCost
     single = pp == 1
     last_unshared = costs.last.params - costs.last.shared_params
     edges = on_positions(costs.first.params, costs.last.params, single, last_alone=last_unshared)
+    counts = None
     if costs.params_by_kind is not None and kind_of_layer is not None:
-        counts = position_kind_counts(kind_of_layer, pp, vpp)
+        counts = position_kind_counts(kind_of_layer, pp, vpp, edges_as_layers)
         params = np.einsum("pkn,kn->pn", counts, costs.params_by_kind) + edges
         expert = np.einsum("pkn,kn->pn", counts, costs.expert_by_kind)
     else:
@@ -99,41 +110,66 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCost
         largest_expert = expert[at, np.arange(at.size)]
     return Partition(layers=layers, valid=valid, params=params, edge_params=edges, largest=held.max(axis=0),
                      largest_edge=np.where(valid, edges, 0.0).max(axis=0), expert=expert,
-                     largest_expert=largest_expert)
+                     largest_expert=largest_expert, kind_counts=counts)
 
 
-def position_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray) -> np.ndarray:
+def position_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
+                         edges_as_layers: bool = False) -> np.ndarray:
     """(3, kinds, n): layers of each kind on the first, last and busiest middle rank, with the layers in
     order over the model chunks (chunk v of rank r is the (v pp + r)-th) and the chunk sizes of
-    :func:`stage_layers`."""
+    :func:`stage_layers` (or, for stacks that count the embedding and the output layer as layers, of
+    :func:`stage_layers_with_edges` where :func:`partition` uses it). The busiest middle rank is the one whose
+    layers store the most (its MoE layers outweigh dense ones: the last kind index is never lighter)."""
     kinds = int(kind_of_layer.max()) + 1
     key = tuple(int(k) for k in kind_of_layer)
     out = np.zeros((3, kinds, pp.size))
     pairs = np.unique(np.stack([pp, vpp], axis=1), axis=0)
+    n = len(key)
     for p_, v_ in pairs.tolist():
         where = (pp == p_) & (vpp == v_)
-        out[:, :, where] = _kind_counts(key, kinds, p_, v_)[:, :, None]
+        edges = edges_as_layers and (v_ == 1 or (n + 2) % (p_ * v_) == 0)
+        out[:, :, where] = _kind_counts(key, kinds, p_, v_, edges)[:, :, None]
     return out
 
 
+def chunk_sizes(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = False) -> list[int]:
+    """Transformer layers of each model chunk in model order (chunk k on rank k mod pp): tpsim's default split
+    (:func:`_rank_layers`, each rank's layers cut into vpp near-equal chunks), or the split that counts the
+    embedding and the output layer as one layer each (torchtitan ``generate_llm_fqn_per_model_part``:
+    ``(layers + 2) // chunks`` slots per chunk, one more for the first ``(layers + 2) % chunks``; the first
+    chunk's first slot is the embedding, the last chunk's last slot the output layer)."""
+    chunks = pp * vpp
+    if edges_as_layers and pp > 1:
+        slots = num_layers + 2
+        sizes = [slots // chunks + (1 if c < slots % chunks else 0) for c in range(chunks)]
+        sizes[0] -= 1
+        sizes[-1] -= 1
+        return sizes
+    per_rank = _rank_layers(num_layers, pp, vpp)
+    split = [[len(a) for a in np.array_split(np.arange(c), vpp)] for c in per_rank]
+    return [split[r][v] for v in range(vpp) for r in range(pp)]
+
+
 @lru_cache(maxsize=256)
-def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int) -> np.ndarray:
+def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int,
+                 edges_as_layers: bool = False) -> np.ndarray:
     n = len(kind_of_layer)
-    per_rank = _rank_layers(n, pp, vpp)
-    chunks = [np.array_split(np.arange(c), vpp) for c in per_rank]  # sizes of each rank's chunks
-    order = [(v, r) for v in range(vpp) for r in range(pp)]
-    start, owner = 0, np.zeros(n, dtype=np.int64)
-    for v, r in order:
-        size = len(chunks[r][v])
-        owner[start:start + size] = r
+    owner = np.zeros(n, dtype=np.int64)
+    start = 0
+    for k, size in enumerate(chunk_sizes(n, pp, vpp, edges_as_layers)):
+        owner[start:start + size] = k % pp
         start += size
     kinds_arr = np.asarray(kind_of_layer)
-    ranks = (0, pp - 1, 1 if pp > 2 else 0)
+    per_rank = np.stack([np.bincount(kinds_arr[owner == r], minlength=kinds) for r in range(pp)])
     out = np.zeros((3, kinds))
-    for i, r in enumerate(ranks):
-        if i == MIDDLE and pp <= 2:
-            continue
-        out[i] = np.bincount(kinds_arr[owner == r], minlength=kinds)
+    out[0] = per_rank[0]
+    if pp > 1:
+        out[1] = per_rank[-1]
+    if pp > 2:
+        middle = per_rank[1:-1]
+        # the middle rank with the most layers, the later kinds (MoE after dense) breaking ties
+        weight = middle.sum(axis=1) * (n + 1) ** 2 + middle @ np.arange(kinds)
+        out[2] = middle[int(np.argmax(weight))]
     return out
 
 

@@ -102,6 +102,9 @@ class LayerCosts:
     each pipeline rank's layers of each kind); None: every layer holds ``params``."""
     expert_by_kind: np.ndarray | None = None
     """(kinds, n) the routed experts' share of ``params_by_kind``."""
+    activations_by_kind: np.ndarray | None = None
+    """(kinds, n) activation bytes one layer of each kind stores per micro-batch (the memory stage counts each
+    pipeline rank's layers of each kind: a rank of MoE layers stores more than one of dense layers)."""
 
     def take(self, index: np.ndarray, with_comm: bool = True) -> "LayerCosts":
         """The rows ``index`` (gather); ``with_comm=False`` leaves the collectives out (the stages after
@@ -124,7 +127,9 @@ class LayerCosts:
                           activations=self.activations[index], working=self.working[index], boundary_bytes=None,
                           first=edge(self.first), last=edge(self.last),
                           attention=None if self.attention is None else self.attention[index],
-                          expert_params=None if self.expert_params is None else self.expert_params[index])
+                          expert_params=None if self.expert_params is None else self.expert_params[index],
+                          activations_by_kind=(None if self.activations_by_kind is None
+                                               else self.activations_by_kind[:, index]))
 
 
 class LayerSource(ABC):
@@ -218,6 +223,7 @@ class TransformerSource(LayerSource):
                           expert_params=mean.expert_params if model.is_moe else None,
                           params_by_kind=np.stack([k.params for k in kinds]) if many else None,
                           expert_by_kind=np.stack([k.expert_params for k in kinds]) if many else None,
+                          activations_by_kind=np.stack([k.activations for k in kinds]) if many else None,
                           attention=np.broadcast_to(np.asarray(mean.attention, dtype=float), tp.shape))
 
     def _kind_costs(self, compute: ComputeModel, kind: LayerKind, rc: np.ndarray, cp_kind: np.ndarray,
