@@ -174,3 +174,16 @@ def test_torchtitan_stage_parameters_follow_its_own_split(h100_16):
     assert part.layers[:, 0].tolist() == [2, 1, 3]
     assert part.params[0, 0] == pytest.approx(2 * dense + emb)
     assert part.params[2, 0] == pytest.approx(dense + 2 * moe)  # rank 1: layers 2 (dense), 3, 4
+
+
+def test_slowest_pipeline_rank_is_timed_with_its_own_layer_kinds(h100_16):
+    """Compute of the slowest rank: its dense and MoE layers each at their own time (megatron: no separate
+    gradient accumulation), plus its edge (embedding on the first rank, output layer and loss on the last)."""
+    m = _deepseek(8)
+    plan = Plan(tp=1, pp=2, ep=8, dp=8, global_batch=16, zero=1, dtype="bf16")
+    ctx, costs, part = _parts(m, h100_16, plan)
+    dense_t, moe_t = costs.compute_by_kind[:, 0]
+    first = 3 * dense_t + moe_t + costs.first.fwd[0] + costs.first.bwd[0]
+    last = 4 * moe_t + costs.last.fwd[0] + costs.last.bwd[0]
+    e = estimate(m, h100_16, plan)
+    assert e.breakdown["compute"] == pytest.approx(plan.global_batch // plan.dp * max(first, last), rel=1e-6)

@@ -120,8 +120,9 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     accum = grad_accumulation_seconds(ctx, costs.params - experts, sharded, group, dtype)
     if costs.expert_params is not None and edp is not None:
         accum = accum + grad_accumulation_seconds(ctx, experts, sharded, edp, dtype)
-    rank_c = L * (costs.fwd + costs.bwd + accum) + edge_c
-    rank_r = L * costs.recompute
+    # each rank's own layers of each kind (dense first layers and MoE layers take different times)
+    rank_c = part.layer_sum(costs.fwd + costs.bwd, getattr(costs, "compute_by_kind", None)) + L * accum + edge_c
+    rank_r = part.layer_sum(costs.recompute, getattr(costs, "recompute_by_kind", None))
     rank_x = L * x_layer + edge_x
     fixed = ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, full, host_s_per_op)
     fixed = fixed + _zero3_hooks(ctx, costs, zero, full, host_s_per_op)

@@ -102,6 +102,11 @@ class LayerCosts:
     each pipeline rank's layers of each kind); None: every layer holds ``params``."""
     expert_by_kind: np.ndarray | None = None
     """(kinds, n) the routed experts' share of ``params_by_kind``."""
+    compute_by_kind: np.ndarray | None = None
+    """(kinds, n) forward + backward seconds of one layer of each kind (the slowest pipeline rank is the one
+    whose own layers take longest)."""
+    recompute_by_kind: np.ndarray | None = None
+    """(kinds, n) recomputation seconds of one layer of each kind."""
     activations_by_kind: np.ndarray | None = None
     """(kinds, n) activation bytes one layer of each kind stores per micro-batch (the memory stage counts each
     pipeline rank's layers of each kind: a rank of MoE layers stores more than one of dense layers)."""
@@ -128,8 +133,8 @@ class LayerCosts:
                           first=edge(self.first), last=edge(self.last),
                           attention=None if self.attention is None else self.attention[index],
                           expert_params=None if self.expert_params is None else self.expert_params[index],
-                          activations_by_kind=(None if self.activations_by_kind is None
-                                               else self.activations_by_kind[:, index]))
+                          **{f: (None if getattr(self, f) is None else getattr(self, f)[:, index])
+                             for f in ("compute_by_kind", "recompute_by_kind", "activations_by_kind")})
 
 
 class LayerSource(ABC):
@@ -224,6 +229,8 @@ class TransformerSource(LayerSource):
                           params_by_kind=np.stack([k.params for k in kinds]) if many else None,
                           expert_by_kind=np.stack([k.expert_params for k in kinds]) if many else None,
                           activations_by_kind=np.stack([k.activations for k in kinds]) if many else None,
+                          compute_by_kind=np.stack([k.fwd + k.bwd for k in kinds]) if many else None,
+                          recompute_by_kind=np.stack([k.recompute for k in kinds]) if many else None,
                           attention=np.broadcast_to(np.asarray(mean.attention, dtype=float), tp.shape))
 
     def _kind_costs(self, compute: ComputeModel, kind: LayerKind, rc: np.ndarray, cp_kind: np.ndarray,
