@@ -187,3 +187,24 @@ def test_slowest_pipeline_rank_is_timed_with_its_own_layer_kinds(h100_16):
     last = 4 * moe_t + costs.last.fwd[0] + costs.last.bwd[0]
     e = estimate(m, h100_16, plan)
     assert e.breakdown["compute"] == pytest.approx(plan.global_batch // plan.dp * max(first, last), rel=1e-6)
+
+
+def test_multi_token_prediction_on_the_last_rank(h100_16):
+    """DeepSeek-V3's MTP module sits on the last rank: one MoE layer (its routed experts sharded like the other
+    experts: over edp), the 2h -> h projection and two norms, and a copy of the input embedding (Megatron-Core
+    builds the embedding on the MTP stage); with pp = 1 that copy is the first edge's embedding itself."""
+    m = dataclasses.replace(_deepseek(8), mtp_layers=1)
+    h = m.hidden_size
+    emb = m.padded_vocab(1) * h
+    plan = Plan(tp=1, pp=2, ep=8, dp=8, global_batch=16, zero=1, dtype="bf16")
+    _, costs, part = _parts(m, h100_16, plan)
+    dense, moe = costs.params_by_kind[:, 0]
+    moe_experts = costs.expert_by_kind[1, 0]
+    output = emb + h  # output layer + final RMSNorm
+    mtp = moe + 2 * h * h + 2 * h
+    assert part.params[1, 0] == pytest.approx(4 * moe + output + mtp + emb)
+    assert part.expert[1, 0] == pytest.approx(5 * moe_experts)
+    single = Plan(tp=1, pp=1, ep=8, dp=16, global_batch=16, zero=1, dtype="bf16")
+    _, costs1, part1 = _parts(m, h100_16, single)
+    dense1, moe1 = costs1.params_by_kind[:, 0]
+    assert part1.params[0, 0] == pytest.approx(3 * dense1 + 5 * moe1 + emb + output + moe1 + 2 * h * h + 2 * h)

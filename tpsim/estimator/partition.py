@@ -103,6 +103,10 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCost
     else:
         params = layers * costs.params + edges
         expert = None if costs.expert_params is None else layers * costs.expert_params
+    if expert is not None:  # routed experts of the edges (multi-token prediction on the last rank)
+        ex_first, ex_last = (np.broadcast_to(np.asarray(e.expert_params, dtype=float), pp.shape)
+                             for e in (costs.first, costs.last))
+        expert = expert + on_positions(ex_first, ex_last, single)
     held = np.where(valid, params, 0.0)
     largest_expert = 0.0
     if expert is not None:

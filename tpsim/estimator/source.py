@@ -65,6 +65,8 @@ class Edge:
     """of ``params``, those the other edge already holds when both sit on one rank (tied embeddings)."""
     buffer_bytes: np.ndarray
     """working buffers of one micro-batch (embedding output, fp32 logits), bytes."""
+    expert_params: np.ndarray | float = 0.0
+    """of ``params``, routed experts' (the multi-token-prediction modules' MoE layers on the last rank)."""
 
 
 
@@ -429,8 +431,12 @@ def _mtp_edge(model: ModelSpec, compute: ComputeModel, last: Edge, ec, kind: "_K
     """Multi-token prediction (DeepSeek-V3 report section 2.2, Megatron-Core ``MultiTokenPredictionBlock``) on
     the last pipeline rank, per module: two RMSNorms and the projection of [embedding; hidden] (2h -> h,
     column-parallel), one transformer layer like the model's last one (its compute, collectives as exposed,
-    parameters and activations), and the shared output head again (logits GEMM and cross-entropy; the head's
-    weights are the model's). Not counted in model FLOPs (MFU counts the main model, as DeepSeek's report)."""
+    parameters, routed experts and activations), and the shared output head again (logits GEMM and
+    cross-entropy; the head's weights are the model's). The modules embed the shifted tokens, so the last rank
+    holds a copy of the input embedding (Megatron-Core ``GPTModel``: ``if self.pre_process or
+    self.mtp_process: self.embedding = LanguageModelEmbedding(...)``), which is the first rank's when both are
+    one rank (pp = 1) or the output layer's with tied embeddings. Not counted in model FLOPs (MFU counts the
+    main model, as DeepSeek's report)."""
     from .layer import _Acc, _linear
     k = float(model.mtp_layers)
     h = float(model.hidden_size)
@@ -440,6 +446,8 @@ def _mtp_edge(model: ModelSpec, compute: ComputeModel, last: Edge, ec, kind: "_K
     bwd = k * (acc_b.t + kind.bwd + ec.last_bwd)
     comm = last.comm + tuple(dataclasses.replace(c, count=c.count * k, hide=0.0) for c in kind.comm)
     params = k * (kind.params + 2 * h * h / tp + 2 * h)
+    embedding = np.zeros(tp.shape) if model.tie_embeddings else emb_local
     buffers = k * (kind.activations + T * h * 2.0 + 4.0 * T * emb_local / h)
-    return Edge(fwd=last.fwd + fwd, bwd=last.bwd + bwd, comm=comm, params=last.params + params,
-                shared_params=last.shared_params, buffer_bytes=last.buffer_bytes + buffers)
+    return Edge(fwd=last.fwd + fwd, bwd=last.bwd + bwd, comm=comm, params=last.params + params + embedding,
+                shared_params=last.shared_params + embedding, buffer_bytes=last.buffer_bytes + buffers,
+                expert_params=k * kind.expert_params)
