@@ -27,6 +27,7 @@ from ..tp_plan import layer_collectives
 from .flops import layer_forward_flops, model_flops_per_sequence
 from .keys import take_rows
 from .layer import edge_cost, layer_cost
+from .stackterms import ActivationStorage
 from .memory import (activation_bytes_per_layer, full_layer_activations, layer_expert_params_local,
                      layer_params_local)
 
@@ -180,9 +181,11 @@ class TransformerSource(LayerSource):
     model's layers (times, collectives with their counts, activations), and the parameters of each kind are
     kept apart so each pipeline rank holds exactly its layers' parameters (:attr:`kind_of_layer`)."""
 
-    def __init__(self, model: ModelSpec, flavor: str = "megatron"):
+    def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None):
         self.model = model
         self.flavor = flavor
+        self.storage = storage or ActivationStorage()
+        """the stack's selective-recomputation modules and fp8 activation caching."""
         self.num_layers = model.num_layers
         self.tokens_per_sequence = model.seq_len
         moe = ("ep", "etp") if model.is_moe else ()
@@ -204,9 +207,18 @@ class TransformerSource(LayerSource):
         return model_flops_per_sequence(self.model)
 
     def recompute_flops_per_sequence(self, recompute: np.ndarray) -> np.ndarray:
-        """Full recomputation repeats the layers' forward, selective the attention-score matmuls."""
-        layer, scores = layer_forward_flops(self.model)
-        return np.where(recompute == 2, layer, np.where(recompute == 1, scores, 0.0)) * self.model.num_layers
+        """Full recomputation repeats the layers' forward; selective the attention-score matmuls (``core_attn``)
+        and MLA's up-projection GEMMs (``mla_up_proj``) as the stack's recompute modules say."""
+        m = self.model
+        layer, scores = layer_forward_flops(m)
+        modules = self.storage.recompute_modules
+        selective = scores if "core_attn" in modules else 0.0
+        if "mla_up_proj" in modules and m.attention_kind == "mla":
+            heads = m.num_attention_heads
+            up = (m.q_lora_rank * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+                  + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim))
+            selective = selective + 2.0 * m.seq_len * up
+        return np.where(recompute == 2, layer, np.where(recompute == 1, selective, 0.0)) * m.num_layers
 
     def costs(self, compute: ComputeModel, keys: dict[str, np.ndarray], dtype: str,
               attention: str) -> LayerCosts:
@@ -241,9 +253,12 @@ class TransformerSource(LayerSource):
         model = self.model
         tp, sp, mb, cp, ep, etp = (axes[k] for k in ("tp", "sp", "micro_batch", "cp", "ep", "etp"))
         lc = layer_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, recompute=rc, dtype=dtype,
-                        attention=attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, kind=kind)
+                        attention=attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, kind=kind,
+                        recompute_modules=self.storage.recompute_modules)
+        linear_bytes, attn_out_bytes = self.storage.cache_bytes(dtype, axes["act_bytes"])
         mem_kw = dict(tp=tp, sp=sp, micro_batch=mb, recompute=rc, attention=attention, act_bytes=axes["act_bytes"],
-                      cp=cp, kind=kind, ep=ep, etp=etp)
+                      cp=cp, kind=kind, ep=ep, etp=etp, modules=self.storage.recompute_modules,
+                      linear_bytes=linear_bytes, attn_out_bytes=attn_out_bytes)
         working = np.where(rc == 2, full_layer_activations(model, **mem_kw), 0.0)
         tp_ops = self._tp_collectives(lc, kind, axes)
         cp_ops = cp_layer_collectives(model, lc, axes, cp_kind)
