@@ -40,7 +40,7 @@ class Partition:
     largest_expert: np.ndarray | float = 0.0
     """(n,) the routed experts' parameters on the rank holding the most parameters."""
     kind_counts: np.ndarray | None = None
-    """(3, kinds, n) layers of each kind the rank holds (None: one kind, ``layers`` of it)."""
+    """(kinds, 3, n) layers of each kind the rank holds (None: one kind, ``layers`` of it)."""
 
     def for_plans(self, index: np.ndarray) -> "Partition":
         """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
@@ -57,7 +57,11 @@ class Partition:
         kinds (``by_kind`` (kinds, n) and :attr:`kind_counts`) each rank's own layers of each kind."""
         if by_kind is None or self.kind_counts is None:
             return self.layers * per_layer
-        return np.einsum("pkn,kn->pn", self.kind_counts, by_kind)
+        counts = self.kind_counts
+        out = counts[0] * by_kind[0]
+        for k in range(1, counts.shape[0]):  # a handful of kinds: contiguous multiply-adds beat einsum
+            out += counts[k] * by_kind[k]
+        return out
 
 
 def _mirror(params: np.ndarray, expert: np.ndarray | None, last_shared: np.ndarray,
@@ -132,7 +136,8 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCost
         largest_expert = expert[at, np.arange(at.size)]
     return Partition(layers=layers, valid=valid, params=params, edge_params=edges, largest=held.max(axis=0),
                      largest_edge=np.where(valid, edges, 0.0).max(axis=0), expert=expert,
-                     largest_expert=largest_expert, kind_counts=counts)
+                     largest_expert=largest_expert,
+                     kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)))
 
 
 def position_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
