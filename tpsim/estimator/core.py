@@ -75,7 +75,8 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
         layer_index = layer_keys.inverse[keys.first]
         part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False),
-                         ctx.terms.pipeline_edges_as_layers, getattr(ctx.source, "kind_of_layer", None))
+                         ctx.terms.pipeline_edges_as_layers, getattr(ctx.source, "kind_of_layer", None),
+                         mirrored=ctx.terms.pipeline_mirrored_stages)
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         gather_bytes, grad_bytes = _wire_bytes(ctx, plans.dtype)
@@ -147,6 +148,7 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     m = sched.micro_batches
     mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=m,
                  grad_unsharded=ctx.terms.unsharded_grad_fraction(p.zero, p.pp, p.vpp, m), cp=p.cp, edp=edp,
+                 mirrored=ctx.terms.pipeline_mirrored_stages, extra_in_flight=ctx.terms.pipeline_extra_in_flight,
                  **_memory_figures(ctx, p))
     return totals(ctx, plans, costs, sched, mem, comm)
 
@@ -165,7 +167,7 @@ def model_states_bytes(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray:
     sub = plans.take(keys.first)
     costs = costs_u.take(layer_keys.inverse[keys.first], with_comm=False)
     part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs, ctx.terms.pipeline_edges_as_layers,
-                     getattr(ctx.source, "kind_of_layer", None))
+                     getattr(ctx.source, "kind_of_layer", None), mirrored=ctx.terms.pipeline_mirrored_stages)
     fig = _memory_figures(ctx, sub)
     # the stack's bytes per parameter; gradients as sharded as ZeRO allows (the stack may keep more of them
     # whole, which only raises the peak: this stays a lower bound)
