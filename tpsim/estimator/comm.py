@@ -111,11 +111,14 @@ class AxisCurves:
         key = (axes, op, b.tobytes())
         hit = self._done.get(key)
         if hit is None:
+            runs = b > 0
+            if not runs.any():  # nothing runs (a ZeRO plan's all-reduce, ...): the same zeros, no curve built
+                hit = self._done[key] = (np.zeros(b.size), np.full(b.size, -1, dtype=np.int32))
+                return hit
             lat, spb, codes = self._rows(axes, op)
             lines = lat + b[:, None] * spb
             rows = np.arange(b.size)
             best = np.argmin(lines, axis=1)
-            runs = b > 0
             hit = self._done[key] = (np.where(runs, lines[rows, best], 0.0), np.where(runs, codes[rows, best], -1))
         return hit
 
