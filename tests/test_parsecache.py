@@ -130,3 +130,14 @@ def test_data_files_read_as_pyyaml_python_loader_reads_them(path, cache):
     expected = yaml.load(text, Loader=yaml.SafeLoader)
     assert load_data(DATA / path) == expected   # parsed (a miss)
     assert load_data(DATA / path) == expected   # read back (a hit)
+
+
+def test_folder_follows_the_plan_cache_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPSIM_CACHE_DIR", str(tmp_path))
+    assert parsecache.cache_dir() == tmp_path / "yaml"
+    monkeypatch.delenv("TPSIM_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert parsecache.cache_dir() == tmp_path / "xdg" / "tpsim" / "yaml"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert parsecache.cache_dir() == tmp_path / "home" / ".cache" / "tpsim" / "yaml"

@@ -40,8 +40,13 @@ def cache_dir() -> Path | None:
     root = os.environ.get("TPSIM_CACHE_DIR")
     if root and root.lower() in ("off", "none", "0"):
         return None
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpsim"
-    return base / "yaml"
+    if root:
+        return Path(root) / "yaml"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    home = os.path.expanduser("~")
+    if not xdg and not os.path.isabs(home):  # no home folder: no cache (never a "~" folder in the cwd)
+        return None
+    return Path(xdg or os.path.join(home, ".cache")) / "tpsim" / "yaml"
 
 
 def entry_key(text: str, reader: str) -> str:
