@@ -193,3 +193,5 @@ def test_cli_without_a_verb_still_registers_every_verb():
     assert set(build_parser(["estimate", "--tp", "2"])._subparsers._group_actions[0].choices) == {"estimate"}
     assert set(build_parser(["--version"])._subparsers._group_actions[0].choices) == set(verbs)
     assert set(build_parser(["estimat"])._subparsers._group_actions[0].choices) == set(verbs)
+    assert set(build_parser(["--help", "estimate"])._subparsers._group_actions[0].choices) == set(verbs)
+    assert set(build_parser(["bench-collectives"])._subparsers._group_actions[0].choices) == {"bench-collectives"}

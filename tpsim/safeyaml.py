@@ -204,4 +204,5 @@ def check_kind(data: Any, expected: str, where: str, text: str = "") -> None:
         raise InputError(f"{where} is {article} {found} file, not a {expected}")
 
 
-__all__ = ["strict_loader", "base_loader", "load_yaml", "load_data", "read_yaml", "check_size", "kind_of", "check_kind"]
+__all__ = ["strict_loader", "base_loader", "load_yaml", "load_data", "read_yaml", "check_size", "kind_of",
+           "check_kind"]

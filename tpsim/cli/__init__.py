@@ -54,9 +54,9 @@ def _on_signal(signum: int, frame: object) -> None:
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The ``tpsim`` parser. Given the command line, it registers only the verb that line runs (its first word
-    that is not an option, when it names a verb), so that ``tpsim estimate`` imports no other verb's module;
-    without one (``tpsim --help``, no verb, a misspelt verb) it registers every verb."""
+    """The ``tpsim`` parser. Given the command line, it registers only the verb that line runs (when its first
+    word names a verb), so that ``tpsim estimate`` imports no other verb's module; otherwise (``tpsim --help``,
+    no verb, a misspelt verb) it registers every verb."""
     parser = OneLineParser(
         prog="tpsim",
         description="Tensor-parallelism performance simulator and parallelism planner for LLM training.")
@@ -74,9 +74,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _verb_modules(argv: list[str] | None) -> tuple[str, ...]:
-    """The module of the verb the command line names (verb ``bench-collectives``: module
-    ``bench_collectives``), or every verb module."""
-    word = next((a for a in argv or () if not a.startswith("-")), None)
+    """The module of the verb the command line starts with (verb ``bench-collectives``: module
+    ``bench_collectives``), or every verb module (``tpsim --help estimate`` lists every verb, as before)."""
+    word = argv[0] if argv else None
     named = tuple(m for m in VERB_MODULES if m.replace("_", "-") == word)
     return named or VERB_MODULES
 
