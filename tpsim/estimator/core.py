@@ -29,7 +29,7 @@ from .band import step_band
 from .comm import LAYOUT_AXES, Comm, communication, layouts_of
 from .context import EstimationContext, context_for
 from .flops import layer_forward_flops, model_flops_per_sequence
-from .keys import Keys, distinct
+from .keys import Keys, distinct, sorted_values
 from .memory import Memory, memory
 from .partition import Partition, partition
 from .result import Estimate, EstimateBatch
@@ -95,7 +95,7 @@ def _z3_collectives(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray | fl
     """ZeRO-3 gathers per layer and pass of each row (per-parameter ZeRO-3: one per weight tensor)."""
     if not ctx.terms.zero3_per_parameter:
         return 1.0
-    per_tp = {int(t): ctx.terms.zero3_collectives_per_layer(ctx.model, int(t)) for t in np.unique(plans.tp)}
+    per_tp = {int(t): ctx.terms.zero3_collectives_per_layer(ctx.model, int(t)) for t in sorted_values(plans.tp)}
     return np.array([per_tp[int(t)] for t in plans.tp])
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..compute.base import ComputeModel
 from ..model import LayerKind, ModelSpec
+from .keys import sorted_values
 
 
 @dataclass(frozen=True)
@@ -301,8 +302,9 @@ def edge_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np
     if cp is not None:
         T = T / cp.astype(float)
     h = float(model.hidden_size)
-    vocab_local = np.array([model.padded_vocab(int(x)) for x in np.unique(tp)])
-    v_local = vocab_local[np.searchsorted(np.unique(tp), tp)] / t
+    tp_vals = sorted_values(tp)
+    vocab_local = np.array([model.padded_vocab(int(x)) for x in tp_vals])
+    v_local = vocab_local[np.searchsorted(tp_vals, tp)] / t
     T_norm = np.where(sp, T / t, T)
     ff, fb, lf, lb = (_Acc(n_plans) for _ in range(4))
     ff.add(compute.memory("residual_add", T * h, dtype, False))   # gather rows (+ positions)

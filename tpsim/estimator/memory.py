@@ -249,12 +249,11 @@ class ProcessMemory:
 
 @lru_cache(maxsize=1)
 def process_memory() -> ProcessMemory:
-    import yaml
-
     from ..hardware import DATA_DIR
+    from ..safeyaml import load_data
     from ..units import GiB
 
-    raw = yaml.safe_load((DATA_DIR / "memory.yaml").read_text())
+    raw = load_data(DATA_DIR / "memory.yaml")
     ctx, nccl = raw["cuda_context_gib"], raw["nccl_buffers_gib_per_communicator"]
     return ProcessMemory(cuda_context=float(ctx["value"]) * GiB,
                          cuda_context_range=tuple(float(x) * GiB for x in ctx["range"]),

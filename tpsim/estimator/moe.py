@@ -41,9 +41,9 @@ class MoeConstants:
 
 @lru_cache(maxsize=1)
 def moe_constants() -> MoeConstants:
-    import yaml
+    from ..safeyaml import load_data
 
-    raw = yaml.safe_load(DATA.read_text())
+    raw = load_data(DATA)
     return MoeConstants(max_violation={k: float(v["value"]) for k, v in raw["max_violation"].items()},
                         loss_free_architectures=tuple(raw["loss_free_architectures"]["value"]))
 

@@ -25,7 +25,7 @@ from ..compute.roofline import activation_bytes
 from ..model import LayerKind, ModelSpec
 from ..tp_plan import layer_collectives
 from .flops import layer_forward_flops, model_flops_per_sequence
-from .keys import take_rows
+from .keys import sorted_values, take_rows
 from .layer import edge_cost, layer_cost
 from .stackterms import ActivationStorage
 from .memory import (activation_bytes_per_layer, full_layer_activations, layer_expert_params_local,
@@ -312,7 +312,7 @@ class TransformerSource(LayerSource):
         ec = edge_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, dtype=dtype, cp=cp)
         T = mb * float(model.seq_len) / cp
         h = float(model.hidden_size)
-        tp_vals = np.unique(tp)
+        tp_vals = sorted_values(tp)
         emb_local = np.array([model.padded_vocab(int(t)) * h / t for t in tp_vals])[np.searchsorted(tp_vals, tp)]
         pos = model.max_positions * h if model.position == "learned" else 0.0
         final_norm = h * (2 if model.norm == "layernorm" else 1)
