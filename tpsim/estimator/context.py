@@ -156,7 +156,11 @@ class EstimationContext:
                                  roofline=roofline, calibration=cal, stack=profile, terms=terms, fixed=fixed,
                                  band=band,
                                  flavor=flavor,
-                                 collectives=collectives, source=source or TransformerSource(model, flavor, terms.activation_storage),
+                                 collectives=collectives,
+                                 source=source or TransformerSource(
+                                     model, flavor, terms.activation_storage,
+                                     paired_chunks=terms.pipeline_schedule == "dualpipe",
+                                     fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup),
                                  host_overhead_s=host, warnings=tuple(warnings),
                                  caches=None if curves is None else ContextCaches(curves=curves))
 

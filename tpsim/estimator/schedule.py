@@ -91,6 +91,31 @@ def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharde
     return params * per / np.where(sharded, dp, 1.0) / ctx.fixed.hbm
 
 
+WEIGHT_GRAD_SHARE_OF_BACKWARD = 0.5
+"""W / B: the weight-gradient part of a layer's backward. Each linear layer's backward is two GEMMs of the
+forward's FLOPs, one for the input gradient and one for the weight gradient (the attention core's backward has
+no weight gradient: it lowers the share a little, which this leaves out)."""
+
+
+def pipeline_bubble(schedule_name: str, pp: np.ndarray, vpp: np.ndarray, t_stage: np.ndarray,
+                    backward_fraction: np.ndarray | float) -> np.ndarray:
+    """Pipeline fill and drain per step. 1F1B: ``(pp - 1) / vpp`` stage times (F + B per micro-batch).
+    DualPipe (DeepSeek-V3 report, Table 2): ``(pp / 2 - 1) (F&B + B - 3W)`` with F&B the time of a forward
+    and a backward chunk run together (their sum: the computation shares the GPU, the communication is
+    hidden) and W the weight-gradient part of B."""
+    if schedule_name == "dualpipe":
+        b = backward_fraction * t_stage
+        return np.maximum(pp / 2.0 - 1.0, 0.0) * np.maximum(t_stage + b - 3.0 * WEIGHT_GRAD_SHARE_OF_BACKWARD * b,
+                                                           0.0)
+    return (pp - 1) / vpp * t_stage
+
+
+def _backward_fraction(costs: LayerCosts) -> np.ndarray:
+    """B / (F + B) of the mean layer per plan (recomputation counts as forward work)."""
+    total = costs.fwd + costs.bwd + costs.recompute
+    return np.where(total > 0, costs.bwd / np.where(total > 0, total, 1.0), 0.0)
+
+
 def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Partition, pp: np.ndarray,
              vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, recompute: np.ndarray, micro_batch: np.ndarray,
              global_batch: np.ndarray, overlap: np.ndarray, dtype: str = "bf16",
@@ -134,7 +159,8 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     t_stage = c_stage + r_stage + x_stage + o_stage
 
     m = global_batch // (micro_batch * dp)
-    bubble = (pp - 1) / vpp * t_stage
+    bubble = pipeline_bubble(ctx.terms.pipeline_schedule, pp, vpp, t_stage,
+                             backward_fraction=_backward_fraction(costs))
     # pipeline point-to-point: activations forward, gradients backward, per chunk and micro-batch, plus the
     # pipeline fill and drain (exposed)
     pp_total = 2.0 * (m * vpp + pp - 1) * comm.p2p
@@ -148,7 +174,9 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
         m * layers * (ctx.host_overhead_s + _pick(slow, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
                                                   + _zero3_hooks(ctx, costs, zero, full, h)))
         for h in (lo, hi))
-    exposed = m * x_stage + pp_total + dp_exposed
+    # DualPipe runs each micro-batch's sends beside another's computation: only the fill and drain are exposed
+    pp_exposed = (2.0 * (pp - 1) * comm.p2p if ctx.terms.pipeline_schedule == "dualpipe" else pp_total)
+    exposed = m * x_stage + pp_exposed + dp_exposed
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
                                        + np.where(full, comm.layer_fwd.get(axis, 0.0), 0.0))

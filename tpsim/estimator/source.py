@@ -181,11 +181,19 @@ class TransformerSource(LayerSource):
     model's layers (times, collectives with their counts, activations), and the parameters of each kind are
     kept apart so each pipeline rank holds exactly its layers' parameters (:attr:`kind_of_layer`)."""
 
-    def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None):
+    def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None,
+                 paired_chunks: bool = False, fp8_dispatch: bool = False, node_dedup: bool = False):
         self.model = model
         self.flavor = flavor
         self.storage = storage or ActivationStorage()
         """the stack's selective-recomputation modules and fp8 activation caching."""
+        self.paired_chunks = paired_chunks
+        """the schedule runs each forward chunk beside another micro-batch's backward chunk (DualPipe): the
+        expert-parallel all-to-alls of one hide behind the other's computation."""
+        self.fp8_dispatch = fp8_dispatch
+        """fp8 plans dispatch in fp8 (StackTerms.ep_fp8_dispatch)."""
+        self.node_dedup = node_dedup
+        """a token crosses the network once per destination node (StackTerms.ep_node_dedup)."""
         self.num_layers = model.num_layers
         self.tokens_per_sequence = model.seq_len
         moe = ("ep", "etp") if model.is_moe else ()
@@ -269,7 +277,9 @@ class TransformerSource(LayerSource):
         tags = [("tp", who, kind.moe if who[1] == "feed_forward" else None) for _, who in tp_ops]
         tags += [("cp", i, kind.window if c.op == "send_recv" else None) for i, c in enumerate(cp_ops)]
         if kind.moe:
-            ep_ops = moe_layer_collectives(model, axes)
+            ep_ops = moe_layer_collectives(model, axes, paired=(lc.fwd, lc.bwd) if self.paired_chunks else None,
+                                           fp8_dispatch=self.fp8_dispatch and dtype == "fp8",
+                                           node_dedup=self.node_dedup)
             comm += ep_ops
             tags += [("ep", i) for i in range(len(ep_ops))]
             working = working + _dispatch_buffers(model, axes)
@@ -412,21 +422,37 @@ def cp_layer_collectives(model: ModelSpec, lc, axes: dict, cp_kind: np.ndarray) 
     return ops
 
 
-def moe_layer_collectives(model: ModelSpec, axes: dict) -> list[Collective]:
+def moe_layer_collectives(model: ModelSpec, axes: dict, paired: tuple[np.ndarray, np.ndarray] | None = None,
+                          fp8_dispatch: bool = False, node_dedup: bool = False) -> list[Collective]:
     """Expert-parallel collectives of one mixture-of-experts layer on the busiest rank (its routed copies,
     load imbalance included): dispatch and combine all-to-alls over ep (2 forward, 2 backward) and, with expert
-    tensor parallelism, the all-gather / reduce-scatter of the received copies over etp; all exposed."""
+    tensor parallelism, the all-gather / reduce-scatter of the received copies over etp. Exposed, unless the
+    schedule pairs chunks (``paired`` = this layer's (forward, backward) compute; DualPipe, DeepSeek-V3 report
+    section 3.2.1): then a forward chunk's all-to-alls run beside another micro-batch's backward chunk of the
+    layer and hide behind its computation, and a backward chunk's behind the forward's.
+
+    ``fp8_dispatch``: of the two all-to-alls of each phase, the one towards the experts moves fp8 (1 byte per
+    element), the other 16-bit activations (DeepSeek-V3 report section 3.3.2: dispatch in FP8, combine in BF16;
+    in backward the gradients before the down-projections in FP8). ``node_dedup`` with group-limited routing
+    (``router_group_topk`` of ``router_groups`` groups, one per node): a token's ``experts_per_token`` copies
+    cross the network to at most ``router_group_topk`` nodes, once each, and are forwarded to the experts inside
+    the node over NVLink (report section 3.2.2): the all-to-all moves ``router_group_topk / experts_per_token``
+    of the copies (the NVLink forwarding is left out)."""
     from .moe import expert_shape
     tp, sp, cp, ep, etp = (axes[k] for k in ("tp", "sp", "cp", "ep", "etp"))
     etp_eff = np.where(etp == 0, tp, etp)
     T = axes["micro_batch"] * float(model.seq_len) / cp
     shape = expert_shape(model, tokens_total=T, tp=tp, sp=sp, ep=ep, etp=etp_eff)
     per_copy = model.hidden_size * axes["act_bytes"]
-    a2a = np.where(ep > 1, shape.copies / etp_eff * per_copy, 0.0)  # the busiest rank's share
+    sent = per_copy * ((1.0 + axes["act_bytes"]) / (2.0 * axes["act_bytes"]) if fp8_dispatch else 1.0)
+    if node_dedup and model.router_group_topk > 0 and model.experts_per_token > 0:
+        sent = sent * min(1.0, model.router_group_topk / model.experts_per_token)
+    a2a = np.where(ep > 1, shape.copies / etp_eff * sent, 0.0)  # the busiest rank's share
     gathered = np.where(etp_eff > 1, shape.copies * per_copy, 0.0)
     out = []
     for phase in ("fwd", "bwd"):
-        out += [Collective(("ep",), "all_to_all", phase, a2a, 0.0, 2.0),
+        hide = 0.0 if paired is None else paired[1] if phase == "fwd" else paired[0]
+        out += [Collective(("ep",), "all_to_all", phase, a2a, hide, 2.0),
                 Collective(("etp",), "all_gather", phase, gathered, 0.0, 1.0),
                 Collective(("etp",), "reduce_scatter", phase, gathered, 0.0, 1.0)]
     return out
