@@ -50,6 +50,7 @@ MOE_CASE = ("mixtral-8x7b", "dgx-h100", 256, 256)
 DEEPSEEK_CMD = ["tpsim", "plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "2048",
                 "--global-batch", "15360", "--top", "5", "--no-progress", "--no-cache"]
 DEEPSEEK_FULL = ["--full-space", "--allow-large-space"]
+DEEPSEEK_GENERAL = ["--stack", "megatron"]
 MIXTRAL_CMDS = [["tpsim", "plan", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", str(g), "--top", "5",
                  "--no-progress", "--no-cache"] for g in (64, 256)]
 TARGET_DEEPSEEK_S = 10.0
@@ -254,7 +255,7 @@ def _report_plan(cmd: list[str], mem_gib: float, target_s: float | None = None, 
 
 
 def _deepseek(mem_gib: float) -> int:
-    _report_plan(DEEPSEEK_CMD, mem_gib, TARGET_DEEPSEEK_S, tail=True)
+    _report_plan(DEEPSEEK_CMD + DEEPSEEK_GENERAL, mem_gib, TARGET_DEEPSEEK_S, tail=True)
     return 0
 
 
@@ -263,7 +264,10 @@ def _moe_plans(mem_gib: float) -> int:
     for cmd in MIXTRAL_CMDS:
         _report_plan(cmd, mem_gib)
     _report_plan(DEEPSEEK_CMD, mem_gib, TARGET_DEEPSEEK_S)
-    _report_plan(DEEPSEEK_CMD + DEEPSEEK_FULL, mem_gib, TARGET_DEEPSEEK_S)
+    # the preset's own stack (hai-llm) offers only what the published run used; a general stack searches the
+    # whole space of a DeepSeek-V3-sized model
+    _report_plan(DEEPSEEK_CMD + DEEPSEEK_GENERAL, mem_gib, TARGET_DEEPSEEK_S)
+    _report_plan(DEEPSEEK_CMD + DEEPSEEK_GENERAL + DEEPSEEK_FULL, mem_gib, TARGET_DEEPSEEK_S)
     return 0
 
 
