@@ -73,7 +73,8 @@ def shrink(case: C, step: int, too_big: Callable[[C], bool]) -> C:
 
 
 def check_memory(need: float, limit: float, what: str, seq_len: int, hint: str) -> None:
-    """Refuse a case at its smallest shape that still needs more than ``limit`` bytes per rank."""
+    """Refuse a fitted case that needs more than ``limit`` bytes per rank (only one :func:`shrink` left at
+    its smallest shape can)."""
     if need > limit:
         raise InputError(f"a {what} needs {need / 2**30:.1f} GiB per rank even at seq_len={seq_len}, "
                          f"micro_batch=1 ({limit / 2**30:.1f} GiB available per rank); give {hint}")
