@@ -9,8 +9,11 @@
    16,384 / 131,072 GPUs (whole racks of 72 for NVL72: 1,008 / 16,344 / 131,040). Plan: tp 8, pp 16, order
    tp-dp-pp (NVL72: pp 9, order tp-pp-dp, so that tp x pp fill a rack; one more row with tp-dp-pp, whose DP
    groups straddle racks unevenly), no interleaving, 16 micro-batches per replica, the preset's other fields.
-   Wall time: the first run (cold: a fresh process, OS file cache warm) and the median of three more
-   (warm); peak RSS of that process (``os.wait4``). Targets: 16k within 1.5x the wall time of 1k, 131k
+   Wall time: the first run (cold: a fresh process with an empty parse cache, so every YAML file is parsed;
+   OS file cache warm) and the median of three more (warm: the YAML documents come from the parse cache,
+   tpsim.parsecache); peak RSS of that process and its CPU time, user + system (``os.wait4``; on a shared
+   machine the CPU time is the steadier figure). The header says whether Python keeps bytecode files
+   (``PYTHONDONTWRITEBYTECODE`` set and no ``__pycache__``: every tpsim module is compiled on every start). Targets: 16k within 1.5x the wall time of 1k, 131k
    within 2x, 131k under 1 s and 300 MB.
 2. ``CollectiveModel.axis_curve`` in-process: the seven curves an estimate needs (tp / dp all_reduce,
    all_gather, reduce_scatter; pp send_recv) for that layout, from a new model (cold) and again (cached);
@@ -62,8 +65,9 @@ def estimate_args(path: str, gpus: int, pp: int, order: str) -> list[str]:
             "--stack", "megatron", "--zero", "1"]  # the preset's own plan runs under torchtitan (tp-dp-pp only)
 
 
-def run_tpsim(args: list[str], env: dict | None = None) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS MB, exit status) of ``python -m tpsim.cli ARGS`` (process start included)."""
+def run_tpsim(args: list[str], env: dict | None = None) -> tuple[float, float, int, float]:
+    """(wall seconds, peak RSS MB, exit status, CPU seconds) of ``python -m tpsim.cli ARGS`` (process start
+    included)."""
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "tpsim.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=env)
@@ -74,7 +78,7 @@ def run_tpsim(args: list[str], env: dict | None = None) -> tuple[float, float, i
     code = os.waitstatus_to_exitcode(status)
     if code:
         print(f"  tpsim {' '.join(args)} failed ({code}): {err.strip()}", file=sys.stderr)
-    return wall, usage.ru_maxrss / 1024.0, code
+    return wall, usage.ru_maxrss / 1024.0, code, usage.ru_utime + usage.ru_stime
 
 
 def bench_estimate(repeat: int) -> list[dict]:
@@ -83,13 +87,17 @@ def bench_estimate(repeat: int) -> list[dict]:
         for size in SIZES if (name, path, gpn, pp, order) != MISALIGNED else SIZES[-1:]:
             gpus = gpus_for(size, gpn)
             args = estimate_args(path, gpus, pp, order)
-            cold, cold_rss, code = run_tpsim(args)
-            warm = [run_tpsim(args) for _ in range(repeat)]
+            with tempfile.TemporaryDirectory() as cache:   # cold: an empty parse cache
+                env = dict(os.environ, TPSIM_CACHE_DIR=cache)
+                cold, cold_rss, code, cold_cpu = run_tpsim(args, env)
+                warm = [run_tpsim(args, env) for _ in range(repeat)]
             rows.append({"cluster": name, "gpus": gpus, "cold_s": cold, "warm_s": statistics.median(w[0] for w in warm),
-                         "rss_MB": max([cold_rss] + [w[1] for w in warm]), "ok": code == 0})
+                         "cold_cpu_s": cold_cpu, "warm_cpu_s": statistics.median(w[3] for w in warm),
+                         "rss_MB": max([cold_rss] + [w[1] for w in warm]),
+                         "ok": code == 0 and not any(w[2] for w in warm)})
             r = rows[-1]
             print(f"  {name:<16} {gpus:>7}  cold {r['cold_s']:6.2f} s  warm {r['warm_s']:6.2f} s  "
-                  f"peak {r['rss_MB']:6.0f} MB", flush=True)
+                  f"(CPU {r['cold_cpu_s']:.2f} / {r['warm_cpu_s']:.2f} s)  peak {r['rss_MB']:6.0f} MB", flush=True)
     return rows
 
 
@@ -143,22 +151,34 @@ def bench_plan() -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| cluster | GPUs | wall cold (s) | wall warm, median (s) | peak RSS (MB) | warm / warm at 1k |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| cluster | GPUs | wall cold (s) | wall warm, median (s) | CPU cold / warm (s) | peak RSS (MB) | "
+             "warm / warm at 1k |", "|---|---|---|---|---|---|---|"]
     base = {r["cluster"]: r["warm_s"] for r in rows if r["gpus"] <= 1024}
     for r in rows:
         ref = base.get(r["cluster"]) or base.get(r["cluster"].split()[0])
         ratio = r["warm_s"] / ref if ref else float("nan")
         lines.append(f"| {r['cluster']} | {r['gpus']:,} | {r['cold_s']:.2f} | {r['warm_s']:.2f} | "
-                     f"{r['rss_MB']:.0f} | {ratio:.2f}x |")
+                     f"{r['cold_cpu_s']:.2f} / {r['warm_cpu_s']:.2f} | {r['rss_MB']:.0f} | {ratio:.2f}x |")
     return "\n".join(lines)
+
+
+def _bytecode() -> str:
+    """Whether the tpsim processes start from bytecode files or compile every module."""
+    import tpsim
+
+    cached = any(Path(tpsim.__file__).parent.rglob("__pycache__/*.pyc")) \
+        or bool(os.environ.get("PYTHONPYCACHEPREFIX"))
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not cached:
+        return "bytecode files: none (PYTHONDONTWRITEBYTECODE, no __pycache__: modules compiled on every start)"
+    return "bytecode files: kept" if not os.environ.get("PYTHONDONTWRITEBYTECODE") else "bytecode files: read, not written"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one warm run per row, no planner")
     args = parser.parse_args()
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; python {sys.version.split()[0]}")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; python {sys.version.split()[0]}; "
+          f"{_bytecode()}")
     print("1. tpsim estimate (subprocess, process start included)")
     rows = bench_estimate(1 if args.quick else 3)
     print("\n" + table(rows) + "\n")

@@ -15,9 +15,9 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "tpsim"
 
 # low to high (ARCHITECTURE.md: dependency direction); a module may import its own layer and the ones before it
-LAYERS = ["errors", "limits", "units", "io", "safeyaml", "procs", "calibration", "model", "hardware", "plan", "tp_plan",
-          "comm_plan", "topology", "stacks", "collectives", "compute", "estimator", "opgraph", "search", "report",
-          "launch", "bench", "profiler", "validate", "trace", "cli"]
+LAYERS = ["errors", "limits", "units", "io", "parsecache", "safeyaml", "procs", "calibration", "model", "hardware",
+          "plan", "tp_plan", "comm_plan", "topology", "stacks", "collectives", "compute", "estimator", "opgraph",
+          "search", "report", "launch", "bench", "profiler", "validate", "trace", "cli"]
 TORCH_ALLOWED = ("validate", "profiler", "bench", "trace")
 ENTRY_POINTS = ("__main__.py",)
 """``python -m tpsim.x`` entry points sit with the command line, above every layer."""
@@ -140,3 +140,58 @@ def test_estimate_and_plan_run_without_torch_or_matplotlib(argv):
             f"rc = main({argv!r})\nassert rc == 0, rc\n" + _HEAVY)
     out = _run(code)
     assert out.strip().splitlines()[-1] == "HEAVY:", out[-500:]
+
+
+ESTIMATE_ARGV = ["estimate", "--model", "llama3-8b", "--layers", "4", "--cluster", "dgx-h100", "--gpus", "16",
+                 "--tp", "2", "--global-batch", "64", "--json"]
+NOT_FOR_ESTIMATE = ("torch", "matplotlib", "pandas", "networkx", "scipy", "numpy.ma", "tempfile", "tpsim.search",
+                    "tpsim.launch", "tpsim.report", "tpsim.validate", "tpsim.profiler", "tpsim.trace",
+                    "tpsim.opgraph.estimate", *(f"tpsim.cli.{verb}" for verb in ("plan", "report", "model", "topo",
+                                                                                "collective", "calibrate", "profile",
+                                                                                "validate", "trace", "graph")))
+"""modules `tpsim estimate` of a preset never needs (issue 9: what its process start imports). Loaded means
+imported: a submodule (``pandas.core``) counts as its package."""
+
+
+def _loaded(cache_dir: str) -> tuple[set[str], str]:
+    code = ("import sys, json\nfrom tpsim.cli import main\n"
+            f"rc = main({ESTIMATE_ARGV!r})\nassert rc == 0, rc\n"
+            "print('MODULES:' + json.dumps(sorted(sys.modules)))\n")
+    env = dict(os.environ, TPSIM_CACHE_DIR=cache_dir)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    line = out.stdout.strip().splitlines()[-1]
+    return set(json.loads(line.removeprefix("MODULES:"))), out.stdout
+
+
+def _heavy(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if n in modules or any(m.startswith(n + ".") for m in modules))
+
+
+def test_estimate_imports_only_what_it_runs(tmp_path):
+    """`tpsim estimate` imports its own verb only (not every verb to build the parser), no data-frame, graph
+    or plotting library, not numpy.ma (NumPy 2's plain np.unique imports it), not tempfile; and once its
+    YAML files are in the parse cache, not PyYAML either. The --json output is the same cold and warm."""
+    cold, cold_out = _loaded(str(tmp_path / "cache"))
+    assert "tpsim.cli.estimate" in cold and "tpsim.estimator" in cold
+    assert not _heavy(cold, NOT_FOR_ESTIMATE), _heavy(cold, NOT_FOR_ESTIMATE)
+    assert "yaml" in cold                          # the first run parses (and keeps) the files
+    warm, warm_out = _loaded(str(tmp_path / "cache"))
+    assert not _heavy(warm, NOT_FOR_ESTIMATE + ("yaml",)), _heavy(warm, NOT_FOR_ESTIMATE + ("yaml",))
+    assert warm_out.rsplit("MODULES:", 1)[0] == cold_out.rsplit("MODULES:", 1)[0]
+    off, off_out = _loaded("off")
+    assert "yaml" in off and off_out.rsplit("MODULES:", 1)[0] == cold_out.rsplit("MODULES:", 1)[0]
+
+
+def test_cli_without_a_verb_still_registers_every_verb():
+    from tpsim.cli import VERB_MODULES, build_parser
+
+    verbs = build_parser([])._subparsers._group_actions[0].choices   # noqa: SLF001 - argparse's own table
+    assert set(verbs) == {m.replace("_", "-") for m in VERB_MODULES}
+    assert set(build_parser(["estimate", "--tp", "2"])._subparsers._group_actions[0].choices) == {"estimate"}
+    assert set(build_parser(["--version"])._subparsers._group_actions[0].choices) == set(verbs)
+    assert set(build_parser(["estimat"])._subparsers._group_actions[0].choices) == set(verbs)
+    assert set(build_parser(["--help", "estimate"])._subparsers._group_actions[0].choices) == set(verbs)
+    assert set(build_parser(["bench-collectives"])._subparsers._group_actions[0].choices) == {"bench-collectives"}

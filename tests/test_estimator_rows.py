@@ -102,3 +102,23 @@ def test_single_plan_batch_equals_estimate(problem):
     plan = plans.plan(3)
     one = estimate_batch(model, cluster, PlanBatch.from_plans([plan])).to_estimate(0)
     assert one.to_dict() == estimate(model, cluster, plan).to_dict()
+
+
+def test_a_collective_nothing_uses_builds_no_curve():
+    """Issue 9: a ZeRO-1 plan reduce-scatters its gradients; its dp all-reduce moves nothing, so its curve (the
+    costliest kind at 131k GPUs: groups of 1024 ranks) is not built, and the estimate is what a batch that
+    also holds a ZeRO-0 plan (whose all-reduce curve is built) gives for it."""
+    from tpsim.plan import make_plan
+
+    model = with_overrides(load_model("llama3-8b"), layers=4)
+    cluster = load_cluster("dgx-h100", gpus=64)
+    z1 = make_plan(model, 64, tp=8, pp=1, zero=1, global_batch=64)
+    alone = estimate(model, cluster, z1)
+    built = {(axes, op) for axes, op in context_for(model, cluster).caches.curves.tables}
+    assert (("dp", "cp"), "reduce_scatter") in built and (("dp", "cp"), "all_reduce") not in built
+    assert alone.collectives["dp"].startswith("reduce_scatter")
+    both = estimate_batch(model, cluster, PlanBatch.from_plans([make_plan(model, 64, tp=8, pp=1, zero=0,
+                                                                          global_batch=64), z1]))
+    assert (("dp", "cp"), "all_reduce") in context_for(model, cluster).caches.curves.tables
+    assert both.to_estimate(1).to_dict() == alone.to_dict()
+    assert both.to_estimate(0).collectives["dp"].startswith("all_reduce")

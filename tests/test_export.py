@@ -249,15 +249,80 @@ def test_cli_export_and_plan_export(tmp_path, capsys):
     assert main(["plan", "--no-progress", "--no-cache", "--export", "megatron"] + args) == 2
 
 
-def test_mixture_of_experts_models_are_refused():
-    """Until the exporters write MoE flags, an MoE model is refused (the files would describe a dense model)."""
+MCORE_CONFIG_KEYS = {  # Megatron-Core ModelParallelConfig / TransformerConfig fields NeMo passes through
+    "cp_comm_type", "expert_tensor_parallel_size", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size", "moe_layer_freq", "moe_grouped_gemm", "moe_token_dispatcher_type",
+    "moe_router_num_groups", "moe_router_group_topk", "moe_expert_capacity_factor", "moe_router_score_function",
+    "moe_router_enable_expert_bias"}
+
+
+def _moe_ctx(name, gpus, **plan_kw):
+    import dataclasses
+
     from tpsim.model import PRESETS
 
-    if "mixtral-8x7b" not in PRESETS:
-        pytest.skip("MoE presets come with the model package of issue 11 (branch w1-models)")
-    model = PRESETS["mixtral-8x7b"]
-    cluster = load_cluster("dgx-h100", gpus=64)
-    plan = make_plan(model, 64, tp=8, pp=1, sp=True, zero=1, global_batch=512)
-    ctx = export_context(model, cluster, plan, model_ref="mixtral-8x7b", cluster_ref="dgx-h100")
-    with pytest.raises(InputError, match="mixture of experts"):
-        export_plan("megatron", ctx)
+    model = PRESETS[name]
+    if plan_kw.pop("no_mtp", False):
+        model = dataclasses.replace(model, mtp_layers=0)
+    cluster = load_cluster("dgx-h100", gpus=gpus)
+    plan = make_plan(model, gpus, global_batch=plan_kw.pop("global_batch", 512), **plan_kw)
+    return export_context(model, cluster, plan, model_ref=name, cluster_ref="dgx-h100")
+
+
+def test_mixture_of_experts_models_are_written_where_the_framework_states_them():
+    """Megatron-LM writes the MoE shape (--num-experts ...) and NeMo the TransformerConfig MoE keys; DeepSpeed's
+    exporter writes none (refused, naming it) and torchtitan has no Mixtral model (refused, naming it)."""
+    ctx = _moe_ctx("mixtral-8x7b", 64, tp=2, sp=True, pp=4, ep=4, etp=1, zero=1)
+    script = export_plan("megatron", ctx)["megatron_args.sh"]
+    assert flags_of(script) <= megatron_names()
+    for flag in ("--num-experts 8", "--moe-router-topk 2", "--moe-ffn-hidden-size 14336",
+                 "--expert-model-parallel-size 4", "--expert-tensor-parallel-size 1", "--moe-grouped-gemm"):
+        assert flag in script
+    assert "--moe-layer-freq" not in script  # every layer is MoE: Megatron's default 1
+    nemo = yaml.safe_load(export_plan("nemo", ctx)["nemo_megatron_gpt.yaml"])["model"]
+    assert set(nemo) <= NEMO_MODEL_KEYS | MCORE_CONFIG_KEYS
+    assert (nemo["num_moe_experts"], nemo["moe_router_topk"], nemo["expert_model_parallel_size"],
+            nemo["expert_tensor_parallel_size"]) == (8, 2, 4, 1)
+    with pytest.raises(InputError, match="mixture of experts not written by the deepspeed exporter"):
+        export_plan("deepspeed", ctx)
+    with pytest.raises(InputError, match="torchtitan ships no such mixture-of-experts model"):
+        export_plan("torchtitan", _moe_ctx("mixtral-8x7b", 64, tp=1, pp=1, ep=8, zero=3))
+
+
+def test_deepseek_v3_exports():
+    """Megatron-LM states MLA, the dense first layers (--moe-layer-freq list) and the MTP layer (its 'm' in the
+    pipeline layout, after the last decoder layer); NeMo 1.x's GPT config has no MLA and torchtitan's deepseek_v3
+    no MTP (refused, naming them); torchtitan's 671B flavor is the preset without MTP."""
+    ctx = _moe_ctx("deepseek-v3", 2048, tp=1, pp=16, ep=64, zero=1, dtype="fp8", global_batch=15360)
+    script = export_plan("megatron", ctx)["megatron_args.sh"]
+    assert flags_of(script) <= megatron_names()
+    assert "--moe-layer-freq '([0]*3+[1]*58)'" in script and "--multi-latent-attention" in script
+    assert "--mtp-num-layers 1" in script and re.search(r"\|t\*3mL'", script)
+    with pytest.raises(InputError, match="MLA attention, multi-token prediction not written by the nemo"):
+        export_plan("nemo", ctx)
+    # torchtitan: 61 layers + embedding + output = 63 slots over 7 equal stages (its exporter's rule)
+    with pytest.raises(InputError, match="multi-token prediction not written by the torchtitan exporter"):
+        export_plan("torchtitan", _moe_ctx("deepseek-v3", 448, tp=1, pp=7, ep=64, zero=2, global_batch=15360))
+    tt = _moe_ctx("deepseek-v3", 448, tp=1, pp=7, ep=64, zero=2, global_batch=15360, no_mtp=True)
+    data = tomllib.loads(export_plan("torchtitan", tt)["torchtitan.toml"])
+    assert (data["model"]["name"], data["model"]["flavor"]) == ("deepseek_v3", "671B")
+    assert data["parallelism"]["expert_parallel_degree"] == 64
+    assert set(data["parallelism"]) <= TORCHTITAN_KEYS["parallelism"]
+    with pytest.raises(InputError, match="dp2ep expert parallelism needs"):
+        export_plan("torchtitan", _moe_ctx("deepseek-v3", 448, tp=2, sp=True, pp=7, ep=64, etp=1, zero=2,
+                                           global_batch=15360, no_mtp=True))
+    with pytest.raises(InputError, match="no expert tensor-parallel degree"):
+        export_plan("torchtitan", _moe_ctx("deepseek-v3", 448, tp=2, sp=True, pp=7, ep=32, etp=1, zero=2,
+                                           global_batch=15360, no_mtp=True))
+
+
+def test_context_parallel_kinds_are_exported_where_the_framework_runs_them():
+    """Megatron-LM and NeMo run ring (p2p) and all-to-all (a2a) context parallelism; DeepSpeed only Ulysses
+    (a2a), torchtitan only its ring (refused with the stack rule)."""
+    for kind, mcore in (("ring", "p2p"), ("a2a", "a2a")):
+        ctx = ctx_for(tp=4, pp=2, cp=2, cp_kind=kind, sp=True, zero=1)
+        assert f"--cp-comm-type {mcore}" in export_plan("megatron", ctx)["megatron_args.sh"]
+        nemo = yaml.safe_load(export_plan("nemo", ctx)["nemo_megatron_gpt.yaml"])["model"]
+        assert nemo["cp_comm_type"] == mcore and nemo["context_parallel_size"] == 2
+    assert export_violation("deepspeed", ctx_for(tp=4, pp=2, cp=2, cp_kind="ring", sp=True, zero=1))
+    assert export_violation("torchtitan", ctx_for(tp=4, pp=2, cp=2, cp_kind="a2a", sp=True, zero=2))

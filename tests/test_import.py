@@ -28,8 +28,8 @@ CASES = [  # (model, overrides, cluster, gpus, global batch)
 
 def _sample_plans(model, gpus, batch, seed, fmt):
     """Random plans of the whole space that are valid for tpsim and that the format's stack runs."""
-    # cp=1: the exporters and importers predate context parallelism (cp > 1 round trips are not written yet)
-    plans = enumerate_plans(model, gpus, batch, SearchSpace(micro_batch=(1, 2), cp=(1,))).plans
+    # context parallelism (ring and all-to-all) included: every format writes and reads what its stack runs
+    plans = enumerate_plans(model, gpus, batch, SearchSpace(micro_batch=(1, 2), cp=(1, 2))).plans
     runnable = np.flatnonzero(~format_stack(fmt).violations(plans, model))
     for i in np.random.default_rng(seed).permutation(runnable):
         p = plans.plan(int(i))
@@ -302,3 +302,57 @@ def test_missing_file_and_oversized_file(tmp_path):
     big.write_text("#" * (2 << 20))
     with pytest.raises(InputError, match="above the 1,048,576-byte limit"):
         import_launch(big)
+
+
+MOE_CASES = [  # (format, preset, gpus, plan fields, drop the MTP module)
+    ("megatron", "mixtral-8x7b", 64, dict(tp=2, sp=True, pp=4, ep=4, etp=1, zero=1), False),
+    ("megatron", "mixtral-8x7b", 64, dict(tp=1, pp=2, cp=2, cp_kind="a2a", ep=8, zero=1), False),
+    ("megatron", "deepseek-v3", 2048, dict(tp=1, pp=16, ep=64, zero=1, dtype="fp8", global_batch=15360), False),
+    ("megatron", "deepseek-v3", 1024, dict(tp=2, sp=True, pp=8, vpp=2, ep=32, etp=1, zero=1, global_batch=4096),
+     False),
+    ("nemo", "mixtral-8x7b", 64, dict(tp=2, sp=True, pp=4, ep=4, etp=1, zero=1), False),
+    ("nemo", "mixtral-8x7b", 64, dict(tp=2, sp=True, pp=2, cp=2, cp_kind="a2a", ep=8, zero=1), False),
+    ("nemo", "llama3-70b", 64, dict(tp=4, sp=True, pp=4, cp=2, cp_kind="ring", zero=1), False),
+    ("torchtitan", "deepseek-v3", 448, dict(tp=1, pp=7, ep=64, zero=2, global_batch=15360), True),
+    ("torchtitan", "deepseek-v3", 448, dict(tp=2, sp=True, pp=7, cp=2, ep=16, zero=2, global_batch=15360), True),
+    ("deepspeed", "llama3-70b", 64, dict(tp=4, sp=True, pp=1, cp=2, cp_kind="a2a", zero=2), False),
+]
+
+
+@pytest.mark.parametrize("fmt,name,gpus,fields,no_mtp", MOE_CASES)
+def test_context_and_expert_parallel_plans_round_trip(fmt, name, gpus, fields, no_mtp, tmp_path):
+    """Plans with cp (ring and all-to-all) and ep / etp, on MoE models with dense first layers, MLA and MTP where
+    the format states them: export, import, the same plan and (from the written files alone, without the
+    tpsim header) the same model shape."""
+    import dataclasses
+    import re
+
+    from tpsim.model import PRESETS
+    from tpsim.plan import make_plan
+
+    model = PRESETS[name]
+    if no_mtp:
+        model = dataclasses.replace(model, mtp_layers=0)
+    cluster = load_cluster("dgx-h100", gpus=gpus)
+    fields = dict(fields)
+    plan = make_plan(model, gpus, global_batch=fields.pop("global_batch", 512), **fields)
+    ctx = export_context(model, cluster, plan, model_ref=name, cluster_ref="dgx-h100")
+    assert export_violation(fmt, ctx) is None
+    paths = write_files(export_plan(fmt, ctx), tmp_path / "out")
+    source = next(p for p in paths if not p.name.endswith(".json")) if fmt == "deepspeed" else paths[0]
+    imp = import_launch(source)
+    model2 = resolve_model(imp)
+    assert model2 == model
+    assert resolve_plan(imp, model2, imp.gpus) == plan, plan.short()
+    if fmt == "megatron":  # the arguments alone (no header) give the same MoE / MLA / MTP shape
+        bare = tmp_path / "bare.sh"
+        bare.write_text("\n".join(line for line in source.read_text().splitlines()
+                                  if not line.startswith("#")))
+        shape = import_launch(bare).model_shape
+        for key in ("num_experts", "experts_per_token", "moe_ffn_hidden_size", "first_dense_layers",
+                    "router_groups", "router_group_topk", "q_lora_rank", "kv_lora_rank", "mtp_layers"):
+            assert shape.get(key, 0) == getattr(model, key), key
+        assert shape["shared_expert_ffn_hidden_size"] * shape["num_shared_experts"] == \
+            model.shared_expert_ffn_hidden_size * model.num_shared_experts
+        if model.mtp_layers and re.search("pipeline-model-parallel-layout", source.read_text()):
+            assert "mL'" in source.read_text()

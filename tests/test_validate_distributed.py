@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -93,52 +95,71 @@ def test_summary_against_prediction(matrix_result):
         assert all(p["measured_s"] > 0 and p["predicted_s"] > 0 for p in s["phases"])
 
 
-def _no_process_left(token_before: set[int]) -> None:
-    leftover = [p for p in marked_pids(None) if p not in token_before]
+def _tagged() -> dict[str, str]:
+    """An environment entry that marks this test's processes: other runs of ``tpsim validate`` on the machine
+    (another test session) carry run markers too and must not count as this test's leftovers."""
+    return {"TPSIM_TEST_TAG": uuid.uuid4().hex}
+
+
+def _ours(tag: dict[str, str]) -> set[int]:
+    """Live processes of a run marked by ``tag`` (see :func:`_tagged`)."""
+    needle = "{}={}".format(*next(iter(tag.items()))).encode()
+    pids = set()
+    for pid in marked_pids(None):
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                pids.add(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def _no_process_left(tag: dict[str, str]) -> None:
+    leftover = sorted(_ours(tag))
     assert not leftover, f"processes left behind: {leftover}"
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("stage", ["check", "time"])
 def test_failing_rank_stops_all_ranks_with_its_error(stage, tmp_path):
-    before = set(marked_pids(None))
+    tag = _tagged()
     timeout = 20.0
     t0 = time.monotonic()
     with pytest.raises(RankFailure) as info:
         launch(_cases()[:1], LaunchConfig(nproc=2, timeout_s=timeout), tmp_path,
-               env={"TPSIM_VALIDATE_FAIL": f"1:{stage}"})
+               env={"TPSIM_VALIDATE_FAIL": f"1:{stage}", **tag})
     elapsed = time.monotonic() - t0
     msg = str(info.value)
     assert "rank 1 failed" in msg and "injected failure" in msg and stage in msg
     assert elapsed < timeout, elapsed
     assert not (tmp_path / "result.json").exists()
-    _no_process_left(before)
+    _no_process_left(tag)
 
 
 @pytest.mark.timeout(60)
 def test_hanging_rank_ends_within_timeout(tmp_path):
-    before = set(marked_pids(None))
+    tag = _tagged()
     timeout = 8.0
     t0 = time.monotonic()
     with pytest.raises(RankFailure) as info:
         launch(_cases()[:1], LaunchConfig(nproc=2, timeout_s=timeout), tmp_path,
-               env={"TPSIM_VALIDATE_FAIL": "1:hang"})
+               env={"TPSIM_VALIDATE_FAIL": "1:hang", **tag})
     elapsed = time.monotonic() - t0
     assert "rank 0 failed" in str(info.value) and "Timed out" in str(info.value)
     # startup + the process-group timeout + stopping the ranks
     assert elapsed < timeout + 25, elapsed
-    _no_process_left(before)
+    _no_process_left(tag)
 
 
 @pytest.mark.timeout(60)
 def test_run_timeout_kills_everything(tmp_path):
-    before = set(marked_pids(None))
+    tag = _tagged()
     t0 = time.monotonic()
     with pytest.raises(RankFailure, match="run-timeout"):
         launch(_cases()[:1], LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=8), tmp_path,
-               env={"TPSIM_VALIDATE_FAIL": "1:hang"})
+               env={"TPSIM_VALIDATE_FAIL": "1:hang", **tag})
     assert time.monotonic() - t0 < 20
-    _no_process_left(before)
+    _no_process_left(tag)
 
 
 @pytest.mark.timeout(90)
@@ -178,17 +199,17 @@ def test_sigterm_to_tpsim_validate_leaves_no_process(tmp_path):
     of their own."""
     import signal
 
-    before = set(marked_pids(None))
+    tag = _tagged()
     cmd = [sys.executable, "-m", "tpsim.cli", "validate", "--hidden", "128", "--heads", "4", "--seq-len", "32",
            "--tp", "2", "--no-calibrate", "--no-probe", "--no-overhead", "--timeout", "60", "--out-dir", str(tmp_path)]
-    env = {**os.environ, "TPSIM_VALIDATE_FAIL": "1:hang"}
+    env = {**os.environ, "TPSIM_VALIDATE_FAIL": "1:hang", **tag}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(set(marked_pids(None)) - before) < 3:
+    while time.monotonic() < deadline and len(_ours(tag)) < 3:
         time.sleep(0.2)  # the launcher and both ranks are up
-    assert len(set(marked_pids(None)) - before) >= 3
+    assert len(_ours(tag)) >= 3
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=20)
     assert proc.returncode == 1 and "stopped by signal SIGTERM" in err
-    _no_process_left(before)
+    _no_process_left(tag)
     assert not list(tmp_path.glob("*.csv"))

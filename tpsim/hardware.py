@@ -150,9 +150,9 @@ def default_usable_memory_fraction() -> float:
 
 @lru_cache(maxsize=None)
 def _raw() -> dict[str, Any]:
-    import yaml  # lazily: `import tpsim` works where PyYAML is missing (e.g. a bare GPU box running the profiler)
+    from .safeyaml import load_data  # PyYAML only when parsing: `import tpsim` works where it is missing
 
-    return yaml.safe_load((DATA_DIR / "devices.yaml").read_text())
+    return load_data(DATA_DIR / "devices.yaml")
 
 
 @lru_cache(maxsize=None)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -90,6 +89,8 @@ def read_text(path: PathLike, what: str = "file", max_bytes: int = MAX_INPUT_BYT
 def _probe_writable(folder: Path, what: str) -> None:
     """Create and remove a file in ``folder``: the only test that holds for root, ACLs and read-only mounts."""
     try:
+        import tempfile  # here, not at the top: reading files (every verb) does not need it
+
         fd, tmp = tempfile.mkstemp(prefix=".tpsim-check-", dir=folder)
     except OSError as exc:
         raise InputError(f"{what}: cannot create files in {_name(folder)} ({exc.strerror})") from None
@@ -206,6 +207,8 @@ def atomic_writer(path: PathLike, mode: str = "wb", what: str = "output") -> Ite
         return
     folder = p.parent if str(p.parent) else Path(".")
     try:
+        import tempfile
+
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:64]}.", suffix=".tmp", dir=folder)
     except OSError as exc:
         raise InputError(f"{what} {_name(p)}: cannot write ({exc.strerror})") from None
@@ -247,6 +250,8 @@ def _umask() -> int:
 def fallback_path(stem: str, suffix: str) -> Path:
     """A fresh file in the temporary folder for data that could not be written where asked (measurements
     are never dropped): ``/tmp/<stem>-XXXX<suffix>``."""
+    import tempfile
+
     fd, name = tempfile.mkstemp(prefix=f"{stem}-", suffix=suffix)
     os.close(fd)
     return Path(name)

@@ -9,6 +9,10 @@
   are refused. The file itself is bounded by :data:`tpsim.limits.MAX_YAML_BYTES`.
 * Strict mappings: a duplicate key (PyYAML silently keeps the last one) or an unhashable key (a list or a
   mapping used as a key) is an error naming its line.
+* Parsed once: a document that passed every check is kept in the on-disk parse cache
+  (:mod:`tpsim.parsecache`, keyed by the SHA-256 of the text and of the reader with its limits), so a later
+  run reads it back without importing PyYAML. :func:`load_data` reads tpsim's own data files the same way
+  (plain safe loading, as before).
 * :func:`kind_of` names what a parsed file looks like (a cluster, a node template, a fabric, link kinds, a
   calibration, a model config, a kernel profile, collective measurements), so that a file of the wrong kind
   is refused with a line that says what it is.
@@ -19,22 +23,44 @@ Every problem is one :class:`~tpsim.errors.InputError` line ``<file>: <problem> 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
-
-import yaml
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .errors import InputError
 from .io import read_text
 from .limits import MAX_JSON_DEPTH, MAX_YAML_BYTES, MAX_YAML_NODES
 
-_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if TYPE_CHECKING:
+    import yaml
+
+# PyYAML is imported on first parse, not here: a document found in the parse cache (tpsim.parsecache) needs
+# no parser, and `tpsim estimate` with every file cached does not import PyYAML at all.
 
 
-class StrictLoader(_BaseLoader):  # type: ignore[misc, valid-type]
-    """SafeLoader that refuses duplicate and unhashable mapping keys."""
+@lru_cache(maxsize=1)
+def base_loader() -> type:
+    """libyaml's safe loader where PyYAML was built with it, else PyYAML's pure-Python ``SafeLoader`` (the
+    two build the same documents: the parser differs, the constructors are the same)."""
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+@lru_cache(maxsize=1)
+def strict_loader() -> type:
+    """SafeLoader (:func:`base_loader`) that refuses duplicate and unhashable mapping keys."""
+    import yaml
+
+    class StrictLoader(base_loader()):  # type: ignore[misc, valid-type]
+        """SafeLoader that refuses duplicate and unhashable mapping keys."""
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    return StrictLoader
+
+
+def _construct_mapping(loader: Any, node: "yaml.MappingNode", deep: bool = False) -> dict:
+    import yaml
+
     loader.flatten_mapping(node)
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
@@ -51,17 +77,16 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
-StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def check_size(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_JSON_DEPTH) -> None:
     """Refuse a document that expands to more than ``max_nodes`` nodes (aliases counted at their expanded
     size), nests deeper than ``max_depth``, or uses a recursive or undefined alias. Iterative over the
     parser's events: nothing is constructed."""
+    import yaml
+
     expanded = 0
     open_nodes: list[tuple[str | None, int]] = []
     sizes: dict[str, int] = {}
-    for event in yaml.parse(text, Loader=_BaseLoader):
+    for event in yaml.parse(text, Loader=base_loader()):
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             open_nodes.append((event.anchor, expanded))
             expanded += 1
@@ -87,7 +112,7 @@ def check_size(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_
                              f"expanded size, line {event.start_mark.line + 1}); is it a YAML bomb?")
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def _yaml_problem(exc: "yaml.YAMLError") -> str:
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -96,16 +121,41 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def load_yaml(text: str, where: str) -> Any:
-    """Parse ``text`` (bounded and strict, see the module doc); errors name ``where``."""
+    """Parse ``text`` (bounded and strict, see the module doc); errors name ``where``. A text parsed before
+    comes from the parse cache (:mod:`tpsim.parsecache`; only documents that passed every check are kept)."""
+    from .parsecache import cached_parse
+
+    return cached_parse(text, f"strict nodes={MAX_YAML_NODES} depth={MAX_JSON_DEPTH}",
+                        lambda t: _parse_strict(t, where))
+
+
+def _parse_strict(text: str, where: str) -> Any:
+    import yaml
+
     try:
         check_size(text)
-        return yaml.load(text, Loader=StrictLoader)
+        return yaml.load(text, Loader=strict_loader())
     except InputError as exc:
         raise InputError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{where}: not valid YAML: {_yaml_problem(exc)}") from None
     except RecursionError:
         raise InputError(f"{where}: nested too deeply") from None
+
+
+def load_data(path: str | os.PathLike[str]) -> Any:
+    """A YAML data file shipped with tpsim (``tpsim/data/...``): PyYAML's safe loading (with libyaml's parser
+    where installed), through the parse cache. Not for user files: those go through :func:`read_yaml`."""
+    from pathlib import Path
+
+    from .parsecache import cached_parse
+
+    def parse(text: str) -> Any:
+        import yaml
+
+        return yaml.load(text, Loader=base_loader())
+
+    return cached_parse(Path(path).read_text(), "safe", parse)
 
 
 def read_yaml(path: str | os.PathLike[str], what: str = "YAML file", max_bytes: int = MAX_YAML_BYTES) -> Any:
@@ -154,4 +204,5 @@ def check_kind(data: Any, expected: str, where: str, text: str = "") -> None:
         raise InputError(f"{where} is {article} {found} file, not a {expected}")
 
 
-__all__ = ["StrictLoader", "load_yaml", "read_yaml", "check_size", "kind_of", "check_kind"]
+__all__ = ["strict_loader", "base_loader", "load_yaml", "load_data", "read_yaml", "check_size", "kind_of",
+           "check_kind"]

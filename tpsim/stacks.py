@@ -33,6 +33,9 @@ from .plan import ATTENTION, ORDERS, RECOMPUTE, Plan, PlanBatch
 
 STACKS_DIR = Path(__file__).resolve().parent / "data" / "stacks"
 STACK_NAMES = ("megatron", "torchtitan", "deepspeed")
+PRESET_STACKS = ("hai-llm",)
+"""shipped profiles of a preset's published run (DeepSeek-V3's HAI-LLM), loadable by name but not general
+stacks: they offer only what the run used."""
 DEFAULT_STACK = "megatron"
 CP_KINDS = ("ring", "a2a")
 """context-parallel kinds of docs/SCHEMAS.md section 1, in PlanBatch code order (0 ring, 1 a2a)."""
@@ -48,7 +51,9 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
                 "grad_accumulation_fusion", "optimizer_bytes_per_param", "pipeline_edges_as_layers"),
     "memory": ("grad_buffer_dtype", "grad_accumulation_buffer", "main_params_dtype", "optimizer_state_dtype",
-               "fp8_weights_kept", "allocator_reserve_fraction"),
+               "fp8_weights_kept", "allocator_reserve_fraction", "selective_recompute_modules",
+               "fp8_activation_cache_bytes", "attention_output_cache_bytes", "pipeline_mirrored_stages",
+               "pipeline_extra_in_flight"),
 }
 ATTENTION_IMPLEMENTATIONS = ("flash2", "flash3", "cudnn", "unfused")
 """names of the kernel models' attention implementations (``compute.default_attention`` values)."""
@@ -288,14 +293,15 @@ def count_violations(codes: np.ndarray) -> dict[str, int]:
 def stack_path(name_or_path: str | Path) -> Path:
     """``tpsim/data/stacks/<name>.yaml`` for a shipped name, else the path itself."""
     text = str(name_or_path)
-    if text.lower() in STACK_NAMES:
+    if text.lower() in STACK_NAMES + PRESET_STACKS:
         return STACKS_DIR / f"{text.lower()}.yaml"
     path = Path(text).expanduser()
     if path.suffix in (".yaml", ".yml") or "/" in text:
         if not path.is_file():
             raise InputError(f"stack file {text} does not exist")
         return path.resolve()
-    raise InputError(f"stack={text!r} is unknown (known: {', '.join(STACK_NAMES)}, or a YAML path)")
+    raise InputError(f"stack={text!r} is unknown (known: {', '.join(STACK_NAMES + PRESET_STACKS)}, or a YAML "
+                     f"path)")
 
 
 def load_stack(name_or_path: str | Path = DEFAULT_STACK) -> StackProfile:

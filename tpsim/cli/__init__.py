@@ -53,13 +53,16 @@ def _on_signal(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``tpsim`` parser. Given the command line, it registers only the verb that line runs (when its first
+    word names a verb), so that ``tpsim estimate`` imports no other verb's module; otherwise (``tpsim --help``,
+    no verb, a misspelt verb) it registers every verb."""
     parser = OneLineParser(
         prog="tpsim",
         description="Tensor-parallelism performance simulator and parallelism planner for LLM training.")
     parser.add_argument("--version", action="version", version=f"tpsim {_version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    for name in VERB_MODULES:
+    for name in _verb_modules(argv):
         try:
             module = importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as exc:
@@ -70,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _verb_modules(argv: list[str] | None) -> tuple[str, ...]:
+    """The module of the verb the command line starts with (verb ``bench-collectives``: module
+    ``bench_collectives``), or every verb module (``tpsim --help estimate`` lists every verb, as before)."""
+    word = argv[0] if argv else None
+    named = tuple(m for m in VERB_MODULES if m.replace("_", "-") == word)
+    return named or VERB_MODULES
+
+
 def _version() -> str:
     from .. import __version__
     return __version__
@@ -78,7 +89,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # a usage error (status 2, one line already printed), --help or --version (0)

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
 
-import yaml
-
 from ..errors import InputError
 from ..hardware import DATA_DIR
+from ..safeyaml import load_data
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 HW_CLASSES = ("NVLINK", "PCI", "NET")
@@ -107,7 +106,7 @@ def nodes_index(num_nodes: int) -> int:
 @lru_cache(maxsize=4)
 def nccl_constants(version: str | None = None) -> NcclConstants:
     """Constants of one NCCL version of the CSV (default: ``nccl_version`` of nccl_model.yaml)."""
-    raw = yaml.safe_load((DATA_DIR / "nccl_model.yaml").read_text())
+    raw = load_data(DATA_DIR / "nccl_model.yaml")
     version = version or os.environ.get("TPSIM_NCCL_VERSION") or str(raw["nccl_version"])
     base, hw = _latency_tables(version)
     arch = {name: ArchCaps(ll_max_bw=tuple(a["llMaxBw"]), ring_ll128_per_channel=tuple(a["perChMaxRingLL128Bw"]),

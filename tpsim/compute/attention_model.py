@@ -184,13 +184,13 @@ def load_published() -> tuple[dict[str, Implementation], tuple[AttentionPoint, .
 
 @lru_cache(maxsize=1)
 def attention_data() -> AttentionData:
-    import yaml
+    from ..safeyaml import load_data
 
     impls, points = load_published()
     path = KERNELS_DIR / FITTED_FILE
     if not path.exists():
         raise InputError(f"{path.name} is missing: run `python -m tpsim.compute.attention_fit --write`")
-    fitted = yaml.safe_load(path.read_text())
+    fitted = load_data(path)
     params, ratio = {}, {}
     for impl, body in impls.items():
         for p in PASSES:

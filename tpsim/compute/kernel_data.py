@@ -78,10 +78,10 @@ class GemmData:
 
 
 def _load_yaml(name: str) -> tuple[dict, str]:
-    import yaml
+    from ..safeyaml import load_data
 
     path = KERNELS_DIR / name
-    raw = yaml.safe_load(path.read_text())
+    raw = load_data(path)
     if not isinstance(raw, dict):
         raise InputError(f"{path.name}: must be a mapping")
     return raw, path.name

@@ -41,9 +41,9 @@ class Efficiency:
 
 @lru_cache(maxsize=1)
 def default_efficiency() -> Efficiency:
-    import yaml
+    from ..safeyaml import load_data
 
-    raw = yaml.safe_load((DATA_DIR / "efficiency.yaml").read_text())
+    raw = load_data(DATA_DIR / "efficiency.yaml")
     return Efficiency(
         gemm_peak_fraction=float(raw["gemm_peak_fraction"]["value"]),
         tile_m=int(raw["gemm_tile"]["m"]), tile_n=int(raw["gemm_tile"]["n"]),

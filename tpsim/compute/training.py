@@ -52,9 +52,9 @@ class InSitu:
 
 @lru_cache(maxsize=1)
 def default_in_situ() -> InSitu:
-    import yaml
+    from ..safeyaml import load_data
 
-    raw = yaml.safe_load((DATA_DIR / "efficiency.yaml").read_text())
+    raw = load_data(DATA_DIR / "efficiency.yaml")
     return InSitu(gemm_in_situ_fraction=float(raw["gemm_in_situ_fraction"]["value"]),
                   memory_in_situ_fraction=float(raw["memory_in_situ_fraction"]["value"]),
                   loo_rms_pct=float(raw["gemm_in_situ_fraction"].get("leave_one_out_rms_pct", 0.0)))

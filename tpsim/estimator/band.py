@@ -48,9 +48,9 @@ class BandData:
 
 @lru_cache(maxsize=1)
 def band_data() -> BandData:
-    import yaml
+    from ..safeyaml import load_data
 
-    raw = yaml.safe_load((DATA_DIR / "band.yaml").read_text())
+    raw = load_data(DATA_DIR / "band.yaml")
     value = lambda k: float(raw[k]["value"])  # noqa: E731
     return BandData(z=value("z"), fit_device=str(raw["fit_device"]["value"]),
                     device_transfer_sigma=value("device_transfer_sigma"),

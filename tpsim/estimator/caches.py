@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .keys import concat_rows, field_names
+from .keys import concat_rows, field_names, sorted_values
 
 MEMO_BYTES = 64 << 20
 """array bytes of stage results a context keeps (a repeated plan or search chunk reuses them)."""
@@ -33,7 +33,7 @@ class Envelope:
     def of(curve: Any, op: str, code: Callable[[str], int]) -> "Envelope":
         lat = np.asarray(curve.latency_s, dtype=float)
         spb = np.asarray(curve.sec_per_byte, dtype=float)
-        winners = np.unique(np.argmin(lat[None, :] + ENVELOPE_BYTES[:, None] * spb[None, :], axis=1))
+        winners = sorted_values(np.argmin(lat[None, :] + ENVELOPE_BYTES[:, None] * spb[None, :], axis=1))
         codes = np.array([-1 if curve.algorithms[i] == "none" else code(f"{op}: {curve.algorithms[i]}")
                           for i in winners], dtype=np.int32)
         return Envelope(curve=curve, latency_s=lat[winners], sec_per_byte=spb[winners], codes=codes)

@@ -115,11 +115,11 @@ class AxisCurves:
         key = (axes, op, b.tobytes())
         hit = self._done.get(key)
         if hit is None:
-            lat, spb, codes = self._table(axes, op)
             runs = np.flatnonzero(b > 0)
             seconds = np.zeros(b.size)
-            names = np.full(b.size, -1, dtype=codes.dtype)
-            if runs.size:
+            names = np.full(b.size, -1, dtype=np.int32)
+            if runs.size:  # nothing runs (a ZeRO plan's all-reduce, ...): zeros, and no envelope table built
+                lat, spb, codes = self._table(axes, op)
                 at = self.inverse[runs]
                 lines = lat[at] + b[runs, None] * spb[at]
                 best = np.argmin(lines, axis=1)

@@ -156,7 +156,7 @@ class EstimationContext:
                                  roofline=roofline, calibration=cal, stack=profile, terms=terms, fixed=fixed,
                                  band=band,
                                  flavor=flavor,
-                                 collectives=collectives, source=source or TransformerSource(model, flavor),
+                                 collectives=collectives, source=source or TransformerSource(model, flavor, terms.activation_storage),
                                  host_overhead_s=host, warnings=tuple(warnings),
                                  caches=None if curves is None else ContextCaches(curves=curves))
 

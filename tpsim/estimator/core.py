@@ -29,7 +29,7 @@ from .band import step_band
 from .comm import LAYOUT_AXES, Comm, communication, layouts_of
 from .context import EstimationContext, context_for
 from .flops import layer_forward_flops, model_flops_per_sequence
-from .keys import Keys, distinct
+from .keys import Keys, distinct, sorted_values
 from .memory import Memory, memory
 from .partition import Partition, partition
 from .result import Estimate, EstimateBatch
@@ -75,7 +75,8 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
         layer_index = layer_keys.inverse[keys.first]
         part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False),
-                         ctx.terms.pipeline_edges_as_layers, getattr(ctx.source, "kind_of_layer", None))
+                         ctx.terms.pipeline_edges_as_layers, getattr(ctx.source, "kind_of_layer", None),
+                         mirrored=ctx.terms.pipeline_mirrored_stages)
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         gather_bytes, grad_bytes = _wire_bytes(ctx, plans.dtype)
@@ -94,7 +95,7 @@ def _z3_collectives(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray | fl
     """ZeRO-3 gathers per layer and pass of each row (per-parameter ZeRO-3: one per weight tensor)."""
     if not ctx.terms.zero3_per_parameter:
         return 1.0
-    per_tp = {int(t): ctx.terms.zero3_collectives_per_layer(ctx.model, int(t)) for t in np.unique(plans.tp)}
+    per_tp = {int(t): ctx.terms.zero3_collectives_per_layer(ctx.model, int(t)) for t in sorted_values(plans.tp)}
     return np.array([per_tp[int(t)] for t in plans.tp])
 
 
@@ -147,6 +148,7 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     m = sched.micro_batches
     mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=m,
                  grad_unsharded=ctx.terms.unsharded_grad_fraction(p.zero, p.pp, p.vpp, m), cp=p.cp, edp=edp,
+                 mirrored=ctx.terms.pipeline_mirrored_stages, extra_in_flight=ctx.terms.pipeline_extra_in_flight,
                  **_memory_figures(ctx, p))
     return totals(ctx, plans, costs, sched, mem, comm)
 
@@ -165,7 +167,7 @@ def model_states_bytes(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray:
     sub = plans.take(keys.first)
     costs = costs_u.take(layer_keys.inverse[keys.first], with_comm=False)
     part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs, ctx.terms.pipeline_edges_as_layers,
-                     getattr(ctx.source, "kind_of_layer", None))
+                     getattr(ctx.source, "kind_of_layer", None), mirrored=ctx.terms.pipeline_mirrored_stages)
     fig = _memory_figures(ctx, sub)
     # the stack's bytes per parameter; gradients as sharded as ZeRO allows (the stack may keep more of them
     # whole, which only raises the peak: this stays a lower bound)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..compute.base import ComputeModel
 from ..model import LayerKind, ModelSpec
+from .keys import sorted_values
 
 
 @dataclass(frozen=True)
@@ -179,12 +180,16 @@ def _attention_linears(fwd: _Acc, bwd: _Acc, compute: ComputeModel, model: Model
 def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np.ndarray,
                micro_batch: np.ndarray, recompute: np.ndarray, dtype: str, attention: str,
                fused: bool = True, cp: np.ndarray | None = None, cp_kind: np.ndarray | None = None,
-               ep: np.ndarray | None = None, etp: np.ndarray | None = None, kind: LayerKind | None = None) -> LayerCost:
+               ep: np.ndarray | None = None, etp: np.ndarray | None = None, kind: LayerKind | None = None,
+               recompute_modules: frozenset = frozenset({"core_attn"})) -> LayerCost:
     """Cost of one layer for each plan (arrays of equal length; recompute coded 0/1/2, cp_kind 0 ring / 1
     a2a, etp 0 = tp). ``fused``: one QKV GEMM and one gate+up GEMM (Megatron); otherwise q, k, v (and w1, w3)
     are separate GEMMs (as ``tpsim validate`` runs DTensor's separate Linear layers). ``kind``: the layer's
     MLP (dense or mixture of experts) and sliding window (default: dense, full attention). Context parallelism
-    divides the rank's tokens by cp (all GEMMs and memory-bound kernels on ``b s / cp`` tokens)."""
+    divides the rank's tokens by cp (all GEMMs and memory-bound kernels on ``b s / cp`` tokens).
+    ``recompute_modules``: what selective recomputation runs again in backward (Megatron-Core
+    ``--recompute-modules``: the attention core, the norms, MLA's up-projections, the routed experts'
+    activation; :func:`_selective_seconds`)."""
     n_plans = len(tp)
     kind = kind or LayerKind(moe=False, window=0)
     cp = _ones(n_plans) if cp is None else cp
@@ -227,6 +232,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         fwd.add(compute.memory(act, T * f_local, dtype, False))
         bwd.add(compute.memory(act, T * f_local, dtype, True))
         _linear(fwd, bwd, compute, T, h, f_local, dtype)
+    shape = None
     if kind.moe:
         from .moe import add_expert_compute, expert_shape
         etp_eff = np.where(etp == 0, tp, etp) if etp is not None else tp
@@ -241,13 +247,39 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         bwd.add(compute.memory(kernel, T_norm * h, dtype, True), count)
 
     rc = np.asarray(recompute)
-    re_t = np.where(rc == 2, fwd.t, np.where(rc == 1, attn_f.t, 0.0))
+    selective = _selective_seconds(compute, model, recompute_modules, attn_f.t, T=T, T_norm=T_norm, heads=heads,
+                                   shape=shape, dtype=dtype)
+    re_t = np.where(rc == 2, fwd.t, np.where(rc == 1, selective, 0.0))
     total = fwd.t + bwd.t
     measured = np.where(total > 0, (fwd.m + bwd.m) / np.where(total > 0, total, 1.0), 0.0)
     return LayerCost(fwd=fwd.t, bwd=bwd.t, recompute=re_t,
                      dgrad={"attention": dg_a, "feed_forward": dg_m},
                      wgrad={"attention": wg_a, "feed_forward": wg_m}, measured=measured, attention=flash_t,
                      ring_fwd=ring_f, ring_bwd=ring_b)
+
+
+def _selective_seconds(compute: ComputeModel, model: ModelSpec, modules: frozenset, core_attention: np.ndarray, *,
+                       T: np.ndarray, T_norm: np.ndarray, heads: np.ndarray, shape, dtype: str) -> np.ndarray:
+    """Forward work selective recomputation repeats in backward: the attention core (``core_attn``), the two
+    norms and MLA's latent norms (``layernorm``), MLA's q and kv up-projection GEMMs (``mla_up_proj``), the
+    routed experts' activation function (``moe_act``, on the busiest rank's copies)."""
+    out = core_attention if "core_attn" in modules else np.zeros(np.shape(T))
+    h = float(model.hidden_size)
+    mla = model.attention_kind == "mla"
+    if "layernorm" in modules:
+        out = out + 2.0 * compute.memory(model.norm, T_norm * h, dtype, False)[0]
+        if mla:
+            out = out + compute.memory("rmsnorm", T * (model.q_lora_rank + model.kv_lora_rank), dtype, False)[0]
+    if "mla_up_proj" in modules and mla:
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        if model.q_lora_rank:
+            out = out + compute.gemm(T, heads * qk, float(model.q_lora_rank), dtype)[0]
+        out = out + compute.gemm(T, heads * (model.qk_nope_head_dim + model.v_head_dim),
+                                 float(model.kv_lora_rank), dtype)[0]
+    if "moe_act" in modules and shape is not None:
+        act = "swiglu" if model.gated else "gelu"
+        out = out + compute.memory(act, shape.copies * shape.ffn_local, dtype, False)[0]
+    return out
 
 
 @dataclass(frozen=True)
@@ -270,8 +302,9 @@ def edge_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np
     if cp is not None:
         T = T / cp.astype(float)
     h = float(model.hidden_size)
-    vocab_local = np.array([model.padded_vocab(int(x)) for x in np.unique(tp)])
-    v_local = vocab_local[np.searchsorted(np.unique(tp), tp)] / t
+    tp_vals = sorted_values(tp)
+    vocab_local = np.array([model.padded_vocab(int(x)) for x in tp_vals])
+    v_local = vocab_local[np.searchsorted(tp_vals, tp)] / t
     T_norm = np.where(sp, T / t, T)
     ff, fb, lf, lb = (_Acc(n_plans) for _ in range(4))
     ff.add(compute.memory("residual_add", T * h, dtype, False))   # gather rows (+ positions)

@@ -89,15 +89,29 @@ def layer_expert_params_local(model: ModelSpec, tp: np.ndarray, kind: LayerKind 
     return expert_params_local(model, ep, etp_eff)
 
 
+DEFAULT_RECOMPUTE_MODULES = frozenset({"core_attn"})
+"""Megatron-Core's default ``--recompute-modules``: selective recomputation of the attention core only."""
+
+
 def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarray, micro_batch: np.ndarray,
                                recompute: np.ndarray, attention: str, act_bytes: int,
                                cp: np.ndarray | None = None, kind: LayerKind | None = None,
-                               ep: np.ndarray | None = None, etp: np.ndarray | None = None) -> np.ndarray:
+                               ep: np.ndarray | None = None, etp: np.ndarray | None = None,
+                               modules: frozenset = DEFAULT_RECOMPUTE_MODULES, linear_bytes: float | None = None,
+                               attn_out_bytes: float | None = None) -> np.ndarray:
     """Stored activations of one layer for one micro-batch on one rank (bytes): the rank's b s / cp tokens
     (context parallelism divides every term by cp). MLA stores its q/kv latents (duplicated over TP) and the
     up-projected q, k (qk_nope + qk_rope) and v (v_head_dim) per head; a mixture-of-experts layer stores the
     routed copies' expert activations on the busiest rank (:func:`tpsim.estimator.moe.expert_activation_bytes`)
-    and the shared experts' like a dense MLP."""
+    and the shared experts' like a dense MLP.
+
+    ``modules``: what selective recomputation (recompute = 1) recomputes instead of storing (Megatron-Core
+    ``--recompute-modules``): ``core_attn`` the unfused scores; ``layernorm`` the norms' outputs (the inputs of
+    the QKV / MLA down-projection and of the MLP, rebuilt from the stored norm inputs); ``mla_up_proj`` MLA's
+    up-projected q, k, v (rebuilt from the stored latents); ``moe_act`` the routed experts' activation output
+    (the second GEMM's input). ``linear_bytes`` / ``attn_out_bytes``: bytes per element of the cached linear
+    inputs / of the attention output (fp8 activation caching, DeepSeek-V3 report section 3.3.3); default the
+    activation's own bytes."""
     t = tp.astype(float)
     s = float(model.seq_len)
     cpf = 1.0 if cp is None else cp.astype(float)
@@ -105,42 +119,52 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     h = float(model.hidden_size)
     heads = model.num_attention_heads / t
     e = act_bytes / 2.0  # formulas below are for 16-bit activations
+    lb = 2.0 * e if linear_bytes is None else float(linear_bytes)
+    ob = lb if attn_out_bytes is None else float(attn_out_bytes)
+    rc = np.asarray(recompute)
+    selective = rc == 1
     dropout = model.family == "gpt"
-    replicated = T * h * ((8.0 + (2.0 if dropout else 0.0)) * e)       # norm inputs, QKV/MLP inputs, masks
+    # norm inputs (2 x 2 B), norm outputs = QKV and MLP inputs (2 x lb), dropout masks (2 x 1 B)
+    norm_out = np.where(selective & ("layernorm" in modules), 0.0, 2.0 * lb)
+    replicated = T * h * (4.0 * e + norm_out + (2.0 * e if dropout else 0.0))
     replicated = np.where(sp, replicated / t, replicated)
     if model.attention_kind == "mla":
         qk = heads * (model.qk_nope_head_dim + model.qk_rope_head_dim)
         v = heads * model.v_head_dim
         latents = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
-        sharded = 2 * e * T * (qk + qk) + 2 * e * T * v + 2 * e * T * v + 2 * e * T * latents
+        up = 2 * e * T * (qk + qk) + 2 * e * T * v                        # q, k, v after the up-projections
+        up = np.where(selective & ("mla_up_proj" in modules), 0.0, up)
+        sharded = up + ob * T * v + lb * T * latents                       # attention output, latents
     else:
         d = float(model.head_dim)
         q_local = heads * d
         kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
-        sharded = 2 * e * T * (q_local + kv_local) + 2 * e * T * kv_local + 2 * e * T * q_local
+        sharded = 2 * e * T * (q_local + kv_local) + 2 * e * T * kv_local + ob * T * q_local
     moe = kind is not None and kind.moe
     f_local = (model.ffn_hidden_size if not moe
                else model.num_shared_experts * model.shared_expert_ffn_hidden_size) / t
-    sharded = sharded + (6.0 if model.gated else 4.0) * e * T * f_local
+    # the first GEMM's output (2f gated, f) in 16 bits, the activation output (the second GEMM's input)
+    sharded = sharded + ((4.0 if model.gated else 2.0) * e + lb) * T * f_local
     if moe:
-        sharded = sharded + _expert_activations(model, T, tp, sp, ep, etp, e)
+        moe_act = selective & ("moe_act" in modules)
+        sharded = sharded + _expert_activations(model, T, tp, sp, ep, etp, e, lb, moe_act)
     if attention == "unfused":
         scores = micro_batch * heads * s * s * ((5.0 if dropout else 2.0) * e)
     else:
         scores = micro_batch * heads * s * 4.0 / cpf  # fp32 log-sum-exp kept by flash attention
-    rc = np.asarray(recompute)
-    per_layer = replicated + sharded + np.where((rc == 1) & (attention == "unfused"), 0.0, scores)
+    drop_scores = selective & (attention == "unfused") & ("core_attn" in modules)
+    per_layer = replicated + sharded + np.where(drop_scores, 0.0, scores)
     layer_input = np.where(sp, 2 * e * T * h / t, 2 * e * T * h)
     return np.where(rc == 2, layer_input, per_layer)
 
 
 def _expert_activations(model: ModelSpec, T: np.ndarray, tp: np.ndarray, sp: np.ndarray, ep, etp,
-                        e: float) -> np.ndarray:
+                        e: float, linear_bytes: float, moe_act: np.ndarray) -> np.ndarray:
     from .moe import expert_activation_bytes, expert_shape
     ones = np.ones(tp.shape, dtype=np.int64)
     shape = expert_shape(model, tokens_total=T, tp=tp, sp=sp, ep=ones if ep is None else ep,
                          etp=tp if etp is None else np.where(etp == 0, tp, etp))
-    return expert_activation_bytes(model, shape, e)
+    return expert_activation_bytes(model, shape, e, linear_bytes=linear_bytes, act_recomputed=moe_act)
 
 
 def full_layer_activations(model: ModelSpec, **kw) -> np.ndarray:
@@ -225,12 +249,11 @@ class ProcessMemory:
 
 @lru_cache(maxsize=1)
 def process_memory() -> ProcessMemory:
-    import yaml
-
     from ..hardware import DATA_DIR
+    from ..safeyaml import load_data
     from ..units import GiB
 
-    raw = yaml.safe_load((DATA_DIR / "memory.yaml").read_text())
+    raw = load_data(DATA_DIR / "memory.yaml")
     ctx, nccl = raw["cuda_context_gib"], raw["nccl_buffers_gib_per_communicator"]
     return ProcessMemory(cuda_context=float(ctx["value"]) * GiB,
                          cuda_context_range=tuple(float(x) * GiB for x in ctx["range"]),
@@ -271,7 +294,7 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
            w_bytes: float, master_bytes: float, grad_bytes: float, grad_unsharded: np.ndarray | None = None,
            state_bytes: float = 8.0, weight_cache_bytes: float = 0.0, process: np.ndarray | float = 0.0,
            nccl: np.ndarray | float = 0.0, reserve_fraction: float = 0.0, cp: np.ndarray | None = None,
-           edp: np.ndarray | None = None) -> Memory:
+           edp: np.ndarray | None = None, mirrored: bool = False, extra_in_flight: float = 0.0) -> Memory:
     """Model states (ZeRO-sharded), stored activations of the micro-batches in flight, and buffers, for the
     first, last and busiest middle pipeline rank at once ((position, plan) arrays); the peak rank's terms.
     ``costs`` (:class:`~tpsim.estimator.source.LayerCosts`) and ``part`` (a Partition) are gathered to plans.
@@ -280,14 +303,26 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     parameter copies the stack keeps beside the weights (FP8 casts); ``process`` and ``nccl``: the CUDA context
     and the NCCL buffers (bytes, per plan); ``reserve_fraction``: the caching allocator's reserve on top of the
     allocated peak. ZeRO shards the dense parameters' states over dp x cp (Megatron's distributed optimizer
-    uses the dp x cp group) and the routed experts' over the expert data-parallel group (``edp``)."""
+    uses the dp x cp group) and the routed experts' over the expert data-parallel group (``edp``).
+    ``mirrored`` and ``extra_in_flight`` (pp > 1): a bidirectional pipeline schedule (DualPipe, DeepSeek-V3
+    report Table 2) whose rank r also holds stage pp - 1 - r (the partition's parameters already count both
+    stages; the activations in flight are those of both, half each) and keeps ``extra_in_flight``
+    micro-batches beyond 1F1B's."""
     from .partition import on_positions
 
     ranks = np.stack([np.zeros_like(pp), pp - 1, np.ones_like(pp)])  # pipeline rank of each position
-    activations = part.layers * costs.activations * in_flight(ranks, pp, vpp, m) + costs.working
+    stored = part.layer_sum(costs.activations, getattr(costs, "activations_by_kind", None))
+    if mirrored:  # the first and the last stage share a rank: half the micro-batches in flight of each
+        edges = (stored[0] + stored[1]) / 2.0
+        stored = np.stack([np.where(pp > 1, edges, stored[0]), np.where(pp > 1, edges, stored[1]), stored[2]])
+    flight = np.minimum(in_flight(ranks, pp, vpp, m) + np.where(pp > 1, extra_in_flight, 0.0), m)
+    activations = stored * flight + costs.working
     zero3_buffers = np.where(zero == 3, 2.0 * costs.params * w_bytes, 0.0)  # this and the next layer gathered
     other = on_positions(costs.first.buffer_bytes + zero3_buffers, costs.last.buffer_bytes + zero3_buffers,
                          pp == 1, middle=zero3_buffers, last_alone=costs.last.buffer_bytes)
+    if mirrored:  # the first and the last stage on one rank: both edges' buffers
+        both = costs.first.buffer_bytes + costs.last.buffer_bytes + zero3_buffers
+        other = np.stack([both, np.where(pp > 1, both, other[1]), other[2]])
     full = np.where(zero >= 2, 0.0, 1.0) if grad_unsharded is None else grad_unsharded
     group = dp if cp is None else dp * cp
     shard = _state_bytes(zero, group, full, w_bytes + weight_cache_bytes, master_bytes + state_bytes, grad_bytes)

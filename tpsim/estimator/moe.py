@@ -41,9 +41,9 @@ class MoeConstants:
 
 @lru_cache(maxsize=1)
 def moe_constants() -> MoeConstants:
-    import yaml
+    from ..safeyaml import load_data
 
-    raw = yaml.safe_load(DATA.read_text())
+    raw = load_data(DATA)
     return MoeConstants(max_violation={k: float(v["value"]) for k, v in raw["max_violation"].items()},
                         loss_free_architectures=tuple(raw["loss_free_architectures"]["value"]))
 
@@ -148,12 +148,20 @@ def shared_params_local(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
     return shared + h * model.num_experts + (h if model.shared_expert_gate else 0.0)
 
 
-def expert_activation_bytes(model: ModelSpec, shape: ExpertShape, e: float) -> np.ndarray:
+def expert_activation_bytes(model: ModelSpec, shape: ExpertShape, e: float, *, linear_bytes: float | None = None,
+                            act_recomputed: np.ndarray | bool = False) -> np.ndarray:
     """Stored activations of the routed experts on the busiest rank (bytes; ``e`` = bytes per 16-bit element
-    / 2): the permuted input of each copy (h), the first GEMM's output (2f gated, else f) and the activation
-    output (f), as the dense MLP's terms; the fp32 router scores and the routing map (N x E)."""
+    / 2): the permuted input of each copy (h, the first GEMM's input), the first GEMM's output (2f gated, else
+    f: the activation's input) and the activation output (f, the second GEMM's input), as the dense MLP's terms;
+    the fp32 router scores and the routing map (N x E). ``linear_bytes``: bytes per cached GEMM input (fp8
+    caching; default 16-bit). ``act_recomputed`` (Megatron-Core ``moe_act`` recomputation): the activation
+    output is rebuilt in backward, and its input is then cached like a GEMM input (DeepSeek-V3 report section
+    3.3.3: the SwiGLU inputs are cached in FP8 and its output recomputed)."""
     h = float(model.hidden_size)
-    per_copy = 2 * e * h + (6.0 if model.gated else 4.0) * e * shape.ffn_local
+    lb = 2.0 * e if linear_bytes is None else float(linear_bytes)
+    f = shape.ffn_local
+    width = (2.0 if model.gated else 1.0) * f
+    per_copy = np.where(act_recomputed, lb * h + lb * width, lb * h + 2.0 * e * width + lb * f)
     return shape.copies * per_copy + shape.tokens * model.num_experts * (4.0 + 1.0)
 
 

@@ -39,6 +39,8 @@ class Partition:
     """(3, n) of ``params``, the routed experts' (None: a dense model)."""
     largest_expert: np.ndarray | float = 0.0
     """(n,) the routed experts' parameters on the rank holding the most parameters."""
+    kind_counts: np.ndarray | None = None
+    """(kinds, 3, n) layers of each kind the rank holds (None: one kind, ``layers`` of it)."""
 
     def for_plans(self, index: np.ndarray) -> "Partition":
         """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
@@ -47,7 +49,33 @@ class Partition:
         largest_expert = self.largest_expert if np.isscalar(self.largest_expert) else self.largest_expert[index]
         return Partition(layers=self.layers[:, index], valid=self.valid[:, index], params=self.params[:, index],
                          edge_params=None, largest=self.largest[index], largest_edge=None, expert=expert,
-                         largest_expert=largest_expert)
+                         largest_expert=largest_expert,
+                         kind_counts=None if self.kind_counts is None else self.kind_counts[:, :, index])
+
+    def layer_sum(self, per_layer: np.ndarray, by_kind: np.ndarray | None = None) -> np.ndarray:
+        """(3, n) sum of a per-layer quantity over each rank's layers: ``layers x per_layer``, or with layer
+        kinds (``by_kind`` (kinds, n) and :attr:`kind_counts`) each rank's own layers of each kind."""
+        if by_kind is None or self.kind_counts is None:
+            return self.layers * per_layer
+        counts = self.kind_counts
+        out = counts[0] * by_kind[0]
+        for k in range(1, counts.shape[0]):  # a handful of kinds: contiguous multiply-adds beat einsum
+            out += counts[k] * by_kind[k]
+        return out
+
+
+def _mirror(params: np.ndarray, expert: np.ndarray | None, last_shared: np.ndarray,
+            pp: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A bidirectional schedule (DualPipe) puts stage pp - 1 - r on rank r too: the first and the last rank both
+    hold the first and the last stage (what the last edge shares with the first, the embedding the MTP modules
+    and a tied output layer use, once), a middle rank two middle stages (pp > 1)."""
+    multi = pp > 1
+
+    def both(x: np.ndarray, shared: np.ndarray | float) -> np.ndarray:
+        edges = x[0] + x[1] - shared
+        return np.stack([np.where(multi, edges, x[0]), np.where(multi, edges, x[1]), 2.0 * x[2]])
+
+    return both(params, last_shared), (None if expert is None else both(expert, 0.0))
 
 
 def positions(pp: np.ndarray) -> np.ndarray:
@@ -66,9 +94,11 @@ def on_positions(first: np.ndarray, last: np.ndarray, single: np.ndarray, middle
 
 
 def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCosts,
-              edges_as_layers: bool = False, kind_of_layer: np.ndarray | None = None) -> Partition:
+              edges_as_layers: bool = False, kind_of_layer: np.ndarray | None = None,
+              mirrored: bool = False) -> Partition:
     """Layers split over pp x vpp chunks (:func:`stage_layers`, or :func:`stage_layers_with_edges` for stacks
-    that count the embedding and the output layer as layers); parameters per rank (``costs`` are gathered to
+    that count the embedding and the output layer as layers; ``mirrored``: rank r also holds stage pp - 1 - r,
+    :func:`_mirror`); parameters per rank (``costs`` are gathered to
     the same rows as ``pp``). With layers of several kinds (``costs.params_by_kind`` and the kind of every
     layer), each rank holds exactly its own layers' parameters (:func:`position_kind_counts`, over the
     layers-only split)."""
@@ -85,13 +115,20 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCost
     single = pp == 1
     last_unshared = costs.last.params - costs.last.shared_params
     edges = on_positions(costs.first.params, costs.last.params, single, last_alone=last_unshared)
+    counts = None
     if costs.params_by_kind is not None and kind_of_layer is not None:
-        counts = position_kind_counts(kind_of_layer, pp, vpp)
+        counts = position_kind_counts(kind_of_layer, pp, vpp, edges_as_layers)
         params = np.einsum("pkn,kn->pn", counts, costs.params_by_kind) + edges
         expert = np.einsum("pkn,kn->pn", counts, costs.expert_by_kind)
     else:
         params = layers * costs.params + edges
         expert = None if costs.expert_params is None else layers * costs.expert_params
+    if expert is not None:  # routed experts of the edges (multi-token prediction on the last rank)
+        ex_first, ex_last = (np.broadcast_to(np.asarray(e.expert_params, dtype=float), pp.shape)
+                             for e in (costs.first, costs.last))
+        expert = expert + on_positions(ex_first, ex_last, single)
+    if mirrored:
+        params, expert = _mirror(params, expert, costs.last.shared_params, pp)
     held = np.where(valid, params, 0.0)
     largest_expert = 0.0
     if expert is not None:
@@ -99,41 +136,67 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCost
         largest_expert = expert[at, np.arange(at.size)]
     return Partition(layers=layers, valid=valid, params=params, edge_params=edges, largest=held.max(axis=0),
                      largest_edge=np.where(valid, edges, 0.0).max(axis=0), expert=expert,
-                     largest_expert=largest_expert)
+                     largest_expert=largest_expert,
+                     kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)))
 
 
-def position_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray) -> np.ndarray:
+def position_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
+                         edges_as_layers: bool = False) -> np.ndarray:
     """(3, kinds, n): layers of each kind on the first, last and busiest middle rank, with the layers in
     order over the model chunks (chunk v of rank r is the (v pp + r)-th) and the chunk sizes of
-    :func:`stage_layers`."""
+    :func:`stage_layers` (or, for stacks that count the embedding and the output layer as layers, of
+    :func:`stage_layers_with_edges` where :func:`partition` uses it). The busiest middle rank is the one whose
+    layers store the most (its MoE layers outweigh dense ones: the last kind index is never lighter)."""
     kinds = int(kind_of_layer.max()) + 1
     key = tuple(int(k) for k in kind_of_layer)
     out = np.zeros((3, kinds, pp.size))
     pairs = np.unique(np.stack([pp, vpp], axis=1), axis=0)
+    n = len(key)
     for p_, v_ in pairs.tolist():
         where = (pp == p_) & (vpp == v_)
-        out[:, :, where] = _kind_counts(key, kinds, p_, v_)[:, :, None]
+        edges = edges_as_layers and (v_ == 1 or (n + 2) % (p_ * v_) == 0)
+        out[:, :, where] = _kind_counts(key, kinds, p_, v_, edges)[:, :, None]
     return out
 
 
+def chunk_sizes(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = False) -> list[int]:
+    """Transformer layers of each model chunk in model order (chunk k on rank k mod pp): tpsim's default split
+    (:func:`_rank_layers`, each rank's layers cut into vpp near-equal chunks), or the split that counts the
+    embedding and the output layer as one layer each (torchtitan ``generate_llm_fqn_per_model_part``:
+    ``(layers + 2) // chunks`` slots per chunk, one more for the first ``(layers + 2) % chunks``; the first
+    chunk's first slot is the embedding, the last chunk's last slot the output layer)."""
+    chunks = pp * vpp
+    if edges_as_layers and pp > 1:
+        slots = num_layers + 2
+        sizes = [slots // chunks + (1 if c < slots % chunks else 0) for c in range(chunks)]
+        sizes[0] -= 1
+        sizes[-1] -= 1
+        return sizes
+    per_rank = _rank_layers(num_layers, pp, vpp)
+    split = [[len(a) for a in np.array_split(np.arange(c), vpp)] for c in per_rank]
+    return [split[r][v] for v in range(vpp) for r in range(pp)]
+
+
 @lru_cache(maxsize=256)
-def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int) -> np.ndarray:
+def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int,
+                 edges_as_layers: bool = False) -> np.ndarray:
     n = len(kind_of_layer)
-    per_rank = _rank_layers(n, pp, vpp)
-    chunks = [np.array_split(np.arange(c), vpp) for c in per_rank]  # sizes of each rank's chunks
-    order = [(v, r) for v in range(vpp) for r in range(pp)]
-    start, owner = 0, np.zeros(n, dtype=np.int64)
-    for v, r in order:
-        size = len(chunks[r][v])
-        owner[start:start + size] = r
+    owner = np.zeros(n, dtype=np.int64)
+    start = 0
+    for k, size in enumerate(chunk_sizes(n, pp, vpp, edges_as_layers)):
+        owner[start:start + size] = k % pp
         start += size
     kinds_arr = np.asarray(kind_of_layer)
-    ranks = (0, pp - 1, 1 if pp > 2 else 0)
+    per_rank = np.stack([np.bincount(kinds_arr[owner == r], minlength=kinds) for r in range(pp)])
     out = np.zeros((3, kinds))
-    for i, r in enumerate(ranks):
-        if i == MIDDLE and pp <= 2:
-            continue
-        out[i] = np.bincount(kinds_arr[owner == r], minlength=kinds)
+    out[0] = per_rank[0]
+    if pp > 1:
+        out[1] = per_rank[-1]
+    if pp > 2:
+        middle = per_rank[1:-1]
+        # the middle rank with the most layers, the later kinds (MoE after dense) breaking ties
+        weight = middle.sum(axis=1) * (n + 1) ** 2 + middle @ np.arange(kinds)
+        out[2] = middle[int(np.argmax(weight))]
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..plan import Plan, PlanBatch
+from .keys import sorted_values
 
 BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead", "tp_comm", "pp_comm",
                   "dp_comm", "cp_comm", "ep_comm")
@@ -205,7 +206,7 @@ def _first_group_nodes(order: str, tp: int, cp: int, dp: int, pp: int, axes: tup
         if name in axes:
             ranks = (ranks[:, None] + stride * np.arange(size, dtype=np.int64)[None, :]).reshape(-1)
         stride *= size
-    return int(np.unique(ranks // gpus_per_node).size)
+    return int(sorted_values(ranks // gpus_per_node).size)
 
 
 def _placement_warnings(plan: Plan, gpus_per_node: int) -> tuple[str, ...]:

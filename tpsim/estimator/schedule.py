@@ -113,10 +113,16 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     L = part.layers
     per_mb = ctx.terms.reduces_per_microbatch(zero, pp)
     sharded = (zero >= 2) & per_mb
-    # ZeRO's gradient shards span the dp x cp group (Megatron's distributed optimizer)
-    accum = grad_accumulation_seconds(ctx, costs.params, sharded, dp if cp is None else dp * cp, dtype)
-    rank_c = L * (costs.fwd + costs.bwd + accum) + edge_c
-    rank_r = L * costs.recompute
+    # ZeRO's gradient shards span the dp x cp group (Megatron's distributed optimizer); the routed experts'
+    # span the expert data-parallel group edp
+    group = dp if cp is None else dp * cp
+    experts = 0.0 if costs.expert_params is None or edp is None else costs.expert_params
+    accum = grad_accumulation_seconds(ctx, costs.params - experts, sharded, group, dtype)
+    if costs.expert_params is not None and edp is not None:
+        accum = accum + grad_accumulation_seconds(ctx, experts, sharded, edp, dtype)
+    # each rank's own layers of each kind (dense first layers and MoE layers take different times)
+    rank_c = part.layer_sum(costs.fwd + costs.bwd, getattr(costs, "compute_by_kind", None)) + L * accum + edge_c
+    rank_r = part.layer_sum(costs.recompute, getattr(costs, "recompute_by_kind", None))
     rank_x = L * x_layer + edge_x
     fixed = ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, full, host_s_per_op)
     fixed = fixed + _zero3_hooks(ctx, costs, zero, full, host_s_per_op)

@@ -25,8 +25,9 @@ from ..compute.roofline import activation_bytes
 from ..model import LayerKind, ModelSpec
 from ..tp_plan import layer_collectives
 from .flops import layer_forward_flops, model_flops_per_sequence
-from .keys import take_rows
+from .keys import sorted_values, take_rows
 from .layer import edge_cost, layer_cost
+from .stackterms import ActivationStorage
 from .memory import (activation_bytes_per_layer, full_layer_activations, layer_expert_params_local,
                      layer_params_local)
 
@@ -65,6 +66,8 @@ class Edge:
     """of ``params``, those the other edge already holds when both sit on one rank (tied embeddings)."""
     buffer_bytes: np.ndarray
     """working buffers of one micro-batch (embedding output, fp32 logits), bytes."""
+    expert_params: np.ndarray | float = 0.0
+    """of ``params``, routed experts' (the multi-token-prediction modules' MoE layers on the last rank)."""
 
 
 
@@ -102,6 +105,14 @@ class LayerCosts:
     each pipeline rank's layers of each kind); None: every layer holds ``params``."""
     expert_by_kind: np.ndarray | None = None
     """(kinds, n) the routed experts' share of ``params_by_kind``."""
+    compute_by_kind: np.ndarray | None = None
+    """(kinds, n) forward + backward seconds of one layer of each kind (the slowest pipeline rank is the one
+    whose own layers take longest)."""
+    recompute_by_kind: np.ndarray | None = None
+    """(kinds, n) recomputation seconds of one layer of each kind."""
+    activations_by_kind: np.ndarray | None = None
+    """(kinds, n) activation bytes one layer of each kind stores per micro-batch (the memory stage counts each
+    pipeline rank's layers of each kind: a rank of MoE layers stores more than one of dense layers)."""
 
     def take(self, index: np.ndarray, with_comm: bool = True) -> "LayerCosts":
         """The rows ``index`` (gather); ``with_comm=False`` leaves the collectives out (the stages after
@@ -124,7 +135,9 @@ class LayerCosts:
                           activations=self.activations[index], working=self.working[index], boundary_bytes=None,
                           first=edge(self.first), last=edge(self.last),
                           attention=None if self.attention is None else self.attention[index],
-                          expert_params=None if self.expert_params is None else self.expert_params[index])
+                          expert_params=None if self.expert_params is None else self.expert_params[index],
+                          **{f: (None if getattr(self, f) is None else getattr(self, f)[:, index])
+                             for f in ("compute_by_kind", "recompute_by_kind", "activations_by_kind")})
 
 
 class LayerSource(ABC):
@@ -168,9 +181,11 @@ class TransformerSource(LayerSource):
     model's layers (times, collectives with their counts, activations), and the parameters of each kind are
     kept apart so each pipeline rank holds exactly its layers' parameters (:attr:`kind_of_layer`)."""
 
-    def __init__(self, model: ModelSpec, flavor: str = "megatron"):
+    def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None):
         self.model = model
         self.flavor = flavor
+        self.storage = storage or ActivationStorage()
+        """the stack's selective-recomputation modules and fp8 activation caching."""
         self.num_layers = model.num_layers
         self.tokens_per_sequence = model.seq_len
         moe = ("ep", "etp") if model.is_moe else ()
@@ -192,9 +207,18 @@ class TransformerSource(LayerSource):
         return model_flops_per_sequence(self.model)
 
     def recompute_flops_per_sequence(self, recompute: np.ndarray) -> np.ndarray:
-        """Full recomputation repeats the layers' forward, selective the attention-score matmuls."""
-        layer, scores = layer_forward_flops(self.model)
-        return np.where(recompute == 2, layer, np.where(recompute == 1, scores, 0.0)) * self.model.num_layers
+        """Full recomputation repeats the layers' forward; selective the attention-score matmuls (``core_attn``)
+        and MLA's up-projection GEMMs (``mla_up_proj``) as the stack's recompute modules say."""
+        m = self.model
+        layer, scores = layer_forward_flops(m)
+        modules = self.storage.recompute_modules
+        selective = scores if "core_attn" in modules else 0.0
+        if "mla_up_proj" in modules and m.attention_kind == "mla":
+            heads = m.num_attention_heads
+            up = (m.q_lora_rank * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+                  + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim))
+            selective = selective + 2.0 * m.seq_len * up
+        return np.where(recompute == 2, layer, np.where(recompute == 1, selective, 0.0)) * m.num_layers
 
     def costs(self, compute: ComputeModel, keys: dict[str, np.ndarray], dtype: str,
               attention: str) -> LayerCosts:
@@ -218,6 +242,9 @@ class TransformerSource(LayerSource):
                           expert_params=mean.expert_params if model.is_moe else None,
                           params_by_kind=np.stack([k.params for k in kinds]) if many else None,
                           expert_by_kind=np.stack([k.expert_params for k in kinds]) if many else None,
+                          activations_by_kind=np.stack([k.activations for k in kinds]) if many else None,
+                          compute_by_kind=np.stack([k.fwd + k.bwd for k in kinds]) if many else None,
+                          recompute_by_kind=np.stack([k.recompute for k in kinds]) if many else None,
                           attention=np.broadcast_to(np.asarray(mean.attention, dtype=float), tp.shape))
 
     def _kind_costs(self, compute: ComputeModel, kind: LayerKind, rc: np.ndarray, cp_kind: np.ndarray,
@@ -226,9 +253,12 @@ class TransformerSource(LayerSource):
         model = self.model
         tp, sp, mb, cp, ep, etp = (axes[k] for k in ("tp", "sp", "micro_batch", "cp", "ep", "etp"))
         lc = layer_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, recompute=rc, dtype=dtype,
-                        attention=attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, kind=kind)
+                        attention=attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, kind=kind,
+                        recompute_modules=self.storage.recompute_modules)
+        linear_bytes, attn_out_bytes = self.storage.cache_bytes(dtype, axes["act_bytes"])
         mem_kw = dict(tp=tp, sp=sp, micro_batch=mb, recompute=rc, attention=attention, act_bytes=axes["act_bytes"],
-                      cp=cp, kind=kind, ep=ep, etp=etp)
+                      cp=cp, kind=kind, ep=ep, etp=etp, modules=self.storage.recompute_modules,
+                      linear_bytes=linear_bytes, attn_out_bytes=attn_out_bytes)
         working = np.where(rc == 2, full_layer_activations(model, **mem_kw), 0.0)
         tp_ops = self._tp_collectives(lc, kind, axes)
         cp_ops = cp_layer_collectives(model, lc, axes, cp_kind)
@@ -282,7 +312,7 @@ class TransformerSource(LayerSource):
         ec = edge_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, dtype=dtype, cp=cp)
         T = mb * float(model.seq_len) / cp
         h = float(model.hidden_size)
-        tp_vals = np.unique(tp)
+        tp_vals = sorted_values(tp)
         emb_local = np.array([model.padded_vocab(int(t)) * h / t for t in tp_vals])[np.searchsorted(tp_vals, tp)]
         pos = model.max_positions * h if model.position == "learned" else 0.0
         final_norm = h * (2 if model.norm == "layernorm" else 1)
@@ -416,8 +446,12 @@ def _mtp_edge(model: ModelSpec, compute: ComputeModel, last: Edge, ec, kind: "_K
     """Multi-token prediction (DeepSeek-V3 report section 2.2, Megatron-Core ``MultiTokenPredictionBlock``) on
     the last pipeline rank, per module: two RMSNorms and the projection of [embedding; hidden] (2h -> h,
     column-parallel), one transformer layer like the model's last one (its compute, collectives as exposed,
-    parameters and activations), and the shared output head again (logits GEMM and cross-entropy; the head's
-    weights are the model's). Not counted in model FLOPs (MFU counts the main model, as DeepSeek's report)."""
+    parameters, routed experts and activations), and the shared output head again (logits GEMM and
+    cross-entropy; the head's weights are the model's). The modules embed the shifted tokens, so the last rank
+    holds a copy of the input embedding (Megatron-Core ``GPTModel``: ``if self.pre_process or
+    self.mtp_process: self.embedding = LanguageModelEmbedding(...)``), which is the first rank's when both are
+    one rank (pp = 1) or the output layer's with tied embeddings. Not counted in model FLOPs (MFU counts the
+    main model, as DeepSeek's report)."""
     from .layer import _Acc, _linear
     k = float(model.mtp_layers)
     h = float(model.hidden_size)
@@ -427,6 +461,8 @@ def _mtp_edge(model: ModelSpec, compute: ComputeModel, last: Edge, ec, kind: "_K
     bwd = k * (acc_b.t + kind.bwd + ec.last_bwd)
     comm = last.comm + tuple(dataclasses.replace(c, count=c.count * k, hide=0.0) for c in kind.comm)
     params = k * (kind.params + 2 * h * h / tp + 2 * h)
+    embedding = np.zeros(tp.shape) if model.tie_embeddings else emb_local
     buffers = k * (kind.activations + T * h * 2.0 + 4.0 * T * emb_local / h)
-    return Edge(fwd=last.fwd + fwd, bwd=last.bwd + bwd, comm=comm, params=last.params + params,
-                shared_params=last.shared_params, buffer_bytes=last.buffer_bytes + buffers)
+    return Edge(fwd=last.fwd + fwd, bwd=last.bwd + bwd, comm=comm, params=last.params + params + embedding,
+                shared_params=last.shared_params + embedding, buffer_bytes=last.buffer_bytes + buffers,
+                expert_params=k * kind.expert_params)

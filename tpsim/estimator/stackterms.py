@@ -32,6 +32,27 @@ PERSISTENCE_DEFAULT = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
+class ActivationStorage:
+    """How a stack stores the activations kept for backward (besides the plan's recompute field)."""
+
+    recompute_modules: frozenset = frozenset({"core_attn"})
+    """what ``recompute=selective`` recomputes (:data:`RECOMPUTE_MODULES`)."""
+    fp8_linear_input_bytes: float | None = None
+    """with fp8 GEMMs, bytes per cached element of a linear layer's input (and of the routed experts' SwiGLU
+    input when their activation is recomputed); None: the 16-bit activation."""
+    fp8_attention_output_bytes: float | None = None
+    """with fp8 GEMMs, bytes per cached element of the attention output (the output projection's input)."""
+
+    def cache_bytes(self, dtype: str, act_bytes: float) -> tuple[float, float]:
+        """(linear input, attention output) bytes per cached element for a plan of ``dtype``."""
+        if dtype != "fp8":
+            return act_bytes, act_bytes
+        lin = act_bytes if self.fp8_linear_input_bytes is None else self.fp8_linear_input_bytes
+        att = lin if self.fp8_attention_output_bytes is None else self.fp8_attention_output_bytes
+        return lin, att
+
+
+@dataclass(frozen=True, kw_only=True)
 class StackTerms:
     """A stack profile's figures as the stages use them."""
 
@@ -71,6 +92,13 @@ class StackTerms:
     optimizer_state_bytes: float
     """bytes per parameter of the two Adam moments together."""
     fp8_weights_kept: bool
+    pipeline_mirrored_stages: bool
+    """a bidirectional schedule (DualPipe): pipeline rank r also holds stage pp - 1 - r (its parameters,
+    gradients, optimizer states and activations)."""
+    pipeline_extra_in_flight: float
+    """micro-batches in flight beyond the 1F1B count at the activation peak (DualPipe: 1)."""
+    activation_storage: "ActivationStorage"
+    """what selective recomputation recomputes and which cached activations are fp8 (fp8 training)."""
     """with fp8 GEMMs the stack keeps fp8 weights instead of 16-bit ones (else 16-bit weights plus fp8 casts)."""
     allocator_reserve_fraction: float
     allocator_reserve_range: tuple[float, float]
@@ -203,6 +231,9 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         optimizer_state_bytes=2.0 * _dtype_bytes(_value(stack, "memory", "optimizer_state_dtype", "fp32"),
                                                  f"{where}: memory.optimizer_state_dtype"),
         fp8_weights_kept=bool(_value(stack, "memory", "fp8_weights_kept", False)),
+        activation_storage=_activation_storage(stack, where),
+        pipeline_mirrored_stages=bool(_value(stack, "memory", "pipeline_mirrored_stages", False)),
+        pipeline_extra_in_flight=_positive(stack, "pipeline_extra_in_flight", 0.0, where, minimum=0.0),
         allocator_reserve_fraction=reserve,
         allocator_reserve_range=(reserve_fig.range if reserve_fig is not None and reserve_fig.range
                                  else (reserve, reserve)),
@@ -210,3 +241,33 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         collective_host_range=_seconds_range(_fig(stack, "comm", "host_us_per_collective"), host_coll),
         default_attention=dict(attention) if isinstance(attention, Mapping) else {k: attention for k in
                                                                                   ("sm80", "sm90", "sm100")})
+
+
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act")
+"""what selective recomputation may recompute, in Megatron-Core's ``--recompute-modules`` names
+(megatron/training/arguments.py): the attention core (scores), the norms' outputs, MLA's up-projections (q, k, v
+from the stored latents) and the routed experts' activation function (its output, the second GEMM's input)."""
+
+
+def _activation_storage(stack: StackProfile, where: str) -> ActivationStorage:
+    modules = _value(stack, "memory", "selective_recompute_modules", ["core_attn"])
+    if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or \
+            any(m not in RECOMPUTE_MODULES for m in modules):
+        raise InputError(f"{where}: memory.selective_recompute_modules={modules!r} must be a list of "
+                         f"{', '.join(RECOMPUTE_MODULES)}")
+    cache = _value(stack, "memory", "fp8_activation_cache_bytes", None)
+    attn = _value(stack, "memory", "attention_output_cache_bytes", cache)
+    for key, value in (("fp8_activation_cache_bytes", cache), ("attention_output_cache_bytes", attn)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value <= 2):
+            raise InputError(f"{where}: memory.{key}={value!r} must be bytes per element in (0, 2]")
+    return ActivationStorage(recompute_modules=frozenset(modules),
+                             fp8_linear_input_bytes=None if cache is None else float(cache),
+                             fp8_attention_output_bytes=None if attn is None else float(attn))
+
+
+def _positive(stack: StackProfile, key: str, default: float, where: str, minimum: float) -> float:
+    value = _value(stack, "memory", key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise InputError(f"{where}: memory.{key}={value!r} must be a number >= {minimum:g}")
+    return float(value)

@@ -60,7 +60,7 @@ def format_stack(fmt: str, stack: Any = None) -> Any:
 def export_violation(fmt: str, ctx: ExportContext, stack: Any = None) -> str | None:
     """Why ``fmt`` cannot run the plan (the stack rule, or the format's own limit), or None."""
     try:
-        check_exportable(ctx, format_stack(fmt, stack), fmt, _format_violation(fmt, ctx))
+        check_exportable(ctx, format_stack(fmt, stack), fmt, _format_violation(fmt, ctx), _writes(fmt))
     except InputError as exc:
         return str(exc)
     return None
@@ -74,8 +74,13 @@ def _format_violation(fmt: str, ctx: ExportContext) -> str | None:
 def export_plan(fmt: str, ctx: ExportContext, stack: Any = None) -> dict[str, str]:
     """The files of ``fmt`` for the context's plan: {file name: text}. A plan the format's stack cannot run
     raises :class:`InputError` naming the rule."""
-    check_exportable(ctx, format_stack(fmt, stack), fmt, _format_violation(fmt, ctx))
+    check_exportable(ctx, format_stack(fmt, stack), fmt, _format_violation(fmt, ctx), _writes(fmt))
     return _MODULES[fmt].export_files(ctx)
+
+
+def _writes(fmt: str) -> frozenset:
+    """Model features (mixture of experts, MLA, multi-token prediction) the format's files state."""
+    return frozenset(getattr(_MODULES[fmt], "MODEL_FEATURES", ()))
 
 
 def write_files(files: Mapping[str, str], out_dir: str | Path, force: bool = False) -> list[Path]:

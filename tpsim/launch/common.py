@@ -20,6 +20,11 @@ from ..model import ModelSpec, load_model, with_overrides
 from ..plan import Plan, make_plan
 
 HEADER_TAG = "tpsim:"
+MOE_SHAPE_FIELDS = ("num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
+                    "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_freq", "dense_layers",
+                    "capacity_factor", "router_groups", "router_group_topk", "attention_kind", "q_lora_rank",
+                    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers")
+"""ModelSpec fields of mixtures of experts, MLA and multi-token prediction an import may state."""
 PLAN_AXES_LATER = ("cp", "cp_kind", "ep", "etp")
 """plan fields of docs/SCHEMAS.md section 1 that a Plan may not have yet (read with defaults)."""
 AXIS_DEFAULTS = {"cp": 1, "cp_kind": "ring", "ep": 1, "etp": 0}
@@ -134,21 +139,35 @@ def read_header(text: str) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------------- checks
 
-def check_exportable(ctx: ExportContext, stack: Any, fmt: str, extra: str | None = None) -> None:
-    """The plan must be valid for tpsim and runnable by the format's stack: an error naming the reason."""
+MODEL_FEATURES = ("moe", "mla", "mtp")
+"""model features a format may write (its module's ``MODEL_FEATURES``); the others are never written."""
+
+
+def model_features(m: ModelSpec) -> list[tuple[str, str]]:
+    """(feature key, description) of what the model has beyond a dense GPT/Llama block."""
+    found = [(key, what) for key, what, present in (
+        ("moe", "mixture of experts", (getattr(m, "num_experts", 0) or 0) > 0),
+        ("mla", "MLA attention", getattr(m, "attention_kind", "standard") != "standard"),
+        ("mtp", "multi-token prediction", (getattr(m, "mtp_layers", 0) or 0) > 0),
+        ("activation", f"{m.activation} activation", m.activation not in ("gelu", "swiglu")),
+        ("window", "sliding-window attention", bool(getattr(m, "sliding_window", 0))),
+        ("residual", "parallel residual", bool(getattr(m, "parallel_residual", False)))) if present]
+    return found
+
+
+def check_exportable(ctx: ExportContext, stack: Any, fmt: str, extra: str | None = None,
+                     writes: frozenset = frozenset()) -> None:
+    """The plan must be valid for tpsim and runnable by the format's stack: an error naming the reason.
+    ``writes``: the model features (:data:`MODEL_FEATURES`) the format's files state; a model with another is
+    refused (the files would describe a different model)."""
     from ..plan import validate_plan
 
     validate_plan(ctx.model, ctx.plan, ctx.gpus)
     m = ctx.model
-    unwritten = [what for what, present in (
-        ("mixture of experts", (getattr(m, "num_experts", 0) or 0) > 0),
-        ("MLA attention", getattr(m, "attention_kind", "standard") != "standard"),
-        (f"{m.activation} activation", m.activation not in ("gelu", "swiglu")),
-        ("sliding-window attention", bool(getattr(m, "sliding_window", 0))),
-        ("parallel residual", bool(getattr(m, "parallel_residual", False)))) if present]
+    unwritten = [what for key, what in model_features(m) if key not in writes]
     if unwritten:
-        raise InputError(f"cannot export {m.name} to {fmt}: {', '.join(unwritten)} not written by the exporters "
-                         f"yet (the files would describe a different model)")
+        raise InputError(f"cannot export {m.name} to {fmt}: {', '.join(unwritten)} not written by the {fmt} "
+                         f"exporter (the files would describe a different model)")
     problem = stack.plan_violation(ctx.plan, ctx.model) or extra
     if problem:
         raise InputError(f"cannot export plan {ctx.plan.short()} to {fmt}: {problem}")
@@ -176,8 +195,15 @@ def _apply_shape(base: ModelSpec, shape: Mapping[str, Any], imp: ImportedLaunch)
     overrides = {_SHAPE_OVERRIDES[k]: int(v) for k, v in shape.items()
                  if k in _SHAPE_OVERRIDES and int(v) != getattr(base, k)}
     spec = with_overrides(base, **overrides)
+    shape = dict(shape)
+    if "shared_expert_ffn_hidden_size" in shape and (shape.get("num_shared_experts", 0)
+                                                     * shape["shared_expert_ffn_hidden_size"]
+                                                     == spec.num_shared_experts * spec.shared_expert_ffn_hidden_size):
+        shape.pop("num_shared_experts", None)  # the same total width stated as one shared expert
+        shape.pop("shared_expert_ffn_hidden_size")
     extra = {k: v for k, v in shape.items() if k in ("norm", "activation", "position", "tie_embeddings",
-                                                     "qkv_bias", "linear_bias", "head_dim") and getattr(spec, k) != v}
+                                                     "qkv_bias", "linear_bias", "head_dim") + MOE_SHAPE_FIELDS
+             and getattr(spec, k) != v}
     return dataclasses.replace(spec, **extra) if extra else spec
 
 

@@ -20,6 +20,8 @@ from .common import ExportContext, ImportedLaunch, axis, commented, header_lines
 from .shell import Command, flag_values, parse_command
 
 FILENAME = "megatron_args.sh"
+MODEL_FEATURES = ("moe", "mla", "mtp")
+"""model features the arguments state (--num-experts ..., --multi-latent-attention ..., --mtp-num-layers)."""
 MEGATRON_VERSION = "Megatron-LM 000c4ac2 (Megatron-Core >= 0.14)"
 CP_COMM = {"ring": "p2p", "a2a": "a2a"}
 ZERO_FROM_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
@@ -32,7 +34,8 @@ def plan_args(plan: Plan, model: ModelSpec) -> list[list[str]]:
     args: list[list[str]] = [["--tensor-model-parallel-size", str(plan.tp)],
                              ["--pipeline-model-parallel-size", str(plan.pp)]]
     if plan.pp > 1 and model.num_layers % (plan.pp * plan.vpp):
-        args.append(["--pipeline-model-parallel-layout", shlex.quote(layout(model.num_layers, plan.pp, plan.vpp))])
+        args.append(["--pipeline-model-parallel-layout",
+                     shlex.quote(layout(model.num_layers, plan.pp, plan.vpp, model.mtp_layers))])
     elif plan.vpp > 1:
         args.append(["--num-layers-per-virtual-pipeline-stage", str(model.num_layers // (plan.pp * plan.vpp))])
     if plan.sp:
@@ -71,12 +74,13 @@ def chunk_layers(num_layers: int, pp: int, vpp: int) -> list[int]:
     return counts
 
 
-def layout(num_layers: int, pp: int, vpp: int) -> str:
+def layout(num_layers: int, pp: int, vpp: int, mtp: int = 0) -> str:
     """``--pipeline-model-parallel-layout`` of :func:`chunk_layers`: stages in model order separated by ``|``,
-    ``E`` (embedding) first and ``L`` (loss) last, ``t*n`` for n decoder layers
-    (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
+    ``E`` (embedding) first and ``L`` (loss) last, ``t*n`` for n decoder layers, ``m`` for each multi-token
+    prediction layer after the last decoder layer (megatron/core/transformer/pipeline_parallel_layer_layout.py:
+    the count of ``m`` must equal --mtp-num-layers, after every decoder layer)."""
     stages = [f"t*{n}" if n > 1 else "t" * n for n in chunk_layers(num_layers, pp, vpp)]
-    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "m" * mtp + "L"
     return "|".join(stages)
 
 
@@ -123,7 +127,7 @@ def model_args(model: ModelSpec) -> list[list[str]]:
             ["--num-attention-heads", str(model.num_attention_heads)]]
     if model.num_kv_heads != model.num_attention_heads:
         args += [["--group-query-attention"], ["--num-query-groups", str(model.num_kv_heads)]]
-    if model.head_dim * model.num_attention_heads != model.hidden_size:
+    if model.head_dim * model.num_attention_heads != model.hidden_size and model.attention_kind != "mla":
         args.append(["--kv-channels", str(model.head_dim)])
     args += [["--seq-length", str(model.seq_len)], ["--max-position-embeddings", str(model.max_positions)],
              ["--vocab-size", str(model.vocab_size)], ["--make-vocab-size-divisible-by", "128"]]
@@ -139,7 +143,104 @@ def model_args(model: ModelSpec) -> list[list[str]]:
         args.append(["--disable-bias-linear"])
         if model.qkv_bias:
             args.append(["--add-qkv-bias"])
+    return args + moe_args(model)
+
+
+def format_violation(ctx: ExportContext) -> str | None:
+    """What Megatron-LM 000c4ac2 cannot state about the model."""
+    if ctx.model.shared_expert_gate:
+        return ("shared_expert_gate: Megatron-LM 000c4ac2 has no sigmoid gate on the shared expert (Qwen2-MoE); "
+                "its arguments would describe a different model")
+    return None
+
+
+def moe_args(model: ModelSpec) -> list[list[str]]:
+    """Mixture-of-experts, MLA and multi-token-prediction arguments (Megatron-Core MoE / MLA groups): the routed
+    experts, top-k and expert width; the shared experts' total width; the MoE/dense layer pattern
+    (``--moe-layer-freq``: an integer N = every N-th layer, or a Python list expression such as
+    ``([0]*3+[1]*58)``); grouped GEMMs with the all-to-all dispatcher (what tpsim costs); group-limited
+    routing; a capacity factor; DeepSeek-V3's auxiliary-loss-free router (sigmoid scores + expert bias)."""
+    from ..estimator.moe import moe_constants
+
+    args: list[list[str]] = []
+    if model.is_moe:
+        args += [["--num-experts", str(model.num_experts)], ["--moe-router-topk", str(model.experts_per_token)],
+                 ["--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size)]]
+        shared = model.num_shared_experts * model.shared_expert_ffn_hidden_size
+        if shared:
+            args.append(["--moe-shared-expert-intermediate-size", str(shared)])
+        freq = moe_layer_freq(model)
+        if freq != "1":
+            args.append(["--moe-layer-freq", shlex.quote(freq)])
+        args += [["--moe-grouped-gemm"], ["--moe-token-dispatcher-type", "alltoall"]]
+        if model.router_groups:
+            args += [["--moe-router-num-groups", str(model.router_groups)],
+                     ["--moe-router-group-topk", str(model.router_group_topk)]]
+        if model.capacity_factor:
+            args.append(["--moe-expert-capacity-factor", f"{model.capacity_factor:g}"])
+        if model.architecture in moe_constants().loss_free_architectures:
+            args += [["--moe-router-score-function", "sigmoid"], ["--moe-router-enable-expert-bias"]]
+    if model.attention_kind == "mla":
+        args.append(["--multi-latent-attention"])
+        if model.q_lora_rank:
+            args.append(["--q-lora-rank", str(model.q_lora_rank)])
+        args += [["--kv-lora-rank", str(model.kv_lora_rank)], ["--qk-head-dim", str(model.qk_nope_head_dim)],
+                 ["--qk-pos-emb-head-dim", str(model.qk_rope_head_dim)], ["--v-head-dim", str(model.v_head_dim)]]
+    if model.mtp_layers:
+        args.append(["--mtp-num-layers", str(model.mtp_layers)])
     return args
+
+
+def moe_layer_freq(model: ModelSpec) -> str:
+    """``--moe-layer-freq`` of the model: "N" when layer i is MoE iff i % N == 0, else the run-length list
+    expression of the pattern (1 = MoE layer), e.g. ``([0]*3+[1]*58)``."""
+    pattern = [1 if model.is_moe_layer(i) else 0 for i in range(model.num_layers)]
+    for n in range(1, model.num_layers + 1):
+        if pattern == [1 if i % n == 0 else 0 for i in range(model.num_layers)]:
+            return str(n)
+    runs: list[list[int]] = []
+    for v in pattern:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return "(" + "+".join(f"[{v}]*{n}" for v, n in runs) + ")"
+
+
+def parse_layer_freq(text: str, num_layers: int | None, where: str) -> dict[str, Any]:
+    """ModelSpec fields of a ``--moe-layer-freq`` value: an integer N, or a Python list expression of 0/1
+    (integers, lists, ``+`` and ``*`` only, evaluated without ``eval``)."""
+    import ast
+
+    text = text.strip()
+    if text.isdigit() and int(text) > 0:
+        return {"moe_layer_freq": int(text), "first_dense_layers": 0, "dense_layers": ()}
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) \
+                    and 0 <= right <= 100000:
+                return left * right
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+        raise ValueError
+
+    try:
+        pattern = value(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):
+        pattern = None
+    if not isinstance(pattern, list) or any(v not in (0, 1) for v in pattern) or \
+            (num_layers is not None and len(pattern) != num_layers):
+        raise InputError(f"{where}: --moe-layer-freq {text!r} is not an integer nor a list of "
+                         f"{num_layers if num_layers is not None else 'num_layers'} zeros and ones")
+    first = next((i for i, v in enumerate(pattern) if v), len(pattern))
+    return {"moe_layer_freq": 1, "first_dense_layers": first,
+            "dense_layers": tuple(i for i, v in enumerate(pattern) if not v and i >= first)}
 
 
 def launcher(ctx: ExportContext) -> str:
@@ -176,11 +277,15 @@ INT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
              "--num-attention-heads", "--num-query-groups", "--kv-channels", "--seq-length",
              "--max-position-embeddings", "--vocab-size", "--context-parallel-size", "--expert-model-parallel-size",
              "--expert-tensor-parallel-size", "--recompute-num-layers", "--make-vocab-size-divisible-by",
-             "--zero-stage", "--ds-sequence-parallel-size")
+             "--zero-stage", "--ds-sequence-parallel-size", "--num-experts", "--moe-router-topk",
+             "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-router-num-groups",
+             "--moe-router-group-topk", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
+             "--v-head-dim", "--mtp-num-layers")
 TEXT_FLAGS = ("--recompute-granularity", "--recompute-method", "--attention-backend", "--normalization",
               "--position-embedding-type", "--data-parallel-sharding-strategy", "--fp8-format", "--cp-comm-type",
               "--deepspeed_config", "--deepspeed-config", "--ckpt-format", "--recompute-modules",
-             "--pipeline-model-parallel-layout")
+             "--pipeline-model-parallel-layout", "--moe-layer-freq", "--moe-token-dispatcher-type",
+              "--moe-expert-capacity-factor", "--moe-router-score-function")
 BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
               "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16", "--overlap-grad-reduce",
               "--overlap-param-gather", "--use-tp-pp-dp-mapping", "--swiglu", "--untie-embeddings-and-output-weights",
@@ -188,7 +293,8 @@ BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megat
               "--use-flash-attn", "--use-rotary-position-embeddings", "--deepspeed", "--no-pipeline-parallel",
               "--checkpoint-activations", "--deepspeed-activation-checkpointing", "--use-flash-attn-v2",
               "--init-model-with-meta-device", "--account-for-embedding-in-pipeline-split",
-              "--account-for-loss-in-pipeline-split")
+              "--account-for-loss-in-pipeline-split", "--moe-grouped-gemm", "--moe-router-enable-expert-bias",
+              "--multi-latent-attention")
 KNOWN_FLAGS = set(INT_FLAGS) | set(TEXT_FLAGS) | set(BOOL_FLAGS)
 
 
@@ -402,6 +508,7 @@ def model_shape(f: Flags) -> dict[str, Any]:
         shape["norm"] = "rmsnorm"
     if f.text("--position-embedding-type") == "rope" or f.has("--use-rotary-position-embeddings"):
         shape["position"] = "rotary"
+    shape.update(moe_shape(f, shape.get("num_layers")))
     if f.has("--num-layers"):   # a full command states these choices by the presence of flags
         shape.setdefault("activation", "gelu")
         shape.setdefault("norm", "layernorm")
@@ -409,4 +516,37 @@ def model_shape(f: Flags) -> dict[str, Any]:
         shape["tie_embeddings"] = not f.has("--untie-embeddings-and-output-weights")
         shape["linear_bias"] = not f.has("--disable-bias-linear")
         shape["qkv_bias"] = shape["linear_bias"] or f.has("--add-qkv-bias")
+    return shape
+
+
+def moe_shape(f: Flags, num_layers: int | None) -> dict[str, Any]:
+    """ModelSpec fields of the MoE, MLA and MTP arguments (Megatron's defaults where a flag is absent: top-2,
+    expert width = --ffn-hidden-size, every layer MoE). The shared experts' total width is one shared expert
+    of that width (the same parameters, FLOPs and activations as several narrower ones)."""
+    shape: dict[str, Any] = {}
+    experts = f.int("--num-experts")
+    if experts:
+        shape.update(num_experts=experts, experts_per_token=f.int("--moe-router-topk") or 2,
+                     moe_ffn_hidden_size=f.int("--moe-ffn-hidden-size") or f.int("--ffn-hidden-size") or 0)
+        shared = f.int("--moe-shared-expert-intermediate-size")
+        shape.update(num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared or 0)
+        freq = f.text("--moe-layer-freq")
+        shape.update(parse_layer_freq(freq, num_layers, f.where) if freq is not None
+                     else {"moe_layer_freq": 1, "first_dense_layers": 0, "dense_layers": ()})
+        groups = f.int("--moe-router-num-groups")
+        if groups:
+            shape.update(router_groups=groups, router_group_topk=f.int("--moe-router-group-topk") or groups)
+        capacity = f.text("--moe-expert-capacity-factor")
+        if capacity is not None:
+            try:
+                shape["capacity_factor"] = float(capacity)
+            except ValueError:
+                raise InputError(f"{f.where}: --moe-expert-capacity-factor {capacity!r} must be a number") from None
+    if f.has("--multi-latent-attention"):
+        shape.update(attention_kind="mla", q_lora_rank=f.int("--q-lora-rank") or 0,
+                     kv_lora_rank=f.int("--kv-lora-rank") or 512, qk_nope_head_dim=f.int("--qk-head-dim") or 128,
+                     qk_rope_head_dim=f.int("--qk-pos-emb-head-dim") or 64, v_head_dim=f.int("--v-head-dim") or 128)
+    mtp = f.int("--mtp-num-layers")
+    if mtp:
+        shape["mtp_layers"] = mtp
     return shape

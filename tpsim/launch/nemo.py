@@ -9,7 +9,14 @@ encoder_seq_length, num_layers, hidden_size, ffn_hidden_size, num_attention_head
 normalization, activation, position_embedding_type, bias, share_embeddings_and_output_weights,
 activations_checkpoint_granularity / method / num_layers, mcore_gpt, fp8 / fp8_hybrid, use_flash_attention,
 optim.name (distributed_fused_adam = the distributed optimizer) and optim.overlap_grad_sync; ZeRO-2/3 are
-NeMo's torch FSDP (fsdp, fsdp_sharding_strategy 'grad' / 'full').
+NeMo's torch FSDP (fsdp, fsdp_sharding_strategy 'grad' / 'full'). Context-parallel kind, expert tensor
+parallelism and the MoE shape are Megatron-Core ModelParallelConfig / TransformerConfig field names
+(cp_comm_type, expert_tensor_parallel_size, num_moe_experts, moe_router_topk, moe_ffn_hidden_size,
+moe_shared_expert_intermediate_size, moe_layer_freq, moe_grouped_gemm, moe_token_dispatcher_type,
+moe_router_num_groups, moe_router_group_topk, moe_expert_capacity_factor, moe_router_score_function,
+moe_router_enable_expert_bias), which NeMo's MegatronBaseModel.build_model_parallel_config /
+build_transformer_config copy from the model config ("For attributes in the nemo model config that are the same
+as the megatron core TransformerConfig, we will use the value from the nemo model config").
 """
 
 from __future__ import annotations
@@ -21,6 +28,11 @@ from ..errors import InputError
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
 
 FILENAME = "nemo_megatron_gpt.yaml"
+MODEL_FEATURES = ("moe",)
+"""model features the config states: mixtures of experts (Megatron-Core TransformerConfig MoE fields); NeMo 1.x's
+Megatron GPT model builds a plain TransformerConfig (no MLA config, no multi-token prediction block)."""
+CP_COMM = {"ring": "p2p", "a2a": "a2a"}
+"""tpsim cp_kind -> Megatron-Core TransformerConfig.cp_comm_type."""
 NEMO_VERSION = "NeMo 1.x Megatron GPT config (launcher base configs, NVIDIA/NeMo 00bdb97c)"
 PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": 32, "fp8": "bf16-mixed"}
 FSDP = {2: "grad", 3: "full"}
@@ -32,8 +44,8 @@ def format_violation(ctx: ExportContext) -> str | None:
     plan, layers = ctx.plan, ctx.model.num_layers
     if order_key(plan.order) != "tp-dp-pp":
         return f"order={plan.order}: NeMo's config has no rank-order key (Megatron's default tp-cp-ep-dp-pp)"
-    if axis(plan, "cp") > 1 and axis(plan, "cp_kind") != "ring":
-        return f"cp_kind={axis(plan, 'cp_kind')}: the NeMo 1.x config written has no context-parallel kind key (ring)"
+    if ctx.model.shared_expert_gate:
+        return "shared_expert_gate: Megatron-Core's TransformerConfig has no shared-expert gate (Qwen2-MoE)"
     if layers % (plan.pp * plan.vpp):
         return (f"pp={plan.pp} x vpp={plan.vpp} does not divide num_layers={layers}: the NeMo 1.x config has no "
                 f"uneven pipeline layout key")
@@ -68,9 +80,43 @@ def config(ctx: ExportContext) -> dict[str, Any]:
     }
     if plan.zero in FSDP:
         model["fsdp_sharding_strategy"] = FSDP[plan.zero]
+    if axis(plan, "cp") > 1:
+        model["cp_comm_type"] = CP_COMM[axis(plan, "cp_kind")]
+    if axis(plan, "ep") > 1 and axis(plan, "etp"):
+        model["expert_tensor_parallel_size"] = axis(plan, "etp")
+    model.update(moe_keys(m))
     trainer = {"devices": ctx.devices_per_node, "num_nodes": ctx.nodes, "accelerator": "gpu",
                "precision": PRECISION[plan.dtype]}
     return {"trainer": trainer, "model": model}
+
+
+def moe_keys(m) -> dict[str, Any]:
+    """Megatron-Core TransformerConfig MoE fields (NeMo's ``build_transformer_config`` takes every model key
+    that names a TransformerConfig field): routed experts, top-k, widths, the MoE/dense layer pattern (an
+    integer N or a list of 0/1), grouped GEMMs with the all-to-all dispatcher, group-limited routing, capacity,
+    DeepSeek-V3's auxiliary-loss-free router."""
+    from ..estimator.moe import moe_constants
+    from .megatron import moe_layer_freq
+
+    if not m.is_moe:
+        return {}
+    keys: dict[str, Any] = {"num_moe_experts": m.num_experts, "moe_router_topk": m.experts_per_token,
+                            "moe_ffn_hidden_size": m.moe_ffn_hidden_size}
+    shared = m.num_shared_experts * m.shared_expert_ffn_hidden_size
+    if shared:
+        keys["moe_shared_expert_intermediate_size"] = shared
+    freq = moe_layer_freq(m)
+    if freq != "1":
+        keys["moe_layer_freq"] = (int(freq) if freq.isdigit()
+                                  else [1 if m.is_moe_layer(i) else 0 for i in range(m.num_layers)])
+    keys.update(moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall")
+    if m.router_groups:
+        keys.update(moe_router_num_groups=m.router_groups, moe_router_group_topk=m.router_group_topk)
+    if m.capacity_factor:
+        keys["moe_expert_capacity_factor"] = float(m.capacity_factor)
+    if m.architecture in moe_constants().loss_free_architectures:
+        keys.update(moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)
+    return keys
 
 
 def export_files(ctx: ExportContext) -> dict[str, str]:
@@ -110,10 +156,17 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         "attention": "flash" if get("use_flash_attention", True) else "unfused"}
     cp = _int(get("context_parallel_size", 1) or 1, "context_parallel_size", where)
     if cp > 1:
-        fields.update(cp=cp, cp_kind="ring")
+        kind = {"p2p": "ring", "a2a": "a2a"}.get(get("cp_comm_type") or "p2p")
+        if kind is None:
+            notes.append(f"cp_comm_type {get('cp_comm_type')!r}: estimated as ring (p2p)")
+            kind = "ring"
+        fields.update(cp=cp, cp_kind=kind)
     ep = _int(get("expert_model_parallel_size", 1) or 1, "expert_model_parallel_size", where)
     if ep > 1:
         fields["ep"] = ep
+        etp = get("expert_tensor_parallel_size")
+        if etp is not None and _int(etp, "expert_tensor_parallel_size", where) != tp:
+            fields["etp"] = etp
     header = read_header(text)
     devices, nodes = trainer.get("devices"), trainer.get("num_nodes", 1)
     gpus = devices * nodes if isinstance(devices, int) and isinstance(nodes, int) else None
@@ -182,4 +235,39 @@ def _shape(model: Mapping[str, Any], where: str) -> dict[str, Any]:
             else "learned"
         shape["tie_embeddings"] = bool(model.get("share_embeddings_and_output_weights", True))
         shape["linear_bias"] = shape["qkv_bias"] = bool(model.get("bias", True))
+    shape.update(_moe_shape(model, shape.get("num_layers"), where))
     return shape
+
+
+def _moe_shape(model: Mapping[str, Any], num_layers: int | None, where: str) -> dict[str, Any]:
+    """ModelSpec fields of the MoE keys (Megatron-Core's defaults where absent: top-2, expert width =
+    ffn_hidden_size, every layer MoE); the shared experts' total width as one shared expert."""
+    experts = model.get("num_moe_experts")
+    if not experts:
+        return {}
+    out: dict[str, Any] = {"num_experts": _int(experts, "num_moe_experts", where),
+                           "experts_per_token": _int(model.get("moe_router_topk", 2), "moe_router_topk", where)}
+    ffn = model.get("moe_ffn_hidden_size") or model.get("ffn_hidden_size")
+    if ffn is not None:
+        out["moe_ffn_hidden_size"] = _int(ffn, "moe_ffn_hidden_size", where)
+    shared = model.get("moe_shared_expert_intermediate_size")
+    out.update(num_shared_experts=1 if shared else 0,
+               shared_expert_ffn_hidden_size=_int(shared, "moe_shared_expert_intermediate_size", where)
+               if shared else 0)
+    freq = model.get("moe_layer_freq", 1)
+    if isinstance(freq, list):
+        from .megatron import parse_layer_freq
+        out.update(parse_layer_freq("[" + ",".join(str(v) for v in freq) + "]", num_layers,
+                                    f"{where}: model.moe_layer_freq"))
+    else:
+        out.update(moe_layer_freq=_int(freq, "moe_layer_freq", where), first_dense_layers=0, dense_layers=())
+    if model.get("moe_router_num_groups"):
+        out.update(router_groups=_int(model["moe_router_num_groups"], "moe_router_num_groups", where),
+                   router_group_topk=_int(model.get("moe_router_group_topk", model["moe_router_num_groups"]),
+                                          "moe_router_group_topk", where))
+    capacity = model.get("moe_expert_capacity_factor")
+    if capacity is not None:
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or capacity <= 0:
+            raise InputError(f"{where}: model.moe_expert_capacity_factor={capacity!r} must be a positive number")
+        out["capacity_factor"] = float(capacity)
+    return out

@@ -25,8 +25,16 @@ from .common import ExportContext, ImportedLaunch, axis, commented, header_lines
 
 FILENAME = "torchtitan.toml"
 TORCHTITAN_VERSION = "torchtitan 000204a4 (torchtitan/config/job_config.py)"
-FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
-"""tpsim presets with a torchtitan llama3 flavor of the same shape (torchtitan/models/llama3/__init__.py)."""
+FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B", "deepseek-v3": "671B"}
+"""tpsim presets with a torchtitan flavor of the same shape (torchtitan/models/llama3/__init__.py; the
+deepseek_v3 model's deepseekv3_configs "671B": 61 layers, dim 7168, MLA q_lora 1536 / kv_lora 512, 256 experts of
+2048 top-8 with 1 shared, 3 dense layers of 18432, 8 groups top-4 - read at torchtitan 0014ac2c; the preset
+without its MTP module)."""
+MODEL_FEATURES = ("moe", "mla")
+"""model features a [model] name states: torchtitan's deepseek_v3 model (MLA, shared + routed experts, dense first
+layers); no multi-token prediction module."""
+MOE_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
+"""tpsim architectures torchtitan's deepseek_v3 model trains (DeepSeek-V2 shapes are its 16B / 236B flavors)."""
 RESHARD = {2: "never", 3: "always"}
 ZERO_OF_RESHARD = {"never": 2, "always": 3}
 
@@ -41,15 +49,41 @@ def format_violation(ctx: ExportContext) -> str | None:
     if axis(plan, "cp") > 1 and plan.zero == 0:
         return (f"zero=0 with cp={axis(plan, 'cp')}: torchtitan applies FSDP over the dp_shard x cp mesh whenever "
                 "context parallelism is on (parallelize_llama)")
+    return _moe_violation(ctx)
+
+
+def _moe_violation(ctx: ExportContext) -> str | None:
+    """torchtitan 000204a4's MoE: its deepseek_v3 model only, expert parallelism "dp2ep" (cp <= ep <= dp_shard x
+    cp, job_config.py expert_parallel_degree) with the routed experts split over tp (no expert tensor-parallel
+    degree key)."""
+    m, plan = ctx.model, ctx.plan
+    if m.is_moe and m.architecture not in MOE_ARCHITECTURES:
+        return (f"architecture {m.architecture or m.family}: torchtitan ships no such mixture-of-experts model "
+                f"(its MoE model is deepseek_v3)")
+    ep, cp, etp = axis(plan, "ep"), axis(plan, "cp"), axis(plan, "etp")
+    if ep > 1:
+        shard = plan.dp if plan.zero else 1
+        if not cp <= ep <= shard * cp:
+            return (f"ep={ep}: torchtitan's dp2ep expert parallelism needs cp={cp} <= ep <= data_parallel_shard_degree"
+                    f" x cp = {shard * cp}")
+        if etp and etp != plan.tp:
+            return (f"etp={etp}: torchtitan 000204a4 has no expert tensor-parallel degree (the routed experts are "
+                    f"split over tp={plan.tp})")
     return None
 
 
 def _flavor(ctx: ExportContext) -> str:
-    """torchtitan's flavor name when the model is exactly a preset with one (shape overrides change it)."""
+    """torchtitan's flavor name when the model is exactly a preset with one (shape overrides change it; the
+    deepseek-v3 preset without its MTP module is torchtitan's 671B)."""
+    import dataclasses
+
     from ..model import PRESETS
 
     ref = ctx.model_ref.lower()
-    if ref in FLAVORS and PRESETS.get(ref) == ctx.model:
+    preset = PRESETS.get(ref)
+    if preset is not None and preset.mtp_layers:
+        preset = dataclasses.replace(preset, mtp_layers=0)
+    if ref in FLAVORS and preset == ctx.model:
         return FLAVORS[ref]
     return ctx.model.name if not ctx.model_overrides else f"{ctx.model.name}-custom"
 
@@ -83,7 +117,7 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
     ac: dict[str, Any] = {"mode": {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]}
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
-    model_table: dict[str, Any] = {"name": "llama3", "flavor": flavor}
+    model_table: dict[str, Any] = {"name": "deepseek_v3" if model.is_moe else "llama3", "flavor": flavor}
     if plan.dtype == "fp8":
         model_table["converters"] = ["float8"]
     return {"job": {"description": f"{model.name} on {ctx.cluster_desc} ({plan.short()})"},
@@ -95,7 +129,8 @@ def export_files(ctx: ExportContext) -> dict[str, str]:
              "torchrun --nproc-per-node $NGPU --nnodes N -m torchtitan.train --job.config_file torchtitan.toml",
              "add [training] dataset / steps, [optimizer] and [checkpoint] as needed."]
     if _flavor(ctx) not in FLAVORS.values():
-        notes.append(f"[model] flavor {_flavor(ctx)!r}: register a llama3 flavor with this shape in torchtitan.")
+        name = "deepseek_v3" if ctx.model.is_moe else "llama3"
+        notes.append(f"[model] flavor {_flavor(ctx)!r}: register a {name} flavor with this shape in torchtitan.")
     tables = job_config(ctx)
     return {FILENAME: commented(header_lines(ctx, "torchtitan") + notes) + "\n" + dump_toml(tables)}
 
@@ -166,6 +201,8 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     header = read_header(text)
     flavor_ref = next((k for k, v in FLAVORS.items() if v == str(model.get("flavor"))), None)
     shape = {**header_shape(header), "seq_len": _int(training, "seq_len", 2048, where)}
+    if model.get("name") == "deepseek_v3":
+        shape["mtp_layers"] = 0  # torchtitan's deepseek_v3 trains no multi-token prediction module
     gpus = int(header["gpus"]) if header.get("gpus", "").isdigit() else None
     if gpus is None and dp is not None:
         gpus = dp * tp * pp * cp

@@ -45,8 +45,10 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, s
 # Technical Report", section 4.2: 61 layers, MLA, 1 shared + 256 routed experts, top-8, at most 4 nodes per token,
 # first 3 layers dense, 1 MTP module; 671B total, 37B active). Plan (section 3.2): 2048 H800 GPUs, 16-way
 # pipeline, 64-way expert parallelism over 8 nodes, ZeRO-1 data parallelism, no tensor parallelism, FP8 GEMMs;
-# sequence 4096 and global batch 15360 (section 4.2, after the batch-size ramp). dgx-h100 stands in for the
-# H800 nodes (same SMs; H800 NVLink is 400 GB/s instead of 900).
+# sequence 4096 and global batch 15360 (section 4.2, after the batch-size ramp); recomputation of the RMSNorms
+# and MLA up-projections (section 3.2.3: tpsim's selective under the hai-llm stack profile, which also holds
+# the report's BF16 moments, FP8 activation caches and DualPipe's mirrored stages; the preset's default
+# `--stack`). dgx-h100 stands in for the H800 nodes (same SMs; H800 NVLink is 400 GB/s instead of 900).
 PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
@@ -72,7 +74,8 @@ PRESETS: dict[str, ModelSpec] = {
                max_pos=32768, architecture="mixtral", num_experts=8, experts_per_token=2,
                moe_ffn_hidden_size=14336),
         _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 4096, 129280, 15360,
-               dict(cluster="dgx-h100", gpus=2048, tp=1, pp=16, ep=64, zero=1, micro_batch=1, dtype="fp8"),
+               dict(cluster="dgx-h100", gpus=2048, tp=1, pp=16, ep=64, zero=1, micro_batch=1, dtype="fp8",
+                    recompute="selective", stack="hai-llm"),
                max_pos=163840, architecture="deepseek_v3", attention_kind="mla", q_lora_rank=1536,
                kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_experts=256,
                experts_per_token=8, moe_ffn_hidden_size=2048, num_shared_experts=1,

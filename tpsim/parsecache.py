@@ -1,0 +1,134 @@
+"""On-disk cache of parsed YAML documents, keyed by the SHA-256 of the file's text (issue 9: process start).
+
+``tpsim estimate`` reads about fifteen YAML files (devices, kernel data, training stacks, the error band, the
+NCCL model, the topology files) on every run. Parsing them, and importing PyYAML to do it, was a fifth of the
+run's CPU time. A parsed document is a function of its text and of the reader that parsed it, so it is kept
+under a key made of both: the SHA-256 of ``FORMAT``, the reader's name (:func:`tpsim.safeyaml.load_yaml`'s
+strict, bounded reader with its limits, or the plain safe reader of the shipped data files), the Python
+version and the text. An edited file has another key, so it is parsed again; nothing is keyed on paths or
+modification times. Only documents that parsed without error are stored (a file with an error is parsed,
+and refused with the same message, on every run).
+
+Folder: ``$TPSIM_CACHE_DIR`` or ``~/.cache/tpsim`` (as for the plan cache), subfolder ``yaml``;
+``TPSIM_CACHE_DIR=off`` disables it. Entry: the SHA-256 of the payload, then the payload (the document in
+:mod:`marshal` form: dicts, lists, strings, numbers, booleans and None round-trip exactly, with their types;
+a document holding anything else, e.g. a YAML timestamp, is not stored). An entry whose checksum or payload
+does not verify (truncated, corrupt, written by another Python) is discarded with one warning line on
+stderr and the file parsed again (then the entry rewritten). Entries are written atomically (a temporary
+file in the folder, then ``os.replace``); a folder that cannot be written is not an error (the document is
+just not kept). At most :data:`MAX_ENTRIES` entries are kept, oldest first out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+FORMAT = 1
+"""bumped when the entry layout or what a reader returns changes."""
+MAX_ENTRIES = 512
+SUFFIX = ".yamlc"
+_DIGEST = 32
+
+
+def cache_dir() -> Path | None:
+    """The folder of parsed documents, or None when on-disk caches are off (``TPSIM_CACHE_DIR=off``)."""
+    root = os.environ.get("TPSIM_CACHE_DIR")
+    if root and root.lower() in ("off", "none", "0"):
+        return None
+    if root:
+        return Path(root) / "yaml"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    home = os.path.expanduser("~")
+    if not xdg and not os.path.isabs(home):  # no home folder: no cache (never a "~" folder in the cwd)
+        return None
+    return Path(xdg or os.path.join(home, ".cache")) / "tpsim" / "yaml"
+
+
+def entry_key(text: str, reader: str) -> str:
+    """Hex SHA-256 naming the entry of ``text`` parsed by ``reader``."""
+    h = hashlib.sha256(f"tpsim-yaml {FORMAT} {reader} {sys.version_info[0]}.{sys.version_info[1]} "
+                       f"marshal {marshal.version}\0".encode())
+    h.update(text.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def cached_parse(text: str, reader: str, parse: Callable[[str], Any]) -> Any:
+    """``parse(text)``, or the document stored for the same ``text`` and ``reader``. Each call returns new
+    objects (callers may modify what they get)."""
+    folder = cache_dir()
+    if folder is None:
+        return parse(text)
+    path = folder / (entry_key(text, reader) + SUFFIX)
+    hit = _load(path)
+    if hit is not _MISS:
+        return hit
+    data = parse(text)
+    _save(folder, path, data)
+    return data
+
+
+_MISS = object()
+
+
+def _load(path: Path) -> Any:
+    try:
+        blob = path.read_bytes()
+    except OSError:  # no entry yet (or an unreadable folder: parse as if there were no cache)
+        return _MISS
+    digest, payload = blob[:_DIGEST], blob[_DIGEST:]
+    if len(blob) <= _DIGEST or hashlib.sha256(payload).digest() != digest:
+        return _discard(path, "checksum does not match")
+    try:
+        return marshal.loads(payload)
+    except (EOFError, ValueError, TypeError) as exc:
+        return _discard(path, f"unreadable payload ({exc})")
+
+
+def _discard(path: Path, why: str) -> Any:
+    print(f"tpsim: warning: discarded cache entry {path}: {why}; parsing the file again", file=sys.stderr)
+    try:
+        path.unlink()
+    except OSError:
+        pass
+    return _MISS
+
+
+def _save(folder: Path, path: Path, data: Any) -> None:
+    try:
+        payload = marshal.dumps(data)
+    except ValueError:  # a type marshal does not keep (a timestamp, ...): not stored
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data):x}.tmp")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "xb") as f:
+            f.write(hashlib.sha256(payload).digest() + payload)
+        os.replace(tmp, path)
+    except OSError:  # a read-only or full disk, a file where the folder should be: just not kept
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return
+    _prune(folder)
+
+
+def _prune(folder: Path) -> None:
+    """Remove the oldest entries beyond :data:`MAX_ENTRIES` (after a write only: hits cost no listing)."""
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.endswith(SUFFIX)]
+        if len(entries) <= MAX_ENTRIES:
+            return
+        entries.sort(key=lambda e: e.stat().st_mtime_ns)
+        for e in entries[:len(entries) - MAX_ENTRIES]:
+            os.unlink(e.path)
+    except OSError:  # another process pruned first
+        pass
+
+
+__all__ = ["cache_dir", "cached_parse", "entry_key", "FORMAT", "MAX_ENTRIES"]
