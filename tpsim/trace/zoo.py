@@ -57,13 +57,16 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
-class GPTBlock(nn.Module):
-    """Pre-norm: h = x + drop(attn(ln1 x)); out = h + drop(mlp(ln2 h))."""
+class PreNormBlock(nn.Module):
+    """Pre-norm: h = x + drop(attn(ln1 x)); out = h + drop(mlp(ln2 h)), ``attn`` of the subclass's
+    ``attention_class`` (a subclass per model: ``tpsim trace`` records module class names)."""
+
+    attention_class: type[nn.Module]
 
     def __init__(self, hidden: int, heads: int, ffn: int, dropout: float) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(hidden)
-        self.attn = GPTAttention(hidden, heads)
+        self.attn = self.attention_class(hidden, heads)
         self.drop1 = nn.Dropout(dropout)
         self.ln2 = nn.LayerNorm(hidden)
         self.mlp = MLP(hidden, ffn)
@@ -72,6 +75,10 @@ class GPTBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.drop1(self.attn(self.ln1(x)))
         return h + self.drop2(self.mlp(self.ln2(h)))
+
+
+class GPTBlock(PreNormBlock):
+    attention_class = GPTAttention
 
 
 class GPT(nn.Module):
@@ -120,19 +127,8 @@ class ViTAttention(nn.Module):
         return self.proj(o.transpose(1, 2).reshape(b, s, -1))
 
 
-class ViTBlock(nn.Module):
-    def __init__(self, hidden: int, heads: int, ffn: int, dropout: float) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(hidden)
-        self.attn = ViTAttention(hidden, heads)
-        self.drop1 = nn.Dropout(dropout)
-        self.ln2 = nn.LayerNorm(hidden)
-        self.mlp = MLP(hidden, ffn)
-        self.drop2 = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.drop1(self.attn(self.ln1(x)))
-        return h + self.drop2(self.mlp(self.ln2(h)))
+class ViTBlock(PreNormBlock):
+    attention_class = ViTAttention
 
 
 class ViT(nn.Module):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -20,7 +19,8 @@ from torch import nn
 
 from ..model import ModelSpec
 
-from .block import GPT_HIDDEN_DROPOUT, Attention, BlockDims, RMSNorm, TransformerBlock, _rotary_tables, apply_rotary
+from .block import (GPT_HIDDEN_DROPOUT, Attention, BlockDims, RMSNorm, TransformerBlock, _rotary_tables, apply_rotary,
+                    init_weights)
 from .cp_attention import positions, ring_attention, ulysses_attention
 from .moe_block import MoEFeedForward, init_moe, shard_experts
 
@@ -107,14 +107,7 @@ def build_reference(model: ModelSpec, fused: bool, seq: int, seed: int = 0, drop
     if model.attention_kind == "mla":
         block.attention = MLAAttention(model, seq)
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, prm in block.named_parameters():
-            if prm.dim() == 2:
-                prm.copy_(torch.randn(prm.shape, generator=gen) / math.sqrt(prm.shape[1]))
-            elif "norm" in name and name.endswith("weight"):
-                prm.copy_(1.0 + 0.1 * torch.randn(prm.shape, generator=gen))
-            else:
-                prm.copy_(0.1 * torch.randn(prm.shape, generator=gen))
+    init_weights(block, gen)
     if model.is_moe:
         block.feed_forward = MoEFeedForward(model)
         init_moe(block.feed_forward, gen)

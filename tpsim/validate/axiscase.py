@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 from ..comm_plan import AxisOp, cp_collectives, moe_collectives
 from ..errors import InputError
 from ..model import ModelSpec
 from ..plan import Plan, validate_plan
+from .case import CaseBase
 
 CP_KINDS = ("ring", "a2a")
 COUNT_BYTES = 8
@@ -29,8 +29,10 @@ MIN_LOCAL_EXPERTS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
-class AxisCase:
+class AxisCase(CaseBase):
     """One layer with context and/or expert parallelism on ``cp x dp`` ranks (module docstring)."""
+
+    KIND = "axis"
 
     model: ModelSpec
     """the model as run (one layer: the MoE layer of an MoE model; ``seq_len`` of the run)."""
@@ -49,12 +51,7 @@ class AxisCase:
     """measure time too (False: numerics and communication only)."""
 
     def __post_init__(self) -> None:
-        for name in ("cp", "ep", "dp", "micro_batch", "reps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise InputError(f"{name}={value!r} must be a positive integer")
-        if self.warmup < 0:
-            raise InputError(f"warmup={self.warmup} must be >= 0")
+        self._check_counts("cp", "ep", "dp", "micro_batch", "reps")
         if self.cp_kind not in CP_KINDS:
             raise InputError(f"cp_kind={self.cp_kind!r} is not one of {', '.join(CP_KINDS)}")
         if self.cp == 1 and self.ep == 1:
@@ -139,20 +136,6 @@ class AxisCase:
                 d["n"] += op.count
                 d["bytes"] += op.count * op.nbytes
         return out
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
-        m = dataclasses.asdict(self.model)
-        m["default_plan"] = dict(self.model.default_plan)
-        d["model"] = m
-        d["kind"] = "axis"
-        return d
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> "AxisCase":
-        fields = {k: v for k, v in data.items() if k != "kind"}
-        fields["model"] = ModelSpec(**fields["model"])
-        return AxisCase(**fields)
 
 
 RETURNED = ("combine", "dispatch gradient")

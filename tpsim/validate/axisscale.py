@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import InputError
 from ..model import with_overrides
 from .axiscase import AxisCase
 from .overhead import TINY_HEAD_DIM, TINY_REPS, TINY_SEQ_PER_RANK, TINY_WARMUP
-from .scale import ACT_PER_TOKEN_FFN, ACT_PER_TOKEN_HIDDEN, MEMORY_SHARE, MIN_SEQ, available_memory
+from .scale import activation_elements, check_memory, mark_scaled, memory_limit, shrink
 
 FP64_BYTES = 8
 TINY_EXPERT_FFN = 64
@@ -35,7 +34,7 @@ def memory_per_rank(case: AxisCase) -> float:
     params = layer_params(case)
     ffn = m.experts_per_token * m.moe_ffn_hidden_size + m.num_shared_experts * m.shared_expert_ffn_hidden_size \
         if m.is_moe else m.ffn_hidden_size
-    act = case.micro_batch * m.seq_len * (ACT_PER_TOKEN_HIDDEN * m.hidden_size + ACT_PER_TOKEN_FFN * ffn)
+    act = activation_elements(case.micro_batch * m.seq_len, m.hidden_size, ffn)
     return FP64_BYTES * (4 * params + act * (1 + 1 / case.cp)) + 4 * 4 * params
 
 
@@ -53,31 +52,12 @@ def fit_axis_case(case: AxisCase, nproc: int, cluster, compute, budget_s: float,
                   memory_bytes: int | None = None) -> AxisCase:
     """``case`` with the sequence halved (a multiple of 2 cp, down to MIN_SEQ), then the micro-batch reduced to
     1, until it fits in memory and ``budget_s``; widths, experts and axes unchanged."""
-    limit = MEMORY_SHARE * (memory_bytes or available_memory()) / nproc
-    original = case
-    step = 2 * case.cp
-    while memory_per_rank(case) > limit or time_of_case(case, cluster, compute) > budget_s:
-        m = case.model
-        half = m.seq_len // 2
-        if half >= MIN_SEQ and half % step == 0:
-            case = dataclasses.replace(case, model=with_overrides(m, seq_len=half))
-        elif case.micro_batch > 1:
-            case = dataclasses.replace(case, micro_batch=1)
-        else:
-            need = memory_per_rank(case)
-            if need > limit:
-                raise InputError(f"a {m.name} layer needs {need / 2**30:.1f} GiB per rank even at seq_len="
-                                 f"{m.seq_len}, micro_batch=1 ({limit / 2**30:.1f} GiB available per rank); "
-                                 "give smaller --hidden/--ffn/--experts")
-            break
-    if case == original:
-        return case
-    changes = []
-    if case.model.seq_len != original.model.seq_len:
-        changes.append(f"seq_len {original.model.seq_len}->{case.model.seq_len}")
-    if case.micro_batch != original.micro_batch:
-        changes.append(f"micro_batch {original.micro_batch}->{case.micro_batch}")
-    return dataclasses.replace(case, scaled="; ".join(changes) + " (to fit this machine; widths unchanged)")
+    limit = memory_limit(memory_bytes, nproc)
+    fitted = shrink(case, 2 * case.cp,
+                    lambda c: memory_per_rank(c) > limit or time_of_case(c, cluster, compute) > budget_s)
+    check_memory(memory_per_rank(fitted), limit, f"{fitted.model.name} layer", fitted.model.seq_len,
+                 "smaller --hidden/--ffn/--experts")
+    return mark_scaled(case, fitted)
 
 
 def overhead_case(case: AxisCase) -> AxisCase:

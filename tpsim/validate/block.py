@@ -187,17 +187,24 @@ def build_block(model: ModelSpec, tp: int, fused: bool, seq: int, seed: int = 0,
     gen = torch.Generator().manual_seed(seed)
     p = GPT_HIDDEN_DROPOUT if dropout and model.family == "gpt" else 0.0
     block = TransformerBlock(d, fused, seq, p)
-    with torch.no_grad():
-        for name, p in block.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-        if d.kv_heads != model.num_kv_heads:
+    init_weights(block, gen)
+    if d.kv_heads != model.num_kv_heads:
+        with torch.no_grad():
             _replicate_kv(block.attention, d, model.num_kv_heads)
     return block
+
+
+def init_weights(module: nn.Module, gen: torch.Generator) -> None:
+    """Seeded weights in parameter order: matrices ~ N(0, 1/fan_in) (activations stay O(1)), norm weights
+    1 + N(0, 0.01), other vectors N(0, 0.01) (non-trivial norms and biases)."""
+    with torch.no_grad():
+        for name, prm in module.named_parameters():
+            if prm.dim() == 2:
+                prm.copy_(torch.randn(prm.shape, generator=gen) / math.sqrt(prm.shape[1]))
+            elif "norm" in name and name.endswith("weight"):
+                prm.copy_(1.0 + 0.1 * torch.randn(prm.shape, generator=gen))
+            else:
+                prm.copy_(0.1 * torch.randn(prm.shape, generator=gen))
 
 
 def _replicate_kv(attn: Attention, d: BlockDims, kv_model: int) -> None:

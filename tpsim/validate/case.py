@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 from ..errors import InputError
 from ..model import ModelSpec
@@ -18,9 +18,45 @@ from ..tp_plan import CommOp, count_by_kind, layer_collectives
 FP32_BYTES = 4
 """the validation runs in fp32 (numerics are checked to 1e-4), 4 bytes per element."""
 
+C = TypeVar("C", bound="CaseBase")
+
+
+class CaseBase:
+    """What every validation case (:class:`Case`, ``PlanCase``, ``AxisCase``: frozen dataclasses with a
+    ``model`` and ``warmup``) shares: the checks of its counts and its JSON form."""
+
+    KIND = ""
+    """``kind`` of the JSON form, which the ranks dispatch on ("": a block :class:`Case`, which has none)."""
+
+    def _check_counts(self, *names: str) -> None:
+        """Each of ``names`` a positive integer, and ``warmup`` >= 0."""
+        for name in names:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InputError(f"{name}={value!r} must be a positive integer")
+        if self.warmup < 0:
+            raise InputError(f"warmup={self.warmup} must be >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
+        m = dataclasses.asdict(self.model)
+        m["default_plan"] = dict(self.model.default_plan)
+        d["model"] = m
+        if self.KIND:
+            d["kind"] = self.KIND
+        return d
+
+    @classmethod
+    def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+        fields = dict(data)
+        if cls.KIND:
+            fields.pop("kind", None)
+        fields["model"] = ModelSpec(**fields["model"])
+        return cls(**fields)
+
 
 @dataclass(frozen=True, kw_only=True)
-class Case:
+class Case(CaseBase):
     """One block configuration to run on ``tp`` ranks and compare with the prediction."""
 
     model: ModelSpec
@@ -40,12 +76,7 @@ class Case:
     """what was reduced from the model's own shapes to fit this machine ("" = the model's own shapes)."""
 
     def __post_init__(self) -> None:
-        for name in ("tp", "micro_batch", "reps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise InputError(f"{name}={value!r} must be a positive integer")
-        if self.warmup < 0:
-            raise InputError(f"warmup={self.warmup} must be >= 0")
+        self._check_counts("tp", "micro_batch", "reps")
         if self.sp and self.tp == 1:
             raise InputError("--sp needs tp > 1 (tp=1)")
         for what, size in (("num_attention_heads", self.model.num_attention_heads),
@@ -92,16 +123,3 @@ class Case:
             numel = self.tokens * self.model.hidden_size if c.activation else c.numel
             out[c.phase][c.op] = out[c.phase].get(c.op, 0) + numel * FP32_BYTES
         return out
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
-        m = dataclasses.asdict(self.model)
-        m["default_plan"] = dict(self.model.default_plan)
-        d["model"] = m
-        return d
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> "Case":
-        fields = dict(data)
-        fields["model"] = ModelSpec(**fields["model"])
-        return Case(**fields)

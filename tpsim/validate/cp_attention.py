@@ -347,33 +347,25 @@ def _heads_to_seq(x: torch.Tensor, group: Any, key: str) -> torch.Tensor:
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s // cp, cp * hl, d)
 
 
-class _SeqToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return _seq_to_heads(x, group, "fwd:cp:all_to_all")
+class _AllToAll(torch.autograd.Function):
+    """``exchange`` (:func:`_seq_to_heads` or :func:`_heads_to_seq`) forward, its ``inverse`` on the gradient
+    (DeepSpeed-Ulysses' ``_SeqAllToAll`` likewise swaps its scatter and gather dims in backward)."""
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _heads_to_seq(grad.contiguous(), ctx.group, "bwd:cp:all_to_all"), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return _heads_to_seq(x, group, "fwd:cp:all_to_all")
+    def forward(ctx: Any, x: torch.Tensor, group: Any, exchange: Callable, inverse: Callable) -> torch.Tensor:
+        ctx.group, ctx.inverse = group, inverse
+        return exchange(x, group, "fwd:cp:all_to_all")
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _seq_to_heads(grad.contiguous(), ctx.group, "bwd:cp:all_to_all"), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return ctx.inverse(grad.contiguous(), ctx.group, "bwd:cp:all_to_all"), None, None, None
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any) -> torch.Tensor:
     """All-to-all context-parallel causal attention on (batch, n, heads, d) tensors (module docstring): 3
     all-to-alls before (q, k, v), 1 after (the output); the same 4 in backward."""
-    qh, kh, vh = (_SeqToHeads.apply(t, group) for t in (q, k, v))
+    qh, kh, vh = (_AllToAll.apply(t, group, _seq_to_heads, _heads_to_seq) for t in (q, k, v))
     rep = qh.shape[2] // kh.shape[2]
     t = lambda x: x.transpose(1, 2)  # noqa: E731
     o = F.scaled_dot_product_attention(t(qh), _repeat_kv(t(kh), rep), _repeat_kv(t(vh), rep), is_causal=True)
-    return _HeadsToSeq.apply(t(o).contiguous(), group)
+    return _AllToAll.apply(t(o).contiguous(), group, _heads_to_seq, _seq_to_heads)

@@ -12,14 +12,12 @@ added later (cp, ep) is one more name.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 from ..errors import InputError
 from ..model import ModelSpec
 from ..plan import Plan, parse_order
-from .case import Case
+from .case import Case, CaseBase
 
 ZERO_RUNTIME = {0: "ddp", 1: "zero1", 2: "fsdp2-no-reshard", 3: "fsdp2"}
 """What runs for each ZeRO stage: DDP; a sharded optimizer of tpsim's own (reduce-scatter of the gradients,
@@ -30,8 +28,10 @@ SCHEDULES = {1: "1F1B", 2: "interleaved-1F1B"}
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanCase:
+class PlanCase(CaseBase):
     """One plan to run on ``tp x pp x dp`` ranks (a scaled-down version of it: see the module docstring)."""
+
+    KIND = "plan"
 
     model: ModelSpec
     """the model as run: ``num_layers = pp x vpp x layers_per_chunk``, ``seq_len`` of the run."""
@@ -60,12 +60,7 @@ class PlanCase:
     """measure time too (False: numerics and communication only, e.g. more ranks than CPU cores)."""
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "vpp", "dp", "micro_batch", "microbatches", "reps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise InputError(f"{name}={value!r} must be a positive integer")
-        if self.warmup < 0:
-            raise InputError(f"warmup={self.warmup} must be >= 0")
+        self._check_counts("tp", "pp", "vpp", "dp", "micro_batch", "microbatches", "reps")
         if self.zero not in ZERO_RUNTIME:
             raise InputError(f"zero={self.zero!r} is not one of 0, 1, 2, 3")
         if self.zero and self.dp == 1:
@@ -151,17 +146,3 @@ class PlanCase:
         parts = [m.name, *axes, f"L{m.num_layers}", f"h{m.hidden_size}", f"s{m.seq_len}", f"b{self.micro_batch}",
                  f"m{self.microbatches}"]
         return "-".join(p for p in parts if p)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
-        m = dataclasses.asdict(self.model)
-        m["default_plan"] = dict(self.model.default_plan)
-        d["model"] = m
-        d["kind"] = "plan"
-        return d
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> "PlanCase":
-        fields = {k: v for k, v in data.items() if k != "kind"}
-        fields["model"] = ModelSpec(**fields["model"])
-        return PlanCase(**fields)
