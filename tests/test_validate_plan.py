@@ -209,3 +209,22 @@ def test_plan_matrix_covers_every_axis():
         assert {c.zero for c in cases if c.dp == 2 and c.tp == 1} == {0, 1, 2, 3}
         assert {c.world for c in cases} == {2, 4} and all(c.model.hidden_size == 1024 for c in cases)
         assert all(c.microbatches == 2 * c.pp for c in cases if c.pp > 1)
+
+
+def test_validate_top_finds_a_case_the_fit_renamed():
+    """A picked plan whose scaled-down case was shortened further to fit this machine is reported under its
+    fitted name, with its results (it was printed as a failed check with no times)."""
+    from tpsim.plan import Plan
+    from tpsim.validate.top import pick_plans, plan_case, rows_of
+
+    plan = Plan(tp=1, pp=2, vpp=6, dp=1, micro_batch=4, global_batch=16, recompute="selective")
+    case = plan_case(GPT, plan, 1, 3, 1)
+    fitted = dataclasses.replace(case, model=with_overrides(case.model, seq_len=case.model.seq_len // 4))
+    assert fitted.name != case.name
+    summary = {"case": fitted.name, "requested_case": case.name, "scaled": "seq_len shortened",
+               "phases": [{"name": "step", "predicted_s": 1.0, "measured_s": 1.1}],
+               "numerics_ok": True, "collectives_match": True}
+    row, = rows_of({"cases": [summary]}, pick_plans([plan], 1), [case])
+    assert row["case"] == fitted.name and row["measured_step_s"] == 1.1 and row["numerics_ok"] is True
+    row, = rows_of({"cases": []}, pick_plans([plan], 1), [case])  # a case that did not run stays empty
+    assert row["measured_step_s"] is None and row["numerics_ok"] is None

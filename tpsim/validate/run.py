@@ -174,6 +174,9 @@ def run_cases(cases: list, cfg: LaunchConfig, opts: Options, work: Path,
                            memory_bytes=memory) for c in cases if isinstance(c, PlanCase)]
     axes = [fit_axis_case(dataclasses.replace(c, timed=timed), cfg.nproc, setup.cluster, setup.compute,
                           opts.budget_s, memory_bytes=memory) for c in cases if isinstance(c, AxisCase)]
+    # the fit may rename a case (shorter sequence, smaller micro-batch): each summary names the case asked for
+    requested = {id(fitted): c.name for fitted, c in zip(
+        blocks + plans + axes, [c for kind in (Case, PlanCase, AxisCase) for c in cases if isinstance(c, kind)])}
     twins = opts.overhead and setup.compute_cal is None and timed
     block_twins = {c.name: overhead_case(c) for c in blocks} if twins else {}
     plan_twins = {c.name: plan_overhead_case(c) for c in plans} if twins else {}
@@ -190,7 +193,8 @@ def run_cases(cases: list, cfg: LaunchConfig, opts: Options, work: Path,
     out = [_block_summary(c, per_case, block_twins.get(c.name), setup) for c in blocks]
     out += [_plan_summary(c, per_case, plan_twins.get(c.name), setup, note) for c in plans]
     out += [_axis_summary(c, per_case, axis_twins.get(c.name), setup, note) for c in axes]
-    for s in out:
+    for s, fitted in zip(out, blocks + plans + axes):
+        s["requested_case"] = requested[id(fitted)]
         s["profile"] = str(setup.profile) if setup.profile else None
         s["profile_check"] = setup.drift.to_dict()
         s["calibration"] = str(setup.calibration) if setup.calibration else None

@@ -132,13 +132,13 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def rows_of(report: dict[str, Any], picks: list[Pick], cases: list[PlanCase]) -> list[dict[str, Any]]:
     """One row per picked plan: its search rank, the scaled case and predicted / measured step."""
-    by_name = {s["case"]: s for s in report["cases"]}
+    by_name = {s.get("requested_case", s["case"]): s for s in report["cases"]}  # the fit may rename a case
     rows = []
     for pick, case in zip(picks, cases):
         s = by_name.get(case.name, {})
         step = next((p for p in s.get("phases", []) if p["name"] == "step"), {})
         rows.append({"search_rank": pick.search_rank, "role": pick.role, "plan": pick.plan.short(),
-                     "case": case.name, "scaled": s.get("scaled", case.scaled),
+                     "case": s.get("case", case.name), "scaled": s.get("scaled", case.scaled),
                      "predicted_step_s": step.get("predicted_s"), "measured_step_s": step.get("measured_s"),
                      "numerics_ok": s.get("numerics_ok"), "collectives_match": s.get("collectives_match")})
     return rows
