@@ -23,7 +23,7 @@ ARCHITECTURES = ("volta", "ampere", "ada", "hopper", "blackwell", "cdna3", "tpu"
 
 REQUIRED_KEYS = ("compute_units", "peak_tflops", "hbm_TBps", "memory_bytes", "source")
 OPTIONAL_KEYS = ("usable_memory_fraction", "architecture", "boost_clock_MHz", "sustained_clock_ratio",
-                 "hbm_achieved_fraction", "l2_MiB", "sources")
+                 "hbm_achieved_fraction", "l2_MiB", "overlap_compute_penalty", "sources")
 TEXT_KEYS = ("description", "note")
 """free-text keys a device entry may carry (documentation only)."""
 DEFAULT_USABLE_MEMORY_FRACTION = 1.0
@@ -52,6 +52,10 @@ class DeviceSpec:
     """fraction of ``hbm_bandwidth`` a streaming copy reaches (measured); None: no data."""
     l2_bytes: int | None = None
     """last-level (L2) cache size in bytes; None: not published."""
+    overlap_compute_penalty: float | None = None
+    """compute seconds each second of hidden communication costs on this device; None: the GPU figure of
+    ``tpsim/data/efficiency.yaml`` (NCCL's SMs and HBM share). A CPU rank running one compute thread per core
+    pays about all of it: its communication (gloo's copies, the loopback TCP stack) runs on the same cores."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """optional key -> its source."""
 
@@ -105,7 +109,8 @@ def device_from_mapping(name: str, mapping: Mapping[str, Any], where: str,
 
     Required keys: ``compute_units``, ``peak_tflops`` (dtype -> dense TFLOP/s), ``hbm_TBps``, ``memory_bytes``,
     ``source``. Optional: ``usable_memory_fraction``, ``architecture``, ``boost_clock_MHz``,
-    ``sustained_clock_ratio``, ``hbm_achieved_fraction``, ``l2_MiB``, ``sources`` (field -> source).
+    ``sustained_clock_ratio``, ``hbm_achieved_fraction``, ``l2_MiB``, ``overlap_compute_penalty``, ``sources``
+    (field -> source).
     ``where`` (a file name, ``cluster.yaml: device``...) starts every error message.
     """
     where = f"{where}: device {name}"
@@ -140,6 +145,7 @@ def device_from_mapping(name: str, mapping: Mapping[str, Any], where: str,
         sustained_clock_ratio=optional("sustained_clock_ratio", 0.1, 1.0),
         hbm_achieved_fraction=optional("hbm_achieved_fraction", 0.05, 1.0),
         l2_bytes=None if l2 is None else int(l2 * 2 ** 20),
+        overlap_compute_penalty=optional("overlap_compute_penalty", 0.0, 1.0),
         sources=_sources(where, mapping.get("sources")))
 
 
@@ -181,3 +187,8 @@ def get_device(name: str) -> DeviceSpec:
     if name.lower() in lowered:
         return lowered[name.lower()]
     raise InputError(f"device={name!r} is unknown (known: {', '.join(sorted(table))})")
+
+
+def overlap_penalty(device: DeviceSpec, default: float) -> float:
+    """The device's ``overlap_compute_penalty`` where it states one, else ``default`` (efficiency.yaml's)."""
+    return default if device.overlap_compute_penalty is None else device.overlap_compute_penalty

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..hardware import overlap_penalty
 from .comm import Comm
 from .context import EstimationContext
 from .partition import Partition, on_positions
@@ -124,7 +125,7 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     """Step time and breakdown (everything gathered to plans); ``host_s_per_op`` replaces the stack's host
     time per op (the error band's bounds). The optimizer step runs over the rank's share of the parameters:
     ZeRO shards the dense ones over dp x cp, the routed experts' over edp."""
-    penalty = ctx.roofline.eff.overlap_compute_penalty
+    penalty = overlap_penalty(ctx.cluster.device, ctx.roofline.eff.overlap_compute_penalty)
     full = recompute == 2
     fwd_total = _sum(comm.layer_fwd.values(), pp.shape)
     bwd_total = _sum(comm.layer_bwd.values(), pp.shape)

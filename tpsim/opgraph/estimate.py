@@ -31,6 +31,7 @@ import numpy as np
 from ..compute.base import ComputeModel
 from ..compute.roofline import RooflineModel, activation_bytes
 from ..errors import InputError
+from ..hardware import overlap_penalty
 from ..estimator.memory import stage_layers
 from ..estimator.result import Estimate, EstimateBatch
 from ..plan import ORDERS, Plan, PlanBatch
@@ -265,7 +266,7 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
     costs = _costs(model, compute, flavor, conv_times)
     curves = _curves(cluster, plans)
     ua = _unit_arrays(costs, plans, curves, act_b)
-    penalty = roofline.eff.overlap_compute_penalty
+    penalty = overlap_penalty(device, roofline.eff.overlap_compute_penalty)
 
     rc = plans.recompute
     # full recomputation checkpoints the blocks (Megatron / torchtitan per-layer checkpointing); the glue

@@ -81,7 +81,9 @@ def predict_plan(case: PlanCase, cluster: Any, compute: Any, overhead: dict[str,
     from ..topology.placement import rank_groups
 
     over = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0, "other": 0.0, **(overhead or {})}
-    penalty = default_efficiency().overlap_compute_penalty if penalty is None else penalty
+    if penalty is None:
+        from ..hardware import overlap_penalty
+        penalty = overlap_penalty(cluster.device, default_efficiency().overlap_compute_penalty)
     blk = predict_block(case.model, cluster, case.plan(), compute=compute, flavor="dtensor", fused=case.fused)
     f, b = blk.fwd_s + over["fwd"], blk.bwd_s + over["bwd"]
     groups = rank_groups(case.tp, case.dp, case.pp, case.order)
