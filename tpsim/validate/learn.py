@@ -31,6 +31,11 @@ from .calfile import DEFAULT_FWD_SHARE, ComputeCalibration
 PRIOR_WEIGHT = 0.05
 """weight of each prior row (factor = 1, overhead = the twins' median) against a case's relative-error row."""
 PARAMS = ("gemm_scale", "attention_scale", "memory_scale", "host_overhead_s")
+SCALE_BOUNDS = (0.25, 4.0)
+"""allowed range of a kernel class's fitted factor: the profile has already been rescaled by the drift probe, so
+a factor beyond 4x either way is not the kernels' speed but two terms trading off (memory-bound time and the
+per-layer host overhead both grow with the layer count: unbounded, one fit put memory-bound kernels at x0.036
+and 20 ms of host time per layer)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,8 +90,9 @@ def read_samples(paths: list[str | Path]) -> list[Sample]:
 
 
 def _solve(samples: list[Sample], prior_overhead: float) -> np.ndarray:
-    """Non-negative weighted least squares with priors; every subset of active parameters is tried (4 of them:
-    16 small solves) and the best non-negative solution kept."""
+    """Weighted least squares with priors; every subset of active parameters is tried (4 of them: 16 small
+    solves) and the best solution kept whose kernel factors lie in :data:`SCALE_BOUNDS` (an inactive factor
+    stays at its prior, 1) and whose overhead is not negative."""
     X = np.array([s.features() for s in samples])
     y = np.array([s.measured_s - s.comm_s for s in samples])
     w = 1.0 / np.array([s.measured_s for s in samples])
@@ -94,15 +100,17 @@ def _solve(samples: list[Sample], prior_overhead: float) -> np.ndarray:
     scale = np.array([1.0, 1.0, 1.0, max(prior_overhead, statistics.median(s.measured_s for s in samples) * 0.1)])
     A = np.vstack([X * w[:, None], PRIOR_WEIGHT * np.diag(1.0 / scale)])
     b = np.concatenate([y * w, PRIOR_WEIGHT * prior / scale])
-    best, best_cost = np.zeros(4), np.inf
+    lo, hi = SCALE_BOUNDS
+    best, best_cost = prior.copy(), np.inf
     for active in itertools.product((False, True), repeat=4):
         idx = [i for i in range(4) if active[i]]
-        theta = np.zeros(4)
+        theta = np.where(active, 0.0, np.array([1.0, 1.0, 1.0, 0.0]))  # inactive: factor 1, no overhead
         if idx:
-            sol, *_ = np.linalg.lstsq(A[:, idx], b, rcond=None)
-            if np.any(sol < 0):
-                continue
+            rest = b - A @ theta
+            sol, *_ = np.linalg.lstsq(A[:, idx], rest, rcond=None)
             theta[idx] = sol
+        if np.any(theta[:3] < lo) or np.any(theta[:3] > hi) or theta[3] < 0:
+            continue
         cost = float(np.sum((A @ theta - b) ** 2))
         if cost < best_cost:
             best, best_cost = theta, cost
