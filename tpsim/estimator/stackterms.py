@@ -209,12 +209,8 @@ def stack_terms(stack: StackProfile) -> StackTerms:
                        [t == "per_microbatch" for t in timing]], dtype=bool)
     per_mb[0] |= np.array([t == "per_step_with_pp" for t in timing])
     chunk = np.array([t == "per_step_with_pp" for t in timing])
-    unit = str(_value(stack, "comm", "zero3_unit", "layer"))
-    if unit not in ZERO3_UNITS:
-        raise InputError(f"{where}: comm.zero3_unit={unit!r} is not one of {', '.join(ZERO3_UNITS)}")
-    kernels = str(_value(stack, "compute", "kernels", "fused"))
-    if kernels not in KERNEL_FLAVORS:
-        raise InputError(f"{where}: compute.kernels={kernels!r} is not one of {', '.join(KERNEL_FLAVORS)}")
+    unit = _choice(stack, "comm", "zero3_unit", "layer", ZERO3_UNITS, where)
+    kernels = _choice(stack, "compute", "kernels", "fused", tuple(KERNEL_FLAVORS), where)
     host_op = float(_value(stack, "compute", "host_us_per_op", 0.0)) * 1e-6
     host_coll = float(_value(stack, "comm", "host_us_per_collective", 0.0)) * 1e-6
     reserve_fig = _fig(stack, "memory", "allocator_reserve_fraction")
@@ -286,7 +282,7 @@ PIPELINE_SCHEDULES = ("1f1b", "dualpipe")
 def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: tuple[str, ...],
             where: str) -> str:
     value = _value(stack, section, key, default)
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise InputError(f"{where}: {section}.{key}={value!r} is not one of {', '.join(allowed)}")
     return str(value)
 
