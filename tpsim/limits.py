@@ -48,6 +48,7 @@ LIMITS: dict[str, int] = {
     "ep": 1 << 14,
     "pp": 1 << 12,
     "vpp": 1 << 10,
+    "pp_layers": 1 << 20,  # decoder layers of the first or last pipeline stage (--pp-first-layers)
     "dp": 1 << 20,
     "micro_batch": 1 << 16,
     "global_batch": 1 << 26,

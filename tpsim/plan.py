@@ -31,6 +31,11 @@ DIMS = ("tp", "dp", "pp")
 AXES = ("tp", "cp", "dp", "pp")
 """the dense plan axes that place ranks (docs/SCHEMAS.md section 1); experts re-factor tp x cp x dp."""
 DEFAULT_ORDER = "tp-dp-pp"
+SCHEDULES = ("1f1b", "gpipe", "zb-h1", "zbv", "interleaved-zb", "dualpipe", "dualpipev")
+"""pipeline schedule names (PlanBatch code = index; docs/SCHEMAS.md "Third wave"): ``1f1b`` is 1F1B, interleaved
+when vpp > 1 (Megatron-LM's rule); ``gpipe`` all-forward-all-backward; ``zb-h1`` zero-bubble H1 (Qi et al.
+2024); ``zbv`` the V-shaped zero-bubble schedule (two chunks per rank, torch ``ScheduleZBVZeroBubble``);
+``interleaved-zb`` torch ``ScheduleInterleavedZeroBubble``; ``dualpipe`` / ``dualpipev`` DeepSeek-V3's."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +76,18 @@ class Plan:
     """rank order, innermost first (Megatron-Core RankGenerator style)."""
     attention: str = "flash"
     """flash (scores never stored) | unfused (s x s scores stored and moved through memory)."""
+    schedule: str = "1f1b"
+    """pipeline schedule, one of :data:`SCHEDULES` (``1f1b`` with vpp > 1 is interleaved 1F1B)."""
+    tp_overlap: bool = False
+    """TP communication overlapped with the GEMMs (Megatron ``--tp-comm-overlap``, torchtitan async TP)."""
+    pp_first: int = 0
+    """decoder layers on the first pipeline stage (Megatron ``--decoder-first-pipeline-num-layers``); 0: even."""
+    pp_last: int = 0
+    """decoder layers on the last pipeline stage (``--decoder-last-pipeline-num-layers``); 0: even."""
+    pp_embedding: bool = False
+    """the embedding counts as one layer in the pipeline split (``--account-for-embedding-in-pipeline-split``)."""
+    pp_loss: bool = False
+    """the output layer and loss count as one layer (``--account-for-loss-in-pipeline-split``)."""
 
     @property
     def num_gpus(self) -> int:
@@ -161,6 +178,15 @@ def _check_types(plan: Plan) -> None:
         raise InputError(f"dtype={plan.dtype!r} is not one of {', '.join(DTYPES)}")
     if plan.attention not in ATTENTION:
         raise InputError(f"attention={plan.attention!r} is not one of {', '.join(ATTENTION)}")
+    if plan.schedule not in SCHEDULES:
+        raise InputError(f"schedule={plan.schedule!r} is not one of {', '.join(SCHEDULES)}")
+    for name in ("pp_first", "pp_last"):
+        value = getattr(plan, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InputError(f"{name}={value!r} must be a non-negative integer (0: even split)")
+    for name in ("tp_overlap", "pp_embedding", "pp_loss"):
+        if not isinstance(getattr(plan, name), bool):
+            raise InputError(f"{name}={getattr(plan, name)!r} must be true or false")
     for name in ("cp", "ep"):
         value = getattr(plan, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -425,12 +451,19 @@ class PlanBatch:
     cp_kind: np.ndarray = None  # type: ignore[assignment]
     ep: np.ndarray = None  # type: ignore[assignment]
     etp: np.ndarray = None  # type: ignore[assignment]
+    schedule: np.ndarray = None  # type: ignore[assignment]
+    tp_overlap: np.ndarray = None  # type: ignore[assignment]
+    pp_first: np.ndarray = None  # type: ignore[assignment]
+    pp_last: np.ndarray = None  # type: ignore[assignment]
+    pp_embedding: np.ndarray = None  # type: ignore[assignment]
+    pp_loss: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         n = int(self.tp.shape[0])
         for name, default in _AXIS_DEFAULTS.items():
             if getattr(self, name) is None:
-                object.__setattr__(self, name, np.full(n, default, dtype=np.int64))
+                dt = bool if name in _BOOL_COLUMNS else np.int64
+                object.__setattr__(self, name, np.full(n, default, dtype=dt))
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -443,7 +476,7 @@ class PlanBatch:
         cols = {}
         for key, default in defaults.items():
             value = np.asarray(arrays.get(key, default))
-            dt = bool if key in ("sp", "overlap") else np.int64
+            dt = bool if key in ("sp", "overlap") + _BOOL_COLUMNS else np.int64
             cols[key] = np.broadcast_to(value, (n,)).astype(dt)
         return cls(**cols, dtype=dtype, attention=attention)
 
@@ -465,7 +498,11 @@ class PlanBatch:
                    order=ints([_order_index(p.order) for p in plans]), dtype=plans[0].dtype,
                    attention=plans[0].attention, cp=ints([p.cp for p in plans]),
                    cp_kind=ints([CP_KINDS.index(p.cp_kind) for p in plans]), ep=ints([p.ep for p in plans]),
-                   etp=ints([p.etp for p in plans]))
+                   etp=ints([p.etp for p in plans]),
+                   schedule=ints([SCHEDULES.index(p.schedule) for p in plans]),
+                   tp_overlap=bools([p.tp_overlap for p in plans]), pp_first=ints([p.pp_first for p in plans]),
+                   pp_last=ints([p.pp_last for p in plans]), pp_embedding=bools([p.pp_embedding for p in plans]),
+                   pp_loss=bools([p.pp_loss for p in plans]))
 
     def plan(self, i: int) -> Plan:
         """The i-th plan as a :class:`Plan`."""
@@ -474,7 +511,10 @@ class PlanBatch:
                     dp=int(self.dp[i]), sp=bool(self.sp[i]), recompute=RECOMPUTE[int(self.recompute[i])],
                     zero=int(self.zero[i]), micro_batch=int(self.micro_batch[i]),
                     global_batch=int(self.global_batch[i]), dtype=self.dtype, overlap=bool(self.overlap[i]),
-                    order=ORDERS[int(self.order[i])], attention=self.attention)
+                    order=ORDERS[int(self.order[i])], attention=self.attention,
+                    schedule=SCHEDULES[int(self.schedule[i])], tp_overlap=bool(self.tp_overlap[i]),
+                    pp_first=int(self.pp_first[i]), pp_last=int(self.pp_last[i]),
+                    pp_embedding=bool(self.pp_embedding[i]), pp_loss=bool(self.pp_loss[i]))
 
     def take(self, index: np.ndarray) -> "PlanBatch":
         """Sub-batch of the rows ``index`` (boolean mask or integer indices)."""
@@ -492,8 +532,10 @@ class PlanBatch:
         return self.tp * self.cp * self.pp * self.dp
 
 
-_AXIS_DEFAULTS = {"cp": 1, "cp_kind": 0, "ep": 1, "etp": 0}
-"""columns of the issue-11 axes and their values in a plan without them."""
+_AXIS_DEFAULTS = {"cp": 1, "cp_kind": 0, "ep": 1, "etp": 0, "schedule": 0, "tp_overlap": False, "pp_first": 0,
+                  "pp_last": 0, "pp_embedding": False, "pp_loss": False}
+"""columns of the issue-11 and third-wave axes and their values in a plan without them."""
+_BOOL_COLUMNS = ("tp_overlap", "pp_embedding", "pp_loss")
 
 
 def _order_index(order: str) -> int:

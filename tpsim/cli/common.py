@@ -147,6 +147,22 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                                    "named, e.g. tp-dp-cp-pp)")
     g.add_argument("--attention", choices=("flash", "unfused"),
                    help="flash (default) or unfused attention (stores the s x s scores)")
+    from ..plan import SCHEDULES
+
+    g.add_argument("--schedule", choices=SCHEDULES,
+                   help="pipeline schedule (default 1f1b, interleaved when --vpp > 1; docs/MODEL.md)")
+    tpo = g.add_mutually_exclusive_group()
+    tpo.add_argument("--tp-overlap", dest="tp_overlap", action="store_true", default=None,
+                     help="overlap TP communication with the GEMMs (Megatron --tp-comm-overlap, async TP)")
+    tpo.add_argument("--no-tp-overlap", dest="tp_overlap", action="store_false", help="no TP overlap")
+    g.add_argument("--pp-first-layers", dest="pp_first", type=count_arg("pp_layers", minimum=0),
+                   help="decoder layers on the first pipeline stage (default: an even split)")
+    g.add_argument("--pp-last-layers", dest="pp_last", type=count_arg("pp_layers", minimum=0),
+                   help="decoder layers on the last pipeline stage (default: an even split)")
+    g.add_argument("--pp-embedding-as-layer", dest="pp_embedding", action="store_true", default=None,
+                   help="count the embedding as a layer in the pipeline split")
+    g.add_argument("--pp-loss-as-layer", dest="pp_loss", action="store_true", default=None,
+                   help="count the output layer and loss as a layer in the pipeline split")
 
 
 def build_model(args: argparse.Namespace, modelled: bool = True):
@@ -180,7 +196,8 @@ def build_cluster(args: argparse.Namespace, model):
 
 def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("tp", "cp", "cp_kind", "ep", "etp", "pp", "vpp", "sp", "recompute", "zero", "micro_batch", "dtype",
-            "overlap", "order", "attention")
+            "overlap", "order", "attention", "schedule", "tp_overlap", "pp_first", "pp_last", "pp_embedding",
+            "pp_loss")
     return {k: getattr(args, k, None) for k in keys if getattr(args, k, None) is not None}
 
 

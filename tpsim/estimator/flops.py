@@ -38,3 +38,50 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
     layer, _ = layer_forward_flops(model)
     logits = 2.0 * model.seq_len * model.hidden_size * model.vocab_size
     return 3.0 * (model.num_layers * layer + logits)
+
+
+FLOPS_CONVENTIONS = ("full", "causal", "megatron", "palm", "6n")
+"""How model FLOPs per step are counted (docs/SCHEMAS.md "Third wave", T5); every MFU / model TFLOP/s figure
+names one, and a measured TFLOP/s of a runs file is converted with the convention its source used:
+
+* ``full``: every matmul with non-causal attention (every key of the window), 3 x forward: tpsim's count since
+  the first wave, Korthikanti et al. 2022 eq. (SC21 Table 1's convention for GPT).
+* ``causal``: as ``full`` but a query attends only to the keys the causal mask keeps (about half the score
+  FLOPs at long sequence), as NeMo and torchtitan count.
+* ``megatron``: Megatron-LM's ``num_floating_point_operations`` (training.py, r0.8): 12 s L h^2 ((1 + g/a +
+  s/h) q/h + (f/h) k_routed x (3/2 if gated) + V/(2 L h)) per sequence; equals ``full`` on a GPT with ffn = 4h.
+* ``palm``: 6 N + 12 L h s per token with N the non-embedding parameters (PaLM appendix B, torchtitan's
+  ``get_num_flop_per_token``; llm-foundry MPT counts N with the tied embedding: use ``6n`` plus the runs'
+  own column if exact agreement matters).
+* ``6n``: 6 N per token with N all (active) parameters, the "6ND" rule of thumb.
+"""
+
+
+def model_flops_per_sequence_as(model: ModelSpec, convention: str = "full") -> float:
+    """Model FLOPs of one training sequence (forward + backward, no recomputation) under ``convention``."""
+    from ..errors import InputError
+
+    s = float(model.seq_len)
+    if convention == "full":
+        return model_flops_per_sequence(model)
+    if convention == "causal":
+        return 3.0 * s * model.forward_flops_per_token(causal=True)
+    if convention == "megatron":
+        h, L, a = float(model.hidden_size), float(model.num_layers), float(model.num_attention_heads)
+        g = float(model.num_kv_heads or model.num_attention_heads)
+        q_ratio = float(model.q_size) / h
+        routed = float(model.experts_per_token + model.num_shared_experts) if model.is_moe else 1.0
+        ffn = float(model.moe_ffn_hidden_size if model.is_moe and getattr(model, "moe_ffn_hidden_size", 0)
+                    else model.ffn_hidden_size)
+        gated = 1.5 if model.gated else 1.0
+        return 12.0 * s * L * h * h * ((1.0 + g / a + s / h) * q_ratio + (ffn / h) * routed * gated
+                                       + model.vocab_size / (2.0 * L * h))
+    if convention in ("palm", "6n"):
+        from ..model.counting import active_params
+
+        n = float(active_params(model, padded=False))
+        if convention == "6n":
+            return 6.0 * n * s
+        n -= float(model.embedding_params(1, False))  # the output projection is counted, as torchtitan does
+        return (6.0 * n + 12.0 * model.num_layers * model.hidden_size * s) * s
+    raise InputError(f"flops_convention={convention!r} is not one of {', '.join(FLOPS_CONVENTIONS)}")
