@@ -67,7 +67,8 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
               w_bytes: float) -> tuple[Keys, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
     ZeRO and what the layer's traffic depends on."""
-    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero") + _EXPERT_FIELDS + ctx.source.comm_fields)
+    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero", "tp_overlap") + _EXPERT_FIELDS
+                           + ctx.source.comm_fields)
     keys = distinct(*(getattr(plans, f) for f in fields))
 
     def build() -> tuple[Partition, Comm]:
@@ -84,7 +85,8 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
                              params_key=[sub.vpp, sub.zero, sub.cp] + [getattr(sub, f) for f in src.param_fields],
                              pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=gather_bytes, grad_bytes=grad_bytes,
-                             z3_collectives=_z3_collectives(ctx, sub), cp=sub.cp, edp=expert_dp(sub))
+                             z3_collectives=_z3_collectives(ctx, sub), cp=sub.cp, edp=expert_dp(sub),
+                             tp_overlap=sub.tp_overlap, tp=sub.tp)
         return part, comm
 
     part, comm = ctx.memo(("patterns", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention), build)

@@ -1,0 +1,49 @@
+"""Issue 19 physics (the `fid` part): TP communication pipelined with the GEMMs (plan field ``tp_overlap``),
+each behaviour against its own formula or the plan without it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tpsim.estimator import estimate
+from tpsim.estimator.comm import tp_overlap_exposed
+from tpsim.model import load_model, with_overrides
+from tpsim.plan import make_plan
+from tpsim.topology import load_cluster
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    model = with_overrides(load_model("gpt3-175b"), layers=8, hidden=7168, heads=56)
+    return model, load_cluster("dgx-h100", gpus=16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(total=st.floats(0, 10), work=st.floats(0, 10), tp=st.integers(1, 64))
+def test_tp_overlap_exposes_one_chunk_and_what_the_gemms_cannot_cover(total, work, tp):
+    x = float(tp_overlap_exposed(np.array([total]), np.array([work]), np.array([tp]))[0])
+    assert total / tp - 1e-12 <= x <= total + 1e-12  # never more than serial, never less than one chunk
+    if work >= total:
+        assert x == pytest.approx(total / tp)
+    assert x == pytest.approx(total / tp + max(total * (1 - 1 / tp) - work, 0.0))
+
+
+def test_tp_overlap_hides_tp_communication_and_changes_nothing_else(gpt):
+    model, cluster = gpt
+    plan = make_plan(model, 16, tp=8, pp=1, sp=True, zero=1, global_batch=32)
+    off = estimate(model, cluster, plan)
+    on = estimate(model, cluster, dataclasses.replace(plan, tp_overlap=True))
+    assert on.breakdown["tp_comm"] == pytest.approx(off.breakdown["tp_comm"])  # same traffic
+    assert on.breakdown["compute"] == pytest.approx(off.breakdown["compute"])
+    assert on.breakdown["exposed_comm"] < off.breakdown["exposed_comm"]
+    assert on.step_time_s < off.step_time_s
+    assert on.peak_memory_gib == pytest.approx(off.peak_memory_gib)
+    # tp = 1: nothing to overlap, the plan field changes nothing
+    one = make_plan(model, 16, tp=1, pp=1, sp=False, zero=1, global_batch=32)
+    assert estimate(model, cluster, dataclasses.replace(one, tp_overlap=True)).step_time_s == pytest.approx(
+        estimate(model, cluster, one).step_time_s)
