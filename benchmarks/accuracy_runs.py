@@ -237,6 +237,39 @@ def fitted_rows(rows: list[Row], arch: str, families: tuple[str, ...]) -> list[R
     return [r for r in rows if r.cluster.device.architecture == arch and r.family in families]
 
 
+def _stack_with(name: str, key: str, value: float):
+    """The shipped stack profile ``name`` with ``comm.<key>`` (a figure of the file) set to ``value``: a copy of
+    the YAML in a temporary folder, loaded as any profile path."""
+    import re
+    import tempfile
+
+    from tpsim.stacks import load_stack
+
+    text = (ROOT / "tpsim" / "data" / "stacks" / f"{name}.yaml").read_text(encoding="utf-8")
+    text, n = re.subn(rf"(\n  {key}:\n    value: )[^\n]*", rf"\g<1>{value!r}", text)
+    assert n == 1, key
+    folder = Path(tempfile.mkdtemp(prefix="tpsim-fit-"))
+    path = folder / f"{name}.yaml"
+    path.write_text(text, encoding="utf-8")
+    return load_stack(path)
+
+
+def fit_stack_figure(rows: list[Row], name: str, key: str, probes=(8000.0, 24000.0)) -> float:
+    """Least-squares value of a stack figure the step time is linear in (a serialized per-fetch time): two
+    probes give each row's t = a + b x, the optimum of the summed squared relative errors is closed-form."""
+    t = np.array([[predict(dataclasses.replace(r, stack=_stack_with(name, key, x)))[0] for x in probes]
+                  for r in rows])
+    b = (t[:, 1] - t[:, 0]) / (probes[1] - probes[0])
+    a = t[:, 0] - b * probes[0]
+    meas = np.array([r.measured_s for r in rows])
+    # minimise sum((a + b x) / m - 1)^2
+    u, v = a / meas - 1.0, b / meas
+    return float(-(u * v).sum() / (v * v).sum())
+
+
+STACK_FITS = {("deepspeed-2021", "host_us_per_collective"): ("A100 deepspeed-2021",)}
+"""stack figures fitted on development-set families (their YAML says so)."""
+
 FITS = {"hopper": ("H100 megatron", "H100 nemo", "H100 fsdp (llm-foundry)")}
 """per architecture with its own in-situ GEMM fraction: the families it is fitted on (efficiency.yaml)."""
 
@@ -297,6 +330,23 @@ def main(argv: list[str] | None = None) -> int:
                     e = error_pct(r.measured_s, predict(r, _with_arch(base, arch, v))[0])
                     errs.append(e)
                     print(f"  {r.run_id:44s} refit {v:.3f}  error {e:+6.1f}%")
+                errs = np.array(errs)
+                print(f"  leave-one-out mean |error| {np.abs(errs).mean():.2f}%, worst {np.abs(errs).max():.2f}%, "
+                      f"rms {np.sqrt((errs ** 2).mean()):.2f}%")
+        for (name, key), families in STACK_FITS.items():
+            sub = [r for r in rows if r.family in families]
+            value = fit_stack_figure(sub, name, key)
+            from tpsim.stacks import load_stack
+            shipped_value = load_stack(name).figure("comm", key).value
+            print(f"\n{name} comm.{key} fitted on {len(sub)} rows ({', '.join(families)}): {value:.0f} "
+                  f"(shipped {shipped_value})")
+            if args.loo:
+                errs = []
+                for i, r in enumerate(sub):
+                    v = fit_stack_figure(sub[:i] + sub[i + 1:], name, key)
+                    e = error_pct(r.measured_s, predict(dataclasses.replace(r, stack=_stack_with(name, key, v)))[0])
+                    errs.append(e)
+                    print(f"  {r.run_id:44s} refit {v:.0f}  error {e:+6.1f}%")
                 errs = np.array(errs)
                 print(f"  leave-one-out mean |error| {np.abs(errs).mean():.2f}%, worst {np.abs(errs).max():.2f}%, "
                       f"rms {np.sqrt((errs ** 2).mean()):.2f}%")

@@ -47,3 +47,27 @@ def test_tp_overlap_hides_tp_communication_and_changes_nothing_else(gpt):
     one = make_plan(model, 16, tp=1, pp=1, sp=False, zero=1, global_batch=32)
     assert estimate(model, cluster, dataclasses.replace(one, tp_overlap=True)).step_time_s == pytest.approx(
         estimate(model, cluster, one).step_time_s)
+
+
+def test_deepspeed_2021_gathers_three_times_serially_and_pays_each_fetch():
+    """SC21 Table 2's ZeRO-3: the 2021 profile re-gathers for the recomputed forward, does not hide the
+    collectives and pays its per-fetch time on the critical path; today's deepspeed profile prefetches."""
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    model = with_overrides(load_model("gpt3-175b"), layers=4, vocab=51200)
+    cluster = load_cluster("selene", gpus=64)
+    plan = make_plan(model, 64, tp=1, pp=1, sp=False, zero=3, recompute="full", micro_batch=1, global_batch=64,
+                     dtype="fp16")
+    old = estimate(model, cluster, plan, stack="deepspeed-2021")
+    new = estimate(model, cluster, plan, stack="deepspeed")
+    terms = stack_terms(load_stack("deepspeed-2021"))
+    assert terms.zero3_regather_in_recompute and terms.zero3_overlap_fraction == 0.0
+    assert old.breakdown["dp_comm"] > new.breakdown["dp_comm"]  # the third gather
+    assert old.breakdown["compute"] == pytest.approx(new.breakdown["compute"])
+    # serialized: every second of ZeRO-3 traffic is exposed, plus 3 fetches per weight tensor and layer
+    fetches = 3 * 4 * terms.zero3_collectives_per_layer(model, 1)
+    per_fetch = terms.host_s_per_collective + terms.host_s_per_collective_rank * 64
+    assert old.breakdown["exposed_comm"] >= 0.9 * old.breakdown["dp_comm"]  # (edge shards still prefetched)
+    assert old.breakdown["overhead"] - new.breakdown["overhead"] >= 0.99 * fetches * per_fetch - 1e-3
+    assert old.step_time_s > new.step_time_s

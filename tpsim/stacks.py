@@ -32,7 +32,7 @@ from .model import ModelSpec
 from .plan import ATTENTION, ORDERS, RECOMPUTE, Plan, PlanBatch
 
 STACKS_DIR = Path(__file__).resolve().parent / "data" / "stacks"
-STACK_NAMES = ("megatron", "torchtitan", "deepspeed")
+STACK_NAMES = ("megatron", "torchtitan", "deepspeed", "deepspeed-2021")
 PRESET_STACKS = ("hai-llm",)
 """shipped profiles of a preset's published run (DeepSeek-V3's HAI-LLM), loadable by name but not general
 stacks: they offer only what the run used."""
@@ -48,7 +48,8 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
              "reshard_after_forward_default", "zero3_prefetch_elements", "zero3_persistence_threshold_elements",
              "zero3_max_live_elements", "reduce_bucket_elements", "allgather_bucket_elements",
              "overlap_dp_default", "tp_overlap", "tp_backward_overlap", "host_us_per_collective",
-             "ep_dispatch_dtype", "ep_node_dedup"),
+             "ep_dispatch_dtype", "ep_node_dedup", "zero3_regather_in_recompute", "zero3_overlap_fraction",
+             "host_us_per_collective_rank"),
     "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
                 "grad_accumulation_fusion", "optimizer_bytes_per_param", "pipeline_edges_as_layers",
                 "pipeline_schedule"),

@@ -151,7 +151,7 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     rank_r = part.layer_sum(costs.recompute, getattr(costs, "recompute_by_kind", None))
     rank_x = L * x_layer + edge_x
     fixed = ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, full, host_s_per_op)
-    fixed = fixed + _zero3_hooks(ctx, costs, zero, full, host_s_per_op)
+    fixed = fixed + _zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp)
     rank_o = L * (ctx.host_overhead_s + fixed)
     totals = np.where(part.valid, rank_c + rank_r + rank_x + rank_o, -1.0)  # -1: no such rank
     slow = np.argmax(totals, axis=0)
@@ -165,7 +165,8 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     # pipeline point-to-point: activations forward, gradients backward, per chunk and micro-batch, plus the
     # pipeline fill and drain (exposed)
     pp_total = 2.0 * (m * vpp + pp - 1) * comm.p2p
-    dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb)
+    dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb,
+                                          full=full, terms=ctx.terms)
     params = np.where(zero >= 1, _sharded(part, dp if cp is None else dp * cp, edp), part.largest)
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
@@ -173,7 +174,7 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     device = costs.fwd + costs.bwd + costs.recompute
     overhead_low, overhead_high = (
         m * layers * (ctx.host_overhead_s + _pick(slow, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
-                                                  + _zero3_hooks(ctx, costs, zero, full, h)))
+                                                  + _zero3_hooks(ctx, costs, zero, full, h, dp)))
         for h in (lo, hi))
     # DualPipe runs each micro-batch's sends beside another's computation: only the fill and drain are exposed
     pp_exposed = (2.0 * (pp - 1) * comm.p2p if ctx.terms.pipeline_schedule == "dualpipe" else pp_total)
@@ -210,7 +211,7 @@ def _sum(arrays, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _zero3_hooks(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, full: np.ndarray,
-                 host_s_per_op: float | None) -> np.ndarray:
+                 host_s_per_op: float | None, ranks: np.ndarray | None = None) -> np.ndarray:
     """Per layer and micro-batch: the host time of per-parameter ZeRO-3's module hooks the GPU waits for (one
     fetch per gathered weight tensor in forward, in backward and in a recomputed forward), beyond what the
     layer's own ops already leave exposed."""
@@ -218,19 +219,39 @@ def _zero3_hooks(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, fu
     if not terms.zero3_per_parameter or terms.host_s_per_collective <= 0:
         return np.zeros(np.shape(zero))
     n = terms.zero3_collectives_per_layer(ctx.model, 1)
-    hooks = n * terms.host_s_per_collective * (2.0 + np.where(full, 1.0, 0.0))
+    per_fetch = terms.host_s_per_collective + (0.0 if ranks is None else terms.host_s_per_collective_rank * ranks)
+    hooks = n * per_fetch * (2.0 + np.where(full, 1.0, 0.0))
     f = ctx.fixed
     per_op = f.host_s_per_op if host_s_per_op is None else host_s_per_op
     kernels = f.kernels_fwd + f.kernels_bwd + np.where(full, f.kernels_fwd, 0.0)
     device = costs.fwd + costs.bwd + costs.recompute + kernels * f.gap_s
     before = np.maximum(kernels * per_op - device, 0.0)
     after = np.maximum(kernels * per_op + hooks - device, 0.0)
+    if terms.zero3_overlap_fraction is not None:  # serialized fetches (deepspeed-2021): every hook waits
+        after = before + hooks
     return np.where(zero == 3, after - before, 0.0)
 
 
+def _zero3_serialized(terms, total: np.ndarray, exposed: np.ndarray, regather: np.ndarray,
+                      regather_exposed: np.ndarray, compute: np.ndarray, full: np.ndarray | None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """ZeRO-3 as DeepSpeed ran it in 2021 (SC21 Table 2; stack ``deepspeed-2021``): with full recomputation each
+    layer's parameters are gathered a third time for the recomputed forward (``regather``: the step's gathers of
+    one forward pass, ``regather_exposed`` their exposed part under per-layer prefetch), and with
+    ``zero3_overlap_fraction`` the collectives overlap at most that fraction of the step's compute (each
+    submodule's fetch is a separate small collective issued from a Python hook; the prefetch did not keep it
+    ahead of the compute): exposed = total - fraction x min(total, compute)."""
+    if terms.zero3_regather_in_recompute and full is not None:
+        total = total + np.where(full, regather, 0.0)
+        exposed = exposed + np.where(full, regather_exposed, 0.0)
+    if terms.zero3_overlap_fraction is None:
+        return total, exposed
+    return total, total - terms.zero3_overlap_fraction * np.minimum(total, compute)
+
+
 def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndarray, zero: np.ndarray,
-                   overlap: np.ndarray, penalty: float, per_microbatch: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   overlap: np.ndarray, penalty: float, per_microbatch: np.ndarray | None = None,
+                   full: np.ndarray | None = None, terms=None) -> tuple[np.ndarray, np.ndarray]:
     """(total, exposed) data-parallel time per step. Gradients hide behind the backward of the last
     micro-batch (bucketed), the ZeRO parameter all-gather behind the forward of the first micro-batch of the
     next step. Where the stack reduces after every micro-batch (``per_microbatch``: ZeRO-2 keeping only a
@@ -246,6 +267,10 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     z3_total = layers * (2 * m * z3_ag + reductions * z3_rs)
     z3_exposed = layers * (m * np.maximum(z3_ag - f_layer, 0.0) + (m - reductions) * np.maximum(z3_ag - b_layer, 0.0)
                            + reductions * np.maximum(z3_ag + z3_rs - b_layer, 0.0))
+    if terms is not None and (terms.zero3_regather_in_recompute or terms.zero3_overlap_fraction is not None):
+        z3_total, z3_exposed = _zero3_serialized(terms, z3_total, z3_exposed, layers * m * z3_ag,
+                                                 layers * m * np.maximum(z3_ag - f_layer, 0.0),
+                                                 layers * m * (f_layer + b_layer), full)
     bwd_window = layers * b_layer
     fwd_window = layers * f_layer
     gathers = np.where(zero == 3, 2 * m, 1)

@@ -74,6 +74,17 @@ class StackTerms:
     """parameters smaller than this stay unpartitioned under per-parameter ZeRO-3."""
     host_s_per_collective: float
     """host time to issue one ZeRO-3 gather (module hooks), seconds."""
+    host_s_per_collective_rank: float = 0.0
+    """host time per rank of the group to issue one ZeRO-3 gather (``comm.host_us_per_collective_rank``: a
+    gather into a list of one partition per rank), seconds."""
+    zero3_regather_in_recompute: bool = False
+    """ZeRO-3 with full recomputation gathers each layer's parameters a third time, for the recomputed forward
+    (``comm.zero3_regather_in_recompute``: DeepSpeed 2021 releases them after the forward and again after the
+    recomputation)."""
+    zero3_overlap_fraction: float | None = None
+    """None: ZeRO-3 collectives prefetched one layer ahead, each hidden behind its neighbour layer's compute.
+    A number: the fraction of the step's compute that the ZeRO-3 collectives overlap at best
+    (``comm.zero3_overlap_fraction``; DeepSpeed 2021's prefetch did not keep them ahead of the compute)."""
     host_s_per_op: float
     """host time to issue one kernel-launching op (framework + driver), seconds."""
     kernel_flavor: str
@@ -227,6 +238,9 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         zero3_persistence_elements=float(_value(stack, "comm", "zero3_persistence_threshold_elements",
                                                 PERSISTENCE_DEFAULT)),
         host_s_per_collective=host_coll, host_s_per_op=host_op, kernel_flavor=KERNEL_FLAVORS[kernels],
+        host_s_per_collective_rank=float(_value(stack, "comm", "host_us_per_collective_rank", 0.0)) * 1e-6,
+        zero3_regather_in_recompute=bool(_value(stack, "comm", "zero3_regather_in_recompute", False)),
+        zero3_overlap_fraction=_fraction_or_none(stack, "comm", "zero3_overlap_fraction", where),
         grad_accumulation_fusion=bool(_value(stack, "compute", "grad_accumulation_fusion", True)),
         pipeline_edges_as_layers=bool(_value(stack, "compute", "pipeline_edges_as_layers", False)),
         optimizer_bytes_per_param=float(_value(stack, "compute", "optimizer_bytes_per_param", 42.0)),
@@ -285,6 +299,15 @@ def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: 
     if not isinstance(value, str) or value not in allowed:
         raise InputError(f"{where}: {section}.{key}={value!r} is not one of {', '.join(allowed)}")
     return str(value)
+
+
+def _fraction_or_none(stack: StackProfile, section: str, key: str, where: str) -> float | None:
+    value = _value(stack, section, key, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise InputError(f"{where}: {section}.{key}={value!r} must be a fraction in [0, 1]")
+    return float(value)
 
 
 def _positive(stack: StackProfile, key: str, default: float, where: str, minimum: float) -> float:
