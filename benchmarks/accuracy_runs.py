@@ -3,11 +3,10 @@
     python benchmarks/accuracy_runs.py            # per row and per family, shipped constants
     python benchmarks/accuracy_runs.py --loo      # also each fitted constant refitted without each of its rows
 
-Rows: ``tpsim/data/runs/development.csv`` through ``tpsim.runs.load_runs`` (docs/SCHEMAS.md T4) when it is in
-the tree; until then this script's own reading of ``../shared/data/runs/*.csv`` (:func:`provisional_rows`: each
-CSV row turned into the ``tpsim estimate`` flags of its published plan, the conversion stated per file). The
-measurement compared is the step time (published tokens/s, or TFLOP/s with the source's own FLOP formula,
-converted to seconds per step).
+Rows: ``tpsim/data/runs/development.csv`` through ``tpsim.runs.load_runs`` (docs/SCHEMAS.md T4; each row's plan
+and the conversion of its published figure in its ``notes``). The measurement compared is the step time
+(``Run.measured``: tokens/s, or TFLOP/s under the source's FLOP convention, converted to seconds per step).
+A family is device x stack.
 
 For each row: published and predicted step time, error (positive: tpsim predicts more throughput than
 measured), whether the plan fits in memory. Per family: mean |error|, worst, signed mean, with the shipped
@@ -21,7 +20,6 @@ architecture (``by_architecture``). Nothing else here is fitted.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import sys
 from collections import defaultdict
@@ -30,7 +28,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_RUNS = ROOT.parent.parent / "shared" / "data" / "runs"
 
 
 @dataclasses.dataclass
@@ -45,139 +42,18 @@ class Row:
 
 
 # ---- rows ---------------------------------------------------------------------------------------------------
-def _cli_row(run_id: str, family: str, flags: list[str], measured_s: float) -> Row:
-    """A row from ``tpsim estimate`` flags (the CLI's own model, cluster, plan and stack builders)."""
-    from tpsim.cli import estimate as est
-    from tpsim.cli.common import build_cluster, build_model, build_plan, build_stack
-
-    parser = argparse.ArgumentParser()
-    est.register(parser.add_subparsers())
-    args = parser.parse_args(["estimate"] + flags)
-    model = build_model(args)
-    cluster = build_cluster(args, model)
-    return Row(run_id, family, model, cluster, build_plan(args, model, cluster), build_stack(args, model), measured_s)
-
-
-_NEMO = {
-    "GPT3-5B": ["--model", "gpt3-175b", "--layers", "24", "--hidden", "4096", "--heads", "32"],
-    "GPT3-20B": ["--model", "gpt3-175b", "--layers", "44", "--hidden", "6144", "--heads", "48"],
-    "GPT3-175B": ["--model", "gpt3-175b"],
-    "LLAMA2-7B": ["--model", "llama3-8b", "--kv-heads", "32", "--ffn", "11008", "--vocab", "32000"],
-    "LLAMA2-13B": ["--model", "llama3-8b", "--layers", "40", "--hidden", "5120", "--heads", "40", "--kv-heads", "40",
-                   "--ffn", "13824", "--vocab", "32000"],
-    "LLAMA2-70B": ["--model", "llama3-70b", "--vocab", "32000"],
-    "LLAMA3-8B": ["--model", "llama3-8b"],
-    "LLAMA3-70B": ["--model", "llama3-70b"],
-    "Nemotron-8B": ["--model", "gpt3-175b", "--layers", "32", "--hidden", "4096", "--heads", "32", "--ffn", "16384",
-                    "--vocab", "256000"],
-    "Nemotron-22B": ["--model", "gpt3-175b", "--layers", "40", "--hidden", "6144", "--heads", "48", "--ffn", "24576",
-                     "--vocab", "256000"],
-    "Nemotron-340B": ["--model", "llama3-70b", "--layers", "96", "--hidden", "18432", "--heads", "96", "--kv-heads", "8",
-                      "--ffn", "73728", "--vocab", "256000"],
-}
-"""NeMo 24.07 models as preset overrides (shapes of the NeMo recipes: GPT-3 configs, Llama 2/3 HF configs,
-Nemotron-4 15B/340B reports; Nemotron's squared-ReLU MLP is costed as gelu, its GQA on the 340B only)."""
-
-_TITAN = {"Llama 3.1 8B": ["--model", "llama3-8b"], "Llama 3 8B": ["--model", "llama3-8b"],
-          "Llama 3 70B": ["--model", "llama3-70b"], "Llama 2 13B": _NEMO["LLAMA2-13B"],
-          "Llama 2 70B": _NEMO["LLAMA2-70B"]}
-
-
-def _read(name: str) -> list[dict]:
-    with open(SHARED_RUNS / name, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
-
-def _tp_flags(tp: int, overlap: bool) -> list[str]:
-    return (["--sp"] + (["--tp-overlap"] if overlap else [])) if tp > 1 else ["--no-sp"]
-
-
-def provisional_rows() -> list[Row]:
-    """The shared development CSVs read directly (until tpsim/data/runs/development.csv exists). Unstated plan
-    fields: micro-batch 1 (Megatron-Core), distributed optimizer (zero 1) for Megatron/NeMo, no recomputation
-    unless the source names it, sequence parallelism whenever tp > 1, --tp-comm-overlap where the source lists it
-    (Megatron-Core README) and for NeMo's tp > 1 recipes."""
-    rows = []
-    for r in _read("megatron_core_h100.csv"):
-        if not r["tp"]:
-            continue  # strong-scaling end points: plan not published
-        tp, pp = int(r["tp"]), int(r["pp"])
-        flags = ["--model", "gpt3-175b", "--layers", r["num_layers"], "--hidden", r["hidden_size"], "--heads",
-                 r["num_attention_heads"], "--seq-len", r["seq_length"], "--vocab", r["vocab_size"], "--cluster",
-                 "dgx-h100", "--gpus", r["num_gpus"], "--tp", str(tp), "--pp", str(pp), "--global-batch",
-                 r["global_batch_size"], "--micro-batch", "1", "--zero", "1", "--dtype", "bf16", "--recompute",
-                 "none"] + _tp_flags(tp, "--tp-comm-overlap" in r["comm_overlap"])
-        rows.append(_cli_row(r["case_id"], "H100 megatron", flags, float(r["derived_iter_time_s"])))
-    for r in _read("nemo_h100_fp8.csv"):
-        tp, pp, cp, vp = (int(r[k]) for k in ("tp", "pp", "cp", "vp"))
-        flags = _NEMO[r["model"]] + [
-            "--seq-len", r["seq_length"], "--cluster", "dgx-h100", "--gpus", r["num_gpus"], "--tp", str(tp), "--pp",
-            str(pp), "--cp", str(cp), "--vpp", str(vp), "--global-batch", r["global_batch_size"], "--micro-batch",
-            r["micro_batch_size"], "--zero", "1", "--dtype", "fp8", "--recompute", "none"] + _tp_flags(tp, True)
-        tokens = int(r["global_batch_size"]) * int(r["seq_length"])
-        rows.append(_cli_row(r["case_id"], "H100 nemo", flags,
-                             tokens / (float(r["measured_tokens_per_s_per_gpu"]) * int(r["num_gpus"]))))
-    for r in _read("mpt_llmfoundry_fsdp.csv"):
-        a100 = "A100" in r["gpu_type"]
-        zero = 3 if r["fsdp_sharding_strategy"] == "FULL_SHARD" else 2
-        flags = ["--model", "gpt3-175b", "--layers", r["num_layers"], "--hidden", r["hidden_size"], "--heads",
-                 r["num_attention_heads"], "--vocab", r["vocab_size"], "--seq-len", r["seq_length"], "--cluster",
-                 "dgx-a100" if a100 else "dgx-h100", "--gpus", r["num_gpus"], "--tp", "1", "--pp", "1",
-                 "--global-batch", r["global_batch_size"], "--micro-batch", r["micro_batch_size"], "--zero",
-                 str(zero), "--dtype", "bf16", "--recompute",
-                 "full" if r["activation_checkpointing"] == "True" else "none", "--stack", "torchtitan", "--no-sp"]
-        rows.append(_cli_row(r["case_id"], ("A100" if a100 else "H100") + " fsdp (llm-foundry)", flags,
-                             float(r["derived_step_time_s"])))
-    for r in _read("torchtitan_fsdp2.csv"):
-        a100 = "A100" in r["gpu_type"]
-        tp, cp, dpf = int(r["tp"]), int(r["cp"]), int(r["dp_shard_fsdp"])
-        gbs = int(r["global_batch_size"] or int(r["local_batch_size"]) * dpf)
-        ac = r["activation_checkpointing"]
-        rc = "full" if ac.startswith("full") else "none" if ac == "none" else "selective"
-        flags = _TITAN[r["model"]] + [
-            "--seq-len", r["seq_length"], "--cluster", "dgx-a100" if a100 else "dgx-h100", "--gpus", r["num_gpus"],
-            "--tp", str(tp), "--cp", str(cp), "--pp", "1", "--global-batch", str(gbs), "--micro-batch",
-            r["local_batch_size"], "--zero", "3", "--dtype", "fp8" if "Float8" in r["precision"] else "bf16",
-            "--recompute", rc, "--stack", "torchtitan"] + _tp_flags(tp, r["async_tp"] == "yes")
-        tokens = gbs * int(r["seq_length"])
-        rows.append(_cli_row(r["case_id"], ("A100" if a100 else "H100") + " torchtitan", flags,
-                             tokens / (float(r["measured_tokens_per_s_per_gpu"]) * int(r["num_gpus"]))))
-    for r in _read("deepspeed_zero3_sc21.csv"):
-        g, mb = int(r["num_gpus"]), r["micro_batch_size"]
-        B, s, L, h, V = (int(r[k]) for k in ("global_batch_size", "seq_length", "num_layers", "hidden_size",
-                                             "vocab_size"))
-        flags = ["--model", "gpt3-175b", "--vocab", str(V), "--cluster", "selene", "--gpus", str(g), "--tp", "1",
-                 "--pp", "1", "--global-batch", str(B), "--micro-batch", mb, "--zero", "3", "--dtype", "fp16",
-                 "--recompute", "full", "--stack", _DEEPSPEED_2021, "--no-sp"]
-        flops = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))  # the paper's eq. 3 (recompute)
-        rows.append(_cli_row(r["case_id"], "A100 deepspeed-2021", flags,
-                             flops / (g * float(r["measured_tflops_per_gpu"]) * 1e12)))
-    return rows
-
-
-_DEEPSPEED_2021 = "deepspeed-2021" if (ROOT / "tpsim" / "data" / "stacks" / "deepspeed-2021.yaml").exists() \
-    else "deepspeed"
-
-
 def development_rows() -> list[Row]:
-    """The development set: the shipped runs CSV where it exists, else :func:`provisional_rows`."""
-    shipped = ROOT / "tpsim" / "data" / "runs" / "development.csv"
-    try:
-        from tpsim.runs import load_runs  # noqa: F401
-    except ImportError:
-        return provisional_rows()
-    if not shipped.exists():
-        return provisional_rows()
-    from tpsim.runs import load_runs
+    """The development set (tpsim/data/runs/development.csv, docs/RUNS.md), read with the stack check off so a
+    plan its stack refuses is reported as refused instead of stopping the table."""
+    from tpsim.runs import DEVELOPMENT_CSV, load_runs
     from tpsim.stacks import load_stack
-    from tpsim.topology import load_cluster
 
     rows = []
-    for run in load_runs(shipped):
-        cluster = load_cluster(run.cluster, gpus=run.gpus)
-        stack = load_stack(run.stack) if run.stack else None
-        family = f"{cluster.device.name} {run.stack or 'megatron'}"
-        rows.append(Row(run.run_id, family, run.model, cluster, run.plan, stack, float(run.measured)))
+    for run in load_runs(DEVELOPMENT_CSV, check_stack=False):
+        cluster = run.load_cluster()
+        stack = load_stack(run.stack)
+        rows.append(Row(run.run_id, f"{cluster.device.name} {stack.name}", run.model, cluster, run.plan, stack,
+                        float(run.measured)))
     return rows
 
 
@@ -233,8 +109,10 @@ def fit_architecture(rows: list[Row], arch: str, probes=(0.70, 0.95)) -> float:
     return float(grid[int(np.argmin(cost))])
 
 
-def fitted_rows(rows: list[Row], arch: str, families: tuple[str, ...]) -> list[Row]:
-    return [r for r in rows if r.cluster.device.architecture == arch and r.family in families]
+def fitted_rows(rows: list[Row], arch: str) -> list[Row]:
+    """The rows a device class's in-situ GEMM fraction is fitted on: its devices' rows except the torchtitan
+    papers' (``tt_*``: lower-TDP H100 SXM parts with HBM2e, another device than the 700 W DGX part)."""
+    return [r for r in rows if r.cluster.device.architecture == arch and not r.run_id.startswith("tt_")]
 
 
 def _stack_with(name: str, key: str, value: float):
@@ -267,11 +145,11 @@ def fit_stack_figure(rows: list[Row], name: str, key: str, probes=(8000.0, 24000
     return float(-(u * v).sum() / (v * v).sum())
 
 
-STACK_FITS = {("deepspeed-2021", "host_us_per_collective"): ("A100 deepspeed-2021",)}
+STACK_FITS = {("deepspeed-2021", "host_us_per_collective"): ("A100-SXM4-80GB deepspeed-2021",)}
 """stack figures fitted on development-set families (their YAML says so)."""
 
-FITS = {"hopper": ("H100 megatron", "H100 nemo", "H100 fsdp (llm-foundry)")}
-"""per architecture with its own in-situ GEMM fraction: the families it is fitted on (efficiency.yaml)."""
+FITS = ("hopper",)
+"""architectures with their own fitted in-situ GEMM fraction (efficiency.yaml ``by_architecture``)."""
 
 
 def family_table(rows: list[Row], errors: dict[str, float]) -> list[tuple]:
@@ -318,10 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     fam_means = [f[2] for f in family_table(rows, shipped)]
     print(f"median of family means {np.median(fam_means):.1f}%, worst family {max(fam_means):.1f}%")
     if args.fit or args.loo:
-        for arch, families in FITS.items():
-            sub = fitted_rows(rows, arch, families)
+        for arch in FITS:
+            sub = fitted_rows(rows, arch)
             value = fit_architecture(sub, arch)
-            print(f"\ngemm_in_situ_fraction[{arch}] fitted on {len(sub)} rows ({', '.join(families)}): {value:.3f} "
+            print(f"\ngemm_in_situ_fraction[{arch}] fitted on {len(sub)} rows (its devices' rows but tt_*): {value:.3f} "
                   f"(shipped {base.gemm_for(arch):.3f})")
             if args.loo:
                 errs = []
