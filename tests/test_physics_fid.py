@@ -71,3 +71,37 @@ def test_deepspeed_2021_gathers_three_times_serially_and_pays_each_fetch():
     assert old.breakdown["exposed_comm"] >= 0.9 * old.breakdown["dp_comm"]  # (edge shards still prefetched)
     assert old.breakdown["overhead"] - new.breakdown["overhead"] >= 0.99 * fetches * per_fetch - 1e-3
     assert old.step_time_s > new.step_time_s
+
+
+@pytest.mark.parametrize("fields", [
+    dict(tp=8, pp=2, sp=True, zero=1, global_batch=64, tp_overlap=True),
+    dict(tp=2, pp=4, vpp=2, sp=True, zero=1, recompute="full", global_batch=64),
+    dict(tp=1, pp=1, sp=False, zero=3, global_batch=64),
+])
+def test_terms_sum_to_the_step_time_and_name_their_source(fields):
+    model = with_overrides(load_model("llama3-8b"), layers=8)
+    cluster = load_cluster("dgx-h100", gpus=64)
+    plan = make_plan(model, 64, **fields)
+    e = estimate(model, cluster, plan, stack="torchtitan" if fields["zero"] == 3 else None)
+    assert list(e.terms) == ["compute", "recompute", "bubble", "optimizer", "overhead", "tp_comm", "cp_comm",
+                             "ep_comm", "pp_comm", "dp_comm"]
+    assert sum(e.terms.values()) == pytest.approx(e.step_time_s, rel=1e-9)
+    assert sum(e.terms[k] for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")) == pytest.approx(
+        e.breakdown["exposed_comm"], rel=1e-9, abs=1e-12)
+    assert all(v >= 0 for v in e.terms.values())
+    d = e.to_dict()["terms"]
+    assert set(d) == set(e.terms) and all(d[k]["source"] for k in d)
+    assert "efficiency.yaml" in d["compute"]["source"] and "hopper" in d["compute"]["source"]
+    if plan.tp > 1:
+        assert e.terms["tp_comm"] > 0 and "tp:" in d["tp_comm"]["source"]
+
+
+def test_estimate_explain_prints_each_term_with_its_source(capsys):
+    from tpsim.cli import main
+
+    assert main(["estimate", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "step time terms" in out
+    for name in ("compute", "bubble", "optimizer", "overhead", "tp_comm", "dp_comm"):
+        assert f"  {name} " in out
+    assert "gemm_in_situ_fraction" in out and "optimizer_bytes_per_param" in out

@@ -21,6 +21,8 @@ gradient reduction; PP: the send/receive).
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +67,9 @@ class Comm:
     """ZeRO-3: one layer's gradient reduce-scatter."""
     names: dict[str, np.ndarray]
     """axis -> name code (the context's ``name_table``) of the algorithm the axis uses (-1: size 1)."""
+    layer_exposed_axis: dict = dataclasses.field(default_factory=dict)
+    """axis -> (2, n): the forward and backward exposed parts of one layer's collectives on that axis (they sum
+    over axes to ``layer_fwd_exposed`` / ``layer_bwd_exposed``: the per-axis step-time terms)."""
 
     def take(self, index: np.ndarray) -> "Comm":
         """Rows ``index`` (gather)."""
@@ -75,7 +80,8 @@ class Comm:
                     edge={k: pick(v) for k, v in self.edge.items()}, p2p=pick(self.p2p),
                     dp_all_reduce=pick(self.dp_all_reduce), dp_reduce_scatter=pick(self.dp_reduce_scatter),
                     dp_all_gather=pick(self.dp_all_gather), z3_all_gather=pick(self.z3_all_gather),
-                    z3_reduce_scatter=pick(self.z3_reduce_scatter), names={k: pick(v) for k, v in self.names.items()})
+                    z3_reduce_scatter=pick(self.z3_reduce_scatter), names={k: pick(v) for k, v in self.names.items()},
+                    layer_exposed_axis={k: pick(v) for k, v in self.layer_exposed_axis.items()})
 
 
 class AxisCurves:
@@ -192,7 +198,7 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
     per_pair = _layer_traffic(AxisCurves(ctx, layouts, layout_index[pairs.first]),
                               layer_costs.take(layer_index[pairs.first]), ctx.terms.tp_backward_overlap,
                               overlapped[pairs.first], None if tp is None else np.asarray(tp)[pairs.first])
-    fwd, bwd, f_exp, b_exp, edges, p2p, names = take_rows(per_pair, pairs.inverse)
+    fwd, bwd, f_exp, b_exp, edges, p2p, names, by_axis = take_rows(per_pair, pairs.inverse)
     single = pp == 1
     edge = {axis: on_positions(first, last, single) for axis, (first, last) in edges.items()}
     groups = distinct(layout_index, *params_key)
@@ -206,7 +212,7 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
                                        expert_params, grad_bytes, z3[g])
     names["dp"] = dp_name[groups.inverse]
     return Comm(layer_fwd=fwd, layer_bwd=bwd, layer_fwd_exposed=f_exp, layer_bwd_exposed=b_exp, edge=edge,
-                p2p=p2p, names=names, **take_rows(dp_times, groups.inverse))
+                p2p=p2p, names=names, layer_exposed_axis=by_axis, **take_rows(dp_times, groups.inverse))
 
 
 def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray) -> np.ndarray:
@@ -231,6 +237,7 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
     n = costs.fwd.size
     pipelined = np.zeros(n, dtype=bool) if tp_overlap is None else np.asarray(tp_overlap, dtype=bool)
     tp_sum = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
+    by_axis: dict[str, np.ndarray] = {}
     fwd: dict[str, np.ndarray] = {}
     bwd: dict[str, np.ndarray] = {}
     exposed = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
@@ -246,6 +253,8 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
             tp_sum[c.phase] = tp_sum[c.phase] + t
             alone = np.where(pipelined, 0.0, alone)
         exposed[c.phase] = exposed[c.phase] + alone
+        axis_exp = by_axis.setdefault(axis, np.zeros((2, n)))
+        axis_exp[0 if c.phase == "fwd" else 1] += alone
         # an axis is named by its first forward reduction, else its first forward collective, else backward
         rank = (0 if c.phase == "fwd" else 2) + (0 if c.op in _REDUCTIONS else 1)
         best, name = named.get(axis, (np.full(n, 9), np.full(n, -1, dtype=np.int32)))
@@ -253,9 +262,10 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
         named[axis] = (np.where(better, rank, best), np.where(better, code, name))
     if pipelined.any():
         tp_size = np.ones(n) if tp is None else tp
-        for phase, work in (("fwd", costs.fwd), ("bwd", costs.bwd)):
-            exposed[phase] = exposed[phase] + np.where(
-                pipelined, tp_overlap_exposed(tp_sum[phase], work, tp_size), 0.0)
+        for i, (phase, work) in enumerate((("fwd", costs.fwd), ("bwd", costs.bwd))):
+            part = np.where(pipelined, tp_overlap_exposed(tp_sum[phase], work, tp_size), 0.0)
+            exposed[phase] = exposed[phase] + part
+            by_axis.setdefault("tp", np.zeros((2, n)))[i] += part
     edges: dict[str, tuple] = {}
     for which, edge in ((0, costs.first), (1, costs.last)):
         for c in edge.comm:
@@ -265,7 +275,7 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
     p2p, pp_name = curves.timed_and_named(("pp",), "send_recv", costs.boundary_bytes)
     names = {axis: code for axis, (_, code) in named.items()}
     names["pp"] = pp_name
-    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, names
+    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, names, by_axis
 
 
 def _timed(curves: AxisCurves, c: Collective) -> np.ndarray:

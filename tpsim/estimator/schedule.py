@@ -21,7 +21,7 @@ Communication hidden behind compute still slows it (NCCL kernels hold SMs and me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,6 +53,9 @@ class Schedule:
     """position (index into POSITIONS) of the slowest rank."""
     micro_batches: np.ndarray
     """m: micro-batches per replica and step."""
+    exposed_axis: dict = field(default_factory=dict)
+    """axis -> exposed communication per step on that axis (``tp``, ``cp``, ``ep``, ``pp``, ``dp``; the
+    hidden collectives' overlap penalty counted on their axis): they sum to ``exposed_comm``."""
 
 
 def _pick(position: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -179,6 +182,7 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     # DualPipe runs each micro-batch's sends beside another's computation: only the fill and drain are exposed
     pp_exposed = (2.0 * (pp - 1) * comm.p2p if ctx.terms.pipeline_schedule == "dualpipe" else pp_total)
     exposed = m * x_stage + pp_exposed + dp_exposed
+    exposed_axis = _exposed_by_axis(comm, L, slow, m, full, penalty, pp_exposed, dp_exposed, pp.shape)
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
                                        + np.where(full, comm.layer_fwd.get(axis, 0.0), 0.0))
@@ -189,7 +193,32 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
                     exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
                     overhead_high=np.maximum(overhead_high, overhead), comm_total=comm_total, step=step,
-                    slowest=slow, micro_batches=m)
+                    slowest=slow, micro_batches=m, exposed_axis=exposed_axis)
+
+
+def _exposed_by_axis(comm: Comm, L: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
+                     penalty: float, pp_exposed: np.ndarray, dp_exposed: np.ndarray, shape) -> dict:
+    """The exposed communication per step split by plan axis (the ``terms`` of docs/SCHEMAS.md T6): each axis's
+    exposed layer collectives (the forward ones again under full recomputation) and the overlap penalty of its
+    hidden ones, times the slowest rank's layers, plus its edge collectives, per micro-batch; the pipeline's
+    and the data-parallel exposure as computed above. Expert axes (``ep``, ``etp``, ``edp``) count as ``ep``."""
+    out: dict[str, np.ndarray] = {}
+    zeros = np.zeros((3,) + tuple(shape))
+    for axis in sorted(set(comm.layer_fwd) | set(comm.layer_bwd) | set(comm.edge)):
+        exp = comm.layer_exposed_axis.get(axis)
+        f_a, b_a = (exp[0], exp[1]) if exp is not None else (np.zeros(shape), np.zeros(shape))
+        hidden = (comm.layer_fwd.get(axis, 0.0) - f_a) + (comm.layer_bwd.get(axis, 0.0) - b_a)
+        per_layer = f_a + b_a + np.where(full, f_a, 0.0) + penalty * hidden
+        rank = L * per_layer + comm.edge.get(axis, zeros)
+        name = _TERM_AXIS.get(axis.split("-")[0], "ep")
+        out[name] = out.get(name, 0.0) + m * _pick(slow, rank)
+    out["pp"] = out.get("pp", 0.0) + pp_exposed
+    out["dp"] = out.get("dp", 0.0) + dp_exposed
+    return out
+
+
+_TERM_AXIS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp"}
+"""layer-collective axis (its first name) -> term axis; expert axes are ``ep``."""
 
 
 def _sharded(part: Partition, group: np.ndarray, expert_group: np.ndarray | None) -> np.ndarray:
