@@ -105,3 +105,45 @@ def test_estimate_explain_prints_each_term_with_its_source(capsys):
     for name in ("compute", "bubble", "optimizer", "overhead", "tp_comm", "dp_comm"):
         assert f"  {name} " in out
     assert "gemm_in_situ_fraction" in out and "optimizer_bytes_per_param" in out
+
+
+def test_torchtitan_per_op_sac_saves_every_other_matmul_and_recomputes_the_rest():
+    """torchtitan's selective (per-op) AC against Megatron's selective on the same plan: less stored (the
+    layer's unsaved matmul outputs, norms and activations are rebuilt), more recomputed (every second matmul)."""
+    from tpsim.estimator.memory import activation_bytes_per_layer, per_op_matmuls, per_op_saved
+
+    model = load_model("llama3-8b")
+    assert per_op_matmuls(model) == ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
+    assert per_op_saved(model) == ("wq", "wv", "w1", "w2")
+    one = np.array([1])
+    kw = dict(tp=one, sp=np.array([False]), micro_batch=np.array([2]), recompute=np.array([1]), attention="flash",
+              act_bytes=2)
+    sac = activation_bytes_per_layer(model, per_op=True, **kw)[0]
+    T, h = 2 * 8192, 4096
+    # layer input, wq, wv, SDPA output, w1, w2 outputs (16-bit) and the fp32 log-sum-exp
+    expected = 2 * T * (h + h + 1024 + h + 14336 + h) + 2 * 32 * 8192 * 4
+    assert sac == pytest.approx(expected)
+    assert sac < activation_bytes_per_layer(model, **kw)[0]
+    small = with_overrides(model, layers=4)
+    cluster = load_cluster("dgx-h100", gpus=8)
+    plan = make_plan(small, 8, tp=1, pp=1, sp=False, zero=3, recompute="selective", micro_batch=2, global_batch=16)
+    from tpsim.estimator import context_for, run_stages
+    from tpsim.plan import PlanBatch
+    from tpsim.stacks import load_stack
+    titan = estimate(small, cluster, plan, stack="torchtitan")
+    megatron_like = run_stages(context_for(small, cluster, stack=load_stack("deepspeed")),
+                               PlanBatch.from_plans([plan])).to_estimate(0)
+    assert titan.breakdown["recompute"] > megatron_like.breakdown["recompute"]
+    assert titan.memory_gib["activations"] < megatron_like.memory_gib["activations"]
+
+
+def test_logits_bytes_follow_the_stack_loss():
+    """torchtitan's eager fp32 loss holds 10 B per logit, llm-foundry's fused in-place loss 2 B (the last
+    stage's buffer term, 'other')."""
+    model = with_overrides(load_model("llama3-8b"), layers=2)
+    cluster = load_cluster("dgx-h100", gpus=8)
+    plan = make_plan(model, 8, tp=1, pp=1, sp=False, zero=3, recompute="full", micro_batch=1, global_batch=8)
+    titan = estimate(model, cluster, plan, stack="torchtitan").memory_gib["other"]
+    foundry = estimate(model, cluster, plan, stack="llm-foundry").memory_gib["other"]
+    logits = 8192 * model.padded_vocab(1) / 2 ** 30
+    assert titan - foundry == pytest.approx(8 * logits, rel=1e-6)

@@ -32,7 +32,7 @@ from .model import ModelSpec
 from .plan import ATTENTION, ORDERS, RECOMPUTE, Plan, PlanBatch
 
 STACKS_DIR = Path(__file__).resolve().parent / "data" / "stacks"
-STACK_NAMES = ("megatron", "torchtitan", "deepspeed", "deepspeed-2021")
+STACK_NAMES = ("megatron", "torchtitan", "deepspeed", "deepspeed-2021", "llm-foundry")
 PRESET_STACKS = ("hai-llm",)
 """shipped profiles of a preset's published run (DeepSeek-V3's HAI-LLM), loadable by name but not general
 stacks: they offer only what the run used."""
@@ -56,7 +56,7 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "memory": ("grad_buffer_dtype", "grad_accumulation_buffer", "main_params_dtype", "optimizer_state_dtype",
                "fp8_weights_kept", "allocator_reserve_fraction", "selective_recompute_modules",
                "fp8_activation_cache_bytes", "attention_output_cache_bytes", "pipeline_mirrored_stages",
-               "pipeline_extra_in_flight"),
+               "pipeline_extra_in_flight", "selective_recompute_policy", "logits_bytes_per_element"),
 }
 ATTENTION_IMPLEMENTATIONS = ("flash2", "flash3", "cudnn", "unfused")
 """names of the kernel models' attention implementations (``compute.default_attention`` values)."""

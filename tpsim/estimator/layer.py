@@ -181,7 +181,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
                micro_batch: np.ndarray, recompute: np.ndarray, dtype: str, attention: str,
                fused: bool = True, cp: np.ndarray | None = None, cp_kind: np.ndarray | None = None,
                ep: np.ndarray | None = None, etp: np.ndarray | None = None, kind: LayerKind | None = None,
-               recompute_modules: frozenset = frozenset({"core_attn"})) -> LayerCost:
+               recompute_modules: frozenset = frozenset({"core_attn"}), per_op: bool = False) -> LayerCost:
     """Cost of one layer for each plan (arrays of equal length; recompute coded 0/1/2, cp_kind 0 ring / 1
     a2a, etp 0 = tp). ``fused``: one QKV GEMM and one gate+up GEMM (Megatron); otherwise q, k, v (and w1, w3)
     are separate GEMMs (as ``tpsim validate`` runs DTensor's separate Linear layers). ``kind``: the layer's
@@ -189,7 +189,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     divides the rank's tokens by cp (all GEMMs and memory-bound kernels on ``b s / cp`` tokens).
     ``recompute_modules``: what selective recomputation runs again in backward (Megatron-Core
     ``--recompute-modules``: the attention core, the norms, MLA's up-projections, the routed experts'
-    activation; :func:`_selective_seconds`)."""
+    activation; :func:`_selective_seconds`); ``per_op``: selective is torchtitan's per-op policy instead
+    (:func:`_per_op_seconds`, dense layers with standard attention)."""
     n_plans = len(tp)
     kind = kind or LayerKind(moe=False, window=0)
     cp = _ones(n_plans) if cp is None else cp
@@ -247,8 +248,11 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         bwd.add(compute.memory(kernel, T_norm * h, dtype, True), count)
 
     rc = np.asarray(recompute)
-    selective = _selective_seconds(compute, model, recompute_modules, attn_f.t, T=T, T_norm=T_norm, heads=heads,
-                                   shape=shape, dtype=dtype)
+    if per_op and not kind.moe and model.attention_kind != "mla":
+        selective = _per_op_seconds(compute, model, T=T, T_norm=T_norm, t=t, f_local=f_local, dtype=dtype)
+    else:
+        selective = _selective_seconds(compute, model, recompute_modules, attn_f.t, T=T, T_norm=T_norm,
+                                       heads=heads, shape=shape, dtype=dtype)
     re_t = np.where(rc == 2, fwd.t, np.where(rc == 1, selective, 0.0))
     total = fwd.t + bwd.t
     measured = np.where(total > 0, (fwd.m + bwd.m) / np.where(total > 0, total, 1.0), 0.0)
@@ -256,6 +260,31 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
                      dgrad={"attention": dg_a, "feed_forward": dg_m},
                      wgrad={"attention": wg_a, "feed_forward": wg_m}, measured=measured, attention=flash_t,
                      ring_fwd=ring_f, ring_bwd=ring_b)
+
+
+def _per_op_seconds(compute: ComputeModel, model: ModelSpec, *, T: np.ndarray, T_norm: np.ndarray, t: np.ndarray,
+                    f_local, dtype: str) -> np.ndarray:
+    """Forward work torchtitan's per-op selective checkpointing repeats in backward: the matmuls it does not save
+    (every second one of the layer, :func:`tpsim.estimator.memory.per_op_saved`) and every memory-bound op
+    (the two norms, the residual adds, the activation, rotary); the SDPA output is saved, not recomputed."""
+    from .memory import _per_op_width, per_op_matmuls, per_op_saved
+
+    h = float(model.hidden_size)
+    inputs = {"wq": h, "wk": h, "wv": h, "wo": model.num_attention_heads / t * float(model.head_dim),
+              "w1": h, "w3": h, "fc1": h, "w2": f_local, "fc2": f_local}
+    saved = set(per_op_saved(model))
+    out = np.zeros(np.shape(T))
+    for name in per_op_matmuls(model):
+        if name not in saved:
+            out = out + compute.gemm(T, _per_op_width(model, name, t), inputs[name], dtype)[0]
+    out = out + 2.0 * compute.memory(model.norm, T_norm * h, dtype, False)[0]
+    out = out + 2.0 * compute.memory("residual_add", T_norm * h, dtype, False)[0]
+    out = out + compute.memory("swiglu" if model.gated else "gelu", T * f_local, dtype, False)[0]
+    if model.position == "rotary":
+        kv = np.maximum(model.num_kv_heads / t, 1.0) * model.head_dim
+        out = out + compute.memory("residual_add", T * (model.num_attention_heads / t * model.head_dim + kv),
+                                   dtype, False)[0]
+    return out
 
 
 def _selective_seconds(compute: ComputeModel, model: ModelSpec, modules: frozenset, core_attention: np.ndarray, *,

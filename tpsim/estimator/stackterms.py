@@ -37,6 +37,14 @@ class ActivationStorage:
 
     recompute_modules: frozenset = frozenset({"core_attn"})
     """what ``recompute=selective`` recomputes (:data:`RECOMPUTE_MODULES`)."""
+    per_op_sac: bool = False
+    """``recompute=selective`` is torchtitan's per-op selective checkpointing (``memory.selective_recompute_policy
+    = per_op``): the outputs of the matmuls, SDPA and reduce-scatters are saved except every second matmul of a
+    layer, everything else is recomputed (:func:`tpsim.estimator.memory.per_op_sac_bytes`)."""
+    logits_bytes: float = 4.0
+    """bytes per logit element held at the loss (``memory.logits_bytes_per_element``: Megatron's fp32 logits of
+    the vocabulary-parallel cross-entropy; an eager loss keeps the 16-bit logits, their fp32 copy and the saved
+    log-softmax)."""
     fp8_linear_input_bytes: float | None = None
     """with fp8 GEMMs, bytes per cached element of a linear layer's input (and of the routed experts' SwiGLU
     input when their activation is recomputed); None: the 16-bit activation."""
@@ -284,7 +292,14 @@ def _activation_storage(stack: StackProfile, where: str) -> ActivationStorage:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not 0 < value <= 2):
             raise InputError(f"{where}: memory.{key}={value!r} must be bytes per element in (0, 2]")
-    return ActivationStorage(recompute_modules=frozenset(modules),
+    policy = _value(stack, "memory", "selective_recompute_policy", "modules")
+    if policy not in ("modules", "per_op"):
+        raise InputError(f"{where}: memory.selective_recompute_policy={policy!r} is not one of modules, per_op")
+    logits = _value(stack, "memory", "logits_bytes_per_element", 4.0)
+    if isinstance(logits, bool) or not isinstance(logits, (int, float)) or not 0 < logits <= 64:
+        raise InputError(f"{where}: memory.logits_bytes_per_element={logits!r} must be bytes in (0, 64]")
+    return ActivationStorage(recompute_modules=frozenset(modules), per_op_sac=policy == "per_op",
+                             logits_bytes=float(logits),
                              fp8_linear_input_bytes=None if cache is None else float(cache),
                              fp8_attention_output_bytes=None if attn is None else float(attn))
 
