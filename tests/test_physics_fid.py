@@ -147,3 +147,23 @@ def test_logits_bytes_follow_the_stack_loss():
     foundry = estimate(model, cluster, plan, stack="llm-foundry").memory_gib["other"]
     logits = 8192 * model.padded_vocab(1) / 2 ** 30
     assert titan - foundry == pytest.approx(8 * logits, rel=1e-6)
+
+
+def test_ring_attention_pays_a_merge_per_step_after_the_first():
+    """The ring's partial-softmax merge: (cp - 1) x heads x tokens x head_dim elements at RING_MERGE_BYTES,
+    forward and backward, on top of the blocks' flash time."""
+    from tpsim.estimator.context import default_compute, resolve_stack
+    from tpsim.estimator.layer import RING_MERGE_BYTES, layer_cost
+
+    model = load_model("llama3-8b")
+    cluster = load_cluster("dgx-h100", gpus=8)
+    compute, _ = default_compute(cluster.device, resolve_stack("torchtitan"))
+    one = np.array([1])
+    common = dict(tp=one, sp=np.array([False]), micro_batch=one, recompute=np.array([0]), dtype="bf16",
+                  attention="flash", cp_kind=np.array([0]))
+    cost = {cp: layer_cost(model, compute, cp=np.array([cp]), **common) for cp in (1, 4)}
+    n = model.seq_len / 4
+    merge = float(np.ravel(compute.memory("residual_add", 3 * 32 * n * 128 * RING_MERGE_BYTES / 6.0, "bf16", False)[0])[0])
+    assert merge > 0
+    # the cp=4 layer: a quarter of the GEMMs, the ring's blocks, plus the merge in each direction
+    assert cost[4].fwd[0] > cost[4].ring_fwd[0] + merge

@@ -139,7 +139,21 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
     n = s / cpf
     hidden_f = acc_f.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, False)))
     hidden_b = acc_b.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, True)))
+    # each ring step after the first merges its partial output into the running one (log-sum-exp correction)
+    merged = np.where(ring, (cpf - 1.0) * bh * n * d, 0.0)
+    acc_f.add(compute.memory("residual_add", merged * RING_MERGE_BYTES / _RESIDUAL_BYTES, dtype, False))
+    acc_b.add(compute.memory("residual_add", merged * RING_MERGE_BYTES / _RESIDUAL_BYTES, dtype, False))
     return hidden_f, hidden_b, flash + hidden_f + hidden_b
+
+
+RING_MERGE_BYTES = 10.0
+"""bytes per output element and ring step of the partial-softmax merge: read the fp32 running output (4 B) and
+the step's 16-bit partial output (2 B), write the corrected fp32 output (4 B) (TransformerEngine
+AttnFuncWithCPAndKVP2P flash_attn_fwd_out_correction; torch's ring _SDPAMerger does the same in more passes); in
+backward the same traffic accumulates the query gradient of every step."""
+_RESIDUAL_BYTES = 6.0
+"""bytes per element of the ``residual_add`` memory kernel's forward (efficiency.yaml: 3 x 16-bit), which
+carries the merge traffic at the streaming bandwidth."""
 
 
 def _where(mask: np.ndarray, res: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
