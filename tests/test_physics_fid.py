@@ -167,3 +167,31 @@ def test_ring_attention_pays_a_merge_per_step_after_the_first():
     assert merge > 0
     # the cp=4 layer: a quarter of the GEMMs, the ring's blocks, plus the merge in each direction
     assert cost[4].fwd[0] > cost[4].ring_fwd[0] + merge
+
+
+def test_moe_balance_is_an_input():
+    """--moe-balance (T2): forced = no imbalance, a factor F puts the busiest expert at F x the mean, aux the
+    measured router imbalance; bad values and dense models are one line, exit 2."""
+    from tpsim.cli import main
+    from tpsim.errors import InputError
+    from tpsim.estimator.moe import load_imbalance
+    from tpsim.model.overrides import with_moe_balance
+
+    model = load_model("mixtral-8x7b")
+    assert model.moe_balance == "aux"
+    ep, routed = np.array([1, 4, 8]), np.array([4096.0] * 3)
+    assert np.all(load_imbalance(with_moe_balance(model, "forced"), ep=ep, routed=routed) == 1.0)
+    two = load_imbalance(with_moe_balance(model, "2"), ep=ep, routed=routed)
+    assert two == pytest.approx([1.0, 1.0 + 1.0 / 2, 2.0])
+    aux = load_imbalance(model, ep=ep, routed=routed)
+    assert aux[0] == 1.0 and np.all(aux[1:] > 1.0)
+    cluster = load_cluster("dgx-h100", gpus=64)
+    plan = make_plan(model, 64, tp=1, pp=4, ep=8, sp=False, zero=1, global_batch=64)
+    steps = {b: estimate(with_moe_balance(model, b), cluster, plan).step_time_s for b in ("forced", "1.2", "aux")}
+    assert steps["forced"] < steps["1.2"] < steps["aux"]
+    for bad in ("0.5", "nan", "abc", "-1"):
+        with pytest.raises(InputError, match="--moe-balance"):
+            with_moe_balance(model, bad)
+    with pytest.raises(InputError, match="dense"):
+        with_moe_balance(load_model("llama3-8b"), "forced")
+    assert main(["estimate", "--model", "mixtral-8x7b", "--moe-balance", "x"]) == 2
