@@ -195,3 +195,28 @@ def test_moe_balance_is_an_input():
     with pytest.raises(InputError, match="dense"):
         with_moe_balance(load_model("llama3-8b"), "forced")
     assert main(["estimate", "--model", "mixtral-8x7b", "--moe-balance", "x"]) == 2
+
+
+def test_eager_stacks_cost_unfused_elementwise_traffic():
+    """compute.kernels: eager (torchtitan without compile): norms and the SwiGLU run as chains of elementwise
+    kernels (efficiency.yaml eager_bytes_per_element); GEMMs and attention unchanged."""
+    from tpsim.compute.eager import EagerKernels, eager_ratios
+    from tpsim.estimator.context import default_compute, resolve_stack
+
+    cluster = load_cluster("dgx-h100", gpus=8)
+    base, _ = default_compute(cluster.device, resolve_stack("torchtitan"))
+    eager = EagerKernels(base)
+    ratios = eager_ratios()
+    assert ratios["rmsnorm"][0] > 1 and ratios["swiglu"][1] > 1 and "residual_add" not in ratios
+    n = np.array([1e8])
+    for backward in (False, True):
+        assert eager.memory("rmsnorm", n, "bf16", backward)[0][0] == pytest.approx(
+            base.memory("rmsnorm", n, "bf16", backward)[0][0] * ratios["rmsnorm"][int(backward)])
+        assert eager.memory("residual_add", n, "bf16", backward)[0][0] == pytest.approx(
+            base.memory("residual_add", n, "bf16", backward)[0][0])
+    assert eager.gemm(4096, 4096, 4096, "bf16")[0] == pytest.approx(base.gemm(4096, 4096, 4096, "bf16")[0])
+    model = with_overrides(load_model("llama3-8b"), layers=4)
+    plan = make_plan(model, 8, tp=1, pp=1, sp=False, zero=3, recompute="full", global_batch=8)
+    e = estimate(model, cluster, plan, stack="torchtitan")
+    assert "eager" not in e.compute_model  # the source name stays kernel:<attention>
+    assert e.breakdown["compute"] > estimate(model, cluster, plan, compute=base, stack="torchtitan").breakdown["compute"]

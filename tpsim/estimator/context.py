@@ -136,6 +136,9 @@ class EstimationContext:
             effective, note = default_compute(device, profile)
             if note:
                 warnings.append(f"compute: {note}")
+            if terms.kernel_flavor == "eager":  # unfused elementwise op chains (tpsim/compute/eager.py)
+                from ..compute.eager import EagerKernels
+                effective = EagerKernels(effective)
         else:
             effective = compute
         fixed = FixedCosts.of(model, terms, achieved_hbm(effective, device))
