@@ -69,8 +69,13 @@ def predict(row: Row, in_situ=None) -> tuple[float, bool]:
     if in_situ is not None:
         stack = resolve_stack(row.stack)
         impl = stack_terms(stack).attention_kernel(row.cluster.device.architecture)
-        compute = _COMPUTE.setdefault((row.cluster.device.name, impl, in_situ),
-                                      training_compute(row.cluster.device, impl, in_situ=in_situ)[0])
+        eager = stack_terms(stack).kernel_flavor == "eager"
+        key = (row.cluster.device.name, impl, in_situ, eager)
+        if key not in _COMPUTE:  # as the estimator builds its default compute (context.EstimationContext.build)
+            from tpsim.compute.eager import EagerKernels
+            base = training_compute(row.cluster.device, impl, in_situ=in_situ)[0]
+            _COMPUTE[key] = EagerKernels(base) if eager else base
+        compute = _COMPUTE[key]
     e = estimate(row.model, row.cluster, row.plan, compute=compute, stack=row.stack)
     return e.step_time_s, e.fits
 

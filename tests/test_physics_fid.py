@@ -220,3 +220,35 @@ def test_eager_stacks_cost_unfused_elementwise_traffic():
     e = estimate(model, cluster, plan, stack="torchtitan")
     assert "eager" not in e.compute_model  # the source name stays kernel:<attention>
     assert e.breakdown["compute"] > estimate(model, cluster, plan, compute=base, stack="torchtitan").breakdown["compute"]
+
+
+def test_fp8_casts_cost_their_traffic_per_the_stack_recipe():
+    """fp8 GEMMs pay the casts of each linear's input and output gradient (compute.fp8_cast_bytes_per_element:
+    Transformer Engine's delayed scaling 2/4 B, torchao's dynamic scaling 6/6 B); bf16 plans pay nothing."""
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    assert stack_terms(load_stack("megatron")).fp8_cast_bytes == (2.0, 4.0)
+    assert stack_terms(load_stack("torchtitan")).fp8_cast_bytes == (6.0, 6.0)
+    assert stack_terms(load_stack("deepspeed")).fp8_cast_bytes == (0.0, 0.0)
+    model = with_overrides(load_model("llama3-8b"), layers=4)
+    cluster = load_cluster("dgx-h100", gpus=8)
+    plan = make_plan(model, 8, tp=1, pp=1, sp=False, zero=1, global_batch=8, dtype="fp8")
+    from tpsim.estimator import context_for, run_stages
+    from tpsim.plan import PlanBatch
+    from tpsim.stacks import profile_from_mapping
+    from tpsim.topology.files import read_yaml
+    from pathlib import Path
+    raw = read_yaml(Path(load_stack("megatron").path) if hasattr(load_stack("megatron"), "path") else
+                    Path(__file__).resolve().parents[1] / "tpsim" / "data" / "stacks" / "megatron.yaml")
+    raw = dict(raw)
+    raw["compute"] = dict(raw["compute"])
+    raw["compute"]["fp8_cast_bytes_per_element"] = {"value": {"forward": 0, "backward": 0}, "source": "test"}
+    free = profile_from_mapping(raw, "no-cast")
+    with_cast = estimate(model, cluster, plan)
+    without = run_stages(context_for(model, cluster, stack=free), PlanBatch.from_plans([plan])).to_estimate(0)
+    assert with_cast.breakdown["compute"] > without.breakdown["compute"]
+    bf16 = dataclasses.replace(plan, dtype="bf16")
+    assert estimate(model, cluster, bf16).breakdown["compute"] == pytest.approx(
+        run_stages(context_for(model, cluster, stack=free), PlanBatch.from_plans([bf16])).to_estimate(0)
+        .breakdown["compute"])

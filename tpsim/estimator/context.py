@@ -163,7 +163,8 @@ class EstimationContext:
                                  source=source or TransformerSource(
                                      model, flavor, terms.activation_storage,
                                      paired_chunks=terms.pipeline_schedule == "dualpipe",
-                                     fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup),
+                                     fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup,
+                                     fp8_cast=terms.fp8_cast_bytes),
                                  host_overhead_s=host, warnings=tuple(warnings),
                                  caches=None if curves is None else ContextCaches(curves=curves))
 

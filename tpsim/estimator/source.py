@@ -182,8 +182,11 @@ class TransformerSource(LayerSource):
     kept apart so each pipeline rank holds exactly its layers' parameters (:attr:`kind_of_layer`)."""
 
     def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None,
-                 paired_chunks: bool = False, fp8_dispatch: bool = False, node_dedup: bool = False):
+                 paired_chunks: bool = False, fp8_dispatch: bool = False, node_dedup: bool = False,
+                 fp8_cast: tuple[float, float] = (0.0, 0.0)):
         self.model = model
+        self.fp8_cast = fp8_cast
+        """bytes per element of the fp8 casts of each linear's input and output gradient (StackTerms)."""
         self.flavor = flavor
         self.storage = storage or ActivationStorage()
         """the stack's selective-recomputation modules and fp8 activation caching."""
@@ -269,7 +272,8 @@ class TransformerSource(LayerSource):
         tp, sp, mb, cp, ep, etp = (axes[k] for k in ("tp", "sp", "micro_batch", "cp", "ep", "etp"))
         lc = layer_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, recompute=rc, dtype=dtype,
                         attention=attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, kind=kind,
-                        recompute_modules=self.storage.recompute_modules, per_op=self.storage.per_op_sac)
+                        recompute_modules=self.storage.recompute_modules, per_op=self.storage.per_op_sac,
+                        fp8_cast=self.fp8_cast)
         linear_bytes, attn_out_bytes = self.storage.cache_bytes(dtype, axes["act_bytes"])
         mem_kw = dict(tp=tp, sp=sp, micro_batch=mb, recompute=rc, attention=attention, act_bytes=axes["act_bytes"],
                       cp=cp, kind=kind, ep=ep, etp=etp, modules=self.storage.recompute_modules,

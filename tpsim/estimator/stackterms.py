@@ -85,6 +85,9 @@ class StackTerms:
     host_s_per_collective_rank: float = 0.0
     """host time per rank of the group to issue one ZeRO-3 gather (``comm.host_us_per_collective_rank``: a
     gather into a list of one partition per rank), seconds."""
+    fp8_cast_bytes: tuple[float, float] = (0.0, 0.0)
+    """with fp8 GEMMs, bytes per element the stack's fp8 recipe moves to cast each linear's input (forward) and
+    its output gradient (backward) (``compute.fp8_cast_bytes_per_element``)."""
     zero3_regather_in_recompute: bool = False
     """ZeRO-3 with full recomputation gathers each layer's parameters a third time, for the recomputed forward
     (``comm.zero3_regather_in_recompute``: DeepSpeed 2021 releases them after the forward and again after the
@@ -247,6 +250,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
                                                 PERSISTENCE_DEFAULT)),
         host_s_per_collective=host_coll, host_s_per_op=host_op, kernel_flavor=KERNEL_FLAVORS[kernels],
         host_s_per_collective_rank=float(_value(stack, "comm", "host_us_per_collective_rank", 0.0)) * 1e-6,
+        fp8_cast_bytes=_fp8_cast(stack, where),
         zero3_regather_in_recompute=bool(_value(stack, "comm", "zero3_regather_in_recompute", False)),
         zero3_overlap_fraction=_fraction_or_none(stack, "comm", "zero3_overlap_fraction", where),
         grad_accumulation_fusion=bool(_value(stack, "compute", "grad_accumulation_fusion", True)),
@@ -314,6 +318,16 @@ def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: 
     if not isinstance(value, str) or value not in allowed:
         raise InputError(f"{where}: {section}.{key}={value!r} is not one of {', '.join(allowed)}")
     return str(value)
+
+
+def _fp8_cast(stack: StackProfile, where: str) -> tuple[float, float]:
+    value = _value(stack, "compute", "fp8_cast_bytes_per_element", {"forward": 0.0, "backward": 0.0})
+    ok = isinstance(value, Mapping) and set(value) == {"forward", "backward"} and all(
+        not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v <= 64 for v in value.values())
+    if not ok:
+        raise InputError(f"{where}: compute.fp8_cast_bytes_per_element={value!r} must be {{forward: B, backward: B}} "
+                         "with bytes in [0, 64]")
+    return float(value["forward"]), float(value["backward"])
 
 
 def _fraction_or_none(stack: StackProfile, section: str, key: str, where: str) -> float | None:
