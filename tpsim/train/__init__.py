@@ -82,24 +82,31 @@ def train_time(model: Any, cluster: Any, plan: Any, estimate: Any, tokens: float
     """The whole run of ``plan`` (its ``estimate``, an :class:`tpsim.estimator.Estimate`) for ``tokens``
     tokens on ``cluster``, with the fleet ``reliability`` (a :class:`Reliability`, a shipped fleet's name or a
     YAML path; None: the default fleet)."""
+    mem = estimate.memory_gib
+    return train_time_of(model, cluster, plan, tokens, reliability, gpu_hour_price, step_s=estimate.step_time_s,
+                         step_low=estimate.step_time_s_low, step_high=estimate.step_time_s_high,
+                         weights_gib=mem["weights"], optimizer_gib=mem["optimizer_states"])
+
+
+def train_time_of(model: Any, cluster: Any, plan: Any, tokens: float, reliability: Reliability | str | None,
+                  gpu_hour_price: float, *, step_s: float, step_low: float, step_high: float, weights_gib: float,
+                  optimizer_gib: float) -> TrainTime:
+    """:func:`train_time` from the estimate's figures (the planner passes its columns)."""
     tokens = check_tokens(tokens)
     price = check_float("gpu_hour_price", gpu_hour_price, "--gpu-hour-price", maximum=1e6)
     rel = reliability if isinstance(reliability, Reliability) else load_reliability(reliability)
-    mem = estimate.memory_gib
-    ckpt = checkpoint_bytes_per_rank(mem["weights"], mem["optimizer_states"], plan.dp, plan.cp, plan.zero)
+    ckpt = checkpoint_bytes_per_rank(weights_gib, optimizer_gib, plan.dp, plan.cp, plan.zero)
     watts = watts_per_gpu(rel, cluster.device)
     gpus = int(cluster.num_gpus)
     common = dict(tokens_per_step=plan.global_batch * model.seq_len, tokens=tokens, ckpt_bytes=ckpt, gpus=gpus,
                   gpus_per_node=cluster.gpus_per_node, watts_per_gpu=watts, gpu_hour_price=price)
-    mid = whole_run(rel, step_s=estimate.step_time_s, **common)
+    mid = whole_run(rel, step_s=step_s, **common)
     if not bool(mid["finite"]):
         raise InputError(f"the run cannot finish: an interruption every {mid['mtbf_s'] / 3600:.3g} h against "
                          f"a restart of {mid['restart_s'] / 3600:.3g} h and a checkpoint interval of "
                          f"{mid['interval_s'] / 3600:.3g} h (reliability {rel.name})")
-    low = whole_run(rel, step_s=_or(estimate.step_time_s_low, estimate.step_time_s), rate_scale=rel.rate_low,
-                    **common)
-    high = whole_run(rel, step_s=_or(estimate.step_time_s_high, estimate.step_time_s),
-                     rate_scale=rel.rate_high, **common)
+    low = whole_run(rel, step_s=_or(step_low, step_s), rate_scale=rel.rate_low, **common)
+    high = whole_run(rel, step_s=_or(step_high, step_s), rate_scale=rel.rate_high, **common)
     f = {k: float(np.asarray(v)) for k, v in mid.items()}
     warnings = [] if math.isfinite(watts) else [
         f"no power figure for device {cluster.device.name}: energy not computed (add energy.device_power_w "
@@ -120,10 +127,26 @@ def train_time(model: Any, cluster: Any, plan: Any, estimate: Any, tokens: float
         lost={k: f[f"lost_{k}_s"] / DAY for k in LOST_KEYS}, reliability=rel.name, warnings=tuple(warnings))
 
 
+def plan_columns(model: Any, cluster: Any, columns: Any, rows: Any, tokens: float, reliability: Reliability,
+                 gpu_hour_price: float) -> dict[str, np.ndarray]:
+    """The planner's whole-run columns (``expected_days``, ``goodput``, ``cost_usd``, ``energy_mwh``,
+    ``interruptions``) of evaluated plans ``rows`` on ``cluster``: the same :func:`whole_run` as a single plan."""
+    c = {k: np.asarray(columns[k])[rows] for k in ("step_time_s", "global_batch", "mem_weights_gib",
+                                                     "mem_optimizer_states_gib", "dp", "cp", "zero")}
+    ckpt = checkpoint_bytes_per_rank(c["mem_weights_gib"], c["mem_optimizer_states_gib"], c["dp"], c["cp"],
+                                     c["zero"])
+    f = whole_run(reliability, step_s=c["step_time_s"], tokens_per_step=c["global_batch"] * model.seq_len,
+                  tokens=tokens, ckpt_bytes=ckpt, gpus=int(cluster.num_gpus),
+                  gpus_per_node=cluster.gpus_per_node, watts_per_gpu=watts_per_gpu(reliability, cluster.device),
+                  gpu_hour_price=gpu_hour_price)
+    return {"expected_days": f["wall_s"] / DAY, "goodput": f["goodput"], "cost_usd": f["cost_usd"],
+            "energy_mwh": f["energy_mwh"], "interruptions": f["interruptions"]}
+
+
 def _or(value: float, default: float) -> float:
     return value if value is not None and math.isfinite(value) else default
 
 
-__all__ = ["train_time", "TrainTime", "Reliability", "Component", "load_reliability", "check_tokens",
+__all__ = ["train_time", "train_time_of", "plan_columns", "TrainTime", "Reliability", "Component", "load_reliability", "check_tokens",
            "checkpoint_bytes_per_rank", "young_interval", "daly_optimum", "expected_wall_time", "whole_run",
            "watts_per_gpu", "DEFAULT_GPU_HOUR_PRICE", "MAX_TOKENS"]
