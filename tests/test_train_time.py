@@ -176,3 +176,24 @@ def test_train_time_json_has_the_t8_object():
     data = json.loads(out.stdout)
     assert set(data["train_time"]) >= T8_KEYS and data["step_time_s"] > 0
     assert data["train_time"]["energy_mwh"] > 0
+
+
+# ---- report charts -------------------------------------------------------------------------------------
+def test_whole_run_charts_and_twins():
+    from tpsim.model import load_model
+    from tpsim.report import wholerun
+    from tpsim.search import SearchSpace, search
+    from tpsim.topology import load_cluster
+
+    model = load_model("gpt3-1.3b")
+    clusters = [load_cluster("dgx-a100", gpus=n) for n in (16, 32, 64)]
+    space = SearchSpace(tp=(1, 2), pp=(1,), micro_batch=(1, 2), zero=(0, 1), recompute=("none",))
+    r = search(model, clusters, 512, space=space, tokens=3e11)
+    g, f, lost = wholerun.goodput_table(r), wholerun.frontier_table(r), wholerun.lost_table(r)
+    assert list(g["gpus"]) == [16, 32, 64] and (g["goodput"] <= 1).all()
+    assert f["pareto_front"].any() and len(f) == int(r.columns["fits_effective"].sum())
+    parts = sum(lost[f"lost_{k}_days"] for k in ("failures", "checkpoints", "restarts", "stragglers"))
+    assert np.allclose(lost["ideal_days"] + parts, lost["expected_days"], rtol=1e-9)
+    figs = wholerun.figures(r, "test")
+    assert set(figs) == set(wholerun.CHARTS)
+    assert "Time to train" in wholerun.section(r, 3e11, 1.0)

@@ -147,6 +147,6 @@ def _or(value: float, default: float) -> float:
     return value if value is not None and math.isfinite(value) else default
 
 
-__all__ = ["train_time", "train_time_of", "plan_columns", "TrainTime", "Reliability", "Component", "load_reliability", "check_tokens",
+__all__ = ["LOST_KEYS", "train_time", "train_time_of", "plan_columns", "TrainTime", "Reliability", "Component", "load_reliability", "check_tokens",
            "checkpoint_bytes_per_rank", "young_interval", "daly_optimum", "expected_wall_time", "whole_run",
            "watts_per_gpu", "DEFAULT_GPU_HOUR_PRICE", "MAX_TOKENS"]
