@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model and is_opgraph_path(args.model):  # a traced model (tpsim trace)
         from .graph import run_estimate
+        from .train_time import refuse_tokens
+
+        refuse_tokens(args, "a traced model (--model *.ops.json)")
         return run_estimate(args)
     note = ""
     if args.from_file:

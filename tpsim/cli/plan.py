@@ -255,6 +255,9 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.csv, "--csv", force=args.force)
     if is_opgraph_path(args.model):  # a traced model (tpsim trace)
         from .graph import run_plan
+        from .train_time import refuse_tokens
+
+        refuse_tokens(args, "a traced model (--model *.ops.json)")
         return run_plan(args)
     if args.export_format and not args.out:
         raise InputError(f"--export {args.export_format} needs --out DIR")

@@ -41,6 +41,14 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run_estimate)
 
 
+def refuse_tokens(args: argparse.Namespace, what: str) -> None:
+    """One line instead of silently dropping ``--tokens`` where the whole run is not modelled yet."""
+    from ..errors import InputError
+
+    if getattr(args, "tokens", None) is not None:
+        raise InputError(f"--tokens: the whole run of {what} is not modelled yet")
+
+
 def whole_run(args: argparse.Namespace, model: Any, cluster: Any, estimate: Any) -> Any:
     """The :class:`tpsim.train.TrainTime` of ``--tokens`` (None without it)."""
     if getattr(args, "tokens", None) is None:
