@@ -65,8 +65,9 @@ class TrainTime:
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["lost"] = dict(self.lost)
+        """The ``train_time`` object of ``--json``: strict JSON (a figure that never finishes is null)."""
+        out = {k: _finite(getattr(self, k)) for k in self.__dataclass_fields__}
+        out["lost"] = {k: _finite(v) for k, v in self.lost.items()}
         out["warnings"] = list(self.warnings)
         return out
 
@@ -141,6 +142,10 @@ def plan_columns(model: Any, cluster: Any, columns: Any, rows: Any, tokens: floa
                   gpu_hour_price=gpu_hour_price)
     return {"expected_days": f["wall_s"] / DAY, "goodput": f["goodput"], "cost_usd": f["cost_usd"],
             "energy_mwh": f["energy_mwh"], "interruptions": f["interruptions"]}
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _or(value: float, default: float) -> float:
