@@ -197,3 +197,13 @@ def test_whole_run_charts_and_twins():
     figs = wholerun.figures(r, "test")
     assert set(figs) == set(wholerun.CHARTS)
     assert "Time to train" in wholerun.section(r, 3e11, 1.0)
+
+
+@pytest.mark.parametrize("args, text", [
+    (("--reliability", "rsc1-a100"), "needs --tokens"),
+    (("--tokens", "1e9", "--reliability", "nowhere-fleet"), "neither a shipped fleet"),
+    (("--tokens", "1e9", "--reliability", "/nonexistent/fleet.yaml"), "fleet.yaml"),
+])
+def test_reliability_flag_misuse_one_line(args, text):
+    out = _cli("estimate", *BASE[1:], *args)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and text in out.stderr, out.stderr

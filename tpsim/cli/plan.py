@@ -304,6 +304,9 @@ def run(args: argparse.Namespace) -> int:
 def whole_run_options(args: argparse.Namespace) -> dict[str, Any]:
     """``tokens`` and ``reliability`` for the search (nothing without ``--tokens``)."""
     if getattr(args, "tokens", None) is None:
+        from .train_time import require_tokens
+
+        require_tokens(args)
         if args.objective in ("time-to-train", "energy"):
             raise InputError(f"--objective {args.objective} ranks whole runs: give the token budget, --tokens N")
         return {}

@@ -43,6 +43,9 @@ def register(subparsers: Any) -> None:
 
 def _reliability(args: argparse.Namespace) -> Any:
     if args.tokens is None:
+        from .train_time import require_tokens
+
+        require_tokens(args)
         return None
     from ..train import load_reliability
 

@@ -49,9 +49,18 @@ def refuse_tokens(args: argparse.Namespace, what: str) -> None:
         raise InputError(f"--tokens: the whole run of {what} is not modelled yet")
 
 
+def require_tokens(args: argparse.Namespace) -> None:
+    """``--reliability`` without ``--tokens`` would be ignored: one line instead."""
+    from ..errors import InputError
+
+    if getattr(args, "tokens", None) is None and getattr(args, "reliability", None) is not None:
+        raise InputError(f"--reliability {args.reliability} needs --tokens N (the whole run it is for)")
+
+
 def whole_run(args: argparse.Namespace, model: Any, cluster: Any, estimate: Any) -> Any:
     """The :class:`tpsim.train.TrainTime` of ``--tokens`` (None without it)."""
     if getattr(args, "tokens", None) is None:
+        require_tokens(args)
         return None
     from ..train import DEFAULT_GPU_HOUR_PRICE, train_time
 
