@@ -96,9 +96,8 @@ def _balance(spec: "ModelSpec") -> str:
     if b == "forced":
         return "forced (--moe-balance forced: every expert at the mean)"
     if b == "aux":
-        from ..estimator.moe import max_violation
-        return (f"aux (default; the router's measured imbalance, MaxVio {max_violation(spec):g} of "
-                f"tpsim/data/moe.yaml; --moe-balance forced|aux|FACTOR)")
+        return ("aux (default: the router's measured imbalance, tpsim/data/moe.yaml max_violation; "
+                "--moe-balance forced|aux|FACTOR)")
     return f"{float(b):g} x the mean on the busiest expert (--moe-balance)"
 
 
