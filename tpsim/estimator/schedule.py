@@ -182,7 +182,7 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     # DualPipe runs each micro-batch's sends beside another's computation: only the fill and drain are exposed
     pp_exposed = (2.0 * (pp - 1) * comm.p2p if ctx.terms.pipeline_schedule == "dualpipe" else pp_total)
     exposed = m * x_stage + pp_exposed + dp_exposed
-    exposed_axis = _exposed_by_axis(comm, L, slow, m, full, penalty, pp_exposed, dp_exposed, pp.shape)
+    exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed, pp.shape)
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
                                        + np.where(full, comm.layer_fwd.get(axis, 0.0), 0.0))
@@ -196,22 +196,26 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
                     slowest=slow, micro_batches=m, exposed_axis=exposed_axis)
 
 
-def _exposed_by_axis(comm: Comm, L: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
+def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
                      penalty: float, pp_exposed: np.ndarray, dp_exposed: np.ndarray, shape) -> dict:
     """The exposed communication per step split by plan axis (the ``terms`` of docs/SCHEMAS.md T6): each axis's
     exposed layer collectives (the forward ones again under full recomputation) and the overlap penalty of its
     hidden ones, times the slowest rank's layers, plus its edge collectives, per micro-batch; the pipeline's
     and the data-parallel exposure as computed above. Expert axes (``ep``, ``etp``, ``edp``) count as ``ep``."""
     out: dict[str, np.ndarray] = {}
-    zeros = np.zeros((3,) + tuple(shape))
     for axis in sorted(set(comm.layer_fwd) | set(comm.layer_bwd) | set(comm.edge)):
         exp = comm.layer_exposed_axis.get(axis)
-        f_a, b_a = (exp[0], exp[1]) if exp is not None else (np.zeros(shape), np.zeros(shape))
-        hidden = (comm.layer_fwd.get(axis, 0.0) - f_a) + (comm.layer_bwd.get(axis, 0.0) - b_a)
-        per_layer = f_a + b_a + np.where(full, f_a, 0.0) + penalty * hidden
-        rank = L * per_layer + comm.edge.get(axis, zeros)
+        total = comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
+        if exp is None:  # nothing of this axis in the layers (edge collectives only)
+            per_layer = penalty * total
+        else:
+            per_layer = exp[0] + exp[1] + np.where(full, exp[0], 0.0) + penalty * (total - exp[0] - exp[1])
+        value = layers * per_layer
+        edge = comm.edge.get(axis)
+        if edge is not None:
+            value = value + _pick(slow, edge)
         name = _TERM_AXIS.get(axis.split("-")[0], "ep")
-        out[name] = out.get(name, 0.0) + m * _pick(slow, rank)
+        out[name] = out.get(name, 0.0) + m * value
     out["pp"] = out.get("pp", 0.0) + pp_exposed
     out["dp"] = out.get("dp", 0.0) + dp_exposed
     return out
