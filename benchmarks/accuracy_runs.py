@@ -129,8 +129,8 @@ def _stack_with(name: str, key: str, value: float):
     from tpsim.stacks import load_stack
 
     text = (ROOT / "tpsim" / "data" / "stacks" / f"{name}.yaml").read_text(encoding="utf-8")
-    text, n = re.subn(rf"(\n  {key}:\n    value: )[^\n]*", rf"\g<1>{value!r}", text)
-    assert n == 1, key
+    text, n = re.subn(rf"(\n  {key}:\n    value: )[^\n]*(\n    range: [^\n]*)?", rf"\g<1>{value!r}", text)
+    assert n == 1, key  # (the prior range is dropped: the probed value may lie outside it)
     folder = Path(tempfile.mkdtemp(prefix="tpsim-fit-"))
     path = folder / f"{name}.yaml"
     path.write_text(text, encoding="utf-8")
@@ -188,12 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nplans judged not to fit: {refused} of {len(rows)}")
     base = default_in_situ()
     without = {}
-    for arch in dict(base.gemm_by_architecture):
+    for arch in FITS:  # the fitted ones (blackwell's value is transferred, not fitted: no rows)
         alt = _with_arch(base, arch, None)
-        without[arch] = {r.run_id: error_pct(r.measured_s, predict(r, alt)[0]) if r.cluster.device.architecture == arch
+        without[f"{arch} in-situ"] = {r.run_id: error_pct(r.measured_s, predict(r, alt)[0]) if r.cluster.device.architecture == arch
                          else shipped[r.run_id] for r in rows}
+    for (name, key), families in STACK_FITS.items():
+        alt = _stack_with(name, key, 0.0)
+        without[f"{name} {key}"] = {r.run_id: error_pct(r.measured_s, predict(dataclasses.replace(r, stack=alt))[0])
+                                    if r.family in families else shipped[r.run_id] for r in rows}
     print(f"\n{'family':26s} {'n':>3s} {'mean |e|':>9s} {'worst':>7s} {'signed':>7s}   "
-          + "   ".join(f"without {a} in-situ: mean/signed" for a in without))
+          + "   ".join(f"without {a}: mean/signed" for a in without))
     tables = {a: {f[0]: f for f in family_table(rows, e)} for a, e in without.items()}
     for name, n, mean, worst, signed in family_table(rows, shipped):
         extra = "   ".join(f"{tables[a][name][2]:6.1f}% {tables[a][name][4]:+6.1f}%" for a in without)
