@@ -122,7 +122,7 @@ def _parts(model, cluster, plan, stack=None):
 def test_each_rank_stores_the_activations_of_its_own_layer_kinds(h100_16):
     """DeepSeek-V3 shape (3 dense layers first): with pp 2 the first rank holds 3 dense + 1 MoE layer, the last
     4 MoE layers; each stores its own layers' activations (not the model's mean layer x its layer count)."""
-    from tpsim.estimator.memory import in_flight
+    from tpsim.pipeline import in_flight
 
     m = _deepseek(8)
     plan = Plan(tp=1, pp=2, ep=8, dp=8, global_batch=16, zero=1, dtype="bf16")
@@ -131,8 +131,8 @@ def test_each_rank_stores_the_activations_of_its_own_layer_kinds(h100_16):
     assert moe_act > dense_act
     e = estimate(m, h100_16, plan)
     mb = np.array([plan.global_batch // plan.dp])
-    first = in_flight(np.array([0]), np.array([2]), np.array([1]), mb)[0] * (3 * dense_act + moe_act)
-    last = in_flight(np.array([1]), np.array([2]), np.array([1]), mb)[0] * 4 * moe_act
+    first = in_flight(np.array([0]), np.array([0]), np.array([2]), np.array([1]), mb)[0] * (3 * dense_act + moe_act)
+    last = in_flight(np.array([0]), np.array([1]), np.array([2]), np.array([1]), mb)[0] * 4 * moe_act
     got = e.memory_gib["activations"] * GIB - costs.working[0]
     assert any(got == pytest.approx(x, rel=1e-9) for x in (first, last))
     mean = (3 * dense_act + 5 * moe_act) / 8  # the model's mean layer, which a rank's layer count would take

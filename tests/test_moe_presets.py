@@ -4,6 +4,8 @@ the MoE SwiGLU outputs, FP8 activation caching, DualPipe's mirrored stages), eac
 
 from __future__ import annotations
 
+import dataclasses
+
 
 import numpy as np
 import pytest
@@ -30,10 +32,10 @@ def test_hai_llm_profile_carries_the_reports_memory_choices():
     assert t.activation_storage.recompute_modules == {"layernorm", "mla_up_proj", "moe_act"}
     assert t.activation_storage.cache_bytes("fp8", 2) == (1.0, 1.5)
     assert t.activation_storage.cache_bytes("bf16", 2) == (2, 2)
-    assert t.pipeline_mirrored_stages and t.pipeline_extra_in_flight == 1.0
+    assert s.rules.schedules.keys() == {"dualpipe"} and s.rules.default_schedule == "dualpipe"
     megatron = stack_terms(load_stack("megatron"))
     assert megatron.activation_storage.recompute_modules == {"core_attn"}
-    assert not megatron.pipeline_mirrored_stages and megatron.pipeline_extra_in_flight == 0.0
+    assert load_stack("megatron").rules.default_schedule == "1f1b"
     # what the report's run did not use is refused, naming the rule
     m = get_preset("deepseek-v3")
     assert "cp=2" in s.plan_violation(Plan(tp=1, cp=2, ep=64, pp=16, dp=64, global_batch=15360, zero=1,
@@ -97,7 +99,7 @@ def test_dualpipe_mirrored_stages_hold_both_ends():
     parts = {}
     for stack in ("megatron", "hai-llm"):
         ctx = context_for(m, c, stack=stack)
-        b = PlanBatch.from_plans([plan])
+        b = PlanBatch.from_plans([dataclasses.replace(plan, schedule=ctx.stack.rules.default_schedule)])
         costs, keys = layer_costs(ctx, b)
         parts[stack] = (_patterns(ctx, b, costs, keys, 2.0)[1], costs)
     (one_f, costs), (two, _) = parts["megatron"], parts["hai-llm"]

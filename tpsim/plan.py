@@ -19,6 +19,8 @@ import numpy as np
 from .errors import InputError, PlanError
 from .hardware import DTYPES
 from .model import ModelSpec
+from .pipeline import EVEN_PP, INTERLEAVED, MIN_MICROBATCHES_PER_STAGE, REQUIRED_CHUNKS, SCHEDULES
+from .pipeline import code as _schedule_code
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
@@ -31,11 +33,6 @@ DIMS = ("tp", "dp", "pp")
 AXES = ("tp", "cp", "dp", "pp")
 """the dense plan axes that place ranks (docs/SCHEMAS.md section 1); experts re-factor tp x cp x dp."""
 DEFAULT_ORDER = "tp-dp-pp"
-SCHEDULES = ("1f1b", "gpipe", "zb-h1", "zbv", "interleaved-zb", "dualpipe", "dualpipev")
-"""pipeline schedule names (PlanBatch code = index; docs/SCHEMAS.md "Third wave"): ``1f1b`` is 1F1B, interleaved
-when vpp > 1 (Megatron-LM's rule); ``gpipe`` all-forward-all-backward; ``zb-h1`` zero-bubble H1 (Qi et al.
-2024); ``zbv`` the V-shaped zero-bubble schedule (two chunks per rank, torch ``ScheduleZBVZeroBubble``);
-``interleaved-zb`` torch ``ScheduleInterleavedZeroBubble``; ``dualpipe`` / ``dualpipev`` DeepSeek-V3's."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,9 +272,26 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, g: p.global_batch % (p.micro_batch * p.dp) != 0,
          lambda m, p, g: (f"global batch {p.global_batch} is not a multiple of micro-batch {p.micro_batch} "
                           f"x dp {p.dp}")),
+    # pipeline schedules (tpsim/pipeline.py; without a pipeline, pp = 1, the schedule does not matter)
+    Rule("schedule-vpp", "structure", "the pipeline schedule needs another number of model chunks per rank",
+         lambda m, p, g: (p.pp > 1) & (REQUIRED_CHUNKS[_schedule_code(p.schedule)] > 0)
+         & (p.vpp != REQUIRED_CHUNKS[_schedule_code(p.schedule)]),
+         lambda m, p, g: (f"schedule={p.schedule} needs vpp={REQUIRED_CHUNKS[_schedule_code(p.schedule)]} "
+                          f"(vpp={p.vpp}; "
+                          f"{'two model chunks per rank in a V' if REQUIRED_CHUNKS[_schedule_code(p.schedule)] == 2 else 'one model chunk per rank'})")),
+    Rule("schedule-even-pp", "structure", "DualPipe needs an even pp",
+         lambda m, p, g: (p.pp > 1) & EVEN_PP[_schedule_code(p.schedule)] & (p.pp % 2 == 1),
+         lambda m, p, g: f"schedule={p.schedule} needs an even pp (pp={p.pp}: DualPipe feeds both ends)"),
+    Rule("schedule-microbatches", "divisibility", "the pipeline schedule needs more micro-batches",
+         lambda m, p, g: (p.pp > 1)
+         & (_micro_batches(p) < MIN_MICROBATCHES_PER_STAGE[_schedule_code(p.schedule)] * p.pp),
+         lambda m, p, g: (f"schedule={p.schedule} needs micro-batches >= "
+                          f"{MIN_MICROBATCHES_PER_STAGE[_schedule_code(p.schedule)]} x pp = "
+                          f"{MIN_MICROBATCHES_PER_STAGE[_schedule_code(p.schedule)] * p.pp} "
+                          f"(micro-batches {_micro_batches(p)})")),
     Rule("interleave-microbatches", "divisibility",
          "interleaved schedule needs the micro-batch count divisible by pp",
-         lambda m, p, g: (p.vpp > 1) & (_micro_batches(p) % p.pp != 0),
+         lambda m, p, g: (p.vpp > 1) & INTERLEAVED[_schedule_code(p.schedule)] & (_micro_batches(p) % p.pp != 0),
          lambda m, p, g: (f"interleaved schedule needs micro-batches {_micro_batches(p)} divisible by "
                           f"pp={p.pp} (vpp={p.vpp})")),
     Rule("zero-needs-dp", "structure", "ZeRO needs dp x cp > 1 (Megatron shards over the dp x cp group)",

@@ -159,7 +159,6 @@ class EstimationContext:
                                  collectives=collectives,
                                  source=source or TransformerSource(
                                      model, flavor, terms.activation_storage,
-                                     paired_chunks=terms.pipeline_schedule == "dualpipe",
                                      fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup),
                                  host_overhead_s=host, warnings=tuple(warnings),
                                  caches=None if curves is None else ContextCaches(curves=curves))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import pipeline
 from ..compute.base import ComputeModel
 from ..errors import InputError
 from ..model import ModelSpec
@@ -67,7 +68,8 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
               w_bytes: float) -> tuple[Keys, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
     ZeRO and what the layer's traffic depends on."""
-    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero") + _EXPERT_FIELDS + ctx.source.comm_fields)
+    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero", "schedule") + _EXPERT_FIELDS
+                           + ctx.source.comm_fields)
     keys = distinct(*(getattr(plans, f) for f in fields))
 
     def build() -> tuple[Partition, Comm]:
@@ -76,7 +78,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         layer_index = layer_keys.inverse[keys.first]
         part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False),
                          ctx.terms.pipeline_edges_as_layers, getattr(ctx.source, "kind_of_layer", None),
-                         mirrored=ctx.terms.pipeline_mirrored_stages)
+                         mirrored=pipeline.mirrored(sub.schedule))
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         gather_bytes, grad_bytes = _wire_bytes(ctx, plans.dtype)
@@ -142,13 +144,11 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     comm = comm_u.take(keys.inverse)
     p = plans
     edp = expert_dp(p)
-    sched = schedule(ctx, costs=costs, comm=comm, part=part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero,
-                     recompute=p.recompute, micro_batch=p.micro_batch, global_batch=p.global_batch,
-                     overlap=p.overlap, dtype=p.dtype, cp=p.cp, edp=edp)
+    sched = schedule(ctx, p, costs, comm, part, edp=edp)
     m = sched.micro_batches
     mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=m,
                  grad_unsharded=ctx.terms.unsharded_grad_fraction(p.zero, p.pp, p.vpp, m), cp=p.cp, edp=edp,
-                 mirrored=ctx.terms.pipeline_mirrored_stages, extra_in_flight=ctx.terms.pipeline_extra_in_flight,
+                 schedule=p.schedule,
                  **_memory_figures(ctx, p))
     return totals(ctx, plans, costs, sched, mem, comm)
 
@@ -162,12 +162,12 @@ def model_states_bytes(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray:
 
     costs_u, layer_keys = layer_costs(ctx, plans)
     edp_all = expert_dp(plans)
-    fields = [plans.pp, plans.vpp, plans.zero, plans.dp, plans.cp, edp_all, layer_keys.inverse]
+    fields = [plans.pp, plans.vpp, plans.zero, plans.dp, plans.cp, edp_all, layer_keys.inverse, plans.schedule]
     keys = distinct(*fields)
     sub = plans.take(keys.first)
     costs = costs_u.take(layer_keys.inverse[keys.first], with_comm=False)
     part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs, ctx.terms.pipeline_edges_as_layers,
-                     getattr(ctx.source, "kind_of_layer", None), mirrored=ctx.terms.pipeline_mirrored_stages)
+                     getattr(ctx.source, "kind_of_layer", None), mirrored=pipeline.mirrored(sub.schedule))
     fig = _memory_figures(ctx, sub)
     # the stack's bytes per parameter; gradients as sharded as ZeRO allows (the stack may keep more of them
     # whole, which only raises the peak: this stays a lower bound)

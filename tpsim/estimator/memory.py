@@ -282,19 +282,11 @@ class Memory:
     """position (POSITIONS index) of the rank with the highest peak."""
 
 
-def in_flight(position_rank: np.ndarray, pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Micro-batches (in whole-stage units) whose activations pipeline rank r holds at the 1F1B peak: pp - r,
-    or (2 (pp - r - 1) + (vpp - 1) pp + 1) / vpp model chunks' worth with interleaving (Megatron's warm-up
-    count; Korthikanti et al. 2022 section 4.2.3 for r = 0); never more than the micro-batches."""
-    chunks = np.where(vpp > 1, (2 * (pp - position_rank - 1) + (vpp - 1) * pp + 1) / vpp, pp - position_rank)
-    return np.minimum(chunks, m).astype(float)
-
-
 def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, m: np.ndarray,
            w_bytes: float, master_bytes: float, grad_bytes: float, grad_unsharded: np.ndarray | None = None,
            state_bytes: float = 8.0, weight_cache_bytes: float = 0.0, process: np.ndarray | float = 0.0,
            nccl: np.ndarray | float = 0.0, reserve_fraction: float = 0.0, cp: np.ndarray | None = None,
-           edp: np.ndarray | None = None, mirrored: bool = False, extra_in_flight: float = 0.0) -> Memory:
+           edp: np.ndarray | None = None, schedule: np.ndarray | None = None) -> Memory:
     """Model states (ZeRO-sharded), stored activations of the micro-batches in flight, and buffers, for the
     first, last and busiest middle pipeline rank at once ((position, plan) arrays); the peak rank's terms.
     ``costs`` (:class:`~tpsim.estimator.source.LayerCosts`) and ``part`` (a Partition) are gathered to plans.
@@ -304,25 +296,32 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     and the NCCL buffers (bytes, per plan); ``reserve_fraction``: the caching allocator's reserve on top of the
     allocated peak. ZeRO shards the dense parameters' states over dp x cp (Megatron's distributed optimizer
     uses the dp x cp group) and the routed experts' over the expert data-parallel group (``edp``).
-    ``mirrored`` and ``extra_in_flight`` (pp > 1): a bidirectional pipeline schedule (DualPipe, DeepSeek-V3
-    report Table 2) whose rank r also holds stage pp - 1 - r (the partition's parameters already count both
-    stages; the activations in flight are those of both, half each) and keeps ``extra_in_flight``
-    micro-batches beyond 1F1B's."""
+    ``schedule`` (codes, default 1f1b): the micro-batches in flight are the schedule's
+    (:func:`tpsim.pipeline.in_flight`); under a bidirectional schedule (DualPipe, DeepSeek-V3 report Table 2)
+    rank r also holds stage pp - 1 - r (the partition's parameters already count both stages; the activations
+    in flight are those of both, half each)."""
+    from .. import pipeline
     from .partition import on_positions
+
+    schedule = pipeline.codes_of(schedule, pp.size)
+    mirrored = pipeline.mirrored(schedule)
+    any_mirror = bool(np.any(mirrored))
 
     ranks = np.stack([np.zeros_like(pp), pp - 1, np.ones_like(pp)])  # pipeline rank of each position
     stored = part.layer_sum(costs.activations, getattr(costs, "activations_by_kind", None))
-    if mirrored:  # the first and the last stage share a rank: half the micro-batches in flight of each
+    if any_mirror:  # the first and the last stage share a rank: half the micro-batches in flight of each
         edges = (stored[0] + stored[1]) / 2.0
-        stored = np.stack([np.where(pp > 1, edges, stored[0]), np.where(pp > 1, edges, stored[1]), stored[2]])
-    flight = np.minimum(in_flight(ranks, pp, vpp, m) + np.where(pp > 1, extra_in_flight, 0.0), m)
+        two = (pp > 1) & mirrored
+        stored = np.stack([np.where(two, edges, stored[0]), np.where(two, edges, stored[1]), stored[2]])
+    flight = pipeline.in_flight(schedule, ranks, pp, vpp, m)
     activations = stored * flight + costs.working
     zero3_buffers = np.where(zero == 3, 2.0 * costs.params * w_bytes, 0.0)  # this and the next layer gathered
     other = on_positions(costs.first.buffer_bytes + zero3_buffers, costs.last.buffer_bytes + zero3_buffers,
                          pp == 1, middle=zero3_buffers, last_alone=costs.last.buffer_bytes)
-    if mirrored:  # the first and the last stage on one rank: both edges' buffers
+    if any_mirror:  # the first and the last stage on one rank: both edges' buffers
         both = costs.first.buffer_bytes + costs.last.buffer_bytes + zero3_buffers
-        other = np.stack([both, np.where(pp > 1, both, other[1]), other[2]])
+        other = np.stack([np.where(mirrored, both, other[0]), np.where((pp > 1) & mirrored, both, other[1]),
+                          other[2]])
     full = np.where(zero >= 2, 0.0, 1.0) if grad_unsharded is None else grad_unsharded
     group = dp if cp is None else dp * cp
     shard = _state_bytes(zero, group, full, w_bytes + weight_cache_bytes, master_bytes + state_bytes, grad_bytes)

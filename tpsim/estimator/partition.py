@@ -65,15 +65,16 @@ class Partition:
 
 
 def _mirror(params: np.ndarray, expert: np.ndarray | None, last_shared: np.ndarray,
-            pp: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """A bidirectional schedule (DualPipe) puts stage pp - 1 - r on rank r too: the first and the last rank both
-    hold the first and the last stage (what the last edge shares with the first, the embedding the MTP modules
-    and a tied output layer use, once), a middle rank two middle stages (pp > 1)."""
-    multi = pp > 1
+            pp: np.ndarray, mirrored: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A bidirectional schedule (DualPipe; ``mirrored`` per plan) puts stage pp - 1 - r on rank r too: the first
+    and the last rank both hold the first and the last stage (what the last edge shares with the first, the
+    embedding the MTP modules and a tied output layer use, once), a middle rank two middle stages (pp > 1)."""
+    multi = (pp > 1) & mirrored
 
     def both(x: np.ndarray, shared: np.ndarray | float) -> np.ndarray:
         edges = x[0] + x[1] - shared
-        return np.stack([np.where(multi, edges, x[0]), np.where(multi, edges, x[1]), 2.0 * x[2]])
+        return np.stack([np.where(multi, edges, x[0]), np.where(multi, edges, x[1]),
+                         np.where(mirrored, 2.0, 1.0) * x[2]])
 
     return both(params, last_shared), (None if expert is None else both(expert, 0.0))
 
@@ -95,10 +96,10 @@ def on_positions(first: np.ndarray, last: np.ndarray, single: np.ndarray, middle
 
 def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCosts,
               edges_as_layers: bool = False, kind_of_layer: np.ndarray | None = None,
-              mirrored: bool = False) -> Partition:
+              mirrored: np.ndarray | None = None) -> Partition:
     """Layers split over pp x vpp chunks (:func:`stage_layers`, or :func:`stage_layers_with_edges` for stacks
-    that count the embedding and the output layer as layers; ``mirrored``: rank r also holds stage pp - 1 - r,
-    :func:`_mirror`); parameters per rank (``costs`` are gathered to
+    that count the embedding and the output layer as layers; ``mirrored`` (n,) bool, the plans whose schedule
+    puts stage pp - 1 - r on rank r too, :func:`_mirror`); parameters per rank (``costs`` are gathered to
     the same rows as ``pp``). With layers of several kinds (``costs.params_by_kind`` and the kind of every
     layer), each rank holds exactly its own layers' parameters (:func:`position_kind_counts`, over the
     layers-only split)."""
@@ -127,8 +128,8 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCost
         ex_first, ex_last = (np.broadcast_to(np.asarray(e.expert_params, dtype=float), pp.shape)
                              for e in (costs.first, costs.last))
         expert = expert + on_positions(ex_first, ex_last, single)
-    if mirrored:
-        params, expert = _mirror(params, expert, costs.last.shared_params, pp)
+    if mirrored is not None and np.any(mirrored):
+        params, expert = _mirror(params, expert, costs.last.shared_params, pp, mirrored)
     held = np.where(valid, params, 0.0)
     largest_expert = 0.0
     if expert is not None:

@@ -92,21 +92,12 @@ class StackTerms:
     optimizer_state_bytes: float
     """bytes per parameter of the two Adam moments together."""
     fp8_weights_kept: bool
-    pipeline_mirrored_stages: bool
-    """a bidirectional schedule (DualPipe): pipeline rank r also holds stage pp - 1 - r (its parameters,
-    gradients, optimizer states and activations)."""
-    pipeline_extra_in_flight: float
-    """micro-batches in flight beyond the 1F1B count at the activation peak (DualPipe: 1)."""
     ep_fp8_dispatch: bool = False
     """fp8 plans send the dispatch all-to-all (and its backward twin, the gradients towards the experts) in fp8;
     the combine (and its twin) stay 16-bit (``comm.ep_dispatch_dtype``)."""
     ep_node_dedup: bool = False
     """with group-limited routing a token crosses the network once per destination node and is forwarded to its
     experts there over NVLink (``comm.ep_node_dedup``; DeepEP / HAI-LLM)."""
-    pipeline_schedule: str = "1f1b"
-    """``1f1b`` (Megatron's 1F1B, interleaved with vpp > 1) or ``dualpipe`` (DeepSeek-V3's bidirectional
-    schedule: a smaller bubble, and each forward chunk runs beside another micro-batch's backward chunk so that
-    the expert-parallel all-to-alls of one hide behind the computation of the other; :data:`PIPELINE_SCHEDULES`)."""
     activation_storage: "ActivationStorage"
     """what selective recomputation recomputes and which cached activations are fp8 (fp8 training)."""
     """with fp8 GEMMs the stack keeps fp8 weights instead of 16-bit ones (else 16-bit weights plus fp8 casts)."""
@@ -238,9 +229,6 @@ def stack_terms(stack: StackProfile) -> StackTerms:
                                                  f"{where}: memory.optimizer_state_dtype"),
         fp8_weights_kept=bool(_value(stack, "memory", "fp8_weights_kept", False)),
         activation_storage=_activation_storage(stack, where),
-        pipeline_mirrored_stages=bool(_value(stack, "memory", "pipeline_mirrored_stages", False)),
-        pipeline_extra_in_flight=_positive(stack, "pipeline_extra_in_flight", 0.0, where, minimum=0.0),
-        pipeline_schedule=_choice(stack, "compute", "pipeline_schedule", "1f1b", PIPELINE_SCHEDULES, where),
         ep_fp8_dispatch=_choice(stack, "comm", "ep_dispatch_dtype", "bf16", ("bf16", "fp8"), where) == "fp8",
         ep_node_dedup=bool(_value(stack, "comm", "ep_node_dedup", False)),
         allocator_reserve_fraction=reserve,
@@ -275,10 +263,6 @@ def _activation_storage(stack: StackProfile, where: str) -> ActivationStorage:
                              fp8_attention_output_bytes=None if attn is None else float(attn))
 
 
-PIPELINE_SCHEDULES = ("1f1b", "dualpipe")
-"""pipeline schedules a stack may name (``compute.pipeline_schedule``)."""
-
-
 def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: tuple[str, ...],
             where: str) -> str:
     value = _value(stack, section, key, default)
@@ -286,9 +270,3 @@ def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: 
         raise InputError(f"{where}: {section}.{key}={value!r} is not one of {', '.join(allowed)}")
     return str(value)
 
-
-def _positive(stack: StackProfile, key: str, default: float, where: str, minimum: float) -> float:
-    value = _value(stack, "memory", key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise InputError(f"{where}: memory.{key}={value!r} must be a number >= {minimum:g}")
-    return float(value)
