@@ -143,16 +143,15 @@ def test_each_rank_stores_the_activations_of_its_own_layer_kinds(h100_16):
 def test_torchtitan_split_counts_the_layers_each_rank_holds(pp, vpp):
     """torchtitan splits layers + 2 (embedding and output as one layer each) over pp x vpp chunks: the layers of
     each kind per rank must add up to the rank's layers of that split (dense first layers on the first rank)."""
-    from tpsim.estimator.memory import stage_layers_with_edges
-    from tpsim.estimator.partition import chunk_sizes, position_kind_counts
+    from tpsim.estimator.partition import layer_split, position_kind_counts, stage_layers
 
     m = get_preset("deepseek-v3")
     kinds = np.array([0 if i < m.first_dense_layers else 1 for i in range(m.num_layers)])
     if (m.num_layers + 2) % (pp * vpp) and vpp > 1:
         pytest.skip("torchtitan splits the layers alone here")
     counts = position_kind_counts(kinds, np.array([pp]), np.array([vpp]), edges_as_layers=True)[:, :, 0]
-    split = stage_layers_with_edges(m.num_layers, np.array([pp]), np.array([vpp]))
-    assert sum(chunk_sizes(m.num_layers, pp, vpp, True)) == m.num_layers
+    split = stage_layers(m.num_layers, np.array([pp]), np.array([vpp]), edges_as_layers=True)
+    assert sum(layer_split(m.num_layers, pp, vpp, True)) == m.num_layers
     assert counts[0].sum() == split.first[0]
     if pp > 1:
         assert counts[1].sum() == split.last[0]

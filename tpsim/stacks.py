@@ -42,9 +42,9 @@ CP_KINDS = ("ring", "a2a")
 
 TOP_KEYS = ("name", "version", "description", "sources", "rules", "comm", "compute", "memory")
 RULE_KEYS = ("zero", "ddp_only_pure_dp", "interleaving", "layers_divisible_by_stages", "sp", "cp", "ep",
-             "recompute", "dtypes", "attention", "orders", "overlap_optional", "schedules")
-OPTIONAL_RULE_KEYS = ("schedules",)
-"""rule keys a profile may leave out (``schedules``: 1F1B alone, tpsim/pipeline.py)."""
+             "recompute", "dtypes", "attention", "orders", "overlap_optional", "schedules", "uneven_split")
+OPTIONAL_RULE_KEYS = ("schedules", "uneven_split")
+"""rule keys a profile may leave out (``schedules``: 1F1B alone, tpsim/pipeline.py; ``uneven_split``: false)."""
 SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "comm": ("dp_reduction_timing", "grad_reduce_dtype", "param_gather_dtype", "dp_bucket_elements", "zero3_unit",
              "reshard_after_forward_default", "zero3_prefetch_elements", "zero3_persistence_threshold_elements",
@@ -101,6 +101,9 @@ class StackRules:
     sources: Mapping[str, str] = field(default_factory=dict)
     schedules: Mapping[str, str] = field(default_factory=lambda: {"1f1b": "1F1B"})
     """pipeline schedules offered (tpsim/pipeline.py names -> the stack's setting), in the profile's order."""
+    uneven_split: bool = False
+    """the plan's own split is offered: first / last stage layers, embedding and loss counted as layers
+    (``rules.uneven_split``; docs/SCHEMAS.md T1)."""
     default_schedule: str = "1f1b"
     """the schedule of a plan that names none (``rules.schedules.default``; the CLI's ``--schedule`` default)."""
     edges_as_layers: bool = False
@@ -194,7 +197,8 @@ def _columns(batch: PlanBatch) -> dict[str, Any]:
     n = len(batch)
     cols: dict[str, Any] = {k: getattr(batch, k) for k in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero",
                                                           "micro_batch", "global_batch", "overlap", "order")}
-    for name, default in (("cp", 1), ("ep", 1), ("cp_kind", 0), ("schedule", 0)):
+    for name, default in (("cp", 1), ("ep", 1), ("cp_kind", 0), ("schedule", 0), ("pp_first", 0), ("pp_last", 0),
+                          ("pp_embedding", False), ("pp_loss", False)):
         value = getattr(batch, name, None)
         cols[name] = np.broadcast_to(np.asarray(default if value is None else value), (n,))
     cols["dtype"], cols["attention"], cols["n"] = batch.dtype, batch.attention, n
@@ -268,8 +272,16 @@ RULES: tuple[Rule, ...] = (
          lambda c, r, m: (c["pp"] > 1) & ~np.isin(c["schedule"], [SCHEDULES.index(k) for k in r.schedules]),
          lambda p, r, m: (f"schedule={p.schedule} is not offered (offers {_names(r.schedules)}; "
                           f"--schedule {r.default_schedule} is the stack's)")),
+    Rule("uneven-split", "the plan's own pipeline split not offered",
+         lambda c, r, m: (not r.uneven_split) & ((c["pp_first"] > 0) | (c["pp_last"] > 0)
+                                                 | np.asarray(c["pp_embedding"], dtype=bool)
+                                                 | np.asarray(c["pp_loss"], dtype=bool)),
+         lambda p, r, m: ("pp_first/pp_last/pp_embedding/pp_loss: the stack splits the layers its own way "
+                          "(an uneven split of the plan is not offered)")),
     Rule("chunk-layers", "a model chunk would hold no layer",
-         lambda c, r, m: c["pp"] * c["vpp"] > m.num_layers + (2 if r.edges_as_layers else 0),
+         lambda c, r, m: c["pp"] * c["vpp"] > m.num_layers + np.maximum(
+             2 if r.edges_as_layers else 0, np.asarray(c["pp_embedding"], dtype=np.int64)
+             + np.asarray(c["pp_loss"], dtype=np.int64)),
          lambda p, r, m: (f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} model chunks for num_layers={m.num_layers}: "
                           f"a chunk would hold no layer (the embedding and the output layer are not split as "
                           f"layers here)"), needs_model=True),
@@ -383,6 +395,7 @@ def _rules(body: Any, where: str) -> StackRules:
         attention=_names_map(body["attention"], f"{where}.attention", ATTENTION),
         orders=_names_map(body["orders"], f"{where}.orders", tuple(order_key(o) for o in ORDERS)),
         overlap_optional=_flag(body["overlap_optional"], f"{where}.overlap_optional", bool), sources=sources,
+        uneven_split=_flag(body["uneven_split"], f"{where}.uneven_split", bool) if "uneven_split" in body else False,
         **_schedules(body.get("schedules"), f"{where}.schedules"))
 
 

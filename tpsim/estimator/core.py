@@ -32,7 +32,7 @@ from .context import EstimationContext, context_for
 from .flops import layer_forward_flops, model_flops_per_sequence
 from .keys import Keys, distinct, sorted_values
 from .memory import Memory, memory
-from .partition import Partition, partition
+from .partition import Partition, SplitFields, partition
 from .result import Estimate, EstimateBatch
 from .schedule import Schedule, schedule
 from .source import LayerCosts
@@ -68,7 +68,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
               w_bytes: float) -> tuple[Keys, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
     ZeRO and what the layer's traffic depends on."""
-    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero", "schedule") + _EXPERT_FIELDS
+    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero", "schedule") + SPLIT_FIELDS + _EXPERT_FIELDS
                            + ctx.source.comm_fields)
     keys = distinct(*(getattr(plans, f) for f in fields))
 
@@ -78,7 +78,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         layer_index = layer_keys.inverse[keys.first]
         part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False),
                          ctx.terms.pipeline_edges_as_layers, getattr(ctx.source, "kind_of_layer", None),
-                         mirrored=pipeline.mirrored(sub.schedule))
+                         mirrored=pipeline.mirrored(sub.schedule), split=SplitFields.of(sub))
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         gather_bytes, grad_bytes = _wire_bytes(ctx, plans.dtype)
@@ -124,6 +124,8 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
                 reserve_fraction=terms.allocator_reserve_fraction)
 
 
+SPLIT_FIELDS = ("pp_first", "pp_last", "pp_embedding", "pp_loss")
+"""plan fields of an uneven pipeline split (docs/SCHEMAS.md T1)."""
 _EXPERT_FIELDS = ("ep", "etp")
 """plan fields that set the expert rank layout (with the layout axes)."""
 
@@ -162,12 +164,14 @@ def model_states_bytes(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray:
 
     costs_u, layer_keys = layer_costs(ctx, plans)
     edp_all = expert_dp(plans)
-    fields = [plans.pp, plans.vpp, plans.zero, plans.dp, plans.cp, edp_all, layer_keys.inverse, plans.schedule]
+    fields = [plans.pp, plans.vpp, plans.zero, plans.dp, plans.cp, edp_all, layer_keys.inverse, plans.schedule] + [
+        getattr(plans, f) for f in SPLIT_FIELDS]
     keys = distinct(*fields)
     sub = plans.take(keys.first)
     costs = costs_u.take(layer_keys.inverse[keys.first], with_comm=False)
     part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs, ctx.terms.pipeline_edges_as_layers,
-                     getattr(ctx.source, "kind_of_layer", None), mirrored=pipeline.mirrored(sub.schedule))
+                     getattr(ctx.source, "kind_of_layer", None), mirrored=pipeline.mirrored(sub.schedule),
+                     split=SplitFields.of(sub))
     fig = _memory_figures(ctx, sub)
     # the stack's bytes per parameter; gradients as sharded as ZeRO allows (the stack may keep more of them
     # whole, which only raises the peak: this stays a lower bound)
@@ -223,7 +227,8 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB, stack=ctx.stack.name,
         step_time_s_low=step_low, step_time_s_high=step_high, tokens_per_s_low=tokens / step_high,
         tokens_per_s_high=tokens / step_low, mfu_low=mflops / (step_high * gpus * peak_flops),
-        mfu_high=mflops / (step_low * gpus * peak_flops))
+        mfu_high=mflops / (step_low * gpus * peak_flops), num_layers=int(source.num_layers),
+        edges_as_layers=bool(ctx.terms.pipeline_edges_as_layers))
 
 
 # ---- entry points ----------------------------------------------------------------------------------------

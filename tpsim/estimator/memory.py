@@ -174,63 +174,6 @@ def full_layer_activations(model: ModelSpec, **kw) -> np.ndarray:
     return activation_bytes_per_layer(model, **kw)
 
 
-@dataclass(frozen=True)
-class StageLayers:
-    """Layers held by the first, last and the busiest middle pipeline rank (arrays over plans)."""
-
-    first: np.ndarray
-    last: np.ndarray
-    middle: np.ndarray
-
-
-def stage_layers(num_layers: int, pp: np.ndarray, vpp: np.ndarray) -> StageLayers:
-    """Split layers over pp x vpp model chunks that differ by at most one layer; extra layers go to the
-    middle ranks first (the first and last ranks also hold the embedding and the output layer)."""
-    chunks = pp * vpp
-    base = num_layers // chunks
-    extra = num_layers - base * chunks
-    per_rank = base * vpp
-    middle_ranks = np.maximum(pp - 2, 0)
-    middle_capacity = middle_ranks * vpp
-    to_middle = np.minimum(extra, middle_capacity)
-    middle = per_rank + np.where(middle_ranks > 0, -(-to_middle // np.maximum(middle_ranks, 1)), 0)
-    left = extra - to_middle
-    first = per_rank + left // 2
-    last = per_rank + (left - left // 2)
-    single = pp == 1
-    first = np.where(single, num_layers, first)
-    last = np.where(single, num_layers, last)
-    middle = np.where(middle_ranks > 0, middle, 0)
-    return StageLayers(first=first, last=last, middle=middle)
-
-
-def stage_layers_with_edges(num_layers: int, pp: np.ndarray, vpp: np.ndarray) -> StageLayers:
-    """The split of stacks that count the embedding and the output layer as one layer each (torchtitan
-    ``generate_llm_fqn_per_model_part(input_weight=1, output_weight=1)``, torchtitan/distributed/
-    pipeline_parallel.py; Megatron's --account-for-embedding/loss-in-pipeline-split; the Llama 3 paper's stage
-    balancing): num_layers + 2 slots over pp x vpp chunks, ``(slots // chunks)`` each and one more for the
-    first ``slots % chunks`` chunks; chunk c sits on rank c mod pp; the first chunk's first slot is the
-    embedding, the last chunk's last slot the output layer."""
-    pp = np.asarray(pp, dtype=np.int64)
-    vpp = np.asarray(vpp, dtype=np.int64)
-    first, last, middle = (np.zeros(pp.shape, dtype=np.int64) for _ in range(3))
-    keys = np.stack([pp, vpp], axis=1)
-    for p_, v_ in np.unique(keys, axis=0).tolist():
-        rows = (pp == p_) & (vpp == v_)
-        chunks = p_ * v_
-        slots = num_layers + 2
-        per_chunk = np.full(chunks, slots // chunks) + (np.arange(chunks) < slots % chunks)
-        per_chunk[0] -= 1  # embedding
-        per_chunk[-1] -= 1  # output layer
-        per_rank = per_chunk.reshape(v_, p_).sum(axis=0)  # chunk c on rank c mod pp
-        if p_ == 1:
-            first[rows] = last[rows] = num_layers
-            continue
-        first[rows], last[rows] = per_rank[0], per_rank[-1]
-        middle[rows] = per_rank[1:-1].max() if p_ > 2 else 0
-    return StageLayers(first=first, last=last, middle=middle)
-
-
 # ---- stage 5: memory per GPU ------------------------------------------------------------------------------
 MEMORY_TERMS = ("weights", "grads", "optimizer_states", "activations", "cuda_context", "nccl_buffers",
                 "allocator_reserve", "other")

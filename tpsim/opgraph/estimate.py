@@ -32,7 +32,7 @@ from ..compute.base import ComputeModel
 from ..compute.roofline import RooflineModel, activation_bytes
 from ..errors import InputError
 from ..hardware import overlap_penalty
-from ..estimator.memory import stage_layers
+from ..estimator.partition import stage_layers
 from ..estimator.result import Estimate, EstimateBatch
 from ..plan import ORDERS, Plan, PlanBatch
 from ..units import GiB
