@@ -115,7 +115,7 @@ def _parts(model, cluster, plan, stack=None):
     ctx = context_for(model, cluster, stack=stack)
     b = PlanBatch.from_plans([plan])
     costs, keys = layer_costs(ctx, b)
-    _, part, _ = _patterns(ctx, b, costs, keys, 2.0)
+    _, part, _ = _patterns(ctx, b, costs, keys)
     return ctx, costs, part
 
 

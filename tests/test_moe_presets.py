@@ -101,7 +101,7 @@ def test_dualpipe_mirrored_stages_hold_both_ends():
         ctx = context_for(m, c, stack=stack)
         b = PlanBatch.from_plans([dataclasses.replace(plan, schedule=ctx.stack.rules.default_schedule)])
         costs, keys = layer_costs(ctx, b)
-        parts[stack] = (_patterns(ctx, b, costs, keys, 2.0)[1], costs)
+        parts[stack] = (_patterns(ctx, b, costs, keys)[1], costs)
     (one_f, costs), (two, _) = parts["megatron"], parts["hai-llm"]
     emb = m.padded_vocab(1) * m.hidden_size
     # 1F1B: the last rank holds an embedding copy for the MTP module; DualPipe's rank holds the real one
@@ -141,7 +141,7 @@ def test_deepseek_v3_preset_memory_terms_by_hand(deepseek):
     ctx = context_for(m, cluster, stack=stack)
     b = PlanBatch.from_plans([plan])
     costs, keys = layer_costs(ctx, b)
-    part = _patterns(ctx, b, costs, keys, 2.0)[1]
+    part = _patterns(ctx, b, costs, keys)[1]
     pos = int(np.argmax(part.params[:, 0]))  # the edge ranks (both ends) hold the most
     params, experts = part.params[pos, 0], part.expert[pos, 0]
     assert e.memory_gib["weights"] * GIB == pytest.approx(4.0 * params, rel=1e-9)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .hardware import DTYPE_BYTES
+from .precision import activation_bytes
 from .model import ModelSpec
 
 ArrayLike = Any
@@ -114,10 +114,8 @@ def dispatch_bytes(model: ModelSpec, *, tp: ArrayLike, cp: ArrayLike, sp: ArrayL
 
 
 # ---- lists for one plan -----------------------------------------------------------------------------------
-def _act_bytes(dtype: str) -> int:
-    """Bytes per activation element: 16-bit activations for bf16/fp16/fp8 training, 4 for fp32/tf32 (the rule
-    of :func:`tpsim.compute.roofline.activation_bytes`, one layer below it)."""
-    return 4 if DTYPE_BYTES[dtype] == 4 else 2
+_act_bytes = activation_bytes
+"""bytes per activation element (tpsim/precision.py)."""
 
 
 def cp_collectives(model: ModelSpec, plan: Any) -> list[AxisOp]:

@@ -50,22 +50,8 @@ def layer_costs(ctx: EstimationContext, plans: PlanBatch) -> tuple[LayerCosts, K
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------------
-def _precision(dtype: str) -> tuple[float, float]:
-    """(bytes per weight, bytes per fp32 master weight): 16-bit training keeps fp32 master copies."""
-    wide = dtype in ("fp32", "tf32")
-    return (4.0 if wide else 2.0), (0.0 if wide else 4.0)
-
-
-def _wire_bytes(ctx: EstimationContext, dtype: str) -> tuple[float, float]:
-    """(bytes per parameter of the ZeRO all-gathers, bytes per gradient of the DP reductions): the stack's
-    dtypes for 16-bit training, 4 and 4 for fp32/tf32 training."""
-    if dtype in ("fp32", "tf32"):
-        return 4.0, 4.0
-    return ctx.terms.param_gather_bytes, ctx.terms.grad_reduce_bytes
-
-
-def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer_keys: Keys,
-              w_bytes: float) -> tuple[Keys, Partition, Comm]:
+def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
+              layer_keys: Keys) -> tuple[Keys, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
     ZeRO and what the layer's traffic depends on."""
     fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero", "schedule") + SPLIT_FIELDS + _EXPERT_FIELDS
@@ -81,11 +67,11 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
                          mirrored=pipeline.mirrored(sub.schedule), split=SplitFields.of(sub))
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
-        gather_bytes, grad_bytes = _wire_bytes(ctx, plans.dtype)
+        wire = ctx.terms.state_bytes(plans.dtype)
         comm = communication(ctx, layouts, layout_index, layer_index, costs, part,
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
                              params_key=[sub.vpp, sub.zero, sub.cp] + [getattr(sub, f) for f in src.param_fields],
-                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=gather_bytes, grad_bytes=grad_bytes,
+                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=wire.wire_params, grad_bytes=wire.wire_grads,
                              z3_collectives=_z3_collectives(ctx, sub), cp=sub.cp, edp=expert_dp(sub))
         return part, comm
 
@@ -113,13 +99,11 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
     from .memory import communicators, process_memory
 
     terms, dtype = ctx.terms, plans.dtype
-    wide = dtype in ("fp32", "tf32")
-    w_bytes = 4.0 if wide else (1.0 if dtype == "fp8" and terms.fp8_weights_kept else 2.0)
+    sb = terms.state_bytes(dtype)
     cache = 0.0 if dtype != "fp8" else (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
     proc = process_memory()
-    return dict(w_bytes=w_bytes, weight_cache_bytes=cache, grad_bytes=4.0 if wide else terms.grad_buffer_bytes,
-                master_bytes=0.0 if wide else terms.main_params_bytes,
-                state_bytes=8.0 if wide else terms.optimizer_state_bytes, process=proc.cuda_context,
+    return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads, master_bytes=sb.master,
+                state_bytes=sb.moments, process=proc.cuda_context,
                 nccl=communicators(plans.tp, plans.dp, plans.pp, plans.cp, plans.ep) * proc.nccl_per_communicator,
                 reserve_fraction=terms.allocator_reserve_fraction)
 
@@ -138,9 +122,8 @@ def expert_dp(plans: PlanBatch) -> np.ndarray:
 
 def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     """Every stage on a batch of valid plans for ``ctx``."""
-    w_bytes, master_bytes = _precision(plans.dtype)
     costs_u, layer_keys = layer_costs(ctx, plans)
-    keys, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys, w_bytes)
+    keys, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
     costs = costs_u.for_plans(layer_keys.inverse)
     part = part_u.for_plans(keys.inverse)
     comm = comm_u.take(keys.inverse)

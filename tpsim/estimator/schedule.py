@@ -29,6 +29,7 @@ import numpy as np
 from .. import pipeline
 from ..hardware import overlap_penalty
 from ..plan import PlanBatch
+from ..precision import activation_bytes, wide
 from .comm import Comm
 from .context import EstimationContext
 from .partition import Partition, on_positions
@@ -75,7 +76,7 @@ def optimizer_seconds(ctx: EstimationContext, params: np.ndarray, layers: np.nda
     """One optimizer step over ``params`` (the rank's share) at the achieved streaming bandwidth."""
     from ..compute.fixed import optimizer_bytes_per_param, optimizer_step_time
 
-    if dtype in ("fp32", "tf32"):  # no master copy, no 16-bit model copy
+    if wide(dtype):  # no master copy, no 16-bit model copy
         per = optimizer_bytes_per_param(grad_bytes=4, param_bytes=4, master_bytes=0)
     else:
         per = ctx.terms.optimizer_bytes_per_param + (FP16_UNSCALE_BYTES if dtype == "fp16" else 0.0)
@@ -89,9 +90,7 @@ def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharde
     shard only 1/dp of it."""
     if ctx.terms.grad_accumulation_fusion:
         return np.zeros(np.shape(params))
-    wide = dtype in ("fp32", "tf32")
-    buffer = 4.0 if wide else ctx.terms.grad_buffer_bytes
-    per = (4.0 if wide else 2.0) + 2.0 * buffer
+    per = activation_bytes(dtype) + 2.0 * ctx.terms.state_bytes(dtype).grads
     return params * per / np.where(sharded, dp, 1.0) / ctx.fixed.hbm
 
 
@@ -229,11 +228,20 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     z3_total = layers * (2 * m * z3_ag + reductions * z3_rs)
     z3_exposed = layers * (m * np.maximum(z3_ag - f_layer, 0.0) + (m - reductions) * np.maximum(z3_ag - b_layer, 0.0)
                            + reductions * np.maximum(z3_ag + z3_rs - b_layer, 0.0))
-    bwd_window = layers * b_layer
-    fwd_window = layers * f_layer
-    gathers = np.where(zero == 3, 2 * m, 1)
-    grad_t = comm.dp_all_reduce + comm.dp_reduce_scatter
-    t_ag = comm.dp_all_gather
+    return dp_exposure(comm.dp_all_reduce + comm.dp_reduce_scatter, comm.dp_all_gather, reductions,
+                       np.where(zero == 3, 2 * m, 1), layers * b_layer, layers * f_layer, overlap, penalty,
+                       z3_total, z3_exposed)
+
+
+def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, gathers: np.ndarray,
+                bwd_window: np.ndarray, fwd_window: np.ndarray, overlap: np.ndarray, penalty: float,
+                z3_total: np.ndarray | float = 0.0, z3_exposed: np.ndarray | float = 0.0
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(total, exposed) data-parallel time per step, the rule every path uses (transformer stages, traced
+    graphs): ``reductions`` gradient reductions of ``grad_t`` each hide behind the backward window,
+    ``gathers`` ZeRO parameter all-gathers of ``t_ag`` behind the forward window (when ``overlap``; else all
+    exposed); per-layer ZeRO-3 traffic comes in as (``z3_total``, ``z3_exposed``); a fraction ``penalty`` of
+    whatever hides still counts (NCCL kernels hold SMs and memory bandwidth)."""
     exposed = np.where(overlap, reductions * np.maximum(grad_t - bwd_window, 0.0)
                        + gathers * np.maximum(t_ag - fwd_window, 0.0),
                        reductions * grad_t + gathers * t_ag) + z3_exposed

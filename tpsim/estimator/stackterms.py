@@ -7,6 +7,8 @@ reserve). Every value comes from the profile's figures (each with its source); p
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -29,6 +31,9 @@ ARCH_SM = {"ampere": "sm80", "ada": "sm80", "hopper": "sm90", "blackwell": "sm10
 ATTENTION_KERNEL = {"flash2": "fa2", "flash3": "fa3", "cudnn": "cudnn", "unfused": "unfused"}
 """stack attention names -> :class:`~tpsim.compute.kernel_model.KernelModel` implementations."""
 PERSISTENCE_DEFAULT = 0.0
+
+if TYPE_CHECKING:
+    from ..precision import StateBytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +114,15 @@ class StackTerms:
     default_attention: Mapping[str, str]
 
     # ---- queries -------------------------------------------------------------------------------------------
+    def state_bytes(self, dtype: str) -> "StateBytes":
+        """Bytes per parameter of weights, master copy, gradients, moments and the DP wire under this stack
+        for GEMM precision ``dtype`` (:func:`tpsim.precision.state_bytes`)."""
+        from ..precision import state_bytes
+
+        return state_bytes(dtype, grad_buffer=self.grad_buffer_bytes, master=self.main_params_bytes,
+                           moment=self.optimizer_state_bytes / 2.0, wire_params=self.param_gather_bytes,
+                           wire_grads=self.grad_reduce_bytes, fp8_weights_kept=self.fp8_weights_kept)
+
     def reduces_per_microbatch(self, zero: np.ndarray, pp: np.ndarray) -> np.ndarray:
         """Per plan: gradients reduced after every micro-batch (else once per step)."""
         return self.per_microbatch[(np.asarray(pp) > 1).astype(np.int64), np.asarray(zero, dtype=np.int64)]
