@@ -21,7 +21,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from .. import pipeline
+from ..comm_plan import local_shapes
 from ..model import LayerKind, ModelSpec
+from .partition import on_positions
 
 
 def attention_params_local(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
@@ -37,9 +40,8 @@ def attention_params_local(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
         q = (h * ql + ql * heads * qk + ql) if ql else h * heads * qk
         kv = h * (kvl + rope) + kvl * heads * (model.qk_nope_head_dim + model.v_head_dim) + kvl
         return q + kv + heads * model.v_head_dim * h + (h if model.linear_bias else 0.0)
-    d = float(model.head_dim)
-    q_local = model.num_attention_heads / t * d
-    kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
+    shp = local_shapes(model, t)
+    q_local, kv_local = shp.q_width, shp.kv_width
     weights = h * (q_local + 2 * kv_local) + q_local * h
     biases = (q_local + 2 * kv_local if model.qkv_bias else 0.0)
     if model.linear_bias:
@@ -64,9 +66,9 @@ def layer_params_local(model: ModelSpec, tp: np.ndarray, kind: LayerKind | None 
         mlp = n_in * h * f + f * h + ((n_in * f + h) if model.linear_bias else 0.0)
         return attention_params_local(model, tp) + mlp + 2 * h * (2 if model.norm == "layernorm" else 1)
     t = tp.astype(float)
-    h, d, f = float(model.hidden_size), float(model.head_dim), float(model.ffn_hidden_size)
-    q_local = model.num_attention_heads / t * d
-    kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
+    h, f = float(model.hidden_size), float(model.ffn_hidden_size)
+    shp = local_shapes(model, t)
+    q_local, kv_local = shp.q_width, shp.kv_width
     n_in = 2.0 if model.gated else 1.0
     weights = h * (q_local + 2 * kv_local) + q_local * h + n_in * h * f / t + f / t * h
     biases = (q_local + 2 * kv_local if model.qkv_bias else 0.0)
@@ -136,9 +138,8 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
         up = np.where(selective & ("mla_up_proj" in modules), 0.0, up)
         sharded = up + ob * T * v + lb * T * latents                       # attention output, latents
     else:
-        d = float(model.head_dim)
-        q_local = heads * d
-        kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
+        shp = local_shapes(model, t)
+        q_local, kv_local = shp.q_width, shp.kv_width
         sharded = 2 * e * T * (q_local + kv_local) + 2 * e * T * kv_local + ob * T * q_local
     moe = kind is not None and kind.moe
     f_local = (model.ffn_hidden_size if not moe
@@ -243,9 +244,6 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     (:func:`tpsim.pipeline.in_flight`); under a bidirectional schedule (DualPipe, DeepSeek-V3 report Table 2)
     rank r also holds stage pp - 1 - r (the partition's parameters already count both stages; the activations
     in flight are those of both, half each)."""
-    from .. import pipeline
-    from .partition import on_positions
-
     schedule = pipeline.codes_of(schedule, pp.size)
     mirrored = pipeline.mirrored(schedule)
     any_mirror = bool(np.any(mirrored))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .keys import per_distinct
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the partition does not import the layer sources at run time
     from .source import LayerCosts
 
 POSITIONS = ("first", "last", "middle")

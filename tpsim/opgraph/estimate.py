@@ -460,7 +460,8 @@ def _algorithm_codes(curves: _Curves, plans: PlanBatch, res: dict[str, np.ndarra
 def _calibrated(cluster: Any, compute: ComputeModel) -> tuple[ComputeModel, float, tuple[str, ...]]:
     """The cluster's calibration ``compute`` section, as the estimator's context applies it: kernel-time
     factors and host overhead per layer (seconds) when fitted for this device; else a warning."""
-    from ..estimator.context import ScaledCompute, _profile_warnings
+    from ..compute.scaled import ScaledCompute
+    from ..estimator.context import _profile_warnings
 
     warnings = list(_profile_warnings(compute, cluster.device.name))
     cal = getattr(getattr(cluster, "spec", None), "calibration", None)
@@ -471,7 +472,7 @@ def _calibrated(cluster: Any, compute: ComputeModel) -> tuple[ComputeModel, floa
         warnings.append(f"calibration: compute section not applied (fitted on device {fit.device}, the cluster "
                         f"has {cluster.device.name})")
         return compute, 0.0, tuple(warnings)
-    scaled = ScaledCompute(compute, fit) if fit.scales_time else compute
+    scaled = ScaledCompute.of_calibration(compute, fit) if fit.scales_time else compute
     return scaled, fit.host_overhead_per_layer_us * 1e-6, tuple(warnings)
 
 
