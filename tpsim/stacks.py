@@ -334,7 +334,7 @@ def load_stack(name_or_path: str | Path = DEFAULT_STACK) -> StackProfile:
 
 
 @lru_cache(maxsize=32)
-def _load(path: str, mtime: int, size: int) -> StackProfile:
+def _load(path: str, mtime: int, size: int) -> StackProfile:  # noqa: ARG001 (mtime, size: the cache key)
     from .topology.files import read_yaml  # strict YAML: duplicate keys, bounded documents
 
     data = read_yaml(Path(path))

@@ -354,7 +354,7 @@ def runnable_ranks(result: Any, model: Any, stack: Any, k: int) -> tuple[list[tu
     return [(int(r) + 1, int(idx[r])) for r in ok], count_violations(codes[:last])
 
 
-def _uncached(*args: Any, compute_key: str = "", **kw: Any) -> Any:
+def _uncached(*args: Any, compute_key: str = "", **kw: Any) -> Any:  # noqa: ARG001 (unused: kept for the callers)
     from ..search import search
 
     return search(*args, **kw)

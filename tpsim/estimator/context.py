@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..calibration import Calibration, ComputeCalibration
-from ..compute.base import ArrayLike, ComputeModel
+from ..compute.base import ComputeModel
 from ..compute.fixed import LayerTraits, fixed_data, layer_kernel_counts
 from ..compute.roofline import RooflineModel
 from ..compute.scaled import ScaledCompute

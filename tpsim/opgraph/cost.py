@@ -36,7 +36,7 @@ import numpy as np
 
 from ..compute.base import ComputeModel
 from ..precision import activation_bytes
-from .layout import Comm, UnitLayout, unit_layout
+from .layout import UnitLayout, unit_layout
 from .schema import CONV_KINDS, SAVED_DTYPES, SRC_CONST, SRC_EXTERNAL, Op, OpGraph, Unit
 from .tp import TPPlan, is_depthwise, styles_at
 

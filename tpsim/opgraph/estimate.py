@@ -353,12 +353,12 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
         res["weights_p"][rows] = _pick(peak_rank, params)
         res["act"][rows] = _pick(peak_rank, act_r)
         res["other"][rows] = _pick(peak_rank, z3_buf)
-    return _totals(model, cluster, plans, compute, roofline, curves, res, m, v, per_param, w_bytes, master_bytes,
+    return _totals(model, cluster, plans, compute, roofline, curves, res, m, v, w_bytes, master_bytes,
                    w_div, g_div, o_div, penalty, costs, warnings)
 
 
 def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel, roofline: RooflineModel,
-            curves: _Curves, res: dict[str, np.ndarray], m: np.ndarray, v: np.ndarray, per_param: np.ndarray,
+            curves: _Curves, res: dict[str, np.ndarray], m: np.ndarray, v: np.ndarray,
             w_bytes: float, master_bytes: float, w_div: np.ndarray, g_div: np.ndarray, o_div: np.ndarray,
             penalty: float, costs: GraphCosts, warnings: tuple[str, ...]) -> EstimateBatch:
     device = cluster.device
@@ -440,10 +440,10 @@ def _algorithm_codes(curves: _Curves, plans: PlanBatch, res: dict[str, np.ndarra
     names: dict[str, int] = {}
     codes: dict[str, np.ndarray] = {}
     zero = plans.zero
-    for axis, op_of, size in (("tp", lambda i: "all_reduce", lambda i: float(1 << 24)),
+    for axis, op_of, size in (("tp", lambda i: "all_reduce", lambda i: float(1 << 24)),  # noqa: ARG005 (a fixed signature)
                               ("dp", lambda i: "reduce_scatter" if zero[i] else "all_reduce",
                                lambda i: float(grad_b[i])),
-                              ("pp", lambda i: "send_recv", lambda i: float(res["p2p_bytes"][i]))):
+                              ("pp", lambda i: "send_recv", lambda i: float(res["p2p_bytes"][i]))):  # noqa: ARG005 (a fixed signature)
         out = np.full(len(plans), -1, dtype=np.int32)
         memo: dict[tuple, int] = {}
         for i in range(len(plans)):

@@ -388,7 +388,7 @@ def enumerate_valid(model: ModelSpec, num_gpus: int, global_batch: int, space: S
         p, pieces, count = _pruned(model, num_gpus, global_batch, space, _stack_of(stack))
         counts = np.zeros(len(RULES) + 1, dtype=np.int64)
         counts[0] = count
-        plans = _expand(pieces, p.lay, p.axes, p.part, p.reduces, space, global_batch)
+        plans = _expand(pieces, p.axes, p.part, p.reduces, space, global_batch)
         left = space_size(model, num_gpus, dataclasses.replace(space, full=True)) - count
         return ValidPlans(plans=plans, num_gpus=num_gpus, enumerated=count, codes=counts, left_out=left)
     p = _partial(model, num_gpus, global_batch, space)
@@ -400,7 +400,7 @@ def enumerate_valid(model: ModelSpec, num_gpus: int, global_batch: int, space: S
         code = p.code_of[min(int(z), 1)]
         counts += np.bincount(code, weights=per_zero, minlength=len(RULES) + 1).astype(np.int64)
         pieces.append((int(z), np.flatnonzero(code == 0)))
-    plans = _expand(pieces, p.lay, p.axes, p.part, p.reduces, space, global_batch)
+    plans = _expand(pieces, p.axes, p.part, p.reduces, space, global_batch)
     return ValidPlans(plans=plans, num_gpus=num_gpus, enumerated=int(counts.sum()), codes=counts)
 
 
@@ -437,7 +437,7 @@ def _piece_count(pieces: list, reduces: np.ndarray, space: SearchSpace) -> int:
     return count
 
 
-def _expand(pieces: list, lay: np.ndarray, axes: dict, part: dict, reduces: np.ndarray, space: SearchSpace,
+def _expand(pieces: list, axes: dict, part: dict, reduces: np.ndarray, space: SearchSpace,
             global_batch: int) -> PlanBatch:
     """The plans of ``pieces`` (:func:`_piece_rows`), in the column order of :func:`enumerate_plans` (rows
     sorted like it: layout, vpp, sp, recompute, zero, micro-batch, overlap)."""

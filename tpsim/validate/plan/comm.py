@@ -100,7 +100,7 @@ def _fsdp_reductions(case: PlanCase) -> int:
 def _dp_torch(case: PlanCase, out: Comm) -> None:
     if case.dp == 1:
         return
-    m, layers = case.microbatches, case.layers_per_rank
+    layers = case.layers_per_rank
     if case.runtime == "ddp":
         buckets = ddp_buckets(case) * case.vpp
         _add(out, "dp", "all_reduce", len(buckets), sum(buckets))

@@ -153,7 +153,7 @@ def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float,
 
 def _rank_phases(case: PlanCase, coords: dict[str, int], f: float, b: float, curves: _Curves, optimizer_s: float,
                  other_overhead: float, penalty: float) -> dict[str, float]:
-    m, layers, v = case.microbatches, case.layers_per_rank, case.vpp
+    m, layers = case.microbatches, case.layers_per_rank
     comm = expected_comm(case, coords)
     times = comm_times(comm, curves)
     dp = _dp(case, comm, times, f, b, curves)
