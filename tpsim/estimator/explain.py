@@ -64,8 +64,7 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
         "compute": f"layer GEMMs, attention and memory-bound kernels per micro-batch x micro-batches: {compute}",
         "recompute": f"the forward work recomputation repeats ({name} rules.recompute, memory."
                      f"selective_recompute_modules {sorted(terms.activation_storage.recompute_modules)}): {compute}",
-        "bubble": f"pipeline fill and drain, schedule {terms.pipeline_schedule} ({name} compute.pipeline_schedule): "
-                  "(pp - 1) / vpp stage times (tpsim.estimator.schedule.pipeline_bubble)",
+        "bubble": "pipeline fill and drain of the plan's schedule (tpsim/pipeline.py registry)",
         "optimizer": f"optimizer step over the rank's parameter shard: {name} "
                      f"{_figure(stack, 'compute', 'optimizer_bytes_per_param')} at the achieved HBM bandwidth",
         "overhead": f"host time not hidden by the kernels: {name} {_figure(stack, 'compute', 'host_us_per_op')}, "
@@ -87,9 +86,13 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
     }
 
 
-def plan_sources(base: Mapping[str, str], collectives: Mapping[str, str]) -> dict[str, str]:
-    """``base`` with the algorithm each communication axis uses for this plan."""
+def plan_sources(base: Mapping[str, str], collectives: Mapping[str, str], schedule: str = "") -> dict[str, str]:
+    """``base`` with the algorithm each communication axis uses for this plan and its pipeline schedule."""
     out = dict(base)
+    if schedule and "bubble" in out:
+        from ..pipeline import describe
+
+        out["bubble"] = f"{out['bubble']}: {describe(schedule)}"
     for term, axis in COMM_TERMS.items():
         algo = collectives.get(axis)
         if algo and term in out:

@@ -60,6 +60,9 @@ class Estimate:
     T6: compute, recompute, bubble, optimizer, overhead and the exposed communication per axis)."""
     term_sources: dict[str, str] = field(default_factory=dict)
     """per term, the kernel data, device figure or stack rule it came from (``--explain``)."""
+    pipeline_split: dict[str, list[int]] = field(default_factory=dict)
+    """``layers_per_rank`` and ``layers_per_chunk`` (model order, chunk k on rank k mod pp) of the pipeline
+    split the estimate costs (empty without a pipeline; tpsim.estimator.partition.layer_split)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -131,6 +134,10 @@ class EstimateBatch:
     """axis (tp, cp, ep, pp, dp) -> exposed communication per step (they sum to ``exposed_comm_s``)."""
     term_sources: Mapping[str, str] = field(default_factory=dict)
     """per term, where it comes from (:func:`tpsim.estimator.explain.term_sources`)."""
+    num_layers: int = 0
+    """the model's repeated layers (the pipeline split of :meth:`to_estimate`; 0: not stated)."""
+    edges_as_layers: bool = False
+    """the stack counts the embedding and the output layer as layers in its split."""
 
     def __post_init__(self) -> None:
         for name in ("overhead_s", "cp_comm_s", "ep_comm_s", "mem_cuda_context_gib", "mem_nccl_buffers_gib",
@@ -177,7 +184,8 @@ class EstimateBatch:
             memory_gib=memory, plan=self.plans.plan(i), model=self.model_name, cluster=dict(self.cluster_info),
             compute_model=self.compute_model, measured_compute_fraction=f(self.measured_compute_fraction),
             collectives=collectives, warnings=self.warnings(i) if warnings is None else tuple(warnings),
-            stack=self.stack, terms=terms, term_sources=_plan_sources(self.term_sources, collectives, terms),
+            stack=self.stack, terms=terms, pipeline_split=self.pipeline_split(i), term_sources=_plan_sources(self.term_sources, collectives, terms,
+                                                     self.plans.plan(i).schedule),
             **{k: f(getattr(self, k)) for k in BAND_KEYS})
 
     def terms(self, i: int) -> dict[str, float]:
@@ -191,6 +199,18 @@ class EstimateBatch:
             value = self.exposed_axis.get(axis)
             out[f"{axis}_comm"] = 0.0 if value is None else float(np.broadcast_to(value, self.step_time_s.shape)[i])
         return out
+
+    def pipeline_split(self, i: int) -> dict[str, list[int]]:
+        """Layers per rank and per chunk of plan ``i`` (empty without a pipeline or a layer count)."""
+        from .partition import layer_split
+
+        p = self.plans
+        pp, vpp = int(p.pp[i]), int(p.vpp[i])
+        if pp == 1 or not self.num_layers:
+            return {}
+        chunks = list(layer_split(self.num_layers, pp, vpp, self.edges_as_layers, int(p.pp_first[i]),
+                                  int(p.pp_last[i]), bool(p.pp_embedding[i]), bool(p.pp_loss[i])))
+        return {"layers_per_rank": [sum(chunks[r::pp]) for r in range(pp)], "layers_per_chunk": chunks}
 
     def columns(self) -> dict[str, np.ndarray]:
         """Plan fields and results as named columns (for tables and CSV)."""
@@ -244,9 +264,9 @@ def _placement_warnings(plan: Plan, gpus_per_node: int) -> tuple[str, ...]:
     return (f"TP group of {plan.tp} spans {nodes} nodes: tensor-parallel traffic crosses the inter-node network",)
 
 
-def _plan_sources(base: Mapping[str, str], collectives: Mapping[str, str], terms: Mapping[str, float]
-                  ) -> dict[str, str]:
+def _plan_sources(base: Mapping[str, str], collectives: Mapping[str, str], terms: Mapping[str, float],
+                  schedule: str = "") -> dict[str, str]:
     from .explain import plan_sources
 
-    out = plan_sources(base, collectives)
+    out = plan_sources(base, collectives, schedule if base else "")
     return {k: out.get(k, "") for k in terms}
