@@ -109,7 +109,7 @@ def nemo(rows: list[dict]) -> list[dict]:
         tp = int(r["tp"])
         vpp = int(r["vp"] or 1)
         out.append(dict(
-            run_id=r["case_id"], **shape, cluster="dgx-h100", gpus=r["num_gpus"], stack="megatron", tp=r["tp"],
+            run_id=r["case_id"], **shape, cluster="dgx-h100", gpus=r["num_gpus"], stack="nemo", tp=r["tp"],
             cp=r["cp"], pp=r["pp"], vpp=str(vpp), sp="true" if tp > 1 else "false", zero="1", recompute="none",
             micro_batch=r["micro_batch_size"], global_batch=r["global_batch_size"], dtype="fp8",
             tp_overlap="true" if tp > 1 else "false", overlap="true", dp=r["dp"],
@@ -117,7 +117,7 @@ def nemo(rows: list[dict]) -> list[dict]:
             model_tflops_per_gpu=r["measured_model_tflops_per_gpu"], flops_convention="megatron",
             source=r["source"],
             notes=(f"{NEMO_RECIPE}; measurement: tokens/s per GPU (the model TFLOP/s column is kept: "
-                   f"it equals tokens/s under the megatron FLOP convention to 0.1%, which checks the shapes); NeMo runs on Megatron-Core: stack megatron. Source notes: {r['notes']}")))
+                   f"it equals tokens/s under the megatron FLOP convention to 0.1%, which checks the shapes); NeMo 24.07 on Megatron-Core with NeMo's distributed optimizer: stack nemo. Source notes: {r['notes']}")))
     return out
 
 
@@ -131,7 +131,7 @@ def mpt(rows: list[dict]) -> list[dict]:
         cluster = "dgx-h100" if h100 else "clusters/dgx-a100-40gb.yaml"
         notes = [f"PyTorch FSDP {strategy} -> zero {zero}; activation_checkpointing {r['activation_checkpointing']} "
                  f"-> recompute {recompute}",
-                 "llm-foundry has no stack profile: torchtitan's (PyTorch FSDP2) stands in for FSDP1",
+                 "stack llm-foundry (Composer FSDP1, MPT's fused cross-entropy; torchtitan's PyTorch rules otherwise)",
                  "model: the GPT preset with MPT's shape (MPT has no biases and ALiBi: small differences)",
                  "measurement: tokens/s (the table's samples/s is rounded)"]
         notes.append("dgx-h100 (H100 80 GB as published)" if h100 else
@@ -140,7 +140,7 @@ def mpt(rows: list[dict]) -> list[dict]:
         out.append(dict(
             run_id=r["case_id"], model="gpt3-175b", layers=r["num_layers"], hidden=r["hidden_size"],
             heads=r["num_attention_heads"], ffn=r["ffn_hidden_size"], vocab=r["vocab_size"],
-            seq_len=r["seq_length"], cluster=cluster, gpus=r["num_gpus"], stack="torchtitan", tp="1", pp="1",
+            seq_len=r["seq_length"], cluster=cluster, gpus=r["num_gpus"], stack="llm-foundry", tp="1", pp="1",
             zero=zero, recompute=recompute, micro_batch=r["micro_batch_size"],
             global_batch=r["global_batch_size"], dtype="bf16", overlap="true", dp=r["dp"],
             tokens_per_s=r["measured_tokens_per_s"], source=r["source"],
@@ -207,12 +207,12 @@ def deepspeed(rows: list[dict]) -> list[dict]:
         out.append(dict(
             run_id=r["case_id"], model="gpt3-175b", layers=r["num_layers"], hidden=r["hidden_size"],
             heads=r["num_attention_heads"], vocab=r["vocab_size"], seq_len=r["seq_length"], cluster="selene",
-            gpus=r["num_gpus"], stack="deepspeed", tp="1", pp="1", zero="3", recompute="full",
+            gpus=r["num_gpus"], stack="deepspeed-2021", tp="1", pp="1", zero="3", recompute="full",
             micro_batch=r["micro_batch_size"], global_batch=r["global_batch_size"], dtype="fp16",
             attention="unfused", overlap="true", dp=r["dp"], step_time_s=f"{_sc21_step(r):.4f}",
             source=r["source"],
-            notes=(f"{SC21_NOTE}; DeepSpeed of 2021 inside Megatron: stack deepspeed until the deepspeed-2021 "
-                   f"profile (T9) lands; unfused attention as SC21 Table 1. Source notes: {r['notes']}")))
+            notes=(f"{SC21_NOTE}; DeepSpeed of 2021 inside Megatron: stack deepspeed-2021 (T9); unfused attention as "
+                   f"SC21 Table 1. Source notes: {r['notes']}")))
     return out
 
 
