@@ -228,3 +228,60 @@ def test_validate_top_finds_a_case_the_fit_renamed():
     assert row["case"] == fitted.name and row["measured_step_s"] == 1.1 and row["numerics_ok"] is True
     row, = rows_of({"cases": []}, pick_plans([plan], 1), [case])  # a case that did not run stays empty
     assert row["measured_step_s"] is None and row["numerics_ok"] is None
+
+
+SMALL_PROBLEM = ["plan", "--model", "gpt3-1.3b", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq-len",
+                 "128", "--cluster", "local-cpu", "--gpus", "2", "--global-batch", "8", "--no-cache", "--no-progress"]
+"""issue 22's small problem: its ranking ends in pp=2 plans with one micro-batch (torch's 1F1B cannot run them)."""
+
+
+def _fake_validate(seen):
+    """``tpsim.validate.run.validate`` without ranks: every case 'measured' at its scaled size (the rows then
+    come from the report as from a real run)."""
+    def validate(cases, cfg, opts, name, env=None):
+        seen.extend(cases)
+        return {"cases": [{"case": c.name, "scaled": c.scaled, "numerics_ok": True, "collectives_match": True,
+                           "phases": [{"name": "step", "predicted_s": 1e-3 * c.world * c.microbatches,
+                                       "measured_s": 1e-3 * c.world * c.microbatches * (1 + 0.01 * i)}]}
+                          for i, c in enumerate(cases)]}
+    return validate
+
+
+def test_validate_top_with_json_puts_the_validation_in_the_json(monkeypatch, capsys, tmp_path):
+    """issue 22: ``--validate-top 3 --json`` printed the ranking and exited 0 without validating anything."""
+    import json
+
+    from tpsim.cli import main
+
+    seen: list = []
+    monkeypatch.setattr("tpsim.validate.run.validate", _fake_validate(seen))
+    code = main(SMALL_PROBLEM + ["--validate-top", "3", "--json", "--validate-out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data = json.loads(out)  # stdout is one JSON object, the validation inside
+    top = data["validate_top"]
+    assert len(top["rows"]) == len(seen) >= 3 and [r["role"] for r in top["rows"]][:3] == ["top"] * 3
+    assert all(r["predicted_step_s"] and r["measured_step_s"] for r in top["rows"])
+    assert set(top["agreement"]) >= {"spearman", "predicted_best", "measured_best", "best_gap_pct", "best_ok"}
+    assert (tmp_path / f"{top['report'].rsplit('/', 1)[-1].removesuffix('.json')}-ranking.json").exists()
+
+
+def test_validate_top_contrast_plans_are_plans_the_runtime_can_run(monkeypatch, capsys, tmp_path):
+    """issue 22: the small problem failed after the ranking with "micro-batches=1 must be >= pp=2": a contrast
+    plan torch cannot run was picked. Now such plans are skipped (and counted), never launched."""
+    from tpsim.cli import main
+    from tpsim.plan import Plan
+    from tpsim.validate.top import pick_plans, plan_case, runnable_key
+
+    seen: list = []
+    monkeypatch.setattr("tpsim.validate.run.validate", _fake_validate(seen))
+    code = main(SMALL_PROBLEM + ["--validate-top", "3", "--validate-out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert seen and all(c.pp == 1 or c.microbatches >= c.pp for c in seen)
+    assert "skipped: micro-batches=1 must be >= pp=2" in out
+    # the rule is PlanCase's own: a plan whose scaled case cannot be built is never picked, even as the last
+    plans = [Plan(tp=2, dp=1, micro_batch=2, global_batch=8), Plan(tp=1, dp=2, micro_batch=1, global_batch=8),
+             Plan(tp=1, pp=2, dp=1, micro_batch=8, global_batch=8)]
+    picks = pick_plans(plans, 1, key=runnable_key(lambda p: plan_case(GPT, p, 1, 3, 1)))
+    assert [p.search_rank for p in picks] == [1, 2]
