@@ -84,6 +84,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--rdzv-endpoint", default="",
                    help="HOST:PORT of the c10d rendezvous, the same on every node (several nodes)")
     r.add_argument("--rdzv-id", default="tpsim-validate", help="rendezvous id shared by the nodes")
+    r.add_argument("--print-launch", choices=("torchrun", "slurm"),
+                   help="print the command that runs this validation under your launcher and exit: a torchrun line "
+                        "for every node, or an sbatch script (srun, one task per rank); started that way, each "
+                        "rank joins the launch (RANK/WORLD_SIZE/MASTER_ADDR of torchrun, SLURM_PROCID/SLURM_NTASKS/"
+                        "SLURM_NODELIST of srun) and rank 0 writes the report")
     m = p.add_argument_group("measurement and prediction")
     m.add_argument("--reps", type=count_arg("reps"), default=5, help="timed iterations (default: %(default)s)")
     m.add_argument("--warmup", type=count_arg("warmup", minimum=0), default=2, help="untimed iterations first (default: %(default)s)")
@@ -214,7 +219,7 @@ def check_names(args: argparse.Namespace) -> None:
     if args.name is not None and (not args.name.strip() or "/" in args.name or "\\" in args.name
                                   or args.name.startswith(".") or len(args.name) > 200):
         raise InputError(f"--name {show(args.name)}: a report name is a plain file name (no folders, not hidden)")
-    if args.nnodes > 1 or args.rdzv_endpoint:
+    if (args.nnodes > 1 and not args.print_launch) or args.rdzv_endpoint:
         host, _, port = args.rdzv_endpoint.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise InputError(f"--rdzv-endpoint {show(args.rdzv_endpoint)} must be HOST:PORT (port 1-65535)")
@@ -255,8 +260,8 @@ def _with_expert_ffn(args: argparse.Namespace, model):  # noqa: ANN001, ANN202
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
-    from ..validate.launch import LaunchConfig, RankFailure
-    from ..validate.run import REPORTS_DIR, Options, validate
+    from ..validate.launch import LaunchConfig
+    from ..validate.run import REPORTS_DIR
     from .common import build_model
 
     if args.tp is None:
@@ -267,6 +272,15 @@ def run(args: argparse.Namespace) -> int:
         from .graph import run_validate
         return run_validate(args)
     check_names(args)
+    from ..validate.launchers import detect
+    joined = None if args.print_launch else detect()
+    if joined is not None:  # started by torchrun / srun: this process is one rank of that launch
+        from ..procs import die_with_parent
+        from ..validate.joined import guard_signals
+        guard_signals(joined)  # first: the threads started after it leave SIGTERM to its thread
+        die_with_parent()
+        args.nnodes = joined.nnodes if joined.world % joined.local_world == 0 else 1
+        args.nproc = joined.world // args.nnodes
     model = _with_expert_ffn(args, build_model(args))
     if args.shard_of > 1:
         from ..validate.shard import shard_model
@@ -277,6 +291,10 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup < 0:
         raise InputError(f"--warmup={args.warmup} must be >= 0")
     cases, name = _cases(args, model)
+    if args.print_launch:
+        return print_launch(args, cases, name)
+    if joined is not None:
+        return _run_joined(args, joined, cases, name)
     out_dir = check_out_dir(Path(args.out_dir) if args.out_dir else REPORTS_DIR)
     world = max(getattr(c, "world", c.tp) for c in cases)
     nproc = 1 if args.matrix else (args.nproc or world // args.nnodes)
@@ -284,12 +302,25 @@ def run(args: argparse.Namespace) -> int:
     cfg = LaunchConfig(nproc=nproc, backend=args.backend, timeout_s=args.timeout, threads=args.threads,
                        nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                        run_timeout_s=args.run_timeout)
-    opts = Options(cluster=args.cluster or ("hgx-h200" if args.backend == "nccl" else "local-cpu"),
+    return _validate_and_print(args, cases, name, cfg, out_dir)
+
+
+def _options(args: argparse.Namespace, out_dir: Path, calibrate: bool = True):  # noqa: ANN202 - Options
+    from ..validate.run import Options
+
+    return Options(cluster=args.cluster or ("hgx-h200" if args.backend == "nccl" else "local-cpu"),
                    profile=Path(args.profile) if args.profile else None, use_profile=not args.no_profile,
-                   calibrate=not args.no_calibrate,
+                   calibrate=calibrate and not args.no_calibrate,
                    calibration=Path(args.calibration) if args.calibration else None,
                    out_dir=out_dir, budget_s=args.budget, overhead=not args.no_overhead,
                    probe=not args.no_probe, reprofile=args.reprofile)
+
+
+def _validate_and_print(args: argparse.Namespace, cases: list, name: str, cfg, out_dir: Path) -> int:  # noqa: ANN001
+    from ..validate.launch import RankFailure
+    from ..validate.run import validate
+
+    opts = _options(args, out_dir, calibrate=not cfg.joined)
     try:
         report = validate(cases, cfg, opts, name)
     except RankFailure as exc:
@@ -305,6 +336,67 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_report(report))
     return 0 if report["numerics_ok"] and report["collectives_match"] else 1
+
+
+def print_launch(args: argparse.Namespace, cases: list, name: str) -> int:
+    """``--print-launch torchrun|slurm``: the command that runs this validation under the user's launcher."""
+    from ..validate.launchers import sbatch_script, torchrun_line
+
+    world = max(getattr(c, "world", c.tp) for c in cases)
+    nnodes = args.nnodes
+    nproc = args.nproc or world // nnodes
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    rdzv_id = args.rdzv_id if args.rdzv_id != "tpsim-validate" else f"tpsim-{name}"[:64]
+    if args.print_launch == "torchrun":
+        print(f"# on each of the {nnodes} node(s), {nproc} rank(s) per node; MASTER_ADDR:MASTER_PORT: a host and a "
+              "free port of the first node (the c10d rendezvous)")
+        print(torchrun_line(argv, nnodes, nproc, rdzv_id))
+    else:
+        print(sbatch_script(argv, nnodes, nproc, args.backend, job_name=f"tpsim-validate-{name}"[:64]), end="")
+    return 0
+
+
+def _run_joined(args: argparse.Namespace, joined, cases: list, name: str) -> int:  # noqa: ANN001
+    """One rank of a launch the user started (:mod:`tpsim.validate.joined`): rank 0 validates and reports, the
+    others run their part of every launch. Leaves with ``os._exit`` (no teardown of a broken process group)."""
+    from ..errors import InputError, TpsimError
+    from ..validate import joined as rank_side
+    from ..validate.launch import LaunchConfig
+
+    world = max(getattr(c, "world", c.tp) for c in cases)
+    if world != joined.world:
+        raise InputError(f"the plan needs {world} ranks; this {joined.launcher} launch has {joined.world} "
+                         "(WORLD_SIZE / SLURM_NTASKS)")
+    out_dir = check_out_dir(Path(args.out_dir) if args.out_dir else _reports_dir()) if joined.rank == 0 else None
+    code = 1
+    try:
+        hosts = rank_side.start(joined, args.backend, args.timeout, args.threads, args.run_timeout)
+        if joined.rank != 0:
+            rank_side.follow(Path(tempfile.mkdtemp(prefix=f"tpsim-validate-rank{joined.rank}-")))
+            code = 0
+        else:
+            cfg = LaunchConfig(nproc=args.nproc, backend=args.backend, timeout_s=args.timeout, threads=args.threads,
+                               nnodes=args.nnodes, joined=True, host_ranks=rank_side.ranks_per_host(hosts),
+                               run_timeout_s=args.run_timeout)
+            try:
+                code = _validate_and_print(args, cases, name, cfg, out_dir)
+            except TpsimError as exc:  # refused before the ranks ran it (the fit, a case): one line, status 2
+                print(f"tpsim validate: error: {exc}", file=sys.stderr, flush=True)
+                code = 2
+            if not rank_side.broken():
+                rank_side.stop_followers()
+    except Exception as exc:  # noqa: BLE001 - every rank: one line naming the rank that failed first, then leave
+        rank_side.record_failure(exc, joined)
+        print(f"tpsim validate: error: {rank_side.failure_message(exc, joined)}", file=sys.stderr, flush=True)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _reports_dir() -> Path:
+    from ..validate.run import REPORTS_DIR
+    return REPORTS_DIR
 
 
 def format_report(report: dict) -> str:

@@ -124,7 +124,8 @@ def prepare(cfg: LaunchConfig, opts: Options, work: Path, probes: dict | None = 
     the same run (the profile and the machine are the same); ``bench_ops``: what the calibration measures."""
     compute_cal = read_compute_calibration(opts.calibration) if opts.calibration else None
     calibration = opts.calibration if opts.calibration and _has_links(opts.calibration) else None
-    if calibration is None and opts.calibrate and cfg.nproc > 1 and cfg.nnodes == 1:  # bench runs on one node
+    if calibration is None and opts.calibrate and cfg.nproc > 1 and cfg.nnodes == 1 and not cfg.joined:
+        # bench-collectives starts ranks of its own on one node: not inside a launch the user started
         calibration = calibrate_collectives(cfg, opts.cluster, work, bench_ops)
     cluster = load_local_cluster(opts.cluster, cfg.nproc * cfg.nnodes, calibration, work)
     device_type = "cuda" if cfg.backend == "nccl" else "cpu"
@@ -155,8 +156,9 @@ def timing_allowed(cfg: LaunchConfig) -> tuple[bool, str]:
     if cfg.backend == "nccl":
         return True, ""
     cores = os.cpu_count() or 1
-    if cfg.nproc > cores:
-        return False, (f"not timed: {cfg.nproc} ranks on {cores} CPU cores (timing claims need a core per "
+    ranks = cfg.host_ranks or cfg.nproc
+    if ranks > cores:
+        return False, (f"not timed: {ranks} ranks on {cores} CPU cores (timing claims need a core per "
                        "rank); numerics and communication checked")
     return True, ""
 
@@ -365,6 +367,10 @@ def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,
     try:
         for world in sorted({_world(c) for c in cases}):
             group = [c for c in cases if _world(c) == world]
+            if cfg.joined and cfg.nproc * cfg.nnodes != world:
+                from ..errors import InputError
+                raise InputError(f"case {group[0].name} needs {world} ranks; the launch that started tpsim validate "
+                                 f"has {cfg.nproc * cfg.nnodes} (WORLD_SIZE / SLURM_NTASKS)")
             launch_cfg = cfg if cfg.nproc * cfg.nnodes == world else dataclasses.replace(cfg, nproc=world, nnodes=1)
             summaries += run_cases(group, launch_cfg, opts, work, env, probes)
         _keep_calibration(summaries, work, opts.out_dir, name)
