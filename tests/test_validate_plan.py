@@ -285,3 +285,53 @@ def test_validate_top_contrast_plans_are_plans_the_runtime_can_run(monkeypatch, 
              Plan(tp=1, pp=2, dp=1, micro_batch=8, global_batch=8)]
     picks = pick_plans(plans, 1, key=runnable_key(lambda p: plan_case(GPT, p, 1, 3, 1)))
     assert [p.search_rank for p in picks] == [1, 2]
+
+
+def _timed_ranks(c, steps, tp_calls=0.004):
+    """Synthetic rank results of a timed whole-plan run: per rank a list of (wall, delay, fwd, bwd, opt)."""
+    ranks = []
+    for r, samples in enumerate(steps):
+        coords = {"tp": r % c.tp, "dp": (r // c.tp) % c.dp, "pp": r // (c.tp * c.dp)}
+        ranks.append({"rank": r, "host": f"node{r // 2}", "coords": coords, "loss_local": 1.0, "loss_ref": 1.0,
+                      "numerics": {"grad:x": 0.0}, "numerics_ok": True, "comm": expected_comm(c, coords),
+                      "samples": [{"step": w - d, "step_wall": w, "delay": d, "fwd": f, "bwd": b, "opt": o,
+                                   "other": max(w - d - f - b - o, 0.0)} for w, d, f, b, o in samples],
+                      "comm_calls": [[("tp:all_reduce", tp_calls)] for _ in samples]})
+    return ranks
+
+
+def test_plan_terms_split_the_measured_step_and_name_the_slowest_rank():
+    """issue 22: terms {name: {predicted_s, measured_s}} with T6 names that sum to the measured step; per-rank
+    steps with the slowest rank and its host, the median of the timed steps and their spread."""
+    from tpsim.validate.plan.report import summarize_plan
+    from tpsim.validate.plan.terms import TERM_ORDER, plan_terms, term_errors
+
+    c = case(tp=2, pp=2, microbatches=4)
+    fast = [(0.100, 0.0, 0.030, 0.050, 0.005), (0.110, 0.0, 0.030, 0.050, 0.005), (0.120, 0.0, 0.030, 0.050, 0.005)]
+    slow = [(w + 0.02, 0.0, f, b + 0.01, o) for w, _, f, b, o in fast]
+    s = summarize_plan(c, _timed_ranks(c, [fast, fast, slow, fast]), None)
+    terms = s["terms"]
+    assert list(terms) == [n for n in TERM_ORDER if n in terms] == ["compute", "bubble", "optimizer", "tp_comm"]
+    step = next(p["measured_s"] for p in s["phases"] if p["name"] == "step")
+    assert step == pytest.approx(0.130)  # the median over steps of the slowest rank's wall
+    assert sum(t["measured_s"] for t in terms.values()) == pytest.approx(step, rel=0.05)
+    assert abs(s["terms_sum_error_pct"]) < 5
+    assert terms["tp_comm"]["measured_s"] == pytest.approx(0.004)
+    assert terms["compute"]["measured_s"] == pytest.approx(0.090 - 0.004)  # busiest rank's chunks less TP
+    assert terms["optimizer"]["measured_s"] == pytest.approx(0.005)
+    assert all(t["predicted_s"] is None for t in terms.values())
+    pr = s["per_rank"]
+    assert pr["slowest"] == {"rank": 2, "host": "node1", "step_s": pytest.approx(0.130)}
+    assert [r["rank"] for r in pr["ranks"]] == [0, 1, 2, 3] and pr["steps"] == 3
+    assert pr["rank_spread_pct"] == pytest.approx(100 * 0.02 / 0.11)
+    assert (pr["step_min_s"], pr["step_median_s"], pr["step_max_s"]) == pytest.approx((0.12, 0.13, 0.14))
+    assert pr["step_spread_pct"] == pytest.approx(100 * 0.02 / 0.13)
+    # without a pipeline the rest of the step is data-parallel communication (and host gaps)
+    d = case(dp=2, zero=0)
+    assert "dp_comm" in plan_terms(d, {}, {"fwd+bwd": 0.01, "step:optimizer": 0.0, "step:other": 0.002})
+    # predicted vs measured per term: |error| per term, terms under 1% of their step left out
+    s["terms"] = {"compute": {"predicted_s": 0.08, "measured_s": 0.1}, "optimizer": {"predicted_s": 1e-9,
+                                                                                       "measured_s": 1e-4}}
+    te = term_errors([s])
+    assert te["terms"] == {"compute": {"cases": 1, "median_abs_error_pct": pytest.approx(20.0),
+                                       "worst_abs_error_pct": pytest.approx(20.0), "within_25pct": 1}}

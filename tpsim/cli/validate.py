@@ -424,16 +424,47 @@ def format_report(report: dict) -> str:
             pred = "-" if p["predicted_s"] is None else f"{p['predicted_s'] * 1e3:10.3f} ms"
             err = "" if p["error_pct"] is None else f"{p['error_pct']:+7.1f}%"
             lines.append(f"  {p['name']:<22} predicted {pred:>13}  measured {p['measured_s'] * 1e3:10.3f} ms  {err}")
+        lines += _terms_lines(s)
     e = report["layer_error"]
     if e["cases"]:
         lines.append(f"fwd+bwd per layer, {e['cases']} case(s): median |error| {e['median_abs_error_pct']:.1f}%, "
                      f"worst {e['worst_abs_error_pct']:.1f}%")
+    te = report.get("term_error") or {}
+    if te.get("values"):
+        lines.append(f"step terms, {te['values']} term(s) over the plan cases: median |error| "
+                     f"{te['median_abs_error_pct']:.1f}% (" + ", ".join(
+                         f"{n} {v['median_abs_error_pct']:.0f}%" for n, v in te["terms"].items()) + ")")
     st = report.get("step_error") or {}
     if st.get("cases"):
         lines.append(f"whole step, {st['cases']} plan case(s): median |error| {st['median_abs_error_pct']:.1f}%, "
                      f"worst {st['worst_abs_error_pct']:.1f}%")
     lines.append(f"report: {report['csv']}" + (f", chart: {report['chart']}" if report.get("chart") else ""))
     return "\n".join(lines)
+
+
+def _terms_lines(s: dict) -> list[str]:
+    """The step's terms side by side (predicted, measured, error), then the stragglers and the spread."""
+    lines = []
+    terms = s.get("terms") or {}
+    if terms:
+        lines.append(f"  {'term (per step)':<22} {'predicted':>13}  {'measured':>13}")
+        for n, v in terms.items():
+            p, m = v["predicted_s"], v["measured_s"]
+            err = f"{100 * (p - m) / m:+7.1f}%" if p is not None and m else ""
+            lines.append(f"  {n:<22} {'-' if p is None else f'{p * 1e3:10.3f} ms':>13}  {m * 1e3:10.3f} ms  {err}")
+        gap = s.get("terms_sum_error_pct")
+        if gap is not None:
+            lines.append(f"  measured terms sum to the measured step {gap:+.1f}%")
+    pr = s.get("per_rank")
+    if pr:
+        ranks = ", ".join(f"{r['rank']}: {r['step_s'] * 1e3:.1f}" for r in pr["ranks"])
+        sl = pr["slowest"]
+        lines.append(f"  per-rank median step (ms) {ranks}; slowest rank {sl['rank']} on {sl['host']}, "
+                     f"rank spread {pr['rank_spread_pct']:.1f}%")
+        lines.append(f"  step over {pr['steps']} timed steps after warm-up: median {pr['step_median_s'] * 1e3:.1f} ms "
+                     f"(min {pr['step_min_s'] * 1e3:.1f}, max {pr['step_max_s'] * 1e3:.1f}, spread "
+                     f"{pr['step_spread_pct']:.1f}%)")
+    return lines
 
 
 def _drift_line(check: dict) -> str:

@@ -29,9 +29,11 @@ from .overhead import (measured_overhead, overhead_case, plan_overhead, plan_ove
 from .plan.case import PlanCase
 from .plan.predict import predict_plan
 from .plan.report import summarize_plan
+from .plan.terms import term_errors
 from .block.predict import (REPO_ROOT, compute_model, find_profile, grid_hits, load_local_cluster, predict_case)
 from ..procs import child_preexec
-from .block.report import layer_errors, step_errors, summarize_case, write_atomic, write_csv, write_scatter
+from .block.report import (layer_errors, step_errors, summarize_case, write_atomic, write_csv, write_scatter,
+                           write_terms_chart)
 from .matrix import matrix_cases, plan_matrix_cases  # noqa: F401 - part of this module's API
 from .block.scale import fit_case, fit_plan_case
 
@@ -394,6 +396,10 @@ def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,
                  f"{_pct(err['median_abs_error_pct'])}, worst {_pct(err['worst_abs_error_pct'])}")
         write_scatter(png, summaries, title)
         report["chart"] = str(png)
+    if opts.chart and _has_matplotlib() and any(s.get("terms") for s in summaries):
+        png = opts.out_dir / f"{name}-terms.png"
+        write_terms_chart(png, summaries, f"tpsim validate {name}: step terms, predicted vs measured")
+        report["terms_chart"] = str(png)
     write_atomic(opts.out_dir / f"{name}.json", json.dumps(report, indent=1, default=str).encode())
     return report
 
@@ -441,4 +447,6 @@ def _report(summaries: list[dict[str, Any]], name: str, backend: str) -> dict[st
             "collectives_match": all(s["collectives_match"] for s in summaries)
             and all(t["collectives_match"] for t in twins),
             "phases": phases, "layer_error": layer_errors(summaries),
-            "step_error": step_errors(summaries), "cases": summaries}
+            "step_error": step_errors(summaries), "term_error": term_errors(summaries),
+            "terms": summaries[0].get("terms") or {} if len(summaries) == 1 else {},
+            "cases": summaries}
