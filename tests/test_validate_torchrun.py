@@ -199,3 +199,35 @@ def test_print_launch_lines_run_the_worker_with_the_same_arguments(capsys):
     assert script == sbatch_script(argv, 2, 2, "gloo", job_name=script.split("--job-name=")[1].split()[0])
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
     assert "srun --kill-on-bad-exit=1" in script and "export MASTER_PORT=" in script
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_srun_tasks_join_as_slurm_ranks(tmp_path):
+    """What srun gives each task (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_ID, the node list),
+    without Slurm: two tasks of a tp 2 block on this host; rank 0 writes the report, naming the launcher."""
+    token = uuid.uuid4().hex
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                                              "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    slurm = {"SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "localhost",
+             "SLURM_STEP_TASKS_PER_NODE": "2", "MASTER_PORT": str(_free_port()), MARK: token}
+    args = ["--model", "gpt3-1.3b", "--layers", "1", "--hidden", "128", "--heads", "4", "--seq-len", "32", "--tp", "2",
+            "--no-probe", "--timeout", "30", "--run-timeout", "100", "--reps", "1", "--warmup", "0",
+            "--out-dir", str(tmp_path / "out"), "--name", "srun", "--json"]
+    procs = [subprocess.Popen([sys.executable, "-m", "tpsim.validate.worker", "--validate", *args],
+                              env={**base, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=100) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    report = json.loads(outs[0][0])
+    case, = report["cases"]
+    assert case["numerics_ok"] and case["collectives_match"]
+    assert case["meta"]["launcher"] == "slurm" and case["meta"]["hosts"] == [HOST, HOST]
+    assert outs[1][0].strip() == ""  # only rank 0 reports
+    _no_process_left(token)
