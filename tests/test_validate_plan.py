@@ -335,3 +335,22 @@ def test_plan_terms_split_the_measured_step_and_name_the_slowest_rank():
     te = term_errors([s])
     assert te["terms"] == {"compute": {"cases": 1, "median_abs_error_pct": pytest.approx(20.0),
                                        "worst_abs_error_pct": pytest.approx(20.0), "within_25pct": 1}}
+
+
+def test_validate_json_has_top_level_terms_and_the_text_prints_them():
+    """``tpsim validate --json`` of one whole-plan case has ``terms`` at the top level; the text output prints
+    them side by side with the slowest rank."""
+    from tpsim.cli.validate import format_report
+    from tpsim.validate.plan.report import summarize_plan
+    from tpsim.validate.run import _report
+
+    c = case(tp=2, pp=2, microbatches=4)
+    steps = [(0.100, 0.0, 0.030, 0.050, 0.005)] * 3
+    s = summarize_plan(c, _timed_ranks(c, [steps] * 4), None)
+    s.update(profile_check={"action": "skipped"}, compute_model="roofline", requested_case=c.name,
+             framework_overhead_s=None)
+    report = _report([s], "x", "gloo")
+    assert report["terms"] == s["terms"] and set(report["terms"]) == {"compute", "bubble", "optimizer", "tp_comm"}
+    report["csv"] = "x.csv"
+    text = format_report(report)
+    assert "term (per step)" in text and "slowest rank" in text and "measured terms sum to the measured step" in text
