@@ -354,3 +354,38 @@ def test_validate_json_has_top_level_terms_and_the_text_prints_them():
     report["csv"] = "x.csv"
     text = format_report(report)
     assert "term (per step)" in text and "slowest rank" in text and "measured terms sum to the measured step" in text
+
+
+def test_fill_layers_takes_as_many_full_size_layers_as_fit_on_the_gpus():
+    """issue 22: on GPUs the plan's real layer sizes for as many layers as fit (and the report says so); on CPU
+    the scaled-down runs are kept (refused in one line)."""
+    import argparse
+
+    from tpsim.cli import build_parser
+    from tpsim.cli.validate import _plan_case
+    from tpsim.errors import InputError
+    from tpsim.model import PRESETS as P
+    from tpsim.validate.block.scale import layers_that_fit, memory_limit, plan_memory_per_rank
+
+    argv = ["validate", "--model", "llama3-70b", "--tp", "8", "--pp", "2", "--micro-batch", "1", "--backend", "nccl",
+            "--cluster", "hgx-h200", "--fill-layers"]
+    args = build_parser(argv).parse_args(argv)
+    assert isinstance(args, argparse.Namespace)
+    c = _plan_case(args, P["llama3-70b"])
+    n = c.model.num_layers // 2
+    # the unsharded fp32 reference of the numerics check is on every rank: few 70B layers fit
+    assert 1 <= n < 40 and c.model.hidden_size == 8192 and c.model.seq_len == P["llama3-70b"].seq_len
+    one_argv = ["validate", "--model", "llama3-8b", "--tp", "1", "--micro-batch", "1", "--backend", "nccl",
+                "--fill-layers"]
+    one = _plan_case(build_parser(one_argv).parse_args(one_argv), P["llama3-8b"])  # 1 GPU (8-GPU node file)
+    assert one.world == 1 and one.model.num_layers > c.model.num_layers
+    assert c.scaled.startswith(f"layers 80->{2 * n} (as many as fit in H200")
+    from tpsim.topology import load_cluster
+    limit = memory_limit(int(load_cluster("hgx-h200").device.usable_memory_bytes), 1)
+    assert plan_memory_per_rank(c) <= limit  # n fit, n + 1 did not
+    bigger = dataclasses.replace(c, model=with_overrides(c.model, layers=2 * (n + 1)))
+    assert plan_memory_per_rank(bigger) > limit
+    assert layers_that_fit(lambda k: dataclasses.replace(c, model=with_overrides(c.model, layers=2 * k)), n, 0) == 1
+    cpu = build_parser(argv[:-5] + ["--fill-layers"]).parse_args(argv[:-5] + ["--fill-layers"])
+    with pytest.raises(InputError, match="on CPU the scaled-down runs are kept"):
+        _plan_case(cpu, P["llama3-70b"])

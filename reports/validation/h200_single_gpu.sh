@@ -5,6 +5,7 @@
 #     divided by tp, hidden 4096, head dim 128, sequence 8192, one sequence) as a tp=1 block, fp32;
 #  2. single GPU, the whole-plan path: a 4-layer Llama-3-8B-shaped stack, 4 micro-batches, the optimizer step
 #     (--whole with every axis of size 1: the step, optimizer and overhead terms on a GPU);
+#  2a. full-size layers: Llama-3-8B at its own widths and sequence 8192, as many layers as fit (--fill-layers);
 #  2b. the same under torchrun (tpsim validate joining the launch, issue 22), with the step's terms and per-rank
 #     steps printed for every whole-plan report;
 #  3. one GPU per rank, one axis at a time, if the node has >= 2 GPUs: tp 2 (SP), pp 2 (1F1B), dp 2 (ZeRO-3,
@@ -66,6 +67,10 @@ done
 # 2. the whole-plan path on one GPU
 run h200-llama3-8b-whole-1gpu --nproc 1 --tp 1 --whole --model llama3-8b --layers 4 --seq-len 4096 \
     --micro-batch 1 --microbatches 4 --no-calibrate --reps 5 --warmup 2
+
+# 2a. full-size layers (issue 22): Llama-3-8B's own widths and sequence, as many of its layers as fit the GPU
+run h200-llama3-8b-full-size-1gpu --nproc 1 --tp 1 --fill-layers --model llama3-8b --micro-batch 1 \
+    --microbatches 2 --no-calibrate --reps 5 --warmup 2
 
 # 2b. the same whole-plan path under torchrun (issue 22: tpsim validate joins the launch; NCCL, 1 rank)
 python -m torch.distributed.run --standalone --nproc-per-node=1 --max-restarts=0 -m tpsim.validate.worker \

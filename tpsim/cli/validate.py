@@ -63,6 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--layers-per-chunk", type=count_arg("num_layers"), default=2,
                    help="layers per pipeline model chunk of a whole-plan run: layers = pp x vpp x this, unless "
                         "--layers is given (default: %(default)s)")
+    g.add_argument("--fill-layers", action="store_true",
+                   help="GPUs (--backend nccl): a whole-plan run with as many of the model's layers per chunk as "
+                        "fit in the GPUs' memory (its full widths), instead of --layers-per-chunk; the report says "
+                        "what was scaled (on CPU the scaled-down runs are kept)")
     g.add_argument("--order", default="tp-dp-pp", help="rank order, innermost first (default: %(default)s)")
     g.add_argument("--whole", action="store_true", help="run a whole-plan case even with tp only")
     g.add_argument("--shard-of", type=count_arg("tp"), default=1, metavar="T",
@@ -165,14 +169,34 @@ def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanC
 
     chunks = args.pp * args.vpp
     layers = args.layers or chunks * args.layers_per_chunk
-    if layers % chunks:
+    if layers % chunks and not args.fill_layers:
         raise InputError(f"--layers={layers} is not a multiple of pp x vpp = {chunks}")
     m = args.microbatches or (2 * args.pp if args.pp > 1 else 2)
     from ..limits import check_int
     check_int("global_batch", args.dp * m * args.micro_batch, where="dp x microbatches x micro-batch")
-    return PlanCase(model=with_overrides(model, layers=layers), tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp,
-                    zero=args.zero, sp=args.sp, fused=args.fused, micro_batch=args.micro_batch, microbatches=m,
-                    order=args.order, reps=args.reps, warmup=args.warmup)
+
+    def make(n: int) -> PlanCase:
+        return PlanCase(model=with_overrides(model, layers=n * chunks), tp=args.tp, pp=args.pp, vpp=args.vpp,
+                        dp=args.dp, zero=args.zero, sp=args.sp, fused=args.fused, micro_batch=args.micro_batch,
+                        microbatches=m, order=args.order, reps=args.reps, warmup=args.warmup)
+    if not args.fill_layers:
+        return make(layers // chunks)
+    if args.backend != "nccl":
+        raise InputError("--fill-layers runs the plan's full-size layers on GPUs (--backend nccl); on CPU the "
+                         "scaled-down runs are kept (--layers-per-chunk)")
+    import dataclasses
+
+    from ..topology import load_cluster
+    from ..validate.block.scale import layers_that_fit, memory_limit
+
+    device = load_cluster(args.cluster or "hgx-h200").device  # the device only: any GPU count of the file
+    limit = memory_limit(int(device.usable_memory_bytes), 1)
+    n = layers_that_fit(make, model.num_layers // chunks, limit)
+    case = make(n)
+    if n * chunks == model.num_layers:
+        return case
+    return dataclasses.replace(case, scaled=f"layers {model.num_layers}->{n * chunks} (as many as fit in "
+                                            f"{device.name} memory; widths unchanged)")
 
 
 def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
@@ -194,7 +218,7 @@ def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
         return cases, args.name or f"matrix-{model.family}-{args.backend}{suffix}"
     if args.cp > 1 or args.ep > 1:
         return _axis_case(args, model)
-    whole = args.pp > 1 or args.dp > 1 or args.whole
+    whole = args.pp > 1 or args.dp > 1 or args.whole or args.fill_layers
     world = check_int("nproc", args.tp * args.pp * args.dp, where="tp x pp x dp")
     if args.backend == "gloo" and args.nnodes == 1 and world > MAX_CPU_RANKS_PER_CORE * (os.cpu_count() or 1):
         raise InputError(f"tp x pp x dp = {world} ranks on {os.cpu_count()} CPU cores: at most "
