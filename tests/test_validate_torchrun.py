@@ -231,3 +231,15 @@ def test_srun_tasks_join_as_slurm_ranks(tmp_path):
     assert case["meta"]["launcher"] == "slurm" and case["meta"]["hosts"] == [HOST, HOST]
     assert outs[1][0].strip() == ""  # only rank 0 reports
     _no_process_left(token)
+
+
+def test_print_launch_refuses_what_one_launch_cannot_run(capsys):
+    from tpsim.cli import main
+
+    assert main(["validate", "--matrix", "plans", "--print-launch", "slurm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "need 2, 4 ranks; one launch has one rank count" in err[0]
+    graph = Path(__file__).parent / "data" / "opgraph" / "tiny-gpt.ops.json"
+    assert main(["validate", "--model", str(graph), "--tp", "2", "--print-launch", "torchrun"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "traced model runs on tpsim validate's own launch only" in err[0]

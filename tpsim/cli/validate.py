@@ -293,6 +293,10 @@ def run(args: argparse.Namespace) -> int:
 
     from ..opgraph.schema import is_opgraph_path
     if is_opgraph_path(args.model):  # a traced model (tpsim trace)
+        from ..validate.launchers import detect
+        if args.print_launch or detect() is not None:
+            raise InputError(f"--model {args.model}: a traced model runs on tpsim validate's own launch only (not "
+                             "yet under torchrun or srun, nor with --print-launch)")
         from .graph import run_validate
         return run_validate(args)
     check_names(args)
@@ -366,7 +370,7 @@ def print_launch(args: argparse.Namespace, cases: list, name: str) -> int:
     """``--print-launch torchrun|slurm``: the command that runs this validation under the user's launcher."""
     from ..validate.launchers import sbatch_script, torchrun_line
 
-    world = max(getattr(c, "world", c.tp) for c in cases)
+    world = _one_world(cases, "--print-launch")
     nnodes = args.nnodes
     nproc = args.nproc or world // nnodes
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
@@ -380,6 +384,17 @@ def print_launch(args: argparse.Namespace, cases: list, name: str) -> int:
     return 0
 
 
+def _one_world(cases: list, where: str) -> int:
+    """The rank count of the cases, which one launch of the user's launcher runs: one count only."""
+    from ..errors import InputError
+
+    worlds = sorted({getattr(c, "world", c.tp) for c in cases})
+    if len(worlds) > 1:
+        raise InputError(f"{where}: these cases need {', '.join(map(str, worlds))} ranks; one launch has one rank "
+                         "count (run one case, or one launch per rank count)")
+    return worlds[0]
+
+
 def _run_joined(args: argparse.Namespace, joined, cases: list, name: str) -> int:  # noqa: ANN001
     """One rank of a launch the user started (:mod:`tpsim.validate.joined`): rank 0 validates and reports, the
     others run their part of every launch. Leaves with ``os._exit`` (no teardown of a broken process group)."""
@@ -387,7 +402,7 @@ def _run_joined(args: argparse.Namespace, joined, cases: list, name: str) -> int
     from ..validate import joined as rank_side
     from ..validate.launch import LaunchConfig
 
-    world = max(getattr(c, "world", c.tp) for c in cases)
+    world = _one_world(cases, f"under {joined.launcher}")
     if world != joined.world:
         raise InputError(f"the plan needs {world} ranks; this {joined.launcher} launch has {joined.world} "
                          "(WORLD_SIZE / SLURM_NTASKS)")
