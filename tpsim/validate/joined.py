@@ -41,9 +41,7 @@ def start(joined: Joined, backend: str, timeout_s: float, threads: int,
     import torch
     import torch.distributed as dist
 
-    from .worker import init_group
-
-    from .worker import _inject
+    from .worker import _inject, init_group
 
     os.environ.update(joined.env())
     torch.set_num_threads(threads)
