@@ -127,6 +127,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--name", help="report name (default: derived from the case, or matrix-<family>-<backend>)")
     o.add_argument("--out-dir", default=None, help="report folder (default: reports/validation)")
+    m.add_argument("--trace-terms", action="store_true",
+                   help="whole plans: one more step under torch.profiler on rank 0 and one rank per pipeline stage, "
+                        "its wall split into compute, communication (with waits) and host gaps beside the terms "
+                        "(the profiler's own overhead inflates that step)")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -335,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
     check_backend(args.backend, world // args.nnodes)
     cfg = LaunchConfig(nproc=nproc, backend=args.backend, timeout_s=args.timeout, threads=args.threads,
                        nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                       run_timeout_s=args.run_timeout)
+                       run_timeout_s=args.run_timeout, trace_terms=args.trace_terms)
     return _validate_and_print(args, cases, name, cfg, out_dir)
 
 
@@ -414,6 +418,8 @@ def _run_joined(args: argparse.Namespace, joined, cases: list, name: str) -> int
                          "(WORLD_SIZE / SLURM_NTASKS)")
     out_dir = check_out_dir(Path(args.out_dir) if args.out_dir else _reports_dir()) if joined.rank == 0 else None
     code = 1
+    if args.trace_terms:  # every rank of the joined launch parsed the same flag
+        os.environ["TPSIM_VALIDATE_TRACE"] = "1"
     try:
         hosts = rank_side.start(joined, args.backend, args.timeout, args.threads, args.run_timeout)
         if joined.rank != 0:
@@ -500,6 +506,10 @@ def _terms_lines(s: dict) -> list[str]:
         gap = s.get("terms_sum_error_pct")
         if gap is not None:
             lines.append(f"  measured terms sum to the measured step {gap:+.1f}%")
+    for prof in s.get("profiled") or []:
+        lines.append(f"  torch.profiler, rank {prof['rank']} (stage {prof['stage']}), one step {prof['wall_s'] * 1e3:.1f} ms: "
+                     f"compute {prof['compute_s'] * 1e3:.1f} ms, communication and waits {prof['comm_s'] * 1e3:.1f} ms, "
+                     f"host gaps {prof['host_gap_s'] * 1e3:.1f} ms")
     pr = s.get("per_rank")
     if pr:
         ranks = ", ".join(f"{r['rank']}: {r['step_s'] * 1e3:.1f}" for r in pr["ranks"])

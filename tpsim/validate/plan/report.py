@@ -139,6 +139,7 @@ def summarize_plan(case: PlanCase, ranks: list[dict[str, Any]], pred: PlanPredic
         "terms": terms, "terms_sum_error_pct": terms_sum_error_pct(
             terms, next((p["measured_s"] for p in phases if p["name"] == "step"), None)),
         "per_rank": per_rank(ranks),
+        "profiled": [r["profile"] for r in ranks if r.get("profile")],
     }
 
 
