@@ -169,7 +169,8 @@ def torchtitan(rows: list[dict]) -> list[dict]:
                  f"recompute {recompute} (per-layer SAC checkpoints every 2nd layer, per-op SAC saves the "
                  "matmuls: both are tpsim's selective, the closest in time)" if recompute == "selective" else
                  f"FSDP2 -> zero 3; AC {ac!r} -> recompute {recompute}",
-                 f"torch.compile {r['torch_compile']} (no plan field)",
+                 f"torch.compile {r['torch_compile']} -> stack "
+                 f"{'torchtitan-compile (fused kernels)' if r['torch_compile'] == 'yes' else 'torchtitan (eager)'}",
                  H100_TT if h100 else "dgx-a100 for the A100 80 GB (node and network not described)"]
         if not r["global_batch_size"]:
             notes.append(f"global batch not printed: local batch {r['local_batch_size']} x FSDP degree {fsdp} "
@@ -178,7 +179,8 @@ def torchtitan(rows: list[dict]) -> list[dict]:
             notes.append("TP with sequence parallel (torchtitan always shards the norms)")
         out.append(dict(
             run_id=r["case_id"], **shape, cluster="dgx-h100" if h100 else "dgx-a100", gpus=r["num_gpus"],
-            stack="torchtitan", tp=str(tp), cp=str(cp), cp_kind="ring", pp=r["pp"] or "1",
+            stack="torchtitan-compile" if r["torch_compile"] == "yes" else "torchtitan", tp=str(tp), cp=str(cp),
+            cp_kind="ring", pp=r["pp"] or "1",
             sp="true" if tp > 1 else "false", zero="3", recompute=recompute,
             micro_batch=r["local_batch_size"], global_batch=gbs, dtype=_dtype(r["precision"]),
             tp_overlap="true" if r["async_tp"] == "yes" else "false", overlap="true",

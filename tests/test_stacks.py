@@ -228,3 +228,20 @@ def test_stacks_module_imports_nothing_above_the_plan():
         elif isinstance(node, ast.Import):
             names.update(a.name.split(".")[0] for a in node.names)
     assert not names & {"estimator", "search", "report", "cli", "launch", "torch", "matplotlib"}, names
+
+
+def test_torchtitan_compile_profile_differs_only_in_kernels():
+    """torchtitan-compile.yaml is torchtitan.yaml with training.compile: fused kernels, every other figure the same
+    (the two files are kept in step by hand; this catches a figure changed in one of them only)."""
+    from tpsim.stacks import stack_path
+    from tpsim.topology.files import read_yaml
+
+    eager, compiled = (dict(read_yaml(stack_path(n))) for n in ("torchtitan", "torchtitan-compile"))
+    assert eager["compute"]["kernels"]["value"] == "eager"
+    assert compiled["compute"]["kernels"]["value"] == "fused"
+    for data in (eager, compiled):
+        data["compute"] = {k: v for k, v in data["compute"].items() if k != "kernels"}
+        for key in ("name", "description"):
+            data.pop(key)
+    assert eager == compiled
+    assert load_stack("torchtitan-compile").name == "torchtitan-compile"

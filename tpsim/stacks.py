@@ -32,7 +32,8 @@ from .model import ModelSpec
 from .plan import ATTENTION, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
 
 STACKS_DIR = Path(__file__).resolve().parent / "data" / "stacks"
-STACK_NAMES = ("megatron", "torchtitan", "deepspeed", "deepspeed-2021", "llm-foundry", "nemo")
+STACK_NAMES = ("megatron", "torchtitan", "torchtitan-compile", "deepspeed", "deepspeed-2021", "llm-foundry",
+               "nemo")
 PRESET_STACKS = ("hai-llm",)
 """shipped profiles of a preset's published run (DeepSeek-V3's HAI-LLM), loadable by name but not general
 stacks: they offer only what the run used."""

@@ -108,7 +108,8 @@ def add_stack_arg(p: argparse.ArgumentParser) -> None:
     """``--stack``: the training stack whose rules, communication, compute and memory the estimate follows."""
     p.add_argument("--stack", default=None, metavar="NAME",
                    help="training stack: megatron (default; a preset may name its own), nemo (NeMo 24.07's "
-                        "distributed optimizer), torchtitan, llm-foundry, deepspeed, deepspeed-2021 (ZeRO-3 as in "
+                        "distributed optimizer), torchtitan (eager), torchtitan-compile (training.compile), "
+                        "llm-foundry, deepspeed, deepspeed-2021 (ZeRO-3 as in "
                         "SC21 Table 2), hai-llm (DeepSeek-V3's published run, the deepseek-v3 preset's), or a "
                         "profile YAML path "
                         "(tpsim/data/stacks): which plans it runs, how it communicates, computes and holds memory")
