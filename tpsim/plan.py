@@ -69,7 +69,7 @@ class Plan:
     global_batch: int = 1
     """sequences per step over all replicas."""
     dtype: str = "bf16"
-    """GEMM precision: fp32 | tf32 | bf16 | fp16 | fp8."""
+    """GEMM precision: fp32 | tf32 | bf16 | fp16 | fp8 | mxfp8 | nvfp4 (:data:`tpsim.hardware.DTYPES`)."""
     overlap: bool = True
     """DP gradient reduction overlapped with the backward pass of the last micro-batch."""
     order: str = DEFAULT_ORDER

@@ -140,7 +140,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--micro-batch", type=count_arg("micro_batch"), help="sequences per micro-batch")
     g.add_argument("--global-batch", type=count_arg("global_batch"),
                    help="sequences per step (default: the preset's)")
-    g.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16", "fp8"), help="GEMM precision")
+    from ..hardware import DTYPES
+    g.add_argument("--dtype", choices=DTYPES, help="GEMM precision (mxfp8, nvfp4: Blackwell block-scaled formats)")
     g.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                    help="do not overlap the DP gradient reduction with the backward pass")
     g.add_argument("--order", help="rank order, innermost first (default tp-dp-pp; cp sits right after tp unless "

@@ -42,7 +42,8 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p)
     g = p.add_argument_group("batch and precision")
     g.add_argument("--global-batch", type=count_arg("global_batch"), default=None, help="sequences per step (default: the preset's)")
-    g.add_argument("--dtype", default=None, choices=("fp32", "tf32", "bf16", "fp16", "fp8"),
+    from ..hardware import DTYPES
+    g.add_argument("--dtype", default=None, choices=DTYPES,
                    help="GEMM precision (default: the preset's, else bf16)")
     g.add_argument("--attention", default=None, choices=("flash", "unfused"), help="attention kernel (flash)")
     g.add_argument("--profile", default=None, metavar="CSV",

@@ -152,6 +152,8 @@ class EstimationContext:
                 if fit.scales_time:
                     effective = ScaledCompute(effective, fit)
                 host = fit.host_overhead_per_layer_us * 1e-6
+        from ..compute.quantize import QuantizedCompute
+        effective = QuantizedCompute(effective, terms.fp8_scaling)   # cast/scale kernels of fp8/mxfp8/nvfp4 GEMMs
         return EstimationContext(model=model, cluster=cluster, compute=effective, given_compute=compute,
                                  roofline=roofline, calibration=cal, stack=profile, terms=terms, fixed=fixed,
                                  band=band,

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..compute.base import ComputeModel
 from ..errors import InputError
+from ..hardware import DTYPE_BYTES, is_low_precision
 from ..model import ModelSpec
 from ..plan import Plan, PlanBatch, validate_plan
 from ..units import GiB
@@ -100,7 +101,7 @@ def _z3_collectives(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray | fl
 
 
 FP8_CAST_BYTES = 2.0
-"""per parameter: Transformer Engine keeps the fp8 cast of each weight and its transpose (Hopper's fp8 GEMMs
+"""quantized copies per parameter (times the dtype's bytes): Transformer Engine keeps the fp8 cast of each weight and its transpose (Hopper's fp8 GEMMs
 need both layouts) between micro-batches of a step (transformer_engine/pytorch/module/linear.py, the
 ``is_first_microbatch`` weight caching); with fp8 weights kept (--fp8-param-gather) only the transpose."""
 
@@ -112,8 +113,12 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
 
     terms, dtype = ctx.terms, plans.dtype
     wide = dtype in ("fp32", "tf32")
-    w_bytes = 4.0 if wide else (1.0 if dtype == "fp8" and terms.fp8_weights_kept else 2.0)
-    cache = 0.0 if dtype != "fp8" else (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
+    low = is_low_precision(dtype)
+    # the quantized weight copies at the dtype's bytes, block scales included (DTYPE_BYTES: 1 for fp8,
+    # 1 + 1/32 for mxfp8, 0.5 + 1/16 for nvfp4); the copy and its transpose / column-wise copy
+    q_bytes = DTYPE_BYTES[dtype] if low else 0.0
+    w_bytes = 4.0 if wide else (q_bytes if low and terms.fp8_weights_kept else 2.0)
+    cache = 0.0 if not low else q_bytes * (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
     proc = process_memory()
     return dict(w_bytes=w_bytes, weight_cache_bytes=cache, grad_bytes=4.0 if wide else terms.grad_buffer_bytes,
                 master_bytes=0.0 if wide else terms.main_params_bytes,

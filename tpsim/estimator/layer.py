@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..compute.base import ComputeModel
+from ..compute.quantize import cast_seconds
+from ..hardware import is_low_precision
 from ..model import LayerKind, ModelSpec
 from .keys import sorted_values
 
@@ -69,6 +71,9 @@ def _linear(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, n, k, dtype: str
     acc_f.add(compute.gemm(m, n, k, dtype))
     dgrad = acc_b.add(compute.gemm(m, k, n, dtype))
     wgrad = acc_b.add(compute.gemm(k, n, m, dtype))
+    if is_low_precision(dtype):   # quantize the input (forward) and the output gradient (backward)
+        acc_f.add(cast_seconds(compute, np.asarray(m, dtype=float) * k, dtype))
+        acc_b.add(cast_seconds(compute, np.asarray(m, dtype=float) * n, dtype, True))
     return dgrad, wgrad
 
 

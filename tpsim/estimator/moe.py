@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from ..compute.base import ComputeModel
+from ..compute.quantize import cast_seconds
+from ..hardware import is_low_precision
 from ..model import ModelSpec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "moe.yaml"
@@ -100,6 +102,9 @@ def _grouped(acc_f, acc_b, compute: ComputeModel, m, n, k, groups, dtype: str) -
     acc_f.add(compute.gemm(m, n, k, dtype, batch=groups))
     acc_b.add(compute.gemm(m, k, n, dtype, batch=groups))
     acc_b.add(compute.gemm(k, n, m, dtype, batch=groups))
+    if is_low_precision(dtype):   # quantize the experts' inputs and output gradients (tpsim/compute/quantize.py)
+        acc_f.add(cast_seconds(compute, np.asarray(groups, dtype=float) * m * k, dtype))
+        acc_b.add(cast_seconds(compute, np.asarray(groups, dtype=float) * m * n, dtype, True))
 
 
 def add_expert_compute(acc_f, acc_b, compute: ComputeModel, model: ModelSpec, shape: ExpertShape,

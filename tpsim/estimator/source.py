@@ -22,6 +22,7 @@ import numpy as np
 from ..comm_plan import a2a_bytes, kv_block_bytes
 from ..compute.base import ComputeModel
 from ..compute.roofline import activation_bytes
+from ..hardware import is_low_precision
 from ..model import LayerKind, ModelSpec
 from ..tp_plan import layer_collectives
 from .flops import layer_forward_flops, model_flops_per_sequence
@@ -278,7 +279,7 @@ class TransformerSource(LayerSource):
         tags += [("cp", i, kind.window if c.op == "send_recv" else None) for i, c in enumerate(cp_ops)]
         if kind.moe:
             ep_ops = moe_layer_collectives(model, axes, paired=(lc.fwd, lc.bwd) if self.paired_chunks else None,
-                                           fp8_dispatch=self.fp8_dispatch and dtype == "fp8",
+                                           fp8_dispatch=self.fp8_dispatch and is_low_precision(dtype),
                                            node_dedup=self.node_dedup)
             comm += ep_ops
             tags += [("ep", i) for i in range(len(ep_ops))]

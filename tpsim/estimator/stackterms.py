@@ -13,7 +13,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import InputError
-from ..hardware import DTYPE_BYTES
+from ..compute.quantize import FP8_SCALINGS
+from ..hardware import DTYPE_BYTES, is_low_precision
 from ..model import ModelSpec
 from ..stacks import Figure, StackProfile
 
@@ -45,7 +46,7 @@ class ActivationStorage:
 
     def cache_bytes(self, dtype: str, act_bytes: float) -> tuple[float, float]:
         """(linear input, attention output) bytes per cached element for a plan of ``dtype``."""
-        if dtype != "fp8":
+        if not is_low_precision(dtype):
             return act_bytes, act_bytes
         lin = act_bytes if self.fp8_linear_input_bytes is None else self.fp8_linear_input_bytes
         att = lin if self.fp8_attention_output_bytes is None else self.fp8_attention_output_bytes
@@ -92,6 +93,9 @@ class StackTerms:
     optimizer_state_bytes: float
     """bytes per parameter of the two Adam moments together."""
     fp8_weights_kept: bool
+    fp8_scaling: str = "delayed"
+    """the fp8 scaling recipe (``compute.fp8_scaling``: delayed, current, block): the cost of the cast kernels
+    of fp8 GEMMs (tpsim/compute/quantize.py); mxfp8 and nvfp4 are always block-scaled."""
     pipeline_mirrored_stages: bool
     """a bidirectional schedule (DualPipe): pipeline rank r also holds stage pp - 1 - r (its parameters,
     gradients, optimizer states and activations)."""
@@ -237,6 +241,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         optimizer_state_bytes=2.0 * _dtype_bytes(_value(stack, "memory", "optimizer_state_dtype", "fp32"),
                                                  f"{where}: memory.optimizer_state_dtype"),
         fp8_weights_kept=bool(_value(stack, "memory", "fp8_weights_kept", False)),
+        fp8_scaling=_choice(stack, "compute", "fp8_scaling", "delayed", FP8_SCALINGS, where),
         activation_storage=_activation_storage(stack, where),
         pipeline_mirrored_stages=bool(_value(stack, "memory", "pipeline_mirrored_stages", False)),
         pipeline_extra_in_flight=_positive(stack, "pipeline_extra_in_flight", 0.0, where, minimum=0.0),

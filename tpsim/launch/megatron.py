@@ -117,6 +117,8 @@ def _zero(plan: Plan) -> list[list[str]]:
 
 def _precision(dtype: str) -> list[list[str]]:
     return {"bf16": [["--bf16"]], "fp16": [["--fp16"]], "fp8": [["--bf16"], ["--fp8-format", "hybrid"]],
+            "mxfp8": [["--bf16"], ["--fp8-format", "e4m3"], ["--fp8-recipe", "mxfp8"]],
+            "nvfp4": [["--bf16"], ["--fp4-format", "e2m1"], ["--fp4-recipe", "nvfp4"]],
             "fp32": []}[dtype]
 
 
@@ -464,8 +466,10 @@ def _zero_of(f: Flags, notes: list[str]) -> int:
 
 
 def _dtype_of(f: Flags) -> str:
+    if f.has("--fp4-format"):
+        return "nvfp4"
     if f.has("--fp8-format"):
-        return "fp8"
+        return "mxfp8" if f.text("--fp8-recipe") == "mxfp8" else "fp8"
     if f.has("--bf16"):
         return "bf16"
     return "fp16" if f.has("--fp16") else "fp32"

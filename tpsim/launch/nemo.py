@@ -42,6 +42,9 @@ def format_violation(ctx: ExportContext) -> str | None:
     from ..stacks import order_key
 
     plan, layers = ctx.plan, ctx.model.num_layers
+    if plan.dtype in ("mxfp8", "nvfp4"):
+        return (f"dtype={plan.dtype}: the NeMo 1.x config has fp8 / fp8_hybrid keys only (no MXFP8 or NVFP4 "
+                f"recipe key); export for megatron instead")
     if order_key(plan.order) != "tp-dp-pp":
         return f"order={plan.order}: NeMo's config has no rank-order key (Megatron's default tp-cp-ep-dp-pp)"
     if ctx.model.shared_expert_gate:

@@ -45,7 +45,8 @@ def injection_bandwidth(cluster: "Cluster") -> dict[str, float]:
         # from the fabric's NIC link kind, so a one-node cluster (no fabric built) still reports it
         spec = cluster.spec
         nic = link_attrs(spec.fabric.nic_link, 1, spec.default_efficiency, spec.calibration)
-        best["network"] = nic.bw_GBps * len(layout.nics) / cluster.gpus_per_node
+        used = {layout.nic_of(i) for i in range(cluster.gpus_per_node)} - {""}   # NICs of the GPUs in the job
+        best["network"] = nic.bw_GBps * len(used) / cluster.gpus_per_node
     return best
 
 

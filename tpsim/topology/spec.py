@@ -370,7 +370,7 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
         gpn = template_gpus
     else:
         gpn = positive(gpn_raw, where, "gpus_per_node", integer=True, maximum=LIMITS["gpus"])
-    if template_gpus and gpn != template_gpus:
+    if template_gpus and gpn > template_gpus:
         raise InputError(f"{where}: gpus_per_node={gpn} but node {node.name} has {template_gpus} GPUs")
     if total % gpn:
         raise InputError(f"{where}: gpus={total} is not a whole number of nodes of {gpn} GPUs "
