@@ -106,7 +106,8 @@ class QuantizedCompute(ComputeModel):
         out = dict(self.base.provenance()) if hasattr(self.base, "provenance") else {}
         for dtype in LOW_PRECISION_DTYPES:
             r = recipe(dtype, self.fp8_scaling)
-            out[f"quantize.{dtype}"] = f"{r.scaling} scaling, {r.bytes_per_element:g} B/element: {r.source}"
+            out[f"quantize.{dtype}"] = (f"{r.scaling} scaling, {r.bytes_per_element:g} B per quantized element "
+                                        f"(tpsim/data/kernels/quantize.yaml)")
         return out
 
     def __getattr__(self, name):   # device, gemm_rate, hbm ... of the wrapped model
