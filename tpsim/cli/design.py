@@ -1,7 +1,7 @@
 """``tpsim design SWEEP.yaml --out DIR``: sweep cluster designs x models x the whole plan space (docs/DESIGN.md).
 
 Writes DIR/table.csv and table.parquet (one row per design: axes, best plan, step time, tokens/s, MFU,
-communication share, memory headroom, time and cost for the token budget), DIR/frontier.csv (cost vs time),
+communication share, memory headroom, ideal and expected days, goodput, cost and energy for the token budget), DIR/frontier.csv (cost vs time),
 the charts (tradeoff, value, cost_time, multiples: .png with their .csv) and DIR/results.jsonl (the finished
 planning tasks: an interrupted sweep resumes from it). ``--explain A B`` compares two designs of DIR.
 """
@@ -81,7 +81,12 @@ def run(args: argparse.Namespace) -> int:
         for r in best:
             print(f"  {r['design']}  {r['model']}: {r['device']} NVL{r['nvlink_domain']} {r['fabric']} "
                   f"{r['nic_gbps']}G x{r['nics_per_gpu']} {r['gpus']} GPUs  {r['plan']}  "
-                  f"{r['tokens_per_s']:,.0f} tok/s  {r['train_days']:.1f} days  ${r['cost_usd']:,.0f}")
+                  f"{r['tokens_per_s']:,.0f} tok/s  {_num(r['expected_days'], '.1f')} days  "
+                  f"${_num(r['cost_usd'], ',.0f')}")
     print(f"wrote {args.out}/table.csv, frontier.csv" + (", table.parquet" if result.parquet else "")
           + (", charts" if args.charts else ""))
     return 0
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)

@@ -71,19 +71,19 @@ def value_chart(rows: Sequence[Mapping[str, Any]]):
 
 
 def frontier_chart(rows: Sequence[Mapping[str, Any]]):
-    pts = _fits(rows)
+    pts = [r for r in _fits(rows) if r["expected_days"] is not None and r["cost_usd"] is not None]
     fig, ax = _figure(7.5, 5)
     ax = ax[0][0]
     for model in sorted({r["model"] for r in pts}):
         sel = [r for r in pts if r["model"] == model]
-        ax.scatter([r["train_days"] for r in sel], [r["cost_usd"] / 1e6 for r in sel], alpha=0.35, s=12,
+        ax.scatter([r["expected_days"] for r in sel], [r["cost_usd"] / 1e6 for r in sel], alpha=0.35, s=12,
                    label=f"{model}")
-        front = sorted((r for r in sel if r["frontier"]), key=lambda r: r["train_days"])
-        ax.plot([r["train_days"] for r in front], [r["cost_usd"] / 1e6 for r in front], marker="o",
+        front = sorted((r for r in sel if r["frontier"]), key=lambda r: r["expected_days"])
+        ax.plot([r["expected_days"] for r in front], [r["cost_usd"] / 1e6 for r in front], marker="o",
                 label=f"{model} frontier")
     ax.set_xscale("log")
-    ax.set_xlabel("time to train the token budget, days (ideal: step time x steps)")
-    ax.set_ylabel("cost, M$ (GPU-hours x price)")
+    ax.set_xlabel("expected time to train the token budget, days (tpsim train-time model)")
+    ax.set_ylabel("cost, M$ (GPU-hours of the expected time x price)")
     ax.set_title("cost vs time: the design frontier")
     if pts:
         ax.legend(fontsize=8)

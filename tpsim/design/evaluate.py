@@ -60,6 +60,9 @@ def summarize(est: Mapping[str, Any], device_memory_gib: float) -> dict[str, Any
     comm_total = sum(float(br.get(k, 0.0)) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm"))
     plan = est["plan"]
     out = {k: plan.get(k) for k in PLAN_KEYS}
+    mem = est["memory_gib"]
+    out.update(weights_gib=float(mem["weights"]), optimizer_gib=float(mem["optimizer_states"]),
+               global_batch=int(plan["global_batch"]))
     out.update(step_time_s=step, tokens_per_s=float(est["tokens_per_s"]), mfu=float(est["mfu"]),
                comm_share=float(br["exposed_comm"]) / step, comm_total_share=comm_total / step,
                memory_gib=float(est["peak_memory_gib"]),
@@ -88,7 +91,7 @@ def run_task(task: Mapping[str, Any]) -> dict[str, Any]:
     est, evaluated, why = _best(model, cluster, gb, task["dtype"], task["stack"])
     out: dict[str, Any] = {"task": task["id"], "evaluated": evaluated, "fits": est is not None, "why": why,
                            "params": float(model.total_params()), "global_batch": gb,
-                           "seq_len": int(model.seq_len)}
+                           "seq_len": int(model.seq_len), "gpus_per_node": int(cluster.gpus_per_node)}
     if est is not None:
         out.update(summarize(est, mem_gib))
         out["plan"] = plan_string(est)

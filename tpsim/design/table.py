@@ -17,9 +17,10 @@ from .sweep import AXES, Sweep, planning_tasks, task_id
 
 COLUMNS = (("design", "model") + AXES + ("tokens", "fits", "plan") + PLAN_KEYS +
            ("step_time_s", "tokens_per_s", "mfu", "comm_share", "comm_total_share", "memory_gib", "memory_headroom",
-            "train_days", "gpu_hours", "cost_usd", "energy_mwh", "tokens_per_s_per_usd_hour",
+            "ideal_days", "expected_days", "goodput", "gpu_hours", "cost_usd", "energy_mwh",
+            "tokens_per_s_per_usd_hour",
             "network_gbps_per_gpu", "largest_scale", "largest_params_b", "largest_comm_share", "frontier", "why"))
-OBJECTIVE_COLUMN = {"throughput": ("tokens_per_s", True), "time": ("train_days", False),
+OBJECTIVE_COLUMN = {"throughput": ("tokens_per_s", True), "time": ("expected_days", False),
                     "cost": ("cost_usd", False)}
 """objective -> (column, descending) the table is sorted by within each model."""
 
@@ -45,9 +46,13 @@ def design_rows(sweep: Sweep, results: Mapping[str, Mapping[str, Any]]) -> list[
             for k in ("step_time_s", "tokens_per_s", "mfu", "comm_share", "comm_total_share", "memory_gib",
                       "memory_headroom"):
                 row[k] = res[k]
-            fig = train_figures(tokens=entry.tokens, tokens_per_s=res["tokens_per_s"], gpus=int(v["gpus"]),
+            fig = train_figures(tokens=entry.tokens, tokens_per_step=res["global_batch"] * res["seq_len"],
+                                step_s=res["step_time_s"], gpus=int(v["gpus"]), gpus_per_node=res["gpus_per_node"],
+                                weights_gib=res["weights_gib"], optimizer_gib=res["optimizer_gib"], dp=res["dp"],
+                                cp=res["cp"], zero=res["zero"], device=v["device"],
                                 gpu_hour_price=float(v["gpu_hour_price"]), power_w=v["power_w"])
-            row.update({k: fig[k] for k in ("train_days", "gpu_hours", "cost_usd", "energy_mwh")})
+            row.update({k: fig[k] for k in ("ideal_days", "expected_days", "goodput", "gpu_hours", "cost_usd",
+                                            "energy_mwh")})
             hourly = float(v["gpus"]) * float(v["gpu_hour_price"])
             row["tokens_per_s_per_usd_hour"] = res["tokens_per_s"] / hourly if hourly > 0 else None
         else:
@@ -71,7 +76,7 @@ def design_rows(sweep: Sweep, results: Mapping[str, Mapping[str, Any]]) -> list[
 
 
 def _mark_frontier(rows: list[dict[str, Any]]) -> None:
-    """``frontier``: the design is on the cost vs time Pareto front of its model (both minimized)."""
+    """``frontier``: the design is on the cost vs expected-time Pareto front of its model (both minimized)."""
     from ..search.pareto import pareto_front
 
     by_model: dict[str, list[int]] = {}
@@ -80,8 +85,9 @@ def _mark_frontier(rows: list[dict[str, Any]]) -> None:
         if r["fits"]:
             by_model.setdefault(r["model"], []).append(i)
     for idx in by_model.values():
-        cost = np.array([rows[i]["cost_usd"] for i in idx], dtype=float)
-        days = np.array([rows[i]["train_days"] for i in idx], dtype=float)
+        cost = np.array([np.nan if rows[i]["cost_usd"] is None else rows[i]["cost_usd"] for i in idx], dtype=float)
+        days = np.array([np.nan if rows[i]["expected_days"] is None else rows[i]["expected_days"] for i in idx],
+                        dtype=float)
         for j in pareto_front(cost, days):
             rows[idx[int(j)]]["frontier"] = True
 
@@ -127,4 +133,4 @@ def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path) -> bool:
 
 
 def frontier_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return sorted((r for r in rows if r["frontier"]), key=lambda r: (r["model"], r["cost_usd"], r["train_days"]))
+    return sorted((r for r in rows if r["frontier"]), key=lambda r: (r["model"], r["cost_usd"], r["expected_days"]))
