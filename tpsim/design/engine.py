@@ -115,6 +115,10 @@ def _run_pool(todo: list[dict[str, Any]], jobs: int, done: Callable) -> None:
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
+    # forked workers inherit what the parent imported: import the planner and the estimator once here
+    from ..estimator import core as _core  # noqa: F401
+    from ..search import planner as _planner  # noqa: F401
+
     pending, attempt = todo, 0
     finished: set[str] = set()
     while pending:
