@@ -234,3 +234,21 @@ def test_export_block_scaled_dtypes(capsys, tmp_path):
                         "llama3-8b", "--cluster", "dgx-b300", "--gpus", "16", "--tp", "8", "--dtype", "mxfp8",
                         "--no-predict")
     assert code == 2 and "dtype=mxfp8" in err
+
+
+@pytest.mark.parametrize("device", NEW_DEVICES)
+def test_every_new_device_estimates_on_a_cluster(tmp_path, device):
+    """Each new device on a cluster file (inline name): a GPU on an 8-GPU HGX-style node, a TPU on TPU hosts."""
+    tpu = device.startswith("TPU")
+    node, fabric = ("tpu-v4-host", "tpu-v4-torus") if tpu else ("dgx-h100", "ndr-rail-optimized")
+    if device.startswith("GB"):
+        node = "gb300-nvl72" if device == "GB300" else "gb200-nvl72"
+    gpus = 64 if tpu else (72 if device.startswith("GB") else 16)
+    (tmp_path / "c.yaml").write_text(f"name: t\nnode: {node}\nfabric: {fabric}\ndevice: {device}\ngpus: {gpus}\n"
+                                     f"source: test\n")
+    cluster = load_cluster(str(tmp_path / "c.yaml"))
+    model = load_model("llama3-8b")
+    dtype = "nvfp4" if device in ("B300", "GB200", "GB300") else "bf16"
+    est = estimate(model, cluster, make_plan(model, gpus, tp=8, dtype=dtype, global_batch=8 * gpus))
+    assert est.step_time_s > 0 and np.isfinite(est.mfu)
+    assert est.to_dict()["cluster"]["device"] == device

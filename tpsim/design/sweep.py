@@ -267,6 +267,9 @@ def impossible(values: Mapping[str, Any]) -> str | None:
         return (f"axes.fabric={fabric} with axes.device={device.name}: TPU chips are joined by their ICI torus, "
                 f"GPUs by a switched fabric (fat_tree or rail_optimized)")
     if arch == "tpu":
+        if device.name not in ("TPU-v4", "TPU-v5p"):
+            return (f"axes.device={device.name}: designs build 3D TPU tori (TPU-v4, TPU-v5p); the 2D torus of "
+                    f"{device.name} is not built yet")
         if domain != 8 or values["nics_per_gpu"] != 1 or values["oversubscription"] != 1:
             return (f"axes.nvlink_domain / nics_per_gpu / oversubscription with axes.device={device.name}: a TPU "
                     f"torus has no NVLink domain, NICs or leaf oversubscription (use 8, 1, 1)")
