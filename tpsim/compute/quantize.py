@@ -66,8 +66,7 @@ def recipe(dtype: str, fp8_scaling: str | None = None) -> Recipe:
     return table[(dtype, scaling)]
 
 
-def cast_seconds(compute: ComputeModel, numel: ArrayLike, dtype: str,
-                 backward: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def cast_seconds(compute: ComputeModel, numel: ArrayLike, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """``(seconds, measured)`` of quantizing ``numel`` elements of a GEMM operand of ``dtype`` (zeros for
     16/32-bit dtypes) with the recipe of ``compute`` (a :class:`QuantizedCompute` carries the stack's fp8
     scaling; any other model: the default recipe). Costed as a streaming kernel at the rate ``compute`` runs a

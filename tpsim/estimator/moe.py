@@ -104,7 +104,7 @@ def _grouped(acc_f, acc_b, compute: ComputeModel, m, n, k, groups, dtype: str) -
     acc_b.add(compute.gemm(k, n, m, dtype, batch=groups))
     if is_low_precision(dtype):   # quantize the experts' inputs and output gradients (tpsim/compute/quantize.py)
         acc_f.add(cast_seconds(compute, np.asarray(groups, dtype=float) * m * k, dtype))
-        acc_b.add(cast_seconds(compute, np.asarray(groups, dtype=float) * m * n, dtype, True))
+        acc_b.add(cast_seconds(compute, np.asarray(groups, dtype=float) * m * n, dtype))
 
 
 def add_expert_compute(acc_f, acc_b, compute: ComputeModel, model: ModelSpec, shape: ExpertShape,
@@ -123,12 +123,12 @@ def add_expert_compute(acc_f, acc_b, compute: ComputeModel, model: ModelSpec, sh
     # on the kernel that moves 3 elements per element (residual_add), hence 2/3 of the element count
     moved = 2.0 * shape.copies * h * 2.0 / 3.0
     acc_f.add(compute.memory("residual_add", moved, dtype, False))
-    acc_b.add(compute.memory("residual_add", moved, dtype, True))
+    acc_b.add(compute.memory("residual_add", moved, dtype))
     gated = model.gated
     _grouped(acc_f, acc_b, compute, m, f * (2 if gated else 1), h, groups, dtype)
     act = "swiglu" if gated else "gelu"
     acc_f.add(compute.memory(act, shape.copies * f, dtype, False))
-    acc_b.add(compute.memory(act, shape.copies * f, dtype, True))
+    acc_b.add(compute.memory(act, shape.copies * f, dtype))
     _grouped(acc_f, acc_b, compute, m, h, f, groups, dtype)
 
 
