@@ -119,11 +119,11 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
         acc_f.add(compute.memory("softmax", scores, dtype, False))  # fused scale-mask-softmax
         if model.family == "gpt":
             acc_f.add(compute.memory("dropout", scores, dtype, False))
-            acc_b.add(compute.memory("dropout", scores, dtype))
+            acc_b.add(compute.memory("dropout", scores, dtype, True))
         acc_f.add(compute.gemm(s, d, s, dtype, batch=bh_u))          # P V
         acc_b.add(compute.gemm(s, s, d, dtype, batch=bh_u), 1.0)     # dP = dO V^T
         acc_b.add(compute.gemm(s, d, s, dtype, batch=bh_u), 3.0)     # dV = P^T dO, dQ = dS K, dK = dS^T Q
-        acc_b.add(compute.memory("softmax", scores, dtype))
+        acc_b.add(compute.memory("softmax", scores, dtype, True))
         return np.zeros(n_plans), np.zeros(n_plans), np.zeros(n_plans)
     if window and window < s:
         w = float(window)
@@ -138,13 +138,13 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
                                      np.where(windowed, band[1] & diag[1], full[1])))
         return np.zeros(n_plans), np.zeros(n_plans), flash
     flash = acc_f.add(compute.attention(bh, seq, d, True, dtype, False))
-    flash = flash + acc_b.add(compute.attention(bh, seq, d, True, dtype))
+    flash = flash + acc_b.add(compute.attention(bh, seq, d, True, dtype, True))
     if not np.any(ring):
         return np.zeros(n_plans), np.zeros(n_plans), flash
     steps = np.where(ring, (cpf - 1.0) / 2.0, 1.0)  # cp - 1 half blocks (1.0 where unused: no empty kernel)
     n = s / cpf
     hidden_f = acc_f.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, False)))
-    hidden_b = acc_b.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype)))
+    hidden_b = acc_b.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, True)))
     return hidden_f, hidden_b, flash + hidden_f + hidden_b
 
 
@@ -178,7 +178,7 @@ def _attention_linears(fwd: _Acc, bwd: _Acc, compute: ComputeModel, model: Model
         dgrad, wgrad = dgrad + d2, wgrad + w2
     _linear(fwd, bwd, compute, T, heads * (model.qk_nope_head_dim + v), kvl, dtype)
     fwd.add(compute.memory("rmsnorm", T * (ql + kvl), dtype, False))  # q_a / kv_a latent norms
-    bwd.add(compute.memory("rmsnorm", T * (ql + kvl), dtype))
+    bwd.add(compute.memory("rmsnorm", T * (ql + kvl), dtype, True))
     return dgrad, wgrad
 
 
@@ -222,7 +222,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         rotated = (shp.q_width + shp.kv_width if model.attention_kind != "mla"
                    else heads * model.qk_rope_head_dim + model.qk_rope_head_dim)
         fwd.add(compute.memory("residual_add", T * rotated, dtype, False))
-        bwd.add(compute.memory("residual_add", T * rotated, dtype))
+        bwd.add(compute.memory("residual_add", T * rotated, dtype, True))
     _linear(fwd, bwd, compute, T, h, heads * dv, dtype)
 
     # MLP block: dense, or shared experts (tensor-parallel like it) beside the routed experts
@@ -235,7 +235,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         mlp_in = [f_local * (2 if gated else 1)] if (fused or not gated) else [f_local, f_local]
         dg_m, wg_m = _linears(fwd, bwd, compute, T, mlp_in, h, dtype)
         fwd.add(compute.memory(act, T * f_local, dtype, False))
-        bwd.add(compute.memory(act, T * f_local, dtype))
+        bwd.add(compute.memory(act, T * f_local, dtype, True))
         _linear(fwd, bwd, compute, T, h, f_local, dtype)
     shape = None
     if kind.moe:
@@ -313,9 +313,9 @@ def edge_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np
     T_norm = np.where(sp, T / t, T)
     ff, fb, lf, lb = (_Acc(n_plans) for _ in range(4))
     ff.add(compute.memory("residual_add", T * h, dtype, False))   # gather rows (+ positions)
-    fb.add(compute.memory("residual_add", T * h, dtype))    # scatter-add into the table
+    fb.add(compute.memory("residual_add", T * h, dtype, True))    # scatter-add into the table
     lf.add(compute.memory(model.norm, T_norm * h, dtype, False))
-    lb.add(compute.memory(model.norm, T_norm * h, dtype))
+    lb.add(compute.memory(model.norm, T_norm * h, dtype, True))
     _linear(lf, lb, compute, T, v_local, h, dtype)
     fwd_el, bwd_el = cross_entropy_elements(T * v_local)
     lf.add(compute.memory("softmax", fwd_el, "fp32", False))

@@ -123,12 +123,12 @@ def add_expert_compute(acc_f, acc_b, compute: ComputeModel, model: ModelSpec, sh
     # on the kernel that moves 3 elements per element (residual_add), hence 2/3 of the element count
     moved = 2.0 * shape.copies * h * 2.0 / 3.0
     acc_f.add(compute.memory("residual_add", moved, dtype, False))
-    acc_b.add(compute.memory("residual_add", moved, dtype))
+    acc_b.add(compute.memory("residual_add", moved, dtype, True))
     gated = model.gated
     _grouped(acc_f, acc_b, compute, m, f * (2 if gated else 1), h, groups, dtype)
     act = "swiglu" if gated else "gelu"
     acc_f.add(compute.memory(act, shape.copies * f, dtype, False))
-    acc_b.add(compute.memory(act, shape.copies * f, dtype))
+    acc_b.add(compute.memory(act, shape.copies * f, dtype, True))
     _grouped(acc_f, acc_b, compute, m, h, f, groups, dtype)
 
 
