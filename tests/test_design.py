@@ -168,7 +168,7 @@ def test_parquet_matches_the_csv(reference):
     table = pq.read_table(out / "table.parquet").to_pylist()
     rows = list(csv.DictReader((out / "table.csv").open()))
     assert [t["design"] for t in table] == [r["design"] for r in rows]
-    assert [t["step_time_s"] for t in table] == [float(r["step_time_s"]) for r in rows]
+    assert [t["step_time_s"] for t in table] == [float(r["step_time_s"]) for r in rows]   # same rounding
 
 
 def test_local_pool_gives_the_same_table(reference, tmp_path):

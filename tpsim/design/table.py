@@ -101,9 +101,19 @@ def csv_text(rows: Sequence[Mapping[str, Any]]) -> str:
     return buf.getvalue()
 
 
+SIGNIFICANT = 12
+"""digits the table keeps: far more than any figure's accuracy, and few enough that the tables of two engines
+are equal as text (worker processes may sum in another order: Ray sets OMP_NUM_THREADS=1 in its workers, so
+BLAS reductions can differ in the last bits)."""
+
+
+def rounded(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT}g}") if math.isfinite(value) else value
+
+
 def _fmt(value: Any) -> Any:
     if isinstance(value, float):
-        return repr(value)   # round-trips exactly: the tables of two engines compare equal as text
+        return repr(rounded(value))
     return value
 
 
@@ -123,7 +133,7 @@ def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path) -> bool:
         elif kinds and kinds <= {int}:
             columns[c] = pa.array(values, type=pa.int64())
         elif kinds and kinds <= {int, float}:
-            columns[c] = pa.array([None if v is None else float(v) for v in values], type=pa.float64())
+            columns[c] = pa.array([None if v is None else rounded(float(v)) for v in values], type=pa.float64())
         else:
             columns[c] = pa.array([None if v is None else str(v) for v in values], type=pa.string())
     tmp = path.with_name(path.name + ".tmp")
