@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from tpsim.cli import main
-from tpsim.compute.quantize import cast_seconds, recipe
-from tpsim.compute.roofline import RooflineModel
+from tpsim.compute.quantize import block_cast_bytes, linear_cast_bytes
 from tpsim.errors import InputError
 from tpsim.estimator import estimate
 from tpsim.hardware import DTYPE_BYTES, DTYPES, device_from_mapping, get_device, is_low_precision
@@ -95,35 +94,36 @@ def test_block_scaled_gemm_rates_are_anchored_or_transferred_with_their_provenan
 
 
 # ---------------------------------------------------------------------------------------------- cast cost
-def test_cast_cost_per_recipe():
-    assert recipe("fp8").scaling == "delayed" and recipe("fp8", "current").bytes_per_element == 6.0
-    assert recipe("mxfp8").bytes_per_element == pytest.approx(2 + 2 * (1 + 1 / 32))
-    assert recipe("nvfp4").bytes_per_element == pytest.approx(2 + 2 + 2 * (0.5 + 1 / 16))
-    with pytest.raises(InputError, match="fp8_scaling='lazy'"):
-        recipe("fp8", "lazy")
-    roof = RooflineModel(get_device("B200"))
-    n = np.array([1e8, 2e8])
-    assert np.all(cast_seconds(roof, n, "bf16")[0] == 0)
-    delayed, mx, nv = (cast_seconds(roof, n, d)[0] for d in ("fp8", "mxfp8", "nvfp4"))
-    assert np.all(delayed < mx) and np.all(mx < nv)
-    # bytes at the streaming rate of a residual add (6 B per element): 1e8 elements x 4 B
-    assert delayed[0] == pytest.approx(float(roof.memory("residual_add", 1e8 * 4 / 6, "bf16", False)[0]))
+def test_cast_bytes_per_format():
+    assert linear_cast_bytes("bf16", (2.0, 4.0)) is None
+    assert linear_cast_bytes("fp8", (2.0, 4.0)) == (2.0, 4.0)            # the stack's fp8 recipe
+    assert linear_cast_bytes("mxfp8", None) == pytest.approx((2 * (1 + 1 / 32), 2 + 2 * (1 + 1 / 32)))
+    assert linear_cast_bytes("nvfp4", None) == pytest.approx((2 + 2 * (0.5 + 1 / 16), 4 + 2 * (0.5 + 1 / 16)))
+    with pytest.raises(InputError, match="dtype=fp16 is not a block-scaled format"):
+        block_cast_bytes("fp16")
 
 
-def test_fp8_scaling_is_a_stack_rule_and_current_scaling_costs_more(tmp_path):
+def test_block_formats_pay_their_casts_on_every_linear():
+    """On the roofline (one peak for fp8 and mxfp8) an mxfp8 layer costs more than an fp8 one by its casts'
+    extra bytes, and an fp8 layer more than the same without casts."""
     from tpsim.stacks import load_stack
 
-    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
-    plan = make_plan(model, 8, tp=1, sp=False, dtype="fp8", global_batch=64)
-    assert load_stack("megatron").compute["fp8_scaling"].value == "delayed"
-    assert load_stack("torchtitan").compute["fp8_scaling"].value == "current"
-    base = estimate(model, cluster, plan).step_time_s
-    text = (load_stack("megatron").path).read_text().replace("value: delayed", "value: current", 1)
-    current = tmp_path / "megatron-current.yaml"
-    current.write_text(text)
-    assert estimate(model, cluster, plan, stack=str(current)).step_time_s > base
-    bf16 = estimate(model, cluster, make_plan(model, 8, tp=1, sp=False, global_batch=64)).step_time_s
-    assert base < bf16   # casts included, fp8 still faster than bf16 on a compute-bound 8B
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-b200", gpus=8)
+    assert load_stack("megatron").compute["fp8_cast_bytes_per_element"].value == {"forward": 2, "backward": 4}
+    plans = {d: make_plan(model, 8, tp=1, sp=False, dtype=d, global_batch=64) for d in ("bf16", "fp8", "mxfp8")}
+    t = {d: estimate(model, cluster, p).breakdown["compute"] for d, p in plans.items()}
+    assert t["fp8"] < t["bf16"] and t["mxfp8"] < t["bf16"]
+    from tpsim.compute.roofline import RooflineModel
+    from tpsim.estimator.layer import layer_cost
+
+    roof = RooflineModel(get_device("B200"))
+    one = np.ones(1)
+    cost = {d: layer_cost(model, roof, tp=one, sp=np.zeros(1, bool), micro_batch=one, recompute=np.zeros(1),
+                          dtype=d, attention="flash", fp8_cast=(2.0, 4.0)) for d in ("fp8", "mxfp8", "nvfp4")}
+    gemm_only = {d: layer_cost(model, roof, tp=one, sp=np.zeros(1, bool), micro_batch=one, recompute=np.zeros(1),
+                               dtype=d, attention="flash", fp8_cast=(0.0, 0.0)) for d in ("fp8",)}
+    # the roofline runs fp8 and mxfp8 at one peak: the difference is the casts' extra bytes
+    assert cost["mxfp8"].fwd[0] > cost["fp8"].fwd[0] > gemm_only["fp8"].fwd[0]
 
 
 # ---------------------------------------------------------------------------------------------- clusters

@@ -13,7 +13,9 @@ so its routed tokens set the expert time and the exchanged bytes. Its load over 
 ``tpsim/data/moe.yaml``: the measured global maximum violation of the router's balancing method) shares the rank
 with average ones, and the sampling spread of one micro-batch's routing adds the expected maximum of ep Poisson
 counts of mean ``N k etp`` (Gaussian tail). With a capacity factor the excess is dropped, so the load is at most
-the capacity. ep = 1 holds every expert: no imbalance between ranks.
+the capacity. ep = 1 holds every expert: no imbalance between ranks. The model's ``moe_balance`` (docs/SCHEMAS.md
+T2) chooses: ``aux`` this measured imbalance, ``forced`` none (1), a number F the busiest expert at F x the
+mean: ``1 + (F - 1) / (E / ep)``.
 """
 
 from __future__ import annotations
@@ -25,8 +27,6 @@ from pathlib import Path
 import numpy as np
 
 from ..compute.base import ComputeModel
-from ..compute.quantize import cast_seconds
-from ..hardware import is_low_precision
 from ..model import ModelSpec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "moe.yaml"
@@ -63,8 +63,14 @@ def load_imbalance(model: ModelSpec, *, ep: np.ndarray, routed: np.ndarray) -> n
     receive when balanced (N k etp). See the module docstring."""
     e = np.asarray(ep, dtype=float)
     local = model.num_experts / e
-    sampling = np.sqrt(2.0 * np.log(np.maximum(e, 1.0)) / np.maximum(routed, 1.0))
-    factor = np.where(e > 1, 1.0 + max_violation(model) / local + sampling, 1.0)
+    balance = model.moe_balance
+    if balance == "forced":  # force-balanced routing (benchmarks): every rank gets the mean
+        return np.ones(np.shape(e))
+    if balance == "aux":  # the router's own balancing: measured MaxVio plus one micro-batch's sampling spread
+        sampling = np.sqrt(2.0 * np.log(np.maximum(e, 1.0)) / np.maximum(routed, 1.0))
+        factor = np.where(e > 1, 1.0 + max_violation(model) / local + sampling, 1.0)
+    else:  # the busiest expert at `balance` x the mean, the rank's other experts at the mean
+        factor = np.where(e > 1, 1.0 + (float(balance) - 1.0) / local, 1.0)
     if model.capacity_factor:
         factor = np.minimum(factor, model.capacity_factor)
     return factor
@@ -102,9 +108,6 @@ def _grouped(acc_f, acc_b, compute: ComputeModel, m, n, k, groups, dtype: str) -
     acc_f.add(compute.gemm(m, n, k, dtype, batch=groups))
     acc_b.add(compute.gemm(m, k, n, dtype, batch=groups))
     acc_b.add(compute.gemm(k, n, m, dtype, batch=groups))
-    if is_low_precision(dtype):   # quantize the experts' inputs and output gradients (tpsim/compute/quantize.py)
-        acc_f.add(cast_seconds(compute, np.asarray(groups, dtype=float) * m * k, dtype))
-        acc_b.add(cast_seconds(compute, np.asarray(groups, dtype=float) * m * n, dtype))
 
 
 def add_expert_compute(acc_f, acc_b, compute: ComputeModel, model: ModelSpec, shape: ExpertShape,

@@ -35,8 +35,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..compute.base import ComputeModel
-from ..compute.quantize import cast_seconds
-from ..hardware import is_low_precision
 from ..precision import activation_bytes
 from .layout import UnitLayout, unit_layout
 from .schema import CONV_KINDS, SAVED_DTYPES, SRC_CONST, SRC_EXTERNAL, Op, OpGraph, Unit
@@ -185,14 +183,10 @@ class GraphCosts:
             elif split > 1:
                 m = m / split
             fwd.add(c.gemm(m, n_, k_, dtype))
-            if is_low_precision(dtype):   # quantize the input (the rule of tpsim/compute/quantize.py)
-                fwd.add(cast_seconds(c, np.asarray(m, dtype=float) * k_, dtype))
             if bwd is not None:
                 if self._input_needs_grad(u, op):
                     dgrad[j] = bwd.add(c.gemm(m, k_, n_, dtype))
                 wgrad[j] = bwd.add(c.gemm(k_, n_, m, dtype))
-                if is_low_precision(dtype):   # and the output gradient
-                    bwd.add(cast_seconds(c, np.asarray(m, dtype=float) * n_, dtype))
             return
         if op.kind in CONV_KINDS:
             self._conv(u, j, op, style, split, scale, dtype, fwd, bwd, wgrad, dgrad)
