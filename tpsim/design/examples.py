@@ -24,7 +24,7 @@ def _fmt(v, spec: str) -> str:
     return "-" if v is None or v == "" else format(float(v), spec)
 
 
-def readme(name: str, sweep, result, seconds: float, jobs: int) -> str:
+def readme(name: str, sweep, result, seconds: float, jobs: int, load: float) -> str:
     rows = result.rows
     fits = [r for r in rows if r["fits"]]
     lines = [f"# {name}", "",
@@ -32,7 +32,7 @@ def readme(name: str, sweep, result, seconds: float, jobs: int) -> str:
              f"(regenerate: `python -m tpsim.design.examples {name}`; docs/DESIGN.md).", "",
              f"{len(rows)} designs ({len(fits)} with a plan that fits; {result.tasks} planning tasks, "
              f"{result.plans:,} plans evaluated, {seconds:.0f} s with {jobs} workers on the 2-core reference "
-             f"machine), model(s) {', '.join(m.name for m in sweep.models)}, stack {sweep.stack}, dtype "
+             f"machine at load average {load:.1f}, shared with other jobs), model(s) {', '.join(m.name for m in sweep.models)}, stack {sweep.stack}, dtype "
              f"{sweep.dtype}, ordered by {sweep.objective}.", "",
              "Files: `table.csv` / `table.parquet` (every design), `frontier.csv` (cost vs expected time), "
              "charts `tradeoff.png`, `value.png`, `cost_time.png`, `multiples.png` (each with its `.csv`).", "",
@@ -86,7 +86,8 @@ def main(names: list[str]) -> int:
         t0 = time.perf_counter()
         result = run_sweep(sweep, out, jobs=jobs, force=True)
         seconds = time.perf_counter() - t0
-        atomic_write_text(out / "README.md", readme(name, sweep, result, seconds, jobs), "README")
+        atomic_write_text(out / "README.md", readme(name, sweep, result, seconds, jobs, os.getloadavg()[0]),
+                          "README")
         print(f"{name}: {len(result.rows)} designs in {seconds:.0f} s -> reports/{name}/")
     return 0
 
