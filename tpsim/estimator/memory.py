@@ -215,7 +215,7 @@ def stage_layers_with_edges(num_layers: int, pp: np.ndarray, vpp: np.ndarray) ->
     vpp = np.asarray(vpp, dtype=np.int64)
     first, last, middle = (np.zeros(pp.shape, dtype=np.int64) for _ in range(3))
     keys = np.stack([pp, vpp], axis=1)
-    for p_, v_ in np.unique(keys, axis=0).tolist():
+    for p_, v_ in sorted(set(map(tuple, keys.tolist()))):  # not np.unique(axis=0): it imports numpy.ma
         rows = (pp == p_) & (vpp == v_)
         chunks = p_ * v_
         slots = num_layers + 2

@@ -55,9 +55,15 @@ class Estimate:
     tokens_per_s_high: float = math.nan
     mfu_low: float = math.nan
     mfu_high: float = math.nan
+    band_basis: dict[str, Any] | None = None
+    """what set the band (docs/SCHEMAS.md T7): None = the input uncertainties (``band.PRIOR_BASIS``)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if d["band_basis"] is None:
+            from .band import PRIOR_BASIS
+
+            d["band_basis"] = dict(PRIOR_BASIS)
         d["plan"] = self.plan.to_dict()
         d["plan"]["num_microbatches"] = self.plan.num_microbatches
         d["warnings"] = list(self.warnings)

@@ -1,0 +1,428 @@
+"""Calibration from measured runs (``tpsim calibrate --from-runs``) and the residuals the error bands use.
+
+**What is fitted.** A few bounded, named factors for one (device, stack), chosen by how many runs are given
+(:func:`factors_for`): one run or two fit one overall ``compute_scale`` (every kernel time); three or more fit
+``gemm_scale`` (GEMM and fused-attention kernels), ``memory_scale`` (memory-bound kernels) and
+``host_overhead_per_layer_us`` (host time per layer and micro-batch the kernels do not hide); ten or more add a
+separate ``attention_scale``. They are the ``compute:`` factors of a calibration file
+(:class:`tpsim.calibration.ComputeCalibration`) and act through the estimator's scaled-compute path, so every verb
+that takes ``--calibration`` applies them the same way.
+
+**How.** A Bayesian linear-Gaussian fit (equivalently, ridge-regularized least squares): the step time of each
+run is linearized in the factors by forward differences of the estimator around the prior means (and re-linearized
+once around the solution when few runs allow it), relative residuals ``(predicted - measured) / measured`` carry a
+per-run model error ``sigma`` (the prior ``run_sigma`` of tpsim/data/band.yaml, or the residual scatter when it is
+larger), and each factor has a Gaussian prior from the shipped data (band.yaml ``runs_fit``) so that few runs
+cannot drive it to nonsense; the maximum a-posteriori values are clipped to their bounds (an active-set pass), and
+each factor's uncertainty is its posterior standard deviation. Leave-one-out: the fit without run i predicts run i.
+
+**Residuals for bands.** :func:`shipped_residuals` predicts every run of ``tpsim/data/runs/`` (development set and
+SC21 Table 1) with the current, uncalibrated estimator: computed at run time and cached on disk under a hash of the
+code and data (they move when the physics does; never written into the repository).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .calibration import Calibration, ComputeCalibration
+from .errors import InputError
+from .estimator.band import Residual, band_data
+from .runs import Run, runs_device_stack, stack_name
+
+FIT_KIND = "runs_fit"
+"""the top-level key that marks a calibration written by ``calibrate --from-runs``."""
+
+
+@dataclass(frozen=True)
+class Factor:
+    name: str
+    prior: float
+    sigma: float
+    low: float
+    high: float
+    step: float
+    """forward-difference step of the linearization."""
+    source: str
+
+
+def factor_table(device: str) -> dict[str, Factor]:
+    """The factors and their priors (tpsim/data/band.yaml: the kernel-data and device-transfer sigmas, and the
+    ``runs_fit`` priors); on the device of the shipped fit the GEMM prior is the anchored one."""
+    b = band_data()
+    rf = b.runs_fit
+    on_fit = device == b.fit_device
+    gemm = math.hypot(0.0 if on_fit else b.device_transfer_sigma,
+                      b.gemm_sigma["anchored" if on_fit else "transferred"])
+    attention = b.attention_sigma.get("other", 0.25)
+    memory = float(rf["memory_scale_sigma"])
+    overall = math.sqrt(gemm ** 2 + (0.3 * memory) ** 2)
+    host = float(rf["host_overhead_sigma_us"])
+    return {
+        "compute_scale": Factor("compute_scale", 1.0, overall, *rf["scale_bounds"], 0.1,
+                                "GEMM prior combined with 30% of the memory-bound prior (their time shares)"),
+        "gemm_scale": Factor("gemm_scale", 1.0, gemm, *rf["scale_bounds"], 0.1,
+                             "band.yaml device_transfer_sigma and gemm_sigma"),
+        "attention_scale": Factor("attention_scale", 1.0, attention, *rf["scale_bounds"], 0.1,
+                                  "band.yaml attention_sigma.other"),
+        "memory_scale": Factor("memory_scale", 1.0, memory, *rf["scale_bounds"], 0.1,
+                               "band.yaml runs_fit.memory_scale_sigma"),
+        "host_overhead_per_layer_us": Factor("host_overhead_per_layer_us", 0.0, host, 0.0,
+                                             float(rf["host_overhead_max_us"]), 50.0,
+                                             "band.yaml runs_fit.host_overhead_sigma_us"),
+    }
+
+
+def factors_for(n: int) -> tuple[str, ...]:
+    """Which factors ``n`` runs fit (module docstring)."""
+    if n < 3:
+        return ("compute_scale",)
+    if n < 10:
+        return ("gemm_scale", "memory_scale", "host_overhead_per_layer_us")
+    return ("gemm_scale", "attention_scale", "memory_scale", "host_overhead_per_layer_us")
+
+
+def compute_calibration(values: Mapping[str, float], device: str | None = None,
+                        stack: str | None = None, **extra: Any) -> ComputeCalibration:
+    """The calibration ``compute`` section of fitted factor values (``compute_scale`` sets all three kernel
+    factors; ``gemm_scale`` without ``attention_scale`` sets both)."""
+    c = values.get("compute_scale")
+    gemm = values.get("gemm_scale", c if c is not None else 1.0)
+    attention = values.get("attention_scale", gemm)
+    memory = values.get("memory_scale", c if c is not None else 1.0)
+    return ComputeCalibration(gemm_scale=float(gemm), attention_scale=float(attention), memory_scale=float(memory),
+                              host_overhead_per_layer_us=float(values.get("host_overhead_per_layer_us", 0.0)),
+                              device=device, stack=stack, **extra)
+
+
+def predict(run: Run, values: Mapping[str, float] | None = None, calibration: Calibration | None = None):
+    """The estimate of a run (uncalibrated, with fitted factor ``values``, or with a calibration)."""
+    from .estimator import estimate
+
+    cal = calibration
+    if values is not None:
+        cal = Calibration(compute=compute_calibration(values))
+    return estimate(run.model, run.load_cluster(), run.plan, stack=run.stack, calibration=cal)
+
+
+def _steps(runs: Sequence[Run], values: Mapping[str, float]) -> np.ndarray:
+    return np.array([predict(r, values).step_time_s for r in runs])
+
+
+@dataclass(frozen=True)
+class FactorFit:
+    name: str
+    value: float
+    uncertainty: float
+    prior: float
+    prior_sigma: float
+    bounds: tuple[float, float]
+    at_bound: bool
+    source: str
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    measured_s: float
+    uncalibrated_s: float
+    calibrated_s: float
+    loo_error: float
+    """relative error of the fit without this run on this run."""
+    residual: Residual
+
+
+@dataclass(frozen=True)
+class RunsFit:
+    device: str
+    stack: str
+    factors: tuple[FactorFit, ...]
+    runs: tuple[RunResult, ...]
+    sigma: float
+    """per-run relative model error used by the fit (prior or residual scatter)."""
+    warnings: tuple[str, ...]
+    seconds: float
+    runs_file: str = ""
+    method: str = ("Bayesian linear-Gaussian (ridge-regularized least squares on relative step-time residuals, "
+                   "Gaussian priors from tpsim/data/band.yaml, bounded by an active-set pass)")
+
+    @property
+    def values(self) -> dict[str, float]:
+        return {f.name: f.value for f in self.factors}
+
+    def compute_section(self) -> ComputeCalibration:
+        loo = np.array([abs(r.loo_error) for r in self.runs])
+        return compute_calibration(self.values, self.device, self.stack,
+                                   leave_one_out={"median_rel": round(float(np.median(loo)), 4),
+                                                  "max_rel": round(float(loo.max()), 4), "runs": len(loo)},
+                                   source="tpsim calibrate --from-runs")
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        from . import __version__
+
+        section = self.compute_section().to_section()
+        section["source"] = "tpsim calibrate --from-runs"
+        return {
+            "compute": section,
+            FIT_KIND: {
+                "tpsim_version": __version__,
+                "runs_file": self.runs_file,
+                "device": self.device,
+                "stack": self.stack,
+                "method": self.method,
+                "sigma": round(self.sigma, 5),
+                "factors": {f.name: {"value": round(f.value, 6), "uncertainty": round(f.uncertainty, 6),
+                                     "prior": f.prior, "prior_sigma": round(f.prior_sigma, 6),
+                                     "bounds": [f.bounds[0], f.bounds[1]], "at_bound": f.at_bound,
+                                     "prior_source": f.source} for f in self.factors},
+                "runs": [{"run_id": r.run_id, "measured_s": round(r.measured_s, 6),
+                          "uncalibrated_s": round(r.uncalibrated_s, 6), "calibrated_s": round(r.calibrated_s, 6),
+                          "loo_error": round(r.loo_error, 6), **r.residual.features()} for r in self.runs],
+                "warnings": list(self.warnings),
+            },
+        }
+
+
+def _solve(a: np.ndarray, b: np.ndarray, sigma: float, prior_sigma: np.ndarray, lo: np.ndarray,
+           hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """MAP of b ~ a d (noise sigma), d ~ N(0, prior_sigma^2), d in [lo, hi]: (d, posterior covariance, at_bound)."""
+    k = a.shape[1]
+    free = np.ones(k, dtype=bool)
+    d = np.zeros(k)
+    for _ in range(k + 1):
+        d = np.clip(d, lo, hi)
+        fixed = ~free
+        rhs = b - a[:, fixed] @ d[fixed]
+        af = a[:, free]
+        h = af.T @ af / sigma ** 2 + np.diag(1.0 / prior_sigma[free] ** 2)
+        d[free] = np.linalg.solve(h, af.T @ rhs / sigma ** 2)
+        out = free & ((d < lo) | (d > hi))
+        if not out.any():
+            break
+        free &= ~out
+    at_bound = ~free | (d <= lo) | (d >= hi)
+    d = np.clip(d, lo, hi)
+    h_all = a.T @ a / sigma ** 2 + np.diag(1.0 / prior_sigma ** 2)
+    return d, np.linalg.inv(h_all), at_bound
+
+
+def _linearize(runs: Sequence[Run], table: Mapping[str, Factor], names: Sequence[str],
+               at: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(step times at ``at``, Jacobian d step / d factor) by forward differences of the estimator."""
+    s0 = _steps(runs, at)
+    jac = np.empty((len(runs), len(names)))
+    for j, name in enumerate(names):
+        f = table[name]
+        moved = dict(at)
+        step = f.step if at[name] + f.step <= f.high else -f.step
+        moved[name] = at[name] + step
+        jac[:, j] = (_steps(runs, moved) - s0) / step
+    return s0, jac
+
+
+def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | None = None) -> RunsFit:
+    """Fit the factors of :func:`factors_for` to ``runs`` (all of one device and stack: a run of another is one
+    InputError naming its row). ``relinearize``: one more linearization around the solution (default: when at
+    most 30 runs)."""
+    started = time.perf_counter()
+    if not runs:
+        raise InputError("no runs to fit")
+    device, stack = runs_device_stack(list(runs))
+    table = factor_table(device)
+    names = factors_for(len(runs))
+    rf = band_data().runs_fit
+    y = np.array([r.measured for r in runs])
+    prior = {n: table[n].prior for n in names}
+    prior_sigma = np.array([table[n].sigma for n in names])
+    lo = np.array([table[n].low for n in names])
+    hi = np.array([table[n].high for n in names])
+    base_sigma = float(rf["run_sigma"])
+    uncal, jac = _linearize(runs, table, names, prior)
+    at = dict(prior)
+    s_at = uncal
+    if relinearize is None:
+        relinearize = len(runs) <= 30
+
+    def solve(rows: np.ndarray, s_lin: np.ndarray, jac: np.ndarray, at: Mapping[str, float], sigma: float):
+        a = jac[rows] / y[rows, None]
+        center = np.array([at[n] for n in names])
+        p0 = np.array([prior[n] for n in names])
+        # prior on the factor: d = theta - at, theta ~ N(p0, s): shift the prior mean into the data term
+        b = (y[rows] - s_lin[rows]) / y[rows]
+        shift = p0 - center
+        # solve for e = d - shift with prior N(0, s): b - a shift = a e
+        e, cov, bound = _solve(a, b - a @ shift, sigma, prior_sigma, lo - p0, hi - p0)
+        return center + shift + e, cov, bound
+
+    sigma = base_sigma
+    theta, cov, bound = solve(np.arange(len(runs)), s_at, jac, at, sigma)
+    if relinearize:
+        at = {n: float(v) for n, v in zip(names, theta)}
+        s_at, jac = _linearize(runs, table, names, at)
+        theta, cov, bound = solve(np.arange(len(runs)), s_at, jac, at, sigma)
+    center = np.array([at[n] for n in names])
+    linear = s_at + jac @ (theta - center)
+    rel = (linear - y) / y
+    dof = len(runs) - len(names)
+    if dof > 0:
+        scatter = math.sqrt(float(rel @ rel) / dof)
+        if scatter > sigma:
+            sigma = scatter
+            theta, cov, bound = solve(np.arange(len(runs)), s_at, jac, at, sigma)
+            linear = s_at + jac @ (theta - center)
+    loo = np.empty(len(runs))
+    for i in range(len(runs)):
+        keep = np.array([j for j in range(len(runs)) if j != i], dtype=int)
+        if len(keep) == 0:
+            loo[i] = (uncal[i] - y[i]) / y[i]
+            continue
+        t_i, _, _ = solve(keep, s_at, jac, at, sigma)
+        loo[i] = (s_at[i] + jac[i] @ (t_i - center) - y[i]) / y[i]
+    factors = tuple(FactorFit(n, float(theta[j]), float(math.sqrt(cov[j, j])), table[n].prior, table[n].sigma,
+                              (table[n].low, table[n].high), bool(bound[j]), table[n].source)
+                    for j, n in enumerate(names))
+    results = tuple(RunResult(r.run_id, float(y[i]), float(uncal[i]), float(linear[i]), float(loo[i]),
+                              residual_of(r, float(linear[i]), float(loo[i])))
+                    for i, r in enumerate(runs))
+    warnings = _warnings(runs, loo, factors, sigma)
+    return RunsFit(device=device, stack=stack, factors=factors, runs=results, sigma=sigma,
+                   warnings=tuple(warnings), seconds=time.perf_counter() - started, runs_file=runs_file)
+
+
+def _warnings(runs: Sequence[Run], loo: np.ndarray, factors: Sequence[FactorFit], sigma: float) -> list[str]:
+    rf = band_data().runs_fit
+    out = []
+    mags = np.abs(loo)
+    median = float(np.median(mags))
+    for r, e in zip(runs, loo):
+        if abs(e) > float(rf["outlier_rel"]) and abs(e) > 3.0 * median:
+            out.append(f"run {r.run_id} (row {r.row}) disagrees with the others: leave-one-out error "
+                       f"{100 * e:+.1f}% (median |error| {100 * median:.1f}%); check its plan and measurement")
+    if len(runs) >= 3:
+        feats = np.array([_span_features(r) for r in runs])
+        labels = ("parameters", "gpus", "tp", "cp", "pp", "sequence")
+        for i, r in enumerate(runs):
+            others = np.delete(feats, i, axis=0)
+            for j, label in enumerate(labels):
+                lo_, hi_ = others[:, j].min(), others[:, j].max()
+                if feats[i, j] < lo_ * 0.999 or feats[i, j] > hi_ * 1.001:
+                    out.append(f"run {r.run_id} (row {r.row}): {label} {_fmt(feats[i, j])} is outside the other "
+                               f"runs' span {_fmt(lo_)}-{_fmt(hi_)} (its leave-one-out error extrapolates)")
+    for f in factors:
+        if f.at_bound:
+            out.append(f"factor {f.name} stopped at its bound {f.bounds} (the runs ask for more than the model "
+                       "can explain with it)")
+    if len(runs) < 3:
+        out.append(f"{len(runs)} run(s): only compute_scale is fitted (3 or more runs fit the GEMM, memory-bound "
+                   "and host-overhead factors)")
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if x < 1e4 else f"{x:.3e}"
+
+
+def _span_features(r: Run) -> tuple[float, ...]:
+    return (float(r.model.total_params()), float(r.gpus), float(r.plan.tp), float(r.plan.cp), float(r.plan.pp),
+            float(r.model.seq_len))
+
+
+def residual_of(run: Run, predicted: float, loo_error: float | None = None) -> Residual:
+    """The band residual of a run: log(measured / predicted) with the features that group it."""
+    return Residual(run_id=run.run_id, device=run.device, stack=stack_name(run.stack),
+                    params=float(run.model.total_params()), gpus=run.gpus, tp=run.plan.tp, cp=run.plan.cp,
+                    pp=run.plan.pp, error=math.log(run.measured / predicted), dtype=run.plan.dtype,
+                    recompute=run.plan.recompute, seq_len=int(run.model.seq_len))
+
+
+# ------------------------------------------------------------------------------------------- shipped residuals
+
+_NOT_KEYED = ("validate", "profiler", "bench", "cli", "report", "search", "__pycache__")
+"""packages that cannot change an uncalibrated prediction of a run."""
+
+
+def _cache_path() -> Path | None:
+    from .parsecache import cache_dir, package_hash
+
+    folder = cache_dir()
+    if folder is None:
+        return None
+    return folder.parent / "residuals" / f"{package_hash(_NOT_KEYED)[:32]}.json"
+
+
+def shipped_residuals(use_cache: bool = True) -> tuple[Residual, ...]:
+    """Residuals of every shipped run (development set and SC21) under the current uncalibrated estimator;
+    cached on disk under the code hash (``TPSIM_CACHE_DIR=off`` disables the cache)."""
+    path = _cache_path() if use_cache else None
+    if path is not None and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            return tuple(Residual(**d) for d in data["residuals"])
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    from .runs import shipped_runs
+
+    out = tuple(residual_of(r, predict(r).step_time_s) for r in shipped_runs())
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"residuals": [x.features() | {"error": x.error} for x in out]}))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return out
+
+
+def calibrated_residuals(calibration: Calibration | None) -> tuple[Residual, ...] | None:
+    """The leave-one-out residuals a runs-fit calibration carries (None for another kind of calibration)."""
+    if calibration is None:
+        return None
+    data = calibration.provenance.get(FIT_KIND)
+    if not isinstance(data, Mapping):
+        return None
+    out = []
+    for r in data.get("runs") or []:
+        try:
+            # the run's leave-one-out error as a log residual: measured / predicted = 1 / (1 + loo)
+            out.append(Residual(run_id=str(r["run_id"]), device=str(r["device"]), stack=str(r["stack"]),
+                                params=float(r["params"]), gpus=int(r["gpus"]), tp=int(r["tp"]), cp=int(r["cp"]),
+                                pp=int(r["pp"]), error=-math.log1p(float(r["loo_error"])),
+                                dtype=str(r.get("dtype", "")), recompute=str(r.get("recompute", "")),
+                                seq_len=int(r.get("seq_len", 0))))
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{calibration.path}: {FIT_KIND}.runs: an entry lacks run_id, device, stack, params, "
+                             "gpus, tp, cp, pp or loo_error") from None
+    return tuple(out)
+
+
+def plan_band(residuals: Sequence[Residual] | None, *, model: Any, cluster: Any, plan: Any, stack: str,
+              calibration: Calibration | None = None, exclude: str | None = None):
+    """The residual band of one plan: the runs of a runs-fit ``calibration`` (their leave-one-out residuals,
+    kind ``calibrated``), else ``residuals`` (default: the shipped runs, kind ``residuals``)."""
+    from .estimator.band import residual_band
+
+    own = calibrated_residuals(calibration)
+    kind = "calibrated" if own else "residuals"
+    pool = own or (residuals if residuals is not None else shipped_residuals())
+    return residual_band(pool, device=cluster.device.name, stack=stack, params=float(model.total_params()),
+                         gpus=int(cluster.num_gpus), tp=plan.tp, cp=plan.cp, pp=plan.pp, dtype=plan.dtype,
+                         recompute=plan.recompute, seq_len=int(model.seq_len), kind=kind, exclude=exclude)
+
+
+def banded(result: Any, model: Any, cluster: Any, calibration: Calibration | None = None) -> Any:
+    """The estimate with its band from residuals (docs/MODEL.md "Error band"): the calibration in force is
+    the cluster's (``--calibration``) unless given."""
+    from .estimator.band import apply_band
+
+    cal = calibration if calibration is not None else getattr(getattr(cluster, "spec", None), "calibration", None)
+    return apply_band(result, plan_band(None, model=model, cluster=cluster, plan=result.plan, stack=result.stack,
+                                        calibration=cal))
