@@ -293,6 +293,15 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
                               residual_of(r, float(linear[i]), float(loo[i])))
                     for i, r in enumerate(runs))
     warnings = _warnings(runs, loo, factors, sigma)
+    for i, r in enumerate(runs):
+        err = (linear[i] - y[i]) / y[i]
+        if abs(err) > float(rf["outlier_rel"]):
+            warnings.append(f"run {r.run_id} (row {r.row}): the fitted factors leave it at {100 * err:+.1f}% (the "
+                            "priors keep them from explaining it: check its plan and measurement)")
+    for f in factors:
+        if abs(f.value - f.prior) > 3.0 * f.prior_sigma:
+            warnings.append(f"factor {f.name} = {f.value:.3g} is more than 3 prior sigmas from {f.prior:g} "
+                            "(a physics gap the factor absorbs, or a wrong plan)")
     return RunsFit(device=device, stack=stack, factors=factors, runs=results, sigma=sigma,
                    warnings=tuple(warnings), seconds=time.perf_counter() - started, runs_file=runs_file)
 
