@@ -54,12 +54,15 @@ class Factor:
     source: str
 
 
-def factor_table(device: str) -> dict[str, Factor]:
+def factor_table(device: str, stack: str = "") -> dict[str, Factor]:
     """The factors and their priors (tpsim/data/band.yaml: the kernel-data and device-transfer sigmas, and the
-    ``runs_fit`` priors); on the device of the shipped fit the GEMM prior is the anchored one."""
+    ``runs_fit`` priors); on the device and stack of the shipped fit (SC21, megatron-sc21) the GEMM prior is the
+    anchored one, elsewhere the in-situ fractions are transferred."""
+    from .estimator.reference import sc21_stack
+
     b = band_data()
     rf = b.runs_fit
-    on_fit = device == b.fit_device
+    on_fit = device == b.fit_device and stack == sc21_stack().name
     gemm = math.hypot(0.0 if on_fit else b.device_transfer_sigma,
                       b.gemm_sigma["anchored" if on_fit else "transferred"])
     attention = b.attention_sigma.get("other", 0.25)
@@ -236,7 +239,7 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     if not runs:
         raise InputError("no runs to fit")
     device, stack = runs_device_stack(list(runs))
-    table = factor_table(device)
+    table = factor_table(device, stack)
     names = factors_for(len(runs))
     rf = band_data().runs_fit
     y = np.array([r.measured for r in runs])
@@ -269,15 +272,20 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
         s_at, jac = _linearize(runs, table, names, at)
         theta, cov, bound = solve(np.arange(len(runs)), s_at, jac, at, sigma)
     center = np.array([at[n] for n in names])
-    linear = s_at + jac @ (theta - center)
-    rel = (linear - y) / y
     dof = len(runs) - len(names)
     if dof > 0:
+        # the per-run error the factors cannot remove: the scatter of a nearly unregularized fit (priors 10x
+        # wider), so that a common bias the factors do explain is not mistaken for noise
+        loose = prior_sigma
+        prior_sigma = prior_sigma * 10.0
+        t_free, _, _ = solve(np.arange(len(runs)), s_at, jac, at, sigma)
+        prior_sigma = loose
+        rel = (s_at + jac @ (t_free - center) - y) / y
         scatter = math.sqrt(float(rel @ rel) / dof)
         if scatter > sigma:
             sigma = scatter
             theta, cov, bound = solve(np.arange(len(runs)), s_at, jac, at, sigma)
-            linear = s_at + jac @ (theta - center)
+    linear = s_at + jac @ (theta - center)
     loo = np.empty(len(runs))
     for i in range(len(runs)):
         keep = np.array([j for j in range(len(runs)) if j != i], dtype=int)
@@ -391,6 +399,20 @@ def shipped_residuals(use_cache: bool = True) -> tuple[Residual, ...]:
     return out
 
 
+def calibrated_sigma(calibration: Calibration | None) -> float | None:
+    """The per-run error a runs-fit calibration was fitted with (None for other calibrations)."""
+    data = calibration.provenance.get(FIT_KIND) if calibration is not None else None
+    if not isinstance(data, Mapping):
+        return None
+    try:
+        value = float(data.get("sigma", band_data().runs_fit["run_sigma"]))
+    except (TypeError, ValueError):
+        raise InputError(f"{calibration.path}: {FIT_KIND}.sigma must be a number") from None
+    if not (math.isfinite(value) and 0 < value < 10):
+        raise InputError(f"{calibration.path}: {FIT_KIND}.sigma={value!r} must be a positive number")
+    return value
+
+
 def calibrated_residuals(calibration: Calibration | None) -> tuple[Residual, ...] | None:
     """The leave-one-out residuals a runs-fit calibration carries (None for another kind of calibration)."""
     if calibration is None:
@@ -424,7 +446,8 @@ def plan_band(residuals: Sequence[Residual] | None, *, model: Any, cluster: Any,
     pool = own or (residuals if residuals is not None else shipped_residuals())
     return residual_band(pool, device=cluster.device.name, stack=stack, params=float(model.total_params()),
                          gpus=int(cluster.num_gpus), tp=plan.tp, cp=plan.cp, pp=plan.pp, dtype=plan.dtype,
-                         recompute=plan.recompute, seq_len=int(model.seq_len), kind=kind, exclude=exclude)
+                         recompute=plan.recompute, seq_len=int(model.seq_len), kind=kind, exclude=exclude,
+                         prior_sigma=calibrated_sigma(calibration) if own else None)
 
 
 def banded(result: Any, model: Any, cluster: Any, calibration: Calibration | None = None) -> Any:

@@ -185,7 +185,8 @@ def t_quantile_95(dof: int) -> float:
 
 def residual_band(residuals: Sequence[Residual], *, device: str, stack: str, params: float, gpus: int, tp: int,
                   cp: int, pp: int, dtype: str = "", recompute: str = "", seq_len: int = 0,
-                  kind: str = "residuals", exclude: str | None = None) -> ResidualBand:
+                  kind: str = "residuals", exclude: str | None = None,
+                  prior_sigma: float | None = None) -> ResidualBand:
     """The band of a prediction from the residuals of the runs closest to its plan (docs/MODEL.md "Error
     band"): the most specific group with at least ``min_runs`` residuals among same device, stack and model
     size -> same device and stack -> same stack -> same device -> every run; a 90% prediction interval of the
@@ -223,6 +224,16 @@ def residual_band(residuals: Sequence[Residual], *, device: str, stack: str, par
     n = len(e)
     mean = float(e.mean())
     sd = float(e.std(ddof=1)) if n > 1 else abs(mean)
+    dof = n - 1
+    if prior_sigma is not None:
+        # a calibration's runs: its fitted per-run error is a prior on the spread worth `calibrated_prior_dof`
+        # residuals (few runs cannot claim a tiny band, nor does one odd run blow it up); with fewer than
+        # three runs their mean is not a bias estimate (one run's leave-one-out is the uncalibrated error)
+        nu = float(cfg["calibrated_prior_dof"])
+        sd = math.sqrt((nu * prior_sigma ** 2 + max(n - 1, 0) * (sd ** 2 if n > 1 else 0.0)) / (nu + max(n - 1, 0)))
+        dof = int(nu) + max(n - 1, 0)
+        if n < 3:
+            mean = 0.0
     extra2 = 0.0
     widened = []
     if new_device:
@@ -236,7 +247,7 @@ def residual_band(residuals: Sequence[Residual], *, device: str, stack: str, par
         if value > max(span) or value < min(span):
             extra2 += cfg["outside_span_sigma"] ** 2
             widened.append(f"{name} {value} outside the runs' {min(span)}-{max(span)}")
-    t = t_quantile_95(n - 1)
+    t = t_quantile_95(dof)
     half = math.sqrt((t * sd) ** 2 * (1.0 + 1.0 / n) + (1.6448536269514722 ** 2) * extra2)
     low = math.exp(min(0.0, mean - half))
     high = math.exp(max(0.0, mean + half))
