@@ -231,3 +231,43 @@ def test_calibrate_from_a_log_and_its_launch_file(tmp_path, capsys):
     assert main(["calibrate", "--log", log, str(toml), "--out", str(tmp_path / "cal.yaml")]) == 0
     text = capsys.readouterr().out
     assert "compute_scale" in text and "tt#1" in text and "H100-SXM" in text and "torchtitan" in text
+
+
+def test_calibrate_help_lists_the_columns(capsys):
+    try:
+        main(["calibrate", "--help"])
+    except SystemExit:
+        pass
+    out = capsys.readouterr().out
+    for column in ("run_id", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "flops_convention", "micro_batch"):
+        assert column in out
+
+
+def test_report_runs_before_and_after(tmp_path, capsys):
+    rows = [GOOD.replace("a,", f"r{g},", 1).replace(",8,1,1,3,2,16,", f",{g},1,1,3,2,{2 * g},")
+            .replace(",2.6", f",{2.6 + g / 100:.3f}") for g in (8, 16, 32)]
+    path = _file(tmp_path, HEADER + "".join(rows))
+    out = tmp_path / "rep"
+    assert main(["report", "--runs", path, "--out", str(out)]) == 0
+    capsys.readouterr()
+    text = (out / "README.md").read_text()
+    assert "r16" in text and "leave-one-out" in text
+    assert (out / "predicted_vs_measured.png").stat().st_size > 1000
+    import csv as _csv
+
+    table = list(_csv.DictReader(open(out / "runs_predicted.csv")))
+    assert [r["run_id"] for r in table] == ["r8", "r16", "r32"]
+    for r in table:  # after calibration (leave-one-out) is closer than before on these consistent runs
+        assert abs(float(r["after_s"]) / float(r["measured_s"]) - 1) < abs(float(r["before_s"]) /
+                                                                             float(r["measured_s"]) - 1)
+    assert main(["report", "--runs", path, "--out", str(out)]) == 2  # an existing report needs --force
+    assert "--force" in capsys.readouterr().err
+
+
+def test_plan_json_bands_carry_their_basis(capsys):
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--layers", "4",
+                 "--json", "--no-progress", "--no-cache", "--top", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for p in data["plans"]:
+        assert p["band_basis"]["kind"] == "residuals" and p["band_basis"]["n"] >= 5
+        assert p["step_time_s_low"] <= p["step_time_s"] <= p["step_time_s_high"]

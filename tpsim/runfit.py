@@ -375,19 +375,29 @@ def _cache_path() -> Path | None:
     return folder.parent / "residuals" / f"{package_hash(_NOT_KEYED)[:32]}.json"
 
 
+_MEMO: list = []
+"""the shipped residuals once computed or read in this process (the code does not change while it runs)."""
+
+
 def shipped_residuals(use_cache: bool = True) -> tuple[Residual, ...]:
     """Residuals of every shipped run (development set and SC21) under the current uncalibrated estimator;
     cached on disk under the code hash (``TPSIM_CACHE_DIR=off`` disables the cache)."""
+    if use_cache and _MEMO:
+        return _MEMO[0]
     path = _cache_path() if use_cache else None
     if path is not None and path.is_file():
         try:
             data = json.loads(path.read_text())
-            return tuple(Residual(**d) for d in data["residuals"])
+            out = tuple(Residual(**d) for d in data["residuals"])
+            _MEMO[:] = [out]
+            return out
         except (OSError, ValueError, TypeError, KeyError):
             pass
     from .runs import shipped_runs
 
     out = tuple(residual_of(r, predict(r).step_time_s) for r in shipped_runs())
+    if use_cache:
+        _MEMO[:] = [out]
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -458,3 +468,28 @@ def banded(result: Any, model: Any, cluster: Any, calibration: Calibration | Non
     cal = calibration if calibration is not None else getattr(getattr(cluster, "spec", None), "calibration", None)
     return apply_band(result, plan_band(None, model=model, cluster=cluster, plan=result.plan, stack=result.stack,
                                         calibration=cal))
+
+
+def band_plan_dicts(plans: Sequence[dict], model: Any, cluster: Any, stack: str) -> None:
+    """Replace the band of ``tpsim plan --json`` plan objects (``Estimate.to_dict`` keys) by the residual band,
+    in place, with its ``band_basis``: the calibration in force is the cluster's (``--calibration``)."""
+    cal = getattr(getattr(cluster, "spec", None), "calibration", None)
+    from types import SimpleNamespace
+
+    for d in plans:
+        p = d.get("plan") or {}
+        plan = SimpleNamespace(tp=int(p.get("tp", d.get("tp", 1))), cp=int(p.get("cp", d.get("cp", 1))),
+                               pp=int(p.get("pp", d.get("pp", 1))), dtype=str(p.get("dtype", "")),
+                               recompute=str(p.get("recompute", d.get("recompute", ""))))
+        gpus = int(d.get("gpus") or cluster.num_gpus)
+        sized = SimpleNamespace(device=cluster.device, num_gpus=gpus)
+        b = plan_band(None, model=model, cluster=sized, plan=plan, stack=stack, calibration=cal)
+        step = d.get("step_time_s")
+        if not isinstance(step, (int, float)) or not math.isfinite(step) or step <= 0:
+            continue
+        lo, hi = step * b.low_factor, step * b.high_factor
+        d["step_time_s_low"], d["step_time_s_high"] = lo, hi
+        for key in ("tokens_per_s", "mfu"):
+            if isinstance(d.get(key), (int, float)):
+                d[f"{key}_low"], d[f"{key}_high"] = d[key] * step / hi, d[key] * step / lo
+        d["band_basis"] = b.basis
