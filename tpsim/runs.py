@@ -303,11 +303,9 @@ def _run(row: Mapping[str, str], line: int, p: Path, check_stack: bool) -> Run:
         model_ref = _resolve_path(row["model"], p)
         overrides = {k: _int(row[k], where, k) for k in MODEL_OVERRIDES if row.get(k)}
         if model_ref.endswith(".ops.json"):
-            from .opgraph.model import load_graph_model
-
-            model = load_graph_model(model_ref)
-        else:
-            model = load_model(model_ref)
+            raise InputError(f"model={row['model']!r}: traced models (.ops.json) in a runs file are not supported "
+                             "yet (use the preset or config.json the trace came from)")
+        model = load_model(model_ref)
         model = with_overrides(model, **overrides)
         require_modelled(model)
         if row.get("moe_balance"):
