@@ -235,7 +235,11 @@ SC21_NOTE = ("step_time_s = SC21 eq. 3 FLOPs (96 B s l h^2 (1 + s/6h + V/16lh), 
 
 def deepspeed(rows: list[dict]) -> list[dict]:
     out = []
-    stack, note = (("../stacks/deepspeed-2021.yaml", "stack deepspeed-2021 (T9)") if _have_stack("deepspeed-2021")
+    from tpsim.stacks import PRESET_STACKS, STACK_NAMES
+
+    named = "deepspeed-2021" in STACK_NAMES + PRESET_STACKS  # else the shipped file by its path
+    stack, note = (("deepspeed-2021" if named else "../stacks/deepspeed-2021.yaml", "stack deepspeed-2021 (T9)")
+                   if _have_stack("deepspeed-2021")
                    else ("deepspeed", "stack deepspeed until the deepspeed-2021 profile (T9) lands"))
     for r in rows:
         out.append(dict(
@@ -257,7 +261,7 @@ def sc21(rows: list[dict]) -> list[dict]:
             run_id=r["case_id"], model="gpt3-175b", layers=r["num_layers"], hidden=r["hidden_size"],
             heads=r["num_attention_heads"], ffn=r["ffn_hidden_size"], vocab=r["vocab_size"],
             seq_len=r["seq_length"], cluster="selene", gpus=r["num_gpus"],
-            stack="../stacks/megatron-sc21.yaml", tp=r["tp"], pp=r["pp"], vpp=r["model_chunks_per_gpu"] or "1", sp="false",
+            stack="megatron-sc21", tp=r["tp"], pp=r["pp"], vpp=r["model_chunks_per_gpu"] or "1", sp="false",
             zero="0", recompute="full", micro_batch=r["micro_batch_size"], global_batch=r["global_batch_size"],
             dtype="fp16", attention="unfused", overlap="false" if r["ddp_impl"] == "local" else "true",
             dp=r["dp"], step_time_s=f"{_sc21_step(r):.4f}", source=f"{r['source']}; {r['source_config']}",

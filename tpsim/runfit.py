@@ -306,6 +306,13 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
         if abs(err) > float(rf["outlier_rel"]):
             warnings.append(f"run {r.run_id} (row {r.row}): the fitted factors leave it at {100 * err:+.1f}% (the "
                             "priors keep them from explaining it: check its plan and measurement)")
+    if len(runs) >= 3:
+        before = float(np.median(np.abs((uncal - y) / y)))
+        after = float(np.median(np.abs(loo)))
+        if after >= before:
+            warnings.append(f"leave-one-out median |error| {100 * after:.1f}% is not better than uncalibrated "
+                            f"{100 * before:.1f}%: the runs disagree in ways these factors do not remove (the "
+                            "calibration may not help other plans)")
     for f in factors:
         if abs(f.value - f.prior) > 3.0 * f.prior_sigma:
             warnings.append(f"factor {f.name} = {f.value:.3g} is more than 3 prior sigmas from {f.prior:g} "
@@ -328,15 +335,19 @@ def _warnings(runs: Sequence[Run], loo: np.ndarray, factors: Sequence[FactorFit]
         labels = ("parameters", "gpus", "tp", "cp", "pp", "sequence")
         for i, r in enumerate(runs):
             others = np.delete(feats, i, axis=0)
+            outside = []
             for j, label in enumerate(labels):
                 lo_, hi_ = others[:, j].min(), others[:, j].max()
                 if feats[i, j] < lo_ * 0.999 or feats[i, j] > hi_ * 1.001:
-                    out.append(f"run {r.run_id} (row {r.row}): {label} {_fmt(feats[i, j])} is outside the other "
-                               f"runs' span {_fmt(lo_)}-{_fmt(hi_)} (its leave-one-out error extrapolates)")
+                    outside.append(f"{label} {_fmt(feats[i, j])} (others {_fmt(lo_)}-{_fmt(hi_)})")
+            if outside:
+                out.append(f"run {r.run_id} (row {r.row}) is outside the other runs' span: {', '.join(outside)}; "
+                           "its leave-one-out error extrapolates")
     for f in factors:
         if f.at_bound:
-            out.append(f"factor {f.name} stopped at its bound {f.bounds} (the runs ask for more than the model "
-                       "can explain with it)")
+            side = "lower" if f.value <= f.bounds[0] else "upper"
+            out.append(f"factor {f.name} stopped at its {side} bound {f.value:g} (the runs ask for "
+                       f"{'less' if side == 'lower' else 'more'} than the bounds allow)")
     if len(runs) < 3:
         out.append(f"{len(runs)} run(s): only compute_scale is fitted (3 or more runs fit the GEMM, memory-bound "
                    "and host-overhead factors)")
