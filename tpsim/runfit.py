@@ -106,18 +106,34 @@ def compute_calibration(values: Mapping[str, float], device: str | None = None,
                               device=device, stack=stack, **extra)
 
 
-def predict(run: Run, values: Mapping[str, float] | None = None, calibration: Calibration | None = None):
-    """The estimate of a run (uncalibrated, with fitted factor ``values``, or with a calibration)."""
+def predict(run: Run, values: Mapping[str, float] | None = None, calibration: Calibration | None = None,
+            *, memo: bool = False):
+    """The estimate of a run (uncalibrated, with fitted factor ``values``, or with a calibration); ``memo``:
+    through the fit's memoized kernel times (the same figures, computed once per shape)."""
     from .estimator import estimate
 
     cal = calibration
     if values is not None:
         cal = Calibration(compute=compute_calibration(values))
-    return estimate(run.model, run.load_cluster(), run.plan, stack=run.stack, calibration=cal)
+    cluster = _cluster(run) if memo else run.load_cluster()
+    return estimate(run.model, cluster, run.plan, stack=run.stack, calibration=cal,
+                    compute=_fit_compute(run) if memo else None)
+
+
+_CLUSTERS: dict = {}
+
+
+def _cluster(run: Run) -> Any:
+    """The run's cluster, loaded once per fit process (``load_cluster`` checks its files' stamps each call)."""
+    key = (run.cluster, run.gpus)
+    hit = _CLUSTERS.get(key)
+    if hit is None:
+        hit = _CLUSTERS[key] = run.load_cluster()
+    return hit
 
 
 def _steps(runs: Sequence[Run], values: Mapping[str, float]) -> np.ndarray:
-    return np.array([predict(r, values).step_time_s for r in runs])
+    return np.array([predict(r, values, memo=True).step_time_s for r in runs])
 
 
 @dataclass(frozen=True)
@@ -504,3 +520,54 @@ def band_plan_dicts(plans: Sequence[dict], model: Any, cluster: Any, stack: str)
             if isinstance(d.get(key), (int, float)):
                 d[f"{key}_low"], d[f"{key}_high"] = d[key] * step / hi, d[key] * step / lo
         d["band_basis"] = b.basis
+
+
+class _MemoCompute:
+    """The default compute model with its kernel times remembered by argument values: a fit evaluates each run
+    under a handful of factor sets, which change only the scaled-compute factors on top, never these times."""
+
+    def __init__(self, base: Any):
+        self.base = base
+        self._memo: dict = {}
+
+    def __getattr__(self, name: str) -> Any:  # everything else (source, in_situ, provenance, ...) is the base's
+        return getattr(self.base, name)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        key = (name,) + tuple((np.asarray(a).tobytes(), np.shape(a), np.asarray(a).dtype.str)
+                              if isinstance(a, np.ndarray) else a for a in args)
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) > 200_000:
+                self._memo.clear()
+            hit = self._memo[key] = getattr(self.base, name)(*args)
+        return hit
+
+    def gemm(self, m, n, k, dtype, batch=1):
+        return self._call("gemm", m, n, k, dtype, batch)
+
+    def attention(self, batch_heads, seq, head_dim, causal, dtype, backward):
+        return self._call("attention", batch_heads, seq, head_dim, causal, dtype, backward)
+
+    def memory(self, kernel, numel, dtype, backward):
+        return self._call("memory", kernel, numel, dtype, backward)
+
+    def describe(self) -> str:
+        return self.base.describe()
+
+
+_COMPUTE: dict = {}
+
+
+def _fit_compute(run: Run) -> Any:
+    """One memoized default compute model per (device, stack) for the fit's evaluations."""
+    from .estimator.context import default_compute
+    from .stacks import load_stack
+
+    cluster = _cluster(run)
+    profile = load_stack(run.stack)
+    key = (cluster.device.name, profile.name, id(profile))
+    hit = _COMPUTE.get(key)
+    if hit is None:
+        hit = _COMPUTE[key] = _MemoCompute(default_compute(cluster.device, profile)[0])
+    return hit
