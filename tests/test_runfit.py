@@ -271,3 +271,15 @@ def test_plan_json_bands_carry_their_basis(capsys):
     for p in data["plans"]:
         assert p["band_basis"]["kind"] == "residuals" and p["band_basis"]["n"] >= 5
         assert p["step_time_s_low"] <= p["step_time_s"] <= p["step_time_s_high"]
+
+
+def test_calibrate_from_a_megatron_log(tmp_path, capsys):
+    out = tmp_path / "mg"
+    assert main(["export", "--format", "megatron", "--out", str(out), "--model", "llama3-8b", "--cluster",
+                 "dgx-h100", "--gpus", "16", "--tp", "2", "--zero", "1", "--sp", "--global-batch", "64",
+                 "--no-predict"]) == 0
+    capsys.readouterr()
+    log = _file(tmp_path, MEGATRON_LOG, "train.log")
+    assert main(["calibrate", "--log", log, str(out / "megatron_args.sh")]) == 0
+    text = capsys.readouterr().out
+    assert "train#1" in text and "2.603" in text and "stack megatron" in text
