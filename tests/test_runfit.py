@@ -283,3 +283,29 @@ def test_calibrate_from_a_megatron_log(tmp_path, capsys):
     assert main(["calibrate", "--log", log, str(out / "megatron_args.sh")]) == 0
     text = capsys.readouterr().out
     assert "train#1" in text and "2.603" in text and "stack megatron" in text
+
+
+def test_select_device_and_stack_from_a_mixed_file(capsys):
+    assert main(["calibrate", "--from-runs", str(DEVELOPMENT_CSV), "--device", "A100-SXM4-40GB",
+                 "--stack", "torchtitan"]) == 0
+    assert "on 6 run(s)" in capsys.readouterr().out
+    assert main(["calibrate", "--from-runs", str(DEVELOPMENT_CSV)]) == 2  # several devices, none chosen
+    assert "a runs calibration is for one device and stack" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("runs_fit, expected", [
+    ({"runs": [{"run_id": "a"}]}, "runs_fit.runs: an entry lacks"),
+    ({"sigma": "x", "runs": []}, "runs_fit.sigma must be a number"),
+    ({"sigma": -1, "runs": []}, "runs_fit.sigma=-1.0 must be a positive number"),
+    ({"sigma": 0.03, "runs": []}, "runs_fit.runs must list the fitted runs"),
+])
+def test_broken_runs_fit_sections_get_one_line(tmp_path, capsys, runs_fit, expected):
+    import yaml
+
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"compute": {"device": "H100-SXM", "stack": "megatron", "gemm_scale": 1.1},
+                                   "runs_fit": runs_fit}))
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--layers", "2",
+                 "--calibration", str(cal)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and expected in err, err

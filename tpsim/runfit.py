@@ -457,8 +457,12 @@ def calibrated_residuals(calibration: Calibration | None) -> tuple[Residual, ...
     data = calibration.provenance.get(FIT_KIND)
     if not isinstance(data, Mapping):
         return None
+    calibrated_sigma(calibration)  # checked here, with the runs
+    entries = data.get("runs")
+    if not isinstance(entries, list) or not entries:
+        raise InputError(f"{calibration.path}: {FIT_KIND}.runs must list the fitted runs (it is empty or not a list)")
     out = []
-    for r in data.get("runs") or []:
+    for r in entries:
         try:
             # the run's leave-one-out error as a log residual: measured / predicted = 1 / (1 + loo)
             out.append(Residual(run_id=str(r["run_id"]), device=str(r["device"]), stack=str(r["stack"]),

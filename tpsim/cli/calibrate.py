@@ -28,8 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --from-runs (or alone): a Megatron-LM / NeMo or torchtitan training log and the "
                         "launch file it ran (a Megatron command line or script, torchtitan TOML, DeepSpeed JSON, "
                         "NeMo YAML); --cluster and --gpus say where (repeatable)")
-    p.add_argument("--device", help="with --from-validation: the device to fit when the reports hold several")
-    p.add_argument("--stack", help="with --from-validation: the stack to fit when the reports hold several")
+    p.add_argument("--device", help="with --from-validation or --from-runs: the device to fit when the reports or "
+                                    "runs hold several")
+    p.add_argument("--stack", help="with --from-validation or --from-runs: the stack to fit when they hold several")
     p.add_argument("--cluster", default="local-cpu", help="cluster the measurements ran on (default: %(default)s)")
     p.add_argument("--gpus", type=count_arg("gpus"), help="GPUs of that cluster (default: the most ranks measured)")
     p.add_argument("--op", help="collective of nccl-tests text files that do not name it (e.g. all_reduce)")
@@ -109,6 +110,14 @@ def from_runs(args: argparse.Namespace) -> int:
         runs.extend(load_runs(path))
     for i, (log, launch) in enumerate(args.log or (), start=1):
         runs.append(_log_run(args, log, launch, i))
+    if args.device or args.stack:  # a file of several devices or stacks: fit the one asked for
+        from ..runs import stack_name
+
+        runs = [r for r in runs if (not args.device or r.device == args.device)
+                and (not args.stack or stack_name(r.stack) == stack_name(args.stack))]
+        if not runs:
+            raise InputError(f"no runs of device {args.device or 'any'} and stack {args.stack or 'any'} in "
+                             f"{', '.join(args.from_runs or [])}")
     seen: dict[str, str] = {}
     for r in runs:
         if r.run_id in seen:
