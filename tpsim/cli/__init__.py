@@ -49,7 +49,7 @@ def one_line(message: str) -> str:
     return text
 
 
-def _on_signal(signum: int, frame: object) -> None:
+def _on_signal(signum: int, frame: object) -> None:  # noqa: ARG001 (a fixed signature)
     raise Terminated(signum)
 
 

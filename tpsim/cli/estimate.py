@@ -111,6 +111,26 @@ def _basis(e) -> str:
     return f" from {b['n']} {'calibration ' if b['kind'] == 'calibrated' else ''}runs' residuals: {b['group']}"
 
 
+def _runs(values: list[int]) -> str:
+    """``2+3x30+2``: equal neighbours folded."""
+    runs: list[list[int]] = []
+    for n in values:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "+".join(f"{n}x{k}" if k > 1 else f"{n}" for n, k in runs)
+
+
+def _split_text(split: dict) -> str:
+    """``layers per rank 13+16x3 (chunks 2x20+1+...)``: the pipeline split the estimate costs."""
+    ranks, chunks = split["layers_per_rank"], split["layers_per_chunk"]
+    out = f"layers per rank {_runs(ranks)}"
+    if len(chunks) > len(ranks):
+        out += f" (chunks in model order {_runs(chunks)})"
+    return out
+
+
 def format_estimate(e, model=None) -> str:
     """The estimate as text; with ``model`` (a ModelSpec) its summary comes first."""
     p = e.plan
@@ -121,6 +141,7 @@ def format_estimate(e, model=None) -> str:
         f"stack    {e.stack}",
         f"plan     {p.short()}  (global batch {p.global_batch}, {p.num_microbatches} micro-batches per replica,"
         f" {p.dtype}, {p.attention} attention, order {p.order})",
+        *([f"pipeline {_split_text(e.pipeline_split)}"] if e.pipeline_split else []),
         f"compute  {e.compute_model}" + (f" ({100 * e.measured_compute_fraction:.0f}% of compute time measured)"
                                          if e.compute_model.startswith("profile") else ""),
         "",

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..pipeline import SCHEDULES
 from .common import (add_cluster_args, add_model_args, add_stack_arg, build_model, build_stack, cluster_and_gpus,
                      count_arg, real_arg)
 from .export import FORMATS as EXPORT_FORMATS
@@ -67,6 +68,9 @@ def add_space_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pp", type=count_arg("pp"), nargs="+", default=None, help="only these pipeline degrees")
     g.add_argument("--no-pp", action="store_true", help="no pipeline parallelism (pp = 1)")
     g.add_argument("--vpp", type=count_arg("vpp"), nargs="+", default=None, help="only these virtual pipeline sizes")
+    g.add_argument("--schedule", nargs="+", default=None, choices=SCHEDULES,
+                   help="only these pipeline schedules (default: every schedule the stack offers, each with the "
+                        "vpp values it runs; docs/MODEL.md \"Pipeline schedule\")")
     g.add_argument("--sp", choices=("on", "off"), default=None, help="sequence parallelism on/off (default both)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), nargs="+", default=None, help="only these ZeRO stages (0-3)")
     g.add_argument("--recompute", nargs="+", default=None, choices=("none", "selective", "full"),
@@ -190,6 +194,8 @@ def build_space(args: argparse.Namespace, model: Any) -> Any:
         values = _positive(flag, getattr(args, name))
         if values:
             kw[name] = values
+    if args.schedule:
+        kw["schedule"] = tuple(dict.fromkeys(args.schedule))
     if args.sp:
         kw["sp"] = (args.sp == "on",)
     if args.zero is not None:
@@ -373,7 +379,7 @@ def runnable_ranks(result: Any, model: Any, stack: Any, k: int) -> tuple[list[tu
     return [(int(r) + 1, int(idx[r])) for r in ok], count_violations(codes[:last])
 
 
-def _uncached(*args: Any, compute_key: str = "", **kw: Any) -> Any:
+def _uncached(*args: Any, compute_key: str = "", **kw: Any) -> Any:  # noqa: ARG001 (unused: kept for the callers)
     from ..search import search
 
     return search(*args, **kw)

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                           gpu_hour_price=price, top=args.top, compute=compute, command=command,
                           stack=build_stack(args, model), scaling_span=span, tokens=args.tokens,
                           reliability=_reliability(args))
-    log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
+    log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))  # noqa: ARG005 (a fixed signature)
     path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log, force=args.force)
     print(path)
     return 0

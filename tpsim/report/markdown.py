@@ -253,7 +253,7 @@ def check_report_dir(out_dir: str | Path, force: bool = False) -> Path:
 
 def write_report(inputs: ReportInputs, out_dir: str | Path, *,
                  loader: Callable[..., Any] | None = None, progress: bool = False,
-                 log: Callable[[str], None] = lambda s: None, force: bool = False) -> Path:
+                 log: Callable[[str], None] = lambda s: None, force: bool = False) -> Path:  # noqa: ARG005 (a fixed signature)
     """Run every study, draw the five charts and write the report; returns the README.md path.
 
     The folder is checked first (:func:`check_report_dir`; ``force`` replaces an existing report), every

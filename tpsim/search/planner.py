@@ -16,6 +16,7 @@ With ``objective="cost"`` the caller passes several clusters (one per GPU count,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..model import ModelSpec
-from ..plan import CP_KINDS, ORDERS, RECOMPUTE, Plan, PlanBatch
+from ..plan import CP_KINDS, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
 from .pareto import pareto_front, pareto_front_max_y
 from .space import SearchSpace, enumerate_valid
 from .validity import MEM_LIMIT, MEMORY, REASONS, STACK, reasons_from_counts, stack_codes
@@ -49,14 +50,14 @@ ESTIMATE_FIELDS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardw
                    "step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low",
                    "mfu_high")
 PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order", "cp", "cp_kind",
-               "ep", "etp")
+               "ep", "etp", "schedule")
 EXTRA_AXES = ("cp", "cp_kind", "ep", "etp")
 """plan columns of the parallel axes of issue 11 (docs/SCHEMAS.md section 1), used where the batches have them."""
 BAND_FIELDS = ("step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low",
                "mfu_high")
 """error-band arrays (docs/SCHEMAS.md section 6), kept when the estimator's batches carry them."""
-VARIANT_FIELDS = ("order", "overlap")
-"""the plan fields in which twins may differ."""
+VARIANT_FIELDS = ("order", "overlap", "schedule")
+"""the plan fields in which twins may differ (the schedule: pp = 1 plans of every schedule the stack offers)."""
 TWIN_RTOL = 1e-9
 """relative tolerance under which two step times (or peak memories) are the same prediction: different rank
 orders can reach the same figure through a different summation order (a few ulps apart)."""
@@ -206,7 +207,8 @@ class SearchResult:
                     dp=int(c["dp"][i]), sp=bool(c["sp"][i]), recompute=RECOMPUTE[int(c["recompute"][i])],
                     zero=int(c["zero"][i]), micro_batch=int(c["micro_batch"][i]),
                     global_batch=int(c["global_batch"][i]), dtype=self.space.dtype, overlap=bool(c["overlap"][i]),
-                    order=ORDERS[int(c["order"][i])], attention=self.space.attention)
+                    order=ORDERS[int(c["order"][i])], attention=self.space.attention,
+                    schedule=SCHEDULES[int(c["schedule"][i])])
 
     def estimate(self, i: int) -> Any:
         """The full :class:`Estimate` of evaluated plan ``i``, exactly as ``tpsim estimate`` gives it: the row
@@ -298,6 +300,8 @@ class SearchResult:
         parts.append(f"pp{c['pp'][i]}")
         if c["vpp"][i] > 1:
             parts.append(f"v{c['vpp'][i]}")
+        if c["schedule"][i]:
+            parts.append(SCHEDULES[int(c["schedule"][i])])
         parts.append(f"dp{c['dp'][i]}")
         if c["sp"][i]:
             parts.append("sp")
@@ -385,7 +389,9 @@ class SearchResult:
             data["etp"] = np.where(c["etp"][idx] == 0, c["tp"][idx], c["etp"][idx])
         overlaps, orders, counts = self._variant_columns(np.asarray(idx, dtype=np.int64))
         data.update({
-            "pp": c["pp"][idx], "vpp": c["vpp"][idx], "dp": c["dp"][idx],
+            "pp": c["pp"][idx], "vpp": c["vpp"][idx],
+            **({"schedule": [SCHEDULES[int(k)] for k in c["schedule"][idx]]} if np.any(c["schedule"][idx]) else {}),
+            "dp": c["dp"][idx],
             "sp": np.where(c["sp"][idx], "y", "-"), "recompute": [RECOMPUTE[int(r)] for r in c["recompute"][idx]],
             "zero": c["zero"][idx], "mb": c["micro_batch"][idx], "overlap": overlaps, "order": orders,
             "variants": counts,
@@ -524,6 +530,8 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     space = space or SearchSpace()
     estimator = estimator or _default_estimator()
     stack = resolve_stack(stack)
+    if space.schedule is None:  # the stack's schedules, searched like vpp
+        space = dataclasses.replace(space, schedule=tuple(stack.rules.schedules))
     clusters = tuple(clusters) if isinstance(clusters, (list, tuple)) else (clusters,)
     if not clusters:
         raise InputError("no cluster to search")
