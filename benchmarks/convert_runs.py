@@ -36,10 +36,6 @@ def _have_device(name: str) -> bool:
     return name in device_names()
 
 
-def _have_stack(name: str) -> bool:
-    return (ROOT / "tpsim" / "data" / "stacks" / f"{name}.yaml").exists()
-
-
 GRAND_TETON = """name: grand-teton-h100
 description: >-
   Meta Grand Teton hosts as torchtitan's H100 runs used them: 8 lower-TDP (500 W) H100 SXM with 95/96 GB HBM2e,
@@ -136,7 +132,7 @@ def nemo(rows: list[dict]) -> list[dict]:
         tp = int(r["tp"])
         vpp = int(r["vp"] or 1)
         out.append(dict(
-            run_id=r["case_id"], **shape, cluster="dgx-h100", gpus=r["num_gpus"], stack="megatron", tp=r["tp"],
+            run_id=r["case_id"], **shape, cluster="dgx-h100", gpus=r["num_gpus"], stack="nemo", tp=r["tp"],
             cp=r["cp"], pp=r["pp"], vpp=str(vpp), sp="true" if tp > 1 else "false", zero="1", recompute="none",
             micro_batch=r["micro_batch_size"], global_batch=r["global_batch_size"], dtype="fp8",
             tp_overlap="true" if tp > 1 else "false", overlap="true", dp=r["dp"],
@@ -144,7 +140,7 @@ def nemo(rows: list[dict]) -> list[dict]:
             model_tflops_per_gpu=r["measured_model_tflops_per_gpu"], flops_convention="megatron",
             source=r["source"],
             notes=(f"{NEMO_RECIPE}; measurement: tokens/s per GPU (the model TFLOP/s column is kept: "
-                   f"it equals tokens/s under the megatron FLOP convention to 0.1%, which checks the shapes); NeMo runs on Megatron-Core: stack megatron. Source notes: {r['notes']}")))
+                   f"it equals tokens/s under the megatron FLOP convention to 0.1%, which checks the shapes); NeMo 24.07 on Megatron-Core with NeMo's distributed optimizer: stack nemo. Source notes: {r['notes']}")))
     return out
 
 
@@ -158,7 +154,7 @@ def mpt(rows: list[dict]) -> list[dict]:
         cluster = "dgx-h100" if h100 else "clusters/dgx-a100-40gb.yaml"
         notes = [f"PyTorch FSDP {strategy} -> zero {zero}; activation_checkpointing {r['activation_checkpointing']} "
                  f"-> recompute {recompute}",
-                 "llm-foundry has no stack profile: torchtitan's (PyTorch FSDP2) stands in for FSDP1",
+                 "stack llm-foundry (Composer FSDP1, MPT's fused cross-entropy; torchtitan's PyTorch rules otherwise)",
                  "model: the GPT preset with MPT's shape (MPT has no biases and ALiBi: small differences)",
                  "measurement: tokens/s (the table's samples/s is rounded)"]
         notes.append("dgx-h100 (H100 80 GB as published)" if h100 else
@@ -167,7 +163,7 @@ def mpt(rows: list[dict]) -> list[dict]:
         out.append(dict(
             run_id=r["case_id"], model="gpt3-175b", layers=r["num_layers"], hidden=r["hidden_size"],
             heads=r["num_attention_heads"], ffn=r["ffn_hidden_size"], vocab=r["vocab_size"],
-            seq_len=r["seq_length"], cluster=cluster, gpus=r["num_gpus"], stack="torchtitan", tp="1", pp="1",
+            seq_len=r["seq_length"], cluster=cluster, gpus=r["num_gpus"], stack="llm-foundry", tp="1", pp="1",
             zero=zero, recompute=recompute, micro_batch=r["micro_batch_size"],
             global_batch=r["global_batch_size"], dtype="bf16", overlap="true", dp=r["dp"],
             tokens_per_s=r["measured_tokens_per_s"], source=r["source"],
@@ -235,22 +231,16 @@ SC21_NOTE = ("step_time_s = SC21 eq. 3 FLOPs (96 B s l h^2 (1 + s/6h + V/16lh), 
 
 def deepspeed(rows: list[dict]) -> list[dict]:
     out = []
-    from tpsim.stacks import PRESET_STACKS, STACK_NAMES
-
-    named = "deepspeed-2021" in STACK_NAMES + PRESET_STACKS  # else the shipped file by its path
-    stack, note = (("deepspeed-2021" if named else "../stacks/deepspeed-2021.yaml", "stack deepspeed-2021 (T9)")
-                   if _have_stack("deepspeed-2021")
-                   else ("deepspeed", "stack deepspeed until the deepspeed-2021 profile (T9) lands"))
     for r in rows:
         out.append(dict(
             run_id=r["case_id"], model="gpt3-175b", layers=r["num_layers"], hidden=r["hidden_size"],
             heads=r["num_attention_heads"], vocab=r["vocab_size"], seq_len=r["seq_length"], cluster="selene",
-            gpus=r["num_gpus"], stack=stack, tp="1", pp="1", zero="3", recompute="full",
+            gpus=r["num_gpus"], stack="deepspeed-2021", tp="1", pp="1", zero="3", recompute="full",
             micro_batch=r["micro_batch_size"], global_batch=r["global_batch_size"], dtype="fp16",
             attention="unfused", overlap="true", dp=r["dp"], step_time_s=f"{_sc21_step(r):.4f}",
             source=r["source"],
-            notes=(f"{SC21_NOTE}; DeepSpeed of 2021 inside Megatron: {note}; unfused attention as SC21 "
-                   f"Table 1. Source notes: {r['notes']}")))
+            notes=(f"{SC21_NOTE}; DeepSpeed of 2021 inside Megatron: stack deepspeed-2021 (T9); unfused attention as "
+                   f"SC21 Table 1. Source notes: {r['notes']}")))
     return out
 
 

@@ -565,7 +565,7 @@ _COMPUTE: dict = {}
 
 def _fit_compute(run: Run) -> Any:
     """One memoized default compute model per (device, stack) for the fit's evaluations."""
-    from .estimator.context import default_compute
+    from .estimator.context import stack_compute
     from .stacks import load_stack
 
     cluster = _cluster(run)
@@ -573,5 +573,5 @@ def _fit_compute(run: Run) -> Any:
     key = (cluster.device.name, profile.name, id(profile))
     hit = _COMPUTE.get(key)
     if hit is None:
-        hit = _COMPUTE[key] = _MemoCompute(default_compute(cluster.device, profile)[0])
+        hit = _COMPUTE[key] = _MemoCompute(stack_compute(cluster.device, profile)[0])
     return hit

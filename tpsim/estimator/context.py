@@ -108,7 +108,7 @@ class EstimationContext:
         terms = stack_terms(profile)
         warnings = list(_profile_warnings(compute, device.name))
         if compute is None:
-            effective, note = default_compute(device, profile)
+            effective, note = stack_compute(device, profile)
             if note:
                 warnings.append(f"compute: {note}")
         else:
@@ -137,7 +137,8 @@ class EstimationContext:
                                  collectives=collectives,
                                  source=source or TransformerSource(
                                      model, flavor, terms.activation_storage,
-                                     fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup),
+                                     fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup,
+                                     fp8_cast=terms.fp8_cast_bytes),
                                  host_overhead_s=host, warnings=tuple(warnings),
                                  caches=None if curves is None else ContextCaches(curves=curves))
 
@@ -324,6 +325,16 @@ def default_compute(device: Any, stack: StackProfile) -> tuple[ComputeModel, str
     architecture) and a note when part of it falls back to the roofline."""
     impl = stack_terms(stack).attention_kernel(getattr(device, "architecture", None))
     return training_compute(device, impl)
+
+
+def stack_compute(device: Any, stack: StackProfile) -> tuple[ComputeModel, str]:
+    """The compute model a context uses when none is given: :func:`default_compute`, with the stack's eager
+    (unfused elementwise) kernels where its profile says so (tpsim/compute/eager.py)."""
+    effective, note = default_compute(device, stack)
+    if stack_terms(stack).kernel_flavor == "eager":
+        from ..compute.eager import EagerKernels
+        effective = EagerKernels(effective)
+    return effective, note
 
 
 _CONTEXTS: OrderedDict = OrderedDict()
