@@ -206,7 +206,7 @@ def residual_band(residuals: Sequence[Residual], *, device: str, stack: str, par
         ("same device and stack", lambda r: r.device == device and r.stack == stack, False, False),
         ("same stack, other devices", lambda r: r.stack == stack, True, False),
         ("same device, other stacks", lambda r: r.device == device, False, True),
-        ("all runs", lambda r: True, True, True),
+        ("all runs", lambda _r: True, True, True),
     )
     for group, keep, new_device, new_stack in levels:
         chosen = [r for r in pool if keep(r)]
