@@ -27,7 +27,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -314,9 +314,9 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
                               (table[n].low, table[n].high), bool(bound[j]), table[n].source)
                     for j, n in enumerate(names))
     results = tuple(RunResult(r.run_id, float(y[i]), float(uncal[i]), float(linear[i]), float(loo[i]),
-                              residual_of(r, float(linear[i]), float(loo[i])))
+                              residual_of(r, float(linear[i])))
                     for i, r in enumerate(runs))
-    warnings = _warnings(runs, loo, factors, sigma)
+    warnings = _warnings(runs, loo, factors)
     for i, r in enumerate(runs):
         err = (linear[i] - y[i]) / y[i]
         if abs(err) > float(rf["outlier_rel"]):
@@ -337,7 +337,7 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
                    warnings=tuple(warnings), seconds=time.perf_counter() - started, runs_file=runs_file)
 
 
-def _warnings(runs: Sequence[Run], loo: np.ndarray, factors: Sequence[FactorFit], sigma: float) -> list[str]:
+def _warnings(runs: Sequence[Run], loo: np.ndarray, factors: Sequence[FactorFit]) -> list[str]:
     rf = band_data().runs_fit
     out = []
     mags = np.abs(loo)
@@ -379,7 +379,7 @@ def _span_features(r: Run) -> tuple[float, ...]:
             float(r.model.seq_len))
 
 
-def residual_of(run: Run, predicted: float, loo_error: float | None = None) -> Residual:
+def residual_of(run: Run, predicted: float) -> Residual:
     """The band residual of a run: log(measured / predicted) with the features that group it."""
     return Residual(run_id=run.run_id, device=run.device, stack=stack_name(run.stack),
                     params=float(run.model.total_params()), gpus=run.gpus, tp=run.plan.tp, cp=run.plan.cp,
