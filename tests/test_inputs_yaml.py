@@ -157,8 +157,8 @@ def test_calibration_files(capsys, tmp_path):
     (tmp_path / "bomb.yaml").write_text(BOMB)
     (tmp_path / "eff.yaml").write_text("loopback: {efficiency: 7}\n")
     (tmp_path / "ops.yaml").write_text("gloo_ops: 7\n")
-    cases = {str(tmp_path / "bomb.yaml"): "YAML bomb", str(tmp_path / "eff.yaml"): "efficiency=7 must be in (0, 1]",
-             str(tmp_path / "ops.yaml"): "gloo_ops must be a mapping",
+    cases = {str(tmp_path / "bomb.yaml"): "YAML bomb", str(tmp_path / "eff.yaml"): "efficiency=7 is above the supported maximum 1",
+             str(tmp_path / "ops.yaml"): "gloo_ops=7 must be a mapping",
              str(ROOT / "topologies/clusters/dgx-a100.yaml"): "is a cluster file",
              "": "file not found"}
     for path, needle in cases.items():

@@ -142,8 +142,12 @@ def find_calibration(ref: str | Path, relative_to: Path | None = None) -> Path:
 def load_calibration(ref: str | Path, relative_to: Path | None = None) -> Calibration:
     """Read and validate a calibration file (see the module docstring)."""
     path = find_calibration(ref, relative_to)
+    from .schema import check
+    from .schemas import CALIBRATION
+
     data = _read(path)
     _refuse_other_kinds(path, data)
+    check(CALIBRATION, data, str(path))  # types and ranges before use (issue 26)
     per_type = {key: _link_entry(value, f"{path}: {key}") for key, value in data.items() if key in LINK_TYPES}
     gloo = data.get("gloo_ops") or {}
     if not isinstance(gloo, Mapping):

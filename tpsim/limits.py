@@ -80,6 +80,14 @@ FLOAT_LIMITS: dict[str, float] = {
     "budget_s": 7 * 24 * 3600.0,
     "max_kernel_s": 3600.0,
     "redo_noisy_pct": 1e4,
+    # figures of stack and calibration files (issue 26: a negative or NaN figure was used as given)
+    "host_us": 1e6,                     # host time of one op, layer or collective: a second is already absurd
+    "bucket_elements": 1e13,            # a DDP/ZeRO bucket or prefetch size, in elements (10x a 1T model)
+    "bytes_per_param": 1024.0,          # optimizer traffic per parameter (fused Adam moves 34-46 bytes)
+    "bytes_per_element": 64.0,          # bytes kept per activation element (fp8 caches: 1, fp32: 4)
+    "latency_us": 1e7,                  # one message's latency on a link (10 s)
+    "bw_GBps": 1e6,                     # one link's bandwidth (1 PB/s; NVLink 5 is 900 GB/s)
+    "calibration_scale": 1e3,           # a fitted factor on kernel times (calibrate bounds it to 1/4..4)
 }
 """field -> largest accepted value of a real-valued input (finite and positive unless a checker says 0)."""
 
@@ -106,6 +114,18 @@ MAX_CONFIG_BYTES = 1 << 20
 """Size of a model config.json (published ones are 1-10 kB; the largest, with label maps, well under 100 kB)."""
 MAX_YAML_NODES = 1_000_000
 """Scalar and collection nodes a YAML document may expand to (alias/anchor bombs)."""
+MAX_JSON_ITEMS = 4_000_000
+"""Values (array elements and object members) of one JSON input, counted from its commas, colons and brackets
+before parsing: the largest shipped op graph (traced UNet) has about 9,000; a parsed value costs ~100 bytes, so
+the bound keeps a document near 400 MB at the very worst."""
+MAX_NUMBER_DIGITS = 40
+"""Digits of one number in a JSON, YAML, CSV or launch file (an int64 has 19; a float written in full, 17
+significant digits plus zeros): converting a 5,000-digit integer is quadratic, and no count needs more."""
+MAX_OPGRAPH_BYTES = 64 << 20
+"""Size of an ``*.ops.json`` op graph (the shipped traced UNet is 129 kB; a million-op graph about 60 MB)."""
+MAX_LAUNCH_BYTES = 1 << 20
+"""Size of a launch file (Megatron/DeepSpeed script, ds_config.json, NeMo YAML, torchtitan TOML): published
+ones are 1-20 kB."""
 
 
 def show(value: Any) -> str:

@@ -91,8 +91,12 @@ def import_json(path: Path, text: str, launch: ImportedLaunch | None = None) -> 
     """A ds_config.json, alone (tp = pp = 1 unless ``launch``, the script's import, gives them)."""
     from ..model.files import parse_json_object  # bounded depth, finite numbers, no repeated keys (issue 13)
 
+    from ..schema import check
+    from ..schemas import DEEPSPEED
+
     data = parse_json_object(text, str(path))
     where = str(path)
+    check(DEEPSPEED, data, where)  # types, ranges and enums before any use (issue 26)
     notes = list(launch.notes) if launch else []
     fields = dict(launch.plan_fields) if launch else {"tp": 1, "pp": 1, "sp": False, "recompute": "none",
                                                       "order": "tp-dp-pp", "attention": "unfused"}
@@ -150,7 +154,7 @@ def _dtype(data: Mapping[str, Any], where: str) -> str:
         section = data.get(key, {})
         if not isinstance(section, Mapping):
             raise InputError(f"{where}: {key} must be an object")
-        if section.get("enabled") is True:
+        if section.get("enabled") is True:  # "auto" (the HF Trainer's placeholder) is not a choice
             return dtype
     return "fp32"
 
@@ -177,4 +181,7 @@ def import_script(path: Path, text: str) -> ImportedLaunch:
     config_path = (path.parent / config) if not Path(config).is_absolute() else Path(config)
     if not config_path.is_file():
         raise InputError(f"{path}: --deepspeed_config {config}: {config_path} does not exist")
-    return import_json(config_path, config_path.read_text(), launch)
+    from ..io import read_text
+    from ..limits import MAX_LAUNCH_BYTES
+
+    return import_json(config_path, read_text(config_path, "--deepspeed_config", MAX_LAUNCH_BYTES), launch)

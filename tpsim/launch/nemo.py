@@ -134,9 +134,13 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     from ..topology.files import read_yaml  # strict: duplicate keys refused, one line naming the file
 
     where = str(path)
+    from ..schema import check
+    from ..schemas import NEMO
+
     data = read_yaml(path)
     if not isinstance(data, Mapping) or not isinstance(data.get("model"), Mapping):
         raise InputError(f"{path}: a NeMo config needs a model: section")
+    check(NEMO, data, where)  # types, ranges and enums before any use (issue 26)
     model, trainer = data["model"], data.get("trainer") or {}
     notes: list[str] = []
     get = lambda key, default=None: model.get(key, default)  # noqa: E731
@@ -169,7 +173,8 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
             fields["etp"] = etp
     header = read_header(text)
     devices, nodes = trainer.get("devices"), trainer.get("num_nodes", 1)
-    gpus = devices * nodes if isinstance(devices, int) and isinstance(nodes, int) else None
+    gpus = devices * (nodes or 1) if isinstance(devices, int) and devices > 0 and isinstance(nodes, (int, type(None))) \
+        else None
     return ImportedLaunch(format="nemo", path=path, plan_fields=fields,
                           model_shape={**header_shape(header), **_shape(model, where)},
                           model_ref=header.get("model"), cluster_ref=header.get("cluster"),

@@ -162,6 +162,10 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     except RecursionError:  # arrays nested thousands deep (issue 13)
         raise InputError(f"{path}: not valid TOML (nested too deeply)") from None
     where = str(path)
+    from ..schema import check
+    from ..schemas import TORCHTITAN
+
+    check(TORCHTITAN, data, where)  # types, ranges and enums before any use (issue 26)
     notes: list[str] = []
     par, training = _table(data, "parallelism", where), _table(data, "training", where)
     ac, model = _table(data, "activation_checkpoint", where), _table(data, "model", where)

@@ -448,26 +448,27 @@ def _depth(value: Any, limit: int) -> int:
 
 
 def parse_opgraph(text: str, source: str = "op graph") -> OpGraph:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{source}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
-    except RecursionError:
-        raise InputError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
-    if _depth(data, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise InputError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    """An op graph from JSON text: bounded and linear before decoding (:mod:`tpsim.boundedjson`), the
+    top level checked against its declared schema (:data:`tpsim.schemas.OPGRAPH`), then every op."""
+    from ..boundedjson import loads
+    from ..schema import check
+    from ..schemas import OPGRAPH
+
+    data = loads(text, source)
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        check(OPGRAPH, data, source)
     return opgraph_from_dict(data, source)
 
 
 def load_opgraph(path: str | Path) -> OpGraph:
     """Read and validate a ``*.ops.json`` file (one-line :class:`InputError` naming the file and the field)."""
+    from ..io import read_text
+    from ..limits import MAX_OPGRAPH_BYTES
+
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"op graph {path}: no such file")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"op graph {path}: cannot be read ({exc})") from None
+    text = read_text(path, "op graph", MAX_OPGRAPH_BYTES)  # a regular file of bounded size, never read whole first
     return parse_opgraph(text, str(path))
 
 
