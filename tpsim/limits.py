@@ -128,6 +128,21 @@ MAX_LAUNCH_BYTES = 1 << 20
 ones are 1-20 kB."""
 
 
+_ASCII_DIGITS = frozenset("0123456789")
+
+
+def ascii_int(text: Any, signed: bool = False) -> int | None:
+    """``text`` as an int when it is ASCII decimal digits only (``-`` first if ``signed``) and at most
+    :data:`MAX_NUMBER_DIGITS` of them; else None. ``str.isdigit`` accepts ``²`` and ``١`` (then ``int`` fails
+    or reads another number) and a 5,000-digit number costs a quadratic conversion: readers use this."""
+    if not isinstance(text, str):
+        return None
+    body = text[1:] if signed and text.startswith("-") else text
+    if not body or len(body) > MAX_NUMBER_DIGITS or not set(body) <= _ASCII_DIGITS:
+        return None
+    return int(text)
+
+
 def show(value: Any) -> str:
     """``repr`` of a value for a one-line message: long numbers and strings abbreviated."""
     text = repr(value)

@@ -169,6 +169,37 @@ TORCHTITAN = register(Schema("torchtitan", {
 }, doc="a torchtitan job config (TOML)"))
 
 
+MEGATRON_OTHER_INT = Int(minimum=0)
+"""an integer flag of a Megatron script that has no entry below: a count, 0 allowed."""
+_M0 = {"minimum": 0}
+MEGATRON = register(Schema("megatron", {
+    "--tensor-model-parallel-size": Int("tp"), "--pipeline-model-parallel-size": Int("pp"),
+    "--context-parallel-size": Int("cp"), "--expert-model-parallel-size": Int("ep"),
+    "--expert-tensor-parallel-size": Int("tp"), "--ds-sequence-parallel-size": Int("cp"),
+    "--num-virtual-stages-per-pipeline-rank": Int("vpp"),
+    "--num-layers-per-virtual-pipeline-stage": Int("num_layers"),
+    "--decoder-first-pipeline-num-layers": Int("pp_layers", **_M0),
+    "--decoder-last-pipeline-num-layers": Int("pp_layers", **_M0),
+    "--micro-batch-size": Int("micro_batch"), "--global-batch-size": Int("global_batch"),
+    "--recompute-num-layers": Int("num_layers"), "--zero-stage": Int(minimum=0, maximum=3),
+    "--num-layers": Int("num_layers"), "--hidden-size": Int("hidden_size"),
+    "--ffn-hidden-size": Int("ffn_hidden_size"), "--num-attention-heads": Int("num_attention_heads"),
+    "--seq-length": Int("seq_len"), "--max-position-embeddings": Int("max_positions"),
+    "--vocab-size": Int("vocab_size"), "--kv-channels": Int("head_dim"), "--num-query-groups": Int("num_kv_heads"),
+    "--num-experts": Int("num_experts"), "--moe-router-topk": Int("experts_per_token"),
+    "--moe-ffn-hidden-size": Int("moe_ffn_hidden_size"),
+    "--moe-shared-expert-intermediate-size": Int("shared_expert_ffn_hidden_size", **_M0),
+    "--moe-router-num-groups": Int("router_groups"), "--moe-router-group-topk": Int("router_group_topk"),
+    "--q-lora-rank": Int("q_lora_rank", **_M0), "--kv-lora-rank": Int("kv_lora_rank"),
+    "--qk-head-dim": Int("qk_nope_head_dim"), "--qk-pos-emb-head-dim": Int("qk_rope_head_dim"),
+    "--v-head-dim": Int("v_head_dim"), "--mtp-num-layers": Int("mtp_layers", **_M0),
+    "--pipeline-model-parallel-layout": Str(max_len=4096),
+    "--moe-layer-freq": Str(max_len=1 << 16),
+    "--moe-expert-capacity-factor": Str(max_len=40),
+}, doc="the integer flags of a Megatron-LM / Megatron-DeepSpeed launch command (as parsed from the script: "
+       "each value one ASCII integer within the bound of the plan or model field it sets)"))
+
+
 # ----------------------------------------------------------------------------------------------- model files
 HF_CONFIG = register(Schema("config.json", {
     "model_type": Str(max_len=128, required=True),
@@ -274,5 +305,5 @@ CALIBRATION = register(Schema("calibration", {
 }, doc="a calibration YAML (tpsim/calibration.py); other top-level keys are provenance"))
 
 
-__all__ = ["FILE_LIMITS", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
+__all__ = ["FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
            "is_interpolation"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from ..plan import Plan
 from . import megatron
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
@@ -173,7 +174,7 @@ def import_script(path: Path, text: str) -> ImportedLaunch:
     launch = ImportedLaunch(format="deepspeed", path=path, plan_fields=fields,
                             model_shape={**header_shape(header), **megatron.model_shape(f)},
                             model_ref=header.get("model"), cluster_ref=header.get("cluster"),
-                            gpus=gpus or (int(header["gpus"]) if header.get("gpus", "").isdigit() else None),
+                            gpus=gpus or ascii_int(header.get("gpus")),
                             notes=tuple(notes))
     config = f.text("--deepspeed_config") or f.text("--deepspeed-config")
     if not config:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
 
 FILENAME = "nemo_megatron_gpt.yaml"
@@ -107,7 +108,7 @@ def moe_keys(m) -> dict[str, Any]:
         keys["moe_shared_expert_intermediate_size"] = shared
     freq = moe_layer_freq(m)
     if freq != "1":
-        keys["moe_layer_freq"] = (int(freq) if freq.isdigit()
+        keys["moe_layer_freq"] = (ascii_int(freq) if ascii_int(freq) is not None
                                   else [1 if m.is_moe_layer(i) else 0 for i in range(m.num_layers)])
     keys.update(moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall")
     if m.router_groups:
@@ -178,7 +179,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     return ImportedLaunch(format="nemo", path=path, plan_fields=fields,
                           model_shape={**header_shape(header), **_shape(model, where)},
                           model_ref=header.get("model"), cluster_ref=header.get("cluster"),
-                          gpus=gpus or (int(header["gpus"]) if header.get("gpus", "").isdigit() else None),
+                          gpus=gpus or ascii_int(header.get("gpus")),
                           notes=tuple(notes))
 
 

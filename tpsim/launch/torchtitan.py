@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
 
 FILENAME = "torchtitan.toml"
@@ -207,7 +208,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     shape = {**header_shape(header), "seq_len": _int(training, "seq_len", 2048, where)}
     if model.get("name") == "deepseek_v3":
         shape["mtp_layers"] = 0  # torchtitan's deepseek_v3 trains no multi-token prediction module
-    gpus = int(header["gpus"]) if header.get("gpus", "").isdigit() else None
+    gpus = ascii_int(header.get("gpus"))
     if gpus is None and dp is not None:
         gpus = dp * tp * pp * cp
     return ImportedLaunch(format="torchtitan", path=path, plan_fields=fields, model_shape=shape,
