@@ -9,10 +9,10 @@ import pytest
 
 from tpsim.errors import InputError
 from tpsim.model import PRESETS, with_overrides
-from tpsim.validate.plancase import PlanCase
-from tpsim.validate.plancomm import (ddp_buckets, differences, estimator_comm, expected_comm, fsdp_unit_bytes,
+from tpsim.validate.plan.case import PlanCase
+from tpsim.validate.plan.comm import (ddp_buckets, differences, estimator_comm, expected_comm, fsdp_unit_bytes,
                                      rank_param_numel)
-from tpsim.validate.shapes import local_params, partial_grad_params
+from tpsim.validate.block.shapes import local_params, partial_grad_params
 
 GPT = with_overrides(PRESETS["gpt3-1.3b"], hidden=128, heads=4, seq_len=32, layers=2)
 LLAMA = with_overrides(PRESETS["llama3-8b"], hidden=128, heads=4, kv_heads=2, ffn=256, seq_len=32, layers=2)
@@ -49,7 +49,7 @@ def test_mesh_axes_and_stages_follow_the_rank_order():
 def test_local_params_are_the_blocks_own():
     """Names and order of named_parameters(), and each shard times tp is the built (unsharded) shape."""
     torch = pytest.importorskip("torch")
-    from tpsim.validate.block import build_block
+    from tpsim.validate.modules.block import build_block
 
     del torch
     for model in (GPT, LLAMA, with_overrides(LLAMA, kv_heads=1)):
@@ -127,7 +127,7 @@ def test_plan_prediction_uses_the_estimators_rules():
     from tpsim.compute.roofline import RooflineModel
     from tpsim.estimator import estimate
     from tpsim.topology import load_cluster
-    from tpsim.validate.planpredict import predict_plan
+    from tpsim.validate.plan.predict import predict_plan
 
     base = with_overrides(PRESETS["gpt3-1.3b"], hidden=1024, heads=16, seq_len=512, vocab=1, layers=4)
     for kw in (dict(pp=2, microbatches=4), dict(dp=2, zero=3), dict(dp=2, zero=0), dict(tp=2, sp=True)):
@@ -140,7 +140,7 @@ def test_plan_prediction_uses_the_estimators_rules():
 
 
 def test_plan_summary_checks_loss_communication_and_phases():
-    from tpsim.validate.planreport import combined_loss, summarize_plan
+    from tpsim.validate.plan.report import combined_loss, summarize_plan
 
     c = case(tp=2, sp=True, dp=2, zero=3)
     ranks = []

@@ -14,9 +14,9 @@ pytest.importorskip("torch")
 
 from tpsim.model import PRESETS, with_overrides  # noqa: E402
 from tpsim.validate import LaunchConfig, launch  # noqa: E402
-from tpsim.validate.plancase import PlanCase  # noqa: E402
-from tpsim.validate.plancomm import expected_comm, normalize  # noqa: E402
-from tpsim.validate.planreport import summarize_plan  # noqa: E402
+from tpsim.validate.plan.case import PlanCase  # noqa: E402
+from tpsim.validate.plan.comm import expected_comm, normalize  # noqa: E402
+from tpsim.validate.plan.report import summarize_plan  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 

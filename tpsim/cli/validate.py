@@ -156,7 +156,7 @@ def check_backend(backend: str, nproc: int) -> None:
 def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanCase
     from ..errors import InputError
     from ..model import with_overrides
-    from ..validate.plancase import PlanCase
+    from ..validate.plan.case import PlanCase
 
     chunks = args.pp * args.vpp
     layers = args.layers or chunks * args.layers_per_chunk
@@ -173,7 +173,7 @@ def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanC
 def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
     from ..errors import InputError
     from ..limits import check_int
-    from ..validate.case import Case
+    from ..validate.block.case import Case
     from ..validate.run import matrix_cases, plan_matrix_cases
 
     if args.matrix:
@@ -223,7 +223,7 @@ def check_names(args: argparse.Namespace) -> None:
 def _axis_case(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
     """A context- and/or expert-parallel layer on cp x dp ranks (tp 1): ``--cp``, ``--cp-kind``, ``--ep``."""
     from ..errors import InputError
-    from ..validate.axiscase import AxisCase, moe_layer_model
+    from ..validate.axis.case import AxisCase, moe_layer_model
 
     if args.tp != 1 or args.pp > 1 or args.zero or args.vpp > 1 or args.whole or args.sp:
         raise InputError(f"--cp/--ep run one context/expert-parallel layer with tp=1 and no --pp/--vpp/--zero/"
@@ -245,7 +245,7 @@ def _axis_case(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: AN
 
 def _with_expert_ffn(args: argparse.Namespace, model):  # noqa: ANN001, ANN202
     from ..errors import InputError
-    from ..validate.axiscase import with_expert_ffn
+    from ..validate.axis.case import with_expert_ffn
     if args.moe_ffn is None:
         return model
     if not model.is_moe:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, TpsimError
-from .case import Case
+from .block.case import Case
 from ..procs import child_preexec
 
 MARK_ENV = "TPSIM_VALIDATE_RUN"

@@ -1,6 +1,6 @@
 """Parameters of one validation block as one TP rank holds them (torch-free).
 
-The block of :mod:`tpsim.validate.block` as built for TP degree ``tp`` (KV heads fewer than tp replicated, fused
+The block of :mod:`tpsim.validate.modules.block` as built for TP degree ``tp`` (KV heads fewer than tp replicated, fused
 weights laid out per rank), each parameter's local shape after ``parallelize_module`` with the plan's styles:
 column-parallel weights and biases split on dim 0, row-parallel weights on dim 1 (their biases and the norm
 weights replicated). Parameters are listed in ``named_parameters()`` order (modules in construction order,
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import ModelSpec
-from ..tp_plan import layer_plan
+from ...model import ModelSpec
+from ...tp_plan import layer_plan
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,7 @@
 
 The pieces are the estimator's: one layer's forward and backward per micro-batch from
 :func:`tpsim.estimator.predict_block` (the layer cost code of ``estimate``, flavor ``dtensor``: TP collectives
-exposed), every data-parallel and pipeline transfer of :func:`tpsim.validate.plancomm.expected_comm` timed by the
+exposed), every data-parallel and pipeline transfer of :func:`tpsim.validate.plan.comm.expected_comm` timed by the
 topology's collective model on the plan's groups (:func:`tpsim.topology.placement.rank_groups`), the Adam step
 by the roofline's ``optimizer_time``. They are put together with the estimator's rules
 (``tpsim/estimator/core.py``, Narayanan et al. 2021 section 2.2):
@@ -14,7 +14,7 @@ by the roofline's ``optimizer_time``. They are put together with the estimator's
 * what the runtime does not overlap is exposed: tpsim's ZeRO-1 reduces and gathers inside the optimizer step,
   and the partial norm-weight gradients under SP are summed there too.
 
-Phases match what the ranks measure (:mod:`tpsim.validate.planrun`): ``fwd`` and ``bwd`` (the chunks' own
+Phases match what the ranks measure (:mod:`tpsim.validate.plan.run`): ``fwd`` and ``bwd`` (the chunks' own
 computation with the communication inside it), ``optimizer``, ``other`` (bubble, pipeline transfers, reductions
 outside the chunks), ``step``, and ``layer`` = (fwd + bwd) / (micro-batches x layers on the rank); each
 collective kind per axis per step (``comm:<axis>:<op>``).
@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .case import FP32_BYTES
-from .plancase import PlanCase
-from .plancomm import Comm, ddp_buckets, expected_comm, fsdp_unit_bytes, rank_param_numel
+from ..block.case import FP32_BYTES
+from .case import PlanCase
+from .comm import Comm, ddp_buckets, expected_comm, fsdp_unit_bytes, rank_param_numel
 
 
 @dataclass(frozen=True)
@@ -75,14 +75,14 @@ def predict_plan(case: PlanCase, cluster: Any, compute: Any, overhead: dict[str,
                  penalty: float | None = None) -> PlanPrediction:
     """Per-rank phases of one step (see module docstring). ``overhead``: framework overhead to add (fwd/bwd
     seconds per layer and micro-batch, opt/other seconds per step)."""
-    from ..collectives.model import get_collective_model
-    from ..compute.roofline import RooflineModel, default_efficiency
-    from ..estimator.block import predict_block
-    from ..topology.placement import rank_groups
+    from ...collectives.model import get_collective_model
+    from ...compute.roofline import RooflineModel, default_efficiency
+    from ...estimator.block import predict_block
+    from ...topology.placement import rank_groups
 
     over = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0, "other": 0.0, **(overhead or {})}
     if penalty is None:
-        from ..hardware import overlap_penalty
+        from ...hardware import overlap_penalty
         penalty = overlap_penalty(cluster.device, default_efficiency().overlap_compute_penalty)
     blk = predict_block(case.model, cluster, case.plan(), compute=compute, flavor="dtensor", fused=case.fused)
     f, b = blk.fwd_s + over["fwd"], blk.bwd_s + over["bwd"]

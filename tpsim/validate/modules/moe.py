@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import ModelSpec
+from ...model import ModelSpec
 from .cp_attention import active_log
 
 

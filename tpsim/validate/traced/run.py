@@ -1,5 +1,5 @@
 """``tpsim validate --model X.ops.json``: run a traced model, sharded in its derived TP plan, on ``tp`` ranks and
-compare with the op-graph cost model (torch-free here; the ranks run :mod:`tpsim.validate.traced_worker`).
+compare with the op-graph cost model (torch-free here; the ranks run :mod:`tpsim.validate.traced.worker`).
 
 Checked, as for transformer blocks (docs/VALIDATION.md): numerics (loss and every parameter gradient against
 the unsharded model, in float64 to 1e-8: a whole model's fp32 rounding in another summation order exceeds the
@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..opgraph.layout import unit_layout
-from ..opgraph.model import OpGraphModel
-from ..opgraph.tp import is_depthwise, styles_at
-from .launch import MARK_ENV, LaunchConfig, _collect, _kill_all, _supervise, _terminate_as_exception
+from ...errors import InputError
+from ...opgraph.layout import unit_layout
+from ...opgraph.model import OpGraphModel
+from ...opgraph.tp import is_depthwise, styles_at
+from ..launch import MARK_ENV, LaunchConfig, _collect, _kill_all, _supervise, _terminate_as_exception
 
-WORKER = "tpsim.validate.traced_worker"
+WORKER = "tpsim.validate.traced.worker"
 FP64_BYTES = 8
 """the numerics-and-collectives pass runs in float64 (the timed pass in float32)."""
 SUPPORTED = ("colwise", "rowwise", "vocab", "sharded", "vocab_loss", "replicate")
@@ -128,8 +128,8 @@ def predict(model: OpGraphModel, cluster: Any, compute: Any, tp: int, conv_times
     ``conv_times``: measured convolution kernels (:mod:`tpsim.opgraph.convprofile`)."""
     import numpy as np
 
-    from ..opgraph.cost import GraphCosts
-    from ..topology.placement import RankLayout
+    from ...opgraph.cost import GraphCosts
+    from ...topology.placement import RankLayout
 
     graph = model.graph
     costs = GraphCosts(graph, model.tp_plan, compute, flavor="dtensor", conv_times=conv_times)
@@ -138,7 +138,7 @@ def predict(model: OpGraphModel, cluster: Any, compute: Any, tp: int, conv_times
     comm: dict[str, float] = {}
     cm = None
     if tp > 1:
-        from ..collectives.model import get_collective_model
+        from ...collectives.model import get_collective_model
         cm = get_collective_model(cluster)
     layout = RankLayout.from_order("tp-dp-pp", tp=tp, dp=1, pp=1)
     for u, unit in enumerate(graph.units):
@@ -238,7 +238,7 @@ def summarize(case: TracedCase, result: dict[str, Any], pred: dict[str, Any] | N
 def find_conv_profile(device_type: str = "cpu") -> Path | None:
     """The newest ``profiles/conv-cpu-*.csv`` (CPU) or other ``profiles/conv-*.csv`` (GPU), written by
     ``python -m tpsim.profiler.conv``, if any (named apart from the kernel profiles ``find_profile`` picks)."""
-    from .predict import PROFILES_DIR
+    from ..block.predict import PROFILES_DIR
     found = [p for p in PROFILES_DIR.glob("conv-*.csv") if p.name.startswith("conv-cpu-") == (device_type == "cpu")]
     found.sort(key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
@@ -248,8 +248,8 @@ def validate_traced(case: TracedCase, cfg: LaunchConfig, out_dir: Path, *, clust
                     profile: Path | None = None, use_profile: bool = True, calibrate: bool = True,
                     calibration: Path | None = None, conv_profile: Path | None = None) -> dict[str, Any]:
     """Predict, run and compare one traced case; writes ``<out_dir>/<case>.json``; returns the report."""
-    from .predict import compute_model, find_profile, load_local_cluster
-    from .run import calibrate_collectives
+    from ..block.predict import compute_model, find_profile, load_local_cluster
+    from ..run import calibrate_collectives
 
     if cfg.nproc != case.tp or cfg.nnodes != 1:
         raise InputError(f"--nproc={cfg.nproc} must equal --tp={case.tp} on one node for a traced model")
@@ -264,7 +264,7 @@ def validate_traced(case: TracedCase, cfg: LaunchConfig, out_dir: Path, *, clust
         conv_path = (conv_profile or find_conv_profile(device_type)) if use_profile else None
         conv = None
         if conv_path is not None:
-            from ..opgraph.convprofile import load_conv_profile
+            from ...opgraph.convprofile import load_conv_profile
             conv = load_conv_profile(conv_path)
         pred = predict(case.model, local, compute, case.tp, conv) if case.reps > 0 else None
         report = run_cases([case], cfg, work / "run", {case.name: pred} if pred else None)[0]

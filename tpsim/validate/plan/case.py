@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InputError
-from ..model import ModelSpec
-from ..plan import Plan, parse_order
-from .case import Case, CaseBase
+from ...errors import InputError
+from ...model import ModelSpec
+from ...plan import Plan, parse_order
+from ..block.case import Case, CaseBase
 
 ZERO_RUNTIME = {0: "ddp", 1: "zero1", 2: "fsdp2-no-reshard", 3: "fsdp2"}
 """What runs for each ZeRO stage: DDP; a sharded optimizer of tpsim's own (reduce-scatter of the gradients,

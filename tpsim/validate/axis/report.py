@@ -1,4 +1,4 @@
-"""Compare what the ranks of an :class:`~tpsim.validate.axiscase.AxisCase` measured with the cost model
+"""Compare what the ranks of an :class:`~tpsim.validate.axis.case.AxisCase` measured with the cost model
 (torch-free): numerics, every collective per axis against :mod:`tpsim.comm_plan`, and time per phase.
 
 **Collectives** are compared on every rank, count and bytes per (axis, phase, kind), with
@@ -7,9 +7,9 @@ the rank's experts processed); and over the ep group, the bytes of those all-to-
 equal the cost model's balanced figure times ep (every routed copy goes out once and comes back once).
 
 **Phases**: ``fwd``, ``bwd``, ``fwd+bwd`` per layer and micro-batch (the slowest rank, preemption taken off:
-:func:`tpsim.validate.report.phase_times`) and each communication kind ``<phase>:<axis>:<op>`` (waited for where
-it is issued, the fastest rank's time per call: :func:`tpsim.validate.report.comm_by_type`), predicted by
-:func:`tpsim.validate.axispredict.predict_axis`. A ring exchange predicted and measured this way is the whole
+:func:`tpsim.validate.block.report.phase_times`) and each communication kind ``<phase>:<axis>:<op>`` (waited for where
+it is issued, the fastest rank's time per call: :func:`tpsim.validate.block.report.comm_by_type`), predicted by
+:func:`tpsim.validate.axis.predict.predict_axis`. A ring exchange predicted and measured this way is the whole
 transfer; in the fwd / bwd phases it is hidden behind the step's attention as far as that lasts.
 """
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .axiscase import RETURNED, AxisCase, metadata_comm
-from .axispredict import AxisPrediction
-from .report import comm_by_type, error_pct, phase_times
+from .case import RETURNED, AxisCase, metadata_comm
+from .predict import AxisPrediction
+from ..block.report import comm_by_type, error_pct, phase_times
 
 NUMERICS_DTYPE = "fp64"
 

@@ -67,7 +67,7 @@ def positions(seq: int, cp: int, rank: int) -> torch.Tensor:
 # ---- timing hook -------------------------------------------------------------------------------------------
 class CommLog:
     """Collects ``(key, seconds)`` of each exchange while active; ``clock()`` returns (wall, run-queue delay)
-    pairs as :class:`tpsim.validate.measure.Clock` does."""
+    pairs as :class:`tpsim.validate.block.measure.Clock` does."""
 
     def __init__(self, clock: Callable[[], tuple[float, float]]) -> None:
         self.clock = clock

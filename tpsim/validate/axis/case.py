@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..comm_plan import AxisOp, cp_collectives, moe_collectives
-from ..errors import InputError
-from ..model import ModelSpec
-from ..plan import Plan, validate_plan
-from .case import CaseBase
+from ...comm_plan import AxisOp, cp_collectives, moe_collectives
+from ...errors import InputError
+from ...model import ModelSpec
+from ...plan import Plan, validate_plan
+from ..block.case import CaseBase
 
 CP_KINDS = ("ring", "a2a")
 COUNT_BYTES = 8
@@ -176,7 +176,7 @@ def moe_layer_model(model: ModelSpec) -> ModelSpec:
 def with_expert_ffn(model: ModelSpec, ffn: int) -> ModelSpec:
     """``model`` with routed experts of FFN size ``ffn`` and shared experts scaled alike (their ratio to the
     routed experts' size kept, at least 1)."""
-    from ..limits import LIMITS, check_int
+    from ...limits import LIMITS, check_int
 
     ffn = check_int("--moe-ffn", ffn, minimum=1, maximum=LIMITS["moe_ffn_hidden_size"])
     shared = model.shared_expert_ffn_hidden_size

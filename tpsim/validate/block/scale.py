@@ -13,8 +13,8 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from ..errors import InputError
-from ..model import with_overrides
+from ...errors import InputError
+from ...model import with_overrides
 from .case import FP32_BYTES, Case
 from .predict import block_gemms
 

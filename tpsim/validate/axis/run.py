@@ -1,4 +1,4 @@
-"""What each rank measures for one :class:`~tpsim.validate.axiscase.AxisCase` (rank side, torch).
+"""What each rank measures for one :class:`~tpsim.validate.axis.case.AxisCase` (rank side, torch).
 
 * **Numerics** (fp64, so that rounding cannot flip a token's top-k experts between the sharded and the
   unsharded run): the unsharded block on each replica's micro-batch against the sharded block on this rank's
@@ -7,10 +7,10 @@
   data-parallel group (the dp x cp and edp gradient reductions of a training step, which the cost model puts in
   the step, not the layer), outside the recorded region.
 * **Communication** (fp32, the plan's dtype): one forward and backward under
-  :class:`tpsim.validate.axisrec.AxisRecorder`, every collective and send/receive by axis and phase.
+  :class:`tpsim.validate.axis.rec.AxisRecorder`, every collective and send/receive by axis and phase.
 * **Time** (fp32): ``warmup`` then ``reps`` iterations of forward and backward (seconds without run-queue time,
   and wall); then ``reps`` iterations with every exchange and all-to-all waited for where it is issued, for the
-  time of each kind (:class:`tpsim.validate.cp_attention.CommLog`).
+  time of each kind (:class:`tpsim.validate.modules.cp_attention.CommLog`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .axis_block import build_reference, expert_slice, shard_block
-from .axiscase import AxisCase
-from .axisrec import AxisRecorder
-from .cp_attention import CommLog, logging_comm, shard_sequence
-from .measure import MAGNITUDE_FLOOR, Clock, sync
-from .moe_block import MoEFeedForward
+from .block import build_reference, expert_slice, shard_block
+from .case import AxisCase
+from .rec import AxisRecorder
+from ..modules.cp_attention import CommLog, logging_comm, shard_sequence
+from ..block.measure import MAGNITUDE_FLOOR, Clock, sync
+from ..modules.moe import MoEFeedForward
 
 NUMERICS_RTOL_FP64 = 1e-9
 """max |sharded - unsharded| / max(max |unsharded|, 1) per tensor in fp64 (rounding is ~1e-16 per operation)."""

@@ -15,8 +15,8 @@ except ImportError:  # torch < 2.5
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
-from ..model import ModelSpec
-from ..tp_plan import layer_plan
+from ...model import ModelSpec
+from ...tp_plan import layer_plan
 
 SEQ_DIM = 1
 """sequence dimension of the (batch, seq, hidden) activations."""

@@ -1,10 +1,10 @@
-"""What each rank measures for one :class:`~tpsim.validate.plancase.PlanCase` (rank side).
+"""What each rank measures for one :class:`~tpsim.validate.plan.case.PlanCase` (rank side).
 
 * **Numerics** (first step, from the initial weights): the loss, every parameter gradient and every parameter
   after one Adam step equal those of the unsharded layer stack run on the whole global batch on this rank
   (fp32; the same relative tolerance as the block check, and for the step the update's own scale).
 * **Communication** (third step: DDP has rebuilt its buckets, the pipeline stages know their shapes): every
-  collective and point-to-point call by mesh axis (:class:`tpsim.validate.axisrec.AxisRecorder`).
+  collective and point-to-point call by mesh axis (:class:`tpsim.validate.axis.rec.AxisRecorder`).
 * **Time**: ``warmup`` then ``reps`` steps: the step, the forward and backward computation (the chunks'
   forward and backward, with the TP and FSDP communication inside them), the optimizer step, and the rest of
   the step (pipeline bubble, transfers, reductions outside the chunks); then ``reps`` steps with every
@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from .axisrec import AxisRecorder, axis_of_groups, axis_of_ranks
-from .measure import MAGNITUDE_FLOOR, NUMERICS_RTOL, Clock, sync
-from .plancase import PlanCase
+from ..axis.rec import AxisRecorder, axis_of_groups, axis_of_ranks
+from ..block.measure import MAGNITUDE_FLOOR, NUMERICS_RTOL, Clock, sync
+from .case import PlanCase
 from .stack import ADAM_EPS, ADAM_LR, RankRuntime, build_chunk, build_runtime, finalize_grads, linear_loss
-from .styles import SEQ_DIM
+from ..modules.styles import SEQ_DIM
 
 STEP_RTOL = 1e-3
 """max |update - reference update| / max |reference update| allowed per parameter after one Adam step, beyond

@@ -4,7 +4,7 @@ model, count the collectives (``CommDebugMode``, and bytes through :class:`Colle
 forward and backward passes.
 
 Started by torch.distributed's launcher (``python -m torch.distributed.run ... -m
-tpsim.validate.traced_worker --job JOB.json``); failure handling as :mod:`tpsim.validate.worker`.
+tpsim.validate.traced.worker --job JOB.json``); failure handling as :mod:`tpsim.validate.worker`.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ except ImportError:  # torch < 2.5
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, loss_parallel,
                                                parallelize_module)
 
-from .conv_styles import CONV_TYPES, ChannelShard, ConvColwise, ConvRowwise
-from .measure import Clock, CollectiveRecorder
-from .worker import write_json_atomic
+from ..modules.conv_styles import CONV_TYPES, ChannelShard, ConvColwise, ConvRowwise
+from ..block.measure import Clock, CollectiveRecorder
+from ..worker import write_json_atomic
 
 NUMERICS_RTOL = 1e-8
 """max |sharded - unsharded| / max(max |unsharded|, 1) per tensor. The numerics check runs in float64: a
@@ -105,7 +105,7 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, job: dict[str, Any]) -> nn.M
 
 def build(job: dict[str, Any], device: torch.device) -> nn.Module:
     """The job's model, seeded (the same weights on every rank), on ``device``, in training mode."""
-    from ..opgraph.spec import resolve_factory
+    from ...opgraph.spec import resolve_factory
     torch.manual_seed(int(job["seed"]))
     model = resolve_factory(job["module_spec"])(**job["kwargs"])
     if not isinstance(model, nn.Module):
@@ -237,7 +237,7 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tpsim.validate.traced_worker")
+    parser = argparse.ArgumentParser(prog="tpsim.validate.traced.worker")
     parser.add_argument("--job", required=True, type=Path)
     args = parser.parse_args(argv)
     job = json.loads(args.job.read_text())

@@ -10,10 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, TypeVar
 
-from ..errors import InputError
-from ..model import ModelSpec
-from ..plan import Plan, make_plan
-from ..tp_plan import CommOp, count_by_kind, layer_collectives
+from ...errors import InputError
+from ...model import ModelSpec
+from ...plan import Plan, make_plan
+from ...tp_plan import CommOp, count_by_kind, layer_collectives
 
 FP32_BYTES = 4
 """the validation runs in fp32 (numerics are checked to 1e-4), 4 bytes per element."""

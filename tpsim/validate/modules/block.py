@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import ModelSpec
+from ...model import ModelSpec
 
 
 @dataclass(frozen=True, kw_only=True)

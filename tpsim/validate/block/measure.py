@@ -1,4 +1,4 @@
-"""What each rank measures for one :class:`~tpsim.validate.case.Case`: numerics against the unsharded
+"""What each rank measures for one :class:`~tpsim.validate.block.case.Case`: numerics against the unsharded
 block, collectives per type (``CommDebugMode`` counts, bytes and times through a dispatch hook on the
 functional collectives DTensor issues), and forward/backward times.
 """
@@ -25,10 +25,10 @@ except ImportError:  # torch < 2.5
     from torch.distributed._tensor.debug import CommDebugMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .block import build_block
+from ..modules.block import build_block
 from .case import Case
 from .report import comm_by_type
-from .styles import SEQ_DIM, shard_block
+from ..modules.styles import SEQ_DIM, shard_block
 
 NUMERICS_RTOL = 1e-4
 """max |sharded - unsharded| / max(max |unsharded|, MAGNITUDE_FLOOR) allowed, per tensor (fp32)."""

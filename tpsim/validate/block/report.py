@@ -7,7 +7,7 @@ and phases: ``fwd``, ``bwd``, ``fwd+bwd`` and each ``<phase>:<collective>``, wit
 ``100 * (predicted - measured) / measured``.
 
 Measured times (``measured_s``) exclude the time a rank sat preempted on a CPU run queue (other processes
-of a shared machine; :class:`tpsim.validate.measure.Clock`), ``measured_wall_s`` is the plain wall clock.
+of a shared machine; :class:`tpsim.validate.block.measure.Clock`), ``measured_wall_s`` is the plain wall clock.
 Forward and backward: see :func:`phase_times`; each collective call's time is the fastest rank's (the ranks that arrive first also wait for the last one,
 who alone sees the transfer itself), summed per type in each iteration, median over iterations.
 """

@@ -1,15 +1,15 @@
 """Fit a context/expert-parallel case to this machine, and its tiny twin for the framework overhead
-(torch-free; the rules of :mod:`tpsim.validate.scale` and :mod:`tpsim.validate.overhead` for
-:class:`~tpsim.validate.axiscase.AxisCase`)."""
+(torch-free; the rules of :mod:`tpsim.validate.block.scale` and :mod:`tpsim.validate.overhead` for
+:class:`~tpsim.validate.axis.case.AxisCase`)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..model import with_overrides
-from .axiscase import AxisCase
-from .overhead import TINY_HEAD_DIM, TINY_REPS, TINY_SEQ_PER_RANK, TINY_WARMUP
-from .scale import activation_elements, check_memory, mark_scaled, memory_limit, shrink
+from ...model import with_overrides
+from .case import AxisCase
+from ..overhead import TINY_HEAD_DIM, TINY_REPS, TINY_SEQ_PER_RANK, TINY_WARMUP
+from ..block.scale import activation_elements, check_memory, mark_scaled, memory_limit, shrink
 
 FP64_BYTES = 8
 TINY_EXPERT_FFN = 64
@@ -41,7 +41,7 @@ def memory_per_rank(case: AxisCase) -> float:
 def time_of_case(case: AxisCase, cluster, compute) -> float:  # noqa: ANN001
     """Predicted seconds of a whole case on one rank: the fp64 reference on every replica's micro-batch and the
     fp64 sharded pass (fp64 taken as twice fp32), the recorded pass, warm-up and timed iterations (twice reps)."""
-    from .axispredict import predict_axis
+    from .predict import predict_axis
     pred = predict_axis(case, cluster, compute)
     t = pred.fwd_compute_s + pred.bwd_compute_s
     reference = 2.0 * t * case.world

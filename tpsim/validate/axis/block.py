@@ -1,7 +1,7 @@
 """The block of a context- or expert-parallel validation case (rank side, torch): the transformer block of
-:mod:`tpsim.validate.block` with its attention core run over the cp group (:mod:`tpsim.validate.cp_attention`)
+:mod:`tpsim.validate.modules.block` with its attention core run over the cp group (:mod:`tpsim.validate.modules.cp_attention`)
 and, for a mixture-of-experts model, its MLP replaced by the routed and shared experts of
-:mod:`tpsim.validate.moe_block` with the experts split over the ep group.
+:mod:`tpsim.validate.modules.moe` with the experts split over the ep group.
 
 The unsharded reference is the same block with plain causal attention and every expert on the rank; the
 sharded block is a copy of it (same weights; the rank's slice of the experts).
@@ -17,16 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import ModelSpec
+from ...model import ModelSpec
 
-from .block import (GPT_HIDDEN_DROPOUT, Attention, BlockDims, RMSNorm, TransformerBlock, _rotary_tables, apply_rotary,
+from ..modules.block import (GPT_HIDDEN_DROPOUT, Attention, BlockDims, RMSNorm, TransformerBlock, _rotary_tables, apply_rotary,
                     init_weights)
-from .cp_attention import positions, ring_attention, ulysses_attention
-from .moe_block import MoEFeedForward, init_moe, shard_experts
+from ..modules.cp_attention import positions, ring_attention, ulysses_attention
+from ..modules.moe import MoEFeedForward, init_moe, shard_experts
 
 
 class CPAttention(Attention):
-    """:class:`~tpsim.validate.block.Attention` on the rank's load-balanced tokens: rotary angles of their
+    """:class:`~tpsim.validate.modules.block.Attention` on the rank's load-balanced tokens: rotary angles of their
     global positions, the attention core over the cp group (``kind`` ring or a2a)."""
 
     def __init__(self, d: BlockDims, fused: bool, seq: int, group: Any, kind: str) -> None:
@@ -97,7 +97,7 @@ class MLAAttention(nn.Module):
 
 
 def build_reference(model: ModelSpec, fused: bool, seq: int, seed: int = 0, dropout: bool = False) -> TransformerBlock:
-    """The unsharded block (fp32), seeded: attention and a dense MLP as :func:`tpsim.validate.block.build_block`,
+    """The unsharded block (fp32), seeded: attention and a dense MLP as :func:`tpsim.validate.modules.block.build_block`,
     or the mixture-of-experts MLP with every expert (and the shared experts) for an MoE model."""
     d = BlockDims.of(model, 1)
     if model.is_moe:

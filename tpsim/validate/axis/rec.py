@@ -109,7 +109,7 @@ class AxisRecorder(TorchDispatchMode):
 
     ``timed``: each collective (not a send or receive: gloo's point-to-point works cannot be waited twice) is
     waited for where it is issued, so its seconds are issue-to-completion on this rank; ``clock`` returns
-    (wall, run-queue delay) pairs (:class:`tpsim.validate.measure.Clock`).
+    (wall, run-queue delay) pairs (:class:`tpsim.validate.block.measure.Clock`).
     """
 
     def __init__(self, groups: dict[str, str], timed: bool = False,

@@ -1,7 +1,7 @@
 """Compare what the ranks of a whole-plan run measured with the prediction (torch-free).
 
 Per case: numerics (loss of the step; every gradient and every parameter after one Adam step on every rank),
-communication (every rank's calls per (axis, kind) against :func:`tpsim.validate.plancomm.expected_comm`,
+communication (every rank's calls per (axis, kind) against :func:`tpsim.validate.plan.comm.expected_comm`,
 exactly; the estimator's Megatron rules and their differences beside), and phases with
 ``error_pct = 100 (predicted - measured) / measured``:
 
@@ -21,9 +21,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .plancase import PlanCase
-from .plancomm import differences, estimator_comm, expected_comm, normalize
-from .planpredict import PlanPrediction
+from .case import PlanCase
+from .comm import differences, estimator_comm, expected_comm, normalize
+from .predict import PlanPrediction
 
 LOSS_RTOL = 1e-4
 LOSS_FLOOR = 0.1
@@ -49,7 +49,7 @@ def _measured(ranks: list[dict[str, Any]], case: PlanCase) -> tuple[dict[str, fl
     """Measured phases (without preemption) and the step's wall clock; per iteration the slowest rank's, then
     the median. The step is the slowest rank's wall time less the most run-queue time any rank had in it (a
     preempted rank holds up the others through the pipeline and the collectives: the block validation's rule,
-    :func:`tpsim.validate.report.phase_times`); ``step:other`` is what is left of it after the busiest rank's
+    :func:`tpsim.validate.block.report.phase_times`); ``step:other`` is what is left of it after the busiest rank's
     forward, backward and optimizer."""
     n = len(ranks[0]["samples"])
     per_layer = case.microbatches * case.layers_per_rank

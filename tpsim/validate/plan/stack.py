@@ -1,14 +1,14 @@
-"""A rank's part of a :class:`~tpsim.validate.plancase.PlanCase`: its model chunks, sharded over every axis.
+"""A rank's part of a :class:`~tpsim.validate.plan.case.PlanCase`: its model chunks, sharded over every axis.
 
-Layers are the blocks of :mod:`tpsim.validate.block` (seeded per global layer index, so every rank builds the
+Layers are the blocks of :mod:`tpsim.validate.modules.block` (seeded per global layer index, so every rank builds the
 same weights), grouped in model chunks (:class:`Chunk`, one pipeline stage each). Per chunk, in the order
 torchtitan applies them:
 
 1. tensor parallelism: each block through ``parallelize_module`` on the ``tp`` sub-mesh with the plan's styles
-   (:func:`tpsim.validate.styles.shard_block`);
-2. data parallelism on the ``dp`` sub-mesh, by ZeRO stage (:data:`tpsim.validate.plancase.ZERO_RUNTIME`):
+   (:func:`tpsim.validate.modules.styles.shard_block`);
+2. data parallelism on the ``dp`` sub-mesh, by ZeRO stage (:data:`tpsim.validate.plan.case.ZERO_RUNTIME`):
    ZeRO-0 ``DistributedDataParallel`` (after ``_pre_dp_module_transform`` when the chunk holds DTensors: DDP
-   takes local tensors); ZeRO-1 nothing here (the optimizer shards, :mod:`tpsim.validate.zero1`); ZeRO-2/3
+   takes local tensors); ZeRO-1 nothing here (the optimizer shards, :mod:`tpsim.validate.modules.zero1`); ZeRO-2/3
    FSDP2 ``fully_shard`` per block then on the chunk, ``reshard_after_forward`` False / True;
 3. pipeline parallelism: a ``PipelineStage`` per chunk on the ``pp`` sub-mesh's group, driven by
    ``Schedule1F1B`` (vpp = 1) or ``ScheduleInterleaved1F1B``.
@@ -23,9 +23,9 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from .block import build_block
-from .plancase import PlanCase
-from .styles import shard_block
+from ..modules.block import build_block
+from .case import PlanCase
+from ..modules.styles import shard_block
 
 BUCKET_MB = 25
 """DDP gradient bucket size, MiB (DDP's default; given explicitly so that the first bucket is no smaller)."""
@@ -161,7 +161,7 @@ def _no_buffer_sync(ddp_class: type) -> dict[str, bool]:
 
 def _optimizer(case: PlanCase, params: list[nn.Parameter], mesh: DeviceMesh) -> Any:
     if case.dp > 1 and case.zero == 1:
-        from .zero1 import ShardedAdam
+        from ..modules.zero1 import ShardedAdam
         return ShardedAdam(params, sub_mesh(mesh, "dp").get_group(), lr=ADAM_LR, eps=ADAM_EPS)
     return torch.optim.Adam(params, lr=ADAM_LR, eps=ADAM_EPS, foreach=False)
 

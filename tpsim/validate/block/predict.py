@@ -11,10 +11,10 @@ from typing import Any
 
 import yaml
 
-from ..errors import InputError
+from ...errors import InputError
 from .case import Case
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PROFILES_DIR = REPO_ROOT / "profiles"
 
 
@@ -41,18 +41,18 @@ def find_profile(device_type: str = "cpu") -> Path | None:
 
 def compute_model(cluster: Any, profile: Path | None):  # noqa: ANN201 - ComputeModel
     """``ProfileModel(profile, fallback=RooflineModel(device))`` if a profile is given, else the roofline."""
-    from ..compute.roofline import RooflineModel
+    from ...compute.roofline import RooflineModel
     roofline = RooflineModel(cluster.device)
     if profile is None:
         return roofline
-    from ..compute.profile import ProfileModel
+    from ...compute.profile import ProfileModel
     return ProfileModel(profile, fallback=roofline)
 
 
 def calibrated_cluster_file(cluster: str, calibration: Path, out_dir: Path) -> Path:
     """A copy of cluster file ``cluster`` whose ``calibration:`` key names ``calibration`` (written in
     ``out_dir``; node templates and fabrics are still found by name in the topologies folder)."""
-    from ..topology.files import read_yaml, resolve
+    from ...topology.files import read_yaml, resolve
     data = dict(read_yaml(resolve("cluster", cluster)))
     data["calibration"] = str(Path(calibration).resolve())
     data["source"] = f"{data.get('source', '')} Calibrated by {calibration}".strip()
@@ -63,7 +63,7 @@ def calibrated_cluster_file(cluster: str, calibration: Path, out_dir: Path) -> P
 
 def load_local_cluster(name: str, nproc: int, calibration: Path | None, out_dir: Path):  # noqa: ANN201
     """The cluster the ranks ran on, with the collective calibration if one was measured."""
-    from ..topology import load_cluster
+    from ...topology import load_cluster
     source = name if calibration is None else calibrated_cluster_file(name, calibration, out_dir)
     try:
         return load_cluster(source, gpus=nproc)
@@ -76,7 +76,7 @@ def load_local_cluster(name: str, nproc: int, calibration: Path | None, out_dir:
 
 def predict_case(case: Case, cluster: Any, compute: Any) -> Prediction:
     """:func:`tpsim.estimator.predict_block` for the case's block, plan and flavor ``dtensor``."""
-    from ..estimator.block import predict_block
+    from ...estimator.block import predict_block
     pred = predict_block(case.model, cluster, case.plan(), compute=compute, flavor="dtensor", fused=case.fused)
     comm: dict[str, float] = {}
     for phase, op, _module, _nbytes, t in pred.comm:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .axiscase import AxisCase
+from .case import AxisCase
 
 
 @dataclass(frozen=True)
@@ -70,12 +70,12 @@ def _a(x: float) -> np.ndarray:
 def predict_axis(case: AxisCase, cluster, compute=None, load: int | None = None) -> AxisPrediction:  # noqa: ANN001
     """Forward and backward time of the case's layer (module docstring); ``load``: the busiest rank's routed
     copies measured in the run (None: the estimator's imbalance factor)."""
-    from ..estimator.comm import AxisCurves, layouts_of
-    from ..estimator.context import context_for
-    from ..estimator.layer import layer_cost
-    from ..estimator.source import cp_layer_collectives, moe_layer_collectives
-    from ..model import LayerKind
-    from ..plan import PlanBatch
+    from ...estimator.comm import AxisCurves, layouts_of
+    from ...estimator.context import context_for
+    from ...estimator.layer import layer_cost
+    from ...estimator.source import cp_layer_collectives, moe_layer_collectives
+    from ...model import LayerKind
+    from ...plan import PlanBatch
 
     model, plan = case.model, case.plan()
     ctx = context_for(model, cluster, compute, flavor="dtensor")
@@ -113,7 +113,7 @@ def predict_axis(case: AxisCase, cluster, compute=None, load: int | None = None)
 def _at_load(case: AxisCase, compute, comm: list, load: int | None) -> tuple[dict, list, tuple[float, float]]:  # noqa: ANN001
     """The estimator's imbalance, and with a measured ``load``: the ep all-to-alls resized and the change of the
     expert compute (forward, backward) from the estimator's busiest-rank copies to ``load``."""
-    from ..estimator.moe import add_expert_compute, expert_shape
+    from ...estimator.moe import add_expert_compute, expert_shape
 
     model = case.model
     shape = expert_shape(model, tokens_total=_a(float(case.tokens)), tp=_a(1), sp=_a(False), ep=_a(case.ep),

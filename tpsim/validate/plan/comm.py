@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tp_plan import layer_collectives
-from .case import FP32_BYTES
-from .plancase import PlanCase
-from .shapes import LocalParam, local_params, partial_grad_params
+from ...tp_plan import layer_collectives
+from ..block.case import FP32_BYTES
+from .case import PlanCase
+from ..block.shapes import LocalParam, local_params, partial_grad_params
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
-"""DDP's bucket cap (``bucket_cap_mb=25``, tpsim.validate.stack.BUCKET_MB) in bytes."""
+"""DDP's bucket cap (``bucket_cap_mb=25``, tpsim.validate.plan.stack.BUCKET_MB) in bytes."""
 
 Comm = dict[str, dict[str, dict[str, int]]]
 """{axis: {op: {"n": calls, "bytes": total bytes}}} per step on one rank."""
