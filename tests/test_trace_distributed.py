@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 
 from tpsim.opgraph.model import load_graph_model  # noqa: E402
 from tpsim.validate.launch import LaunchConfig  # noqa: E402
-from tpsim.validate.traced.run import TracedCase, run_cases  # noqa: E402
+from tpsim.validate.traced.run import TracedCase, recorded_factory, run_cases  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 DATA = Path(__file__).parent / "data" / "opgraph"
@@ -26,7 +26,9 @@ NAMES = ("tiny-resnet", "tiny-unet", "tiny-gpt")
 
 @pytest.fixture(scope="module")
 def summaries(tmp_path_factory):
-    cases = [TracedCase(model=load_graph_model(DATA / f"{n}.ops.json"), tp=2, reps=0) for n in NAMES]
+    models = [load_graph_model(DATA / f"{n}.ops.json") for n in NAMES]
+    cases = [TracedCase(model=m, tp=2, reps=0, module_spec=recorded_factory(m)[0], kwargs=recorded_factory(m)[1])
+             for m in models]  # the test names the factories (a graph's own module_spec is never run)
     out = run_cases(cases, LaunchConfig(nproc=2, timeout_s=60, run_timeout_s=170), tmp_path_factory.mktemp("run"))
     return dict(zip(NAMES, out))
 

@@ -40,9 +40,10 @@ class TracedCase:
     model: OpGraphModel
     tp: int
     module_spec: str = ""
-    """default: the graph's ``source.module_spec``."""
+    """the model's factory, as the user gave it (``--module-spec``). Required: the ``source.module_spec``
+    recorded in an op graph is data and is never run (issue 26); :func:`recorded_factory` shows it."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """default: the graph's ``source.kwargs``."""
+    """the factory's keyword arguments (``--kwarg``)."""
     reps: int = 5
     warmup: int = 2
     seed: int = 0
@@ -52,12 +53,26 @@ class TracedCase:
         return f"{self.model.name}-tp{self.tp}-b{self.model.graph.batch}"
 
     def spec(self) -> tuple[str, dict[str, Any]]:
-        src = self.model.graph.source
-        spec = self.module_spec or src.get("module_spec", "")
-        if not spec:
-            raise InputError(f"{self.model.path}: no module_spec in the graph's source; give --module-spec")
-        kwargs = self.kwargs if self.module_spec else {k: _literal(v) for k, v in (src.get("kwargs") or {}).items()}
-        return spec, kwargs
+        """(factory, kwargs) the user gave; an op graph's own ``source.module_spec`` is never used."""
+        if not self.module_spec:
+            recorded, kwargs = recorded_factory(self.model)
+            hint = (f" (it was traced from {recorded!r}"
+                    + "".join(f" --kwarg {k}={v!r}" for k, v in kwargs.items())[:200] + ")") if recorded else ""
+            raise InputError(f"{self.model.path}: validating a traced graph runs its model's code: give "
+                             f"--module-spec MODULE:FN on the command line{hint}; a module named inside a data "
+                             f"file is never run")
+        return self.module_spec, dict(self.kwargs)
+
+
+def recorded_factory(model: OpGraphModel) -> tuple[str, dict[str, Any]]:
+    """The factory and kwargs an op graph says it was traced from (``source``), for display only: they are
+    data from the file, and nothing runs them unless the caller passes them as :attr:`TracedCase.module_spec`."""
+    src = model.graph.source
+    spec = src.get("module_spec", "")
+    kwargs = src.get("kwargs") or {}
+    if not isinstance(spec, str) or not isinstance(kwargs, dict):
+        return "", {}
+    return spec[:300], {str(k)[:64]: _literal(v) for k, v in list(kwargs.items())[:32]}
 
 
 def _literal(text: Any) -> Any:
