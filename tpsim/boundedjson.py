@@ -29,6 +29,9 @@ from .limits import MAX_JSON_DEPTH, MAX_JSON_ITEMS, MAX_NUMBER_DIGITS
 # closing quote is optional so that the pattern matches wherever it starts: an unterminated string costs one
 # pass to the end, never one pass per quote (the quadratic scan of issue 26).
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_KEY = re.compile(r'"([^"\\]{1,80})"\s*:')
+_CONSTANT = re.compile(r"-?\b(?:NaN|Infinity)\b")
+_NAMED_CONSTANT = re.compile(r'"([^"\\]{1,80})"\s*:\s*\[?\s*(-?(?:NaN|Infinity))\b')
 _DIGITS = re.compile(r"[0-9]{%d,}" % (MAX_NUMBER_DIGITS + 1))
 
 
@@ -42,8 +45,15 @@ def scan(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, max_items: int 
         digits = long_number.group()
         at = text.find(digits)
         line = f" on line {text.count(chr(10), 0, at) + 1}" if at >= 0 else ""
-        raise InputError(f"{where}: a number of {len(digits)} digits{line}; numbers have at most "
+        keys = _KEY.findall(text[max(0, at - 400):max(at, 0)]) if at >= 0 else []
+        field = f"{keys[-1]}=" if keys else "a number of "
+        raise InputError(f"{where}: {field}{digits[:12]}...({len(digits)} digits){line}; numbers have at most "
                          f"{MAX_NUMBER_DIGITS} digits")
+    constant = _CONSTANT.search(bare)
+    if constant is not None:
+        named = _NAMED_CONSTANT.search(text)
+        field = f"{named.group(1)}={named.group(2)}" if named else constant.group(0)
+        raise InputError(f"{where}: {field} is not a JSON number (NaN and Infinity are not JSON)")
     data = bare.encode("utf-8", "surrogatepass")
     codes = np.frombuffer(data, dtype=np.uint8)
     opens = (codes == 0x5B) | (codes == 0x7B)
