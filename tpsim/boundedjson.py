@@ -17,6 +17,7 @@ naming ``where``.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
@@ -58,14 +59,14 @@ def scan(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, max_items: int 
     codes = np.frombuffer(data, dtype=np.uint8)
     opens = (codes == 0x5B) | (codes == 0x7B)
     closes = (codes == 0x5D) | (codes == 0x7D)
-    items = int(np.count_nonzero(opens)) + int(np.count_nonzero(codes == 0x2C)) + int(np.count_nonzero(codes == 0x3A))
-    if items > max_items:
-        raise InputError(f"{where}: more than {max_items:,} values (found about {items:,}); is it the right file?")
     if opens.any():
         depth = np.cumsum(opens.astype(np.int32) - closes.astype(np.int32))
         deepest = int(depth.max())
         if deepest > max_depth:
             raise InputError(f"{where}: JSON nested deeper than {max_depth} levels ({deepest})")
+    items = int(np.count_nonzero(opens)) + int(np.count_nonzero(codes == 0x2C)) + int(np.count_nonzero(codes == 0x3A))
+    if items > max_items:
+        raise InputError(f"{where}: more than {max_items:,} values (found about {items:,}); is it the right file?")
 
 
 def loads(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, max_items: int = MAX_JSON_ITEMS) -> Any:
@@ -73,6 +74,8 @@ def loads(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, max_items: int
     if not isinstance(text, str):
         raise InputError(f"{where}: expected JSON text, got {type(text).__name__}")
     scan(text, where, max_depth, max_items)
+    collecting = gc.isenabled()
+    gc.disable()  # millions of new containers trigger full collections that make decoding superlinear
     try:
         return json.loads(text, parse_constant=lambda c: _refuse_constant(c, where),
                           parse_float=lambda t: _finite_float(t, where),
@@ -84,6 +87,9 @@ def loads(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, max_items: int
     except (ValueError, RecursionError, MemoryError) as exc:
         raise InputError(f"{where}: malformed JSON ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})") \
             from None
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _refuse_constant(name: str, where: str) -> Any:
