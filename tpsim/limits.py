@@ -108,6 +108,21 @@ MAX_PLANS = 1_000_000
 """Plans a search may enumerate without ``--allow-large-space``: a search holds about 1 kB per plan (measured:
 GPT-3 175B on 1024 GPUs, 271,296 plans, 340 MB peak), so this keeps a search near 1 GB. The full spaces of
 the shipped presets are below it (Llama-3 405B on 131,072 GPUs: 577,728 plans)."""
+MAX_NODE_PAIRS = 1 << 20
+"""GPU pairs inside one node the collective model tabulates (routes, pair codes: work and memory grow with
+the square of the GPUs per node): 1,024 GPUs in one node (a local-cpu run of LIMITS["ranks"]) take ~3 s;
+an NVL576 domain is 331,776 pairs. 16,000 ranks on one host took 2.3 GB and minutes (issue 26)."""
+
+
+def check_node_pairs(gpus_per_node: int, where: str) -> None:
+    """Refuse, before any table is built, a node whose GPU pairs exceed :data:`MAX_NODE_PAIRS`."""
+    pairs = int(gpus_per_node) ** 2
+    if pairs > MAX_NODE_PAIRS:
+        top = int(MAX_NODE_PAIRS ** 0.5)
+        raise InputError(f"{where}: {gpus_per_node:,} GPUs in one node; the collective model handles at most "
+                         f"{top:,} per node (its per-pair tables grow with the square); use a cluster of nodes")
+
+
 MAX_JSON_DEPTH = 64
 """Nesting depth of a JSON or YAML input."""
 MAX_CONFIG_BYTES = 1 << 20
