@@ -20,7 +20,8 @@ def _one_line(capsys) -> str:
     (["topo", "show", "local-cpu", "--gpus", "65536"], "devices in one node"),
     (["collective", "--cluster", "local-cpu", "--gpus", "16000", "--op", "all_reduce", "--bytes", "1MiB"],
      "GPUs in one node"),
-    (["estimate", "--cluster", "local-cpu", "--gpus", "4096", "--model", "gpt3-1.3b"], "GPUs in one node"),
+    (["estimate", "--cluster", "local-cpu", "--gpus", "4096", "--model", "gpt3-1.3b", "--global-batch", "4096",
+      "--micro-batch", "1"], "GPUs in one node"),
 ])
 def test_oversized_single_node_is_refused_at_once(argv, needle, capsys):
     start = time.monotonic()
