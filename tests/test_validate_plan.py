@@ -228,3 +228,27 @@ def test_validate_top_finds_a_case_the_fit_renamed():
     assert row["case"] == fitted.name and row["measured_step_s"] == 1.1 and row["numerics_ok"] is True
     row, = rows_of({"cases": []}, pick_plans([plan], 1), [case])  # a case that did not run stays empty
     assert row["measured_step_s"] is None and row["numerics_ok"] is None
+
+
+def test_zero_bubble_cases_run_torchs_schedules_and_predict_with_the_registry():
+    """zbv: stages r and 2 pp - 1 - r on rank r (torch's V mapping), the last stage on rank 0; the prediction's
+    bubble is tpsim.pipeline's (smaller than interleaved 1F1B's for the same chunks)."""
+    from tpsim.compute.roofline import RooflineModel
+    from tpsim.topology import load_cluster
+    from tpsim.validate.plan.predict import predict_plan
+
+    m = with_overrides(LLAMA, layers=4)
+    v = case(model=m, pp=2, vpp=2, microbatches=4, pp_schedule="zbv")
+    assert v.stages_of(0) == [0, 3] and v.stages_of(1) == [1, 2] and v.rank_of_stage(3) == 0
+    assert v.schedule == "ZBVZeroBubble" and v.plan().schedule == "zbv"
+    with pytest.raises(InputError, match="needs vpp=2"):
+        case(model=m, pp=2, microbatches=4, pp_schedule="zbv")
+    with pytest.raises(InputError, match="no torch schedule"):
+        case(model=m, pp=2, microbatches=4, pp_schedule="dualpipe")
+    one = case(model=m, pp=2, vpp=2, microbatches=4)
+    cluster = load_cluster("local-cpu", gpus=2)
+    compute = RooflineModel(cluster.device)
+    zb, il = (predict_plan(c, cluster, compute).slowest() for c in (v, one))
+    assert zb["other"] < il["other"] and zb["fwd"] == pytest.approx(il["fwd"])
+    # the V's turn (stage 1 -> 2 on rank 1) is local: rank 1 sends to rank 0 only
+    assert expected_comm(v, {"tp": 0, "dp": 0, "pp": 1})["pp"]["send"]["n"] == 2 * 4

@@ -150,7 +150,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     from ..plan import SCHEDULES
 
     g.add_argument("--schedule", choices=SCHEDULES,
-                   help="pipeline schedule (default 1f1b, interleaved when --vpp > 1; docs/MODEL.md)")
+                   help="pipeline schedule (default: the stack's, 1f1b for megatron, interleaved when --vpp > 1; "
+                        "docs/MODEL.md \"Pipeline schedule\")")
     tpo = g.add_mutually_exclusive_group()
     tpo.add_argument("--tp-overlap", dest="tp_overlap", action="store_true", default=None,
                      help="overlap TP communication with the GEMMs (Megatron --tp-comm-overlap, async TP)")
@@ -202,8 +203,11 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_plan(args: argparse.Namespace, model, cluster):
+    """The plan of the flags; without ``--schedule`` the stack's own schedule (its ``rules.schedules.default``)."""
     from ..plan import make_plan
 
     fields = plan_fields(args)
+    if "schedule" not in fields:
+        fields["schedule"] = build_stack(args, model).rules.default_schedule
     return make_plan(model, cluster.num_gpus, global_batch=args.global_batch, **fields)
 

@@ -17,6 +17,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Predict the step time, throughput, MFU and memory per GPU of one training plan. With no "
                     "arguments: GPT-3 175B on 1024 A100s (dgx-a100) with the Megatron plan tp=8 pp=16 sp "
                     "selective recomputation.")
+    add_estimate_args(p)
+    from .train_time import add_train_args
+
+    add_train_args(p)
+    p.set_defaults(func=run)
+
+
+def add_estimate_args(p: argparse.ArgumentParser) -> None:
+    """Model, cluster, plan, profile, stack, traced-model and ``--from`` flags (estimate, train-time)."""
     add_model_args(p, default=None)
     add_cluster_args(p)
     add_plan_args(p)
@@ -34,7 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "`tpsim export` folder; plan flags given here override the file's (docs/EXPORT.md)")
     p.add_argument("--from-format", choices=EXPORT_FORMATS,
                    help="format of --from when its name does not tell (default: from the file suffix)")
-    p.set_defaults(func=run)
 
 
 def compute_model(args: argparse.Namespace, cluster, model=None):
@@ -54,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model and is_opgraph_path(args.model):  # a traced model (tpsim trace)
         from .graph import run_estimate
+        from .train_time import refuse_tokens
+
+        refuse_tokens(args, "a traced model (--model *.ops.json)")
         return run_estimate(args)
     note = ""
     if args.from_file:
@@ -67,12 +78,19 @@ def run(args: argparse.Namespace) -> int:
         plan = build_plan(args, model, cluster)
     result = estimate(model, cluster, plan, compute=compute_model(args, cluster, model),
                       stack=build_stack(args, model))
+    from .train_time import format_train_time, whole_run
+
+    run_figures = whole_run(args, model, cluster, result)
     if args.json:
         if note:
             print(note, file=sys.stderr)
-        print(json.dumps(result.to_dict(), indent=2, default=str))
+        data = result.to_dict()
+        if run_figures is not None:
+            data["train_time"] = run_figures.to_dict()
+        print(json.dumps(data, indent=2, default=str))
     else:
-        print((note + "\n\n" if note else "") + format_estimate(result, model))
+        print((note + "\n\n" if note else "") + format_estimate(result, model)
+              + ("\n\n" + format_train_time(run_figures) if run_figures is not None else ""))
     return 0
 
 
@@ -80,6 +98,26 @@ def _pm(value: float, low: float, high: float) -> str:
     """"+x%/-y%" of a band around a value (one "±x%" when symmetric to 0.1%)."""
     up, down = 100 * (high / value - 1), 100 * (1 - low / value)
     return f"±{up:.1f}%" if abs(up - down) < 0.05 else f"+{up:.1f}%/-{down:.1f}%"
+
+
+def _runs(values: list[int]) -> str:
+    """``2+3x30+2``: equal neighbours folded."""
+    runs: list[list[int]] = []
+    for n in values:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "+".join(f"{n}x{k}" if k > 1 else f"{n}" for n, k in runs)
+
+
+def _split_text(split: dict) -> str:
+    """``layers per rank 13+16x3 (chunks 2x20+1+...)``: the pipeline split the estimate costs."""
+    ranks, chunks = split["layers_per_rank"], split["layers_per_chunk"]
+    out = f"layers per rank {_runs(ranks)}"
+    if len(chunks) > len(ranks):
+        out += f" (chunks in model order {_runs(chunks)})"
+    return out
 
 
 def format_estimate(e, model=None) -> str:
@@ -92,6 +130,7 @@ def format_estimate(e, model=None) -> str:
         f"stack    {e.stack}",
         f"plan     {p.short()}  (global batch {p.global_batch}, {p.num_microbatches} micro-batches per replica,"
         f" {p.dtype}, {p.attention} attention, order {p.order})",
+        *([f"pipeline {_split_text(e.pipeline_split)}"] if e.pipeline_split else []),
         f"compute  {e.compute_model}" + (f" ({100 * e.measured_compute_fraction:.0f}% of compute time measured)"
                                          if e.compute_model.startswith("profile") else ""),
         "",

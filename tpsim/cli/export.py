@@ -46,7 +46,7 @@ def add_format_args(p: argparse.ArgumentParser, choices: tuple[str, ...], requir
                         "megatron for megatron and nemo, torchtitan, deepspeed; or a profile YAML path)")
 
 
-def model_ref(args: argparse.Namespace, model: Any) -> tuple[str, dict[str, int | None]]:
+def model_ref(args: argparse.Namespace, model: Any) -> tuple[str, dict[str, int | None]]:  # noqa: ARG001 (unused: kept for the callers)
     """How to load the model again (the --model argument) and the shape overrides given on the command line."""
     return str(args.model), {k: getattr(args, k, None) for k in SHAPE_FLAGS}
 

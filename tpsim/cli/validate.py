@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--pp", type=count_arg("pp"), default=1, help="pipeline stages (default: %(default)s)")
     g.add_argument("--vpp", type=count_arg("vpp"), default=1,
                    help="model chunks per pipeline rank, > 1: interleaved 1F1B (default: %(default)s)")
+    g.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved-zb", "zbv", "dualpipev"),
+                   help="pipeline schedule of a whole-plan run (torch.distributed.pipelining; zbv and dualpipev "
+                        "run two model chunks per rank, --vpp 2) (default: %(default)s)")
     g.add_argument("--dp", type=count_arg("dp"), default=1, help="data-parallel replicas (default: %(default)s)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
                    help="ZeRO stage over dp: 0 DDP, 1 sharded optimizer, 2 FSDP2 without resharding after "
@@ -159,6 +162,8 @@ def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanC
     from ..model import with_overrides
     from ..validate.plan.case import PlanCase
 
+    if args.schedule in ("zbv", "dualpipev") and args.vpp == 1:
+        args.vpp = 2  # the V: two model chunks per rank
     chunks = args.pp * args.vpp
     layers = args.layers or chunks * args.layers_per_chunk
     if layers % chunks:
@@ -168,7 +173,7 @@ def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanC
     check_int("global_batch", args.dp * m * args.micro_batch, where="dp x microbatches x micro-batch")
     return PlanCase(model=with_overrides(model, layers=layers), tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp,
                     zero=args.zero, sp=args.sp, fused=args.fused, micro_batch=args.micro_batch, microbatches=m,
-                    order=args.order, reps=args.reps, warmup=args.warmup)
+                    order=args.order, reps=args.reps, warmup=args.warmup, pp_schedule=args.schedule)
 
 
 def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001

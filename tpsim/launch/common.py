@@ -192,7 +192,7 @@ _SHAPE_OVERRIDES = {"num_layers": "layers", "hidden_size": "hidden", "num_attent
                     "num_kv_heads": "kv_heads", "ffn_hidden_size": "ffn", "vocab_size": "vocab", "seq_len": "seq_len"}
 
 
-def _apply_shape(base: ModelSpec, shape: Mapping[str, Any], imp: ImportedLaunch) -> ModelSpec:
+def _apply_shape(base: ModelSpec, shape: Mapping[str, Any], imp: ImportedLaunch) -> ModelSpec:  # noqa: ARG001 (unused: kept for the callers)
     overrides = {_SHAPE_OVERRIDES[k]: int(v) for k, v in shape.items()
                  if k in _SHAPE_OVERRIDES and int(v) != getattr(base, k)}
     spec = with_overrides(base, **overrides)

@@ -97,8 +97,8 @@ def calibrate_collectives(cfg: LaunchConfig, cluster: str, work: Path,
 
 def _has_links(path: Path) -> bool:
     """Whether a calibration file holds collective (link) entries, not only a ``compute:`` section."""
-    from ..collectives.calibration import load_calibration
-    return bool(load_calibration(path))
+    from ..collectives.calibration import load_link_values
+    return bool(load_link_values(path))
 
 
 @dataclass(frozen=True)

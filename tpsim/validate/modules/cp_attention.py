@@ -325,7 +325,7 @@ def _all_to_all(x: torch.Tensor, group: Any, key: str) -> torch.Tensor:
 def _seq_to_heads(x: torch.Tensor, group: Any, key: str) -> torch.Tensor:
     """(batch, n, heads, d) on each rank -> (batch, s, heads / cp, d): the whole sequence in order, this rank's
     head group."""
-    cp, rank = group.size(), group.rank()
+    cp = group.size()
     b, n, h, d = x.shape
     send = x.view(b, n, cp, h // cp, d).permute(2, 0, 1, 3, 4).contiguous()  # (cp, b, n, h/cp, d)
     recv = _all_to_all(send, group, key)  # slice j: rank j's tokens, this rank's heads
@@ -339,7 +339,7 @@ def _seq_to_heads(x: torch.Tensor, group: Any, key: str) -> torch.Tensor:
 
 def _heads_to_seq(x: torch.Tensor, group: Any, key: str) -> torch.Tensor:
     """The inverse of :func:`_seq_to_heads`: (batch, s, heads / cp, d) -> (batch, n, heads, d)."""
-    cp, rank = group.size(), group.rank()
+    cp = group.size()
     b, s, hl, d = x.shape
     chunks = x.chunk(2 * cp, dim=1)
     send = torch.stack([torch.cat([chunks[i] for i in chunk_ids(cp, j)], dim=1) for j in range(cp)])

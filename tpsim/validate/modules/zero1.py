@@ -41,7 +41,7 @@ class ShardedAdam:
         self.master = nn.Parameter(flat[lo:lo + self.shard].clone())
         self.inner = torch.optim.Adam([self.master], lr=lr, eps=eps, foreach=False)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (a fixed signature)
         for p in self.params:
             p.grad = None
 

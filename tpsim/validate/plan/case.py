@@ -24,7 +24,10 @@ ZERO_RUNTIME = {0: "ddp", 1: "zero1", 2: "fsdp2-no-reshard", 3: "fsdp2"}
 Adam on the rank's shard, all-gather of the weights, as Megatron's distributed optimizer); FSDP2
 ``fully_shard`` per block with ``reshard_after_forward=False`` (ZeRO-2-like) or ``True`` (ZeRO-3)."""
 
-SCHEDULES = {1: "1F1B", 2: "interleaved-1F1B"}
+TORCH_SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved-zb": "ScheduleInterleavedZeroBubble",
+                   "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+"""tpsim pipeline schedules (tpsim/pipeline.py) validation runs, and the torch.distributed.pipelining class of each
+(``1f1b`` with vpp > 1: ScheduleInterleaved1F1B); zb-h1 and dualpipe have no torch schedule."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +52,8 @@ class PlanCase(CaseBase):
     """micro-batches per replica and step (the plan's global batch / (micro_batch x dp))."""
     order: str = "tp-dp-pp"
     """rank order, innermost first."""
+    pp_schedule: str = "1f1b"
+    """the plan's pipeline schedule (:data:`TORCH_SCHEDULES`); V-shaped ones (zbv, dualpipev) need vpp = 2."""
     warmup: int = 1
     """untimed steps before the timed ones."""
     reps: int = 3
@@ -67,9 +72,16 @@ class PlanCase(CaseBase):
             raise InputError(f"--zero={self.zero} needs --dp > 1 (dp=1)")
         if self.vpp > 1 and self.pp == 1:
             raise InputError(f"--vpp={self.vpp} needs --pp > 1 (pp=1)")
+        if self.pp_schedule not in TORCH_SCHEDULES:
+            raise InputError(f"schedule={self.pp_schedule!r}: validation runs torch.distributed.pipelining's "
+                             f"{', '.join(TORCH_SCHEDULES)} (no torch schedule for it)")
+        if self.pp_schedule in ("zbv", "dualpipev") and self.vpp != 2:
+            raise InputError(f"schedule={self.pp_schedule} needs vpp=2 (two model chunks per rank in a V; vpp={self.vpp})")
+        if self.pp_schedule == "gpipe" and self.vpp != 1:
+            raise InputError(f"schedule=gpipe needs vpp=1 (vpp={self.vpp})")
         if self.pp > 1 and self.microbatches < self.pp:
             raise InputError(f"micro-batches={self.microbatches} must be >= pp={self.pp} (torch's 1F1B schedules)")
-        if self.vpp > 1 and self.microbatches % self.pp:
+        if self.vpp > 1 and self.pp_schedule in ("1f1b", "interleaved-zb") and self.microbatches % self.pp:
             raise InputError(f"interleaved 1F1B needs micro-batches={self.microbatches} divisible by pp={self.pp}")
         if self.model.num_layers % self.chunks:
             raise InputError(f"num_layers={self.model.num_layers} is not a multiple of pp x vpp = {self.chunks} "
@@ -107,7 +119,17 @@ class PlanCase(CaseBase):
 
     @property
     def schedule(self) -> str:
-        return SCHEDULES[1 if self.vpp == 1 else 2] if self.pp > 1 else "none"
+        """The torch schedule that runs (``none`` without a pipeline)."""
+        if self.pp == 1:
+            return "none"
+        if self.pp_schedule == "1f1b":
+            return "1F1B" if self.vpp == 1 else "interleaved-1F1B"
+        return TORCH_SCHEDULES[self.pp_schedule].removeprefix("Schedule")
+
+    @property
+    def v_shaped(self) -> bool:
+        """Rank r holds stages r and 2 pp - 1 - r (torch's ``style="v"`` stage-to-rank mapping)."""
+        return self.pp_schedule in ("zbv", "dualpipev")
 
     def mesh_axes(self) -> tuple[tuple[str, int], ...]:
         """(axis, size) outermost first, the shape of ``init_device_mesh``; rank = tp_i + tp (dp_i + dp pp_i)
@@ -118,7 +140,15 @@ class PlanCase(CaseBase):
     def stages_of(self, pp_rank: int) -> list[int]:
         """Stage indices (model chunks) of pipeline rank ``pp_rank``: r, r + pp, ... (Megatron and torch's
         interleaving: chunk i of rank r is stage i x pp + r)."""
+        if self.v_shaped:
+            return [pp_rank, 2 * self.pp - 1 - pp_rank]
         return [pp_rank + i * self.pp for i in range(self.vpp)]
+
+    def rank_of_stage(self, stage: int) -> int:
+        """Pipeline rank holding ``stage`` (the inverse of :meth:`stages_of`)."""
+        if self.v_shaped:
+            return stage if stage < self.pp else 2 * self.pp - 1 - stage
+        return stage % self.pp
 
     def stage_layers(self, stage: int) -> range:
         """Global layer indices of one stage."""
@@ -135,13 +165,15 @@ class PlanCase(CaseBase):
         gb = self.microbatches * self.micro_batch * self.dp
         return Plan(tp=self.tp, pp=self.pp, vpp=self.vpp, dp=self.dp, sp=self.sp, zero=self.zero,
                     micro_batch=self.micro_batch, global_batch=gb, dtype="fp32", recompute="none",
-                    attention="flash", overlap=True, order=self.order)
+                    attention="flash", overlap=True, order=self.order, schedule=self.pp_schedule)
 
     @property
     def name(self) -> str:
         m = self.model
         axes = [f"tp{self.tp}", "sp" if self.sp else "", f"pp{self.pp}" if self.pp > 1 else "",
-                f"v{self.vpp}" if self.vpp > 1 else "", f"dp{self.dp}" if self.dp > 1 else "",
+                f"v{self.vpp}" if self.vpp > 1 else "",
+                self.pp_schedule if self.pp_schedule != "1f1b" and self.pp > 1 else "",
+                f"dp{self.dp}" if self.dp > 1 else "",
                 f"z{self.zero}" if self.dp > 1 else "", "fused" if self.fused else ""]
         parts = [m.name, *axes, f"L{m.num_layers}", f"h{m.hidden_size}", f"s{m.seq_len}", f"b{self.micro_batch}",
                  f"m{self.microbatches}"]

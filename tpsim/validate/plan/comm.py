@@ -100,7 +100,7 @@ def _fsdp_reductions(case: PlanCase) -> int:
 def _dp_torch(case: PlanCase, out: Comm) -> None:
     if case.dp == 1:
         return
-    m, layers = case.microbatches, case.layers_per_rank
+    layers = case.layers_per_rank
     if case.runtime == "ddp":
         buckets = ddp_buckets(case) * case.vpp
         _add(out, "dp", "all_reduce", len(buckets), sum(buckets))
@@ -142,9 +142,11 @@ def _pp(case: PlanCase, coords: dict[str, int], out: Comm, divide_by_tp: bool) -
     seq = case.model.seq_len // case.tp if (case.sp or divide_by_tp) else case.model.seq_len
     nbytes = case.micro_batch * seq * case.model.hidden_size * FP32_BYTES
     m = case.microbatches
-    for stage in case.stages_of(coords["pp"]):
-        for has_peer in (stage < case.chunks - 1, stage > 0):  # next stage, previous stage
-            if has_peer:
+    rank = coords["pp"]
+    for stage in case.stages_of(rank):
+        # next stage, previous stage; a neighbour on the same rank (the turn of a V) is passed locally
+        for peer in (stage + 1, stage - 1):
+            if 0 <= peer < case.chunks and case.rank_of_stage(peer) != rank:
                 _add(out, "pp", "send", m, m * nbytes)
                 _add(out, "pp", "recv", m, m * nbytes)
 

@@ -7,7 +7,9 @@ topology's collective model on the plan's groups (:func:`tpsim.topology.placemen
 by the roofline's ``optimizer_time``. They are put together with the estimator's rules
 (``tpsim/estimator/core.py``, Narayanan et al. 2021 section 2.2):
 
-* step = m x t_stage + (pp - 1) / vpp x t_stage (bubble) + 2 (m vpp + pp - 1) t_p2p + exposed DP + optimizer;
+* step = m x t_stage + bubble + exposed pipeline sends + exposed DP + optimizer, the bubble and the sends the
+  plan's schedule's (:mod:`tpsim.pipeline`: 1F1B ``(pp - 1) / vpp x t_stage`` and ``2 (m vpp + pp - 1) t_p2p``,
+  zero-bubble schedules with the weight gradients filling the bubble);
 * FSDP2 gathers and reduce-scatters hide behind one layer's forward / backward (prefetch one block ahead):
   exposed = max(0, comm - layer compute); DDP's buckets behind the backward of the last micro-batch; hidden
   communication still costs ``overlap_compute_penalty`` of itself in compute (tpsim/data/efficiency.yaml);
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ..block.case import FP32_BYTES
 from .case import PlanCase
@@ -149,20 +153,34 @@ def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float,
 
 def _rank_phases(case: PlanCase, coords: dict[str, int], f: float, b: float, curves: _Curves, optimizer_s: float,
                  other_overhead: float, penalty: float) -> dict[str, float]:
-    m, layers, v = case.microbatches, case.layers_per_rank, case.vpp
+    m, layers = case.microbatches, case.layers_per_rank
     comm = expected_comm(case, coords)
     times = comm_times(comm, curves)
     dp = _dp(case, comm, times, f, b, curves)
     fwd = m * layers * (f + dp.fwd_x)
     bwd = m * layers * (b + dp.bwd_x) + dp.bwd_step + penalty * dp.hidden
     t_stage = layers * (f + b + dp.fwd_x + dp.bwd_x)
-    bubble = (case.pp - 1) / v * t_stage
-    p2p = 2.0 * (m * v + case.pp - 1) * curves.time("pp", "send", _p2p_bytes(case)) if case.pp > 1 else 0.0
+    bubble, p2p = _pipeline(case, t_stage, layers * (b + dp.bwd_x), curves.time("pp", "send", _p2p_bytes(case)))
     opt = optimizer_s + dp.in_optimizer
     other = bubble + p2p + dp.at_end + other_overhead
     step = fwd + bwd + opt + other
     return {"fwd": fwd, "bwd": bwd, "optimizer": opt, "other": other, "step": step,
             "layer": (fwd + bwd) / (m * layers), **times}
+
+
+def _pipeline(case: PlanCase, t_stage: float, t_backward: float, t_p2p: float) -> tuple[float, float]:
+    """(bubble, exposed pipeline sends) per step: the plan's schedule's rules (tpsim.pipeline, as the
+    estimator's schedule stage uses them)."""
+    if case.pp == 1:
+        return 0.0, 0.0
+    from ... import pipeline
+
+    one = lambda x: np.array([x])  # noqa: E731
+    code = one(pipeline.SCHEDULES.index(case.pp_schedule))
+    frac = t_backward / t_stage if t_stage > 0 else 0.0
+    bubble = pipeline.bubble(code, one(case.pp), one(case.vpp), one(t_stage), frac)[0]
+    _, exposed = pipeline.pipeline_sends(code, one(case.pp), one(case.vpp), one(case.microbatches), one(t_p2p))
+    return float(bubble), float(exposed[0])
 
 
 def _p2p_bytes(case: PlanCase) -> int:

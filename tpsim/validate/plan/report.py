@@ -31,12 +31,13 @@ LOSS_FLOOR = 0.1
 
 
 def combined_loss(case: PlanCase, ranks: list[dict[str, Any]]) -> float | None:
-    """The step's loss from the last stage's ranks: the TP ranks' parts summed under SP (each holds a
+    """The step's loss from the last stage's ranks (rank pp - 1, or rank 0 at the end of a V): the TP ranks'
+    parts summed under SP (each holds a
     sequence shard), else TP rank 0's; the mean over replicas."""
     per_replica: dict[int, float] = {}
     for r in ranks:
         c, value = r["coords"], r.get("loss_local")
-        if value is None or c["pp"] != case.pp - 1:
+        if value is None or c["pp"] != case.rank_of_stage(case.chunks - 1):
             continue
         if case.sp:
             per_replica[c["dp"]] = per_replica.get(c["dp"], 0.0) + value

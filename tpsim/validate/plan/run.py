@@ -98,6 +98,12 @@ def _instrument_stages(rt: RankRuntime, timers_ref: list) -> None:
             with timers_ref[0].phase("bwd"):
                 return _f(*a, **k)
         stage.forward_one_chunk, stage.backward_one_chunk = timed_fwd, timed_bwd
+        wgrad = getattr(stage, "backward_weight_one_chunk", None)
+        if wgrad is not None:  # zero-bubble schedules: the deferred weight gradients are backward work too
+            def timed_wgrad(*a, _f=wgrad, **k):  # noqa: ANN001, ANN202
+                with timers_ref[0].phase("bwd"):
+                    return _f(*a, **k)
+            stage.backward_weight_one_chunk = timed_wgrad
 
 
 def run_step(rt: RankRuntime, x: torch.Tensor, target: torch.Tensor, timers: Timers,

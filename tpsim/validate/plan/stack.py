@@ -85,11 +85,13 @@ class RankRuntime:
 
     @property
     def first(self) -> bool:
-        return self.coords["pp"] == 0
+        """This rank holds the first stage (it feeds the micro-batches)."""
+        return 0 in self.stage_ids
 
     @property
     def last(self) -> bool:
-        return self.coords["pp"] == self.case.pp - 1
+        """This rank holds the last stage (it computes the loss): rank pp - 1, or rank 0 in a V."""
+        return self.case.chunks - 1 in self.stage_ids
 
     def parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(reference name, parameter) of every chunk: ``layers.<i>.<...>`` without the wrappers' prefixes."""
@@ -167,7 +169,10 @@ def _optimizer(case: PlanCase, params: list[nn.Parameter], mesh: DeviceMesh) -> 
 
 
 def _pipeline(rt: RankRuntime, loss_fn: Callable, device: torch.device) -> None:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    import torch.distributed.pipelining as pipelining
+    from torch.distributed.pipelining import PipelineStage
+
+    from .case import TORCH_SCHEDULES
 
     case = rt.case
     group = sub_mesh(rt.mesh, "pp").get_group()
@@ -175,10 +180,14 @@ def _pipeline(rt: RankRuntime, loss_fn: Callable, device: torch.device) -> None:
                  for chunk, stage in zip(rt.chunks, rt.stage_ids)]
     if case.runtime == "ddp":
         _settle_ddp_buckets(rt, device)
-    if case.vpp == 1:
-        rt.schedule = Schedule1F1B(rt.stages[0], case.microbatches, loss_fn=loss_fn)
-    else:
-        rt.schedule = ScheduleInterleaved1F1B(rt.stages, case.microbatches, loss_fn=loss_fn)
+    if case.pp_schedule == "1f1b" and case.vpp > 1:
+        rt.schedule = pipelining.ScheduleInterleaved1F1B(rt.stages, case.microbatches, loss_fn=loss_fn)
+    elif case.pp_schedule in ("1f1b", "gpipe"):
+        cls = getattr(pipelining, TORCH_SCHEDULES[case.pp_schedule])
+        rt.schedule = cls(rt.stages[0], case.microbatches, loss_fn=loss_fn)
+    else:  # multi-stage schedules (zero-bubble, DualPipeV): every local stage
+        cls = getattr(pipelining.schedules, TORCH_SCHEDULES[case.pp_schedule])
+        rt.schedule = cls(rt.stages, case.microbatches, loss_fn=loss_fn)
 
 
 def _settle_ddp_buckets(rt: RankRuntime, device: torch.device) -> None:
