@@ -37,7 +37,7 @@ from tpsim.schema import Field, Schema, check, schemas, walk
 ROOT = Path(__file__).resolve().parents[1]
 WATCHDOG_S = 20
 MAX_PEAK_BYTES = 128 << 20
-COMBO_EXAMPLES = 60
+COMBO_EXAMPLES = 40
 """hypothesis examples per format (several fields changed at once)."""
 
 
@@ -296,6 +296,19 @@ ADAPTERS: dict[str, Adapter] = {
                            _calibration_read),
 }
 """format -> adapter; every registered schema needs one."""
+
+
+def _reliability_read(path: Path) -> Any:
+    from tpsim.train import load_reliability
+
+    return load_reliability(path)
+
+
+ADAPTERS["reliability"] = Adapter(
+    lambda: {"fleet": "llama3-h100", "checkpoint": {"mode": "async", "node_write_GBps": 10.0},
+             "restart": {"fixed_s": 600.0, "source": "test"}, "stragglers": {"slowdown": 1.1, "source": "test"},
+             "components": {"gpu": {"per": "gpu", "events": 100, "units": 16384, "hours": 1296, "source": "t"}}},
+    _yaml_dump, "reliability.yaml", _reliability_read)
 
 def test_every_schema_has_an_adapter():
     missing = sorted(set(schemas()) - set(ADAPTERS))

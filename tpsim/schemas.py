@@ -304,5 +304,36 @@ CALIBRATION = register(Schema("calibration", {
 }, doc="a calibration YAML (tpsim/calibration.py); other top-level keys are provenance"))
 
 
-__all__ = ["FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
+# ----------------------------------------------------------------------------------------------- reliability
+_SRC = Str(max_len=4000)
+_RATE = Map(Schema("reliability component", {
+    "per": Enum("gpu", "node", required=True), "events": Float(minimum=0.0, inclusive=True, maximum=1e12),
+    "units": Float(maximum=1e12), "hours": Float(maximum=1e9), "planned": Bool(), "source": _SRC,
+}, extra="refuse"))
+_GBPS = Float(maximum=1e9)
+RELIABILITY = register(Schema("reliability", {
+    "fleet": Str(max_len=128), "description": Str(), "source": _SRC,
+    "components": Map(values=_RATE, max_len=256),
+    "checkpoint": Map(Schema("reliability checkpoint", {
+        "mode": Enum("async", "sync"), "aggregate_write_GBps": _GBPS, "aggregate_read_GBps": _GBPS,
+        "node_write_GBps": _GBPS, "node_read_GBps": _GBPS, "host_copy_GBps": _GBPS,
+        **{k: _SRC for k in ("mode_source", "aggregate_source", "node_source", "host_copy_source")}})),
+    "restart": Map(Schema("reliability restart", {"fixed_s": Float("timeout_s", inclusive=True), "source": _SRC})),
+    "stragglers": Map(Schema("reliability stragglers", {
+        "slow_rank_fraction": Float(maximum=1.0, inclusive=True), "slowdown": Float(inclusive=True, maximum=100.0),
+        "source": _SRC})),
+    "energy": Map(Schema("reliability energy", {
+        "pue": Float(minimum=1.0, inclusive=True, maximum=10.0), "power_fraction": Float(maximum=2.0),
+        "device_power_w": Float(maximum=1e5, also=OPTIONAL), "node_overhead_w_per_gpu": Float(
+            minimum=0.0, inclusive=True, maximum=1e5, also=OPTIONAL),
+        "node_overhead_ratio": Float(minimum=0.0, inclusive=True, maximum=10.0, also=OPTIONAL),
+        **{k: _SRC for k in ("pue_source", "power_fraction_source", "device_power_source", "node_overhead_source")}})),
+    "band": Map(Schema("reliability band", {
+        "rate_low": Float(maximum=1.0, inclusive=True), "rate_high": Float(minimum=1.0, inclusive=True, maximum=1e3),
+        "source": _SRC})),
+}, extra="refuse", doc="a reliability override file (tpsim/train/reliability.py; the shipped fleets in "
+                       "tpsim/data/reliability.yaml)"))
+
+
+__all__ = ["RELIABILITY", "FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
            "is_interpolation"]

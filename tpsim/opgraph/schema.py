@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import InputError
-from ..limits import MAX_JSON_DEPTH
 
 FORMAT = "tpsim-opgraph"
 VERSION = 1
