@@ -87,7 +87,9 @@ FLOAT_LIMITS: dict[str, float] = {
     "bytes_per_element": 64.0,          # bytes kept per activation element (fp8 caches: 1, fp32: 4)
     "latency_us": 1e7,                  # one message's latency on a link (10 s)
     "bw_GBps": 1e6,                     # one link's bandwidth (1 PB/s; NVLink 5 is 900 GB/s)
-    "calibration_scale": 1e3,           # a fitted factor on kernel times (calibrate bounds it to 1/4..4)
+    "calibration_scale": 1e3,
+    "op_flops": 1e21,                   # one traced op of one micro-batch (a 1T-parameter layer's GEMM is ~1e16)
+    "op_bytes": 1e18,                   # bytes one traced op moves (an exabyte)           # a fitted factor on kernel times (calibrate bounds it to 1/4..4)
     "tokens": 1e16,                     # training tokens (640x Llama 3's 15.6T): tpsim train-time, --tokens
 }
 """field -> largest accepted value of a real-valued input (finite and positive unless a checker says 0)."""

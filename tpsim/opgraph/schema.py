@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import InputError
+from ..limits import FLOAT_LIMITS, LIMITS
 
 FORMAT = "tpsim-opgraph"
 VERSION = 1
@@ -234,6 +235,10 @@ class _Reader:
         return obj[key]
 
     def integer(self, value: Any, where: str, minimum: int = 0, maximum: int | None = None) -> int:
+        """An int in [minimum, maximum]; without a maximum, at most LIMITS["kernel_dim"] (2^40: a dimension
+        of 10^30 printed 1.55e21 s, issue 26)."""
+        if maximum is None:
+            maximum = LIMITS["kernel_dim"]
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(where, f"{value!r} is not an integer")
         if value < minimum or (maximum is not None and value > maximum):
@@ -241,10 +246,13 @@ class _Reader:
             raise self.fail(where, f"{value} must be {bound}")
         return value
 
-    def number(self, value: Any, where: str) -> float:
+    def number(self, value: Any, where: str, limit: str = "op_flops") -> float:
+        """A finite number in [0, FLOAT_LIMITS[limit]] (1e308 FLOPs printed inf, issue 26)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or value < 0:
             raise self.fail(where, f"{value!r} is not a finite number >= 0")
+        if value > FLOAT_LIMITS[limit]:
+            raise self.fail(where, f"{value!r} is above the supported maximum {FLOAT_LIMITS[limit]:g}")
         return float(value)
 
     def text(self, value: Any, where: str, choices: Sequence[str] | None = None) -> str:
@@ -310,7 +318,7 @@ def _op(r: _Reader, raw: Any, where: str, index: int, saved_keys: set[int], para
             fn=r.text(r.get(obj, "fn", where), f"{where}.fn"), inputs=inputs,
             output=_tensor(r, r.get(obj, "output", where), f"{where}.output", None),
             flops=r.number(r.get(obj, "flops", where), f"{where}.flops"),
-            bytes=r.number(r.get(obj, "bytes", where), f"{where}.bytes"), params=op_params,
+            bytes=r.number(r.get(obj, "bytes", where), f"{where}.bytes", "op_bytes"), params=op_params,
             batched=r.boolean(obj.get("batched", True), f"{where}.batched"), attrs=dict(attrs), saves=saves)
     _check_attrs(r, op, where)
     return op
