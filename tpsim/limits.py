@@ -9,6 +9,7 @@ Change a bound here, with the reason, and every checker follows.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from .errors import InputError
@@ -176,6 +177,8 @@ def check_int(field: str, value: Any, where: str = "", minimum: int = 1, maximum
     with a fractional part are refused. ``where`` prefixes the message (a file name or a flag)."""
     prefix = f"{where}: " if where else ""
     top = maximum if maximum is not None else LIMITS.get(field)
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        value = int(value)  # a numpy integer is an integer (issue 26: it was refused as "not an integer")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(f"{prefix}{field}={show(value)} must be an integer")
     if isinstance(value, float):
