@@ -51,8 +51,6 @@ def run(args: argparse.Namespace) -> int:
 
     for item in args.dtype:  # an empty --dtype is not "the defaults" (issue 26)
         if not item.strip() or any(not d.strip() for d in item.split(",")):
-            from ..errors import InputError
-
             raise InputError(f"--dtype {item!r}: names an empty dtype (give fp32, bf16, fp16, fp8 ... or leave "
                              f"the flag out for the defaults)")
     dtypes = tuple(d.strip() for item in args.dtype for d in item.split(",") if d.strip())
