@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     graph = parse_opgraph(text, f"the graph traced from {args.module_spec}")
     check_output_file(out, "--out", force=args.force, create_parent=True)  # nothing appeared there meanwhile
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, text, "--out")
+    atomic_write_text(out, text, "--out", overwrite=args.force)  # a file that appeared meanwhile is kept
     print(describe(graph, args.tp_plan) if args.show else graph.summary())
     print(f"wrote {out}", file=sys.stderr)
     return 0
