@@ -233,6 +233,9 @@ class Adapter:
     dump: Callable[[Any], str]
     name: str
     read: Callable[[Path], Any]
+    typed: bool = True
+    """the file keeps the values' types (JSON, YAML, TOML); False for text formats (a Megatron command line,
+    CSV cells) whose reader types the text itself: "8" and 8 are the same there."""
 
 
 def _stack_read(path: Path) -> Any:
@@ -284,7 +287,7 @@ ADAPTERS: dict[str, Adapter] = {
                                  "--num-layers": 8, "--hidden-size": 256, "--num-attention-heads": 4,
                                  "--seq-length": 512, "--max-position-embeddings": 512, "--micro-batch-size": 1,
                                  "--global-batch-size": 16},
-                        dump_megatron, "train.sh", _launch("megatron")),
+                        dump_megatron, "train.sh", _launch("megatron"), typed=False),
     "config.json": Adapter(lambda: {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4,
                                     "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
                                     "vocab_size": 1000, "max_position_embeddings": 512},
@@ -304,6 +307,43 @@ def _reliability_read(path: Path) -> Any:
     return load_reliability(path)
 
 
+def _cluster_read(path: Path) -> Any:
+    from tpsim.topology.spec import load_cluster_spec
+
+    return load_cluster_spec(str(path))
+
+
+def _node_read(path: Path) -> Any:
+    from tpsim.topology.spec import load_node_template
+
+    return load_node_template(str(path))
+
+
+_PROFILE_HEAD = "".join(line + "\n" for line in (ROOT / "profiles/cpu-reference-1t.csv").read_text().splitlines()
+                        if line.startswith("#"))
+_PROFILE_COLUMNS = ("kind", "op", "dtype", "pass", "m", "n", "k", "batch_heads", "seq", "head_dim", "numel",
+                    "time_s", "reps", "spread_pct")
+
+
+def _profile_dump(row: dict) -> str:
+    cells = ["" if row.get(c) is None else str(row[c]) for c in _PROFILE_COLUMNS]
+    return _PROFILE_HEAD + ",".join(_PROFILE_COLUMNS) + "\n" + ",".join(cells) + "\n"
+
+
+def _profile_read(path: Path) -> Any:
+    from tpsim.compute.profile import load_profile
+
+    return load_profile(path)
+
+
+ADAPTERS["cluster"] = Adapter(
+    lambda: {"name": "probe", "node": "dgx-h100", "fabric": "ndr-rail-optimized", "device": "H100-SXM", "gpus": 16,
+             "source": "fuzz"}, _yaml_dump, "cluster.yaml", _cluster_read)
+ADAPTERS["node template"] = Adapter(lambda: _load_yaml("topologies/nodes/dgx-h100.yaml"), _yaml_dump, "node.yaml",
+                                    _node_read)
+ADAPTERS["profile"] = Adapter(
+    lambda: {"kind": "gemm", "op": "mm", "dtype": "fp32", "pass": "fwd", "m": 64, "n": 64, "k": 64,
+             "time_s": 1e-5, "reps": 5, "spread_pct": 1.0}, _profile_dump, "profile.csv", _profile_read, typed=False)
 ADAPTERS["reliability"] = Adapter(
     lambda: {"fleet": "llama3-h100", "checkpoint": {"mode": "async", "node_write_GBps": 10.0},
              "restart": {"fixed_s": 600.0, "source": "test"}, "stragglers": {"slowdown": 1.1, "source": "test"},
@@ -318,7 +358,7 @@ def test_every_schema_has_an_adapter():
 def test_bases_are_accepted(tmp_path):
     for name, adapter in ADAPTERS.items():
         doc = adapter.base()
-        if name != "megatron":
+        if adapter.typed:
             check(schemas()[name], doc, name)
         path = tmp_path / adapter.name
         path.write_text(adapter.dump(doc))
@@ -353,7 +393,7 @@ def _run(fmt: str, doc: Any, folder: Path, changed: list[str], trace_memory: boo
     if error is not None:
         assert "\n" not in error, (what, error)
         assert str(path) in error or path.name in error, (what, error)  # names the file
-    if fmt != "megatron":
+    if ADAPTERS[fmt].typed:
         schema_says = _refused(schemas()[fmt], _without_none(doc) if fmt == "torchtitan" else doc)
         if schema_says is not None:
             assert error is not None, f"{what}: accepted, but the schema refuses it ({schema_says})"
@@ -399,7 +439,7 @@ def test_every_field_with_every_hostile_value(fmt, tmp_path):
                 continue
             refused += 1
             written = _without_none(doc) if fmt == "torchtitan" else doc
-            if fmt != "megatron" and _refused(schema, written) is not None and "[]" not in path:
+            if ADAPTERS[fmt].typed and _refused(schema, written) is not None and "[]" not in path:
                 leaf = path.rsplit(".", 1)[-1]
                 assert leaf in error, f"{fmt} {path}={value!r:.40}: the error does not name the field: {error}"
     grown = peak_rss_bytes() - rss_before

@@ -304,6 +304,37 @@ CALIBRATION = register(Schema("calibration", {
 }, doc="a calibration YAML (tpsim/calibration.py); other top-level keys are provenance"))
 
 
+# ----------------------------------------------------------------------------------------------- topology
+CLUSTER = register(Schema("cluster", {
+    "name": Str(max_len=128), "description": Str(), "source": Str(required=True), "note": Any_(),
+    "node": Str(max_len=1024, required=True), "fabric": Any_(required=True, doc="a name or {use: name, ...}"),
+    "device": Any_(required=True, doc="a device name or an inline device (tpsim.hardware)"),
+    "gpus": Int("gpus", required=True), "gpus_per_node": Int("gpus", also=("all",)),
+    "defaults": Map(Schema("cluster defaults", {"efficiency": Float(maximum=1.0)}, extra="refuse"), also=OPTIONAL),
+    "calibration": Any_(doc="a calibration name, path or inline mapping (tpsim/calibration.py)"),
+}, extra="refuse", doc="a cluster file (topologies/README.md; tpsim/topology/spec.py)"))
+
+NODE = register(Schema("node template", {
+    "name": Str(max_len=128), "description": Str(), "source": Str(required=True), "note": Any_(),
+    "devices": Map(values=Map(Schema("node device group", {
+        "kind": Str(max_len=32, doc="gpu, nvswitch, pcie_switch, cpu, nic (tpsim.topology.spec.DEVICE_KINDS)"),
+        "count": Int("node_devices", also=("any",)), "sharp": Bool(), "source": Any_(), "note": Any_(),
+    }, extra="refuse")), max_len=64, required=True),
+    "links": List(Map(values=Any_()), max_len=4096, required=True),
+}, extra="refuse", doc="a node template (topologies/nodes/*.yaml)"))
+
+
+# ----------------------------------------------------------------------------------------------- profile CSV
+_DIM = Int("kernel_dim", also=(None,))
+PROFILE_ROW = register(Schema("profile", {
+    "kind": Str(max_len=32, required=True), "op": Str(max_len=64, required=True),
+    "dtype": Str(max_len=16, required=True), "pass": Enum("fwd", "bwd", required=True),
+    **{col: _DIM for col in ("m", "n", "k", "batch_heads", "seq", "head_dim", "numel")},
+    "time_s": Float("max_kernel_s", required=True), "reps": Int("reps", also=(None,)),
+    "spread_pct": Float("redo_noisy_pct", inclusive=True, also=(None,)),
+}, doc="one row of a kernel profile CSV (profiles/README.md; cells are typed by tpsim.compute.profile)"))
+
+
 # ----------------------------------------------------------------------------------------------- reliability
 _SRC = Str(max_len=4000)
 _RATE = Map(Schema("reliability component", {
@@ -335,5 +366,5 @@ RELIABILITY = register(Schema("reliability", {
                        "tpsim/data/reliability.yaml)"))
 
 
-__all__ = ["RELIABILITY", "FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
+__all__ = ["RELIABILITY", "CLUSTER", "NODE", "PROFILE_ROW", "FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
            "is_interpolation"]
