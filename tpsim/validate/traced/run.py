@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import uuid
@@ -25,7 +26,7 @@ from ...errors import InputError
 from ...opgraph.layout import unit_layout
 from ...opgraph.model import OpGraphModel
 from ...opgraph.tp import is_depthwise, styles_at
-from ..launch import MARK_ENV, LaunchConfig, _collect, _kill_all, _supervise, _terminate_as_exception
+from ..launch import MARK_ENV, LaunchConfig, RankFailure, _collect, _kill_all, _supervise, _terminate_as_exception
 
 WORKER = "tpsim.validate.traced.worker"
 FP64_BYTES = 8
@@ -268,8 +269,8 @@ def validate_traced(case: TracedCase, cfg: LaunchConfig, out_dir: Path, *, clust
 
     if cfg.nproc != case.tp or cfg.nnodes != 1:
         raise InputError(f"--nproc={cfg.nproc} must equal --tp={case.tp} on one node for a traced model")
-    with tempfile.TemporaryDirectory(prefix="tpsim-validate-traced-") as tmp:
-        work = Path(tmp)
+    work = Path(tempfile.mkdtemp(prefix="tpsim-validate-traced-"))  # kept after a failure: the error names it
+    try:
         if calibration is None and calibrate and case.tp > 1:
             calibration = calibrate_collectives(cfg, cluster, work)
         local = load_local_cluster(cluster, case.tp, calibration, work)
@@ -283,6 +284,12 @@ def validate_traced(case: TracedCase, cfg: LaunchConfig, out_dir: Path, *, clust
             conv = load_conv_profile(conv_path)
         pred = predict(case.model, local, compute, case.tp, conv) if case.reps > 0 else None
         report = run_cases([case], cfg, work / "run", {case.name: pred} if pred else None)[0]
+    except RankFailure:
+        raise  # its message names the rank logs under `work`: kept (issue 26: it named a deleted folder)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
     report["calibration"] = str(calibration) if calibration else None
     report["profile"] = str(prof) if prof else None
     out_dir.mkdir(parents=True, exist_ok=True)
