@@ -23,12 +23,13 @@ Every problem is one :class:`~tpsim.errors.InputError` line ``<file>: <problem> 
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .errors import InputError
 from .io import read_text
-from .limits import MAX_JSON_DEPTH, MAX_YAML_BYTES, MAX_YAML_NODES
+from .limits import MAX_JSON_DEPTH, MAX_NUMBER_DIGITS, MAX_YAML_BYTES, MAX_YAML_NODES
 
 if TYPE_CHECKING:
     import yaml
@@ -77,6 +78,11 @@ def _construct_mapping(loader: Any, node: "yaml.MappingNode", deep: bool = False
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
+_NUMBER = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?|0x[0-9a-fA-F_]+|0o[0-7_]+|0b[01_]+|"
+                     r"\.[0-9_]+(?:[eE][-+]?[0-9]+)?)")
+"""a plain scalar YAML 1.1 may read as a number (ints with underscores, hex, octal, binary, floats)."""
+
+
 def check_size(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_JSON_DEPTH) -> None:
     """Refuse a document that expands to more than ``max_nodes`` nodes (aliases counted at their expanded
     size), nests deeper than ``max_depth``, or uses a recursive or undefined alias. Iterative over the
@@ -100,6 +106,12 @@ def check_size(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_
             expanded += 1
             if event.anchor is not None:
                 sizes[event.anchor] = 1
+            value = event.value
+            if not event.style and len(value) > MAX_NUMBER_DIGITS and _NUMBER.fullmatch(value):
+                digits = sum(ch.isdigit() for ch in value)
+                if digits > MAX_NUMBER_DIGITS:  # int() of 5,000 digits raises ValueError; of 4,000, slowly
+                    raise InputError(f"a number of {digits} digits (line {event.start_mark.line + 1}); numbers "
+                                     f"have at most {MAX_NUMBER_DIGITS} digits")
         elif isinstance(event, yaml.AliasEvent):
             if event.anchor not in sizes:
                 raise InputError(f"alias *{event.anchor} refers to an unfinished or undefined anchor "
@@ -125,7 +137,7 @@ def load_yaml(text: str, where: str) -> Any:
     comes from the parse cache (:mod:`tpsim.parsecache`; only documents that passed every check are kept)."""
     from .parsecache import cached_parse
 
-    return cached_parse(text, f"strict nodes={MAX_YAML_NODES} depth={MAX_JSON_DEPTH}",
+    return cached_parse(text, f"strict nodes={MAX_YAML_NODES} depth={MAX_JSON_DEPTH} digits={MAX_NUMBER_DIGITS}",
                         lambda t: _parse_strict(t, where))
 
 
@@ -141,6 +153,8 @@ def _parse_strict(text: str, where: str) -> Any:
         raise InputError(f"{where}: not valid YAML: {_yaml_problem(exc)}") from None
     except RecursionError:
         raise InputError(f"{where}: nested too deeply") from None
+    except (ValueError, OverflowError) as exc:  # a scalar no constructor can read (check_size bounds numbers)
+        raise InputError(f"{where}: unreadable value ({str(exc).splitlines()[0][:100]})") from None
 
 
 def load_data(path: str | os.PathLike[str]) -> Any:

@@ -162,6 +162,8 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         raise InputError(f"{path}: not valid TOML ({exc})") from None
     except RecursionError:  # arrays nested thousands deep (issue 13)
         raise InputError(f"{path}: not valid TOML (nested too deeply)") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (issue 26)
+        raise InputError(f"{path}: not valid TOML ({str(exc).splitlines()[0][:100]})") from None
     where = str(path)
     from ..schema import check
     from ..schemas import TORCHTITAN
