@@ -344,6 +344,29 @@ ADAPTERS["node template"] = Adapter(lambda: _load_yaml("topologies/nodes/dgx-h10
 ADAPTERS["profile"] = Adapter(
     lambda: {"kind": "gemm", "op": "mm", "dtype": "fp32", "pass": "fwd", "m": 64, "n": 64, "k": 64,
              "time_s": 1e-5, "reps": 5, "spread_pct": 1.0}, _profile_dump, "profile.csv", _profile_read, typed=False)
+def _runs_dump(row: dict) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    keys = list(row)
+    writer.writerow(keys)
+    writer.writerow(["" if row[k] is None else json.dumps(row[k]) if isinstance(row[k], (list, dict))
+                     else str(row[k]) for k in keys])
+    return buf.getvalue()
+
+
+def _runs_read(path: Path) -> Any:
+    from tpsim.runs import load_runs
+
+    return load_runs(path)
+
+
+ADAPTERS["runs"] = Adapter(
+    lambda: {"run_id": "r1", "model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "tp": 8, "micro_batch": 1,
+             "global_batch": 64, "step_time_s": 1.5, "source": "fuzz"}, _runs_dump, "runs.csv", _runs_read,
+    typed=False)
 ADAPTERS["reliability"] = Adapter(
     lambda: {"fleet": "llama3-h100", "checkpoint": {"mode": "async", "node_write_GBps": 10.0},
              "restart": {"fixed_s": 600.0, "source": "test"}, "stragglers": {"slowdown": 1.1, "source": "test"},

@@ -241,6 +241,41 @@ def _kind_name(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+# ----------------------------------------------------------------------------------------------- CSV rows
+CSV_TRUE = ("true", "yes", "1", "on")
+CSV_FALSE = ("false", "no", "0", "off")
+
+
+def typed_cells(schema: Schema, cells: Mapping[str, str]) -> dict[str, Any]:
+    """A CSV row's text cells as the schema's kinds, for :func:`check`: ASCII integers (at most
+    :data:`tpsim.limits.MAX_NUMBER_DIGITS` digits) for int fields, numbers of at most 64 characters for float
+    fields, ``true/false/yes/no/1/0/on/off`` for bool fields; an empty cell is absent; anything else stays text
+    (the check then names it: ``²``, ``8.0``, ``nan`` in an int column)."""
+    from .limits import ascii_int
+
+    out: dict[str, Any] = {}
+    for key, text in cells.items():
+        text = text.strip() if isinstance(text, str) else text
+        if text == "" or text is None:
+            continue
+        spec = schema.fields.get(key)
+        kind = spec.kind if spec is not None else "str"
+        if kind == "int":
+            number = ascii_int(text.lstrip("+"), signed=True)
+            out[key] = number if number is not None else text
+        elif kind == "float":
+            try:
+                out[key] = float(text) if len(text) <= 64 else text
+            except ValueError:
+                out[key] = text
+        elif kind == "bool":
+            low = text.lower()
+            out[key] = True if low in CSV_TRUE else False if low in CSV_FALSE else text
+        else:
+            out[key] = text
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- registry
 _REGISTRY: dict[str, Schema] = {}
 SCHEMA_MODULES = ("tpsim.schemas",)
@@ -289,4 +324,5 @@ def walk(schema: Schema, prefix: str = "") -> Iterator[tuple[str, Field]]:
 
 
 __all__ = ["Field", "Int", "Float", "Bool", "Str", "Enum", "List", "Map", "Any_", "Rule", "Schema", "check",
+           "typed_cells", "CSV_TRUE", "CSV_FALSE",
            "check_value", "register", "schemas", "get", "walk", "SCHEMA_MODULES", "KINDS"]

@@ -335,6 +335,28 @@ PROFILE_ROW = register(Schema("profile", {
 }, doc="one row of a kernel profile CSV (profiles/README.md; cells are typed by tpsim.compute.profile)"))
 
 
+# ----------------------------------------------------------------------------------------------- runs CSV
+_CELL = Str(max_len=4096)
+_MEASURED = Float(maximum=1e15)
+RUNS_ROW = register(Schema("runs", {
+    "run_id": _CELL, "model": _CELL, "cluster": _CELL, "gpus": Int("gpus"),
+    "layers": Int("num_layers"), "hidden": Int("hidden_size"), "heads": Int("num_attention_heads"),
+    "kv_heads": Int("num_kv_heads"), "ffn": Int("ffn_hidden_size"), "vocab": Int("vocab_size"),
+    "seq_len": Int("seq_len"), "experts": Int("num_experts"), "top_k": Int("experts_per_token"),
+    "moe_balance": Str(max_len=64), "stack": _CELL,
+    "tp": Int("tp"), "cp": Int("cp"), "pp": Int("pp"), "vpp": Int("vpp"), "dp": Int("dp"),
+    "pp_first": Int("pp_layers", minimum=0), "pp_last": Int("pp_layers", minimum=0),
+    "zero": Int(minimum=0, maximum=3), "micro_batch": Int("micro_batch"), "global_batch": Int("global_batch"),
+    "ep": Int("ep"), "etp": Int("tp", minimum=0),
+    **{k: Bool() for k in ("sp", "pp_embedding", "pp_loss", "tp_overlap", "overlap")},
+    **{k: Str(max_len=64) for k in ("cp_kind", "schedule", "recompute", "dtype", "order", "attention",
+                                      "flops_convention")},
+    **{k: _MEASURED for k in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")},
+    "peak_memory_gib": Float("mem_limit_gib"), "source": _CELL, "notes": _CELL,
+}, doc="one row of a runs CSV (docs/SCHEMAS.md T4, docs/RUNS.md; cells typed by tpsim.schema.typed_cells, the "
+       "rows' cross-field rules in tpsim.runs)"))
+
+
 # ----------------------------------------------------------------------------------------------- reliability
 _SRC = Str(max_len=4000)
 _RATE = Map(Schema("reliability component", {
@@ -366,5 +388,5 @@ RELIABILITY = register(Schema("reliability", {
                        "tpsim/data/reliability.yaml)"))
 
 
-__all__ = ["RELIABILITY", "CLUSTER", "NODE", "PROFILE_ROW", "FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
+__all__ = ["RUNS_ROW", "RELIABILITY", "CLUSTER", "NODE", "PROFILE_ROW", "FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
            "is_interpolation"]
