@@ -92,13 +92,26 @@ def check_size(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_
     expanded = 0
     open_nodes: list[tuple[str | None, int]] = []
     sizes: dict[str, int] = {}
+    expect_key: list[bool | None] = [None]  # per open collection: a mapping's next node is a key (None: a list)
+    last_key = ""
+
+    def is_key() -> bool:  # the node this event starts is a mapping key; the mapping's slot flips
+        slot = expect_key[-1]
+        if slot is None:
+            return False
+        expect_key[-1] = not slot
+        return slot
+
     for event in yaml.parse(text, Loader=base_loader()):
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            is_key()
+            expect_key.append(True if isinstance(event, yaml.MappingStartEvent) else None)
             open_nodes.append((event.anchor, expanded))
             expanded += 1
             if len(open_nodes) > max_depth:
                 raise InputError(f"nested more than {max_depth} levels deep (line {event.start_mark.line + 1})")
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            expect_key.pop()
             anchor, start = open_nodes.pop()
             if anchor is not None:
                 sizes[anchor] = expanded - start
@@ -107,12 +120,16 @@ def check_size(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_
             if event.anchor is not None:
                 sizes[event.anchor] = 1
             value = event.value
-            if not event.style and len(value) > MAX_NUMBER_DIGITS and _NUMBER.fullmatch(value):
+            if is_key():
+                last_key = value[:80]
+            elif not event.style and len(value) > MAX_NUMBER_DIGITS and _NUMBER.fullmatch(value):
                 digits = sum(ch.isdigit() for ch in value)
                 if digits > MAX_NUMBER_DIGITS:  # int() of 5,000 digits raises ValueError; of 4,000, slowly
-                    raise InputError(f"a number of {digits} digits (line {event.start_mark.line + 1}); numbers "
-                                     f"have at most {MAX_NUMBER_DIGITS} digits")
+                    field = f"{last_key}={value[:12]}...({digits} digits)" if last_key else f"a number of {digits} digits"
+                    raise InputError(f"{field} (line {event.start_mark.line + 1}); numbers have at most "
+                                     f"{MAX_NUMBER_DIGITS} digits")
         elif isinstance(event, yaml.AliasEvent):
+            is_key()
             if event.anchor not in sizes:
                 raise InputError(f"alias *{event.anchor} refers to an unfinished or undefined anchor "
                                  f"(line {event.start_mark.line + 1}); recursive aliases are not allowed")

@@ -22,9 +22,10 @@ FILE_LIMITS: dict[str, int] = {
     "config.json": MAX_CONFIG_BYTES, "ops.json": MAX_OPGRAPH_BYTES, "deepspeed": MAX_LAUNCH_BYTES,
     "nemo": MAX_LAUNCH_BYTES, "torchtitan": MAX_LAUNCH_BYTES, "megatron": MAX_LAUNCH_BYTES,
     "stack": MAX_YAML_BYTES, "calibration": MAX_YAML_BYTES, "cluster": MAX_YAML_BYTES,
-    "profile": MAX_INPUT_BYTES,
+    "profile": MAX_INPUT_BYTES, "runs": 8 << 20, "reliability": MAX_YAML_BYTES,
 }
-"""format -> largest file read (bytes), checked before the file is opened for parsing."""
+"""format -> largest file read (bytes), checked before the file is opened for parsing (runs: tpsim.runs.
+MAX_RUNS_BYTES)."""
 
 OPTIONAL = (None,)
 """``also`` of a field whose ``null`` means "absent"."""
