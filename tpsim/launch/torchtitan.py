@@ -40,6 +40,12 @@ RESHARD = {2: "never", 3: "always"}
 ZERO_OF_RESHARD = {"never": 2, "always": 3}
 
 
+TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-zb": "InterleavedZeroBubble",
+                        "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+"""tpsim schedule -> torchtitan ``parallelism.pipeline_parallel_schedule`` (docs/SCHEMAS.md T1; the stack
+profile's ``rules.schedules`` refuses the others before export)."""
+
+
 def format_violation(ctx: ExportContext) -> str | None:
     """torchtitan ships Llama-family models: a GPT-family model has no torchtitan model to name."""
     if ctx.model.family != "llama":
@@ -105,7 +111,8 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
     if plan.zero in RESHARD:
         par["fsdp_reshard_after_forward"] = RESHARD[plan.zero]
     if pp > 1:
-        par["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
+        par["pipeline_parallel_schedule"] = ("Interleaved1F1B" if plan.schedule == "1f1b" and plan.vpp > 1
+                                             else TORCHTITAN_SCHEDULES[plan.schedule])
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         if plan.vpp > 1:
             # torchtitan counts tok_embeddings and norm + output as one layer each when it splits the stages
