@@ -15,7 +15,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "tpsim"
 
 # low to high (ARCHITECTURE.md: dependency direction); a module may import its own layer and the ones before it
-LAYERS = ["errors", "limits", "units", "io", "parsecache", "safeyaml", "procs", "calibration", "model", "hardware",
+LAYERS = ["errors", "limits", "units", "io", "boundedjson", "cachefile", "parsecache", "safeyaml", "schema",
+          "schemas", "procs", "calibration", "model", "hardware",
           "precision", "pipeline", "plan", "tp_plan", "comm_plan", "topology", "stacks", "collectives", "compute",
           "estimator", "opgraph", "train", "runs", "runfit", "search", "report", "launch", "design", "bench", "profiler",
           "validate", "trace", "cli"]

@@ -162,11 +162,19 @@ def canonical_order(order: str) -> str:
     return "-".join(dims)
 
 
+def _count(name: str, value: Any, minimum: int = 1, limit: str | None = None) -> None:
+    """A plan count: a real int (not a bool or a float) within the CLI's bound (tpsim/limits.py ``limit``,
+    default the field's own entry): the Python API refuses what the command line refuses (issue 26)."""
+    from .limits import LIMITS, check_int
+
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InputError(f"{name}={value!r} must be a {'positive' if minimum else 'non-negative'} integer")
+    check_int(name, value, minimum=minimum, maximum=LIMITS.get(limit or name))
+
+
 def _check_types(plan: Plan) -> None:
     for name in ("tp", "pp", "vpp", "dp", "micro_batch", "global_batch"):
-        value = getattr(plan, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise InputError(f"{name}={value!r} must be a positive integer")
+        _count(name, getattr(plan, name))
     if plan.recompute not in RECOMPUTE:
         raise InputError(f"recompute={plan.recompute!r} is not one of {', '.join(RECOMPUTE)}")
     if plan.zero not in (0, 1, 2, 3):
@@ -181,13 +189,12 @@ def _check_types(plan: Plan) -> None:
         value = getattr(plan, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InputError(f"{name}={value!r} must be a non-negative integer (0: even split)")
+        _count(name, value, minimum=0, limit="pp_layers")
     for name in ("tp_overlap", "pp_embedding", "pp_loss"):
         if not isinstance(getattr(plan, name), bool):
             raise InputError(f"{name}={getattr(plan, name)!r} must be true or false")
     for name in ("cp", "ep"):
-        value = getattr(plan, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise InputError(f"{name}={value!r} must be a positive integer")
+        _count(name, getattr(plan, name))
     if not isinstance(plan.etp, int) or isinstance(plan.etp, bool) or plan.etp < 0:
         raise InputError(f"etp={plan.etp!r} must be a positive integer (or 0: equal to tp)")
     if plan.cp_kind not in CP_KINDS:
@@ -420,15 +427,24 @@ def validate_plan(model: ModelSpec, plan: Plan, num_gpus: int | None = None) -> 
 def make_plan(model: ModelSpec, num_gpus: int, *, global_batch: int | None = None,
               **fields: Any) -> Plan:
     """Build a plan from keyword fields; dp is derived from the GPU count; defaults from the model preset."""
+    import numbers
+
+    from .limits import check_int
+
+    if not isinstance(model, ModelSpec):
+        raise InputError(f"model={type(model).__name__} must be a ModelSpec (tpsim.load_model('llama3-8b'), ...)")
+    num_gpus = check_int("gpus", num_gpus)  # numpy integers accepted, the CLI's bound (issue 26)
+    if global_batch is not None:
+        global_batch = check_int("global_batch", global_batch)
     values: dict[str, Any] = {k: v for k, v in model.default_plan.items() if k in _PLAN_FIELDS}
-    values.update({k: v for k, v in fields.items() if v is not None})
+    values.update({k: int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+                   for k, v in fields.items() if v is not None})
     unknown = set(values) - _PLAN_FIELDS
     if unknown:
         raise InputError(f"unknown plan field(s): {', '.join(sorted(unknown))}")
+    for name in ("tp", "pp", "cp"):
+        _count(name, values.get(name, 1))
     tp, pp, cp = int(values.get("tp", 1)), int(values.get("pp", 1)), int(values.get("cp", 1))
-    for name, value in (("tp", tp), ("pp", pp), ("cp", cp)):
-        if value <= 0:
-            raise InputError(f"{name}={value} must be a positive integer")
     if num_gpus <= 0:
         raise InputError(f"gpus={num_gpus} must be a positive integer")
     if num_gpus % (tp * cp * pp):

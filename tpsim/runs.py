@@ -299,6 +299,10 @@ def _run(row: Mapping[str, str], line: int, p: Path, check_stack: bool) -> Run:
     for name in REQUIRED:
         if not row.get(name):
             raise InputError(f"{where}: {name} is empty")
+    from .schema import check, typed_cells
+    from .schemas import RUNS_ROW
+
+    check(RUNS_ROW, typed_cells(RUNS_ROW, row), where)  # the declared schema, before any use (issue 26)
     try:
         model_ref = _resolve_path(row["model"], p)
         overrides = {k: _int(row[k], where, k) for k in MODEL_OVERRIDES if row.get(k)}

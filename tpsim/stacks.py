@@ -351,6 +351,10 @@ def profile_from_mapping(data: Mapping[str, Any], where: str) -> StackProfile:
     """Validate a parsed profile (unknown or missing keys, a rule or figure without source) and build it."""
     _check_keys(data, TOP_KEYS, where, required=("name", "version", "sources", "rules", "comm", "compute",
                                                  "memory"))
+    from .schema import check
+    from .schemas import STACK
+
+    check(STACK, data, where)  # the figures' types and ranges (issue 26: negative bytes, NaN, lists refused)
     sources = data["sources"]
     if not isinstance(sources, list) or not sources or not all(isinstance(s, str) and s.strip() for s in sources):
         raise InputError(f"{where}: sources must be a non-empty list of file paths or URLs")

@@ -77,15 +77,20 @@ def run(args: argparse.Namespace) -> int:
     ref, overrides = model_ref(args, model)
     ctx = export_context(model, cluster, plan, model_ref=ref, cluster_ref=cluster_ref(args, model),
                          prediction=prediction, model_overrides=overrides)
-    written = 0
-    for fmt in formats:
+    jobs = []  # every format's files built and every destination checked before the first is written (all or
+    for fmt in formats:  # nothing, issue 26: `--format all` exited 2 after writing two of four)
         out = args.out if len(formats) == 1 else f"{args.out}/{fmt}"
         if len(formats) > 1:
             problem = export_violation(fmt, ctx, args.stack)
             if problem:
                 print(f"skipped {fmt}: {problem}", file=sys.stderr)
                 continue
-        paths = write_files(export_plan(fmt, ctx, args.stack), out, force=args.force)
+        files = export_plan(fmt, ctx, args.stack)
+        check_output_dir(out, "--out", force=args.force, protected=tuple(files))
+        jobs.append((fmt, out, files))
+    written = 0
+    for fmt, out, files in jobs:
+        paths = write_files(files, out, force=args.force)
         written += 1
         print(f"{fmt}: " + ", ".join(str(p) for p in paths))
     if not written:

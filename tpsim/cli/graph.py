@@ -117,7 +117,7 @@ def run_plan(args: argparse.Namespace) -> int:
         result.memo[str(int(i))] = estimate_graph(model, part.cluster, result.plan(int(i)), compute=compute,
                                                   conv_times=conv).to_dict()
     if args.csv:
-        _write_csv(result, args.csv, args.top)
+        _write_csv(result, args.csv, args.top, force=args.force)
     if args.json:
         json.dump(result.to_json(args.top), sys.stdout, indent=1, allow_nan=False)
         print()

@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
                     **whole_run_options(args))
     check_found(result)
     if args.csv is not None:
-        _write_csv(result, args.csv, args.top)
+        _write_csv(result, args.csv, args.top, force=args.force)
     compared = _compare(result, args.compare)
     if args.json:
         data = result.to_json(args.top)
@@ -442,10 +442,12 @@ def format_why(result: Any) -> str:
     return "\n".join(lines)
 
 
-def _write_csv(result: Any, path: str, top: int) -> None:
+def _write_csv(result: Any, path: str, top: int, force: bool = False) -> None:
+    """The ranked plans as CSV; without ``force`` a file that appeared at ``path`` during the search is kept
+    and the run refused (the path was checked before the search)."""
     from ..io import atomic_write_text
 
-    atomic_write_text(path, result.table(top).to_csv(index=False), what="--csv")
+    atomic_write_text(path, result.table(top).to_csv(index=False), what="--csv", overwrite=force)
 
 
 def print_ranking(result: Any, args: argparse.Namespace, compared: Any = None) -> None:

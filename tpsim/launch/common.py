@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from ..model import ModelSpec, load_model, with_overrides
 from ..plan import Plan, make_plan
 
@@ -126,7 +127,7 @@ def commented(lines: list[str], marker: str = "#") -> str:
 def header_shape(header: Mapping[str, str]) -> dict[str, int]:
     """ModelSpec fields of the header's shape overrides (``layers=4`` -> ``num_layers: 4``)."""
     names = {v: k for k, v in _SHAPE_OVERRIDES.items()}
-    return {names[k]: int(v) for k, v in header.items() if k in names and v.isdigit()}
+    return {names[k]: ascii_int(v) for k, v in header.items() if k in names and ascii_int(v) is not None}
 
 
 def read_header(text: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from ..plan import Plan
 from . import megatron
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
@@ -91,8 +92,12 @@ def import_json(path: Path, text: str, launch: ImportedLaunch | None = None) -> 
     """A ds_config.json, alone (tp = pp = 1 unless ``launch``, the script's import, gives them)."""
     from ..model.files import parse_json_object  # bounded depth, finite numbers, no repeated keys (issue 13)
 
+    from ..schema import check
+    from ..schemas import DEEPSPEED
+
     data = parse_json_object(text, str(path))
     where = str(path)
+    check(DEEPSPEED, data, where)  # types, ranges and enums before any use (issue 26)
     notes = list(launch.notes) if launch else []
     fields = dict(launch.plan_fields) if launch else {"tp": 1, "pp": 1, "sp": False, "recompute": "none",
                                                       "order": "tp-dp-pp", "attention": "unfused"}
@@ -150,7 +155,7 @@ def _dtype(data: Mapping[str, Any], where: str) -> str:
         section = data.get(key, {})
         if not isinstance(section, Mapping):
             raise InputError(f"{where}: {key} must be an object")
-        if section.get("enabled") is True:
+        if section.get("enabled") is True:  # "auto" (the HF Trainer's placeholder) is not a choice
             return dtype
     return "fp32"
 
@@ -169,7 +174,7 @@ def import_script(path: Path, text: str) -> ImportedLaunch:
     launch = ImportedLaunch(format="deepspeed", path=path, plan_fields=fields,
                             model_shape={**header_shape(header), **megatron.model_shape(f)},
                             model_ref=header.get("model"), cluster_ref=header.get("cluster"),
-                            gpus=gpus or (int(header["gpus"]) if header.get("gpus", "").isdigit() else None),
+                            gpus=gpus or ascii_int(header.get("gpus")),
                             notes=tuple(notes))
     config = f.text("--deepspeed_config") or f.text("--deepspeed-config")
     if not config:
@@ -177,4 +182,7 @@ def import_script(path: Path, text: str) -> ImportedLaunch:
     config_path = (path.parent / config) if not Path(config).is_absolute() else Path(config)
     if not config_path.is_file():
         raise InputError(f"{path}: --deepspeed_config {config}: {config_path} does not exist")
-    return import_json(config_path, config_path.read_text(), launch)
+    from ..io import read_text
+    from ..limits import MAX_LAUNCH_BYTES
+
+    return import_json(config_path, read_text(config_path, "--deepspeed_config", MAX_LAUNCH_BYTES), launch)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import LIMITS, ascii_int, check_int
 from ..model import ModelSpec
 from ..plan import Plan
 from ..stacks import order_key
@@ -84,14 +85,64 @@ def layout(num_layers: int, pp: int, vpp: int, mtp: int = 0) -> str:
     return "|".join(stages)
 
 
+LAYOUT_MAX_SYMBOLS = 1 << 20
+"""Symbols a pipeline layout may unroll to (a stage per ``|``, a layer per ``t``): far above any model
+(LIMITS: 4096 layers, pp x vpp stages), far below what multiplies out to gigabytes (``(t*10^6)*2000``)."""
+
+
 def layout_stages(text: str) -> tuple[int, int]:
-    """(stages, decoder layers) of a layout string, unrolled as Megatron's parse_str_to_list does."""
+    """(stages, decoder layers) of a layout string, counted as Megatron's parse_str_to_list unrolls it
+    (``x*N`` repeats a symbol, ``(...)*N`` a group, groups nest) without unrolling it: each group's counts
+    are multiplied, and a layout of more than :data:`LAYOUT_MAX_SYMBOLS` symbols is refused (ValueError)."""
     text = text.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
-    if set(text) - set("ELtm|"):
-        raise ValueError(text)
-    return text.count("|") + 1, text.count("t")
+    if len(text) > 4096 or set(text) - set("ELtm|()*0123456789 "):
+        raise ValueError(text[:40])
+    text = text.replace(" ", "")
+    # a stack of [pipes, layers, symbols] per open group; a closed group or a symbol is the "last" item
+    stack: list[list[int]] = [[0, 0, 0]]
+    last: tuple[int, int, int] | None = None
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "(":
+            stack.append([0, 0, 0])
+            last = None
+            i += 1
+        elif c == ")":
+            if len(stack) == 1:
+                raise ValueError("unbalanced )")
+            group = stack.pop()
+            last = (group[0], group[1], group[2])
+            _add(stack[-1], last)
+            i += 1
+        elif c == "*":
+            j = i + 1
+            while j < len(text) and text[j].isascii() and text[j].isdigit():
+                j += 1
+            if last is None or j == i + 1 or j - i - 1 > 7:
+                raise ValueError("bad repeat")
+            times = int(text[i + 1:j])
+            _add(stack[-1], tuple(-v for v in last))  # replace one copy by `times` copies
+            last = (last[0] * times, last[1] * times, last[2] * times)
+            _add(stack[-1], last)
+            last = None
+            i = j
+        elif c in "ELtm|":
+            last = (int(c == "|"), int(c == "t"), 1)
+            _add(stack[-1], last)
+            i += 1
+        else:
+            raise ValueError(c)
+        if stack[-1][2] > LAYOUT_MAX_SYMBOLS:
+            raise ValueError("too long")
+    if len(stack) != 1:
+        raise ValueError("unbalanced (")
+    return stack[0][0] + 1, stack[0][1]
+
+
+def _add(acc: list[int], item: tuple[int, ...]) -> None:
+    for k in range(3):
+        acc[k] += item[k]
 
 
 def _recompute(recompute: str) -> list[list[str]]:
@@ -215,8 +266,11 @@ def parse_layer_freq(text: str, num_layers: int | None, where: str) -> dict[str,
     import ast
 
     text = text.strip()
-    if text.isdigit() and int(text) > 0:
-        return {"moe_layer_freq": int(text), "first_dense_layers": 0, "dense_layers": ()}
+    if ascii_int(text):
+        return {"moe_layer_freq": check_int("--moe-layer-freq", ascii_int(text), where,
+                                            maximum=LIMITS["moe_layer_freq"]),
+                "first_dense_layers": 0, "dense_layers": ()}
+    longest = LIMITS["num_layers"]  # a pattern has one entry per layer: nothing longer is built
 
     def value(node: ast.AST) -> Any:
         if isinstance(node, ast.Constant) and type(node.value) is int:
@@ -226,15 +280,18 @@ def parse_layer_freq(text: str, num_layers: int | None, where: str) -> dict[str,
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
             left, right = value(node.left), value(node.right)
             if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) \
-                    and 0 <= right <= 100000:
+                    and 0 <= right and len(left) * right <= longest:
                 return left * right
-            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list) \
+                    and len(left) + len(right) <= longest:
                 return left + right
         raise ValueError
 
     try:
+        if len(text) > 64 * longest or set(text) - set("0123456789[]()+*, "):
+            raise ValueError(text[:40])
         pattern = value(ast.parse(text, mode="eval").body)
-    except (SyntaxError, ValueError, RecursionError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         pattern = None
     if not isinstance(pattern, list) or any(v not in (0, 1) for v in pattern) or \
             (num_layers is not None and len(pattern) != num_layers):
@@ -315,9 +372,15 @@ class Flags:
         values = self.flags.get(name)
         if values is None:
             return None
-        if len(values) != 1 or not values[0].lstrip("-").isdigit():
-            raise InputError(f"{self.where}: {name} {' '.join(values)!r} must be one integer")
-        return int(values[0])
+        number = ascii_int(values[0], signed=True) if len(values) == 1 else None
+        if number is None:
+            shown = " ".join(values)
+            shown = shown if len(shown) <= 40 else f"{shown[:24]}...({len(shown)} characters)"
+            raise InputError(f"{self.where}: {name} {shown!r} must be one integer (ASCII digits)")
+        from ..schema import check_value
+        from ..schemas import MEGATRON, MEGATRON_OTHER_INT
+
+        return int(check_value(MEGATRON.fields.get(name, MEGATRON_OTHER_INT), number, name, self.where))
 
     def text(self, name: str) -> str | None:
         values = self.flags.get(name)
@@ -359,7 +422,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
 
 
 def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
+    return ascii_int(text)
 
 
 def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:

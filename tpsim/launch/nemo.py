@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
 
 FILENAME = "nemo_megatron_gpt.yaml"
@@ -110,7 +111,7 @@ def moe_keys(m) -> dict[str, Any]:
         keys["moe_shared_expert_intermediate_size"] = shared
     freq = moe_layer_freq(m)
     if freq != "1":
-        keys["moe_layer_freq"] = (int(freq) if freq.isdigit()
+        keys["moe_layer_freq"] = (ascii_int(freq) if ascii_int(freq) is not None
                                   else [1 if m.is_moe_layer(i) else 0 for i in range(m.num_layers)])
     keys.update(moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall")
     if m.router_groups:
@@ -137,9 +138,13 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     from ..topology.files import read_yaml  # strict: duplicate keys refused, one line naming the file
 
     where = str(path)
+    from ..schema import check
+    from ..schemas import NEMO
+
     data = read_yaml(path)
     if not isinstance(data, Mapping) or not isinstance(data.get("model"), Mapping):
         raise InputError(f"{path}: a NeMo config needs a model: section")
+    check(NEMO, data, where)  # types, ranges and enums before any use (issue 26)
     model, trainer = data["model"], data.get("trainer") or {}
     notes: list[str] = []
     get = lambda key, default=None: model.get(key, default)  # noqa: E731
@@ -172,11 +177,12 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
             fields["etp"] = etp
     header = read_header(text)
     devices, nodes = trainer.get("devices"), trainer.get("num_nodes", 1)
-    gpus = devices * nodes if isinstance(devices, int) and isinstance(nodes, int) else None
+    gpus = devices * (nodes or 1) if isinstance(devices, int) and devices > 0 and isinstance(nodes, (int, type(None))) \
+        else None
     return ImportedLaunch(format="nemo", path=path, plan_fields=fields,
                           model_shape={**header_shape(header), **_shape(model, where)},
                           model_ref=header.get("model"), cluster_ref=header.get("cluster"),
-                          gpus=gpus or (int(header["gpus"]) if header.get("gpus", "").isdigit() else None),
+                          gpus=gpus or ascii_int(header.get("gpus")),
                           notes=tuple(notes))
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
 
 FILENAME = "torchtitan.toml"
@@ -171,7 +172,13 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         raise InputError(f"{path}: not valid TOML ({exc})") from None
     except RecursionError:  # arrays nested thousands deep (issue 13)
         raise InputError(f"{path}: not valid TOML (nested too deeply)") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (issue 26)
+        raise InputError(f"{path}: not valid TOML ({str(exc).splitlines()[0][:100]})") from None
     where = str(path)
+    from ..schema import check
+    from ..schemas import TORCHTITAN
+
+    check(TORCHTITAN, data, where)  # types, ranges and enums before any use (issue 26)
     notes: list[str] = []
     par, training = _table(data, "parallelism", where), _table(data, "training", where)
     ac, model = _table(data, "activation_checkpoint", where), _table(data, "model", where)
@@ -213,7 +220,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     shape = {**header_shape(header), "seq_len": _int(training, "seq_len", 2048, where)}
     if model.get("name") == "deepseek_v3":
         shape["mtp_layers"] = 0  # torchtitan's deepseek_v3 trains no multi-token prediction module
-    gpus = int(header["gpus"]) if header.get("gpus", "").isdigit() else None
+    gpus = ascii_int(header.get("gpus"))
     if gpus is None and dp is not None:
         gpus = dp * tp * pp * cp
     return ImportedLaunch(format="torchtitan", path=path, plan_fields=fields, model_shape=shape,

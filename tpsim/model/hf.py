@@ -303,7 +303,12 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "hf-model", source: str =
     bad = next((k for k in cfg if not isinstance(k, str)), None)
     if bad is not None:
         raise InputError(f"{source}: key {bad!r} is not a string")
+    from ..schema import check
+    from ..schemas import HF_CONFIG
+
     mtype = cfg.get("model_type")
+    if isinstance(mtype, str) and mtype in PARSERS:
+        check(HF_CONFIG, cfg, source)  # types and ranges of the shape keys (issue 26)
     if not isinstance(mtype, str) or mtype not in PARSERS:
         raise InputError(f"{source}: model_type={mtype!r} is not supported (supported: {', '.join(HF_TYPES)})")
     reader = ConfigReader(cfg, source, mtype)
