@@ -30,6 +30,104 @@ def _integer(text: str, minimum: int, maximum: int) -> int:
     return value
 
 
+SIZE_SUFFIXES = {"k": 1024, "m": 1024 ** 2}
+"""``--seq-len 8k`` = 8192, ``128k`` = 131072, ``1M`` = 1048576: sequence lengths and batches in powers of two, as
+model cards write them (``8k context``)."""
+_SIZED = re.compile(r"^\s*\+?([0-9]+)\s*([kKmM])\s*$")
+
+
+def sized_arg(field: str, minimum: int = 1) -> Callable[[str], int]:
+    """argparse type: :func:`count_arg` that also reads a size suffix (``8k``, ``128k``, ``1M``:
+    :data:`SIZE_SUFFIXES`)."""
+    plain = count_arg(field, minimum)
+
+    def parse(text: str) -> int:
+        m = _SIZED.match(text) if len(text) <= 40 else None
+        if m is None:
+            return plain(text)
+        value = int(m.group(1)) * SIZE_SUFFIXES[m.group(2).lower()]
+        return plain(str(value))
+    parse.__name__ = field
+    return parse
+
+
+def did_you_mean(word: str, choices: Any, what: str) -> str:
+    """`` (did you mean 'llama3-70b'?)`` for a misspelt ``word`` of ``choices``, or an empty string."""
+    import difflib
+
+    names = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(word).strip().lower(), [n.lower() for n in names], n=3, cutoff=0.6)
+    if not close:
+        return ""
+    hits = [next(n for n in names if n.lower() == c) for c in close]
+    return " (did you mean " + " or ".join(repr(h) for h in hits) + "?)"
+
+
+def choice_arg(field: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    """argparse type: one of ``choices`` (argparse's own ``choices=`` gives no suggestion for a typo)."""
+    def parse(text: str) -> str:
+        if text in choices:
+            return text
+        from ..limits import show
+
+        raise argparse.ArgumentTypeError(f"{show(text)} is not one of {', '.join(choices)}"
+                                         + did_you_mean(text, choices, field))
+    parse.__name__ = field
+    return parse
+
+
+def add_flops_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--flops-convention``: how MFU and model TFLOP/s count the model FLOPs (docs/SCHEMAS.md T5)."""
+    from ..estimator.flops import FLOPS_CONVENTIONS
+
+    p.add_argument("--flops-convention", default=None, choices=FLOPS_CONVENTIONS,
+                   help="how MFU and model TFLOP/s count FLOPs: causal (default; attention over the keys the causal "
+                        "mask keeps, as NeMo and torchtitan count), full (every key: Korthikanti et al. 2022, SC21), "
+                        "megatron (Megatron-LM's num_floating_point_operations), palm (6N + 12 L h s), 6n")
+
+
+def flops_convention(args: argparse.Namespace) -> str:
+    """``--flops-convention`` or the default (causal)."""
+    from ..estimator.flops import DEFAULT_FLOPS_CONVENTION
+
+    return getattr(args, "flops_convention", None) or DEFAULT_FLOPS_CONVENTION
+
+
+def in_convention(estimate: Any, model: Any, args: argparse.Namespace) -> Any:
+    """``estimate`` with MFU and the FLOP rates counted as ``--flops-convention`` says."""
+    from ..estimator.flops import convention_ratio
+
+    name = flops_convention(args)
+    if name == estimate.flops_convention:
+        return estimate
+    return estimate.in_convention(name, convention_ratio(model, name, estimate.flops_convention))
+
+
+def format_columns(data: dict[str, Any], formats: dict[str, Callable[[Any], str]] | None = None) -> str:
+    """{column: values} as a fixed-width text table: a header row, then one row per value, every column
+    right-aligned to its widest cell and two spaces apart (``tpsim plan`` prints this; no pandas)."""
+    formats = formats or {}
+    cols = []
+    for name, values in data.items():
+        fmt = formats.get(name, _cell)
+        cols.append([str(name)] + [fmt(v) for v in values])
+    if not cols:
+        return ""
+    widths = [max(len(c) for c in col) for col in cols]
+    rows = len(cols[0])
+    return "\n".join("  ".join(col[r].rjust(w) for col, w in zip(cols, widths)).rstrip() for r in range(rows))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, (bool,)) or type(value).__name__ == "bool_":
+        return str(bool(value))
+    if isinstance(value, float) or type(value).__name__.startswith("float"):
+        return f"{float(value):g}"
+    if type(value).__name__.startswith("int"):
+        return str(int(value))
+    return str(value)
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1 (at most :data:`tpsim.limits.MAX_CLI_INT`)."""
     from ..limits import MAX_CLI_INT
@@ -84,9 +182,9 @@ def add_model_overrides(g: argparse._ArgumentGroup | argparse.ArgumentParser) ->
                        ("--experts", "routed experts per MoE layer (mixture-of-experts models)"),
                        ("--top-k", "routed experts per token (mixture-of-experts models)")):
         g.add_argument(flag, type=positive_int, help=f"override the model's {what}")
-    g.add_argument("--seq-len", type=positive_int,
-                   help="training sequence length (default: the preset's, else the config's maximum "
-                        "positions capped at 8192)")
+    g.add_argument("--seq-len", type=sized_arg("seq_len"),
+                   help="training sequence length, suffixes allowed (8k = 8192, 128k, 1M) (default: the preset's, "
+                        "else the config's maximum positions capped at 8192)")
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -138,9 +236,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
                    help="ZeRO stage: 1 optimizer states, 2 + gradients, 3 + weights sharded over dp")
     g.add_argument("--micro-batch", type=count_arg("micro_batch"), help="sequences per micro-batch")
-    g.add_argument("--global-batch", type=count_arg("global_batch"),
-                   help="sequences per step (default: the preset's)")
-    g.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16", "fp8"), help="GEMM precision")
+    g.add_argument("--global-batch", type=sized_arg("global_batch"),
+                   help="sequences per step, suffixes allowed (1k = 1024) (default: the preset's)")
+    add_dtype_arg(g)
     g.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                    help="do not overlap the DP gradient reduction with the backward pass")
     g.add_argument("--order", help="rank order, innermost first (default tp-dp-pp; cp sits right after tp unless "
@@ -163,6 +261,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="count the embedding as a layer in the pipeline split")
     g.add_argument("--pp-loss-as-layer", dest="pp_loss", action="store_true", default=None,
                    help="count the output layer and loss as a layer in the pipeline split")
+
+
+def add_dtype_arg(g: argparse.ArgumentParser | argparse._ArgumentGroup, help: str = "GEMM precision") -> None:
+    """``--dtype``: one of :data:`tpsim.hardware.DTYPES` (a typo gets a suggestion)."""
+    from ..hardware import DTYPES
+
+    g.add_argument("--dtype", type=choice_arg("dtype", tuple(DTYPES)), default=None, metavar="{" + ",".join(DTYPES) + "}",
+                   help=help)
 
 
 def build_model(args: argparse.Namespace, modelled: bool = True):

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from .common import (add_cluster_args, add_model_args, add_plan_args, add_stack_arg, build_cluster, build_model,
-                     build_plan, build_stack)
+from .common import (add_cluster_args, add_flops_arg, add_model_args, add_plan_args, add_stack_arg, build_cluster,
+                     build_model, build_plan, build_stack, in_convention)
 from .export import FORMATS as EXPORT_FORMATS
 
 
@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="kernel profile CSV (tpsim profile) for compute times instead of the kernel "
                                      "model (measured kernels override the model where the profile has points)")
     add_stack_arg(p)
+    add_flops_arg(p)
     p.add_argument("--tp-plan", help="traced models (--model X.ops.json): YAML of TP plan overrides "
                                      "(docs/OPGRAPH.md)")
     p.add_argument("--conv-profile", help="traced models: measured convolution kernels "
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         plan = build_plan(args, model, cluster)
     result = estimate(model, cluster, plan, compute=compute_model(args, cluster, model),
                       stack=build_stack(args, model))
+    result = in_convention(result, model, args)
     if args.json:
         if note:
             print(note, file=sys.stderr)
@@ -97,9 +99,10 @@ def format_estimate(e, model=None) -> str:
         "",
         f"step time            {e.step_time_s:10.3f} s  {_pm(e.step_time_s, e.step_time_s_low, e.step_time_s_high)}"
         f"  ({e.step_time_s_low:.3f}-{e.step_time_s_high:.3f} s, 90% band)",
-        f"throughput           {e.tokens_per_s:10.0f} tokens/s  ({e.tokens_per_s_low:.0f}-{e.tokens_per_s_high:.0f})",
+        f"throughput           {e.tokens_per_s:10.0f} tokens/s  ({e.tokens_per_s_low:.0f}-{e.tokens_per_s_high:.0f})"
+        f"  {e.tokens_per_s_per_gpu:,.0f} tokens/s/GPU",
         f"model TFLOP/s/GPU    {e.model_tflops_per_gpu:10.1f}   MFU {100 * e.mfu:5.1f}%"
-        f" ({100 * e.mfu_low:.1f}-{100 * e.mfu_high:.1f}%)",
+        f" ({100 * e.mfu_low:.1f}-{100 * e.mfu_high:.1f}%)  ({e.flops_convention} FLOPs: --flops-convention)",
         f"hardware TFLOP/s/GPU {e.hardware_tflops_per_gpu:10.1f}   HFU {100 * e.hfu:5.1f}%",
         "",
         "time breakdown (s)   " + "  ".join(f"{k} {b[k]:.3f}" for k in

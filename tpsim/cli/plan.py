@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .common import (add_cluster_args, add_model_args, add_stack_arg, build_model, build_stack, cluster_and_gpus,
-                     count_arg, real_arg)
+from .common import (add_cluster_args, add_dtype_arg, add_flops_arg, add_model_args, add_stack_arg, build_model,
+                     build_stack, cluster_and_gpus, count_arg, flops_convention, format_columns, real_arg, sized_arg)
 from .export import FORMATS as EXPORT_FORMATS
 
 ORDER_CHOICES = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
@@ -41,13 +41,14 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_cluster_args(p)
     g = p.add_argument_group("batch and precision")
-    g.add_argument("--global-batch", type=count_arg("global_batch"), default=None, help="sequences per step (default: the preset's)")
-    g.add_argument("--dtype", default=None, choices=("fp32", "tf32", "bf16", "fp16", "fp8"),
-                   help="GEMM precision (default: the preset's, else bf16)")
+    g.add_argument("--global-batch", type=sized_arg("global_batch"), default=None,
+                   help="sequences per step, suffixes allowed (1k = 1024) (default: the preset's)")
+    add_dtype_arg(g, help="GEMM precision (default: the preset's, else bf16)")
     g.add_argument("--attention", default=None, choices=("flash", "unfused"), help="attention kernel (flash)")
     g.add_argument("--profile", default=None, metavar="CSV",
                    help="kernel profile CSV (tpsim profile) for compute times (default: the device's kernel model)")
     add_stack_arg(g)
+    add_flops_arg(g)
 
 
 def add_space_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,8 +81,8 @@ def add_space_arguments(p: argparse.ArgumentParser) -> None:
                         "its space leaves out the plans the plan rules and the --stack reject: same ranking, "
                         "fewer plans; see docs/MODEL.md)")
     g.add_argument("--allow-large-space", action="store_true",
-                   help="search a space of more than tpsim.limits.MAX_PLANS plans (refused by default: it takes "
-                        "minutes and gigabytes)")
+                   help="search a space that would take more than a minute at the measured search rate "
+                        "(tpsim.limits.MAX_PLANS, 30 M plans; refused by default, saying how long it would take)")
 
 
 def register(subparsers: Any) -> None:
@@ -96,6 +97,8 @@ def register(subparsers: Any) -> None:
     o.add_argument("--gpu-hour-price", type=real_arg("gpu_hour_price"), default=None,
                    help="dollars per GPU-hour for --objective cost (default 1.0: cost = GPU-hours per M tokens)")
     o.add_argument("--top", type=count_arg("top"), default=10, help="plans to show (default 10)")
+    o.add_argument("--distinct", action="store_true",
+                   help="rank only the best plan of each distinct shape (tp, cp, pp, ep degrees and ZeRO stage)")
     o.add_argument("--include-unfit", action="store_true", help="also rank plans that do not fit (after fitting ones)")
     o.add_argument("--csv", default=None, metavar="FILE", help="write the ranked plans (--top of them) as CSV")
     o.add_argument("--force", action="store_true", help="replace an existing --csv file, or launch files in --out")
@@ -267,6 +270,9 @@ def run(args: argparse.Namespace) -> int:
                     compute=load_compute(args, clusters[-1], model), compute_key=compute_key_of(args.profile),
                     progress=not args.no_progress and not args.json, stack=build_stack(args, model))
     check_found(result)
+    result = result.in_convention(flops_convention(args))
+    if getattr(args, "distinct", False):
+        result = result.distinct_shapes()
     if args.csv is not None:
         _write_csv(result, args.csv, args.top)
     compared = _compare(result, args.compare)
@@ -359,7 +365,11 @@ def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
     return (f"{model.name} on {cluster.name} ({gpus} x {cluster.device.name}), global batch {batch}, "
             f"seq {model.seq_len}: {result.enumerated} plans enumerated, {result.evaluated} evaluated, "
             f"{len(result)} ranked by {result.objective} in {result.elapsed_s:.2f} s"
-            + (" (cached result)" if result.cached else ""))
+            + (" (cached result)" if result.cached else "")
+            + f"\nstack {result.stack_name}; MFU counts {result.flops_convention} attention FLOPs"
+            + (f" (--flops-convention {result.flops_convention})" if result.flops_convention not in ("causal", "full")
+               else "") + "; tok/s/gpu = tokens/s per GPU"
+            + ("; one row per distinct shape (tp, cp, pp, ep, ZeRO)" if result.distinct else ""))
 
 
 DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "variants": "var", "compute_s": "compute",
@@ -369,15 +379,27 @@ DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "variants": "var", "co
                  "ep_comm_s": "ep_comm"}
 
 
-def format_table(frame: Any) -> str:
-    """The ranked-plan DataFrame as fixed-width text: times in seconds (3 decimals; compute to exp_comm add up
-    to step_s, the *_comm columns are totals, partly hidden), MFU in %."""
-    seconds = [DISPLAY_NAMES.get(c, c) for c in frame.columns if c.endswith("_s")]
-    frame = frame.rename(columns=DISPLAY_NAMES)
-    fmt = {c: "{:.3f}".format for c in seconds}
-    fmt.update({"tok/s": "{:,.0f}".format, "mfu": lambda v: f"{100 * v:.1f}%", "mem_GiB": "{:.1f}".format,
-                "$/Mtok": "{:.3f}".format})
-    return frame.to_string(index=False, formatters={k: v for k, v in fmt.items() if k in frame.columns})
+def format_table(data: dict[str, Any]) -> str:
+    """The ranked plans (:meth:`SearchResult.table_columns`) as fixed-width text: times in seconds (3 decimals;
+    compute to exp_comm add up to step_s, the *_comm columns are totals, partly hidden), MFU in %. No pandas."""
+    data = {DISPLAY_NAMES.get(k, k): v for k, v in data.items()}
+    fmt: dict[str, Any] = {c: "{:.3f}".format for c in data if c.endswith("_s")
+                           or c in {DISPLAY_NAMES[k] for k in DISPLAY_NAMES if k.endswith("_s")}}
+    fmt.update({"tok/s": "{:,.0f}".format, "tok/s/gpu": "{:,.0f}".format, "mfu": lambda v: f"{100 * v:.1f}%",
+                "mem_GiB": "{:.1f}".format, "$/Mtok": "{:.3f}".format})
+    return format_columns(data, fmt)
+
+
+def format_ties(result: Any, top: int) -> str:
+    """The line under the table that says which rows are ties (the ``tie`` column)."""
+    idx = result.ranking[:top]
+    if not len(idx) or result.objective == "memory":
+        return ""
+    groups = result.tie_groups(idx)
+    first = int((groups == 1).sum())
+    return (f"tie: rows with the same number are within the error band of that group's first row (90% band of its "
+            f"step time): {first} of the {len(idx)} shown tie with #1" + ("" if result.distinct else
+                                                                          "; --distinct shows one row per shape"))
 
 
 def format_pareto(result: Any) -> str:
@@ -418,7 +440,10 @@ def print_ranking(result: Any, args: argparse.Namespace, compared: Any = None) -
 
         print(format_comparison(compared))
     elif len(result):
-        print(format_table(result.table(args.top)))
+        print(format_table(result.table_columns(args.top)))
+        ties = format_ties(result, args.top)
+        if ties:
+            print(ties)
     else:
         print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
     if args.why:

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
                           gpu_hour_price=price, top=args.top, compute=compute, command=command,
-                          stack=build_stack(args, model), scaling_span=span)
+                          stack=build_stack(args, model), scaling_span=span,
+                          flops_convention=getattr(args, "flops_convention", None))
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
     path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log, force=args.force)
     print(path)

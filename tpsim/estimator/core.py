@@ -223,7 +223,7 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB, stack=ctx.stack.name,
         step_time_s_low=step_low, step_time_s_high=step_high, tokens_per_s_low=tokens / step_high,
         tokens_per_s_high=tokens / step_low, mfu_low=mflops / (step_high * gpus * peak_flops),
-        mfu_high=mflops / (step_low * gpus * peak_flops))
+        mfu_high=mflops / (step_low * gpus * peak_flops), flops_convention=source.flops_convention)
 
 
 # ---- entry points ----------------------------------------------------------------------------------------

@@ -56,6 +56,8 @@ class ReportInputs:
     scaling_span: int = analysis.SCALING_SPAN
     """the scaling study searches gpus / span .. gpus x span (powers of two; counts the cluster refuses are
     left out)."""
+    flops_convention: str | None = None
+    """how MFU and TFLOP/s count the model FLOPs (None: causal, the default; docs/SCHEMAS.md T5)."""
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
@@ -87,7 +89,7 @@ def _plan_rows(result: SearchResult, idx: np.ndarray) -> list[list[Any]]:
     rows = []
     for r, i in enumerate(idx):
         rows.append([r + 1, result.label(int(i)), int(result.variants(int(i)).size), _step(c, int(i)),
-                     float(c["tokens_per_s"][i]),
+                     float(c["tokens_per_s"][i]), f"{c['tokens_per_s'][i] / c['gpus'][i]:,.0f}",
                      f"{c['model_tflops_per_gpu'][i]:.0f}", f"{100 * c['mfu'][i]:.1f}%",
                      f"{c['peak_memory_gib'][i]:.1f}", _ms(c["compute_s"][i]), _ms(c["recompute_s"][i]),
                      _ms(c["bubble_s"][i]), _ms(c["optimizer_s"][i]), _ms(c["exposed_comm_s"][i]),
@@ -103,7 +105,7 @@ def _step(c: Any, i: int) -> str:
     return text
 
 
-PLAN_HEADERS = ("#", "plan", "variants", "step (s)", "tokens/s", "TFLOP/s/GPU", "MFU", "mem (GiB)", "compute", "recompute",
+PLAN_HEADERS = ("#", "plan", "variants", "step (s)", "tokens/s", "tokens/s/GPU", "TFLOP/s/GPU", "MFU", "mem (GiB)", "compute", "recompute",
                 "bubble", "optimizer", "exposed comm", "TP comm (total)", "DP comm (total)")
 
 
@@ -263,6 +265,8 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
     log("searching the full space")
     result = search(model, cluster, inputs.global_batch, space=space, gpu_hour_price=inputs.gpu_hour_price, **kw)
     check_found(result)
+    if inputs.flops_convention:
+        result = result.in_convention(inputs.flops_convention)
     log("TP sweep")
     sweep = analysis.tp_sweep(model, cluster, inputs.global_batch, space, **kw)
     log("GPU-count scaling and cost")
@@ -339,6 +343,9 @@ def _render(inputs: ReportInputs, cluster: Any, result: SearchResult, sweep: ana
             ["cluster", f"{cluster.name}: {cluster.num_nodes} nodes x {cluster.gpus_per_node} "
                         f"{cluster.device.name}"],
             ["GEMM dtype / attention", f"{inputs.space.dtype} / {inputs.space.attention}"],
+            ["training stack", result.stack_name],
+            ["MFU and TFLOP/s/GPU", f"model FLOPs counted with {result.flops_convention} attention "
+                                    "(`--flops-convention`; docs/SCHEMAS.md T5)"],
             ["search space", _describe_space(inputs.space)],
             ["search", f"{result.enumerated:,} plans enumerated, {result.evaluated:,} evaluated, "
                        f"{len(result):,} fit; {result.elapsed_s:.2f} s"],
