@@ -6,7 +6,7 @@ import argparse
 import re
 from typing import Any, Callable
 
-from ..errors import InputError
+from ..errors import InputError, did_you_mean
 
 _DIGITS = re.compile(r"^\s*\+?[0-9]+\s*$")
 
@@ -51,18 +51,6 @@ def sized_arg(field: str, minimum: int = 1) -> Callable[[str], int]:
     return parse
 
 
-def did_you_mean(word: str, choices: Any, what: str) -> str:
-    """`` (did you mean 'llama3-70b'?)`` for a misspelt ``word`` of ``choices``, or an empty string."""
-    import difflib
-
-    names = [str(c) for c in choices]
-    close = difflib.get_close_matches(str(word).strip().lower(), [n.lower() for n in names], n=3, cutoff=0.6)
-    if not close:
-        return ""
-    hits = [next(n for n in names if n.lower() == c) for c in close]
-    return " (did you mean " + " or ".join(repr(h) for h in hits) + "?)"
-
-
 def choice_arg(field: str, choices: tuple[str, ...]) -> Callable[[str], str]:
     """argparse type: one of ``choices`` (argparse's own ``choices=`` gives no suggestion for a typo)."""
     def parse(text: str) -> str:
@@ -71,7 +59,7 @@ def choice_arg(field: str, choices: tuple[str, ...]) -> Callable[[str], str]:
         from ..limits import show
 
         raise argparse.ArgumentTypeError(f"{show(text)} is not one of {', '.join(choices)}"
-                                         + did_you_mean(text, choices, field))
+                                         + did_you_mean(text, choices))
     parse.__name__ = field
     return parse
 
@@ -307,9 +295,16 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k, None) for k in keys if getattr(args, k, None) is not None}
 
 
-def build_plan(args: argparse.Namespace, model, cluster):
-    from ..plan import make_plan
+def build_plan(args: argparse.Namespace, model, cluster, stack=None):
+    """The plan of the plan flags on top of the preset's defaults; a preset default that conflicts with a
+    flag given (or with ``stack``'s rules) is dropped with one line on stderr (:func:`make_plan_as_typed`)."""
+    import sys
+
+    from ..plan import make_plan_as_typed
 
     fields = plan_fields(args)
-    return make_plan(model, cluster.num_gpus, global_batch=args.global_batch, **fields)
+    plan, notes = make_plan_as_typed(model, cluster.num_gpus, global_batch=args.global_batch, stack=stack, **fields)
+    for line in notes:
+        print(line, file=sys.stderr)
+    return plan
 

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         args.model = "gpt3-175b" if args.model is None else args.model  # an empty --model is an error, not the default
         model = build_model(args)
         cluster = build_cluster(args, model)
-        plan = build_plan(args, model, cluster)
+        plan = build_plan(args, model, cluster, stack=build_stack(args, model))
     result = estimate(model, cluster, plan, compute=compute_model(args, cluster, model),
                       stack=build_stack(args, model))
     result = in_convention(result, model, args)

@@ -67,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.out, "--out", force=True, protected=())  # a usable folder, before any work
     model = build_model(args)
     cluster = build_cluster(args, model)
-    plan = build_plan(args, model, cluster)
     formats = FORMATS if args.export_format == "all" else (args.export_format,)
+    from ..launch import format_stack
+
+    plan = build_plan(args, model, cluster, stack=format_stack(formats[0], args.stack) if len(formats) == 1 else None)
     prediction = None
     if not args.no_predict:
         stack = _prediction_stack(formats, args.stack, plan, model)

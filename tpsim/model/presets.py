@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import InputError
+from ..errors import InputError, did_you_mean
 from .spec import ModelSpec
 
 
@@ -88,5 +88,6 @@ PRESETS: dict[str, ModelSpec] = {
 def get_preset(name: str) -> ModelSpec:
     key = name.lower()
     if key not in PRESETS:
-        raise InputError(f"model={name!r} is not a preset ({', '.join(sorted(PRESETS))}) nor a config.json path")
+        raise InputError(f"model={name!r} is not a preset ({', '.join(sorted(PRESETS))}) nor a config.json path"
+                         + did_you_mean(name, PRESETS))
     return PRESETS[key]

@@ -35,7 +35,8 @@ from .report import layer_errors, step_errors, summarize_case, write_atomic, wri
 from .matrix import matrix_cases, plan_matrix_cases  # noqa: F401 - part of this module's API
 from .scale import fit_case, fit_plan_case
 
-REPORTS_DIR = REPO_ROOT / "reports" / "validation"
+REPORTS_DIR = Path("reports") / "validation"
+"""default report folder, relative to the current directory (never inside the installed package)."""
 BENCH_SIZES = ("64K", "256K", "1M", "4M", "16M")
 """collective sizes of the calibration run: the validation's activations (tokens x hidden x 4 B) span them."""
 VALIDATION_STACK = "torchtitan"
