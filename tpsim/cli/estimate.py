@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from .common import (add_cluster_args, add_flops_arg, add_model_args, add_plan_args, add_stack_arg, build_cluster,
-                     build_model, build_plan, build_stack, in_convention)
-from .export import FORMATS as EXPORT_FORMATS
+from .common import (EXPORT_FORMATS, add_cluster_args, add_flops_arg, add_model_args, add_plan_args, add_stack_arg,
+                     build_cluster, build_model, build_plan, build_stack, compute_model, format_estimate,
+                     in_convention)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,17 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-format", choices=EXPORT_FORMATS,
                    help="format of --from when its name does not tell (default: from the file suffix)")
     p.set_defaults(func=run)
-
-
-def compute_model(args: argparse.Namespace, cluster, model=None):
-    """None (the estimator's default compute model) or ``--profile``'s measured kernels, falling back to the
-    default model (the stack's attention implementation) where the profile has no points."""
-    if not getattr(args, "profile", None):
-        return None
-    from ..compute.profile import ProfileModel
-    from ..estimator.context import default_compute
-
-    return ProfileModel(args.profile, fallback=default_compute(cluster.device, build_stack(args, model))[0])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,46 +67,3 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pm(value: float, low: float, high: float) -> str:
-    """"+x%/-y%" of a band around a value (one "±x%" when symmetric to 0.1%)."""
-    up, down = 100 * (high / value - 1), 100 * (1 - low / value)
-    return f"±{up:.1f}%" if abs(up - down) < 0.05 else f"+{up:.1f}%/-{down:.1f}%"
-
-
-def format_estimate(e, model=None) -> str:
-    """The estimate as text; with ``model`` (a ModelSpec) its summary comes first."""
-    p = e.plan
-    b, m = e.breakdown, e.memory_gib
-    lines = [
-        *(model.summary().splitlines() if model is not None else [f"model    {e.model}"]),
-        f"cluster  {e.cluster['name']}: {e.cluster['gpus']} x {e.cluster['device']}",
-        f"stack    {e.stack}",
-        f"plan     {p.short()}  (global batch {p.global_batch}, {p.num_microbatches} micro-batches per replica,"
-        f" {p.dtype}, {p.attention} attention, order {p.order})",
-        f"compute  {e.compute_model}" + (f" ({100 * e.measured_compute_fraction:.0f}% of compute time measured)"
-                                         if e.compute_model.startswith("profile") else ""),
-        "",
-        f"step time            {e.step_time_s:10.3f} s  {_pm(e.step_time_s, e.step_time_s_low, e.step_time_s_high)}"
-        f"  ({e.step_time_s_low:.3f}-{e.step_time_s_high:.3f} s, 90% band)",
-        f"throughput           {e.tokens_per_s:10.0f} tokens/s  ({e.tokens_per_s_low:.0f}-{e.tokens_per_s_high:.0f})"
-        f"  {e.tokens_per_s_per_gpu:,.0f} tokens/s/GPU",
-        f"model TFLOP/s/GPU    {e.model_tflops_per_gpu:10.1f}   MFU {100 * e.mfu:5.1f}%"
-        f" ({100 * e.mfu_low:.1f}-{100 * e.mfu_high:.1f}%)  ({e.flops_convention} FLOPs: --flops-convention)",
-        f"hardware TFLOP/s/GPU {e.hardware_tflops_per_gpu:10.1f}   HFU {100 * e.hfu:5.1f}%",
-        "",
-        "time breakdown (s)   " + "  ".join(f"{k} {b[k]:.3f}" for k in
-                                            ("compute", "recompute", "bubble", "optimizer", "exposed_comm",
-                                             "overhead")),
-        "communication (s)    " + "  ".join(f"{k} {b[k]:.3f}" for k in ("tp_comm", "pp_comm", "dp_comm")
-                                            + tuple(k for k in ("cp_comm", "ep_comm") if b.get(k)))
-        + "  (totals, partly hidden)",
-        "",
-        f"memory per GPU       {e.peak_memory_gib:10.2f} GiB  "
-        f"({'fits' if e.fits else 'DOES NOT FIT'})",
-        "  " + "  ".join(f"{k} {v:.2f}" for k, v in m.items()),
-    ]
-    if e.collectives:
-        lines.append("collectives          " + "; ".join(f"{k} {v}" for k, v in e.collectives.items()))
-    for w in e.warnings:
-        lines.append(f"warning: {w}")
-    return "\n".join(lines)

@@ -36,7 +36,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     from ..opgraph.estimate import estimate_graph, plan_notes
     from ..opgraph.model import make_graph_plan
     from .common import plan_fields
-    from .estimate import compute_model, format_estimate
+    from .common import compute_model, format_estimate
 
     model = load(args)
     cluster = _cluster(args)
@@ -87,8 +87,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     from ..opgraph.estimate import estimate_graph, estimate_graph_batch
     from ..search import DEFAULT_GPU_HOUR_PRICE, search
-    from .plan import _header, _write_csv, build_space, clusters_for, print_ranking
-    from .plan import load_compute
+    from .common import build_space, clusters_for, load_compute, plan_header, print_ranking, write_plan_csv
 
     if args.top <= 0:
         raise InputError(f"--top={args.top} must be a positive integer")
@@ -117,12 +116,12 @@ def run_plan(args: argparse.Namespace) -> int:
         result.memo[str(int(i))] = estimate_graph(model, part.cluster, result.plan(int(i)), compute=compute,
                                                   conv_times=conv).to_dict()
     if args.csv:
-        _write_csv(result, args.csv, args.top)
+        write_plan_csv(result, args.csv, args.top)
     if args.json:
         json.dump(result.to_json(args.top), sys.stdout, indent=1, allow_nan=False)
         print()
         return 0
-    print(_header(result, model, clusters[-1], int(args.global_batch)))
+    print(plan_header(result, model, clusters[-1], int(args.global_batch)))
     print_ranking(result, args)
     return 0
 

@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from ..errors import InputError
-from .common import build_stack, count_arg, real_arg
-from .plan import add_problem_arguments, add_space_arguments, build_space, check_problem, load_compute, load_problem
+from .common import build_space, build_stack, count_arg, load_compute, real_arg
+from .plan import add_problem_arguments, add_space_arguments, check_problem, load_problem
 
 
 def register(subparsers: Any) -> None:

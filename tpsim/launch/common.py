@@ -105,9 +105,13 @@ def header_lines(ctx: ExportContext, fmt: str) -> list[str]:
              f"replica, {p.dtype}, {p.attention} attention, order {p.order})"]
     e = ctx.prediction
     if e:
-        lines.append(f"prediction: step {e['step_time_s']:.3f} s, {e['tokens_per_s']:,.0f} tokens/s, "
-                     f"MFU {100 * e['mfu']:.1f}%, peak memory {e['peak_memory_gib']:.1f} GiB per GPU "
-                     f"({'fits' if e['fits'] else 'DOES NOT FIT'}), compute model {e.get('compute_model', '?')}")
+        per_gpu = e.get("tokens_per_s_per_gpu") or e["tokens_per_s"] / max(1, ctx.gpus)
+        lines.append(f"prediction: step {e['step_time_s']:.3f} s, {e['tokens_per_s']:,.0f} tokens/s "
+                     f"({per_gpu:,.0f} per GPU), MFU {100 * e['mfu']:.1f}% ({e.get('flops_convention', 'causal')} "
+                     f"FLOPs), peak memory {e['peak_memory_gib']:.1f} GiB per GPU "
+                     f"({'fits' if e['fits'] else 'DOES NOT FIT'})")
+        lines.append(f"            for the {e.get('stack', 'megatron')} stack (this format's), compute model "
+                     f"{e.get('compute_model', '?')}")
     extra = "".join(f" {k}={int(v)}" for k, v in ctx.model_overrides.items() if v is not None)
     lines.append(f"{HEADER_TAG} model={_ref(ctx.model_ref)} cluster={_ref(ctx.cluster_ref)} gpus={ctx.gpus}{extra}")
     return lines
@@ -202,7 +206,8 @@ def _apply_shape(base: ModelSpec, shape: Mapping[str, Any], imp: ImportedLaunch)
         shape.pop("num_shared_experts", None)  # the same total width stated as one shared expert
         shape.pop("shared_expert_ffn_hidden_size")
     extra = {k: v for k, v in shape.items() if k in ("norm", "activation", "position", "tie_embeddings",
-                                                     "qkv_bias", "linear_bias", "head_dim") + MOE_SHAPE_FIELDS
+                                                     "qkv_bias", "linear_bias", "head_dim", "rotary_base",
+                                                     "rotary_fraction") + MOE_SHAPE_FIELDS
              and getattr(spec, k) != v}
     return dataclasses.replace(spec, **extra) if extra else spec
 
