@@ -313,7 +313,7 @@ def build_plan(args: argparse.Namespace, model, cluster, stack=None):
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
 
 
-EXPORT_FORMATS = ("megatron", "torchtitan", "deepspeed", "nemo")
+EXPORT_FORMATS = ("megatron", "torchtitan", "deepspeed", "nemo", "bridge")
 """tpsim.launch.FORMATS, repeated here so that building the parser does not import the exporters."""
 
 

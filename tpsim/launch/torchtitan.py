@@ -35,12 +35,23 @@ MODEL_FEATURES = ("moe", "mla")
 layers); no multi-token prediction module."""
 MOE_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 """tpsim architectures torchtitan's deepseek_v3 model trains (DeepSeek-V2 shapes are its 16B / 236B flavors)."""
+SCHEDULE_NAMES = {"gpipe": "GPipe", "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble",
+                  "dualpipev": "DualPipeV"}
+"""plan schedule -> ``parallelism.pipeline_parallel_schedule`` (torch.distributed.pipelining schedule class names,
+docs/SCHEMAS.md T1); ``1f1b`` is ``1F1B``, or ``Interleaved1F1B`` with vpp > 1. zb-h1 and dualpipe have none."""
+SCHEDULE_OF_NAME = {**{v.lower(): k for k, v in SCHEDULE_NAMES.items()}, "1f1b": "1f1b", "interleaved1f1b": "1f1b"}
 RESHARD = {2: "never", 3: "always"}
 ZERO_OF_RESHARD = {"never": 2, "always": 3}
 
 
 def format_violation(ctx: ExportContext) -> str | None:
     """torchtitan ships Llama-family models: a GPT-family model has no torchtitan model to name."""
+    schedule = ctx.plan.schedule
+    if schedule != "1f1b" and schedule not in SCHEDULE_NAMES:
+        return f"schedule={schedule}: torchtitan's pipeline_parallel_schedule has no {schedule} schedule"
+    if ctx.plan.pp_first or ctx.plan.pp_last:
+        return ("pp_first/pp_last: torchtitan splits by pipeline_parallel_layers_per_stage (equal stages), not by "
+                "first/last stage sizes")
     if ctx.model.family != "llama":
         return f"model family {ctx.model.family} has no torchtitan model (torchtitan trains llama3-style models)"
     plan = ctx.plan
@@ -103,8 +114,11 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
                            "context_parallel_degree": axis(plan, "cp")}
     if plan.zero in RESHARD:
         par["fsdp_reshard_after_forward"] = RESHARD[plan.zero]
+    if plan.tp_overlap:
+        par["enable_async_tensor_parallel"] = True
     if pp > 1:
-        par["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
+        par["pipeline_parallel_schedule"] = SCHEDULE_NAMES.get(plan.schedule) or (
+            "Interleaved1F1B" if plan.vpp > 1 else "1F1B")
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         if plan.vpp > 1:
             # torchtitan counts tok_embeddings and norm + output as one layer each when it splits the stages
@@ -184,8 +198,16 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         layers_per_stage = _layers_per_stage(par, where)
         if layers_per_stage is None:
             fields["vpp"] = 1
+        name = str(par.get("pipeline_parallel_schedule", "1F1B"))
+        schedule = SCHEDULE_OF_NAME.get(name.lower())
+        if schedule is None:
+            notes.append(f"pipeline_parallel_schedule {name!r}: estimated as 1F1B")
+        elif schedule != "1f1b":
+            fields["schedule"] = schedule
     else:
         fields["micro_batch"] = local
+    if par.get("enable_async_tensor_parallel") is True:
+        fields["tp_overlap"] = True
     if cp > 1:
         fields.update(cp=cp, cp_kind="ring")
     if _int(par, "expert_parallel_degree", 1, where) > 1:
