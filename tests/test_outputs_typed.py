@@ -158,3 +158,25 @@ def test_validation_reports_default_to_the_current_directory():
     from tpsim.validate.run import REPORTS_DIR
 
     assert not REPORTS_DIR.is_absolute() and REPORTS_DIR == Path("reports") / "validation"
+
+
+# ---- CLI structure (issue 21) --------------------------------------------------------------------------------
+def test_no_import_cycle_among_the_verbs():
+    """estimate, export, graph and plan share helpers through tpsim/cli/common.py: the verb modules they import
+    (at module level or inside functions) form no cycle."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "tpsim" / "cli"
+    verbs = ("estimate", "export", "graph", "plan", "report", "validate", "model")
+    edges = {}
+    for name in verbs:
+        tree = ast.parse((root / f"{name}.py").read_text())
+        edges[name] = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                       and node.level == 1 and node.module in verbs} - {name}
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, seen + (n,))) for n in edges[start])
+
+    cycles = [v for v in verbs if reaches(v, v)]
+    assert not cycles, edges
+    assert not edges["export"] and not edges["graph"]  # the leaves use common only

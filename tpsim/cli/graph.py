@@ -32,12 +32,23 @@ def _cluster(args: argparse.Namespace) -> Any:
     return load_cluster(args.cluster or "dgx-a100", gpus=args.gpus, calibration=getattr(args, "calibration", None))
 
 
+def traced_flops_convention(args: argparse.Namespace) -> str:
+    """A traced graph's model FLOPs are torch's FlopCounterMode count (``full``); other conventions need the
+    transformer shape of a preset or config.json."""
+    asked = getattr(args, "flops_convention", None)
+    if asked not in (None, "full"):
+        raise InputError(f"--flops-convention {asked}: a traced model's FLOPs are counted as torch's FlopCounterMode "
+                         "counts them (full attention); use --flops-convention full or a preset / config.json")
+    return "full"
+
+
 def run_estimate(args: argparse.Namespace) -> int:
     from ..opgraph.estimate import estimate_graph, plan_notes
     from ..opgraph.model import make_graph_plan
     from .common import plan_fields
     from .common import compute_model, format_estimate
 
+    traced_flops_convention(args)
     model = load(args)
     cluster = _cluster(args)
     model = model.with_gpus(cluster.num_gpus)
@@ -111,6 +122,7 @@ def run_plan(args: argparse.Namespace) -> int:
                     mem_limit_gib=args.mem_limit_gib, include_unfit=args.include_unfit, compute=compute,
                     progress=not args.no_progress and not args.json,
                     estimator=partial(estimate_graph_batch, conv_times=conv))
+    result = dataclasses.replace(result, convention=traced_flops_convention(args))
     for i in result.ranking[:args.top]:  # the displayed plans' full estimates, by the op-graph estimator
         part = result.parts[int(result.columns["part"][i])]
         result.memo[str(int(i))] = estimate_graph(model, part.cluster, result.plan(int(i)), compute=compute,
