@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tpsim.cli import main
-from tpsim.collectives.calibration import aggregate, fit_calibration, load_calibration, read_measurements
+from tpsim.collectives.calibration import aggregate, fit_calibration, load_link_values, read_measurements
 from tpsim.collectives.model import CollectiveModel
 from tpsim.errors import InputError
 from test_collective_graphs import loopback, switch_node
@@ -82,12 +82,12 @@ def test_cli_writes_yaml_that_model_and_topology_loader_accept(tmp_path, capsys)
     data = yaml.safe_load(out.read_text())
     assert data["loopback"]["efficiency"] == pytest.approx(0.5, rel=0.01)
     assert data["tool"] == "tpsim calibrate" and data["fit_error_after"]["max_rel"] < 0.01
-    cal = load_calibration(out)
+    cal = load_link_values(out)
     assert cal["loopback"]["latency_us"] == pytest.approx(40.0, rel=0.01)
     again = CollectiveModel(cluster, calibration=out).run("all_reduce", 1 << 20, ((0, 1),))
     assert again.time_s == pytest.approx(CollectiveModel(cluster, truth).run("all_reduce", 1 << 20, ((0, 1),)).time_s,
                                          rel=0.01)
-    from tpsim.topology.spec import load_calibration as topo_load
+    from tpsim.topology.spec import cluster_calibration as topo_load
 
     spec = topo_load(str(out), tmp_path, "test")  # the topology loader's validation accepts the file
     assert spec.per_type["loopback"]["efficiency"] == pytest.approx(0.5, rel=0.01)

@@ -70,8 +70,8 @@ def test_cli_writes_a_calibration_validate_reads(tmp_path, capsys):
     cal = read_compute_calibration(out)
     assert cal.gemm_scale == pytest.approx(1.6, rel=0.04)
     assert sum(cal.overhead_s().values()) == pytest.approx(TRUTH["overhead"], rel=0.05)
-    from tpsim.collectives.calibration import load_calibration
-    assert load_calibration(out)["loopback"]["efficiency"] == 0.4  # the collective model reads the same file
+    from tpsim.collectives.calibration import load_link_values
+    assert load_link_values(out)["loopback"]["efficiency"] == 0.4  # the collective model reads the same file
 
 
 def test_bad_inputs_are_one_line(tmp_path, capsys):

@@ -4,19 +4,25 @@ deduplication of the all-to-all bytes; every other stack unchanged."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import yaml
 
 from tpsim.errors import InputError
 from tpsim.estimator import estimate
-from tpsim.estimator.schedule import WEIGHT_GRAD_SHARE_OF_BACKWARD, pipeline_bubble
+from tpsim.pipeline import WEIGHT_GRAD_SHARE_OF_BACKWARD, bubble
 from tpsim.estimator.source import moe_layer_collectives
 from tpsim.estimator.stackterms import stack_terms
 from tpsim.model import get_preset
-from tpsim.plan import make_plan
+from tpsim.plan import SCHEDULES, make_plan
 from tpsim.stacks import STACKS_DIR, load_stack, profile_from_mapping
 from tpsim.topology import load_cluster
+
+
+def pipeline_bubble(name, pp, vpp, t, fraction):
+    return bubble(np.full(pp.size, SCHEDULES.index(name)), pp, vpp, t, fraction)
 
 
 def test_bubble_formulas():
@@ -68,10 +74,17 @@ def _hai_llm(changes):
     return profile_from_mapping(raw, "hai-llm-variant.yaml")
 
 
+def _hai_llm_1f1b():
+    """hai-llm offering 1F1B too (the report's Table 2 baseline)."""
+    raw = yaml.safe_load((STACKS_DIR / "hai-llm.yaml").read_text())
+    raw["rules"]["schedules"]["names"]["1f1b"] = "1F1B"
+    return profile_from_mapping(raw, "hai-llm-1f1b.yaml")
+
+
 def test_dualpipe_hides_the_all_to_alls_and_shrinks_the_bubble(deepseek):
     m, cluster, plan = deepseek
     dual = estimate(m, cluster, plan, stack=load_stack("hai-llm"))
-    one = estimate(m, cluster, plan, stack=_hai_llm({("compute", "pipeline_schedule"): "1f1b"}))
+    one = estimate(m, cluster, dataclasses.replace(plan, schedule="1f1b"), stack=_hai_llm_1f1b())
     assert dual.breakdown["ep_comm"] == pytest.approx(one.breakdown["ep_comm"])  # the same traffic ...
     assert dual.breakdown["exposed_comm"] < 0.5 * one.breakdown["exposed_comm"]  # ... mostly hidden
     assert dual.breakdown["bubble"] < 0.5 * one.breakdown["bubble"]
@@ -84,11 +97,22 @@ def test_dualpipe_hides_the_all_to_alls_and_shrinks_the_bubble(deepseek):
 def test_other_stacks_keep_1f1b_and_plain_dispatch():
     for name in ("megatron", "torchtitan", "deepspeed"):
         t = stack_terms(load_stack(name))
-        assert (t.pipeline_schedule, t.ep_fp8_dispatch, t.ep_node_dedup) == ("1f1b", False, False)
+        assert (load_stack(name).rules.default_schedule, t.ep_fp8_dispatch, t.ep_node_dedup) == ("1f1b", False,
+                                                                                                  False)
+
+
+def test_stack_schedules_are_checked():
+    raw = yaml.safe_load((STACKS_DIR / "hai-llm.yaml").read_text())
+    raw["rules"]["schedules"]["names"]["zigzag"] = "x"
+    with pytest.raises(InputError, match=r"schedules: names\.zigzag: not one of 1f1b"):
+        profile_from_mapping(raw, "bad.yaml")
+    raw = yaml.safe_load((STACKS_DIR / "hai-llm.yaml").read_text())
+    raw["rules"]["schedules"]["default"] = "zbv"
+    with pytest.raises(InputError, match=r"default='zbv' is not one of the offered schedules dualpipe"):
+        profile_from_mapping(raw, "bad.yaml")
 
 
 @pytest.mark.parametrize("section,key,value,match", [
-    ("compute", "pipeline_schedule", "zigzag", r"compute\.pipeline_schedule='zigzag' is not one of 1f1b, dualpipe"),
     ("comm", "ep_dispatch_dtype", "int4", r"comm\.ep_dispatch_dtype='int4' is not one of bf16, fp8"),
 ])
 def test_bad_schedule_figures_are_one_line_errors(section, key, value, match):

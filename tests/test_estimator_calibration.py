@@ -81,7 +81,7 @@ def test_an_explicit_calibration_overrides_the_clusters_own(tmp_path):
     path = _write(tmp_path, "c.yaml", "compute: {gemm_scale: 1.25}\n")
     model, cluster, plan = _problem()
     ctx = EstimationContext.build(model, cluster, calibration=load_calibration(path))
-    assert ctx.compute.fit.gemm_scale == 1.25 and ctx.calibration.path == path.resolve()
+    assert ctx.compute.scales["gemm"] == 1.25 and ctx.calibration.path == path.resolve()
     slow = estimate(model, cluster, plan, calibration=ctx.calibration)
     assert slow.step_time_s > estimate(model, cluster, plan).step_time_s
 

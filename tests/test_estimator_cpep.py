@@ -188,7 +188,7 @@ def test_deepseek_v3_layers_and_parameters_per_rank(h100):
     ctx = context_for(m, h100[8])
     b = PlanBatch.from_plans([plan])
     costs, keys = layer_costs(ctx, b)
-    _, part, _ = _patterns(ctx, b, costs, keys, 2.0)
+    _, part, _ = _patterns(ctx, b, costs, keys)
     dense, moe = costs.params_by_kind[:, 0]
     emb = m.padded_vocab(1) * m.hidden_size
     assert part.params[0, 0] == pytest.approx(3 * dense + moe + emb)  # layers 0-3: 3 dense + 1 MoE

@@ -4,9 +4,11 @@
 which reproduced it; issue 10 regenerated it for the kernel model as default compute, the fixed-cost terms and
 the training-stack profiles. Each case runs under the ``megatron`` stack when that stack runs its plan, else
 under ``tests/data/permissive-stack.yaml`` (megatron with every rank order and ZeRO-2/3 with pp), or under the
-stack the case names. Regenerate only for a deliberate change of the physics, in its own commit that says why:
+stack the case names. Regenerate only for a deliberate change of the physics, in its own commit that says why
+and changes no code under tpsim/ (``.ci/run`` checks it):
 
-    python tests/test_estimator_golden.py --write
+    python tests/test_estimator_golden.py --diff    # what moved, per case and field
+    python tests/test_estimator_golden.py --write   # the same, then the file rewritten
 """
 
 from __future__ import annotations
@@ -243,6 +245,13 @@ def test_single_plan_matches_the_snapshot(golden, case):
     assert not problems, "\n".join(problems[:20])
 
 
+def test_moved_names_each_case_and_field():
+    old = {"cases": {"a": {"step_time_s": 1.0, "plan": {"tp": 8}}, "gone": {}}, "batch": {}}
+    new = {"cases": {"a": {"step_time_s": 1.5, "plan": {"tp": 8}, "terms": {}}}, "batch": {}}
+    assert moved(old, new) == ["cases.a.step_time_s: 1.0 -> 1.5 (+50%)", "cases.a.terms: added", "cases.gone: removed"]
+    assert moved(new, new) == []
+
+
 def test_batch_matches_the_snapshot(golden):
     from tpsim.estimator import estimate_batch
 
@@ -255,9 +264,46 @@ def test_batch_matches_the_snapshot(golden):
     assert not problems, "\n".join(problems[:20])
 
 
+def moved(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two snapshots, one line per case (or batch array) and field, with both values and
+    the relative change; new and removed fields and cases too."""
+    lines: list[str] = []
+    for section in ("cases", "batch"):
+        a, b = old.get(section, {}), new.get(section, {})
+        for name in sorted(set(a) | set(b)):
+            if name not in a or name not in b:
+                lines.append(f"{section}.{name}: {'added' if name in b else 'removed'}")
+                continue
+            problems: list[str] = []
+            _compare(a[name], b[name], f"{section}.{name}", problems)
+            extra = set(b[name]) - set(a[name]) if isinstance(b[name], dict) and isinstance(a[name], dict) else ()
+            lines += [_with_change(p) for p in problems] + [f"{section}.{name}.{k}: added" for k in sorted(extra)]
+    return lines
+
+
+def _with_change(problem: str) -> str:
+    """``where: expected X, got Y`` as ``where: X -> Y (+z%)`` where both are numbers."""
+    where, _, rest = problem.partition(": expected ")
+    old, sep, new = rest.partition(", got ")
+    try:
+        a, b = float(old), float(new)
+    except ValueError:
+        return problem
+    pct = f" ({100 * (b / a - 1):+.4g}%)" if a not in (0.0,) and math.isfinite(a) and math.isfinite(b) else ""
+    return f"{where}: {old} -> {new}{pct}" if sep else problem
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
+    # regenerate: python tests/test_estimator_golden.py --write (prints what moved, per case and field, then
+    # writes); --diff prints only. Commit a regeneration alone, with no code under tpsim/ (.ci/run checks it).
+    if sys.argv[1:] not in (["--write"], ["--diff"]):
         sys.exit(__doc__)
-    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-    GOLDEN.write_text(json.dumps(_json(produce()), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {GOLDEN}")
+    fresh = _json(produce())
+    previous = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    changes = moved(previous, fresh)
+    print("\n".join(changes) if changes else "nothing moved")
+    print(f"{len(changes)} field(s) moved")
+    if sys.argv[1] == "--write":
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(json.dumps(fresh, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {GOLDEN}")

@@ -187,7 +187,7 @@ def test_plans_the_framework_cannot_run_are_refused_with_the_rule(fmt, kw, rule)
 def test_uneven_pipeline_split_is_written_as_megatron_layout_and_read_back(tmp_path):
     """Llama-3 405B (126 layers) on pp=16 x vpp=4: Megatron runs it with --pipeline-model-parallel-layout; the
     layout holds every layer once, E first and L last, and per rank the layer counts tpsim's estimator uses."""
-    from tpsim.estimator.memory import stage_layers
+    from tpsim.estimator.partition import stage_layers
     from tpsim.launch import import_launch, resolve_model, resolve_plan
     from tpsim.launch.megatron import chunk_layers, layout_stages
 
@@ -265,6 +265,7 @@ def _moe_ctx(name, gpus, **plan_kw):
     if plan_kw.pop("no_mtp", False):
         model = dataclasses.replace(model, mtp_layers=0)
     cluster = load_cluster("dgx-h100", gpus=gpus)
+    plan_kw.setdefault("schedule", "1f1b")  # the deepseek-v3 preset's DualPipe runs on hai-llm only
     plan = make_plan(model, gpus, global_batch=plan_kw.pop("global_batch", 512), **plan_kw)
     return export_context(model, cluster, plan, model_ref=name, cluster_ref="dgx-h100")
 

@@ -115,14 +115,14 @@ def _parts(model, cluster, plan, stack=None):
     ctx = context_for(model, cluster, stack=stack)
     b = PlanBatch.from_plans([plan])
     costs, keys = layer_costs(ctx, b)
-    _, part, _ = _patterns(ctx, b, costs, keys, 2.0)
+    _, part, _ = _patterns(ctx, b, costs, keys)
     return ctx, costs, part
 
 
 def test_each_rank_stores_the_activations_of_its_own_layer_kinds(h100_16):
     """DeepSeek-V3 shape (3 dense layers first): with pp 2 the first rank holds 3 dense + 1 MoE layer, the last
     4 MoE layers; each stores its own layers' activations (not the model's mean layer x its layer count)."""
-    from tpsim.estimator.memory import in_flight
+    from tpsim.pipeline import in_flight
 
     m = _deepseek(8)
     plan = Plan(tp=1, pp=2, ep=8, dp=8, global_batch=16, zero=1, dtype="bf16")
@@ -131,8 +131,8 @@ def test_each_rank_stores_the_activations_of_its_own_layer_kinds(h100_16):
     assert moe_act > dense_act
     e = estimate(m, h100_16, plan)
     mb = np.array([plan.global_batch // plan.dp])
-    first = in_flight(np.array([0]), np.array([2]), np.array([1]), mb)[0] * (3 * dense_act + moe_act)
-    last = in_flight(np.array([1]), np.array([2]), np.array([1]), mb)[0] * 4 * moe_act
+    first = in_flight(np.array([0]), np.array([0]), np.array([2]), np.array([1]), mb)[0] * (3 * dense_act + moe_act)
+    last = in_flight(np.array([0]), np.array([1]), np.array([2]), np.array([1]), mb)[0] * 4 * moe_act
     got = e.memory_gib["activations"] * GIB - costs.working[0]
     assert any(got == pytest.approx(x, rel=1e-9) for x in (first, last))
     mean = (3 * dense_act + 5 * moe_act) / 8  # the model's mean layer, which a rank's layer count would take
@@ -143,16 +143,15 @@ def test_each_rank_stores_the_activations_of_its_own_layer_kinds(h100_16):
 def test_torchtitan_split_counts_the_layers_each_rank_holds(pp, vpp):
     """torchtitan splits layers + 2 (embedding and output as one layer each) over pp x vpp chunks: the layers of
     each kind per rank must add up to the rank's layers of that split (dense first layers on the first rank)."""
-    from tpsim.estimator.memory import stage_layers_with_edges
-    from tpsim.estimator.partition import chunk_sizes, position_kind_counts
+    from tpsim.estimator.partition import layer_split, position_kind_counts, stage_layers
 
     m = get_preset("deepseek-v3")
     kinds = np.array([0 if i < m.first_dense_layers else 1 for i in range(m.num_layers)])
     if (m.num_layers + 2) % (pp * vpp) and vpp > 1:
         pytest.skip("torchtitan splits the layers alone here")
     counts = position_kind_counts(kinds, np.array([pp]), np.array([vpp]), edges_as_layers=True)[:, :, 0]
-    split = stage_layers_with_edges(m.num_layers, np.array([pp]), np.array([vpp]))
-    assert sum(chunk_sizes(m.num_layers, pp, vpp, True)) == m.num_layers
+    split = stage_layers(m.num_layers, np.array([pp]), np.array([vpp]), edges_as_layers=True)
+    assert sum(layer_split(m.num_layers, pp, vpp, True)) == m.num_layers
     assert counts[0].sum() == split.first[0]
     if pp > 1:
         assert counts[1].sum() == split.last[0]

@@ -4,6 +4,8 @@ the MoE SwiGLU outputs, FP8 activation caching, DualPipe's mirrored stages), eac
 
 from __future__ import annotations
 
+import dataclasses
+
 
 import numpy as np
 import pytest
@@ -30,10 +32,10 @@ def test_hai_llm_profile_carries_the_reports_memory_choices():
     assert t.activation_storage.recompute_modules == {"layernorm", "mla_up_proj", "moe_act"}
     assert t.activation_storage.cache_bytes("fp8", 2) == (1.0, 1.5)
     assert t.activation_storage.cache_bytes("bf16", 2) == (2, 2)
-    assert t.pipeline_mirrored_stages and t.pipeline_extra_in_flight == 1.0
+    assert s.rules.schedules.keys() == {"dualpipe"} and s.rules.default_schedule == "dualpipe"
     megatron = stack_terms(load_stack("megatron"))
     assert megatron.activation_storage.recompute_modules == {"core_attn"}
-    assert not megatron.pipeline_mirrored_stages and megatron.pipeline_extra_in_flight == 0.0
+    assert load_stack("megatron").rules.default_schedule == "1f1b"
     # what the report's run did not use is refused, naming the rule
     m = get_preset("deepseek-v3")
     assert "cp=2" in s.plan_violation(Plan(tp=1, cp=2, ep=64, pp=16, dp=64, global_batch=15360, zero=1,
@@ -97,9 +99,9 @@ def test_dualpipe_mirrored_stages_hold_both_ends():
     parts = {}
     for stack in ("megatron", "hai-llm"):
         ctx = context_for(m, c, stack=stack)
-        b = PlanBatch.from_plans([plan])
+        b = PlanBatch.from_plans([dataclasses.replace(plan, schedule=ctx.stack.rules.default_schedule)])
         costs, keys = layer_costs(ctx, b)
-        parts[stack] = (_patterns(ctx, b, costs, keys, 2.0)[1], costs)
+        parts[stack] = (_patterns(ctx, b, costs, keys)[1], costs)
     (one_f, costs), (two, _) = parts["megatron"], parts["hai-llm"]
     emb = m.padded_vocab(1) * m.hidden_size
     # 1F1B: the last rank holds an embedding copy for the MTP module; DualPipe's rank holds the real one
@@ -139,7 +141,7 @@ def test_deepseek_v3_preset_memory_terms_by_hand(deepseek):
     ctx = context_for(m, cluster, stack=stack)
     b = PlanBatch.from_plans([plan])
     costs, keys = layer_costs(ctx, b)
-    part = _patterns(ctx, b, costs, keys, 2.0)[1]
+    part = _patterns(ctx, b, costs, keys)[1]
     pos = int(np.argmax(part.params[:, 0]))  # the edge ranks (both ends) hold the most
     params, experts = part.params[pos, 0], part.expert[pos, 0]
     assert e.memory_gib["weights"] * GIB == pytest.approx(4.0 * params, rel=1e-9)

@@ -293,7 +293,7 @@ def test_opgraph_and_its_estimator_import_no_torch():
 
 # ---- validation planning and the conv profile (torch-free parts) --------------------------------------------
 def test_validate_maps_styles_to_modules_and_refuses_the_rest():
-    from tpsim.validate.traced import TracedCase, expected_collectives, module_styles
+    from tpsim.validate.traced.run import TracedCase, expected_collectives, module_styles
 
     model = load_graph_model(DATA / "tiny-resnet.ops.json")
     modules, loss_parallel, loss_inputs = module_styles(model, 2)

@@ -115,8 +115,8 @@ def test_torchtitan_counts_the_embedding_and_output_as_layers():
     cluster = load_cluster("dgx-h100", gpus=64)
     plan = make_plan(model, 64, tp=8, pp=4, sp=True, zero=3, global_batch=64)
     ctx = context_for(model, cluster, stack="torchtitan")
-    from tpsim.estimator.memory import stage_layers_with_edges
-    split = stage_layers_with_edges(32, np.array([4]), np.array([1]))
+    from tpsim.estimator.partition import stage_layers
+    split = stage_layers(32, np.array([4]), np.array([1]), edges_as_layers=True)
     # 34 slots over 4 stages: 9, 9, 8, 8 -> embedding + 8, 9, 8, 7 + output
     assert (int(split.first[0]), int(split.middle[0]), int(split.last[0])) == (8, 9, 7)
     e = run_stages(ctx, PlanBatch.from_plans([plan])).to_estimate(0)

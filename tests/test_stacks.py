@@ -36,7 +36,7 @@ def test_shipped_profiles_load_with_sources(name):
     assert isinstance(s, StackProfile) and s.name == name and s.version and s.sources
     assert set(s.rules.sources) == {"zero", "ddp_only_pure_dp", "interleaving", "layers_divisible_by_stages",
                                     "sp", "cp", "ep", "recompute", "dtypes", "attention", "orders",
-                                    "overlap_optional"}
+                                    "overlap_optional", "schedules"} | ({"uneven_split"} if s.rules.uneven_split else set())
     for section in SECTION_KEYS:
         for key, fig in getattr(s, section).items():
             assert fig.source, (name, section, key)

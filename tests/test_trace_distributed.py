@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 
 from tpsim.opgraph.model import load_graph_model  # noqa: E402
 from tpsim.validate.launch import LaunchConfig  # noqa: E402
-from tpsim.validate.traced import TracedCase, run_cases  # noqa: E402
+from tpsim.validate.traced.run import TracedCase, run_cases  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 DATA = Path(__file__).parent / "data" / "opgraph"

@@ -13,12 +13,12 @@ import pytest
 from tpsim.errors import InputError
 from tpsim.model import PRESETS, with_overrides
 from tpsim.tp_plan import count_by_kind, layer_collectives
-from tpsim.validate.case import Case
+from tpsim.validate.block.case import Case
 from tpsim.validate.launch import LaunchConfig, first_error
-from tpsim.validate.predict import Prediction, block_gemms, grid_hits
-from tpsim.validate.report import layer_errors, summarize_case, write_atomic, write_csv
+from tpsim.validate.block.predict import Prediction, block_gemms, grid_hits
+from tpsim.validate.block.report import layer_errors, summarize_case, write_atomic, write_csv
 from tpsim.validate.run import matrix_cases
-from tpsim.validate.scale import fit_case, memory_per_rank
+from tpsim.validate.block.scale import fit_case, memory_per_rank
 
 GPT = with_overrides(PRESETS["gpt3-1.3b"], hidden=512, heads=8, seq_len=128)
 LLAMA = with_overrides(PRESETS["llama3-8b"], hidden=512, heads=8, kv_heads=2, ffn=1792, seq_len=128)
@@ -245,8 +245,8 @@ def test_step_check_sees_optimizer_errors_not_rounding():
     weight's own rounding allows to be read exactly; that (and the slope lr/eps times the gradient's difference)
     is not the optimizer's error, but a missing average over dp (the update of 2 x the gradient) or a stale shard is."""
     torch = pytest.importorskip("torch")
-    from tpsim.validate.planrun import STEP_RTOL, _step_err
-    from tpsim.validate.stack import ADAM_EPS, ADAM_LR
+    from tpsim.validate.plan.run import STEP_RTOL, _step_err
+    from tpsim.validate.plan.stack import ADAM_EPS, ADAM_LR
 
     gen = torch.Generator().manual_seed(0)
     weight = torch.ones(1024)

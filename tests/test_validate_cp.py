@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 
 from tpsim.errors import InputError  # noqa: E402
 from tpsim.model import PRESETS, with_overrides  # noqa: E402
-from tpsim.validate.axiscase import AxisCase, metadata_comm, moe_layer_model, with_expert_ffn  # noqa: E402
-from tpsim.validate.cp_attention import (attend, attend_backward, attention_backward,  # noqa: E402
+from tpsim.validate.axis.case import AxisCase, metadata_comm, moe_layer_model, with_expert_ffn  # noqa: E402
+from tpsim.validate.modules.cp_attention import (attend, attend_backward, attention_backward,  # noqa: E402
                                          attention_backward_math, attention_math, attention_with_lse, chunk_ids,
                                          merge_step, positions, shard_sequence, step_parts)
 
@@ -205,7 +205,7 @@ def machine():
 
 
 def test_ring_exchanges_hide_behind_attention_all_to_alls_do_not(machine):
-    from tpsim.validate.axispredict import predict_axis
+    from tpsim.validate.axis.predict import predict_axis
     model = with_overrides(LLAMA, hidden=1024, heads=16, kv_heads=4, seq_len=2048)
     ring = predict_axis(AxisCase(model=model, cp=2), *machine)
     a2a = predict_axis(AxisCase(model=model, cp=2, cp_kind="a2a"), *machine)
@@ -218,7 +218,7 @@ def test_ring_exchanges_hide_behind_attention_all_to_alls_do_not(machine):
 @settings(max_examples=15, deadline=None)
 @given(extra=st.integers(min_value=0, max_value=256))
 def test_more_routed_copies_never_predict_less_time(machine, extra):
-    from tpsim.validate.axispredict import predict_axis
+    from tpsim.validate.axis.predict import predict_axis
     case = AxisCase(model=MIXTRAL, ep=2, dp=2, micro_batch=2)
     base = predict_axis(case, *machine, load=case.routed_copies)
     more = predict_axis(case, *machine, load=case.routed_copies + extra)
@@ -231,7 +231,7 @@ def test_prediction_without_a_load_is_the_estimators(machine):
     """Without a measured load the layer's compute is the estimator's layer_cost (its imbalance factor)."""
     from tpsim.estimator.layer import layer_cost
     from tpsim.model import LayerKind
-    from tpsim.validate.axispredict import predict_axis
+    from tpsim.validate.axis.predict import predict_axis
     case = AxisCase(model=MIXTRAL, ep=2, dp=2, micro_batch=2)
     pred = predict_axis(case, *machine)
     a = lambda x: np.asarray([x])  # noqa: E731

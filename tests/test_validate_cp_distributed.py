@@ -16,8 +16,8 @@ pytest.importorskip("torch")
 
 from tpsim.model import PRESETS, with_overrides  # noqa: E402
 from tpsim.validate import LaunchConfig, launch  # noqa: E402
-from tpsim.validate.axiscase import AxisCase, moe_layer_model, with_expert_ffn  # noqa: E402
-from tpsim.validate.axisreport import summarize_axis  # noqa: E402
+from tpsim.validate.axis.case import AxisCase, moe_layer_model, with_expert_ffn  # noqa: E402
+from tpsim.validate.axis.report import summarize_axis  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 

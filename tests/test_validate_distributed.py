@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 from tpsim.model import PRESETS, with_overrides  # noqa: E402
 from tpsim.validate import Case, LaunchConfig, RankFailure, launch  # noqa: E402
 from tpsim.validate.launch import marked_pids  # noqa: E402
-from tpsim.validate.report import summarize_case  # noqa: E402
+from tpsim.validate.block.report import summarize_case  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
@@ -82,7 +82,7 @@ def test_summary_against_prediction(matrix_result):
     """The estimator's counts agree too, and every phase has a positive measured time."""
     from tpsim.compute.roofline import RooflineModel
     from tpsim.topology import load_cluster
-    from tpsim.validate.predict import predict_case
+    from tpsim.validate.block.predict import predict_case
 
     cases, per_case, _ = matrix_result
     cluster = load_cluster("local-cpu", gpus=2)

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 
 from tpsim.errors import InputError  # noqa: E402
 from tpsim.model import PRESETS, with_overrides  # noqa: E402
-from tpsim.validate.axiscase import AxisCase, moe_layer_model, with_expert_ffn  # noqa: E402
-from tpsim.validate.axisscale import overhead_case  # noqa: E402
-from tpsim.validate.moe_block import MoEFeedForward, init_moe  # noqa: E402
+from tpsim.validate.axis.case import AxisCase, moe_layer_model, with_expert_ffn  # noqa: E402
+from tpsim.validate.axis.scale import overhead_case  # noqa: E402
+from tpsim.validate.modules.moe import MoEFeedForward, init_moe  # noqa: E402
 
 MIXTRAL = with_expert_ffn(moe_layer_model(with_overrides(PRESETS["mixtral-8x7b"], hidden=32, heads=4, kv_heads=2,
                                                          ffn=64, seq_len=16, layers=1)), 24)

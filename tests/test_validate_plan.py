@@ -9,10 +9,10 @@ import pytest
 
 from tpsim.errors import InputError
 from tpsim.model import PRESETS, with_overrides
-from tpsim.validate.plancase import PlanCase
-from tpsim.validate.plancomm import (ddp_buckets, differences, estimator_comm, expected_comm, fsdp_unit_bytes,
+from tpsim.validate.plan.case import PlanCase
+from tpsim.validate.plan.comm import (ddp_buckets, differences, estimator_comm, expected_comm, fsdp_unit_bytes,
                                      rank_param_numel)
-from tpsim.validate.shapes import local_params, partial_grad_params
+from tpsim.validate.block.shapes import local_params, partial_grad_params
 
 GPT = with_overrides(PRESETS["gpt3-1.3b"], hidden=128, heads=4, seq_len=32, layers=2)
 LLAMA = with_overrides(PRESETS["llama3-8b"], hidden=128, heads=4, kv_heads=2, ffn=256, seq_len=32, layers=2)
@@ -49,7 +49,7 @@ def test_mesh_axes_and_stages_follow_the_rank_order():
 def test_local_params_are_the_blocks_own():
     """Names and order of named_parameters(), and each shard times tp is the built (unsharded) shape."""
     torch = pytest.importorskip("torch")
-    from tpsim.validate.block import build_block
+    from tpsim.validate.modules.block import build_block
 
     del torch
     for model in (GPT, LLAMA, with_overrides(LLAMA, kv_heads=1)):
@@ -127,7 +127,7 @@ def test_plan_prediction_uses_the_estimators_rules():
     from tpsim.compute.roofline import RooflineModel
     from tpsim.estimator import estimate
     from tpsim.topology import load_cluster
-    from tpsim.validate.planpredict import predict_plan
+    from tpsim.validate.plan.predict import predict_plan
 
     base = with_overrides(PRESETS["gpt3-1.3b"], hidden=1024, heads=16, seq_len=512, vocab=1, layers=4)
     for kw in (dict(pp=2, microbatches=4), dict(dp=2, zero=3), dict(dp=2, zero=0), dict(tp=2, sp=True)):
@@ -140,7 +140,7 @@ def test_plan_prediction_uses_the_estimators_rules():
 
 
 def test_plan_summary_checks_loss_communication_and_phases():
-    from tpsim.validate.planreport import combined_loss, summarize_plan
+    from tpsim.validate.plan.report import combined_loss, summarize_plan
 
     c = case(tp=2, sp=True, dp=2, zero=3)
     ranks = []
@@ -228,3 +228,27 @@ def test_validate_top_finds_a_case_the_fit_renamed():
     assert row["case"] == fitted.name and row["measured_step_s"] == 1.1 and row["numerics_ok"] is True
     row, = rows_of({"cases": []}, pick_plans([plan], 1), [case])  # a case that did not run stays empty
     assert row["measured_step_s"] is None and row["numerics_ok"] is None
+
+
+def test_zero_bubble_cases_run_torchs_schedules_and_predict_with_the_registry():
+    """zbv: stages r and 2 pp - 1 - r on rank r (torch's V mapping), the last stage on rank 0; the prediction's
+    bubble is tpsim.pipeline's (smaller than interleaved 1F1B's for the same chunks)."""
+    from tpsim.compute.roofline import RooflineModel
+    from tpsim.topology import load_cluster
+    from tpsim.validate.plan.predict import predict_plan
+
+    m = with_overrides(LLAMA, layers=4)
+    v = case(model=m, pp=2, vpp=2, microbatches=4, pp_schedule="zbv")
+    assert v.stages_of(0) == [0, 3] and v.stages_of(1) == [1, 2] and v.rank_of_stage(3) == 0
+    assert v.schedule == "ZBVZeroBubble" and v.plan().schedule == "zbv"
+    with pytest.raises(InputError, match="needs vpp=2"):
+        case(model=m, pp=2, microbatches=4, pp_schedule="zbv")
+    with pytest.raises(InputError, match="no torch schedule"):
+        case(model=m, pp=2, microbatches=4, pp_schedule="dualpipe")
+    one = case(model=m, pp=2, vpp=2, microbatches=4)
+    cluster = load_cluster("local-cpu", gpus=2)
+    compute = RooflineModel(cluster.device)
+    zb, il = (predict_plan(c, cluster, compute).slowest() for c in (v, one))
+    assert zb["other"] < il["other"] and zb["fwd"] == pytest.approx(il["fwd"])
+    # the V's turn (stage 1 -> 2 on rank 1) is local: rank 1 sends to rank 0 only
+    assert expected_comm(v, {"tp": 0, "dp": 0, "pp": 1})["pp"]["send"]["n"] == 2 * 4

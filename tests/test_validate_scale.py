@@ -10,12 +10,12 @@ import pytest
 
 from tpsim.errors import InputError
 from tpsim.model import PRESETS, with_overrides
-from tpsim.validate.axiscase import AxisCase
-from tpsim.validate.axisscale import fit_axis_case
-from tpsim.validate.axisscale import memory_per_rank as axis_memory
-from tpsim.validate.case import Case
-from tpsim.validate.plancase import PlanCase
-from tpsim.validate.scale import MEMORY_SHARE, MIN_SEQ, fit_plan_case, mark_scaled, plan_memory_per_rank, shrink
+from tpsim.validate.axis.case import AxisCase
+from tpsim.validate.axis.scale import fit_axis_case
+from tpsim.validate.axis.scale import memory_per_rank as axis_memory
+from tpsim.validate.block.case import Case
+from tpsim.validate.plan.case import PlanCase
+from tpsim.validate.block.scale import MEMORY_SHARE, MIN_SEQ, fit_plan_case, mark_scaled, plan_memory_per_rank, shrink
 
 LLAMA = with_overrides(PRESETS["llama3-8b"], hidden=512, heads=8, kv_heads=2, ffn=1536, seq_len=4096, layers=1)
 GPT = with_overrides(PRESETS["gpt3-1.3b"], hidden=256, heads=8, ffn=1024, seq_len=2048, layers=4)

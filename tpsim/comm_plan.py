@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .hardware import DTYPE_BYTES
+from .precision import activation_bytes
 from .model import ModelSpec
 
 ArrayLike = Any
@@ -67,11 +67,25 @@ def head_dims(model: ModelSpec) -> tuple[int, int]:
     return model.head_dim, model.head_dim
 
 
-def local_heads(model: ModelSpec, tp: ArrayLike) -> tuple[ArrayLike, ArrayLike]:
-    """(query heads, key/value heads) on one TP rank: kv heads below tp are replicated (Megatron); MLA
-    up-projects its own key and value for every head."""
+@dataclass(frozen=True)
+class LocalShapes:
+    """One TP rank's share of the attention heads (arrays over tp)."""
+
+    q_heads: ArrayLike
+    kv_heads: ArrayLike
+    """key/value heads: ``kv_heads / tp``, at least one (kv heads below tp are replicated, Megatron)."""
+    q_width: ArrayLike
+    """query (and attention output) features: ``q_heads x head_dim``."""
+    kv_width: ArrayLike
+    """key or value features: ``kv_heads x head_dim`` (standard attention; MLA up-projects its own per head)."""
+
+
+def local_shapes(model: ModelSpec, tp: ArrayLike) -> LocalShapes:
+    """The GQA rule, one place: heads and widths on one TP rank of ``tp``."""
     t = np.asarray(tp, dtype=float)
-    return model.num_attention_heads / t, np.maximum(model.num_kv_heads / t, 1.0)
+    q, kv = model.num_attention_heads / t, np.maximum(model.num_kv_heads / t, 1.0)
+    d = float(model.head_dim)
+    return LocalShapes(q_heads=q, kv_heads=kv, q_width=q * d, kv_width=kv * d)
 
 
 def cp_tokens(model: ModelSpec, cp: ArrayLike, micro_batch: ArrayLike) -> ArrayLike:
@@ -83,7 +97,7 @@ def kv_block_bytes(model: ModelSpec, *, tp: ArrayLike, cp: ArrayLike, micro_batc
                    act_bytes: float) -> ArrayLike:
     """Bytes of one rank's key and value block (its b s / cp tokens, local kv heads): the ring message."""
     dqk, dv = head_dims(model)
-    _, kv = local_heads(model, tp)
+    kv = local_shapes(model, tp).kv_heads
     return cp_tokens(model, cp, micro_batch) * kv * (dqk + dv) * act_bytes
 
 
@@ -92,7 +106,8 @@ def a2a_bytes(model: ModelSpec, *, tp: ArrayLike, cp: ArrayLike, micro_batch: Ar
     """Send buffer of one rank for each all-to-all of Ulysses context parallelism: q, k, v and the output o
     (the local tokens of the local heads)."""
     dqk, dv = head_dims(model)
-    q, kv = local_heads(model, tp)
+    s = local_shapes(model, tp)
+    q, kv = s.q_heads, s.kv_heads
     tokens = cp_tokens(model, cp, micro_batch) * act_bytes
     return {"q": tokens * q * dqk, "k": tokens * kv * dqk, "v": tokens * kv * dv, "o": tokens * q * dv}
 
@@ -114,10 +129,8 @@ def dispatch_bytes(model: ModelSpec, *, tp: ArrayLike, cp: ArrayLike, sp: ArrayL
 
 
 # ---- lists for one plan -----------------------------------------------------------------------------------
-def _act_bytes(dtype: str) -> int:
-    """Bytes per activation element: 16-bit activations for bf16/fp16/fp8 training, 4 for fp32/tf32 (the rule
-    of :func:`tpsim.compute.roofline.activation_bytes`, one layer below it)."""
-    return 4 if DTYPE_BYTES[dtype] == 4 else 2
+_act_bytes = activation_bytes
+"""bytes per activation element (tpsim/precision.py)."""
 
 
 def cp_collectives(model: ModelSpec, plan: Any) -> list[AxisOp]:
@@ -187,4 +200,4 @@ def bytes_by_axis(ops: list[AxisOp]) -> dict[str, dict[str, float]]:
 
 
 __all__ = ["AxisOp", "cp_collectives", "moe_collectives", "count_by_axis", "bytes_by_axis", "kv_block_bytes",
-           "a2a_bytes", "dispatch_bytes", "moe_tokens", "cp_tokens", "head_dims", "local_heads"]
+           "a2a_bytes", "dispatch_bytes", "moe_tokens", "cp_tokens", "head_dims", "local_shapes", "LocalShapes"]

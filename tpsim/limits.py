@@ -80,6 +80,7 @@ FLOAT_LIMITS: dict[str, float] = {
     "budget_s": 7 * 24 * 3600.0,
     "max_kernel_s": 3600.0,
     "redo_noisy_pct": 1e4,
+    "tokens": 1e16,                     # training tokens (640x Llama 3's 15.6T): tpsim train-time, --tokens
 }
 """field -> largest accepted value of a real-valued input (finite and positive unless a checker says 0)."""
 

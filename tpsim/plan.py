@@ -19,6 +19,8 @@ import numpy as np
 from .errors import InputError, PlanError
 from .hardware import DTYPES
 from .model import ModelSpec
+from .pipeline import EVEN_PP, INTERLEAVED, MIN_MICROBATCHES_PER_STAGE, REQUIRED_CHUNKS, SCHEDULES
+from .pipeline import code as _schedule_code
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
@@ -31,11 +33,6 @@ DIMS = ("tp", "dp", "pp")
 AXES = ("tp", "cp", "dp", "pp")
 """the dense plan axes that place ranks (docs/SCHEMAS.md section 1); experts re-factor tp x cp x dp."""
 DEFAULT_ORDER = "tp-dp-pp"
-SCHEDULES = ("1f1b", "gpipe", "zb-h1", "zbv", "interleaved-zb", "dualpipe", "dualpipev")
-"""pipeline schedule names (PlanBatch code = index; docs/SCHEMAS.md "Third wave"): ``1f1b`` is 1F1B, interleaved
-when vpp > 1 (Megatron-LM's rule); ``gpipe`` all-forward-all-backward; ``zb-h1`` zero-bubble H1 (Qi et al.
-2024); ``zbv`` the V-shaped zero-bubble schedule (two chunks per rank, torch ``ScheduleZBVZeroBubble``);
-``interleaved-zb`` torch ``ScheduleInterleavedZeroBubble``; ``dualpipe`` / ``dualpipev`` DeepSeek-V3's."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,6 +234,28 @@ def _windowed(m: ModelSpec) -> bool:
     return bool(m.sliding_window) and m.sliding_window < m.seq_len and len(m.full_attention_layers) < m.num_layers
 
 
+def _flag(x: Any) -> Any:
+    """A bool field of a plan or a batch column, usable with ``&`` and ``|``."""
+    return np.asarray(x, dtype=bool) if not isinstance(x, bool) else x
+
+
+def _free_ranks(p: Any) -> Any:
+    """Pipeline ranks whose layers the split chooses (those without pp_first / pp_last)."""
+    return p.pp - (p.pp_first > 0) - (p.pp_last > 0)
+
+
+def _free_slots(m: ModelSpec, p: Any) -> Any:
+    """Layer slots of those ranks: the other layers, the embedding and the loss where they count."""
+    return (m.num_layers - p.pp_first - p.pp_last + (_flag(p.pp_embedding) & (p.pp_first == 0))
+            + (_flag(p.pp_loss) & (p.pp_last == 0)))
+
+
+def _split_text(p: Plan) -> str:
+    parts = [f"{k}={getattr(p, k)}" for k in ("pp_first", "pp_last") if getattr(p, k)]
+    parts += [k for k in ("pp_embedding", "pp_loss") if getattr(p, k)]
+    return " ".join(parts)
+
+
 def _gpus_text(p: Plan) -> str:
     cp = f" x cp={p.cp}" if p.cp > 1 else ""
     return f"tp={p.tp}{cp} x pp={p.pp} x dp={p.dp} = {p.num_gpus}"
@@ -271,13 +290,46 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, g: p.pp * p.vpp > m.num_layers + 2,
          lambda m, p, g: (f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} exceeds num_layers={m.num_layers} + 2 (one "
                           f"chunk per layer, the embedding and the output layer at most)")),
+    # uneven pipeline stages (Megatron-Core get_num_layers_to_build)
+    Rule("pp-split-needs-pp", "structure", "an uneven pipeline split needs pp > 1",
+         lambda m, p, g: (p.pp == 1) & ((p.pp_first > 0) | (p.pp_last > 0) | _flag(p.pp_embedding)
+                                        | _flag(p.pp_loss)),
+         lambda m, p, g: f"{_split_text(p)} needs pp > 1 (pp={p.pp})"),
+    Rule("pp-split-edges", "structure", "the first (last) stage's layers given and the embedding (loss) counted",
+         lambda m, p, g: ((p.pp_first > 0) & _flag(p.pp_embedding)) | ((p.pp_last > 0) & _flag(p.pp_loss)),
+         lambda m, p, g: (f"{_split_text(p)}: give the first (last) stage's layers or count the embedding (loss) "
+                          f"as a layer, not both (Megatron-LM refuses the pair)")),
+    Rule("pp-split-layers", "divisibility", "the first and last stages' layers leave none or too few for the rest",
+         lambda m, p, g: (p.pp_first + p.pp_last > m.num_layers)
+         | ((p.pp == 2) & (p.pp_first > 0) & (p.pp_last > 0) & (p.pp_first + p.pp_last != m.num_layers))
+         | (((p.pp_first > 0) | (p.pp_last > 0)) & (_free_ranks(p) > 0) & (_free_slots(m, p) < _free_ranks(p))),
+         lambda m, p, g: (f"pp_first={p.pp_first} + pp_last={p.pp_last} with pp={p.pp}: the stages must hold "
+                          f"num_layers={m.num_layers} exactly, at most all of them on the first and last, and "
+                          f"leave each other stage a layer")),
     Rule("batch", "divisibility", "global batch is not a multiple of micro-batch x dp",
          lambda m, p, g: p.global_batch % (p.micro_batch * p.dp) != 0,
          lambda m, p, g: (f"global batch {p.global_batch} is not a multiple of micro-batch {p.micro_batch} "
                           f"x dp {p.dp}")),
+    # pipeline schedules (tpsim/pipeline.py; without a pipeline, pp = 1, the schedule does not matter)
+    Rule("schedule-vpp", "structure", "the pipeline schedule needs another number of model chunks per rank",
+         lambda m, p, g: (p.pp > 1) & (REQUIRED_CHUNKS[_schedule_code(p.schedule)] > 0)
+         & (p.vpp != REQUIRED_CHUNKS[_schedule_code(p.schedule)]),
+         lambda m, p, g: (f"schedule={p.schedule} needs vpp={REQUIRED_CHUNKS[_schedule_code(p.schedule)]} "
+                          f"(vpp={p.vpp}; "
+                          f"{'two model chunks per rank in a V' if REQUIRED_CHUNKS[_schedule_code(p.schedule)] == 2 else 'one model chunk per rank'})")),
+    Rule("schedule-even-pp", "structure", "DualPipe needs an even pp",
+         lambda m, p, g: (p.pp > 1) & EVEN_PP[_schedule_code(p.schedule)] & (p.pp % 2 == 1),
+         lambda m, p, g: f"schedule={p.schedule} needs an even pp (pp={p.pp}: DualPipe feeds both ends)"),
+    Rule("schedule-microbatches", "divisibility", "the pipeline schedule needs more micro-batches",
+         lambda m, p, g: (p.pp > 1)
+         & (_micro_batches(p) < MIN_MICROBATCHES_PER_STAGE[_schedule_code(p.schedule)] * p.pp),
+         lambda m, p, g: (f"schedule={p.schedule} needs micro-batches >= "
+                          f"{MIN_MICROBATCHES_PER_STAGE[_schedule_code(p.schedule)]} x pp = "
+                          f"{MIN_MICROBATCHES_PER_STAGE[_schedule_code(p.schedule)] * p.pp} "
+                          f"(micro-batches {_micro_batches(p)})")),
     Rule("interleave-microbatches", "divisibility",
          "interleaved schedule needs the micro-batch count divisible by pp",
-         lambda m, p, g: (p.vpp > 1) & (_micro_batches(p) % p.pp != 0),
+         lambda m, p, g: (p.vpp > 1) & INTERLEAVED[_schedule_code(p.schedule)] & (_micro_batches(p) % p.pp != 0),
          lambda m, p, g: (f"interleaved schedule needs micro-batches {_micro_batches(p)} divisible by "
                           f"pp={p.pp} (vpp={p.vpp})")),
     Rule("zero-needs-dp", "structure", "ZeRO needs dp x cp > 1 (Megatron shards over the dp x cp group)",

@@ -29,7 +29,7 @@ import numpy as np
 from .errors import InputError, did_you_mean
 from .hardware import DTYPES
 from .model import ModelSpec
-from .plan import ATTENTION, ORDERS, RECOMPUTE, Plan, PlanBatch
+from .plan import ATTENTION, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
 
 STACKS_DIR = Path(__file__).resolve().parent / "data" / "stacks"
 STACK_NAMES = ("megatron", "torchtitan", "deepspeed")
@@ -42,7 +42,9 @@ CP_KINDS = ("ring", "a2a")
 
 TOP_KEYS = ("name", "version", "description", "sources", "rules", "comm", "compute", "memory")
 RULE_KEYS = ("zero", "ddp_only_pure_dp", "interleaving", "layers_divisible_by_stages", "sp", "cp", "ep",
-             "recompute", "dtypes", "attention", "orders", "overlap_optional")
+             "recompute", "dtypes", "attention", "orders", "overlap_optional", "schedules", "uneven_split")
+OPTIONAL_RULE_KEYS = ("schedules", "uneven_split")
+"""rule keys a profile may leave out (``schedules``: 1F1B alone, tpsim/pipeline.py; ``uneven_split``: false)."""
 SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "comm": ("dp_reduction_timing", "grad_reduce_dtype", "param_gather_dtype", "dp_bucket_elements", "zero3_unit",
              "reshard_after_forward_default", "zero3_prefetch_elements", "zero3_persistence_threshold_elements",
@@ -50,12 +52,10 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
              "overlap_dp_default", "tp_overlap", "tp_backward_overlap", "host_us_per_collective",
              "ep_dispatch_dtype", "ep_node_dedup"),
     "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
-                "grad_accumulation_fusion", "optimizer_bytes_per_param", "pipeline_edges_as_layers",
-                "pipeline_schedule"),
+                "grad_accumulation_fusion", "optimizer_bytes_per_param", "pipeline_edges_as_layers"),
     "memory": ("grad_buffer_dtype", "grad_accumulation_buffer", "main_params_dtype", "optimizer_state_dtype",
                "fp8_weights_kept", "allocator_reserve_fraction", "selective_recompute_modules",
-               "fp8_activation_cache_bytes", "attention_output_cache_bytes", "pipeline_mirrored_stages",
-               "pipeline_extra_in_flight"),
+               "fp8_activation_cache_bytes", "attention_output_cache_bytes"),
 }
 ATTENTION_IMPLEMENTATIONS = ("flash2", "flash3", "cudnn", "unfused")
 """names of the kernel models' attention implementations (``compute.default_attention`` values)."""
@@ -99,6 +99,13 @@ class StackRules:
     overlap_optional: bool
     """whether DP communication can run without overlap (False: the stack always overlaps)."""
     sources: Mapping[str, str] = field(default_factory=dict)
+    schedules: Mapping[str, str] = field(default_factory=lambda: {"1f1b": "1F1B"})
+    """pipeline schedules offered (tpsim/pipeline.py names -> the stack's setting), in the profile's order."""
+    uneven_split: bool = False
+    """the plan's own split is offered: first / last stage layers, embedding and loss counted as layers
+    (``rules.uneven_split``; docs/SCHEMAS.md T1)."""
+    default_schedule: str = "1f1b"
+    """the schedule of a plan that names none (``rules.schedules.default``; the CLI's ``--schedule`` default)."""
     edges_as_layers: bool = False
     """the pipeline split counts the embedding and the output layer as one layer each (the profile's
     ``compute.pipeline_edges_as_layers``): pp x vpp may reach num_layers + 2."""
@@ -190,7 +197,8 @@ def _columns(batch: PlanBatch) -> dict[str, Any]:
     n = len(batch)
     cols: dict[str, Any] = {k: getattr(batch, k) for k in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero",
                                                           "micro_batch", "global_batch", "overlap", "order")}
-    for name, default in (("cp", 1), ("ep", 1), ("cp_kind", 0)):
+    for name, default in (("cp", 1), ("ep", 1), ("cp_kind", 0), ("schedule", 0), ("pp_first", 0), ("pp_last", 0),
+                          ("pp_embedding", False), ("pp_loss", False)):
         value = getattr(batch, name, None)
         cols[name] = np.broadcast_to(np.asarray(default if value is None else value), (n,))
     cols["dtype"], cols["attention"], cols["n"] = batch.dtype, batch.attention, n
@@ -260,8 +268,20 @@ RULES: tuple[Rule, ...] = (
          lambda c, r, m: (not r.overlap_optional) & ~c["overlap"] & (c["dp"] * c["cp"] > 1),
          lambda p, r, m: (f"overlap=False with dp={p.dp}{f' x cp={_plan_cp(p)[0]}' if _plan_cp(p)[0] > 1 else ''}: "
                           f"the stack always overlaps the gradient reduction")),
+    Rule("schedule", "pipeline schedule not offered by the stack",
+         lambda c, r, m: (c["pp"] > 1) & ~np.isin(c["schedule"], [SCHEDULES.index(k) for k in r.schedules]),
+         lambda p, r, m: (f"schedule={p.schedule} is not offered (offers {_names(r.schedules)}; "
+                          f"--schedule {r.default_schedule} is the stack's)")),
+    Rule("uneven-split", "the plan's own pipeline split not offered",
+         lambda c, r, m: (not r.uneven_split) & ((c["pp_first"] > 0) | (c["pp_last"] > 0)
+                                                 | np.asarray(c["pp_embedding"], dtype=bool)
+                                                 | np.asarray(c["pp_loss"], dtype=bool)),
+         lambda p, r, m: ("pp_first/pp_last/pp_embedding/pp_loss: the stack splits the layers its own way "
+                          "(an uneven split of the plan is not offered)")),
     Rule("chunk-layers", "a model chunk would hold no layer",
-         lambda c, r, m: c["pp"] * c["vpp"] > m.num_layers + (2 if r.edges_as_layers else 0),
+         lambda c, r, m: c["pp"] * c["vpp"] > m.num_layers + np.maximum(
+             2 if r.edges_as_layers else 0, np.asarray(c["pp_embedding"], dtype=np.int64)
+             + np.asarray(c["pp_loss"], dtype=np.int64)),
          lambda p, r, m: (f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} model chunks for num_layers={m.num_layers}: "
                           f"a chunk would hold no layer (the embedding and the output layer are not split as "
                           f"layers here)"), needs_model=True),
@@ -314,7 +334,7 @@ def load_stack(name_or_path: str | Path = DEFAULT_STACK) -> StackProfile:
 
 
 @lru_cache(maxsize=32)
-def _load(path: str, mtime: int, size: int) -> StackProfile:
+def _load(path: str, mtime: int, size: int) -> StackProfile:  # noqa: ARG001 (mtime, size: the cache key)
     from .topology.files import read_yaml  # strict YAML: duplicate keys, bounded documents
 
     data = read_yaml(Path(path))
@@ -343,9 +363,9 @@ def profile_from_mapping(data: Mapping[str, Any], where: str) -> StackProfile:
 
 
 def _rules(body: Any, where: str) -> StackRules:
-    _check_keys(body, RULE_KEYS, where, required=RULE_KEYS)
+    _check_keys(body, RULE_KEYS, where, required=tuple(k for k in RULE_KEYS if k not in OPTIONAL_RULE_KEYS))
     sources = {}
-    for key in RULE_KEYS:
+    for key in (k for k in RULE_KEYS if k in body):
         sources[key] = _text(body[key].get("source") if isinstance(body[key], Mapping) else None,
                              f"{where}.{key}", "source")
     zero, cp = body["zero"], body["cp"]
@@ -374,7 +394,21 @@ def _rules(body: Any, where: str) -> StackRules:
         dtypes=_names_map(body["dtypes"], f"{where}.dtypes", DTYPES),
         attention=_names_map(body["attention"], f"{where}.attention", ATTENTION),
         orders=_names_map(body["orders"], f"{where}.orders", tuple(order_key(o) for o in ORDERS)),
-        overlap_optional=_flag(body["overlap_optional"], f"{where}.overlap_optional", bool), sources=sources)
+        overlap_optional=_flag(body["overlap_optional"], f"{where}.overlap_optional", bool), sources=sources,
+        uneven_split=_flag(body["uneven_split"], f"{where}.uneven_split", bool) if "uneven_split" in body else False,
+        **_schedules(body.get("schedules"), f"{where}.schedules"))
+
+
+def _schedules(body: Any, where: str) -> dict[str, Any]:
+    """``rules.schedules``: ``names`` (schedule -> the stack's setting) and ``default`` (one of them)."""
+    if body is None:
+        return {}
+    _check_keys(body, ("names", "default", "source"), where, required=("names", "default"))
+    names = _names_map({"names": body["names"]}, where, SCHEDULES)
+    default = body["default"]
+    if default not in names:
+        raise InputError(f"{where}: default={default!r} is not one of the offered schedules {_names(names)}")
+    return dict(schedules=names, default_schedule=str(default))
 
 
 def _names_map(body: Any, where: str, allowed: tuple[str, ...], key: str = "names",

@@ -21,7 +21,7 @@ MAX_MESSAGE = 600
 """characters of an error line; a longer message (a huge value echoed back) keeps its start and end."""
 
 # verb modules, in the order `tpsim --help` lists them
-VERB_MODULES = ("estimate", "plan", "report", "model", "export", "topo", "collective", "bench_collectives",
+VERB_MODULES = ("estimate", "train_time", "plan", "report", "model", "export", "topo", "collective", "bench_collectives",
                 "calibrate", "profile", "validate", "trace")
 
 
@@ -49,7 +49,7 @@ def one_line(message: str) -> str:
     return text
 
 
-def _on_signal(signum: int, frame: object) -> None:
+def _on_signal(signum: int, frame: object) -> None:  # noqa: ARG001 (a fixed signature)
     raise Terminated(signum)
 
 

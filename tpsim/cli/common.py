@@ -236,7 +236,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     from ..plan import SCHEDULES
 
     g.add_argument("--schedule", choices=SCHEDULES,
-                   help="pipeline schedule (default 1f1b, interleaved when --vpp > 1; docs/MODEL.md)")
+                   help="pipeline schedule (default: the stack's, 1f1b for megatron, interleaved when --vpp > 1; "
+                        "docs/MODEL.md \"Pipeline schedule\")")
     tpo = g.add_mutually_exclusive_group()
     tpo.add_argument("--tp-overlap", dest="tp_overlap", action="store_true", default=None,
                      help="overlap TP communication with the GEMMs (Megatron --tp-comm-overlap, async TP)")
@@ -296,13 +297,16 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_plan(args: argparse.Namespace, model, cluster, stack=None):
-    """The plan of the plan flags on top of the preset's defaults; a preset default that conflicts with a
-    flag given (or with ``stack``'s rules) is dropped with one line on stderr (:func:`make_plan_as_typed`)."""
+    """The plan of the plan flags on top of the preset's defaults; without ``--schedule`` the stack's own
+    schedule (its ``rules.schedules.default``). A preset default that conflicts with a flag given (or with
+    ``stack``'s rules) is dropped with one line on stderr (:func:`make_plan_as_typed`)."""
     import sys
 
     from ..plan import make_plan_as_typed
 
     fields = plan_fields(args)
+    if "schedule" not in fields:
+        fields["schedule"] = (stack if stack is not None else build_stack(args, model)).rules.default_schedule
     plan, notes = make_plan_as_typed(model, cluster.num_gpus, global_batch=args.global_batch, stack=stack, **fields)
     for line in notes:
         print(line, file=sys.stderr)
@@ -317,7 +321,7 @@ EXPORT_FORMATS = ("megatron", "torchtitan", "deepspeed", "nemo", "bridge")
 """tpsim.launch.FORMATS, repeated here so that building the parser does not import the exporters."""
 
 
-def model_ref(args: argparse.Namespace, model: Any) -> tuple[str, dict[str, int | None]]:
+def model_ref(args: argparse.Namespace, model: Any) -> tuple[str, dict[str, int | None]]:  # noqa: ARG001
     """How to load the model again (the --model argument) and the shape overrides given on the command line."""
     return str(args.model), {k: getattr(args, k, None) for k in SHAPE_FLAGS}
 
@@ -343,6 +347,26 @@ def _pm(value: float, low: float, high: float) -> str:
     return f"±{up:.1f}%" if abs(up - down) < 0.05 else f"+{up:.1f}%/-{down:.1f}%"
 
 
+def _runs(values: list[int]) -> str:
+    """``2+3x30+2``: equal neighbours folded."""
+    runs: list[list[int]] = []
+    for n in values:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "+".join(f"{n}x{k}" if k > 1 else f"{n}" for n, k in runs)
+
+
+def _split_text(split: dict) -> str:
+    """``layers per rank 13+16x3 (chunks 2x20+1+...)``: the pipeline split the estimate costs."""
+    ranks, chunks = split["layers_per_rank"], split["layers_per_chunk"]
+    out = f"layers per rank {_runs(ranks)}"
+    if len(chunks) > len(ranks):
+        out += f" (chunks in model order {_runs(chunks)})"
+    return out
+
+
 def format_estimate(e, model=None) -> str:
     """The estimate as text; with ``model`` (a ModelSpec) its summary comes first."""
     p = e.plan
@@ -353,6 +377,7 @@ def format_estimate(e, model=None) -> str:
         f"stack    {e.stack}",
         f"plan     {p.short()}  (global batch {p.global_batch}, {p.num_microbatches} micro-batches per replica,"
         f" {p.dtype}, {p.attention} attention, order {p.order})",
+        *([f"pipeline {_split_text(e.pipeline_split)}"] if getattr(e, "pipeline_split", None) else []),
         f"compute  {e.compute_model}" + (f" ({100 * e.measured_compute_fraction:.0f}% of compute time measured)"
                                          if e.compute_model.startswith("profile") else ""),
         "",
@@ -412,6 +437,8 @@ def build_space(args: argparse.Namespace, model: Any) -> Any:
         values = _positive(flag, getattr(args, name))
         if values:
             kw[name] = values
+    if getattr(args, "schedule", None):
+        kw["schedule"] = tuple(dict.fromkeys(args.schedule))
     if args.sp:
         kw["sp"] = (args.sp == "on",)
     if args.zero is not None:
@@ -448,7 +475,7 @@ def gpu_counts_for(name: str, gpus: int, objective: str) -> list[int]:
     from ..search import cost_gpu_counts
     from ..topology import load_cluster
 
-    if objective != "cost":
+    if objective not in ("cost", "energy"):
         return [gpus]
     return list(cost_gpu_counts(load_cluster(name, gpus=gpus).gpus_per_node, gpus))
 
@@ -486,7 +513,8 @@ def format_table(data: dict[str, Any]) -> str:
     fmt: dict[str, Any] = {c: "{:.3f}".format for c in data if c.endswith("_s")
                            or c in {DISPLAY_NAMES[k] for k in DISPLAY_NAMES if k.endswith("_s")}}
     fmt.update({"tok/s": "{:,.0f}".format, "tok/s/gpu": "{:,.0f}".format, "mfu": lambda v: f"{100 * v:.1f}%",
-                "mem_GiB": "{:.1f}".format, "$/Mtok": "{:.3f}".format})
+                "mem_GiB": "{:.1f}".format, "$/Mtok": "{:.3f}".format, "days": "{:.2f}".format,
+                "goodput": lambda v: f"{100 * v:.1f}%", "$": "{:,.0f}".format, "MWh": "{:,.0f}".format})
     return format_columns(data, fmt)
 
 

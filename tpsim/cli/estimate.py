@@ -17,6 +17,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Predict the step time, throughput, MFU and memory per GPU of one training plan. With no "
                     "arguments: GPT-3 175B on 1024 A100s (dgx-a100) with the Megatron plan tp=8 pp=16 sp "
                     "selective recomputation.")
+    add_estimate_args(p)
+    from .train_time import add_train_args
+
+    add_train_args(p)
+    p.set_defaults(func=run)
+
+
+def add_estimate_args(p: argparse.ArgumentParser) -> None:
+    """Model, cluster, plan, profile, stack, traced-model and ``--from`` flags (estimate, train-time)."""
     add_model_args(p, default=None)
     add_cluster_args(p)
     add_plan_args(p)
@@ -35,7 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "`tpsim export` folder; plan flags given here override the file's (docs/EXPORT.md)")
     p.add_argument("--from-format", choices=EXPORT_FORMATS,
                    help="format of --from when its name does not tell (default: from the file suffix)")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model and is_opgraph_path(args.model):  # a traced model (tpsim trace)
         from .graph import run_estimate
+        from .train_time import refuse_tokens
+
+        refuse_tokens(args, "a traced model (--model *.ops.json)")
         return run_estimate(args)
     note = ""
     if args.from_file:
@@ -58,12 +69,20 @@ def run(args: argparse.Namespace) -> int:
     result = estimate(model, cluster, plan, compute=compute_model(args, cluster, model),
                       stack=build_stack(args, model))
     result = in_convention(result, model, args)
+
+    from .train_time import format_train_time, whole_run
+
+    run_figures = whole_run(args, model, cluster, result)
     if args.json:
         if note:
             print(note, file=sys.stderr)
-        print(json.dumps(result.to_dict(), indent=2, default=str))
+        data = result.to_dict()
+        if run_figures is not None:
+            data["train_time"] = run_figures.to_dict()
+        print(json.dumps(data, indent=2, default=str))
     else:
-        print((note + "\n\n" if note else "") + format_estimate(result, model))
+        print((note + "\n\n" if note else "") + format_estimate(result, model)
+              + ("\n\n" + format_train_time(run_figures) if run_figures is not None else ""))
     return 0
 
 

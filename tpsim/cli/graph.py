@@ -145,7 +145,7 @@ def run_validate(args: argparse.Namespace) -> int:
     from ..opgraph.spec import parse_kwargs
     from ..validate.launch import LaunchConfig, RankFailure
     from ..validate.run import REPORTS_DIR
-    from ..validate.traced import TracedCase, format_traced, validate_traced
+    from ..validate.traced.run import TracedCase, format_traced, validate_traced
 
     model = load(args)
     if args.sp or args.fused or args.matrix or args.shard_of > 1:

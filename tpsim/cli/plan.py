@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..pipeline import SCHEDULES
 from .common import (EXPORT_FORMATS, add_cluster_args, add_dtype_arg, add_flops_arg, add_model_args,  # noqa: F401
                      add_stack_arg, build_model, build_space, build_stack, cluster_and_gpus, cluster_ref,
                      clusters_for, count_arg, flops_convention, format_pareto, format_table, format_ties,
@@ -70,6 +71,9 @@ def add_space_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pp", type=count_arg("pp"), nargs="+", default=None, help="only these pipeline degrees")
     g.add_argument("--no-pp", action="store_true", help="no pipeline parallelism (pp = 1)")
     g.add_argument("--vpp", type=count_arg("vpp"), nargs="+", default=None, help="only these virtual pipeline sizes")
+    g.add_argument("--schedule", nargs="+", default=None, choices=SCHEDULES,
+                   help="only these pipeline schedules (default: every schedule the stack offers, each with the "
+                        "vpp values it runs; docs/MODEL.md \"Pipeline schedule\")")
     g.add_argument("--sp", choices=("on", "off"), default=None, help="sequence parallelism on/off (default both)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), nargs="+", default=None, help="only these ZeRO stages (0-3)")
     g.add_argument("--recompute", nargs="+", default=None, choices=("none", "selective", "full"),
@@ -93,11 +97,15 @@ def register(subparsers: Any) -> None:
     add_problem_arguments(p)
     add_space_arguments(p)
     o = p.add_argument_group("ranking and output")
-    o.add_argument("--objective", default="time", choices=("time", "memory", "cost"),
-                   help="rank by step time, peak memory per GPU, or $ per million tokens (searches GPU counts "
-                        "from one node up to --gpus)")
+    o.add_argument("--objective", default="time", choices=("time", "memory", "cost", "time-to-train", "energy"),
+                   help="rank by step time, peak memory per GPU, $ per million tokens (with --tokens: $ of the "
+                        "whole run), expected days of the whole run (--tokens) or its energy (--tokens); cost "
+                        "and energy search GPU counts from one node up to --gpus")
     o.add_argument("--gpu-hour-price", type=real_arg("gpu_hour_price"), default=None,
                    help="dollars per GPU-hour for --objective cost (default 1.0: cost = GPU-hours per M tokens)")
+    from .train_time import add_train_args
+
+    add_train_args(p)
     o.add_argument("--top", type=count_arg("top"), default=10, help="plans to show (default 10)")
     o.add_argument("--distinct", action="store_true",
                    help="rank only the best plan of each distinct shape (tp, cp, pp, ep degrees and ZeRO stage)")
@@ -176,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.csv, "--csv", force=args.force)
     if is_opgraph_path(args.model):  # a traced model (tpsim trace)
         from .graph import run_plan
+        from .train_time import refuse_tokens
+
+        refuse_tokens(args, "a traced model (--model *.ops.json)")
         return run_plan(args)
     if args.export_format and not args.out:
         raise InputError(f"--export {args.export_format} needs --out DIR")
@@ -190,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
                     gpu_hour_price=args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE,
                     mem_limit_gib=args.mem_limit_gib, include_unfit=args.include_unfit,
                     compute=load_compute(args, clusters[-1], model), compute_key=compute_key_of(args.profile),
-                    progress=not args.no_progress and not args.json, stack=build_stack(args, model))
+                    progress=not args.no_progress and not args.json, stack=build_stack(args, model),
+                    **whole_run_options(args))
     check_found(result)
     result = result.in_convention(flops_convention(args))
     if getattr(args, "distinct", False):
@@ -219,6 +231,20 @@ def run(args: argparse.Namespace) -> int:
         from ..validate.top import run_validate_top
         return run_validate_top(args, result, model, clusters[-1])
     return 0
+
+
+def whole_run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``tokens`` and ``reliability`` for the search (nothing without ``--tokens``)."""
+    if getattr(args, "tokens", None) is None:
+        from .train_time import require_tokens
+
+        require_tokens(args)
+        if args.objective in ("time-to-train", "energy"):
+            raise InputError(f"--objective {args.objective} ranks whole runs: give the token budget, --tokens N")
+        return {}
+    from ..train import load_reliability
+
+    return {"tokens": args.tokens, "reliability": load_reliability(args.reliability)}
 
 
 def _compare(result: Any, refs: list[str] | None) -> Any:
@@ -292,7 +318,7 @@ def runnable_ranks(result: Any, model: Any, stack: Any, k: int) -> tuple[list[tu
     return [(int(r) + 1, int(idx[r])) for r in ok], count_violations(codes[:last])
 
 
-def _uncached(*args: Any, compute_key: str = "", **kw: Any) -> Any:
+def _uncached(*args: Any, compute_key: str = "", **kw: Any) -> Any:  # noqa: ARG001 (unused: kept for the callers)
     from ..search import search
 
     return search(*args, **kw)

@@ -29,6 +29,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top", type=count_arg("top"), default=10, help="plans in the tables and the breakdown chart (10)")
     p.add_argument("--gpu-hour-price", type=real_arg("gpu_hour_price"), default=None,
                    help="dollars per GPU-hour for the cost column (default 1.0: GPU-hours per M tokens)")
+    from .train_time import add_train_args
+
+    add_train_args(p)
     p.add_argument("--scaling-span", type=int, default=None, metavar="K",
                    help="the scaling chart covers --gpus / K to --gpus x K in powers of two (default 8; counts "
                         "the cluster cannot hold are left out)")
@@ -36,6 +39,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--force", action="store_true",
                    help="write into a folder that already holds a report (its files are replaced)")
     p.set_defaults(func=run)
+
+
+def _reliability(args: argparse.Namespace) -> Any:
+    if args.tokens is None:
+        from .train_time import require_tokens
+
+        require_tokens(args)
+        return None
+    from ..train import load_reliability
+
+    return load_reliability(args.reliability)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
     command = "tpsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["report"] else ""
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
                           gpu_hour_price=price, top=args.top, compute=compute, command=command,
-                          stack=build_stack(args, model), scaling_span=span,
-                          flops_convention=getattr(args, "flops_convention", None))
-    log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))
+                          stack=build_stack(args, model), scaling_span=span, tokens=args.tokens,
+                          reliability=_reliability(args), flops_convention=getattr(args, "flops_convention", None))
+    log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))  # noqa: ARG005 (a fixed signature)
     path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log, force=args.force)
     print(path)
     return 0

@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--pp", type=count_arg("pp"), default=1, help="pipeline stages (default: %(default)s)")
     g.add_argument("--vpp", type=count_arg("vpp"), default=1,
                    help="model chunks per pipeline rank, > 1: interleaved 1F1B (default: %(default)s)")
+    g.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved-zb", "zbv", "dualpipev"),
+                   help="pipeline schedule of a whole-plan run (torch.distributed.pipelining; zbv and dualpipev "
+                        "run two model chunks per rank, --vpp 2) (default: %(default)s)")
     g.add_argument("--dp", type=count_arg("dp"), default=1, help="data-parallel replicas (default: %(default)s)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
                    help="ZeRO stage over dp: 0 DDP, 1 sharded optimizer, 2 FSDP2 without resharding after "
@@ -156,8 +159,10 @@ def check_backend(backend: str, nproc: int) -> None:
 def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanCase
     from ..errors import InputError
     from ..model import with_overrides
-    from ..validate.plancase import PlanCase
+    from ..validate.plan.case import PlanCase
 
+    if args.schedule in ("zbv", "dualpipev") and args.vpp == 1:
+        args.vpp = 2  # the V: two model chunks per rank
     chunks = args.pp * args.vpp
     layers = args.layers or chunks * args.layers_per_chunk
     if layers % chunks:
@@ -167,13 +172,13 @@ def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanC
     check_int("global_batch", args.dp * m * args.micro_batch, where="dp x microbatches x micro-batch")
     return PlanCase(model=with_overrides(model, layers=layers), tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp,
                     zero=args.zero, sp=args.sp, fused=args.fused, micro_batch=args.micro_batch, microbatches=m,
-                    order=args.order, reps=args.reps, warmup=args.warmup)
+                    order=args.order, reps=args.reps, warmup=args.warmup, pp_schedule=args.schedule)
 
 
 def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
     from ..errors import InputError
     from ..limits import check_int
-    from ..validate.case import Case
+    from ..validate.block.case import Case
     from ..validate.run import matrix_cases, plan_matrix_cases
 
     if args.matrix:
@@ -223,7 +228,7 @@ def check_names(args: argparse.Namespace) -> None:
 def _axis_case(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
     """A context- and/or expert-parallel layer on cp x dp ranks (tp 1): ``--cp``, ``--cp-kind``, ``--ep``."""
     from ..errors import InputError
-    from ..validate.axiscase import AxisCase, moe_layer_model
+    from ..validate.axis.case import AxisCase, moe_layer_model
 
     if args.tp != 1 or args.pp > 1 or args.zero or args.vpp > 1 or args.whole or args.sp:
         raise InputError(f"--cp/--ep run one context/expert-parallel layer with tp=1 and no --pp/--vpp/--zero/"
@@ -245,7 +250,7 @@ def _axis_case(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: AN
 
 def _with_expert_ffn(args: argparse.Namespace, model):  # noqa: ANN001, ANN202
     from ..errors import InputError
-    from ..validate.axiscase import with_expert_ffn
+    from ..validate.axis.case import with_expert_ffn
     if args.moe_ffn is None:
         return model
     if not model.is_moe:

@@ -287,10 +287,10 @@ def provenance(fit: CalibrationFit, cluster_name: str, inputs: Sequence[str]) ->
 
 
 # ------------------------------------------------------------------------------------------------ loading
-def load_calibration(path: str | os.PathLike) -> dict[str, Any]:
+def load_link_values(path: str | os.PathLike) -> dict[str, Any]:
     """``{link_type: {efficiency, latency_us, bw_GBps}}`` of a calibration YAML, plus ``gloo_ops`` (per-op
-    values for CPU ranks) when present: :func:`tpsim.calibration.load_calibration`, as the mapping
-    :class:`~tpsim.collectives.model.CollectiveModel` takes."""
+    values for CPU ranks) when present: ``link_overrides()`` of :func:`tpsim.calibration.load_calibration`, the
+    mapping :class:`~tpsim.collectives.model.CollectiveModel` takes (it reads a path the same way)."""
     from ..calibration import load_calibration as load
 
     return load(path).link_overrides()

@@ -74,8 +74,8 @@ class CollectiveModel:
     def __init__(self, cluster: Any, calibration: Mapping[str, Mapping[str, float]] | str | os.PathLike | None = None,
                  nccl: NcclConstants | None = None, reference: bool = False):
         if calibration is not None and not isinstance(calibration, Mapping):
-            from .calibration import load_calibration
-            calibration = load_calibration(calibration)
+            from ..calibration import load_calibration
+            calibration = load_calibration(calibration).link_overrides()
         self.cluster = cluster
         self.k = nccl or nccl_constants()
         self.device = cluster.device.name

@@ -16,6 +16,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..hardware import DATA_DIR, DTYPE_BYTES, DeviceSpec
+from ..precision import activation_bytes  # noqa: F401  (re-exported: the one rule, tpsim/precision.py)
 from .base import ArrayLike, ComputeModel
 
 
@@ -58,11 +59,6 @@ def default_efficiency() -> Efficiency:
         optimizer_bytes_per_param=float(raw["optimizer_bytes_per_param"]["value"]),
         overlap_compute_penalty=float(raw["overlap_compute_penalty"]["value"]),
     )
-
-
-def activation_bytes(dtype: str) -> int:
-    """Bytes per activation element: 16-bit for bf16/fp16/fp8 training, 4 for fp32/tf32."""
-    return 4 if dtype in ("fp32", "tf32") else 2
 
 
 class RooflineModel(ComputeModel):

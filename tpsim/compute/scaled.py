@@ -20,7 +20,9 @@ class ScaledCompute(ComputeModel):
     """``base`` with GEMM, attention and memory-bound kernel times multiplied by their factors."""
 
     def __init__(self, base: ComputeModel, *, gemm: float = 1.0, attention: float = 1.0, memory: float = 1.0,
-                 label: str = "") -> None:
+                 label: str | None = "") -> None:
+        """``label``: what the factors are, appended to the base's ``source``; None keeps the base's source and
+        description (a calibration's factors on the estimator's compute model: :meth:`of_calibration`)."""
         for name, value in (("gemm", gemm), ("attention", attention), ("memory", memory)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} scale={value!r} must be a finite number >= 0")
@@ -28,7 +30,16 @@ class ScaledCompute(ComputeModel):
         self.scales = {"gemm": float(gemm), "attention": float(attention), "memory": float(memory)}
         self.profile = getattr(base, "profile", None)
         factors = ", ".join(f"{k} x{v:.3g}" for k, v in self.scales.items() if v != 1.0)
-        self.source = f"{base.source} ({label or 'scaled'}: {factors or 'x1'})"
+        self._keep = label is None
+        self.source = base.source if label is None else f"{base.source} ({label or 'scaled'}: {factors or 'x1'})"
+
+    @classmethod
+    def of_calibration(cls, base: ComputeModel, fit) -> "ScaledCompute":  # noqa: ANN001 - ComputeCalibration
+        """``base`` with a calibration's ``compute:`` factors (gemm, attention, memory scales), its source kept."""
+        return cls(base, gemm=fit.gemm_scale, attention=fit.attention_scale, memory=fit.memory_scale, label=None)
+
+    def describe(self) -> str:
+        return self.base.describe() if self._keep else self.source
 
     def gemm(self, m: ArrayLike, n: ArrayLike, k: ArrayLike, dtype: str,
              batch: ArrayLike = 1) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from ..plan import FULL_ORDERS
-from ..topology.placement import RankLayout
 from .context import EstimationContext
 from .keys import distinct, take_rows
 from .partition import Partition, on_positions

@@ -32,9 +32,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ..calibration import Calibration, ComputeCalibration
-from ..compute.base import ArrayLike, ComputeModel
+from ..compute.base import ComputeModel
 from ..compute.fixed import LayerTraits, fixed_data, layer_kernel_counts
 from ..compute.roofline import RooflineModel
+from ..compute.scaled import ScaledCompute
 from ..compute.training import achieved_hbm, training_compute
 from ..model import ModelSpec
 from ..stacks import StackProfile, load_stack
@@ -46,33 +47,6 @@ from .stackterms import StackTerms, stack_terms
 
 CONTEXTS = 32
 """contexts :func:`context_for` keeps."""
-
-
-class ScaledCompute(ComputeModel):
-    """A compute model with a calibration's factors on its kernel times (``measured`` flags unchanged)."""
-
-    def __init__(self, base: ComputeModel, fit: ComputeCalibration):
-        self.base = base
-        self.fit = fit
-        self.source = base.source
-
-    def gemm(self, m: ArrayLike, n: ArrayLike, k: ArrayLike, dtype: str,
-             batch: ArrayLike = 1) -> tuple[np.ndarray, np.ndarray]:
-        t, measured = self.base.gemm(m, n, k, dtype, batch)
-        return t * self.fit.gemm_scale, measured
-
-    def attention(self, batch_heads: ArrayLike, seq: ArrayLike, head_dim: ArrayLike, causal: bool,
-                  dtype: str, backward: bool) -> tuple[np.ndarray, np.ndarray]:
-        t, measured = self.base.attention(batch_heads, seq, head_dim, causal, dtype, backward)
-        return t * self.fit.attention_scale, measured
-
-    def memory(self, kernel: str, numel: ArrayLike, dtype: str,
-               backward: bool) -> tuple[np.ndarray, np.ndarray]:
-        t, measured = self.base.memory(kernel, numel, dtype, backward)
-        return t * self.fit.memory_scale, measured
-
-    def describe(self) -> str:
-        return self.base.describe()
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -150,7 +124,7 @@ class EstimationContext:
                 warnings.append(f"calibration {name}: compute section not applied ({reason})")
             else:
                 if fit.scales_time:
-                    effective = ScaledCompute(effective, fit)
+                    effective = ScaledCompute.of_calibration(effective, fit)
                 host = fit.host_overhead_per_layer_us * 1e-6
         return EstimationContext(model=model, cluster=cluster, compute=effective, given_compute=compute,
                                  roofline=roofline, calibration=cal, stack=profile, terms=terms, fixed=fixed,
@@ -159,7 +133,6 @@ class EstimationContext:
                                  collectives=collectives,
                                  source=source or TransformerSource(
                                      model, flavor, terms.activation_storage,
-                                     paired_chunks=terms.pipeline_schedule == "dualpipe",
                                      fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup),
                                  host_overhead_s=host, warnings=tuple(warnings),
                                  caches=None if curves is None else ContextCaches(curves=curves))

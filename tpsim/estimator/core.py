@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import pipeline
 from ..compute.base import ComputeModel
 from ..errors import InputError
 from ..model import ModelSpec
@@ -31,7 +32,7 @@ from .context import EstimationContext, context_for
 from .flops import layer_forward_flops, model_flops_per_sequence
 from .keys import Keys, distinct, sorted_values
 from .memory import Memory, memory
-from .partition import Partition, partition
+from .partition import Partition, SplitFields, partition
 from .result import Estimate, EstimateBatch
 from .schedule import Schedule, schedule
 from .source import LayerCosts
@@ -49,25 +50,12 @@ def layer_costs(ctx: EstimationContext, plans: PlanBatch) -> tuple[LayerCosts, K
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------------
-def _precision(dtype: str) -> tuple[float, float]:
-    """(bytes per weight, bytes per fp32 master weight): 16-bit training keeps fp32 master copies."""
-    wide = dtype in ("fp32", "tf32")
-    return (4.0 if wide else 2.0), (0.0 if wide else 4.0)
-
-
-def _wire_bytes(ctx: EstimationContext, dtype: str) -> tuple[float, float]:
-    """(bytes per parameter of the ZeRO all-gathers, bytes per gradient of the DP reductions): the stack's
-    dtypes for 16-bit training, 4 and 4 for fp32/tf32 training."""
-    if dtype in ("fp32", "tf32"):
-        return 4.0, 4.0
-    return ctx.terms.param_gather_bytes, ctx.terms.grad_reduce_bytes
-
-
-def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer_keys: Keys,
-              w_bytes: float) -> tuple[Keys, Partition, Comm]:
+def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
+              layer_keys: Keys) -> tuple[Keys, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
     ZeRO and what the layer's traffic depends on."""
-    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero") + _EXPERT_FIELDS + ctx.source.comm_fields)
+    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero", "schedule") + SPLIT_FIELDS + _EXPERT_FIELDS
+                           + ctx.source.comm_fields)
     keys = distinct(*(getattr(plans, f) for f in fields))
 
     def build() -> tuple[Partition, Comm]:
@@ -76,14 +64,14 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, layer
         layer_index = layer_keys.inverse[keys.first]
         part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False),
                          ctx.terms.pipeline_edges_as_layers, getattr(ctx.source, "kind_of_layer", None),
-                         mirrored=ctx.terms.pipeline_mirrored_stages)
+                         mirrored=pipeline.mirrored(sub.schedule), split=SplitFields.of(sub))
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
-        gather_bytes, grad_bytes = _wire_bytes(ctx, plans.dtype)
+        wire = ctx.terms.state_bytes(plans.dtype)
         comm = communication(ctx, layouts, layout_index, layer_index, costs, part,
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
                              params_key=[sub.vpp, sub.zero, sub.cp] + [getattr(sub, f) for f in src.param_fields],
-                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=gather_bytes, grad_bytes=grad_bytes,
+                             pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=wire.wire_params, grad_bytes=wire.wire_grads,
                              z3_collectives=_z3_collectives(ctx, sub), cp=sub.cp, edp=expert_dp(sub))
         return part, comm
 
@@ -111,17 +99,17 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
     from .memory import communicators, process_memory
 
     terms, dtype = ctx.terms, plans.dtype
-    wide = dtype in ("fp32", "tf32")
-    w_bytes = 4.0 if wide else (1.0 if dtype == "fp8" and terms.fp8_weights_kept else 2.0)
+    sb = terms.state_bytes(dtype)
     cache = 0.0 if dtype != "fp8" else (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
     proc = process_memory()
-    return dict(w_bytes=w_bytes, weight_cache_bytes=cache, grad_bytes=4.0 if wide else terms.grad_buffer_bytes,
-                master_bytes=0.0 if wide else terms.main_params_bytes,
-                state_bytes=8.0 if wide else terms.optimizer_state_bytes, process=proc.cuda_context,
+    return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads, master_bytes=sb.master,
+                state_bytes=sb.moments, process=proc.cuda_context,
                 nccl=communicators(plans.tp, plans.dp, plans.pp, plans.cp, plans.ep) * proc.nccl_per_communicator,
                 reserve_fraction=terms.allocator_reserve_fraction)
 
 
+SPLIT_FIELDS = ("pp_first", "pp_last", "pp_embedding", "pp_loss")
+"""plan fields of an uneven pipeline split (docs/SCHEMAS.md T1)."""
 _EXPERT_FIELDS = ("ep", "etp")
 """plan fields that set the expert rank layout (with the layout axes)."""
 
@@ -134,21 +122,18 @@ def expert_dp(plans: PlanBatch) -> np.ndarray:
 
 def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     """Every stage on a batch of valid plans for ``ctx``."""
-    w_bytes, master_bytes = _precision(plans.dtype)
     costs_u, layer_keys = layer_costs(ctx, plans)
-    keys, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys, w_bytes)
+    keys, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
     costs = costs_u.for_plans(layer_keys.inverse)
     part = part_u.for_plans(keys.inverse)
     comm = comm_u.take(keys.inverse)
     p = plans
     edp = expert_dp(p)
-    sched = schedule(ctx, costs=costs, comm=comm, part=part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero,
-                     recompute=p.recompute, micro_batch=p.micro_batch, global_batch=p.global_batch,
-                     overlap=p.overlap, dtype=p.dtype, cp=p.cp, edp=edp)
+    sched = schedule(ctx, p, costs, comm, part, edp=edp)
     m = sched.micro_batches
     mem = memory(costs, part, pp=p.pp, vpp=p.vpp, dp=p.dp, zero=p.zero, m=m,
                  grad_unsharded=ctx.terms.unsharded_grad_fraction(p.zero, p.pp, p.vpp, m), cp=p.cp, edp=edp,
-                 mirrored=ctx.terms.pipeline_mirrored_stages, extra_in_flight=ctx.terms.pipeline_extra_in_flight,
+                 schedule=p.schedule,
                  **_memory_figures(ctx, p))
     return totals(ctx, plans, costs, sched, mem, comm)
 
@@ -162,12 +147,14 @@ def model_states_bytes(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray:
 
     costs_u, layer_keys = layer_costs(ctx, plans)
     edp_all = expert_dp(plans)
-    fields = [plans.pp, plans.vpp, plans.zero, plans.dp, plans.cp, edp_all, layer_keys.inverse]
+    fields = [plans.pp, plans.vpp, plans.zero, plans.dp, plans.cp, edp_all, layer_keys.inverse, plans.schedule] + [
+        getattr(plans, f) for f in SPLIT_FIELDS]
     keys = distinct(*fields)
     sub = plans.take(keys.first)
     costs = costs_u.take(layer_keys.inverse[keys.first], with_comm=False)
     part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs, ctx.terms.pipeline_edges_as_layers,
-                     getattr(ctx.source, "kind_of_layer", None), mirrored=ctx.terms.pipeline_mirrored_stages)
+                     getattr(ctx.source, "kind_of_layer", None), mirrored=pipeline.mirrored(sub.schedule),
+                     split=SplitFields.of(sub))
     fig = _memory_figures(ctx, sub)
     # the stack's bytes per parameter; gradients as sharded as ZeRO allows (the stack may keep more of them
     # whole, which only raises the peak: this stays a lower bound)
@@ -223,7 +210,8 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB, stack=ctx.stack.name,
         step_time_s_low=step_low, step_time_s_high=step_high, tokens_per_s_low=tokens / step_high,
         tokens_per_s_high=tokens / step_low, mfu_low=mflops / (step_high * gpus * peak_flops),
-        mfu_high=mflops / (step_low * gpus * peak_flops), flops_convention=source.flops_convention)
+        mfu_high=mflops / (step_low * gpus * peak_flops), num_layers=int(source.num_layers),
+        edges_as_layers=bool(ctx.terms.pipeline_edges_as_layers), flops_convention=source.flops_convention)
 
 
 # ---- entry points ----------------------------------------------------------------------------------------

@@ -84,3 +84,12 @@ def concat_rows(a: Any, b: Any) -> Any:
     if names:
         return type(a)(**{f: concat_rows(getattr(a, f), getattr(b, f)) for f in names})
     return a
+
+
+def per_distinct(fn: Any, *cols: np.ndarray) -> Any:
+    """``fn(*row)`` once per distinct row of the columns (Python ints), scattered back to every plan: the
+    results (numbers or arrays of one shape) stacked along a last axis over plans. The one helper for the
+    per-key Python loops of the stages (pipeline splits, layer-kind counts)."""
+    keys = distinct(*cols)
+    out = [fn(*(int(v) for v in row)) for row in keys.rows]
+    return np.stack([np.asarray(o) for o in out], axis=-1)[..., keys.inverse]

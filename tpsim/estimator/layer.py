@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..comm_plan import local_shapes
 from ..compute.base import ComputeModel
 from ..model import LayerKind, ModelSpec
 from .keys import sorted_values
@@ -156,9 +157,8 @@ def _attention_linears(fwd: _Acc, bwd: _Acc, compute: ComputeModel, model: Model
     rotary key (kv_lora + rope) are duplicated on every TP rank; the up-projections are column-parallel."""
     h = float(model.hidden_size)
     if model.attention_kind != "mla":
-        heads = model.num_attention_heads / t
-        kv_heads = np.maximum(model.num_kv_heads / t, 1.0)  # kv heads < tp are replicated (Megatron)
-        q_local, kv_local = heads * model.head_dim, kv_heads * model.head_dim
+        shp = local_shapes(model, t)  # kv heads < tp are replicated (Megatron)
+        q_local, kv_local = shp.q_width, shp.kv_width
         qkv = [q_local + 2 * kv_local] if fused else [q_local, kv_local, kv_local]
         return _linears(fwd, bwd, compute, T, qkv, h, dtype)
     heads = model.num_attention_heads / t
@@ -213,8 +213,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
                                               attention=attention)
     fwd.absorb(attn_f)  # the attention core, kept apart too for selective recomputation
     if model.position == "rotary":
-        kv_heads = np.maximum(model.num_kv_heads / t, 1.0)
-        rotated = (heads * model.head_dim + kv_heads * model.head_dim if model.attention_kind != "mla"
+        shp = local_shapes(model, t)
+        rotated = (shp.q_width + shp.kv_width if model.attention_kind != "mla"
                    else heads * model.qk_rope_head_dim + model.qk_rope_head_dim)
         fwd.add(compute.memory("residual_add", T * rotated, dtype, False))
         bwd.add(compute.memory("residual_add", T * rotated, dtype, True))

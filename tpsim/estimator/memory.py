@@ -21,7 +21,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from .. import pipeline
+from ..comm_plan import local_shapes
 from ..model import LayerKind, ModelSpec
+from .partition import on_positions
 
 
 def attention_params_local(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
@@ -37,9 +40,8 @@ def attention_params_local(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
         q = (h * ql + ql * heads * qk + ql) if ql else h * heads * qk
         kv = h * (kvl + rope) + kvl * heads * (model.qk_nope_head_dim + model.v_head_dim) + kvl
         return q + kv + heads * model.v_head_dim * h + (h if model.linear_bias else 0.0)
-    d = float(model.head_dim)
-    q_local = model.num_attention_heads / t * d
-    kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
+    shp = local_shapes(model, t)
+    q_local, kv_local = shp.q_width, shp.kv_width
     weights = h * (q_local + 2 * kv_local) + q_local * h
     biases = (q_local + 2 * kv_local if model.qkv_bias else 0.0)
     if model.linear_bias:
@@ -64,9 +66,9 @@ def layer_params_local(model: ModelSpec, tp: np.ndarray, kind: LayerKind | None 
         mlp = n_in * h * f + f * h + ((n_in * f + h) if model.linear_bias else 0.0)
         return attention_params_local(model, tp) + mlp + 2 * h * (2 if model.norm == "layernorm" else 1)
     t = tp.astype(float)
-    h, d, f = float(model.hidden_size), float(model.head_dim), float(model.ffn_hidden_size)
-    q_local = model.num_attention_heads / t * d
-    kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
+    h, f = float(model.hidden_size), float(model.ffn_hidden_size)
+    shp = local_shapes(model, t)
+    q_local, kv_local = shp.q_width, shp.kv_width
     n_in = 2.0 if model.gated else 1.0
     weights = h * (q_local + 2 * kv_local) + q_local * h + n_in * h * f / t + f / t * h
     biases = (q_local + 2 * kv_local if model.qkv_bias else 0.0)
@@ -136,9 +138,8 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
         up = np.where(selective & ("mla_up_proj" in modules), 0.0, up)
         sharded = up + ob * T * v + lb * T * latents                       # attention output, latents
     else:
-        d = float(model.head_dim)
-        q_local = heads * d
-        kv_local = np.maximum(model.num_kv_heads / t, 1.0) * d
+        shp = local_shapes(model, t)
+        q_local, kv_local = shp.q_width, shp.kv_width
         sharded = 2 * e * T * (q_local + kv_local) + 2 * e * T * kv_local + ob * T * q_local
     moe = kind is not None and kind.moe
     f_local = (model.ffn_hidden_size if not moe
@@ -172,63 +173,6 @@ def full_layer_activations(model: ModelSpec, **kw) -> np.ndarray:
     kw = dict(kw)
     kw["recompute"] = np.zeros_like(kw["recompute"])
     return activation_bytes_per_layer(model, **kw)
-
-
-@dataclass(frozen=True)
-class StageLayers:
-    """Layers held by the first, last and the busiest middle pipeline rank (arrays over plans)."""
-
-    first: np.ndarray
-    last: np.ndarray
-    middle: np.ndarray
-
-
-def stage_layers(num_layers: int, pp: np.ndarray, vpp: np.ndarray) -> StageLayers:
-    """Split layers over pp x vpp model chunks that differ by at most one layer; extra layers go to the
-    middle ranks first (the first and last ranks also hold the embedding and the output layer)."""
-    chunks = pp * vpp
-    base = num_layers // chunks
-    extra = num_layers - base * chunks
-    per_rank = base * vpp
-    middle_ranks = np.maximum(pp - 2, 0)
-    middle_capacity = middle_ranks * vpp
-    to_middle = np.minimum(extra, middle_capacity)
-    middle = per_rank + np.where(middle_ranks > 0, -(-to_middle // np.maximum(middle_ranks, 1)), 0)
-    left = extra - to_middle
-    first = per_rank + left // 2
-    last = per_rank + (left - left // 2)
-    single = pp == 1
-    first = np.where(single, num_layers, first)
-    last = np.where(single, num_layers, last)
-    middle = np.where(middle_ranks > 0, middle, 0)
-    return StageLayers(first=first, last=last, middle=middle)
-
-
-def stage_layers_with_edges(num_layers: int, pp: np.ndarray, vpp: np.ndarray) -> StageLayers:
-    """The split of stacks that count the embedding and the output layer as one layer each (torchtitan
-    ``generate_llm_fqn_per_model_part(input_weight=1, output_weight=1)``, torchtitan/distributed/
-    pipeline_parallel.py; Megatron's --account-for-embedding/loss-in-pipeline-split; the Llama 3 paper's stage
-    balancing): num_layers + 2 slots over pp x vpp chunks, ``(slots // chunks)`` each and one more for the
-    first ``slots % chunks`` chunks; chunk c sits on rank c mod pp; the first chunk's first slot is the
-    embedding, the last chunk's last slot the output layer."""
-    pp = np.asarray(pp, dtype=np.int64)
-    vpp = np.asarray(vpp, dtype=np.int64)
-    first, last, middle = (np.zeros(pp.shape, dtype=np.int64) for _ in range(3))
-    keys = np.stack([pp, vpp], axis=1)
-    for p_, v_ in np.unique(keys, axis=0).tolist():
-        rows = (pp == p_) & (vpp == v_)
-        chunks = p_ * v_
-        slots = num_layers + 2
-        per_chunk = np.full(chunks, slots // chunks) + (np.arange(chunks) < slots % chunks)
-        per_chunk[0] -= 1  # embedding
-        per_chunk[-1] -= 1  # output layer
-        per_rank = per_chunk.reshape(v_, p_).sum(axis=0)  # chunk c on rank c mod pp
-        if p_ == 1:
-            first[rows] = last[rows] = num_layers
-            continue
-        first[rows], last[rows] = per_rank[0], per_rank[-1]
-        middle[rows] = per_rank[1:-1].max() if p_ > 2 else 0
-    return StageLayers(first=first, last=last, middle=middle)
 
 
 # ---- stage 5: memory per GPU ------------------------------------------------------------------------------
@@ -282,19 +226,11 @@ class Memory:
     """position (POSITIONS index) of the rank with the highest peak."""
 
 
-def in_flight(position_rank: np.ndarray, pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Micro-batches (in whole-stage units) whose activations pipeline rank r holds at the 1F1B peak: pp - r,
-    or (2 (pp - r - 1) + (vpp - 1) pp + 1) / vpp model chunks' worth with interleaving (Megatron's warm-up
-    count; Korthikanti et al. 2022 section 4.2.3 for r = 0); never more than the micro-batches."""
-    chunks = np.where(vpp > 1, (2 * (pp - position_rank - 1) + (vpp - 1) * pp + 1) / vpp, pp - position_rank)
-    return np.minimum(chunks, m).astype(float)
-
-
 def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, m: np.ndarray,
            w_bytes: float, master_bytes: float, grad_bytes: float, grad_unsharded: np.ndarray | None = None,
            state_bytes: float = 8.0, weight_cache_bytes: float = 0.0, process: np.ndarray | float = 0.0,
            nccl: np.ndarray | float = 0.0, reserve_fraction: float = 0.0, cp: np.ndarray | None = None,
-           edp: np.ndarray | None = None, mirrored: bool = False, extra_in_flight: float = 0.0) -> Memory:
+           edp: np.ndarray | None = None, schedule: np.ndarray | None = None) -> Memory:
     """Model states (ZeRO-sharded), stored activations of the micro-batches in flight, and buffers, for the
     first, last and busiest middle pipeline rank at once ((position, plan) arrays); the peak rank's terms.
     ``costs`` (:class:`~tpsim.estimator.source.LayerCosts`) and ``part`` (a Partition) are gathered to plans.
@@ -304,25 +240,29 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     and the NCCL buffers (bytes, per plan); ``reserve_fraction``: the caching allocator's reserve on top of the
     allocated peak. ZeRO shards the dense parameters' states over dp x cp (Megatron's distributed optimizer
     uses the dp x cp group) and the routed experts' over the expert data-parallel group (``edp``).
-    ``mirrored`` and ``extra_in_flight`` (pp > 1): a bidirectional pipeline schedule (DualPipe, DeepSeek-V3
-    report Table 2) whose rank r also holds stage pp - 1 - r (the partition's parameters already count both
-    stages; the activations in flight are those of both, half each) and keeps ``extra_in_flight``
-    micro-batches beyond 1F1B's."""
-    from .partition import on_positions
+    ``schedule`` (codes, default 1f1b): the micro-batches in flight are the schedule's
+    (:func:`tpsim.pipeline.in_flight`); under a bidirectional schedule (DualPipe, DeepSeek-V3 report Table 2)
+    rank r also holds stage pp - 1 - r (the partition's parameters already count both stages; the activations
+    in flight are those of both, half each)."""
+    schedule = pipeline.codes_of(schedule, pp.size)
+    mirrored = pipeline.mirrored(schedule)
+    any_mirror = bool(np.any(mirrored))
 
     ranks = np.stack([np.zeros_like(pp), pp - 1, np.ones_like(pp)])  # pipeline rank of each position
     stored = part.layer_sum(costs.activations, getattr(costs, "activations_by_kind", None))
-    if mirrored:  # the first and the last stage share a rank: half the micro-batches in flight of each
+    if any_mirror:  # the first and the last stage share a rank: half the micro-batches in flight of each
         edges = (stored[0] + stored[1]) / 2.0
-        stored = np.stack([np.where(pp > 1, edges, stored[0]), np.where(pp > 1, edges, stored[1]), stored[2]])
-    flight = np.minimum(in_flight(ranks, pp, vpp, m) + np.where(pp > 1, extra_in_flight, 0.0), m)
+        two = (pp > 1) & mirrored
+        stored = np.stack([np.where(two, edges, stored[0]), np.where(two, edges, stored[1]), stored[2]])
+    flight = pipeline.in_flight(schedule, ranks, pp, vpp, m)
     activations = stored * flight + costs.working
     zero3_buffers = np.where(zero == 3, 2.0 * costs.params * w_bytes, 0.0)  # this and the next layer gathered
     other = on_positions(costs.first.buffer_bytes + zero3_buffers, costs.last.buffer_bytes + zero3_buffers,
                          pp == 1, middle=zero3_buffers, last_alone=costs.last.buffer_bytes)
-    if mirrored:  # the first and the last stage on one rank: both edges' buffers
+    if any_mirror:  # the first and the last stage on one rank: both edges' buffers
         both = costs.first.buffer_bytes + costs.last.buffer_bytes + zero3_buffers
-        other = np.stack([both, np.where(pp > 1, both, other[1]), other[2]])
+        other = np.stack([np.where(mirrored, both, other[0]), np.where((pp > 1) & mirrored, both, other[1]),
+                          other[2]])
     full = np.where(zero >= 2, 0.0, 1.0) if grad_unsharded is None else grad_unsharded
     group = dp if cp is None else dp * cp
     shard = _state_bytes(zero, group, full, w_bytes + weight_cache_bytes, master_bytes + state_bytes, grad_bytes)

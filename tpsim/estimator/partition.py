@@ -10,8 +10,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from .memory import stage_layers, stage_layers_with_edges
-from .source import LayerCosts
+from typing import TYPE_CHECKING
+
+from .keys import per_distinct
+
+if TYPE_CHECKING:  # annotations only: the partition does not import the layer sources at run time
+    from .source import LayerCosts
 
 POSITIONS = ("first", "last", "middle")
 """pipeline ranks the estimator follows: rank 0, rank pp - 1, and the middle rank with the most layers
@@ -65,15 +69,16 @@ class Partition:
 
 
 def _mirror(params: np.ndarray, expert: np.ndarray | None, last_shared: np.ndarray,
-            pp: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """A bidirectional schedule (DualPipe) puts stage pp - 1 - r on rank r too: the first and the last rank both
-    hold the first and the last stage (what the last edge shares with the first, the embedding the MTP modules
-    and a tied output layer use, once), a middle rank two middle stages (pp > 1)."""
-    multi = pp > 1
+            pp: np.ndarray, mirrored: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A bidirectional schedule (DualPipe; ``mirrored`` per plan) puts stage pp - 1 - r on rank r too: the first
+    and the last rank both hold the first and the last stage (what the last edge shares with the first, the
+    embedding the MTP modules and a tied output layer use, once), a middle rank two middle stages (pp > 1)."""
+    multi = (pp > 1) & mirrored
 
     def both(x: np.ndarray, shared: np.ndarray | float) -> np.ndarray:
         edges = x[0] + x[1] - shared
-        return np.stack([np.where(multi, edges, x[0]), np.where(multi, edges, x[1]), 2.0 * x[2]])
+        return np.stack([np.where(multi, edges, x[0]), np.where(multi, edges, x[1]),
+                         np.where(mirrored, 2.0, 1.0) * x[2]])
 
     return both(params, last_shared), (None if expert is None else both(expert, 0.0))
 
@@ -93,31 +98,23 @@ def on_positions(first: np.ndarray, last: np.ndarray, single: np.ndarray, middle
                      np.broadcast_to(middle, first_rank.shape)])
 
 
-def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCosts,
+def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCosts",
               edges_as_layers: bool = False, kind_of_layer: np.ndarray | None = None,
-              mirrored: bool = False) -> Partition:
-    """Layers split over pp x vpp chunks (:func:`stage_layers`, or :func:`stage_layers_with_edges` for stacks
-    that count the embedding and the output layer as layers; ``mirrored``: rank r also holds stage pp - 1 - r,
-    :func:`_mirror`); parameters per rank (``costs`` are gathered to
-    the same rows as ``pp``). With layers of several kinds (``costs.params_by_kind`` and the kind of every
-    layer), each rank holds exactly its own layers' parameters (:func:`position_kind_counts`, over the
-    layers-only split)."""
-    split = stage_layers(num_layers, pp, vpp)
-    layers = np.stack([split.first, split.last, split.middle])
-    if edges_as_layers:
-        # the stack's split with the embedding and output as layers: 1F1B always, interleaved when the
-        # layers + 2 fill the chunks evenly (else the layers alone are split, as the export writes)
-        use = (vpp == 1) | ((num_layers + 2) % (pp * vpp) == 0)
-        if np.any(use):
-            e = stage_layers_with_edges(num_layers, pp, vpp)
-            layers = np.where(use, np.stack([e.first, e.last, e.middle]), layers)
+              mirrored: np.ndarray | None = None, split: "SplitFields | None" = None) -> Partition:
+    """Layers split over pp x vpp chunks (:func:`layer_split`: the stack's rule, or the plan's uneven split
+    ``split``); ``mirrored`` (n,) bool, the plans whose schedule puts stage pp - 1 - r on rank r too,
+    :func:`_mirror`; parameters per rank (``costs`` are gathered to the same rows as ``pp``). With layers of
+    several kinds (``costs.params_by_kind`` and the kind of every layer), each rank holds exactly its own
+    layers' parameters (:func:`position_kind_counts`)."""
+    s = stage_layers(num_layers, pp, vpp, edges_as_layers, split)
+    layers = np.stack([s.first, s.last, s.middle])
     valid = positions(pp)
     single = pp == 1
     last_unshared = costs.last.params - costs.last.shared_params
     edges = on_positions(costs.first.params, costs.last.params, single, last_alone=last_unshared)
     counts = None
     if costs.params_by_kind is not None and kind_of_layer is not None:
-        counts = position_kind_counts(kind_of_layer, pp, vpp, edges_as_layers)
+        counts = position_kind_counts(kind_of_layer, pp, vpp, edges_as_layers, split)
         params = np.einsum("pkn,kn->pn", counts, costs.params_by_kind) + edges
         expert = np.einsum("pkn,kn->pn", counts, costs.expert_by_kind)
     else:
@@ -127,8 +124,8 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCost
         ex_first, ex_last = (np.broadcast_to(np.asarray(e.expert_params, dtype=float), pp.shape)
                              for e in (costs.first, costs.last))
         expert = expert + on_positions(ex_first, ex_last, single)
-    if mirrored:
-        params, expert = _mirror(params, expert, costs.last.shared_params, pp)
+    if mirrored is not None and np.any(mirrored):
+        params, expert = _mirror(params, expert, costs.last.shared_params, pp, mirrored)
     held = np.where(valid, params, 0.0)
     largest_expert = 0.0
     if expert is not None:
@@ -140,50 +137,159 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: LayerCost
                      kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)))
 
 
+@dataclass(frozen=True)
+class SplitFields:
+    """A plan batch's uneven-split columns (docs/SCHEMAS.md T1): decoder layers of the first and the last
+    pipeline stage (0: even), the embedding and the output layer + loss counted as a layer each."""
+
+    first: np.ndarray
+    last: np.ndarray
+    embedding: np.ndarray
+    loss: np.ndarray
+
+    @classmethod
+    def of(cls, plans) -> "SplitFields | None":
+        """The plans' split columns, or None where every plan splits evenly (the stack's rule)."""
+        if not (np.any(plans.pp_first) or np.any(plans.pp_last) or np.any(plans.pp_embedding)
+                or np.any(plans.pp_loss)):
+            return None
+        return cls(first=plans.pp_first, last=plans.pp_last, embedding=plans.pp_embedding, loss=plans.pp_loss)
+
+    def columns(self, n: int) -> list[np.ndarray]:
+        return [np.broadcast_to(np.asarray(c, dtype=np.int64), (n,)) for c in
+                (self.first, self.last, self.embedding, self.loss)]
+
+
+def _split_columns(pp: np.ndarray, split: SplitFields | None) -> list[np.ndarray]:
+    n = np.size(pp)
+    return split.columns(n) if split is not None else [np.zeros(n, dtype=np.int64)] * 4
+
+
+@dataclass(frozen=True)
+class StageLayers:
+    """Layers held by the first, last and the busiest middle pipeline rank (arrays over plans)."""
+
+    first: np.ndarray
+    last: np.ndarray
+    middle: np.ndarray
+
+
+def stage_layers(num_layers: int, pp: np.ndarray, vpp: np.ndarray, edges_as_layers: bool = False,
+                 split: SplitFields | None = None) -> StageLayers:
+    """Layers of the first, the last and the busiest middle rank of each plan (:func:`rank_layers`, once
+    per distinct (pp, vpp, split))."""
+    pp = np.asarray(pp, dtype=np.int64)
+    vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
+
+    def three(p_: int, v_: int, *fields: int) -> np.ndarray:
+        ranks = rank_layers(num_layers, p_, v_, edges_as_layers, *fields)
+        return np.array([ranks[0], ranks[-1], max(ranks[1:-1]) if p_ > 2 else 0], dtype=np.int64)
+
+    out = per_distinct(three, pp, vpp, *_split_columns(pp, split))
+    return StageLayers(first=out[0], last=out[1], middle=out[2])
+
+
+@lru_cache(maxsize=4096)
+def layer_split(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = False, first: int = 0,
+                last: int = 0, embedding: bool = False, loss: bool = False) -> tuple[int, ...]:
+    """Decoder layers of each model chunk in model order (chunk k on rank k mod pp): the one pipeline split
+    every path uses (estimator, traced graphs, exporters).
+
+    * The plan's uneven split (Megatron-Core ``get_num_layers_to_build``): ``first`` / ``last`` decoder layers
+      on the first / last rank (``--decoder-first/last-pipeline-num-layers``), the other layers over the other
+      ranks; ``embedding`` / ``loss`` count the embedding / the output layer and loss as one layer each
+      (``--account-for-embedding/loss-in-pipeline-split``: ``layers + 2`` slots for 94 layers on 32 x 3
+      chunks, the first chunk holding only the embedding). Slots per chunk: ``slots // chunks``, one more for
+      the first ``slots % chunks`` chunks; a rank's layers over its chunks likewise.
+    * Else the stack's rule: with ``edges_as_layers`` (torchtitan ``generate_llm_fqn_per_model_part``) the
+      embedding and the output layer as layers where that fills the chunks (1F1B, or interleaved with
+      ``layers + 2`` a multiple of the chunks); otherwise tpsim's even split, chunks that differ by at most
+      one layer, the extra layers to the middle ranks first (the busiest being rank 1), the rest shared by the
+      first and the last rank."""
+    chunks = pp * vpp
+    if pp == 1:
+        return (num_layers,)
+    if first or last:
+        fixed = {0: first} if first else {}
+        if last:
+            fixed[pp - 1] = last
+        free = [r for r in range(pp) if r not in fixed]
+        slots = num_layers - first - last + (1 if embedding and not first else 0) + (1 if loss and not last else 0)
+        ranks = [0] * pp
+        for r, n in fixed.items():
+            ranks[r] = n
+        for i, r in enumerate(free):
+            ranks[r] = slots // len(free) + (1 if i < slots % len(free) else 0)
+        # a rank's slots over its chunks, the larger first; the last rank's larger last (its last chunk may
+        # hold the loss slot)
+        per_rank = [_even(ranks[r], vpp) for r in range(pp - 1)] + [_even(ranks[-1], vpp)[::-1]]
+        sizes = [per_rank[k % pp][k // pp] for k in range(chunks)]
+        if embedding and not first:
+            sizes[0] -= 1
+        if loss and not last:
+            sizes[-1] -= 1
+        return tuple(sizes)
+    use_edges = edges_as_layers and (vpp == 1 or (num_layers + 2) % chunks == 0)
+    if embedding or loss or use_edges:
+        e, o = (True, True) if use_edges and not (embedding or loss) else (embedding, loss)
+        slots = num_layers + e + o
+        sizes = [slots // chunks + (1 if c < slots % chunks else 0) for c in range(chunks)]
+        sizes[0] -= e
+        sizes[-1] -= o
+        return tuple(sizes)
+    per_rank = _default_rank_layers(num_layers, pp, vpp)
+    split = [_even(c, vpp) for c in per_rank]
+    return tuple(split[k % pp][k // pp] for k in range(chunks))
+
+
+def _even(n: int, parts: int) -> list[int]:
+    """n split into ``parts`` near-equal counts, the larger first."""
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def rank_layers(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = False, first: int = 0,
+                last: int = 0, embedding: bool = False, loss: bool = False) -> tuple[int, ...]:
+    """Decoder layers of every pipeline rank (its chunks of :func:`layer_split`)."""
+    sizes = layer_split(num_layers, pp, vpp, edges_as_layers, first, last, bool(embedding), bool(loss))
+    return tuple(sum(sizes[r::pp]) for r in range(pp))
+
+
+def _default_rank_layers(num_layers: int, pp: int, vpp: int) -> list[int]:
+    """tpsim's even split per rank: ``layers // (pp x vpp)`` per chunk, the extra layers to the middle ranks
+    first (rank 1 the busiest), the rest shared by the first and the last rank."""
+    base = num_layers // (pp * vpp)
+    extra = num_layers - base * pp * vpp
+    middle = pp - 2
+    to_middle = min(extra, middle * vpp)
+    counts = [base * vpp] * pp
+    for i in range(middle):
+        counts[1 + i] += to_middle // middle + (1 if i < to_middle % middle else 0)
+    left = extra - to_middle
+    counts[0] += left // 2
+    counts[-1] += left - left // 2
+    return counts
+
+
 def position_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
-                         edges_as_layers: bool = False) -> np.ndarray:
+                         edges_as_layers: bool = False, split: SplitFields | None = None) -> np.ndarray:
     """(3, kinds, n): layers of each kind on the first, last and busiest middle rank, with the layers in
-    order over the model chunks (chunk v of rank r is the (v pp + r)-th) and the chunk sizes of
-    :func:`stage_layers` (or, for stacks that count the embedding and the output layer as layers, of
-    :func:`stage_layers_with_edges` where :func:`partition` uses it). The busiest middle rank is the one whose
-    layers store the most (its MoE layers outweigh dense ones: the last kind index is never lighter)."""
+    order over the model chunks of :func:`layer_split`. The busiest middle rank is the one whose layers
+    store the most (its MoE layers outweigh dense ones: the last kind index is never lighter)."""
     kinds = int(kind_of_layer.max()) + 1
     key = tuple(int(k) for k in kind_of_layer)
-    out = np.zeros((3, kinds, pp.size))
-    pairs = np.unique(np.stack([pp, vpp], axis=1), axis=0)
-    n = len(key)
-    for p_, v_ in pairs.tolist():
-        where = (pp == p_) & (vpp == v_)
-        edges = edges_as_layers and (v_ == 1 or (n + 2) % (p_ * v_) == 0)
-        out[:, :, where] = _kind_counts(key, kinds, p_, v_, edges)[:, :, None]
-    return out
-
-
-def chunk_sizes(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = False) -> list[int]:
-    """Transformer layers of each model chunk in model order (chunk k on rank k mod pp): tpsim's default split
-    (:func:`_rank_layers`, each rank's layers cut into vpp near-equal chunks), or the split that counts the
-    embedding and the output layer as one layer each (torchtitan ``generate_llm_fqn_per_model_part``:
-    ``(layers + 2) // chunks`` slots per chunk, one more for the first ``(layers + 2) % chunks``; the first
-    chunk's first slot is the embedding, the last chunk's last slot the output layer)."""
-    chunks = pp * vpp
-    if edges_as_layers and pp > 1:
-        slots = num_layers + 2
-        sizes = [slots // chunks + (1 if c < slots % chunks else 0) for c in range(chunks)]
-        sizes[0] -= 1
-        sizes[-1] -= 1
-        return sizes
-    per_rank = _rank_layers(num_layers, pp, vpp)
-    split = [[len(a) for a in np.array_split(np.arange(c), vpp)] for c in per_rank]
-    return [split[r][v] for v in range(vpp) for r in range(pp)]
+    pp = np.asarray(pp, dtype=np.int64)
+    vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
+    return per_distinct(lambda p_, v_, *f: _kind_counts(key, kinds, p_, v_, edges_as_layers, *f),
+                        pp, vpp, *_split_columns(pp, split))
 
 
 @lru_cache(maxsize=256)
-def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int,
-                 edges_as_layers: bool = False) -> np.ndarray:
+def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int, edges_as_layers: bool = False,
+                 first: int = 0, last: int = 0, embedding: int = 0, loss: int = 0) -> np.ndarray:
     n = len(kind_of_layer)
     owner = np.zeros(n, dtype=np.int64)
     start = 0
-    for k, size in enumerate(chunk_sizes(n, pp, vpp, edges_as_layers)):
+    for k, size in enumerate(layer_split(n, pp, vpp, edges_as_layers, first, last, bool(embedding), bool(loss))):
         owner[start:start + size] = k % pp
         start += size
     kinds_arr = np.asarray(kind_of_layer)
@@ -198,21 +304,3 @@ def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int,
         weight = middle.sum(axis=1) * (n + 1) ** 2 + middle @ np.arange(kinds)
         out[2] = middle[int(np.argmax(weight))]
     return out
-
-
-def _rank_layers(num_layers: int, pp: int, vpp: int) -> list[int]:
-    """Layers of every pipeline rank, as :func:`stage_layers` splits them (extra layers to the middle ranks
-    first, the busiest being rank 1; the rest shared by the first and last rank)."""
-    if pp == 1:
-        return [num_layers]
-    base = num_layers // (pp * vpp)
-    extra = num_layers - base * pp * vpp
-    middle = pp - 2
-    to_middle = min(extra, middle * vpp)
-    counts = [base * vpp] * pp
-    for i in range(middle):
-        counts[1 + i] += to_middle // middle + (1 if i < to_middle % middle else 0)
-    left = extra - to_middle
-    counts[0] += left // 2
-    counts[-1] += left - left // 2
-    return counts

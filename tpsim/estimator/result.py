@@ -56,6 +56,9 @@ class Estimate:
     tokens_per_s_high: float = math.nan
     mfu_low: float = math.nan
     mfu_high: float = math.nan
+    pipeline_split: dict[str, list[int]] = field(default_factory=dict)
+    """``layers_per_rank`` and ``layers_per_chunk`` (model order, chunk k on rank k mod pp) of the pipeline
+    split the estimate costs (empty without a pipeline; tpsim.estimator.partition.layer_split)."""
     tokens_per_s_per_gpu: float = math.nan
     """throughput per GPU (tokens_per_s / the cluster's GPUs)."""
     flops_convention: str = DEFAULT_FLOPS_CONVENTION
@@ -136,6 +139,10 @@ class EstimateBatch:
     tokens_per_s_high: np.ndarray | None = None
     mfu_low: np.ndarray | None = None
     mfu_high: np.ndarray | None = None
+    num_layers: int = 0
+    """the model's repeated layers (the pipeline split of :meth:`to_estimate`; 0: not stated)."""
+    edges_as_layers: bool = False
+    """the stack counts the embedding and the output layer as layers in its split."""
     flops_convention: str = DEFAULT_FLOPS_CONVENTION
     """how the model FLOPs behind ``mfu`` are counted (the layer source's convention)."""
 
@@ -185,9 +192,21 @@ class EstimateBatch:
             memory_gib=memory, plan=self.plans.plan(i), model=self.model_name, cluster=dict(self.cluster_info),
             compute_model=self.compute_model, measured_compute_fraction=f(self.measured_compute_fraction),
             collectives=self.collectives(i), warnings=self.warnings(i) if warnings is None else tuple(warnings),
-            stack=self.stack, **{k: f(getattr(self, k)) for k in BAND_KEYS},
+            stack=self.stack, pipeline_split=self.pipeline_split(i), **{k: f(getattr(self, k)) for k in BAND_KEYS},
             tokens_per_s_per_gpu=f(self.tokens_per_s) / float(self.cluster_info.get("gpus") or 1),
             flops_convention=self.flops_convention)
+
+    def pipeline_split(self, i: int) -> dict[str, list[int]]:
+        """Layers per rank and per chunk of plan ``i`` (empty without a pipeline or a layer count)."""
+        from .partition import layer_split
+
+        p = self.plans
+        pp, vpp = int(p.pp[i]), int(p.vpp[i])
+        if pp == 1 or not self.num_layers:
+            return {}
+        chunks = list(layer_split(self.num_layers, pp, vpp, self.edges_as_layers, int(p.pp_first[i]),
+                                  int(p.pp_last[i]), bool(p.pp_embedding[i]), bool(p.pp_loss[i])))
+        return {"layers_per_rank": [sum(chunks[r::pp]) for r in range(pp)], "layers_per_chunk": chunks}
 
     def columns(self) -> dict[str, np.ndarray]:
         """Plan fields and results as named columns (for tables and CSV)."""

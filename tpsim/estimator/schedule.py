@@ -1,7 +1,8 @@
-"""Stage 4, schedule: the step time of the slowest pipeline rank and its parts (1F1B or interleaved 1F1B,
-Narayanan et al. 2021, sections 2.2 and 3.3), with data-parallel overlap.
+"""Stage 4, schedule: the step time of the slowest pipeline rank and its parts, with data-parallel overlap; the
+pipeline schedule of each plan (1F1B, interleaved 1F1B, GPipe, zero-bubble, DualPipe) is a registry entry of
+:mod:`tpsim.pipeline` (its bubble, exposed sends, micro-batches in flight, parameter copies).
 
-``step = m t_stage + (pp - 1) / vpp x t_stage + exposed PP + exposed DP + optimizer``: ``t_stage`` is one
+``step = m t_stage + bubble(t_stage) + exposed PP + exposed DP + optimizer``: ``t_stage`` is one
 micro-batch's forward + backward (+ recomputation + exposed collectives + fixed costs) on the rank, m the
 micro-batches per replica. Each position's stage time is computed at once over the (position, plan) axes and
 the slowest existing position is taken. The breakdown ``compute + recompute + bubble + optimizer +
@@ -25,7 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import pipeline
 from ..hardware import overlap_penalty
+from ..plan import PlanBatch
+from ..precision import activation_bytes, wide
 from .comm import Comm
 from .context import EstimationContext
 from .partition import Partition, on_positions
@@ -72,7 +76,7 @@ def optimizer_seconds(ctx: EstimationContext, params: np.ndarray, layers: np.nda
     """One optimizer step over ``params`` (the rank's share) at the achieved streaming bandwidth."""
     from ..compute.fixed import optimizer_bytes_per_param, optimizer_step_time
 
-    if dtype in ("fp32", "tf32"):  # no master copy, no 16-bit model copy
+    if wide(dtype):  # no master copy, no 16-bit model copy
         per = optimizer_bytes_per_param(grad_bytes=4, param_bytes=4, master_bytes=0)
     else:
         per = ctx.terms.optimizer_bytes_per_param + (FP16_UNSCALE_BYTES if dtype == "fp16" else 0.0)
@@ -86,29 +90,8 @@ def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharde
     shard only 1/dp of it."""
     if ctx.terms.grad_accumulation_fusion:
         return np.zeros(np.shape(params))
-    wide = dtype in ("fp32", "tf32")
-    buffer = 4.0 if wide else ctx.terms.grad_buffer_bytes
-    per = (4.0 if wide else 2.0) + 2.0 * buffer
+    per = activation_bytes(dtype) + 2.0 * ctx.terms.state_bytes(dtype).grads
     return params * per / np.where(sharded, dp, 1.0) / ctx.fixed.hbm
-
-
-WEIGHT_GRAD_SHARE_OF_BACKWARD = 0.5
-"""W / B: the weight-gradient part of a layer's backward. Each linear layer's backward is two GEMMs of the
-forward's FLOPs, one for the input gradient and one for the weight gradient (the attention core's backward has
-no weight gradient: it lowers the share a little, which this leaves out)."""
-
-
-def pipeline_bubble(schedule_name: str, pp: np.ndarray, vpp: np.ndarray, t_stage: np.ndarray,
-                    backward_fraction: np.ndarray | float) -> np.ndarray:
-    """Pipeline fill and drain per step. 1F1B: ``(pp - 1) / vpp`` stage times (F + B per micro-batch).
-    DualPipe (DeepSeek-V3 report, Table 2): ``(pp / 2 - 1) (F&B + B - 3W)`` with F&B the time of a forward
-    and a backward chunk run together (their sum: the computation shares the GPU, the communication is
-    hidden) and W the weight-gradient part of B."""
-    if schedule_name == "dualpipe":
-        b = backward_fraction * t_stage
-        return np.maximum(pp / 2.0 - 1.0, 0.0) * np.maximum(t_stage + b - 3.0 * WEIGHT_GRAD_SHARE_OF_BACKWARD * b,
-                                                           0.0)
-    return (pp - 1) / vpp * t_stage
 
 
 def _backward_fraction(costs: LayerCosts) -> np.ndarray:
@@ -117,14 +100,16 @@ def _backward_fraction(costs: LayerCosts) -> np.ndarray:
     return np.where(total > 0, costs.bwd / np.where(total > 0, total, 1.0), 0.0)
 
 
-def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Partition, pp: np.ndarray,
-             vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, recompute: np.ndarray, micro_batch: np.ndarray,
-             global_batch: np.ndarray, overlap: np.ndarray, dtype: str = "bf16",
-             host_s_per_op: float | None = None, cp: np.ndarray | None = None,
-             edp: np.ndarray | None = None) -> Schedule:
-    """Step time and breakdown (everything gathered to plans); ``host_s_per_op`` replaces the stack's host
-    time per op (the error band's bounds). The optimizer step runs over the rank's share of the parameters:
-    ZeRO shards the dense ones over dp x cp, the routed experts' over edp."""
+def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: Comm, part: Partition, *,
+             edp: np.ndarray | None = None, host_s_per_op: float | None = None) -> Schedule:
+    """Step time and breakdown of the plan batch (costs, comm and part gathered to its plans); ``edp`` the
+    expert data-parallel degrees (routed experts); ``host_s_per_op`` replaces the stack's host time per op.
+    The pipeline schedule's rules (bubble, exposed sends) are :mod:`tpsim.pipeline`'s, per plan. The
+    optimizer step runs over the rank's share of the parameters: ZeRO shards the dense ones over dp x cp, the
+    routed experts' over edp."""
+    pp, vpp, dp, zero, recompute, overlap = (plans.pp, plans.vpp, plans.dp, plans.zero, plans.recompute,
+                                             plans.overlap)
+    cp, dtype = plans.cp, plans.dtype
     penalty = overlap_penalty(ctx.cluster.device, ctx.roofline.eff.overlap_compute_penalty)
     full = recompute == 2
     fwd_total = _sum(comm.layer_fwd.values(), pp.shape)
@@ -141,7 +126,7 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     sharded = (zero >= 2) & per_mb
     # ZeRO's gradient shards span the dp x cp group (Megatron's distributed optimizer); the routed experts'
     # span the expert data-parallel group edp
-    group = dp if cp is None else dp * cp
+    group = dp * cp
     experts = 0.0 if costs.expert_params is None or edp is None else costs.expert_params
     accum = grad_accumulation_seconds(ctx, costs.params - experts, sharded, group, dtype)
     if costs.expert_params is not None and edp is not None:
@@ -159,14 +144,13 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
     layers = _pick(slow, L)
     t_stage = c_stage + r_stage + x_stage + o_stage
 
-    m = global_batch // (micro_batch * dp)
-    bubble = pipeline_bubble(ctx.terms.pipeline_schedule, pp, vpp, t_stage,
-                             backward_fraction=_backward_fraction(costs))
+    m = plans.global_batch // (plans.micro_batch * dp)
+    bubble = pipeline.bubble(plans.schedule, pp, vpp, t_stage, backward_fraction=_backward_fraction(costs))
     # pipeline point-to-point: activations forward, gradients backward, per chunk and micro-batch, plus the
-    # pipeline fill and drain (exposed)
-    pp_total = 2.0 * (m * vpp + pp - 1) * comm.p2p
+    # pipeline fill and drain
+    pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, pp, vpp, m, comm.p2p)
     dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb)
-    params = np.where(zero >= 1, _sharded(part, dp if cp is None else dp * cp, edp), part.largest)
+    params = np.where(zero >= 1, _sharded(part, dp * cp, edp), part.largest)
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
     lo, hi = ctx.terms.host_range
@@ -175,8 +159,6 @@ def schedule(ctx: EstimationContext, *, costs: LayerCosts, comm: Comm, part: Par
         m * layers * (ctx.host_overhead_s + _pick(slow, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
                                                   + _zero3_hooks(ctx, costs, zero, full, h)))
         for h in (lo, hi))
-    # DualPipe runs each micro-batch's sends beside another's computation: only the fill and drain are exposed
-    pp_exposed = (2.0 * (pp - 1) * comm.p2p if ctx.terms.pipeline_schedule == "dualpipe" else pp_total)
     exposed = m * x_stage + pp_exposed + dp_exposed
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
@@ -246,11 +228,20 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     z3_total = layers * (2 * m * z3_ag + reductions * z3_rs)
     z3_exposed = layers * (m * np.maximum(z3_ag - f_layer, 0.0) + (m - reductions) * np.maximum(z3_ag - b_layer, 0.0)
                            + reductions * np.maximum(z3_ag + z3_rs - b_layer, 0.0))
-    bwd_window = layers * b_layer
-    fwd_window = layers * f_layer
-    gathers = np.where(zero == 3, 2 * m, 1)
-    grad_t = comm.dp_all_reduce + comm.dp_reduce_scatter
-    t_ag = comm.dp_all_gather
+    return dp_exposure(comm.dp_all_reduce + comm.dp_reduce_scatter, comm.dp_all_gather, reductions,
+                       np.where(zero == 3, 2 * m, 1), layers * b_layer, layers * f_layer, overlap, penalty,
+                       z3_total, z3_exposed)
+
+
+def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, gathers: np.ndarray,
+                bwd_window: np.ndarray, fwd_window: np.ndarray, overlap: np.ndarray, penalty: float,
+                z3_total: np.ndarray | float = 0.0, z3_exposed: np.ndarray | float = 0.0
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(total, exposed) data-parallel time per step, the rule every path uses (transformer stages, traced
+    graphs): ``reductions`` gradient reductions of ``grad_t`` each hide behind the backward window,
+    ``gathers`` ZeRO parameter all-gathers of ``t_ag`` behind the forward window (when ``overlap``; else all
+    exposed); per-layer ZeRO-3 traffic comes in as (``z3_total``, ``z3_exposed``); a fraction ``penalty`` of
+    whatever hides still counts (NCCL kernels hold SMs and memory bandwidth)."""
     exposed = np.where(overlap, reductions * np.maximum(grad_t - bwd_window, 0.0)
                        + gathers * np.maximum(t_ag - fwd_window, 0.0),
                        reductions * grad_t + gathers * t_ag) + z3_exposed

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import pipeline
 from ..comm_plan import a2a_bytes, kv_block_bytes
 from ..compute.base import ComputeModel
 from ..compute.roofline import activation_bytes
@@ -185,21 +186,20 @@ class TransformerSource(LayerSource):
     kept apart so each pipeline rank holds exactly its layers' parameters (:attr:`kind_of_layer`)."""
 
     def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None,
-                 paired_chunks: bool = False, fp8_dispatch: bool = False, node_dedup: bool = False):
+                 fp8_dispatch: bool = False, node_dedup: bool = False):
         self.model = model
         self.flavor = flavor
         self.storage = storage or ActivationStorage()
         """the stack's selective-recomputation modules and fp8 activation caching."""
-        self.paired_chunks = paired_chunks
-        """the schedule runs each forward chunk beside another micro-batch's backward chunk (DualPipe): the
-        expert-parallel all-to-alls of one hide behind the other's computation."""
         self.fp8_dispatch = fp8_dispatch
         """fp8 plans dispatch in fp8 (StackTerms.ep_fp8_dispatch)."""
         self.node_dedup = node_dedup
         """a token crosses the network once per destination node (StackTerms.ep_node_dedup)."""
         self.num_layers = model.num_layers
         self.tokens_per_sequence = model.seq_len
-        moe = ("ep", "etp") if model.is_moe else ()
+        # the pipeline schedule matters to a layer's cost where it pairs chunks (DualPipe: the expert all-to-alls
+        # of one chunk hide behind the other's computation, tpsim.pipeline.paired)
+        moe = ("ep", "etp", "schedule") if model.is_moe else ()
         self.key_fields = ("tp", "sp", "micro_batch", "recompute", "cp", "cp_kind") + moe
         self.comm_fields = ("tp", "sp", "micro_batch", "cp", "cp_kind") + moe
         self.param_fields = ("tp",) + moe
@@ -245,7 +245,8 @@ class TransformerSource(LayerSource):
         ep, etp = (keys["ep"], keys["etp"]) if model.is_moe else (None, None)
         sp = sp.astype(bool)
         act_bytes = activation_bytes(dtype)
-        axes = dict(tp=tp, sp=sp, micro_batch=mb, cp=cp, ep=ep, etp=etp, act_bytes=act_bytes)
+        axes = dict(tp=tp, sp=sp, micro_batch=mb, cp=cp, ep=ep, etp=etp, act_bytes=act_bytes,
+                    paired=pipeline.paired(keys["schedule"]) if model.is_moe else False)
         kinds = [self._kind_costs(compute, kind, rc, cp_kind, dtype, attention, axes) for kind in self.kinds]
         mean = _mean_layer(kinds, self.weights)
         T = mb * float(model.seq_len) / cp
@@ -287,7 +288,9 @@ class TransformerSource(LayerSource):
         tags = [("tp", who, kind.moe if who[1] == "feed_forward" else None) for _, who in tp_ops]
         tags += [("cp", i, kind.window if c.op == "send_recv" else None) for i, c in enumerate(cp_ops)]
         if kind.moe:
-            ep_ops = moe_layer_collectives(model, axes, paired=(lc.fwd, lc.bwd) if self.paired_chunks else None,
+            pairs = axes["paired"]
+            ep_ops = moe_layer_collectives(model, axes, paired=(np.where(pairs, lc.fwd, 0.0), np.where(pairs, lc.bwd, 0.0))
+                                           if np.any(pairs) else None,
                                            fp8_dispatch=self.fp8_dispatch and dtype == "fp8",
                                            node_dedup=self.node_dedup)
             comm += ep_ops

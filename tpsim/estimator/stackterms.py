@@ -7,6 +7,8 @@ reserve). Every value comes from the profile's figures (each with its source); p
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -29,6 +31,9 @@ ARCH_SM = {"ampere": "sm80", "ada": "sm80", "hopper": "sm90", "blackwell": "sm10
 ATTENTION_KERNEL = {"flash2": "fa2", "flash3": "fa3", "cudnn": "cudnn", "unfused": "unfused"}
 """stack attention names -> :class:`~tpsim.compute.kernel_model.KernelModel` implementations."""
 PERSISTENCE_DEFAULT = 0.0
+
+if TYPE_CHECKING:
+    from ..precision import StateBytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,21 +97,12 @@ class StackTerms:
     optimizer_state_bytes: float
     """bytes per parameter of the two Adam moments together."""
     fp8_weights_kept: bool
-    pipeline_mirrored_stages: bool
-    """a bidirectional schedule (DualPipe): pipeline rank r also holds stage pp - 1 - r (its parameters,
-    gradients, optimizer states and activations)."""
-    pipeline_extra_in_flight: float
-    """micro-batches in flight beyond the 1F1B count at the activation peak (DualPipe: 1)."""
     ep_fp8_dispatch: bool = False
     """fp8 plans send the dispatch all-to-all (and its backward twin, the gradients towards the experts) in fp8;
     the combine (and its twin) stay 16-bit (``comm.ep_dispatch_dtype``)."""
     ep_node_dedup: bool = False
     """with group-limited routing a token crosses the network once per destination node and is forwarded to its
     experts there over NVLink (``comm.ep_node_dedup``; DeepEP / HAI-LLM)."""
-    pipeline_schedule: str = "1f1b"
-    """``1f1b`` (Megatron's 1F1B, interleaved with vpp > 1) or ``dualpipe`` (DeepSeek-V3's bidirectional
-    schedule: a smaller bubble, and each forward chunk runs beside another micro-batch's backward chunk so that
-    the expert-parallel all-to-alls of one hide behind the computation of the other; :data:`PIPELINE_SCHEDULES`)."""
     activation_storage: "ActivationStorage"
     """what selective recomputation recomputes and which cached activations are fp8 (fp8 training)."""
     """with fp8 GEMMs the stack keeps fp8 weights instead of 16-bit ones (else 16-bit weights plus fp8 casts)."""
@@ -118,6 +114,15 @@ class StackTerms:
     default_attention: Mapping[str, str]
 
     # ---- queries -------------------------------------------------------------------------------------------
+    def state_bytes(self, dtype: str) -> "StateBytes":
+        """Bytes per parameter of weights, master copy, gradients, moments and the DP wire under this stack
+        for GEMM precision ``dtype`` (:func:`tpsim.precision.state_bytes`)."""
+        from ..precision import state_bytes
+
+        return state_bytes(dtype, grad_buffer=self.grad_buffer_bytes, master=self.main_params_bytes,
+                           moment=self.optimizer_state_bytes / 2.0, wire_params=self.param_gather_bytes,
+                           wire_grads=self.grad_reduce_bytes, fp8_weights_kept=self.fp8_weights_kept)
+
     def reduces_per_microbatch(self, zero: np.ndarray, pp: np.ndarray) -> np.ndarray:
         """Per plan: gradients reduced after every micro-batch (else once per step)."""
         return self.per_microbatch[(np.asarray(pp) > 1).astype(np.int64), np.asarray(zero, dtype=np.int64)]
@@ -238,9 +243,6 @@ def stack_terms(stack: StackProfile) -> StackTerms:
                                                  f"{where}: memory.optimizer_state_dtype"),
         fp8_weights_kept=bool(_value(stack, "memory", "fp8_weights_kept", False)),
         activation_storage=_activation_storage(stack, where),
-        pipeline_mirrored_stages=bool(_value(stack, "memory", "pipeline_mirrored_stages", False)),
-        pipeline_extra_in_flight=_positive(stack, "pipeline_extra_in_flight", 0.0, where, minimum=0.0),
-        pipeline_schedule=_choice(stack, "compute", "pipeline_schedule", "1f1b", PIPELINE_SCHEDULES, where),
         ep_fp8_dispatch=_choice(stack, "comm", "ep_dispatch_dtype", "bf16", ("bf16", "fp8"), where) == "fp8",
         ep_node_dedup=bool(_value(stack, "comm", "ep_node_dedup", False)),
         allocator_reserve_fraction=reserve,
@@ -275,10 +277,6 @@ def _activation_storage(stack: StackProfile, where: str) -> ActivationStorage:
                              fp8_attention_output_bytes=None if attn is None else float(attn))
 
 
-PIPELINE_SCHEDULES = ("1f1b", "dualpipe")
-"""pipeline schedules a stack may name (``compute.pipeline_schedule``)."""
-
-
 def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: tuple[str, ...],
             where: str) -> str:
     value = _value(stack, section, key, default)
@@ -286,9 +284,3 @@ def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: 
         raise InputError(f"{where}: {section}.{key}={value!r} is not one of {', '.join(allowed)}")
     return str(value)
 
-
-def _positive(stack: StackProfile, key: str, default: float, where: str, minimum: float) -> float:
-    value = _value(stack, "memory", key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise InputError(f"{where}: memory.{key}={value!r} must be a number >= {minimum:g}")
-    return float(value)

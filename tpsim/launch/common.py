@@ -195,7 +195,7 @@ _SHAPE_OVERRIDES = {"num_layers": "layers", "hidden_size": "hidden", "num_attent
                     "num_kv_heads": "kv_heads", "ffn_hidden_size": "ffn", "vocab_size": "vocab", "seq_len": "seq_len"}
 
 
-def _apply_shape(base: ModelSpec, shape: Mapping[str, Any], imp: ImportedLaunch) -> ModelSpec:
+def _apply_shape(base: ModelSpec, shape: Mapping[str, Any], imp: ImportedLaunch) -> ModelSpec:  # noqa: ARG001 (unused: kept for the callers)
     overrides = {_SHAPE_OVERRIDES[k]: int(v) for k, v in shape.items()
                  if k in _SHAPE_OVERRIDES and int(v) != getattr(base, k)}
     spec = with_overrides(base, **overrides)
@@ -232,11 +232,18 @@ def _model_from_shape(shape: Mapping[str, Any], imp: ImportedLaunch) -> ModelSpe
     return ModelSpec(name=f"{imp.format}-import", family="llama" if llama else "gpt", **values)
 
 
+FILE_STATES = {"schedule": "1f1b", "tp_overlap": False, "pp_first": 0, "pp_last": 0, "pp_embedding": False,
+               "pp_loss": False}
+"""plan fields (docs/SCHEMAS.md T1) every launch format states by a flag or key whose absence is the default."""
+
+
 def resolve_plan(imp: ImportedLaunch, model: ModelSpec, gpus: int, global_batch: int | None = None,
                  overrides: Mapping[str, Any] | None = None) -> Plan:
     """The plan of an import on ``gpus`` GPUs (dp derived), with ``overrides`` (command-line plan flags) on top;
     the dp the file implies must match."""
     fields = {k: v for k, v in imp.plan_fields.items() if v is not None}
+    for k, v in FILE_STATES.items():   # a launch file states these: absent means the framework's default, not
+        fields.setdefault(k, v)        # the model preset's (deepseek-v3's dualpipe is hai-llm's schedule)
     fields.update({k: v for k, v in (overrides or {}).items() if v is not None})
     later = [k for k in PLAN_AXES_LATER if k in fields and fields[k] != AXIS_DEFAULTS[k]]
     missing = [k for k in later if k not in Plan.__dataclass_fields__]

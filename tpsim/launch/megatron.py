@@ -504,7 +504,7 @@ def _recompute_of(f: Flags, notes: list[str]) -> str:
     return "full"
 
 
-def _zero_of(f: Flags, notes: list[str]) -> int:
+def _zero_of(f: Flags, notes: list[str]) -> int:  # noqa: ARG001 (unused: kept for the callers)
     if f.has("--zero-stage"):
         return f.int("--zero-stage") or 0
     if f.has("--use-megatron-fsdp"):

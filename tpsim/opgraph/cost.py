@@ -35,7 +35,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..compute.base import ComputeModel
-from .layout import Comm, UnitLayout, unit_layout
+from ..precision import activation_bytes
+from .layout import UnitLayout, unit_layout
 from .schema import CONV_KINDS, SAVED_DTYPES, SRC_CONST, SRC_EXTERNAL, Op, OpGraph, Unit
 from .tp import TPPlan, is_depthwise, styles_at
 
@@ -338,8 +339,7 @@ def _floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat", "complex"))
 
 
-def _act_bytes(dtype: str) -> int:
-    return 4 if dtype in ("fp32", "tf32") else 2
+_act_bytes = activation_bytes
 
 
 def _act_bytes_of(kind: str, dtype: str) -> float:

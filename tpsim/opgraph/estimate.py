@@ -32,7 +32,10 @@ from ..compute.base import ComputeModel
 from ..compute.roofline import RooflineModel, activation_bytes
 from ..errors import InputError
 from ..hardware import overlap_penalty
-from ..estimator.memory import stage_layers
+from .. import pipeline
+from ..estimator.partition import stage_layers
+from ..estimator.schedule import dp_exposure
+from ..precision import state_bytes
 from ..estimator.result import Estimate, EstimateBatch
 from ..plan import ORDERS, Plan, PlanBatch
 from ..units import GiB
@@ -261,8 +264,8 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
     roofline = compute if isinstance(compute, RooflineModel) else RooflineModel(device)
     compute, host_s, warnings = _calibrated(cluster, compute or roofline)
     act_b = activation_bytes(plans.dtype)
-    w_bytes = 4.0 if plans.dtype in ("fp32", "tf32") else 2.0
-    master_bytes = 0.0 if plans.dtype in ("fp32", "tf32") else 4.0
+    sb = state_bytes(plans.dtype)  # Megatron-LM's dtypes (tpsim/precision.py)
+    w_bytes, master_bytes, moment_bytes = sb.weights, sb.master, sb.moments
     costs = _costs(model, compute, flavor, conv_times)
     curves = _curves(cluster, plans)
     ua = _unit_arrays(costs, plans, curves, act_b)
@@ -296,7 +299,7 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
     w_div = np.where(zero == 3, dp, 1.0)
     g_div = np.where(zero >= 2, dp, 1.0)
     o_div = np.where(zero >= 1, dp, 1.0)
-    per_param = w_bytes / w_div + GRAD_BYTES / g_div + (master_bytes + 8.0) / o_div
+    per_param = w_bytes / w_div + GRAD_BYTES / g_div + (master_bytes + moment_bytes) / o_div
     # ZeRO-3: each block instance's weights gathered before its forward and its backward (prefetched one block
     # ahead: hidden behind that block's compute), its gradients reduce-scattered after its backward; the glue
     # (embedding, output layer) is gathered twice and reduced once per micro-batch behind the whole stage's
@@ -339,8 +342,7 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
         # memory of every rank: its parameters, its layers' activations times the micro-batches in flight
         r_idx = np.arange(int(pp))[:, None]
         mm = m[rows][None, :]
-        chunks = np.where(vpp > 1, (2 * (pp - r_idx - 1) + (vpp - 1) * pp + 1) / vpp, pp - r_idx)
-        in_flight = np.minimum(chunks, mm).astype(float)
+        in_flight = pipeline.in_flight(plans.schedule[rows][None, :], r_idx, pp, vpp, mm)
         working = np.where(full[:, rows][None], present * ua.act[0][None, :, rows], 0.0).max(axis=1)
         z3_buf = np.where(zero[rows] == 3, 2.0 * np.where(present, ua.params[None, :, rows], 0.0).max(axis=1)
                           * w_bytes, 0.0)
@@ -351,19 +353,21 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
         res["weights_p"][rows] = _pick(peak_rank, params)
         res["act"][rows] = _pick(peak_rank, act_r)
         res["other"][rows] = _pick(peak_rank, z3_buf)
-    return _totals(model, cluster, plans, compute, roofline, curves, res, m, v, per_param, w_bytes, master_bytes,
+    return _totals(model, cluster, plans, compute, roofline, curves, res, m, v, w_bytes, master_bytes,
                    w_div, g_div, o_div, penalty, costs, warnings)
 
 
 def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel, roofline: RooflineModel,
-            curves: _Curves, res: dict[str, np.ndarray], m: np.ndarray, v: np.ndarray, per_param: np.ndarray,
+            curves: _Curves, res: dict[str, np.ndarray], m: np.ndarray, v: np.ndarray,
             w_bytes: float, master_bytes: float, w_div: np.ndarray, g_div: np.ndarray, o_div: np.ndarray,
             penalty: float, costs: GraphCosts, warnings: tuple[str, ...]) -> EstimateBatch:
     device = cluster.device
     t_stage = res["c"] + res["r"] + res["x"] + res["o"]
-    bubble = (plans.pp - 1) / v * t_stage
+    work = res["f"] + res["b"]
+    bubble = pipeline.bubble(plans.schedule, plans.pp, v, t_stage,
+                             np.where(work > 0, res["b"] / np.where(work > 0, work, 1.0), 0.0))
     t_p2p = curves.time("pp.send_recv", res["p2p_bytes"])
-    pp_total = 2.0 * (m * v + plans.pp - 1) * t_p2p
+    pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, plans.pp, v, m, t_p2p)
     # data parallel (and ZeRO), as the transformer estimator; ZeRO-3 gathers / reduces each layer's weights
     zero, has_dp = plans.zero, plans.dp > 1
     grad_b, weight_b = res["params_max"] * GRAD_BYTES, res["params_max"] * w_bytes
@@ -373,16 +377,10 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
     t_ag = curves.time("dp.all_gather", np.where(z12, weight_b, 0.0))
     z3_total = m * res["z3_total"]
     z3_exposed = m * res["z3_exposed"]
-    reductions = np.where(zero >= 2, m, 1)
-    gathers = np.where(zero == 3, 2 * m, 1)
-    grad_t = t_ar + t_rs
     ovl = plans.overlap
-    bwd_window, fwd_window = res["b"], res["f"]
-    dp_exposed = np.where(ovl, reductions * np.maximum(grad_t - bwd_window, 0.0)
-                          + gathers * np.maximum(t_ag - fwd_window, 0.0), reductions * grad_t + gathers * t_ag) \
-        + z3_exposed
-    dp_total = reductions * grad_t + gathers * t_ag + z3_total
-    dp_exposed = dp_exposed + penalty * (dp_total - dp_exposed)
+    bwd_window = res["b"]
+    dp_total, dp_exposed = dp_exposure(t_ar + t_rs, t_ag, np.where(zero >= 2, m, 1), np.where(zero == 3, 2 * m, 1),
+                                       bwd_window, res["f"], ovl, penalty, z3_total, z3_exposed)
     # gradients of parameters used on a token / position split: all-reduced over TP once per step
     t_gred = curves.time("tp.all_reduce", res["gred"] * GRAD_BYTES)
     gred_exposed = np.where(ovl, np.maximum(t_gred - bwd_window, 0.0), t_gred)
@@ -391,7 +389,7 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
     t_opt = roofline.optimizer_time(opt_params)
 
     compute_s, recompute_s, overhead = m * res["c"], m * res["r"], m * res["o"]
-    exposed = m * res["x"] + pp_total + dp_exposed + gred_exposed
+    exposed = m * res["x"] + pp_exposed + dp_exposed + gred_exposed
     step = compute_s + recompute_s + bubble + t_opt + exposed + overhead
     tp_total = m * res["tp"] + t_gred
     rates = _rates(model, costs, cluster, plans, step)
@@ -404,7 +402,7 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
         peak_memory_gib=res["peak"] / GiB, fits=res["peak"] <= device.usable_memory_bytes, compute_s=compute_s,
         recompute_s=recompute_s, bubble_s=bubble, optimizer_s=t_opt, exposed_comm_s=exposed, tp_comm_s=tp_total,
         pp_comm_s=pp_total, dp_comm_s=dp_total, mem_weights_gib=held * w_bytes / w_div / GiB,
-        mem_grads_gib=held * GRAD_BYTES / g_div / GiB, mem_optimizer_states_gib=held * (master_bytes + 8.0) / o_div / GiB,
+        mem_grads_gib=held * GRAD_BYTES / g_div / GiB, mem_optimizer_states_gib=held * (master_bytes + state_bytes(plans.dtype).moments) / o_div / GiB,
         mem_activations_gib=res["act"] / GiB, mem_other_gib=res["other"] / GiB, measured_compute_fraction=measured,
         overhead_s=overhead, model_name=model.name, cluster_info=_cluster_info(cluster),
         compute_model=compute.source, collective_codes=codes, collective_names=names, context_warnings=warnings,
@@ -442,10 +440,10 @@ def _algorithm_codes(curves: _Curves, plans: PlanBatch, res: dict[str, np.ndarra
     names: dict[str, int] = {}
     codes: dict[str, np.ndarray] = {}
     zero = plans.zero
-    for axis, op_of, size in (("tp", lambda i: "all_reduce", lambda i: float(1 << 24)),
+    for axis, op_of, size in (("tp", lambda i: "all_reduce", lambda i: float(1 << 24)),  # noqa: ARG005 (a fixed signature)
                               ("dp", lambda i: "reduce_scatter" if zero[i] else "all_reduce",
                                lambda i: float(grad_b[i])),
-                              ("pp", lambda i: "send_recv", lambda i: float(res["p2p_bytes"][i]))):
+                              ("pp", lambda i: "send_recv", lambda i: float(res["p2p_bytes"][i]))):  # noqa: ARG005 (a fixed signature)
         out = np.full(len(plans), -1, dtype=np.int32)
         memo: dict[tuple, int] = {}
         for i in range(len(plans)):
@@ -462,7 +460,8 @@ def _algorithm_codes(curves: _Curves, plans: PlanBatch, res: dict[str, np.ndarra
 def _calibrated(cluster: Any, compute: ComputeModel) -> tuple[ComputeModel, float, tuple[str, ...]]:
     """The cluster's calibration ``compute`` section, as the estimator's context applies it: kernel-time
     factors and host overhead per layer (seconds) when fitted for this device; else a warning."""
-    from ..estimator.context import ScaledCompute, _profile_warnings
+    from ..compute.scaled import ScaledCompute
+    from ..estimator.context import _profile_warnings
 
     warnings = list(_profile_warnings(compute, cluster.device.name))
     cal = getattr(getattr(cluster, "spec", None), "calibration", None)
@@ -473,7 +472,7 @@ def _calibrated(cluster: Any, compute: ComputeModel) -> tuple[ComputeModel, floa
         warnings.append(f"calibration: compute section not applied (fitted on device {fit.device}, the cluster "
                         f"has {cluster.device.name})")
         return compute, 0.0, tuple(warnings)
-    scaled = ScaledCompute(compute, fit) if fit.scales_time else compute
+    scaled = ScaledCompute.of_calibration(compute, fit) if fit.scales_time else compute
     return scaled, fit.host_overhead_per_layer_us * 1e-6, tuple(warnings)
 
 

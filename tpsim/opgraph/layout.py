@@ -36,8 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .schema import CONV_KINDS, SRC_CONST, SRC_EXTERNAL, Op, OpGraph, Unit
-from .tp import is_depthwise
+from .schema import CONV_KINDS, SRC_CONST, SRC_EXTERNAL, Op, OpGraph
 
 CHANGES: dict[tuple[str, str], tuple[str | None, str | None]] = {
     ("R", "C"): (None, "all_gather"), ("R", "T"): (None, "all_gather"),
@@ -229,7 +228,7 @@ class _Sim:
             self.convert(j, src, n, "R", colwise=False)
         return "R"
 
-    def _reduce_partial(self, j: int, op: Op) -> str:
+    def _reduce_partial(self, j: int, op: Op) -> str:  # noqa: ARG002 (a fixed signature)
         """A rowwise / vocab output is a partial sum, reduced right away into R or, under SP, T."""
         want = "T" if self.prefer_t else "R"
         fwd, bwd = CHANGES[("P", want)]

@@ -77,7 +77,7 @@ class OpGraphModel:
         import dataclasses
         return dataclasses.replace(self, gpus_hint=int(gpus))
 
-    def total_params(self, tp: int = 1) -> int:
+    def total_params(self, tp: int = 1) -> int:  # noqa: ARG002 (unused: kept for the callers)
         return self.graph.total_params()
 
     def to_dict(self) -> dict[str, Any]:

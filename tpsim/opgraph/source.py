@@ -126,7 +126,7 @@ class OpGraphSource(LayerSource):
             self._costs = {key: GraphCosts(self.graph, self.plan, compute, self.flavor, self._conv_times)}
         return self._costs[key]
 
-    def costs(self, compute: ComputeModel, keys: dict[str, np.ndarray], dtype: str, attention: str) -> LayerCosts:
+    def costs(self, compute: ComputeModel, keys: dict[str, np.ndarray], dtype: str, attention: str) -> LayerCosts:  # noqa: ARG002 (a fixed signature)
         gc = self._graph_costs(compute)
         tp, sp, mb, rc = (np.asarray(keys[k]) for k in self.key_fields)
         n = len(tp)

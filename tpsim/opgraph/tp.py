@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
-from .schema import CONV_KINDS, SRC_CONST, SRC_EXTERNAL, WEIGHT_KINDS, Op, OpGraph, Unit
+from .schema import CONV_KINDS, SRC_CONST, Op, OpGraph, Unit
 
 STYLES = ("colwise", "rowwise", "sharded", "replicate", "vocab", "vocab_loss", "spatial")
 USER_STYLES = ("colwise", "rowwise", "replicate", "spatial", "vocab")

@@ -20,8 +20,6 @@ docs/SCHEMAS.md section 6), the charts draw it as error bars and the twins carry
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +62,6 @@ def save_figure(fig: Any, stem: str | Path) -> list[Path]:
     """Write ``stem.png`` (150 dpi) and ``stem.svg`` atomically (rendered in memory first); returns both."""
     import matplotlib
 
-    from ..io import atomic_write_bytes
 
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)

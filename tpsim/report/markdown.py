@@ -56,6 +56,10 @@ class ReportInputs:
     scaling_span: int = analysis.SCALING_SPAN
     """the scaling study searches gpus / span .. gpus x span (powers of two; counts the cluster refuses are
     left out)."""
+    tokens: float | None = None
+    """the whole run's token budget: adds the three whole-run charts (tpsim.report.wholerun)."""
+    reliability: Any = None
+    """the fleet of the whole-run figures (tpsim.train.Reliability; None: the default fleet)."""
     flops_convention: str | None = None
     """how MFU and TFLOP/s count the model FLOPs (None: causal, the default; docs/SCHEMAS.md T5)."""
 
@@ -233,7 +237,10 @@ def _section_bandwidth(grid: analysis.BandwidthGrid, base: float, pcie_GBps: flo
 
 def report_files() -> tuple[str, ...]:
     """Every file a report writes into its folder."""
-    charts_ = tuple(f"{name}{ext}" for name in CHART_FILES + ("ep_sweep", "cp_sweep") for ext in (".png", ".svg", ".csv"))
+    from .wholerun import CHARTS as RUN_CHARTS
+
+    charts_ = tuple(f"{name}{ext}" for name in CHART_FILES + ("ep_sweep", "cp_sweep") + RUN_CHARTS
+                    for ext in (".png", ".svg", ".csv"))
     return ("README.md", "plans.csv", "summary.json") + charts_
 
 
@@ -248,7 +255,7 @@ def check_report_dir(out_dir: str | Path, force: bool = False) -> Path:
 
 def write_report(inputs: ReportInputs, out_dir: str | Path, *,
                  loader: Callable[..., Any] | None = None, progress: bool = False,
-                 log: Callable[[str], None] = lambda s: None, force: bool = False) -> Path:
+                 log: Callable[[str], None] = lambda s: None, force: bool = False) -> Path:  # noqa: ARG005 (a fixed signature)
     """Run every study, draw the five charts and write the report; returns the README.md path.
 
     The folder is checked first (:func:`check_report_dir`; ``force`` replaces an existing report), every
@@ -272,8 +279,9 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
     log("GPU-count scaling and cost")
     clusters = analysis.scaling_counts(inputs.gpus, lambda n: cluster if n == inputs.gpus else
                                        loader(inputs.cluster, gpus=n), inputs.scaling_span)
+    run_kw = {} if inputs.tokens is None else {"tokens": inputs.tokens, "reliability": inputs.reliability}
     scaling, scaled = analysis.scaling(model, clusters, inputs.global_batch, space, reference=inputs.gpus,
-                                       gpu_hour_price=inputs.gpu_hour_price, **kw)
+                                       gpu_hour_price=inputs.gpu_hour_price, **kw, **run_kw)
     log("inter-node bandwidth grid")
     base = inter_node_bandwidth_GBps(cluster)
     grid = analysis.bandwidth_grid(model, cluster, inputs.global_batch, scale_inter_node_bandwidth, base, space,
@@ -307,6 +315,10 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
         figures["cp_sweep"] = (charts.context_sweep_chart(extra["cp_sweep"],
                                                           title=f"Context parallelism ({title})"),
                                charts.context_sweep_table(extra["cp_sweep"]))
+    if inputs.tokens is not None:
+        from . import wholerun
+
+        figures.update(wholerun.figures(scaled, title))
     text = _render(inputs, cluster, result, sweep, scaling, scaled, grid, base, extra)
     make_output_dir(out, "--out")
     for name, (fig, table) in figures.items():
@@ -358,6 +370,10 @@ def _render(inputs: ReportInputs, cluster: Any, result: SearchResult, sweep: ana
         body.append(_section_ep_sweep(extra["ep_sweep"]))
     if "cp_sweep" in extra:
         body.append(_section_cp_sweep(extra["cp_sweep"]))
+    if inputs.tokens is not None:
+        from .wholerun import section
+
+        body.append(section(scaled, inputs.tokens, inputs.gpu_hour_price))
     foot = [f"---\nEvery chart is saved as PNG and SVG with a text twin, a CSV of the numbers it draws "
             f"({', '.join(f'`{n}.csv`' for n in CHART_FILES)}); `plans.csv` holds the top plans with every "
             f"breakdown column and `summary.json` the `tpsim plan --json` object. Generated with Python "

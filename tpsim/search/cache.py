@@ -199,7 +199,8 @@ def _load(folder: Path, key: str, model: ModelSpec, clusters: list[Any], space: 
                           memo=dict(meta.get("memo", {})), duplicates=int(meta.get("duplicates", 0)),
                           left_out=int(meta.get("left_out", 0)),
                           cached=True, stack=options.get("stack"),
-                          stack_rejected=dict(meta.get("stack_rejected", {})))
+                          stack_rejected=dict(meta.get("stack_rejected", {})), tokens=options.get("tokens"),
+                          reliability=options.get("reliability"))
     _KEYS[id(result)] = (key, _sha(data))
     return result
 

@@ -26,12 +26,16 @@ import numpy as np
 
 from ..errors import InputError
 from ..model import ModelSpec
-from ..plan import CP_KINDS, ORDERS, RECOMPUTE, Plan, PlanBatch
+from ..plan import CP_KINDS, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
 from .pareto import pareto_front, pareto_front_max_y
 from .space import SearchSpace, enumerate_valid
 from .validity import MEM_LIMIT, MEMORY, REASONS, STACK, reasons_from_counts, stack_codes
 
-OBJECTIVES = ("time", "memory", "cost")
+OBJECTIVES = ("time", "memory", "cost", "time-to-train", "energy")
+WHOLE_RUN = ("time-to-train", "energy")
+"""objectives that need a token budget (``cost`` ranks whole-run dollars with one, $/Mtok without)."""
+RUN_COLUMNS = ("expected_days", "goodput", "cost_usd", "energy_mwh", "interruptions")
+"""whole-run columns (tpsim.train.plan_columns) a search with ``tokens`` keeps."""
 DEFAULT_GPU_HOUR_PRICE = 1.0
 """dollars per GPU-hour; 1.0 makes the cost column read as GPU-hours per million tokens."""
 CHUNK = 1 << 14
@@ -46,19 +50,22 @@ ESTIMATE_FIELDS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardw
                    "step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low",
                    "mfu_high")
 PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order", "cp", "cp_kind",
-               "ep", "etp")
+               "ep", "etp", "schedule")
 EXTRA_AXES = ("cp", "cp_kind", "ep", "etp")
 """plan columns of the parallel axes of issue 11 (docs/SCHEMAS.md section 1), used where the batches have them."""
 BAND_FIELDS = ("step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "mfu_low",
                "mfu_high")
 """error-band arrays (docs/SCHEMAS.md section 6), kept when the estimator's batches carry them."""
-VARIANT_FIELDS = ("order", "overlap")
-"""the plan fields in which twins may differ."""
+VARIANT_FIELDS = ("order", "overlap", "schedule")
+"""the plan fields in which twins may differ (the schedule: pp = 1 plans of every schedule the stack offers)."""
 TWIN_RTOL = 1e-9
 """relative tolerance under which two step times (or peak memories) are the same prediction: different rank
 orders can reach the same figure through a different summation order (a few ulps apart)."""
 BREAKDOWN = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
 SHAPE_FIELDS = ("tp", "cp", "pp", "ep", "zero")
+TIE_COLUMNS = {"time": "step_time_s", "cost": "cost_per_mtok", "time-to-train": "expected_days",
+               "energy": "energy_mwh"}
+"""the ranked figure of each objective that the step-time error band widens (tie groups)."""
 """what makes two plans distinct shapes for ``--distinct`` (the parallel degrees and the ZeRO stage)."""
 """the components that sum to the step time."""
 
@@ -135,6 +142,8 @@ class RankedPlan:
     """``Estimate.to_dict()`` of the plan (as ``tpsim estimate --json`` prints it)."""
     variants: tuple[Mapping[str, Any], ...] = ()
     """``{order, overlap}`` of every plan this row stands for (itself first): twins with the same prediction."""
+    train_time: Mapping[str, Any] | None = None
+    """the whole-run figures (``--tokens``), docs/SCHEMAS.md T8."""
 
     def to_dict(self) -> dict[str, Any]:
         """The plan's fields at top level, ``variants``, then every field of ``tpsim estimate --json``."""
@@ -144,6 +153,8 @@ class RankedPlan:
         out["cost_per_mtok"] = self.cost_per_mtok
         out["variants"] = [dict(v) for v in self.variants]
         out.update(self.estimate)
+        if self.train_time is not None:
+            out["train_time"] = dict(self.train_time)
         return out
 
 
@@ -179,6 +190,10 @@ class SearchResult:
     left_out: int = 0
     """plans of the full product that a pruned space (mixture-of-experts default) left out, every one
     rejected by a plan rule or the stack (:mod:`tpsim.search.space`); not in ``enumerated``."""
+    tokens: float | None = None
+    """the whole run's token budget (None: step-time figures only)."""
+    reliability: Any = None
+    """the :class:`tpsim.train.Reliability` of the whole-run figures."""
     convention: str | None = None
     """how the model FLOPs behind the ``mfu`` and ``model_tflops_per_gpu`` columns are counted (None: the
     estimator's, :data:`tpsim.estimator.flops.DEFAULT_FLOPS_CONVENTION`); see :attr:`flops_convention`."""
@@ -220,17 +235,18 @@ class SearchResult:
 
     def tie_groups(self, idx: np.ndarray | None = None) -> np.ndarray:
         """Per ranked row of ``idx`` (default: the ranking), its tie group: 1 for the best row and every row
-        whose prediction is within the best one's error band (its step time, or with ``objective="cost"`` its
-        cost, at most the band's upper edge); the first row outside opens group 2, and so on. Rows of one group
-        are ties: the estimator cannot tell them apart. ``objective="memory"`` ranks by a figure without a
-        band: every row is its own group."""
+        whose prediction is within the best one's error band (the objective's figure at most the band's upper
+        edge: step time, cost, days to train or energy scaled by the step-time band); the first row outside opens
+        group 2, and so on. Rows of one group are ties: the estimator cannot tell them apart.
+        ``objective="memory"`` ranks by a figure without a band: every row is its own group."""
         idx = np.asarray(self.ranking if idx is None else idx, dtype=np.int64)
         groups = np.zeros(idx.size, dtype=np.int64)
-        if self.objective == "memory":
-            return np.arange(1, idx.size + 1, dtype=np.int64)
         c = self.columns
+        column = TIE_COLUMNS.get(self.objective)
+        if column is None or column not in c:
+            return np.arange(1, idx.size + 1, dtype=np.int64)
         step, high = np.asarray(c["step_time_s"])[idx], np.asarray(c["step_time_s_high"])[idx]
-        value = step if self.objective == "time" else np.asarray(c["cost_per_mtok"])[idx]
+        value = np.asarray(c[column], dtype=float)[idx]
         edge = np.where(step > 0, high / np.where(step > 0, step, 1.0), 1.0) * value
         fits = np.asarray(c["fits_effective"])[idx]
         group, start = 0, -1
@@ -254,7 +270,8 @@ class SearchResult:
                     dp=int(c["dp"][i]), sp=bool(c["sp"][i]), recompute=RECOMPUTE[int(c["recompute"][i])],
                     zero=int(c["zero"][i]), micro_batch=int(c["micro_batch"][i]),
                     global_batch=int(c["global_batch"][i]), dtype=self.space.dtype, overlap=bool(c["overlap"][i]),
-                    order=ORDERS[int(c["order"][i])], attention=self.space.attention)
+                    order=ORDERS[int(c["order"][i])], attention=self.space.attention,
+                    schedule=SCHEDULES[int(c["schedule"][i])])
 
     def estimate(self, i: int) -> Any:
         """The full :class:`Estimate` of evaluated plan ``i``, exactly as ``tpsim estimate`` gives it: the row
@@ -300,8 +317,23 @@ class SearchResult:
             self.memo[str(i)] = e.to_dict()
         return [RankedPlan(rank=r + 1, gpus=int(self.columns["gpus"][i]),
                            cost_per_mtok=float(self.columns["cost_per_mtok"][i]), estimate=self.estimate_dict(i),
-                           variants=tuple(self.variant_fields(int(i))))
+                           variants=tuple(self.variant_fields(int(i))), train_time=self.train_time(int(i)))
                 for r, i in enumerate(idx)]
+
+    def train_time(self, i: int) -> dict[str, Any] | None:
+        """The ``train_time`` object (docs/SCHEMAS.md T8) of evaluated plan ``i``; None without ``tokens``."""
+        if self.tokens is None:
+            return None
+        from ..train import train_time_of
+
+        c = self.columns
+        band = {k: float(c[f"step_time_s_{k}"][i]) if f"step_time_s_{k}" in c else float("nan")
+                for k in ("low", "high")}
+        return train_time_of(self.model, self.parts[int(c["part"][i])].cluster, self.plan(i), self.tokens,
+                             self.reliability, self.gpu_hour_price, step_s=float(c["step_time_s"][i]),
+                             step_low=band["low"], step_high=band["high"],
+                             weights_gib=float(c["mem_weights_gib"][i]),
+                             optimizer_gib=float(c["mem_optimizer_states_gib"][i])).to_dict()
 
     # ---- twins ---------------------------------------------------------------------------------------
     def variants(self, i: int) -> np.ndarray:
@@ -334,6 +366,8 @@ class SearchResult:
         parts.append(f"pp{c['pp'][i]}")
         if c["vpp"][i] > 1:
             parts.append(f"v{c['vpp'][i]}")
+        if c["schedule"][i]:
+            parts.append(SCHEDULES[int(c["schedule"][i])])
         parts.append(f"dp{c['dp'][i]}")
         if c["sp"][i]:
             parts.append("sp")
@@ -425,7 +459,9 @@ class SearchResult:
             data["etp"] = np.where(c["etp"][idx] == 0, c["tp"][idx], c["etp"][idx])
         overlaps, orders, counts = self._variant_columns(idx)
         data.update({
-            "pp": c["pp"][idx], "vpp": c["vpp"][idx], "dp": c["dp"][idx],
+            "pp": c["pp"][idx], "vpp": c["vpp"][idx],
+            **({"schedule": [SCHEDULES[int(k)] for k in c["schedule"][idx]]} if np.any(c["schedule"][idx]) else {}),
+            "dp": c["dp"][idx],
             "sp": np.where(c["sp"][idx], "y", "-"), "recompute": [RECOMPUTE[int(r)] for r in c["recompute"][idx]],
             "zero": c["zero"][idx], "mb": c["micro_batch"][idx], "overlap": overlaps, "order": orders,
             "variants": counts,
@@ -439,8 +475,11 @@ class SearchResult:
             if name in ("overhead", "cp_comm", "ep_comm") and not np.any(c[f"{name}_s"][idx]):
                 continue  # no calibrated host overhead, no cp / ep: no column of zeros
             data[f"{name}_s"] = c[f"{name}_s"][idx]
-        if self.objective == "cost":
+        if self.objective == "cost" and self.tokens is None:
             data["$/Mtok"] = c["cost_per_mtok"][idx]
+        if self.tokens is not None:
+            data.update({"days": c["expected_days"][idx], "goodput": c["goodput"][idx], "$": c["cost_usd"][idx],
+                         "MWh": c["energy_mwh"][idx]})
         return data
 
     def table(self, top: int | None = 10) -> "Any":
@@ -504,9 +543,12 @@ def cost_gpu_counts(gpus_per_node: int, max_gpus: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def _check_args(objective: str, gpu_hour_price: float, mem_limit_gib: float | None) -> None:
+def _check_args(objective: str, gpu_hour_price: float, mem_limit_gib: float | None,
+                tokens: float | None = None) -> None:
     if objective not in OBJECTIVES:
         raise InputError(f"objective={objective!r} is not one of {', '.join(OBJECTIVES)}")
+    if objective in WHOLE_RUN and tokens is None:
+        raise InputError(f"--objective {objective} ranks whole runs: give the token budget, --tokens N")
     if not (gpu_hour_price > 0 and np.isfinite(gpu_hour_price)):
         raise InputError(f"gpu_hour_price={gpu_hour_price!r} must be a positive number of dollars per GPU-hour")
     if mem_limit_gib is not None and not (mem_limit_gib > 0 and np.isfinite(mem_limit_gib)):
@@ -533,9 +575,12 @@ def _columns(chunks: Sequence[Any], plans: PlanBatch) -> dict[str, np.ndarray]:
 
 
 def _rank(cols: Mapping[str, np.ndarray], objective: str) -> np.ndarray:
-    """Indices of all rows, best first (np.lexsort: the last key is the primary one)."""
-    primary = {"time": cols["step_time_s"], "memory": cols["peak_memory_gib"],
-               "cost": cols["cost_per_mtok"]}[objective]
+    """Indices of all rows, best first (np.lexsort: the last key is the primary one). With whole-run columns
+    (``tokens``), ``cost`` ranks the whole run's dollars; ``time-to-train`` the expected days; ``energy`` MWh."""
+    run = "expected_days" in cols
+    primary = {"time": lambda: cols["step_time_s"], "memory": lambda: cols["peak_memory_gib"],
+               "cost": lambda: cols["cost_usd"] if run else cols["cost_per_mtok"],
+               "time-to-train": lambda: cols["expected_days"], "energy": lambda: cols["energy_mwh"]}[objective]()
     # tie-breakers: fewer GPUs, then the plan fields ascending in PLAN_FIELDS order, except that the default
     # overlap=True goes before overlap=False; packed into one key that sorts like that tuple
     fields = _packed([~cols[name] if name == "overlap" else cols[name] for name in ("gpus",) + PLAN_FIELDS])
@@ -545,20 +590,25 @@ def _rank(cols: Mapping[str, np.ndarray], objective: str) -> np.ndarray:
 def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchSpace | None = None,
            objective: str = "time", gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE,
            mem_limit_gib: float | None = None, include_unfit: bool = False, compute: Any = None,
-           progress: bool = False, estimator: Estimator | None = None, stack: Any = None) -> SearchResult:
+           progress: bool = False, estimator: Estimator | None = None, stack: Any = None,
+           tokens: float | None = None, reliability: Any = None) -> SearchResult:
     """Rank every valid plan of ``space`` on ``clusters`` (one Cluster, or one per GPU count) that the training
     ``stack`` (a profile, name or path; default megatron) can run; the others count under ``stack``.
 
     ``estimator`` defaults to :func:`tpsim.estimator.estimate_batch`; ``progress`` shows a tqdm bar on
-    stderr when the search takes more than about a second.
+    stderr when the search takes more than about a second. With ``tokens`` (and ``reliability``, a
+    :class:`tpsim.train.Reliability` or fleet name) every plan also gets its whole-run figures
+    (:func:`tpsim.train.plan_columns`), which the ``time-to-train``, ``energy`` and ``cost`` objectives rank.
     """
     from ..estimator.context import resolve_stack
 
     started = time.perf_counter()
-    _check_args(objective, gpu_hour_price, mem_limit_gib)
+    _check_args(objective, gpu_hour_price, mem_limit_gib, tokens)
     space = space or SearchSpace()
     estimator = estimator or _default_estimator()
     stack = resolve_stack(stack)
+    if space.schedule is None:  # the stack's schedules, searched like vpp
+        space = dataclasses.replace(space, schedule=tuple(stack.rules.schedules))
     clusters = tuple(clusters) if isinstance(clusters, (list, tuple)) else (clusters,)
     if not clusters:
         raise InputError("no cluster to search")
@@ -603,6 +653,8 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     over_limit = (columns["peak_memory_gib"] > mem_limit_gib) if mem_limit_gib else np.zeros_like(columns["fits"])
     columns["fits_effective"] = columns["fits"] & ~over_limit
     columns["cost_per_mtok"] = columns["gpus"] * gpu_hour_price / 3600.0 / columns["tokens_per_s"] * 1e6
+    if tokens is not None:
+        reliability = _whole_run_columns(model, parts, columns, tokens, reliability, gpu_hour_price, objective)
     order = _rank(columns, objective)
     columns["twin_of"] = _twin_of(columns, order)
     twins = columns["twin_of"] != np.arange(columns["twin_of"].size)
@@ -620,7 +672,27 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
                         rejected=rejected, elapsed_s=time.perf_counter() - started, mem_limit_gib=mem_limit_gib,
                         compute=compute, space=space, duplicates=int((twins & (columns["fits_effective"] | include_unfit)).sum()),
                         stack=stack, stack_rejected=stack_rejected,
-                        left_out=sum(e.left_out for e in enumerations))
+                        left_out=sum(e.left_out for e in enumerations), tokens=tokens, reliability=reliability)
+
+
+def _whole_run_columns(model: ModelSpec, parts: Sequence[Part], columns: dict[str, np.ndarray], tokens: float,
+                       reliability: Any, gpu_hour_price: float, objective: str) -> Any:
+    """Add the whole-run columns (RUN_COLUMNS) to ``columns``, part by part; returns the Reliability used."""
+    from ..train import check_tokens, load_reliability, plan_columns
+
+    tokens = check_tokens(tokens)
+    rel = reliability if hasattr(reliability, "components") else load_reliability(reliability)
+    n = columns["tp"].size
+    for name in RUN_COLUMNS:
+        columns[name] = np.full(n, np.inf)
+    for p, part in enumerate(parts):
+        rows = np.flatnonzero(columns["part"] == p)
+        for name, values in plan_columns(model, part.cluster, columns, rows, tokens, rel, gpu_hour_price).items():
+            columns[name][rows] = values
+    if objective == "energy" and not np.isfinite(columns["energy_mwh"]).any() and n:
+        raise InputError(f"--objective energy: no power figure for device {parts[0].cluster.device.name} "
+                         "(add energy.device_power_w to a --reliability file)")
+    return rel
 
 
 def _twin_of(cols: Mapping[str, np.ndarray], order: np.ndarray) -> np.ndarray:

@@ -37,7 +37,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..model import ModelSpec
-from ..plan import CP_KINDS, FULL_ORDERS, MEGATRON_ORDERS, ORDERS, RECOMPUTE, PlanBatch
+from ..pipeline import REQUIRED_CHUNKS
+from ..plan import CP_KINDS, FULL_ORDERS, MEGATRON_ORDERS, ORDERS, RECOMPUTE, SCHEDULES, PlanBatch
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -76,6 +77,9 @@ class SearchSpace:
     """pipeline degrees; None: every divisor of gpus / tp up to the number of layers."""
     vpp: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     """virtual pipeline sizes (model chunks per pipeline rank)."""
+    schedule: tuple[str, ...] | None = None
+    """pipeline schedules (tpsim/pipeline.py), each with the vpp values it runs (:meth:`pipes`); None: the
+    training stack's offered schedules where the planner knows the stack, else 1F1B alone."""
     sp: tuple[bool, ...] = (False, True)
     recompute: tuple[str, ...] = RECOMPUTE
     zero: tuple[int, ...] = (0, 1, 2, 3)
@@ -123,9 +127,26 @@ class SearchSpace:
         for o in self.order:
             if o not in ORDERS:
                 raise InputError(f"order={o!r} is not one of {', '.join(ORDERS)}")
+        for s in self.schedule or ():
+            if s not in SCHEDULES:
+                raise InputError(f"schedule={s!r} is not one of {', '.join(SCHEDULES)}")
+        if self.schedule is not None and not self.schedule:
+            raise InputError("schedule: the search space has no candidate value")
         for name in ("sp", "recompute", "zero", "overlap", "order", "cp_kind"):
             if not getattr(self, name):
                 raise InputError(f"{name}: the search space has no candidate value")
+
+    def pipes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(vpp, schedule code) pairs searched: each schedule with the vpp values of the space it runs (ZB-V
+        and DualPipeV two chunks per rank, GPipe, ZB-H1 and DualPipe one, 1F1B and interleaved zero-bubble
+        any), in (schedule, vpp) order; 1F1B alone gives the vpp values themselves."""
+        pairs = [(v, c) for c in (SCHEDULES.index(s) for s in (self.schedule or ("1f1b",)))
+                 for v in self.vpp if REQUIRED_CHUNKS[c] in (0, v)]
+        if not pairs:
+            raise InputError(f"schedule: none of {', '.join(self.schedule or ())} runs with vpp "
+                             f"{', '.join(map(str, self.vpp))}")
+        vpp, sched = zip(*pairs)
+        return np.asarray(vpp, dtype=np.int64), np.asarray(sched, dtype=np.int64)
 
     def tp_candidates(self, num_gpus: int) -> tuple[int, ...]:
         """tp values that divide the GPU count (and respect ``max_tp``)."""
@@ -225,7 +246,8 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, space: S
     if global_batch <= 0:
         raise InputError(f"global_batch={global_batch} must be a positive integer")
     layouts = np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, len(LAYOUT_COLUMNS))
-    per_layout = [np.asarray(space.vpp, dtype=np.int64), np.asarray(space.sp, dtype=bool),
+    pipe_vpp, pipe_schedule = space.pipes()
+    per_layout = [np.arange(pipe_vpp.size), np.asarray(space.sp, dtype=bool),
                   np.asarray([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64),
                   np.asarray(space.zero, dtype=np.int64), np.asarray(space.micro_batch, dtype=np.int64),
                   np.asarray(space.overlap, dtype=bool)]
@@ -234,6 +256,7 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, space: S
     grid = np.indices(sizes, dtype=np.int32).reshape(len(sizes), -1)
     lay_index = grid[0]
     cols = {name: values[grid[i + 1]] for i, (name, values) in enumerate(zip(PER_LAYOUT, per_layout))}
+    cols["vpp"], cols["schedule"] = pipe_vpp[cols["vpp"]], pipe_schedule[cols["vpp"]]
     keep = cols["overlap"] | _reduces(layouts)[lay_index] | (True not in space.overlap)
     if not keep.all():
         lay_index = lay_index[keep]
@@ -280,12 +303,14 @@ def _partial(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSp
     if global_batch <= 0:
         raise InputError(f"global_batch={global_batch} must be a positive integer")
     layouts = np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, len(LAYOUT_COLUMNS))
-    first = [np.asarray(space.vpp, dtype=np.int64), np.asarray(space.sp, dtype=bool),
+    pipe_vpp, pipe_schedule = space.pipes()
+    first = [np.arange(pipe_vpp.size), np.asarray(space.sp, dtype=bool),
              np.asarray(space.micro_batch, dtype=np.int64)]
     sizes = [len(layouts)] + [len(a) for a in first]
     grid = np.indices(sizes, dtype=np.int32).reshape(len(sizes), -1)
     lay = layouts[grid[0]]
     part = {name: values[grid[i + 1]] for i, (name, values) in enumerate(zip(("vpp", "sp", "micro_batch"), first))}
+    part["vpp"], part["schedule"] = pipe_vpp[part["vpp"]], pipe_schedule[part["vpp"]]
     axes = {name: lay[:, i] for i, name in enumerate(LAYOUT_COLUMNS)}
     gb = np.full(len(lay), global_batch, dtype=np.int64)
     code_of = {}
@@ -363,7 +388,7 @@ def enumerate_valid(model: ModelSpec, num_gpus: int, global_batch: int, space: S
         p, pieces, count = _pruned(model, num_gpus, global_batch, space, _stack_of(stack))
         counts = np.zeros(len(RULES) + 1, dtype=np.int64)
         counts[0] = count
-        plans = _expand(pieces, p.lay, p.axes, p.part, p.reduces, space, global_batch)
+        plans = _expand(pieces, p.axes, p.part, p.reduces, space, global_batch)
         left = space_size(model, num_gpus, dataclasses.replace(space, full=True)) - count
         return ValidPlans(plans=plans, num_gpus=num_gpus, enumerated=count, codes=counts, left_out=left)
     p = _partial(model, num_gpus, global_batch, space)
@@ -375,7 +400,7 @@ def enumerate_valid(model: ModelSpec, num_gpus: int, global_batch: int, space: S
         code = p.code_of[min(int(z), 1)]
         counts += np.bincount(code, weights=per_zero, minlength=len(RULES) + 1).astype(np.int64)
         pieces.append((int(z), np.flatnonzero(code == 0)))
-    plans = _expand(pieces, p.lay, p.axes, p.part, p.reduces, space, global_batch)
+    plans = _expand(pieces, p.axes, p.part, p.reduces, space, global_batch)
     return ValidPlans(plans=plans, num_gpus=num_gpus, enumerated=int(counts.sum()), codes=counts)
 
 
@@ -412,7 +437,7 @@ def _piece_count(pieces: list, reduces: np.ndarray, space: SearchSpace) -> int:
     return count
 
 
-def _expand(pieces: list, lay: np.ndarray, axes: dict, part: dict, reduces: np.ndarray, space: SearchSpace,
+def _expand(pieces: list, axes: dict, part: dict, reduces: np.ndarray, space: SearchSpace,
             global_batch: int) -> PlanBatch:
     """The plans of ``pieces`` (:func:`_piece_rows`), in the column order of :func:`enumerate_plans` (rows
     sorted like it: layout, vpp, sp, recompute, zero, micro-batch, overlap)."""
@@ -450,7 +475,7 @@ def space_size(model: ModelSpec, num_gpus: int, space: SearchSpace, global_batch
     ``stack``'s per (layout, vpp, sp) row and ZeRO, recomputation and overlap choice: no plan is built)."""
     if space.prunes(model) and global_batch is not None:
         return _pruned(model, num_gpus, global_batch, space, _stack_of(stack))[2]
-    per = len(space.vpp) * len(space.sp) * len(space.recompute) * len(space.zero) * len(space.micro_batch)
+    per = space.pipes()[0].size * len(space.sp) * len(space.recompute) * len(space.zero) * len(space.micro_batch)
     layouts = np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, len(LAYOUT_COLUMNS))
     if not len(layouts):
         return 0

@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InputError
 from .fabric import FatTree, Torus
 
 if TYPE_CHECKING:
@@ -148,7 +147,7 @@ def _group_index(local_id: str) -> tuple[str, int]:
     return match.group(1), int(match.group(2))
 
 
-def _layout(cluster: "Cluster", keep: dict[str, dict]) -> dict[str, tuple[float, float]]:
+def _layout(cluster: "Cluster", keep: dict[str, dict]) -> dict[str, tuple[float, float]]:  # noqa: ARG001 (unused: kept for the callers)
     rows: dict[tuple[int, int], list[str]] = {}
     for dev, attrs in keep.items():
         row = _ROW.get((attrs["kind"], attrs["level"]), 7)

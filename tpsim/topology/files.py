@@ -86,7 +86,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=256)
-def _read_cached(path: str, mtime: int, size: int) -> dict[str, Any]:
+def _read_cached(path: str, mtime: int, size: int) -> dict[str, Any]:  # noqa: ARG001 (mtime, size: the cache key)
     from ..io import read_text
     from ..limits import MAX_YAML_BYTES
     from ..safeyaml import kind_of, load_yaml

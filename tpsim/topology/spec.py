@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..calibration import LINK_TYPES, Calibration
-from ..calibration import load_calibration as load_calibration_file
+from ..calibration import load_calibration
 from ..errors import InputError
 from ..hardware import DeviceSpec, default_usable_memory_fraction, device_entry, device_from_mapping
 from ..limits import LIMITS, show
@@ -324,11 +324,11 @@ def _fabric_spec(data: Mapping[str, Any], path: Path, where: str) -> FabricSpec:
 
 # ----------------------------------------------------------------------------------------------- calibration
 
-def load_calibration(ref: Any, relative_to: Path, where: str) -> CalibrationSpec:
+def cluster_calibration(ref: Any, relative_to: Path, where: str) -> CalibrationSpec:
     """A calibration YAML named by a cluster file (``where``) or ``--calibration``:
     :func:`tpsim.calibration.load_calibration`, relative paths also from the cluster file's folder."""
     try:
-        return load_calibration_file(ref, relative_to)
+        return load_calibration(ref, relative_to)
     except InputError as exc:
         raise InputError(f"{where}: {exc}") from None
 
@@ -377,9 +377,9 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
                          f"({total / gpn:g} nodes)")
     cal_spec = None
     if calibration is not None:
-        cal_spec = load_calibration(calibration, Path.cwd(), "calibration")
+        cal_spec = cluster_calibration(calibration, Path.cwd(), "calibration")
     elif data.get("calibration") is not None:
-        cal_spec = load_calibration(data["calibration"], path.parent, where)
+        cal_spec = cluster_calibration(data["calibration"], path.parent, where)
     device_name, device_spec = cluster_device(data["device"], where)
     return ClusterSpec(name=str(data.get("name", path.stem)), path=path, node=node, fabric=fabric,
                        device=device_name, gpus=total, gpus_per_node=gpn, single_node=single,

@@ -122,7 +122,7 @@ def make(name: str, retrace: bool = False, log=print) -> Path:  # noqa: ANN001
 
 
 def _markdown(name: str, ex: TracedExample, model: Any, cluster: Any, result: Any, estimates: list,
-              sweep: Any, sweep_estimates: dict, elapsed: float) -> str:
+              sweep: Any, sweep_estimates: dict, elapsed: float) -> str:  # noqa: ARG001 (unused: kept for the callers)
     from ..opgraph.estimate import plan_notes
 
     g = model.graph

@@ -236,8 +236,8 @@ def record_forward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> tuple[
     rec = Recorder(model)
     for t in inputs:
         rec.add_input(t)
-    pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: rec.push(m))
-    post = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: rec.pop(m), always_call=True)
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: rec.push(m))  # noqa: ARG005 (a fixed signature)
+    post = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: rec.pop(m), always_call=True)  # noqa: ARG005 (a fixed signature)
     try:
         with rec:
             out = model(*inputs)

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from ..opgraph.schema import SRC_CONST, SRC_EXTERNAL, Op, SavedTensor, TensorMeta, Unit
-from .classify import Classified, Saved, classify
+from .classify import Classified, Saved
 from .record import Recorder, RawOp
 
 ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,

@@ -33,5 +33,5 @@ def write_calibration(path: Path, compute: ComputeCalibration, links: Mapping[st
     body.update(provenance)
     text = ("# Calibration written by `tpsim calibrate --from-validation` (docs/SCHEMAS.md section 7): use with\n"
             "# --calibration on estimate, plan and validate.\n" + yaml.safe_dump(body, sort_keys=False))
-    from .report import write_atomic
+    from .block.report import write_atomic
     write_atomic(Path(path), text.encode())

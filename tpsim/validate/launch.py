@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, TpsimError
-from .case import Case
+from .block.case import Case
 from ..procs import child_preexec
 
 MARK_ENV = "TPSIM_VALIDATE_RUN"
@@ -184,7 +184,7 @@ def _terminate_as_exception():
             signal.signal(sig, old)
 
 
-def _supervise(proc: subprocess.Popen, cfg: LaunchConfig, run_dir: Path, token: str) -> None:
+def _supervise(proc: subprocess.Popen, cfg: LaunchConfig, run_dir: Path, token: str) -> None:  # noqa: ARG001 (unused: kept for the callers)
     """Wait for the launcher; stop everything on the wall-clock limit or when a failed rank's peers linger
     longer than the process-group timeout."""
     start = time.monotonic()

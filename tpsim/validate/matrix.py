@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..model import ModelSpec, with_overrides
-from .case import Case
-from .plancase import PlanCase
+from .block.case import Case
+from .plan.case import PlanCase
 
 MATRIX_TP = (1, 2)
 MATRIX_SP = (False, True)
@@ -90,7 +90,7 @@ of 64), sequence 512, expert FFN 1024."""
 def axis_matrix_cases(base: ModelSpec, fused: bool = False, micro_batch: int = 3, reps: int = 5,
                       warmup: int = 2) -> list:
     """The cases of :data:`AXIS_MATRIX` (an MoE preset stands in for a dense model's ep cases)."""
-    from .axiscase import AxisCase, moe_layer_model, with_expert_ffn
+    from .axis.case import AxisCase, moe_layer_model, with_expert_ffn
     from ..model import PRESETS
 
     def shaped(model: ModelSpec, hidden: int, seq: int) -> ModelSpec:

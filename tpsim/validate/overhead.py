@@ -15,9 +15,9 @@ import dataclasses
 from typing import Any
 
 from ..model import with_overrides
-from .case import Case
-from .predict import Prediction
-from .report import phase_times
+from .block.case import Case
+from .block.predict import Prediction
+from .block.report import phase_times
 
 TINY_HEAD_DIM = 32
 TINY_SEQ_PER_RANK = 8
@@ -61,7 +61,7 @@ def plan_overhead_case(case):  # noqa: ANN001, ANN201 - PlanCase (import cycle)
 
 def plan_overhead(measured: dict[str, float], predicted: dict[str, float]) -> dict[str, float]:
     """Framework overhead from a tiny twin's phases (measured and predicted without overhead, as
-    :func:`tpsim.validate.planreport.summarize_plan` names them): per layer and micro-batch for ``fwd`` and
+    :func:`tpsim.validate.plan.report.summarize_plan` names them): per layer and micro-batch for ``fwd`` and
     ``bwd``, per step for ``opt`` and ``other``; never negative."""
     return {"fwd": max(measured["fwd"] - predicted["fwd"], 0.0), "bwd": max(measured["bwd"] - predicted["bwd"], 0.0),
             "opt": max(measured["step:optimizer"] - predicted["step:optimizer"], 0.0),

@@ -16,24 +16,24 @@ from pathlib import Path
 from typing import Any
 
 from ..compute.scaled import ScaledCompute
-from .axiscase import AxisCase
-from .axispredict import predict_axis
-from .axisreport import summarize_axis
-from .axisscale import fit_axis_case
-from .axisscale import overhead_case as axis_overhead_case
+from .axis.case import AxisCase
+from .axis.predict import predict_axis
+from .axis.report import summarize_axis
+from .axis.scale import fit_axis_case
+from .axis.scale import overhead_case as axis_overhead_case
 from .calfile import ComputeCalibration, read_compute_calibration
-from .case import Case
+from .block.case import Case
 from .drift import DriftCheck, check_profile
 from .launch import LaunchConfig, RankFailure, launch
 from .overhead import (measured_overhead, overhead_case, plan_overhead, plan_overhead_case, with_overhead)
-from .plancase import PlanCase
-from .planpredict import predict_plan
-from .planreport import summarize_plan
-from .predict import (REPO_ROOT, compute_model, find_profile, grid_hits, load_local_cluster, predict_case)
+from .plan.case import PlanCase
+from .plan.predict import predict_plan
+from .plan.report import summarize_plan
+from .block.predict import compute_model, find_profile, grid_hits, load_local_cluster, predict_case
 from ..procs import child_preexec
-from .report import layer_errors, step_errors, summarize_case, write_atomic, write_csv, write_scatter
+from .block.report import layer_errors, step_errors, summarize_case, write_atomic, write_csv, write_scatter
 from .matrix import matrix_cases, plan_matrix_cases  # noqa: F401 - part of this module's API
-from .scale import fit_case, fit_plan_case
+from .block.scale import fit_case, fit_plan_case
 
 REPORTS_DIR = Path("reports") / "validation"
 """default report folder, relative to the current directory (never inside the installed package)."""
@@ -98,8 +98,8 @@ def calibrate_collectives(cfg: LaunchConfig, cluster: str, work: Path,
 
 def _has_links(path: Path) -> bool:
     """Whether a calibration file holds collective (link) entries, not only a ``compute:`` section."""
-    from ..collectives.calibration import load_calibration
-    return bool(load_calibration(path))
+    from ..collectives.calibration import load_link_values
+    return bool(load_link_values(path))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ ones for contrast) and check that the measured order agrees with the predicted o
 
 Each ranked plan becomes a :class:`PlanCase` (its tp, pp, vpp, dp, ZeRO stage, SP, micro-batch, rank order and
 micro-batches per step, fewer layers; fp32 and no recomputation, what validate runs); the prediction compared is
-that of the scaled-down case (:func:`tpsim.validate.planpredict.predict_plan`), so that predicted and measured
+that of the scaled-down case (:func:`tpsim.validate.plan.predict.predict_plan`), so that predicted and measured
 describe the same run. All plans of one search have the same GPU count, so they share one launch. Reported:
 Spearman's rank correlation of predicted and measured step times, and the measured step of the predicted best
 against the measured best.
@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..model import ModelSpec, with_overrides
-from .plancase import PlanCase
+from .plan.case import PlanCase
 
 CONTRAST = 2
 """lower-ranked plans added for contrast (the median and the last of the ranking)."""
@@ -174,7 +174,7 @@ def run_validate_top(args: Any, result: Any, model: ModelSpec, cluster: Any) -> 
     import json
 
     from .launch import LaunchConfig, RankFailure
-    from .report import write_atomic
+    from .block.report import write_atomic
     from .run import REPORTS_DIR, Options, validate
 
     if len(result.parts) > 1:

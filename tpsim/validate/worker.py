@@ -50,8 +50,8 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from .case import Case
-    from .measure import check_case, time_case
+    from .block.case import Case
+    from .block.measure import check_case, time_case
 
     torch.set_num_threads(int(job.get("threads", 1)))
     backend = job.get("backend", "gloo")
@@ -101,8 +101,8 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
 
 def _run_plan(data: dict[str, Any], world: int, rank: int, mesh_of: Any) -> dict[str, Any]:
     """Check and (unless the job says not to) time one whole-plan case on a mesh over its axes."""
-    from .plancase import PlanCase
-    from .planrun import check_plan, time_plan
+    from .plan.case import PlanCase
+    from .plan.run import check_plan, time_plan
 
     case = PlanCase.from_dict(data)
     if case.world != world:
@@ -118,8 +118,8 @@ def _run_plan(data: dict[str, Any], world: int, rank: int, mesh_of: Any) -> dict
 
 def _run_axis(data: dict[str, Any], world: int, rank: int) -> dict[str, Any]:
     """Check and (unless the job says not to) time one context/expert-parallel case on its own groups."""
-    from .axiscase import AxisCase
-    from .axisrun import check_axis, time_axis
+    from .axis.case import AxisCase
+    from .axis.run import check_axis, time_axis
 
     case = AxisCase.from_dict(data)
     if case.world != world:
