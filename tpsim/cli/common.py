@@ -560,6 +560,21 @@ def write_plan_csv(result: Any, path: str, top: int) -> None:
     atomic_write_text(path, result.table(top).to_csv(index=False), what="--csv")
 
 
+def mfu_above_measured(result: Any, top: int) -> str | None:
+    """The warning of the best shown plan's MFU when it is above what any training run has measured."""
+    import numpy as np
+
+    from ..estimator.flops import mfu_warning
+
+    idx = result.ranking[:top]
+    if not len(idx):
+        return None
+    mfu = np.asarray(result.columns["mfu"])[idx]
+    best = int(np.argmax(mfu))
+    line = mfu_warning(float(mfu[best]), result.flops_convention)
+    return f"rank {best + 1}: {line}" if line else None
+
+
 def print_ranking(result: Any, args: argparse.Namespace, compared: Any = None) -> None:
     """The text body of a search (`tpsim plan` and traced-model plans): the ranking table (or the ``--compare``
     table), then ``--why`` and ``--pareto`` when asked."""
@@ -572,6 +587,9 @@ def print_ranking(result: Any, args: argparse.Namespace, compared: Any = None) -
         ties = format_ties(result, args.top)
         if ties:
             print(ties)
+        high = mfu_above_measured(result, args.top)
+        if high:
+            print(f"warning: {high}")
     else:
         print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
     if args.why:
