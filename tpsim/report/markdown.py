@@ -114,6 +114,8 @@ PLAN_HEADERS = ("#", "plan", "variants", "step (s)", "tokens/s", "tokens/s/GPU",
 
 
 def _section_best(result: SearchResult, top: int) -> str:
+    from ..estimator.flops import MFU_WARNING_START
+
     idx = result.ranking[:top]
     if not idx.size:
         return "## Best plans\n\nNo plan fits on this cluster (see the rejections below).\n"
@@ -128,6 +130,8 @@ def _section_best(result: SearchResult, top: int) -> str:
             md_table(PLAN_HEADERS, _plan_rows(result, idx), align="rl" + "r" * (len(PLAN_HEADERS) - 2)), "",
             f"Best plan: `{result.label(int(idx[0]))}`"
             + ("; collectives chosen: " + ", ".join(f"{k}: {v}" for k, v in algos.items()) if algos else "") + ".",
+            *[f"\n**Warning**: {w}." for w in best.get("warnings", ()) if w.startswith(MFU_WARNING_START)],
+            f"\nMFU and TFLOP/s/GPU count {result.flops_convention} attention FLOPs (`--flops-convention`).",
             "", "![Step-time breakdown of the top plans](breakdown.png)", ""]
     return "\n".join(text)
 
