@@ -68,6 +68,9 @@ CASES = [
     _case("llama3-8b", 64, seq=131072, tp=1, sp=False, cp=8, zero=2, global_batch=64),
     _case("llama3-8b", 64, seq=131072, tp=1, sp=False, cp=8, cp_kind="a2a", zero=2, global_batch=64),
     _case("deepseek-v3", 256, tp=1, pp=1, ep=16, zero=3, recompute="selective", global_batch=1024),
+    _case("llama3-70b", 64, tp=8, pp=4, vpp=2, sp=True, zero=2, schedule="zbv"),
+    _case("llama3-70b", 64, tp=8, pp=4, vpp=2, sp=True, zero=2, schedule="interleaved-zb"),
+    _case("llama3-70b", 64, tp=8, pp=4, sp=True, zero=2, schedule="gpipe"),
 ]
 H100 = "dgx-h100"
 
@@ -295,8 +298,14 @@ def test_torchtitan_config_manager_loads_the_toml(tmp_path):
         assert par.data_parallel_shard_degree * par.data_parallel_replicate_degree == plan.dp
         assert c.training.global_batch_size == plan.global_batch and c.training.seq_len == model.seq_len
         assert par.enable_async_tensor_parallel == plan.tp_overlap
+        if plan.pp > 1:
+            assert par.pipeline_parallel_schedule == {"zbv": "ZBVZeroBubble", "interleaved-zb": "InterleavedZeroBubble",
+                                                      "gpipe": "GPipe"}.get(
+                plan.schedule, "Interleaved1F1B" if plan.vpp > 1 else "1F1B")
+        imp = import_launch(path)
+        assert resolve_plan(imp, resolve_model(imp), imp.gpus) == plan, plan.short()   # round trip, T1 included
         checked += 1
-    assert checked >= 4
+    assert checked >= 7
     bad = tmp_path / "bad.toml"
     bad.write_text(path.read_text().replace("tensor_parallel_degree", "tensor_parallel_degre"))
     with pytest.raises(ValueError, match="Invalid field names"):   # torchtitan refuses keys it does not define
