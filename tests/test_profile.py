@@ -326,3 +326,24 @@ def test_time_is_continuous_across_unmeasured_cells_and_the_grid_edge():
     t, measured = capped.gemm(m, 4096.0, 3000.0, "fp32")
     assert measured[:10].all() and not measured[-10:].any()
     assert np.all(np.abs(np.diff(np.log(t))) < 0.01)  # no jump between neighbouring queries
+
+
+SHIPPED_PROFILES = sorted((Path(__file__).resolve().parents[1] / "profiles").glob("*.csv"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_PROFILES, ids=lambda p: p.name)
+def test_check_reads_every_profile_kind_the_project_ships(path, capsys):
+    """issue 22: ``profile --check profiles/conv-cpu-1t.csv`` refused a shipped profile ("missing column(s)")."""
+    assert {p.name for p in SHIPPED_PROFILES} >= {"conv-cpu-1t.csv", "cpu-reference-1t.csv"}
+    assert main(["profile", "--check", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    kind = "conv" if path.name.startswith("conv-") else "kernel"
+    assert out["kind"] == kind and out["points"] > 0 and 0 < out["median_error_pct"] < 50
+    assert (set(out["per_kind"]) == {"conv"}) == (kind == "conv")
+
+
+def test_check_conv_profile_refuses_a_roofline(capsys):
+    conv = next(p for p in SHIPPED_PROFILES if p.name.startswith("conv-"))
+    assert main(["profile", "--check", str(conv), "--roofline", "H200"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--roofline=H200" in err[0] and "convolution profile" in err[0]

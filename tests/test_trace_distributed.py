@@ -24,15 +24,25 @@ DATA = Path(__file__).parent / "data" / "opgraph"
 NAMES = ("tiny-resnet", "tiny-unet", "tiny-gpt")
 
 
+LOGITS = "logits-resnet"
+"""a classifier whose forward returns logits, not a loss (traced here; the synthetic loss on both sides)."""
+
+
 @pytest.fixture(scope="module")
 def summaries(tmp_path_factory):
-    cases = [TracedCase(model=load_graph_model(DATA / f"{n}.ops.json"), tp=2, reps=0) for n in NAMES]
+    from tpsim.cli import main
+
+    graph = tmp_path_factory.mktemp("trace") / "logits.ops.json"
+    assert main(["trace", f"{DATA / 'logits_models.py'}:build_convnet", "--input-shape", "4,3,32,32",
+                 "--name", LOGITS, "--out", str(graph)]) == 0
+    paths = [DATA / f"{n}.ops.json" for n in NAMES] + [graph]
+    cases = [TracedCase(model=load_graph_model(p), tp=2, reps=0) for p in paths]
     out = run_cases(cases, LaunchConfig(nproc=2, timeout_s=60, run_timeout_s=170), tmp_path_factory.mktemp("run"))
-    return dict(zip(NAMES, out))
+    return dict(zip(NAMES + (LOGITS,), out))
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + (LOGITS,))
 def test_sharded_traced_model_matches(summaries, name):
     s = summaries[name]
     assert s["numerics_ok"] and s["numerics_max_rel_err"] <= 1e-8, s["numerics_max_rel_err"]
@@ -45,3 +55,13 @@ def test_conv_pairs_issue_one_all_reduce_each_way(summaries):
     classifier's colwise input gradient (backward) and loss_parallel's 3 statistics (forward)."""
     measured = summaries["tiny-resnet"]["counts"]["measured"]
     assert measured == {"fwd": {"all_reduce": 2 + 3}, "bwd": {"all_reduce": 2 + 1}}
+
+
+@pytest.mark.timeout(180)
+def test_a_model_returning_logits_runs_with_the_synthetic_loss(summaries):
+    """issue 22: a classifier returning logits failed on the ranks ("grad can be implicitly created only for scalar
+    outputs"); both the trace and the ranks now take the mean of the first output as the loss, and its sharded
+    convolution pairs issue their all-reduces (2 forward, 2 backward)."""
+    s = summaries[LOGITS]
+    assert s["numerics_ok"] and s["collectives_match"]
+    assert s["counts"]["measured"] == {"fwd": {"all_reduce": 2}, "bwd": {"all_reduce": 2}}

@@ -230,6 +230,167 @@ def test_validate_top_finds_a_case_the_fit_renamed():
     assert row["measured_step_s"] is None and row["numerics_ok"] is None
 
 
+SMALL_PROBLEM = ["plan", "--model", "gpt3-1.3b", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq-len",
+                 "128", "--cluster", "local-cpu", "--gpus", "2", "--global-batch", "8", "--no-cache", "--no-progress"]
+"""issue 22's small problem: its ranking ends in pp=2 plans with one micro-batch (torch's 1F1B cannot run them)."""
+
+
+def _fake_validate(seen):
+    """``tpsim.validate.run.validate`` without ranks: every case 'measured' at its scaled size (the rows then
+    come from the report as from a real run)."""
+    def validate(cases, *_args, **_kwargs):
+        seen.extend(cases)
+        return {"cases": [{"case": c.name, "scaled": c.scaled, "numerics_ok": True, "collectives_match": True,
+                           "phases": [{"name": "step", "predicted_s": 1e-3 * c.world * c.microbatches,
+                                       "measured_s": 1e-3 * c.world * c.microbatches * (1 + 0.01 * i)}]}
+                          for i, c in enumerate(cases)]}
+    return validate
+
+
+def test_validate_top_with_json_puts_the_validation_in_the_json(monkeypatch, capsys, tmp_path):
+    """issue 22: ``--validate-top 3 --json`` printed the ranking and exited 0 without validating anything."""
+    import json
+
+    from tpsim.cli import main
+
+    seen: list = []
+    monkeypatch.setattr("tpsim.validate.run.validate", _fake_validate(seen))
+    code = main(SMALL_PROBLEM + ["--validate-top", "3", "--json", "--validate-out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data = json.loads(out)  # stdout is one JSON object, the validation inside
+    top = data["validate_top"]
+    assert len(top["rows"]) == len(seen) >= 3 and [r["role"] for r in top["rows"]][:3] == ["top"] * 3
+    assert all(r["predicted_step_s"] and r["measured_step_s"] for r in top["rows"])
+    assert set(top["agreement"]) >= {"spearman", "predicted_best", "measured_best", "best_gap_pct", "best_ok"}
+    assert (tmp_path / f"{top['report'].rsplit('/', 1)[-1].removesuffix('.json')}-ranking.json").exists()
+
+
+def test_validate_top_contrast_plans_are_plans_the_runtime_can_run(monkeypatch, capsys, tmp_path):
+    """issue 22: the small problem failed after the ranking with "micro-batches=1 must be >= pp=2": a contrast
+    plan torch cannot run was picked. Now such plans are skipped (and counted), never launched."""
+    from tpsim.cli import main
+    from tpsim.plan import Plan
+    from tpsim.validate.top import pick_plans, plan_case, runnable_key
+
+    seen: list = []
+    monkeypatch.setattr("tpsim.validate.run.validate", _fake_validate(seen))
+    code = main(SMALL_PROBLEM + ["--validate-top", "3", "--validate-out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert seen and all(c.pp == 1 or c.microbatches >= c.pp for c in seen)
+    assert "skipped: micro-batches=1 must be >= pp=2" in out
+    # the rule is PlanCase's own: a plan whose scaled case cannot be built is never picked, even as the last
+    plans = [Plan(tp=2, dp=1, micro_batch=2, global_batch=8), Plan(tp=1, dp=2, micro_batch=1, global_batch=8),
+             Plan(tp=1, pp=2, dp=1, micro_batch=8, global_batch=8)]
+    picks = pick_plans(plans, 1, key=runnable_key(lambda p: plan_case(GPT, p, 1, 3, 1)))
+    assert [p.search_rank for p in picks] == [1, 2]
+
+
+def _timed_ranks(c, steps, tp_calls=0.004):
+    """Synthetic rank results of a timed whole-plan run: per rank a list of (wall, delay, fwd, bwd, opt)."""
+    ranks = []
+    for r, samples in enumerate(steps):
+        coords = {"tp": r % c.tp, "dp": (r // c.tp) % c.dp, "pp": r // (c.tp * c.dp)}
+        ranks.append({"rank": r, "host": f"node{r // 2}", "coords": coords, "loss_local": 1.0, "loss_ref": 1.0,
+                      "numerics": {"grad:x": 0.0}, "numerics_ok": True, "comm": expected_comm(c, coords),
+                      "samples": [{"step": w - d, "step_wall": w, "delay": d, "fwd": f, "bwd": b, "opt": o,
+                                   "other": max(w - d - f - b - o, 0.0)} for w, d, f, b, o in samples],
+                      "comm_calls": [[("tp:all_reduce", tp_calls)] for _ in samples]})
+    return ranks
+
+
+def test_plan_terms_split_the_measured_step_and_name_the_slowest_rank():
+    """issue 22: terms {name: {predicted_s, measured_s}} with T6 names that sum to the measured step; per-rank
+    steps with the slowest rank and its host, the median of the timed steps and their spread."""
+    from tpsim.validate.plan.report import summarize_plan
+    from tpsim.validate.plan.terms import TERM_ORDER, plan_terms, term_errors
+
+    c = case(tp=2, pp=2, microbatches=4)
+    fast = [(0.100, 0.0, 0.030, 0.050, 0.005), (0.110, 0.0, 0.030, 0.050, 0.005), (0.120, 0.0, 0.030, 0.050, 0.005)]
+    slow = [(w + 0.02, 0.0, f, b + 0.01, o) for w, _, f, b, o in fast]
+    s = summarize_plan(c, _timed_ranks(c, [fast, fast, slow, fast]), None)
+    terms = s["terms"]
+    assert list(terms) == [n for n in TERM_ORDER if n in terms] == ["compute", "bubble", "optimizer", "tp_comm"]
+    step = next(p["measured_s"] for p in s["phases"] if p["name"] == "step")
+    assert step == pytest.approx(0.130)  # the median over steps of the slowest rank's wall
+    assert sum(t["measured_s"] for t in terms.values()) == pytest.approx(step, rel=0.05)
+    assert abs(s["terms_sum_error_pct"]) < 5
+    assert terms["tp_comm"]["measured_s"] == pytest.approx(0.004)
+    assert terms["compute"]["measured_s"] == pytest.approx(0.090 - 0.004)  # busiest rank's chunks less TP
+    assert terms["optimizer"]["measured_s"] == pytest.approx(0.005)
+    assert all(t["predicted_s"] is None for t in terms.values())
+    pr = s["per_rank"]
+    assert pr["slowest"] == {"rank": 2, "host": "node1", "step_s": pytest.approx(0.130)}
+    assert [r["rank"] for r in pr["ranks"]] == [0, 1, 2, 3] and pr["steps"] == 3
+    assert pr["rank_spread_pct"] == pytest.approx(100 * 0.02 / 0.11)
+    assert (pr["step_min_s"], pr["step_median_s"], pr["step_max_s"]) == pytest.approx((0.12, 0.13, 0.14))
+    assert pr["step_spread_pct"] == pytest.approx(100 * 0.02 / 0.13)
+    # without a pipeline the rest of the step is data-parallel communication (and host gaps)
+    d = case(dp=2, zero=0)
+    assert "dp_comm" in plan_terms(d, {}, {"fwd+bwd": 0.01, "step:optimizer": 0.0, "step:other": 0.002})
+    # predicted vs measured per term: |error| per term, terms under 1% of their step left out
+    s["terms"] = {"compute": {"predicted_s": 0.08, "measured_s": 0.1}, "optimizer": {"predicted_s": 1e-9,
+                                                                                       "measured_s": 1e-4}}
+    te = term_errors([s])
+    assert te["terms"] == {"compute": {"cases": 1, "median_abs_error_pct": pytest.approx(20.0),
+                                       "worst_abs_error_pct": pytest.approx(20.0), "within_25pct": 1}}
+
+
+def test_validate_json_has_top_level_terms_and_the_text_prints_them():
+    """``tpsim validate --json`` of one whole-plan case has ``terms`` at the top level; the text output prints
+    them side by side with the slowest rank."""
+    from tpsim.cli.validate import format_report
+    from tpsim.validate.plan.report import summarize_plan
+    from tpsim.validate.run import _report
+
+    c = case(tp=2, pp=2, microbatches=4)
+    steps = [(0.100, 0.0, 0.030, 0.050, 0.005)] * 3
+    s = summarize_plan(c, _timed_ranks(c, [steps] * 4), None)
+    s.update(profile_check={"action": "skipped"}, compute_model="roofline", requested_case=c.name,
+             framework_overhead_s=None)
+    report = _report([s], "x", "gloo")
+    assert report["terms"] == s["terms"] and set(report["terms"]) == {"compute", "bubble", "optimizer", "tp_comm"}
+    report["csv"] = "x.csv"
+    text = format_report(report)
+    assert "term (per step)" in text and "slowest rank" in text and "measured terms sum to the measured step" in text
+
+
+def test_fill_layers_takes_as_many_full_size_layers_as_fit_on_the_gpus():
+    """issue 22: on GPUs the plan's real layer sizes for as many layers as fit (and the report says so); on CPU
+    the scaled-down runs are kept (refused in one line)."""
+    import argparse
+
+    from tpsim.cli import build_parser
+    from tpsim.cli.validate import _plan_case
+    from tpsim.errors import InputError
+    from tpsim.model import PRESETS as P
+    from tpsim.validate.block.scale import layers_that_fit, memory_limit, plan_memory_per_rank
+
+    argv = ["validate", "--model", "llama3-70b", "--tp", "8", "--pp", "2", "--micro-batch", "1", "--backend", "nccl",
+            "--cluster", "hgx-h200", "--fill-layers"]
+    args = build_parser(argv).parse_args(argv)
+    assert isinstance(args, argparse.Namespace)
+    c = _plan_case(args, P["llama3-70b"])
+    n = c.model.num_layers // 2
+    # the unsharded fp32 reference of the numerics check is on every rank: few 70B layers fit
+    assert 1 <= n < 40 and c.model.hidden_size == 8192 and c.model.seq_len == P["llama3-70b"].seq_len
+    one_argv = ["validate", "--model", "llama3-8b", "--tp", "1", "--micro-batch", "1", "--backend", "nccl",
+                "--fill-layers"]
+    one = _plan_case(build_parser(one_argv).parse_args(one_argv), P["llama3-8b"])  # 1 GPU (8-GPU node file)
+    assert one.world == 1 and one.model.num_layers > c.model.num_layers
+    assert c.scaled.startswith(f"layers 80->{2 * n} (as many as fit in H200")
+    from tpsim.topology import load_cluster
+    limit = memory_limit(int(load_cluster("hgx-h200").device.usable_memory_bytes), 1)
+    assert plan_memory_per_rank(c) <= limit  # n fit, n + 1 did not
+    bigger = dataclasses.replace(c, model=with_overrides(c.model, layers=2 * (n + 1)))
+    assert plan_memory_per_rank(bigger) > limit
+    assert layers_that_fit(lambda k: dataclasses.replace(c, model=with_overrides(c.model, layers=2 * k)), n, 0) == 1
+    cpu = build_parser(argv[:-5] + ["--fill-layers"]).parse_args(argv[:-5] + ["--fill-layers"])
+    with pytest.raises(InputError, match="on CPU the scaled-down runs are kept"):
+        _plan_case(cpu, P["llama3-70b"])
+
+
 def test_zero_bubble_cases_run_torchs_schedules_and_predict_with_the_registry():
     """zbv: stages r and 2 pp - 1 - r on rank r (torch's V mapping), the last stage on rank 0; the prediction's
     bubble is tpsim.pipeline's (smaller than interleaved 1F1B's for the same chunks)."""

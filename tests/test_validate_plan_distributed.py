@@ -4,6 +4,8 @@ calibration file. One launch serves the rule checks (tiny shapes, no timing)."""
 
 from __future__ import annotations
 
+import os
+
 import json
 import subprocess
 import sys
@@ -36,13 +38,16 @@ def _cases() -> list[PlanCase]:
             # ScheduleInterleavedZeroBubble), issue 21
             PlanCase(model=with_overrides(GPT, layers=4), pp=2, vpp=2, microbatches=4, pp_schedule="zbv", **kw),
             PlanCase(model=with_overrides(LLAMA, layers=4), pp=2, vpp=2, microbatches=2, pp_schedule="interleaved-zb",
-                     **kw)]
+                     **kw),
+            # timed (one step), for the terms, the per-rank steps and the profiled step (issue 22)
+            PlanCase(model=GPT, pp=2, microbatches=2, micro_batch=2, reps=2, warmup=0, timed=True)]
 
 
 @pytest.fixture(scope="module")
 def plan_runs(tmp_path_factory):
     cases = _cases()
-    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=110), tmp_path_factory.mktemp("run"))
+    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=170, trace_terms=True),
+                    tmp_path_factory.mktemp("run"))
     per_case: dict[str, list[dict]] = {}
     for rank_results in result["ranks"]:
         for r in rank_results:
@@ -50,7 +55,7 @@ def plan_runs(tmp_path_factory):
     return cases, per_case
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_every_axis_matches_the_unsharded_stack(plan_runs):
     cases, per_case = plan_runs
     for case in cases:
@@ -119,3 +124,22 @@ def test_four_rank_meshes_tp_x_dp_and_pp_x_tp(tmp_path):
         s = summarize_plan(case, per_case[case.name], None)
         assert s["numerics_ok"] and s["collectives_match"], (case.name, s["numerics_max_rel_err"], s["comm_mismatches"])
         assert set(s["comm"]["measured"]) == ({"tp", "dp"} if case.dp > 1 else {"tp", "pp"})
+
+
+def test_timed_plan_has_terms_per_rank_steps_and_a_profiled_step_per_stage(plan_runs):
+    """issue 22: the measured terms (T6 names) add up to the step (within the rank skew); every rank's step and
+    the slowest rank with its host; --trace-terms: one torch.profiler step on each stage's first rank."""
+    cases, per_case = plan_runs
+    case = cases[-1]
+    s = summarize_plan(case, per_case[case.name], None)
+    assert set(s["terms"]) == {"compute", "bubble", "optimizer"}
+    assert all(t["measured_s"] >= 0 for t in s["terms"].values()) and s["terms"]["compute"]["measured_s"] > 0
+    assert s["terms_sum_error_pct"] is not None
+    pr = s["per_rank"]
+    assert [r["rank"] for r in pr["ranks"]] == [0, 1] and pr["steps"] == 2
+    assert pr["slowest"]["host"] == os.uname().nodename and pr["slowest"]["rank"] in (0, 1)
+    stages = sorted(p["stage"] for p in s["profiled"])
+    assert stages == [0, 1]
+    for p in s["profiled"]:
+        assert p["events"] > 0 and p["compute_s"] > 0
+        assert p["compute_s"] + p["comm_s"] + p["host_gap_s"] == pytest.approx(p["wall_s"], rel=1e-6)

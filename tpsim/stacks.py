@@ -32,7 +32,7 @@ from .model import ModelSpec
 from .plan import ATTENTION, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
 
 STACKS_DIR = Path(__file__).resolve().parent / "data" / "stacks"
-STACK_NAMES = ("megatron", "torchtitan", "deepspeed")
+STACK_NAMES = ("megatron", "torchtitan", "deepspeed", "deepspeed-2021", "llm-foundry", "nemo")
 PRESET_STACKS = ("hai-llm",)
 """shipped profiles of a preset's published run (DeepSeek-V3's HAI-LLM), loadable by name but not general
 stacks: they offer only what the run used."""
@@ -50,12 +50,15 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
              "reshard_after_forward_default", "zero3_prefetch_elements", "zero3_persistence_threshold_elements",
              "zero3_max_live_elements", "reduce_bucket_elements", "allgather_bucket_elements",
              "overlap_dp_default", "tp_overlap", "tp_backward_overlap", "host_us_per_collective",
-             "ep_dispatch_dtype", "ep_node_dedup"),
+             "ep_dispatch_dtype", "ep_node_dedup", "zero3_regather_in_recompute", "zero3_overlap_fraction",
+             "host_us_per_collective_rank"),
     "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
-                "grad_accumulation_fusion", "optimizer_bytes_per_param", "pipeline_edges_as_layers"),
+                "grad_accumulation_fusion", "optimizer_bytes_per_param", "pipeline_edges_as_layers",
+                "fp8_cast_bytes_per_element"),
     "memory": ("grad_buffer_dtype", "grad_accumulation_buffer", "main_params_dtype", "optimizer_state_dtype",
                "fp8_weights_kept", "allocator_reserve_fraction", "selective_recompute_modules",
-               "fp8_activation_cache_bytes", "attention_output_cache_bytes"),
+               "fp8_activation_cache_bytes", "attention_output_cache_bytes",
+               "selective_recompute_policy", "logits_bytes_per_element"),
 }
 ATTENTION_IMPLEMENTATIONS = ("flash2", "flash3", "cudnn", "unfused")
 """names of the kernel models' attention implementations (``compute.default_attention`` values)."""

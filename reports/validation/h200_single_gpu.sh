@@ -5,6 +5,9 @@
 #     divided by tp, hidden 4096, head dim 128, sequence 8192, one sequence) as a tp=1 block, fp32;
 #  2. single GPU, the whole-plan path: a 4-layer Llama-3-8B-shaped stack, 4 micro-batches, the optimizer step
 #     (--whole with every axis of size 1: the step, optimizer and overhead terms on a GPU);
+#  2a. full-size layers: Llama-3-8B at its own widths and sequence 8192, as many layers as fit (--fill-layers);
+#  2b. the same under torchrun (tpsim validate joining the launch, issue 22), with the step's terms and per-rank
+#     steps printed for every whole-plan report;
 #  3. one GPU per rank, one axis at a time, if the node has >= 2 GPUs: tp 2 (SP), pp 2 (1F1B), dp 2 (ZeRO-3,
 #     FSDP2), NCCL; skipped (and said so) on a single-GPU machine.
 # Predicted with the newest non-CPU kernel profile in profiles/ (or the roofline if none), the H200 node topology.
@@ -39,6 +42,13 @@ for s in r.get("cases", []):
             continue
         err = "" if p["error_pct"] is None else f"{p['error_pct']:+6.1f}%"
         print(f"  {p['name']:<20} predicted {p['predicted_s']*1e3:10.3f} ms  measured {p['measured_s']*1e3:10.3f} ms  {err}")
+    for n, t in (s.get("terms") or {}).items():  # issue 22: the step's terms side by side
+        pred = "-" if t["predicted_s"] is None else f"{t['predicted_s']*1e3:10.3f} ms"
+        print(f"  term {n:<15} predicted {pred:>13}  measured {t['measured_s']*1e3:10.3f} ms")
+    pr = s.get("per_rank")
+    if pr:
+        print(f"  slowest rank {pr['slowest']['rank']} on {pr['slowest']['host']}; step median "
+              f"{pr['step_median_s']*1e3:.2f} ms over {pr['steps']} steps, spread {pr['step_spread_pct']:.1f}%")
 PY
 }
 
@@ -57,6 +67,17 @@ done
 # 2. the whole-plan path on one GPU
 run h200-llama3-8b-whole-1gpu --nproc 1 --tp 1 --whole --model llama3-8b --layers 4 --seq-len 4096 \
     --micro-batch 1 --microbatches 4 --no-calibrate --reps 5 --warmup 2
+
+# 2a. full-size layers (issue 22): Llama-3-8B's own widths and sequence, as many of its layers as fit the GPU
+run h200-llama3-8b-full-size-1gpu --nproc 1 --tp 1 --fill-layers --model llama3-8b --micro-batch 1 \
+    --microbatches 2 --no-calibrate --reps 5 --warmup 2
+
+# 2b. the same whole-plan path under torchrun (issue 22: tpsim validate joins the launch; NCCL, 1 rank)
+python -m torch.distributed.run --standalone --nproc-per-node=1 --max-restarts=0 -m tpsim.validate.worker \
+    --validate --nproc 1 --tp 1 --whole --model llama3-8b --layers 4 --seq-len 4096 --micro-batch 1 \
+    --microbatches 4 --no-calibrate --reps 5 --warmup 2 "${common[@]}" --name h200-llama3-8b-whole-1gpu-torchrun \
+    > "$OUT/h200-llama3-8b-whole-1gpu-torchrun.json" || echo "torchrun joined run failed (exit $?)"
+show "$OUT/h200-llama3-8b-whole-1gpu-torchrun.json"
 
 # 3. one GPU per rank, one axis at a time
 if [ "$GPUS" -ge 2 ]; then

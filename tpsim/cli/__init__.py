@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    args.argv = list(argv)  # the command line as given (tpsim validate --print-launch repeats it)
     from ..topology.progress import set_enabled
     set_enabled(not getattr(args, "json", False))   # progress bars stay off stdout's JSON neighbours too
     previous = _install_signal_handlers()

@@ -173,6 +173,10 @@ def add_model_overrides(g: argparse._ArgumentGroup | argparse.ArgumentParser) ->
     g.add_argument("--seq-len", type=sized_arg("seq_len"),
                    help="training sequence length, suffixes allowed (8k = 8192, 128k, 1M) (default: the preset's, "
                         "else the config's maximum positions capped at 8192)")
+    g.add_argument("--moe-balance", metavar="forced|aux|FACTOR",
+                   help="mixture-of-experts load balance: forced (tokens force-balanced), aux (the router's "
+                        "measured imbalance, tpsim/data/moe.yaml; the default) or the busiest expert's tokens over "
+                        "the mean (a number >= 1)")
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -189,8 +193,10 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 def add_stack_arg(p: argparse.ArgumentParser) -> None:
     """``--stack``: the training stack whose rules, communication, compute and memory the estimate follows."""
     p.add_argument("--stack", default=None, metavar="NAME",
-                   help="training stack: megatron (default; a preset may name its own), torchtitan, deepspeed, "
-                        "hai-llm (DeepSeek-V3's published run, the deepseek-v3 preset's), or a profile YAML path "
+                   help="training stack: megatron (default; a preset may name its own), nemo (NeMo 24.07's "
+                        "distributed optimizer), torchtitan, llm-foundry, deepspeed, deepspeed-2021 (ZeRO-3 as in "
+                        "SC21 Table 2), hai-llm (DeepSeek-V3's published run, the deepseek-v3 preset's), or a "
+                        "profile YAML path "
                         "(tpsim/data/stacks): which plans it runs, how it communicates, computes and holds memory")
 
 
@@ -264,11 +270,13 @@ def build_model(args: argparse.Namespace, modelled: bool = True):
     """The model of ``--model`` with the overrides; with ``modelled`` (every verb that estimates), a model
     with features the estimator does not model yet is refused (:func:`tpsim.model.require_modelled`)."""
     from ..model import load_model, require_modelled, with_overrides
+    from ..model.overrides import with_moe_balance
 
     spec = load_model(args.model)
     spec = with_overrides(spec, layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                           ffn=args.ffn, vocab=args.vocab, seq_len=args.seq_len,
                           experts=getattr(args, "experts", None), top_k=getattr(args, "top_k", None))
+    spec = with_moe_balance(spec, getattr(args, "moe_balance", None))
     if modelled:
         require_modelled(spec)
     return spec

@@ -38,6 +38,9 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conv-profile", help="traced models: measured convolution kernels "
                                           "(python -m tpsim.profiler.conv) for their convolutions")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--explain", action="store_true",
+                   help="also print each term of the step time with the kernel data, device figure or stack rule it "
+                        "came from (the --json field terms)")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="read the plan (and model shape, GPU count) from a launch config: a Megatron command line "
                         "or script, a torchtitan TOML, a DeepSpeed JSON or launch script, a NeMo YAML, or a "
@@ -83,6 +86,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         print((note + "\n\n" if note else "") + format_estimate(result, model)
               + ("\n\n" + format_train_time(run_figures) if run_figures is not None else ""))
+        if args.explain:
+            print("\n" + format_terms(result))
     return 0
 
 
+def format_terms(e) -> str:
+    """The step-time terms (docs/SCHEMAS.md T6) with their share and where each comes from."""
+    import textwrap
+
+    lines = [f"step time terms (slowest rank; they sum to {e.step_time_s:.3f} s)"]
+    for name, seconds in e.terms.items():
+        share = 100.0 * seconds / e.step_time_s if e.step_time_s > 0 else 0.0
+        lines.append(f"  {name:10s} {seconds:10.4f} s {share:5.1f}%")
+        source = e.term_sources.get(name, "")
+        if source:
+            lines += textwrap.wrap(source, width=108, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)

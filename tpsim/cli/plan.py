@@ -216,12 +216,17 @@ def run(args: argparse.Namespace) -> int:
             from ..report.compare import comparison_json
 
             data["compare"] = comparison_json(compared)
+        code = 0
+        if args.validate_top:  # the validation goes in the JSON (issue 22), before anything is printed
+            from ..validate.top import validate_top
+            data["validate_top"] = validate_top(args, result, model, clusters[-1])
+            code = 0 if data["validate_top"]["ok"] else 1
         json.dump(data, sys.stdout, indent=1, allow_nan=False)
         print()
         if args.export_format:
             _export(args, result, model, file=sys.stderr)
         save_memo(result)
-        return 0
+        return code
     print(model.summary())
     print(plan_header(result, model, clusters[-1], batch))
     print_ranking(result, args, compared)

@@ -65,16 +65,57 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def profile_kind(path: Path) -> str:
+    """``conv`` for a convolution profile (``python -m tpsim.profiler.conv``, its column line), else ``kernel``
+    (GEMM, attention and memory kernels; the profile loaders then check the file in full)."""
+    from ..opgraph.convprofile import COLUMNS as CONV_COLUMNS
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.strip() and not line.startswith("#"):
+                    return "conv" if tuple(c.strip() for c in line.split(",")) == CONV_COLUMNS else "kernel"
+    except OSError:
+        pass
+    return "kernel"
+
+
+def _check_conv(path: Path, as_json: bool, roofline_device: str | None) -> int:
+    """``--check`` of a convolution profile: the same leave-one-out error, per (op, dtype, pass) table."""
+    import numpy as np
+
+    from ..opgraph.convprofile import load_conv_profile
+    from ..profiler.check import check_conv_profile
+
+    if roofline_device:
+        raise InputError(f"--roofline={roofline_device}: the roofline comparison is for kernel profiles (GEMM, "
+                         f"attention, memory); {path} is a convolution profile")
+    profile = load_conv_profile(path)
+    result = check_conv_profile(profile)
+    device = f"cpu: {profile.device}" if profile.device_type == "cpu" else profile.device
+    if as_json:
+        print(json.dumps({"file": str(path), "kind": "conv", "device": device, **result.to_dict()}))
+        return 0
+    points = sum(int((~np.isnan(t.log_time)).sum()) for t in profile.tables.values())
+    print(f"{path} (convolution profile, {device}, {len(profile.tables)} tables, {points} points): "
+          "leave-one-out interpolation error")
+    _print_rows(result)
+    return 0
+
+
 def _check(path: Path, as_json: bool, roofline_device: str | None) -> int:
     from ..compute.profile import load_profile, profile_device_name
     from ..profiler.check import check_profile
 
+    if profile_kind(path) == "conv":
+        return _check_conv(path, as_json, roofline_device)
     profile = load_profile(path)
     result = check_profile(profile)
     comparison = _roofline_comparison(profile, roofline_device) if roofline_device else None
     if as_json:
         extra = {"roofline": {"device": roofline_device, "tables": comparison}} if comparison else {}
-        print(json.dumps({"file": str(path), "device": profile_device_name(profile), **result.to_dict(), **extra}))
+        print(json.dumps({"file": str(path), "kind": "kernel", "device": profile_device_name(profile),
+                          **result.to_dict(), **extra}))
         return 0
     _print_check(path, profile, result)
     if comparison:
@@ -98,6 +139,10 @@ def _print_check(path: Path, profile: object, result: object) -> None:
 
     print(f"{path} ({profile_device_name(profile)}, {profile.meta.threads} thread(s), "
           f"{len(profile.points)} points): leave-one-out interpolation error")
+    _print_rows(result)
+
+
+def _print_rows(result: object) -> None:
     rows = [("all", result.to_dict())] + list(result.per_kind.items())
     for label, s in rows:
         if not s["points"]:

@@ -66,6 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--layers-per-chunk", type=count_arg("num_layers"), default=2,
                    help="layers per pipeline model chunk of a whole-plan run: layers = pp x vpp x this, unless "
                         "--layers is given (default: %(default)s)")
+    g.add_argument("--fill-layers", action="store_true",
+                   help="GPUs (--backend nccl): a whole-plan run with as many of the model's layers per chunk as "
+                        "fit in the GPUs' memory (its full widths), instead of --layers-per-chunk; the report says "
+                        "what was scaled (on CPU the scaled-down runs are kept)")
     g.add_argument("--order", default="tp-dp-pp", help="rank order, innermost first (default: %(default)s)")
     g.add_argument("--whole", action="store_true", help="run a whole-plan case even with tp only")
     g.add_argument("--shard-of", type=count_arg("tp"), default=1, metavar="T",
@@ -87,6 +91,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--rdzv-endpoint", default="",
                    help="HOST:PORT of the c10d rendezvous, the same on every node (several nodes)")
     r.add_argument("--rdzv-id", default="tpsim-validate", help="rendezvous id shared by the nodes")
+    r.add_argument("--print-launch", choices=("torchrun", "slurm"),
+                   help="print the command that runs this validation under your launcher and exit: a torchrun line "
+                        "for every node, or an sbatch script (srun, one task per rank); started that way, each "
+                        "rank joins the launch (RANK/WORLD_SIZE/MASTER_ADDR of torchrun, SLURM_PROCID/SLURM_NTASKS/"
+                        "SLURM_NODELIST of srun) and rank 0 writes the report")
     m = p.add_argument_group("measurement and prediction")
     m.add_argument("--reps", type=count_arg("reps"), default=5, help="timed iterations (default: %(default)s)")
     m.add_argument("--warmup", type=count_arg("warmup", minimum=0), default=2, help="untimed iterations first (default: %(default)s)")
@@ -118,6 +127,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--name", help="report name (default: derived from the case, or matrix-<family>-<backend>)")
     o.add_argument("--out-dir", default=None, help="report folder (default: reports/validation)")
+    m.add_argument("--trace-terms", action="store_true",
+                   help="whole plans: one more step under torch.profiler on rank 0 and one rank per pipeline stage, "
+                        "its wall split into compute, communication (with waits) and host gaps beside the terms "
+                        "(the profiler's own overhead inflates that step)")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -165,14 +178,35 @@ def _plan_case(args: argparse.Namespace, model):  # noqa: ANN001, ANN202 - PlanC
         args.vpp = 2  # the V: two model chunks per rank
     chunks = args.pp * args.vpp
     layers = args.layers or chunks * args.layers_per_chunk
-    if layers % chunks:
+    if layers % chunks and not args.fill_layers:
         raise InputError(f"--layers={layers} is not a multiple of pp x vpp = {chunks}")
     m = args.microbatches or (2 * args.pp if args.pp > 1 else 2)
     from ..limits import check_int
     check_int("global_batch", args.dp * m * args.micro_batch, where="dp x microbatches x micro-batch")
-    return PlanCase(model=with_overrides(model, layers=layers), tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp,
-                    zero=args.zero, sp=args.sp, fused=args.fused, micro_batch=args.micro_batch, microbatches=m,
-                    order=args.order, reps=args.reps, warmup=args.warmup, pp_schedule=args.schedule)
+
+    def make(n: int) -> PlanCase:
+        return PlanCase(model=with_overrides(model, layers=n * chunks), tp=args.tp, pp=args.pp, vpp=args.vpp,
+                        dp=args.dp, zero=args.zero, sp=args.sp, fused=args.fused, micro_batch=args.micro_batch,
+                        microbatches=m, order=args.order, reps=args.reps, warmup=args.warmup,
+                        pp_schedule=args.schedule)
+    if not args.fill_layers:
+        return make(layers // chunks)
+    if args.backend != "nccl":
+        raise InputError("--fill-layers runs the plan's full-size layers on GPUs (--backend nccl); on CPU the "
+                         "scaled-down runs are kept (--layers-per-chunk)")
+    import dataclasses
+
+    from ..topology import load_cluster
+    from ..validate.block.scale import layers_that_fit, memory_limit
+
+    device = load_cluster(args.cluster or "hgx-h200").device  # the device only: any GPU count of the file
+    limit = memory_limit(int(device.usable_memory_bytes), 1)
+    n = layers_that_fit(make, model.num_layers // chunks, limit)
+    case = make(n)
+    if n * chunks == model.num_layers:
+        return case
+    return dataclasses.replace(case, scaled=f"layers {model.num_layers}->{n * chunks} (as many as fit in "
+                                            f"{device.name} memory; widths unchanged)")
 
 
 def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
@@ -194,7 +228,7 @@ def _cases(args: argparse.Namespace, model) -> tuple[list, str]:  # noqa: ANN001
         return cases, args.name or f"matrix-{model.family}-{args.backend}{suffix}"
     if args.cp > 1 or args.ep > 1:
         return _axis_case(args, model)
-    whole = args.pp > 1 or args.dp > 1 or args.whole
+    whole = args.pp > 1 or args.dp > 1 or args.whole or args.fill_layers
     world = check_int("nproc", args.tp * args.pp * args.dp, where="tp x pp x dp")
     if args.backend == "gloo" and args.nnodes == 1 and world > MAX_CPU_RANKS_PER_CORE * (os.cpu_count() or 1):
         raise InputError(f"tp x pp x dp = {world} ranks on {os.cpu_count()} CPU cores: at most "
@@ -219,7 +253,7 @@ def check_names(args: argparse.Namespace) -> None:
     if args.name is not None and (not args.name.strip() or "/" in args.name or "\\" in args.name
                                   or args.name.startswith(".") or len(args.name) > 200):
         raise InputError(f"--name {show(args.name)}: a report name is a plain file name (no folders, not hidden)")
-    if args.nnodes > 1 or args.rdzv_endpoint:
+    if (args.nnodes > 1 and not args.print_launch) or args.rdzv_endpoint:
         host, _, port = args.rdzv_endpoint.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise InputError(f"--rdzv-endpoint {show(args.rdzv_endpoint)} must be HOST:PORT (port 1-65535)")
@@ -260,8 +294,8 @@ def _with_expert_ffn(args: argparse.Namespace, model):  # noqa: ANN001, ANN202
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
-    from ..validate.launch import LaunchConfig, RankFailure
-    from ..validate.run import REPORTS_DIR, Options, validate
+    from ..validate.launch import LaunchConfig
+    from ..validate.run import REPORTS_DIR
     from .common import build_model
 
     if args.tp is None:
@@ -269,9 +303,22 @@ def run(args: argparse.Namespace) -> int:
 
     from ..opgraph.schema import is_opgraph_path
     if is_opgraph_path(args.model):  # a traced model (tpsim trace)
+        from ..validate.launchers import detect
+        if args.print_launch or detect() is not None:
+            raise InputError(f"--model {args.model}: a traced model runs on tpsim validate's own launch only (not "
+                             "yet under torchrun or srun, nor with --print-launch)")
         from .graph import run_validate
         return run_validate(args)
     check_names(args)
+    from ..validate.launchers import detect
+    joined = None if args.print_launch else detect()
+    if joined is not None:  # started by torchrun / srun: this process is one rank of that launch
+        from ..procs import die_with_parent
+        from ..validate.joined import guard_signals
+        guard_signals(joined)  # first: the threads started after it leave SIGTERM to its thread
+        die_with_parent()
+        args.nnodes = joined.nnodes if joined.world % joined.local_world == 0 else 1
+        args.nproc = joined.world // args.nnodes
     model = _with_expert_ffn(args, build_model(args))
     if args.shard_of > 1:
         from ..validate.shard import shard_model
@@ -282,19 +329,36 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup < 0:
         raise InputError(f"--warmup={args.warmup} must be >= 0")
     cases, name = _cases(args, model)
+    if args.print_launch:
+        return print_launch(args, cases, name)
+    if joined is not None:
+        return _run_joined(args, joined, cases, name)
     out_dir = check_out_dir(Path(args.out_dir) if args.out_dir else REPORTS_DIR)
     world = max(getattr(c, "world", c.tp) for c in cases)
     nproc = 1 if args.matrix else (args.nproc or world // args.nnodes)
     check_backend(args.backend, world // args.nnodes)
     cfg = LaunchConfig(nproc=nproc, backend=args.backend, timeout_s=args.timeout, threads=args.threads,
                        nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                       run_timeout_s=args.run_timeout)
-    opts = Options(cluster=args.cluster or ("hgx-h200" if args.backend == "nccl" else "local-cpu"),
+                       run_timeout_s=args.run_timeout, trace_terms=args.trace_terms)
+    return _validate_and_print(args, cases, name, cfg, out_dir)
+
+
+def _options(args: argparse.Namespace, out_dir: Path, calibrate: bool = True):  # noqa: ANN202 - Options
+    from ..validate.run import Options
+
+    return Options(cluster=args.cluster or ("hgx-h200" if args.backend == "nccl" else "local-cpu"),
                    profile=Path(args.profile) if args.profile else None, use_profile=not args.no_profile,
-                   calibrate=not args.no_calibrate,
+                   calibrate=calibrate and not args.no_calibrate,
                    calibration=Path(args.calibration) if args.calibration else None,
                    out_dir=out_dir, budget_s=args.budget, overhead=not args.no_overhead,
                    probe=not args.no_probe, reprofile=args.reprofile)
+
+
+def _validate_and_print(args: argparse.Namespace, cases: list, name: str, cfg, out_dir: Path) -> int:  # noqa: ANN001
+    from ..validate.launch import RankFailure
+    from ..validate.run import validate
+
+    opts = _options(args, out_dir, calibrate=not cfg.joined)
     try:
         report = validate(cases, cfg, opts, name)
     except RankFailure as exc:
@@ -310,6 +374,80 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_report(report))
     return 0 if report["numerics_ok"] and report["collectives_match"] else 1
+
+
+def print_launch(args: argparse.Namespace, cases: list, name: str) -> int:
+    """``--print-launch torchrun|slurm``: the command that runs this validation under the user's launcher."""
+    from ..validate.launchers import sbatch_script, torchrun_line
+
+    world = _one_world(cases, "--print-launch")
+    nnodes = args.nnodes
+    nproc = args.nproc or world // nnodes
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    rdzv_id = args.rdzv_id if args.rdzv_id != "tpsim-validate" else f"tpsim-{name}"[:64]
+    if args.print_launch == "torchrun":
+        print(f"# on each of the {nnodes} node(s), {nproc} rank(s) per node; MASTER_ADDR:MASTER_PORT: a host and a "
+              "free port of the first node (the c10d rendezvous)")
+        print(torchrun_line(argv, nnodes, nproc, rdzv_id))
+    else:
+        print(sbatch_script(argv, nnodes, nproc, args.backend, job_name=f"tpsim-validate-{name}"[:64]), end="")
+    return 0
+
+
+def _one_world(cases: list, where: str) -> int:
+    """The rank count of the cases, which one launch of the user's launcher runs: one count only."""
+    from ..errors import InputError
+
+    worlds = sorted({getattr(c, "world", c.tp) for c in cases})
+    if len(worlds) > 1:
+        raise InputError(f"{where}: these cases need {', '.join(map(str, worlds))} ranks; one launch has one rank "
+                         "count (run one case, or one launch per rank count)")
+    return worlds[0]
+
+
+def _run_joined(args: argparse.Namespace, joined, cases: list, name: str) -> int:  # noqa: ANN001
+    """One rank of a launch the user started (:mod:`tpsim.validate.joined`): rank 0 validates and reports, the
+    others run their part of every launch. Leaves with ``os._exit`` (no teardown of a broken process group)."""
+    from ..errors import InputError, TpsimError
+    from ..validate import joined as rank_side
+    from ..validate.launch import LaunchConfig
+
+    world = _one_world(cases, f"under {joined.launcher}")
+    if world != joined.world:
+        raise InputError(f"the plan needs {world} ranks; this {joined.launcher} launch has {joined.world} "
+                         "(WORLD_SIZE / SLURM_NTASKS)")
+    out_dir = check_out_dir(Path(args.out_dir) if args.out_dir else _reports_dir()) if joined.rank == 0 else None
+    code = 1
+    if args.trace_terms:  # every rank of the joined launch parsed the same flag
+        os.environ["TPSIM_VALIDATE_TRACE"] = "1"
+    try:
+        hosts = rank_side.start(joined, args.backend, args.timeout, args.threads, args.run_timeout)
+        if joined.rank != 0:
+            rank_side.follow(Path(tempfile.mkdtemp(prefix=f"tpsim-validate-rank{joined.rank}-")))
+            code = 0
+        else:
+            cfg = LaunchConfig(nproc=args.nproc, backend=args.backend, timeout_s=args.timeout, threads=args.threads,
+                               nnodes=args.nnodes, joined=True, host_ranks=rank_side.ranks_per_host(hosts),
+                               run_timeout_s=args.run_timeout)
+            try:
+                code = _validate_and_print(args, cases, name, cfg, out_dir)
+            except TpsimError as exc:  # refused before the ranks ran it (the fit, a case): one line, status 2
+                print(f"tpsim validate: error: {exc}", file=sys.stderr, flush=True)
+                code = 2
+            if not rank_side.broken():
+                rank_side.stop_followers()
+    except Exception as exc:  # noqa: BLE001 - every rank: one line naming the rank that failed first, then leave
+        rank_side.record_failure(exc, joined)
+        print(f"tpsim validate: error: {rank_side.failure_message(exc, joined)}", file=sys.stderr, flush=True)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _reports_dir() -> Path:
+    from ..validate.run import REPORTS_DIR
+    return REPORTS_DIR
 
 
 def format_report(report: dict) -> str:
@@ -337,16 +475,51 @@ def format_report(report: dict) -> str:
             pred = "-" if p["predicted_s"] is None else f"{p['predicted_s'] * 1e3:10.3f} ms"
             err = "" if p["error_pct"] is None else f"{p['error_pct']:+7.1f}%"
             lines.append(f"  {p['name']:<22} predicted {pred:>13}  measured {p['measured_s'] * 1e3:10.3f} ms  {err}")
+        lines += _terms_lines(s)
     e = report["layer_error"]
     if e["cases"]:
         lines.append(f"fwd+bwd per layer, {e['cases']} case(s): median |error| {e['median_abs_error_pct']:.1f}%, "
                      f"worst {e['worst_abs_error_pct']:.1f}%")
+    te = report.get("term_error") or {}
+    if te.get("values"):
+        lines.append(f"step terms, {te['values']} term(s) over the plan cases: median |error| "
+                     f"{te['median_abs_error_pct']:.1f}% (" + ", ".join(
+                         f"{n} {v['median_abs_error_pct']:.0f}%" for n, v in te["terms"].items()) + ")")
     st = report.get("step_error") or {}
     if st.get("cases"):
         lines.append(f"whole step, {st['cases']} plan case(s): median |error| {st['median_abs_error_pct']:.1f}%, "
                      f"worst {st['worst_abs_error_pct']:.1f}%")
     lines.append(f"report: {report['csv']}" + (f", chart: {report['chart']}" if report.get("chart") else ""))
     return "\n".join(lines)
+
+
+def _terms_lines(s: dict) -> list[str]:
+    """The step's terms side by side (predicted, measured, error), then the stragglers and the spread."""
+    lines = []
+    terms = s.get("terms") or {}
+    if terms:
+        lines.append(f"  {'term (per step)':<22} {'predicted':>13}  {'measured':>13}")
+        for n, v in terms.items():
+            p, m = v["predicted_s"], v["measured_s"]
+            err = f"{100 * (p - m) / m:+7.1f}%" if p is not None and m else ""
+            lines.append(f"  {n:<22} {'-' if p is None else f'{p * 1e3:10.3f} ms':>13}  {m * 1e3:10.3f} ms  {err}")
+        gap = s.get("terms_sum_error_pct")
+        if gap is not None:
+            lines.append(f"  measured terms sum to the measured step {gap:+.1f}%")
+    for prof in s.get("profiled") or []:
+        lines.append(f"  torch.profiler, rank {prof['rank']} (stage {prof['stage']}), one step {prof['wall_s'] * 1e3:.1f} ms: "
+                     f"compute {prof['compute_s'] * 1e3:.1f} ms, communication and waits {prof['comm_s'] * 1e3:.1f} ms, "
+                     f"host gaps {prof['host_gap_s'] * 1e3:.1f} ms")
+    pr = s.get("per_rank")
+    if pr:
+        ranks = ", ".join(f"{r['rank']}: {r['step_s'] * 1e3:.1f}" for r in pr["ranks"])
+        sl = pr["slowest"]
+        lines.append(f"  per-rank median step (ms) {ranks}; slowest rank {sl['rank']} on {sl['host']}, "
+                     f"rank spread {pr['rank_spread_pct']:.1f}%")
+        lines.append(f"  step over {pr['steps']} timed steps after warm-up: median {pr['step_median_s'] * 1e3:.1f} ms "
+                     f"(min {pr['step_min_s'] * 1e3:.1f}, max {pr['step_max_s'] * 1e3:.1f}, spread "
+                     f"{pr['step_spread_pct']:.1f}%)")
+    return lines
 
 
 def _drift_line(check: dict) -> str:

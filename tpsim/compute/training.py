@@ -44,6 +44,14 @@ class InSitu:
     memory_in_situ_fraction: float
     loo_rms_pct: float = 0.0
     """RMS of the leave-one-row-out errors of the SC21 fit, percent (the error band reads it)."""
+    gemm_by_architecture: tuple[tuple[str, float], ...] = ()
+    """(architecture, gemm_in_situ_fraction) where a device class sustains another in-situ GEMM rate than the
+    SC21 A100s (efficiency.yaml ``gemm_in_situ_fraction.by_architecture``: Hopper and Blackwell, power-limited
+    under a training step's full load); the others use ``gemm_in_situ_fraction``."""
+
+    def gemm_for(self, architecture: str | None) -> float:
+        """The in-situ GEMM fraction of a device of ``architecture``."""
+        return dict(self.gemm_by_architecture).get(architecture or "", self.gemm_in_situ_fraction)
 
     def replace(self, **changes: float) -> "InSitu":
         import dataclasses
@@ -55,9 +63,11 @@ def default_in_situ() -> InSitu:
     from ..safeyaml import load_data
 
     raw = load_data(DATA_DIR / "efficiency.yaml")
+    by_arch = raw["gemm_in_situ_fraction"].get("by_architecture") or {}
     return InSitu(gemm_in_situ_fraction=float(raw["gemm_in_situ_fraction"]["value"]),
                   memory_in_situ_fraction=float(raw["memory_in_situ_fraction"]["value"]),
-                  loo_rms_pct=float(raw["gemm_in_situ_fraction"].get("leave_one_out_rms_pct", 0.0)))
+                  loo_rms_pct=float(raw["gemm_in_situ_fraction"].get("leave_one_out_rms_pct", 0.0)),
+                  gemm_by_architecture=tuple(sorted((str(k), float(v["value"])) for k, v in by_arch.items())))
 
 
 class TrainingCompute(ComputeModel):
@@ -68,6 +78,8 @@ class TrainingCompute(ComputeModel):
                  note: str = ""):
         self.base = base
         self.in_situ = in_situ
+        self.gemm_fraction = in_situ.gemm_for(getattr(base.device, "architecture", None))
+        """the in-situ GEMM fraction of this device's class (:meth:`InSitu.gemm_for`)."""
         self.attention_fallback = attention_fallback
         self.note = note
         self.source = base.source
@@ -84,7 +96,7 @@ class TrainingCompute(ComputeModel):
     def gemm(self, m: ArrayLike, n: ArrayLike, k: ArrayLike, dtype: str,
              batch: ArrayLike = 1) -> tuple[np.ndarray, np.ndarray]:
         t, measured = self.base.gemm(m, n, k, dtype, batch)
-        return t / self.in_situ.gemm_in_situ_fraction, measured
+        return t / self.gemm_fraction, measured
 
     def attention(self, batch_heads: ArrayLike, seq: ArrayLike, head_dim: ArrayLike, causal: bool,
                   dtype: str, backward: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -95,7 +107,7 @@ class TrainingCompute(ComputeModel):
         except InputError:
             # no published kernel data for this dtype (fp32/tf32 flash attention): the roofline's prior
             return RooflineModel(self.device).attention(batch_heads, seq, head_dim, causal, dtype, backward)
-        return t / self.in_situ.gemm_in_situ_fraction, measured
+        return t / self.gemm_fraction, measured
 
     def memory(self, kernel: str, numel: ArrayLike, dtype: str,
                backward: bool) -> tuple[np.ndarray, np.ndarray]:

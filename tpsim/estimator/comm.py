@@ -21,6 +21,8 @@ gradient reduction; PP: the send/receive).
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +66,9 @@ class Comm:
     """ZeRO-3: one layer's gradient reduce-scatter."""
     names: dict[str, np.ndarray]
     """axis -> name code (the context's ``name_table``) of the algorithm the axis uses (-1: size 1)."""
+    layer_exposed_axis: dict = dataclasses.field(default_factory=dict)
+    """axis -> (2, n): the forward and backward exposed parts of one layer's collectives on that axis (they sum
+    over axes to ``layer_fwd_exposed`` / ``layer_bwd_exposed``: the per-axis step-time terms)."""
 
     def take(self, index: np.ndarray) -> "Comm":
         """Rows ``index`` (gather)."""
@@ -74,7 +79,8 @@ class Comm:
                     edge={k: pick(v) for k, v in self.edge.items()}, p2p=pick(self.p2p),
                     dp_all_reduce=pick(self.dp_all_reduce), dp_reduce_scatter=pick(self.dp_reduce_scatter),
                     dp_all_gather=pick(self.dp_all_gather), z3_all_gather=pick(self.z3_all_gather),
-                    z3_reduce_scatter=pick(self.z3_reduce_scatter), names={k: pick(v) for k, v in self.names.items()})
+                    z3_reduce_scatter=pick(self.z3_reduce_scatter), names={k: pick(v) for k, v in self.names.items()},
+                    layer_exposed_axis={k: pick(v) for k, v in self.layer_exposed_axis.items()})
 
 
 class AxisCurves:
@@ -175,7 +181,8 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
                   layer_index: np.ndarray, layer_costs: LayerCosts, part: Partition, *, traffic_key: list,
                   params_key: list, pp: np.ndarray, zero: np.ndarray, dp: np.ndarray, w_bytes: float,
                   grad_bytes: float = GRAD_BYTES, z3_collectives: np.ndarray | float = 1.0,
-                  cp: np.ndarray | None = None, edp: np.ndarray | None = None) -> Comm:
+                  cp: np.ndarray | None = None, edp: np.ndarray | None = None,
+                  tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None) -> Comm:
     """Every collective time of the rows (see the module docstring). ``layout_index`` and ``layer_index``
     give each row's layout and layer key (a row of ``layer_costs``); ``part`` is over the rows. A layer's,
     the edges' and the pipeline's traffic is timed once per (layout, ``traffic_key`` columns), the data-parallel
@@ -183,11 +190,14 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
     ``w_bytes`` / ``grad_bytes``: bytes per element the ZeRO gathers / gradient reductions move (the stack's
     dtypes); ``z3_collectives``: gathers per layer and pass under ZeRO-3 (per row; 1 per layer or block,
     one per weight tensor for per-parameter ZeRO-3). The backward TP collectives hide behind the GEMMs only
-    where the context's stack overlaps them (``terms.tp_backward_overlap``)."""
-    pairs = distinct(layout_index, *traffic_key)
+    where the context's stack overlaps them (``terms.tp_backward_overlap``); ``tp_overlap`` (per row, the plan
+    field) pipelines every TP collective with the GEMMs (:func:`tp_overlap_exposed`)."""
+    overlapped = np.zeros(layout_index.shape, dtype=bool) if tp_overlap is None else np.asarray(tp_overlap, bool)
+    pairs = distinct(layout_index, overlapped, *traffic_key)
     per_pair = _layer_traffic(AxisCurves(ctx, layouts, layout_index[pairs.first]),
-                              layer_costs.take(layer_index[pairs.first]), ctx.terms.tp_backward_overlap)
-    fwd, bwd, f_exp, b_exp, edges, p2p, names = take_rows(per_pair, pairs.inverse)
+                              layer_costs.take(layer_index[pairs.first]), ctx.terms.tp_backward_overlap,
+                              overlapped[pairs.first], None if tp is None else np.asarray(tp)[pairs.first])
+    fwd, bwd, f_exp, b_exp, edges, p2p, names, by_axis = take_rows(per_pair, pairs.inverse)
     single = pp == 1
     edge = {axis: on_positions(first, last, single) for axis, (first, last) in edges.items()}
     groups = distinct(layout_index, *params_key)
@@ -201,14 +211,32 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
                                        expert_params, grad_bytes, z3[g])
     names["dp"] = dp_name[groups.inverse]
     return Comm(layer_fwd=fwd, layer_bwd=bwd, layer_fwd_exposed=f_exp, layer_bwd_exposed=b_exp, edge=edge,
-                p2p=p2p, names=names, **take_rows(dp_times, groups.inverse))
+                p2p=p2p, names=names, layer_exposed_axis=by_axis, **take_rows(dp_times, groups.inverse))
 
 
-def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True):
+def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray) -> np.ndarray:
+    """Exposed seconds of a layer phase's TP collectives (``total``) when they are pipelined with the GEMMs
+    (plan field ``tp_overlap``: Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers; torchtitan async
+    TP with torch.compile's micro-pipelining): each all-gather / reduce-scatter is split into ``tp`` chunks
+    exchanged in a ring while the GEMM of the chunk already received runs (Wang et al., ASPLOS 2023,
+    "Overlap communication with dependent computation via decomposition"; TE
+    ``transformer_engine/pytorch/module/base.py`` ``initialize_ub`` ring-exchange / pipelined modes), so the
+    first chunk is exposed and the rest hides behind the phase's computation ``compute`` as far as it lasts."""
+    tp = np.maximum(np.asarray(tp, dtype=float), 1.0)
+    first = total / tp
+    return first + np.maximum(total - first - compute, 0.0)
+
+
+def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
+                   tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None):
     """Per (layout, layer key): layer totals per axis (fwd, bwd), exposed (fwd, bwd), edge totals per axis
     (first, last), pipeline transfer and the TP / PP names. ``overlap`` False: nothing hides (collectives on
-    the compute stream)."""
+    the compute stream); ``tp_overlap`` (per pair): the TP collectives pipelined with the GEMMs over ``tp``
+    chunks."""
     n = costs.fwd.size
+    pipelined = np.zeros(n, dtype=bool) if tp_overlap is None else np.asarray(tp_overlap, dtype=bool)
+    tp_sum = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
+    by_axis: dict[str, np.ndarray] = {}
     fwd: dict[str, np.ndarray] = {}
     bwd: dict[str, np.ndarray] = {}
     exposed = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
@@ -219,12 +247,24 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True):
         axis = "-".join(c.axes)
         totals = fwd if c.phase == "fwd" else bwd
         totals[axis] = totals.get(axis, 0.0) + t
-        exposed[c.phase] = exposed[c.phase] + (np.maximum(t - c.hide, 0.0) if overlap else t)
+        alone = np.maximum(t - c.hide, 0.0) if overlap else t
+        if c.axes == ("tp",):
+            tp_sum[c.phase] = tp_sum[c.phase] + t
+            alone = np.where(pipelined, 0.0, alone)
+        exposed[c.phase] = exposed[c.phase] + alone
+        axis_exp = by_axis.setdefault(axis, np.zeros((2, n)))
+        axis_exp[0 if c.phase == "fwd" else 1] += alone
         # an axis is named by its first forward reduction, else its first forward collective, else backward
         rank = (0 if c.phase == "fwd" else 2) + (0 if c.op in _REDUCTIONS else 1)
         best, name = named.get(axis, (np.full(n, 9), np.full(n, -1, dtype=np.int32)))
         better = (code >= 0) & (rank < best)
         named[axis] = (np.where(better, rank, best), np.where(better, code, name))
+    if pipelined.any():
+        tp_size = np.ones(n) if tp is None else tp
+        for i, (phase, work) in enumerate((("fwd", costs.fwd), ("bwd", costs.bwd))):
+            part = np.where(pipelined, tp_overlap_exposed(tp_sum[phase], work, tp_size), 0.0)
+            exposed[phase] = exposed[phase] + part
+            by_axis.setdefault("tp", np.zeros((2, n)))[i] += part
     edges: dict[str, tuple] = {}
     for which, edge in ((0, costs.first), (1, costs.last)):
         for c in edge.comm:
@@ -234,7 +274,7 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True):
     p2p, pp_name = curves.timed_and_named(("pp",), "send_recv", costs.boundary_bytes)
     names = {axis: code for axis, (_, code) in named.items()}
     names["pp"] = pp_name
-    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, names
+    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, names, by_axis
 
 
 def _timed(curves: AxisCurves, c: Collective) -> np.ndarray:

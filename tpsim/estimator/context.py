@@ -110,6 +110,9 @@ class EstimationContext:
             effective, note = default_compute(device, profile)
             if note:
                 warnings.append(f"compute: {note}")
+            if terms.kernel_flavor == "eager":  # unfused elementwise op chains (tpsim/compute/eager.py)
+                from ..compute.eager import EagerKernels
+                effective = EagerKernels(effective)
         else:
             effective = compute
         fixed = FixedCosts.of(model, terms, achieved_hbm(effective, device))
@@ -133,7 +136,8 @@ class EstimationContext:
                                  collectives=collectives,
                                  source=source or TransformerSource(
                                      model, flavor, terms.activation_storage,
-                                     fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup),
+                                     fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup,
+                                     fp8_cast=terms.fp8_cast_bytes),
                                  host_overhead_s=host, warnings=tuple(warnings),
                                  caches=None if curves is None else ContextCaches(curves=curves))
 

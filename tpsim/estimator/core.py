@@ -54,7 +54,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
               layer_keys: Keys) -> tuple[Keys, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
     ZeRO and what the layer's traffic depends on."""
-    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero", "schedule") + SPLIT_FIELDS + _EXPERT_FIELDS
+    fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero", "schedule", "tp_overlap") + SPLIT_FIELDS + _EXPERT_FIELDS
                            + ctx.source.comm_fields)
     keys = distinct(*(getattr(plans, f) for f in fields))
 
@@ -72,7 +72,8 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
                              params_key=[sub.vpp, sub.zero, sub.cp] + [getattr(sub, f) for f in src.param_fields],
                              pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=wire.wire_params, grad_bytes=wire.wire_grads,
-                             z3_collectives=_z3_collectives(ctx, sub), cp=sub.cp, edp=expert_dp(sub))
+                             z3_collectives=_z3_collectives(ctx, sub), cp=sub.cp, edp=expert_dp(sub),
+                             tp_overlap=sub.tp_overlap, tp=sub.tp)
         return part, comm
 
     part, comm = ctx.memo(("patterns", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention), build)
@@ -208,10 +209,18 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
                       "gpus_per_node": cluster.gpus_per_node},
         compute_model=ctx.compute_source, collective_codes=comm.names, collective_names=ctx.name_table,
         context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB, stack=ctx.stack.name,
+        exposed_axis=sched.exposed_axis, term_sources=_term_sources(ctx, plans.dtype),
         step_time_s_low=step_low, step_time_s_high=step_high, tokens_per_s_low=tokens / step_high,
         tokens_per_s_high=tokens / step_low, mfu_low=mflops / (step_high * gpus * peak_flops),
         mfu_high=mflops / (step_low * gpus * peak_flops), num_layers=int(source.num_layers),
         edges_as_layers=bool(ctx.terms.pipeline_edges_as_layers), flops_convention=source.flops_convention)
+
+
+def _term_sources(ctx: EstimationContext, dtype: str) -> dict[str, str]:
+    """Where each step-time term comes from, once per context and dtype (tpsim.estimator.explain)."""
+    from .explain import term_sources
+
+    return ctx.memo(("term_sources", dtype), lambda: term_sources(ctx, dtype))
 
 
 # ---- entry points ----------------------------------------------------------------------------------------

@@ -65,19 +65,35 @@ class _Acc:
         self.m = self.m + other.m
 
 
-def _linear(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, n, k, dtype: str):
-    """Forward and the two backward GEMMs of a linear; returns (dgrad, wgrad) times."""
+def _linear(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, n, k, dtype: str, cast=None):
+    """Forward and the two backward GEMMs of a linear; returns (dgrad, wgrad) times. ``cast`` (fp8 GEMMs):
+    (forward, backward) bytes per element of the fp8 cast of the input (m x k) and of the output gradient
+    (m x n) (the stack's ``compute.fp8_cast_bytes_per_element``)."""
     acc_f.add(compute.gemm(m, n, k, dtype))
     dgrad = acc_b.add(compute.gemm(m, k, n, dtype))
     wgrad = acc_b.add(compute.gemm(k, n, m, dtype))
+    if cast is not None and dtype == "fp8":
+        acc_f.add(streamed(compute, np.asarray(m, dtype=float) * k * cast[0], dtype))
+        acc_b.add(streamed(compute, np.asarray(m, dtype=float) * n * cast[1], dtype))
     return dgrad, wgrad
 
 
-def _linears(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, widths, k, dtype: str):
-    """Column-parallel linears sharing one input (fused: one GEMM of the summed width); (dgrad, wgrad)."""
+def streamed(compute: ComputeModel, nbytes, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``nbytes`` of plain streaming traffic at the compute model's memory-bound rate (carried by the
+    ``residual_add`` kernel: efficiency.yaml bytes_per_element, 3 elements of the activation dtype)."""
+    from ..compute.roofline import activation_bytes
+
+    return compute.memory("residual_add", np.asarray(nbytes, dtype=float) / (3.0 * activation_bytes(dtype)),
+                          dtype, False)
+
+
+def _linears(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, widths, k, dtype: str, cast=None):
+    """Column-parallel linears sharing one input (fused: one GEMM of the summed width); (dgrad, wgrad). With
+    several, the shared input is cast once."""
     dgrad = wgrad = 0.0
-    for n in widths:
-        d, w = _linear(acc_f, acc_b, compute, m, n, k, dtype)
+    for i, n in enumerate(widths):
+        c = cast if cast is None or i == 0 else (0.0, cast[1])
+        d, w = _linear(acc_f, acc_b, compute, m, n, k, dtype, c)
         dgrad, wgrad = dgrad + d, wgrad + w
     return dgrad, wgrad
 
@@ -140,7 +156,19 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
     n = s / cpf
     hidden_f = acc_f.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, False)))
     hidden_b = acc_b.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, True)))
+    # each ring step after the first merges its partial output into the running one (log-sum-exp correction)
+    merged = np.where(ring, (cpf - 1.0) * bh * n * d, 0.0)
+    acc_f.add(streamed(compute, merged * RING_MERGE_BYTES, dtype))
+    acc_b.add(streamed(compute, merged * RING_MERGE_BYTES, dtype))
     return hidden_f, hidden_b, flash + hidden_f + hidden_b
+
+
+RING_MERGE_BYTES = 10.0
+"""bytes per output element and ring step of the partial-softmax merge: read the fp32 running output (4 B) and
+the step's 16-bit partial output (2 B), write the corrected fp32 output (4 B) (TransformerEngine
+AttnFuncWithCPAndKVP2P flash_attn_fwd_out_correction; torch's ring _SDPAMerger does the same in more passes); in
+backward the same traffic accumulates the query gradient of every step."""
+
 
 
 def _where(mask: np.ndarray, res: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -150,7 +178,7 @@ def _where(mask: np.ndarray, res: tuple[np.ndarray, np.ndarray]) -> tuple[np.nda
 
 
 def _attention_linears(fwd: _Acc, bwd: _Acc, compute: ComputeModel, model: ModelSpec, T, t, dtype: str,
-                       fused: bool):
+                       fused: bool, cast=None):
     """Input projections of the attention block; returns (dgrad, wgrad) of its column-parallel input linear(s).
     Standard: fused QKV ``(T, h, q/t + 2 kv_local)`` (or q, k, v apart). MLA (DeepSeek-V2 eq. 9-14, Megatron-Core
     ``MLASelfAttention``): the down-projections of queries (q_lora) and of the key/value latent plus the shared
@@ -160,18 +188,18 @@ def _attention_linears(fwd: _Acc, bwd: _Acc, compute: ComputeModel, model: Model
         shp = local_shapes(model, t)  # kv heads < tp are replicated (Megatron)
         q_local, kv_local = shp.q_width, shp.kv_width
         qkv = [q_local + 2 * kv_local] if fused else [q_local, kv_local, kv_local]
-        return _linears(fwd, bwd, compute, T, qkv, h, dtype)
+        return _linears(fwd, bwd, compute, T, qkv, h, dtype, cast)
     heads = model.num_attention_heads / t
     qk, rope, v = model.qk_nope_head_dim + model.qk_rope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     ql, kvl = float(model.q_lora_rank), float(model.kv_lora_rank)
     down = [ql + kvl + rope] if ql else [kvl + rope]
-    dgrad, wgrad = _linears(fwd, bwd, compute, T, down, h, dtype)
+    dgrad, wgrad = _linears(fwd, bwd, compute, T, down, h, dtype, cast)
     if ql:
-        _linear(fwd, bwd, compute, T, heads * qk, ql, dtype)
+        _linear(fwd, bwd, compute, T, heads * qk, ql, dtype, cast)
     else:
-        d2, w2 = _linear(fwd, bwd, compute, T, heads * qk, h, dtype)
+        d2, w2 = _linear(fwd, bwd, compute, T, heads * qk, h, dtype, cast)
         dgrad, wgrad = dgrad + d2, wgrad + w2
-    _linear(fwd, bwd, compute, T, heads * (model.qk_nope_head_dim + v), kvl, dtype)
+    _linear(fwd, bwd, compute, T, heads * (model.qk_nope_head_dim + v), kvl, dtype, cast)
     fwd.add(compute.memory("rmsnorm", T * (ql + kvl), dtype, False))  # q_a / kv_a latent norms
     bwd.add(compute.memory("rmsnorm", T * (ql + kvl), dtype, True))
     return dgrad, wgrad
@@ -181,7 +209,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
                micro_batch: np.ndarray, recompute: np.ndarray, dtype: str, attention: str,
                fused: bool = True, cp: np.ndarray | None = None, cp_kind: np.ndarray | None = None,
                ep: np.ndarray | None = None, etp: np.ndarray | None = None, kind: LayerKind | None = None,
-               recompute_modules: frozenset = frozenset({"core_attn"})) -> LayerCost:
+               recompute_modules: frozenset = frozenset({"core_attn"}), per_op: bool = False,
+               fp8_cast: tuple[float, float] | None = None) -> LayerCost:
     """Cost of one layer for each plan (arrays of equal length; recompute coded 0/1/2, cp_kind 0 ring / 1
     a2a, etp 0 = tp). ``fused``: one QKV GEMM and one gate+up GEMM (Megatron); otherwise q, k, v (and w1, w3)
     are separate GEMMs (as ``tpsim validate`` runs DTensor's separate Linear layers). ``kind``: the layer's
@@ -189,7 +218,10 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     divides the rank's tokens by cp (all GEMMs and memory-bound kernels on ``b s / cp`` tokens).
     ``recompute_modules``: what selective recomputation runs again in backward (Megatron-Core
     ``--recompute-modules``: the attention core, the norms, MLA's up-projections, the routed experts'
-    activation; :func:`_selective_seconds`)."""
+    activation; :func:`_selective_seconds`); ``per_op``: selective is torchtitan's per-op policy instead
+    (:func:`_per_op_seconds`, dense layers with standard attention). ``fp8_cast``: with fp8 GEMMs, the
+    stack's (forward, backward) bytes per element of each linear's input and output-gradient casts
+    (``compute.fp8_cast_bytes_per_element``)."""
     n_plans = len(tp)
     kind = kind or LayerKind(moe=False, window=0)
     cp = _ones(n_plans) if cp is None else cp
@@ -206,7 +238,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     fwd, bwd = _Acc(n_plans), _Acc(n_plans)
 
     # attention block
-    dg_a, wg_a = _attention_linears(fwd, bwd, compute, model, T, t, dtype, fused)
+    dg_a, wg_a = _attention_linears(fwd, bwd, compute, model, T, t, dtype, fused, fp8_cast)
     attn_f = _Acc(n_plans)
     ring_f, ring_b, flash_t = _attention_core(attn_f, bwd, compute, model, b=b, heads=heads, cp=cp, a2a=a2a,
                                               window=kind.window, d=(dqk + dv) / 2.0, dtype=dtype,
@@ -218,7 +250,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
                    else heads * model.qk_rope_head_dim + model.qk_rope_head_dim)
         fwd.add(compute.memory("residual_add", T * rotated, dtype, False))
         bwd.add(compute.memory("residual_add", T * rotated, dtype, True))
-    _linear(fwd, bwd, compute, T, h, heads * dv, dtype)
+    _linear(fwd, bwd, compute, T, h, heads * dv, dtype, fp8_cast)
 
     # MLP block: dense, or shared experts (tensor-parallel like it) beside the routed experts
     gated = model.gated
@@ -228,10 +260,10 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     dg_m = wg_m = np.zeros(n_plans)
     if not kind.moe or model.num_shared_experts:
         mlp_in = [f_local * (2 if gated else 1)] if (fused or not gated) else [f_local, f_local]
-        dg_m, wg_m = _linears(fwd, bwd, compute, T, mlp_in, h, dtype)
+        dg_m, wg_m = _linears(fwd, bwd, compute, T, mlp_in, h, dtype, fp8_cast)
         fwd.add(compute.memory(act, T * f_local, dtype, False))
         bwd.add(compute.memory(act, T * f_local, dtype, True))
-        _linear(fwd, bwd, compute, T, h, f_local, dtype)
+        _linear(fwd, bwd, compute, T, h, f_local, dtype, fp8_cast)
     shape = None
     if kind.moe:
         from .moe import add_expert_compute, expert_shape
@@ -247,8 +279,11 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         bwd.add(compute.memory(kernel, T_norm * h, dtype, True), count)
 
     rc = np.asarray(recompute)
-    selective = _selective_seconds(compute, model, recompute_modules, attn_f.t, T=T, T_norm=T_norm, heads=heads,
-                                   shape=shape, dtype=dtype)
+    if per_op and not kind.moe and model.attention_kind != "mla":
+        selective = _per_op_seconds(compute, model, T=T, T_norm=T_norm, t=t, f_local=f_local, dtype=dtype)
+    else:
+        selective = _selective_seconds(compute, model, recompute_modules, attn_f.t, T=T, T_norm=T_norm,
+                                       heads=heads, shape=shape, dtype=dtype)
     re_t = np.where(rc == 2, fwd.t, np.where(rc == 1, selective, 0.0))
     total = fwd.t + bwd.t
     measured = np.where(total > 0, (fwd.m + bwd.m) / np.where(total > 0, total, 1.0), 0.0)
@@ -256,6 +291,31 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
                      dgrad={"attention": dg_a, "feed_forward": dg_m},
                      wgrad={"attention": wg_a, "feed_forward": wg_m}, measured=measured, attention=flash_t,
                      ring_fwd=ring_f, ring_bwd=ring_b)
+
+
+def _per_op_seconds(compute: ComputeModel, model: ModelSpec, *, T: np.ndarray, T_norm: np.ndarray, t: np.ndarray,
+                    f_local, dtype: str) -> np.ndarray:
+    """Forward work torchtitan's per-op selective checkpointing repeats in backward: the matmuls it does not save
+    (every second one of the layer, :func:`tpsim.estimator.memory.per_op_saved`) and every memory-bound op
+    (the two norms, the residual adds, the activation, rotary); the SDPA output is saved, not recomputed."""
+    from .memory import _per_op_width, per_op_matmuls, per_op_saved
+
+    h = float(model.hidden_size)
+    inputs = {"wq": h, "wk": h, "wv": h, "wo": model.num_attention_heads / t * float(model.head_dim),
+              "w1": h, "w3": h, "fc1": h, "w2": f_local, "fc2": f_local}
+    saved = set(per_op_saved(model))
+    out = np.zeros(np.shape(T))
+    for name in per_op_matmuls(model):
+        if name not in saved:
+            out = out + compute.gemm(T, _per_op_width(model, name, t), inputs[name], dtype)[0]
+    out = out + 2.0 * compute.memory(model.norm, T_norm * h, dtype, False)[0]
+    out = out + 2.0 * compute.memory("residual_add", T_norm * h, dtype, False)[0]
+    out = out + compute.memory("swiglu" if model.gated else "gelu", T * f_local, dtype, False)[0]
+    if model.position == "rotary":
+        kv = np.maximum(model.num_kv_heads / t, 1.0) * model.head_dim
+        out = out + compute.memory("residual_add", T * (model.num_attention_heads / t * model.head_dim + kv),
+                                   dtype, False)[0]
+    return out
 
 
 def _selective_seconds(compute: ComputeModel, model: ModelSpec, modules: frozenset, core_attention: np.ndarray, *,

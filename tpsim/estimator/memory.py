@@ -100,7 +100,7 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
                                cp: np.ndarray | None = None, kind: LayerKind | None = None,
                                ep: np.ndarray | None = None, etp: np.ndarray | None = None,
                                modules: frozenset = DEFAULT_RECOMPUTE_MODULES, linear_bytes: float | None = None,
-                               attn_out_bytes: float | None = None) -> np.ndarray:
+                               attn_out_bytes: float | None = None, per_op: bool = False) -> np.ndarray:
     """Stored activations of one layer for one micro-batch on one rank (bytes): the rank's b s / cp tokens
     (context parallelism divides every term by cp). MLA stores its q/kv latents (duplicated over TP) and the
     up-projected q, k (qk_nope + qk_rope) and v (v_head_dim) per head; a mixture-of-experts layer stores the
@@ -113,7 +113,8 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     up-projected q, k, v (rebuilt from the stored latents); ``moe_act`` the routed experts' activation output
     (the second GEMM's input). ``linear_bytes`` / ``attn_out_bytes``: bytes per element of the cached linear
     inputs / of the attention output (fp8 activation caching, DeepSeek-V3 report section 3.3.3); default the
-    activation's own bytes."""
+    activation's own bytes. ``per_op``: selective recomputation is torchtitan's per-op policy
+    (:func:`per_op_sac_bytes`; dense layers with standard attention)."""
     t = tp.astype(float)
     s = float(model.seq_len)
     cpf = 1.0 if cp is None else cp.astype(float)
@@ -156,7 +157,49 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     drop_scores = selective & (attention == "unfused") & ("core_attn" in modules)
     per_layer = replicated + sharded + np.where(drop_scores, 0.0, scores)
     layer_input = np.where(sp, 2 * e * T * h / t, 2 * e * T * h)
+    if per_op and not moe and model.attention_kind != "mla":
+        sac = layer_input + per_op_sac_bytes(model, T=T, tp=tp, sp=sp, e=e) + scores
+        per_layer = np.where(selective, sac, per_layer)
     return np.where(rc == 2, layer_input, per_layer)
+
+
+def per_op_matmuls(model: ModelSpec) -> tuple[str, ...]:
+    """A dense layer's matmuls in forward order as torchtitan runs them (separate wq, wk, wv; w1, w3, w2 gated or
+    fc1, fc2): the order torchtitan's per-op checkpoint policy counts."""
+    return ("wq", "wk", "wv", "wo") + (("w1", "w3", "w2") if model.gated else ("fc1", "fc2"))
+
+
+def per_op_saved(model: ModelSpec) -> tuple[str, ...]:
+    """The matmuls whose outputs torchtitan's per-op selective checkpointing saves: all but every second one of
+    the layer (torchtitan/distributed/activation_checkpoint.py ``_custom_policy``: ``mm_count % 2 == 0`` is
+    recomputed)."""
+    return tuple(name for i, name in enumerate(per_op_matmuls(model), start=1) if i % 2 == 1)
+
+
+def _per_op_width(model: ModelSpec, name: str, tp: np.ndarray) -> np.ndarray:
+    """Output width of a per-op matmul on one TP rank (row-parallel outputs are the full hidden size: the
+    partial sums before their reduce-scatter)."""
+    t = tp.astype(float)
+    d = float(model.head_dim)
+    q = model.num_attention_heads / t * d
+    kv = np.maximum(model.num_kv_heads / t, 1.0) * d
+    f = float(model.ffn_hidden_size) / t
+    h = np.full(np.shape(t), float(model.hidden_size))
+    return {"wq": q, "wk": kv, "wv": kv, "wo": h, "w1": f, "w3": f, "w2": h, "fc1": f, "fc2": h}[name]
+
+
+def per_op_sac_bytes(model: ModelSpec, *, T: np.ndarray, tp: np.ndarray, sp: np.ndarray, e: float) -> np.ndarray:
+    """What torchtitan's per-op selective checkpointing stores per layer beyond the layer input and the flash
+    log-sum-exp (16-bit tensors): the saved matmul outputs (:func:`per_op_saved`), the SDPA output, and with
+    tp > 1 the two reduce-scatter outputs (sequence-sharded); torchtitan/distributed/activation_checkpoint.py
+    ``_op_sac_save_list`` (mm, the SDPA variants, reduce_scatter_tensor, max)."""
+    t = tp.astype(float)
+    h = float(model.hidden_size)
+    q = model.num_attention_heads / t * float(model.head_dim)
+    out = 2 * e * T * q  # SDPA output
+    for name in per_op_saved(model):
+        out = out + 2 * e * T * _per_op_width(model, name, tp)
+    return out + np.where(t > 1, 2 * 2 * e * T * h / t, 0.0)
 
 
 def _expert_activations(model: ModelSpec, T: np.ndarray, tp: np.ndarray, sp: np.ndarray, ep, etp,

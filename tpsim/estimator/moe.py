@@ -13,7 +13,9 @@ so its routed tokens set the expert time and the exchanged bytes. Its load over 
 ``tpsim/data/moe.yaml``: the measured global maximum violation of the router's balancing method) shares the rank
 with average ones, and the sampling spread of one micro-batch's routing adds the expected maximum of ep Poisson
 counts of mean ``N k etp`` (Gaussian tail). With a capacity factor the excess is dropped, so the load is at most
-the capacity. ep = 1 holds every expert: no imbalance between ranks.
+the capacity. ep = 1 holds every expert: no imbalance between ranks. The model's ``moe_balance`` (docs/SCHEMAS.md
+T2) chooses: ``aux`` this measured imbalance, ``forced`` none (1), a number F the busiest expert at F x the
+mean: ``1 + (F - 1) / (E / ep)``.
 """
 
 from __future__ import annotations
@@ -61,8 +63,14 @@ def load_imbalance(model: ModelSpec, *, ep: np.ndarray, routed: np.ndarray) -> n
     receive when balanced (N k etp). See the module docstring."""
     e = np.asarray(ep, dtype=float)
     local = model.num_experts / e
-    sampling = np.sqrt(2.0 * np.log(np.maximum(e, 1.0)) / np.maximum(routed, 1.0))
-    factor = np.where(e > 1, 1.0 + max_violation(model) / local + sampling, 1.0)
+    balance = model.moe_balance
+    if balance == "forced":  # force-balanced routing (benchmarks): every rank gets the mean
+        return np.ones(np.shape(e))
+    if balance == "aux":  # the router's own balancing: measured MaxVio plus one micro-batch's sampling spread
+        sampling = np.sqrt(2.0 * np.log(np.maximum(e, 1.0)) / np.maximum(routed, 1.0))
+        factor = np.where(e > 1, 1.0 + max_violation(model) / local + sampling, 1.0)
+    else:  # the busiest expert at `balance` x the mean, the rank's other experts at the mean
+        factor = np.where(e > 1, 1.0 + (float(balance) - 1.0) / local, 1.0)
     if model.capacity_factor:
         factor = np.minimum(factor, model.capacity_factor)
     return factor

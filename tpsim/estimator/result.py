@@ -56,6 +56,11 @@ class Estimate:
     tokens_per_s_high: float = math.nan
     mfu_low: float = math.nan
     mfu_high: float = math.nan
+    terms: dict[str, float] = field(default_factory=dict)
+    """step-time terms of the slowest rank, seconds, in order; they sum to ``step_time_s`` (docs/SCHEMAS.md
+    T6: compute, recompute, bubble, optimizer, overhead and the exposed communication per axis)."""
+    term_sources: dict[str, str] = field(default_factory=dict)
+    """per term, the kernel data, device figure or stack rule it came from (``--explain``)."""
     pipeline_split: dict[str, list[int]] = field(default_factory=dict)
     """``layers_per_rank`` and ``layers_per_chunk`` (model order, chunk k on rank k mod pp) of the pipeline
     split the estimate costs (empty without a pipeline; tpsim.estimator.partition.layer_split)."""
@@ -77,6 +82,8 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d.pop("term_sources")
+        d["terms"] = {k: {"seconds": v, "source": self.term_sources.get(k, "")} for k, v in self.terms.items()}
         d["plan"] = self.plan.to_dict()
         d["plan"]["num_microbatches"] = self.plan.num_microbatches
         d["warnings"] = list(self.warnings)
@@ -139,6 +146,10 @@ class EstimateBatch:
     tokens_per_s_high: np.ndarray | None = None
     mfu_low: np.ndarray | None = None
     mfu_high: np.ndarray | None = None
+    exposed_axis: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """axis (tp, cp, ep, pp, dp) -> exposed communication per step (they sum to ``exposed_comm_s``)."""
+    term_sources: Mapping[str, str] = field(default_factory=dict)
+    """per term, where it comes from (:func:`tpsim.estimator.explain.term_sources`)."""
     num_layers: int = 0
     """the model's repeated layers (the pipeline split of :meth:`to_estimate`; 0: not stated)."""
     edges_as_layers: bool = False
@@ -184,6 +195,8 @@ class EstimateBatch:
 
         breakdown = {k: f(getattr(self, f"{k}_s")) for k in BREAKDOWN_KEYS}
         memory = {k: f(getattr(self, f"mem_{k}_gib")) for k in MEMORY_KEYS}
+        terms = self.terms(i)
+        collectives = self.collectives(i)
         return Estimate(
             step_time_s=f(self.step_time_s), tokens_per_s=f(self.tokens_per_s),
             model_tflops_per_gpu=f(self.model_tflops_per_gpu),
@@ -191,10 +204,24 @@ class EstimateBatch:
             peak_memory_gib=f(self.peak_memory_gib), fits=bool(self.fits[i]), breakdown=breakdown,
             memory_gib=memory, plan=self.plans.plan(i), model=self.model_name, cluster=dict(self.cluster_info),
             compute_model=self.compute_model, measured_compute_fraction=f(self.measured_compute_fraction),
-            collectives=self.collectives(i), warnings=self.warnings(i) if warnings is None else tuple(warnings),
-            stack=self.stack, pipeline_split=self.pipeline_split(i), **{k: f(getattr(self, k)) for k in BAND_KEYS},
+            collectives=collectives, warnings=self.warnings(i) if warnings is None else tuple(warnings),
+            stack=self.stack, terms=terms, pipeline_split=self.pipeline_split(i), term_sources=_plan_sources(self.term_sources, collectives, terms,
+                                                     self.plans.plan(i).schedule),
+            **{k: f(getattr(self, k)) for k in BAND_KEYS},
             tokens_per_s_per_gpu=f(self.tokens_per_s) / float(self.cluster_info.get("gpus") or 1),
             flops_convention=self.flops_convention)
+
+    def terms(self, i: int) -> dict[str, float]:
+        """The step-time terms of plan ``i`` (docs/SCHEMAS.md T6), in order; they sum to its step time."""
+        out = {k: float(getattr(self, f"{k}_s")[i]) for k in ("compute", "recompute", "bubble", "optimizer",
+                                                               "overhead")}
+        if not self.exposed_axis:  # a result built without the split: all exposed communication in one term
+            out["exposed_comm"] = float(self.exposed_comm_s[i])
+            return out
+        for axis in ("tp", "cp", "ep", "pp", "dp"):
+            value = self.exposed_axis.get(axis)
+            out[f"{axis}_comm"] = 0.0 if value is None else float(np.broadcast_to(value, self.step_time_s.shape)[i])
+        return out
 
     def pipeline_split(self, i: int) -> dict[str, list[int]]:
         """Layers per rank and per chunk of plan ``i`` (empty without a pipeline or a layer count)."""
@@ -259,3 +286,11 @@ def _placement_warnings(plan: Plan, gpus_per_node: int) -> tuple[str, ...]:
     if nodes <= 1:
         return ()
     return (f"TP group of {plan.tp} spans {nodes} nodes: tensor-parallel traffic crosses the inter-node network",)
+
+
+def _plan_sources(base: Mapping[str, str], collectives: Mapping[str, str], terms: Mapping[str, float],
+                  schedule: str = "") -> dict[str, str]:
+    from .explain import plan_sources
+
+    out = plan_sources(base, collectives, schedule if base else "")
+    return {k: out.get(k, "") for k in terms}

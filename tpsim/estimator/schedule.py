@@ -22,7 +22,7 @@ Communication hidden behind compute still slows it (NCCL kernels hold SMs and me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -57,6 +57,9 @@ class Schedule:
     """position (index into POSITIONS) of the slowest rank."""
     micro_batches: np.ndarray
     """m: micro-batches per replica and step."""
+    exposed_axis: dict = field(default_factory=dict)
+    """axis -> exposed communication per step on that axis (``tp``, ``cp``, ``ep``, ``pp``, ``dp``; the
+    hidden collectives' overlap penalty counted on their axis): they sum to ``exposed_comm``."""
 
 
 def _pick(position: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -136,7 +139,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     rank_r = part.layer_sum(costs.recompute, getattr(costs, "recompute_by_kind", None))
     rank_x = L * x_layer + edge_x
     fixed = ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, full, host_s_per_op)
-    fixed = fixed + _zero3_hooks(ctx, costs, zero, full, host_s_per_op)
+    fixed = fixed + _zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp)
     rank_o = L * (ctx.host_overhead_s + fixed)
     totals = np.where(part.valid, rank_c + rank_r + rank_x + rank_o, -1.0)  # -1: no such rank
     slow = np.argmax(totals, axis=0)
@@ -149,7 +152,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     # pipeline point-to-point: activations forward, gradients backward, per chunk and micro-batch, plus the
     # pipeline fill and drain
     pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, pp, vpp, m, comm.p2p)
-    dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb)
+    dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb,
+                                          full=full, terms=ctx.terms)
     params = np.where(zero >= 1, _sharded(part, dp * cp, edp), part.largest)
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
@@ -157,9 +161,10 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     device = costs.fwd + costs.bwd + costs.recompute
     overhead_low, overhead_high = (
         m * layers * (ctx.host_overhead_s + _pick(slow, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
-                                                  + _zero3_hooks(ctx, costs, zero, full, h)))
+                                                  + _zero3_hooks(ctx, costs, zero, full, h, dp)))
         for h in (lo, hi))
     exposed = m * x_stage + pp_exposed + dp_exposed
+    exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed, pp.shape)
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
                                        + np.where(full, comm.layer_fwd.get(axis, 0.0), 0.0))
@@ -170,7 +175,36 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
                     exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
                     overhead_high=np.maximum(overhead_high, overhead), comm_total=comm_total, step=step,
-                    slowest=slow, micro_batches=m)
+                    slowest=slow, micro_batches=m, exposed_axis=exposed_axis)
+
+
+def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
+                     penalty: float, pp_exposed: np.ndarray, dp_exposed: np.ndarray, shape) -> dict:
+    """The exposed communication per step split by plan axis (the ``terms`` of docs/SCHEMAS.md T6): each axis's
+    exposed layer collectives (the forward ones again under full recomputation) and the overlap penalty of its
+    hidden ones, times the slowest rank's layers, plus its edge collectives, per micro-batch; the pipeline's
+    and the data-parallel exposure as computed above. Expert axes (``ep``, ``etp``, ``edp``) count as ``ep``."""
+    out: dict[str, np.ndarray] = {}
+    for axis in sorted(set(comm.layer_fwd) | set(comm.layer_bwd) | set(comm.edge)):
+        exp = comm.layer_exposed_axis.get(axis)
+        total = comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
+        if exp is None:  # nothing of this axis in the layers (edge collectives only)
+            per_layer = penalty * total
+        else:
+            per_layer = exp[0] + exp[1] + np.where(full, exp[0], 0.0) + penalty * (total - exp[0] - exp[1])
+        value = layers * per_layer
+        edge = comm.edge.get(axis)
+        if edge is not None:
+            value = value + _pick(slow, edge)
+        name = _TERM_AXIS.get(axis.split("-")[0], "ep")
+        out[name] = out.get(name, 0.0) + m * value
+    out["pp"] = out.get("pp", 0.0) + pp_exposed
+    out["dp"] = out.get("dp", 0.0) + dp_exposed
+    return out
+
+
+_TERM_AXIS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp"}
+"""layer-collective axis (its first name) -> term axis; expert axes are ``ep``."""
 
 
 def _sharded(part: Partition, group: np.ndarray, expert_group: np.ndarray | None) -> np.ndarray:
@@ -192,7 +226,7 @@ def _sum(arrays, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _zero3_hooks(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, full: np.ndarray,
-                 host_s_per_op: float | None) -> np.ndarray:
+                 host_s_per_op: float | None, ranks: np.ndarray | None = None) -> np.ndarray:
     """Per layer and micro-batch: the host time of per-parameter ZeRO-3's module hooks the GPU waits for (one
     fetch per gathered weight tensor in forward, in backward and in a recomputed forward), beyond what the
     layer's own ops already leave exposed."""
@@ -200,19 +234,39 @@ def _zero3_hooks(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, fu
     if not terms.zero3_per_parameter or terms.host_s_per_collective <= 0:
         return np.zeros(np.shape(zero))
     n = terms.zero3_collectives_per_layer(ctx.model, 1)
-    hooks = n * terms.host_s_per_collective * (2.0 + np.where(full, 1.0, 0.0))
+    per_fetch = terms.host_s_per_collective + (0.0 if ranks is None else terms.host_s_per_collective_rank * ranks)
+    hooks = n * per_fetch * (2.0 + np.where(full, 1.0, 0.0))
     f = ctx.fixed
     per_op = f.host_s_per_op if host_s_per_op is None else host_s_per_op
     kernels = f.kernels_fwd + f.kernels_bwd + np.where(full, f.kernels_fwd, 0.0)
     device = costs.fwd + costs.bwd + costs.recompute + kernels * f.gap_s
     before = np.maximum(kernels * per_op - device, 0.0)
     after = np.maximum(kernels * per_op + hooks - device, 0.0)
+    if terms.zero3_overlap_fraction is not None:  # serialized fetches (deepspeed-2021): every hook waits
+        after = before + hooks
     return np.where(zero == 3, after - before, 0.0)
 
 
+def _zero3_serialized(terms, total: np.ndarray, exposed: np.ndarray, regather: np.ndarray,
+                      regather_exposed: np.ndarray, compute: np.ndarray, full: np.ndarray | None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """ZeRO-3 as DeepSpeed ran it in 2021 (SC21 Table 2; stack ``deepspeed-2021``): with full recomputation each
+    layer's parameters are gathered a third time for the recomputed forward (``regather``: the step's gathers of
+    one forward pass, ``regather_exposed`` their exposed part under per-layer prefetch), and with
+    ``zero3_overlap_fraction`` the collectives overlap at most that fraction of the step's compute (each
+    submodule's fetch is a separate small collective issued from a Python hook; the prefetch did not keep it
+    ahead of the compute): exposed = total - fraction x min(total, compute)."""
+    if terms.zero3_regather_in_recompute and full is not None:
+        total = total + np.where(full, regather, 0.0)
+        exposed = exposed + np.where(full, regather_exposed, 0.0)
+    if terms.zero3_overlap_fraction is None:
+        return total, exposed
+    return total, total - terms.zero3_overlap_fraction * np.minimum(total, compute)
+
+
 def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndarray, zero: np.ndarray,
-                   overlap: np.ndarray, penalty: float, per_microbatch: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   overlap: np.ndarray, penalty: float, per_microbatch: np.ndarray | None = None,
+                   full: np.ndarray | None = None, terms=None) -> tuple[np.ndarray, np.ndarray]:
     """(total, exposed) data-parallel time per step. Gradients hide behind the backward of the last
     micro-batch (bucketed), the ZeRO parameter all-gather behind the forward of the first micro-batch of the
     next step. Where the stack reduces after every micro-batch (``per_microbatch``: ZeRO-2 keeping only a
@@ -228,6 +282,10 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     z3_total = layers * (2 * m * z3_ag + reductions * z3_rs)
     z3_exposed = layers * (m * np.maximum(z3_ag - f_layer, 0.0) + (m - reductions) * np.maximum(z3_ag - b_layer, 0.0)
                            + reductions * np.maximum(z3_ag + z3_rs - b_layer, 0.0))
+    if terms is not None and (terms.zero3_regather_in_recompute or terms.zero3_overlap_fraction is not None):
+        z3_total, z3_exposed = _zero3_serialized(terms, z3_total, z3_exposed, layers * m * z3_ag,
+                                                 layers * m * np.maximum(z3_ag - f_layer, 0.0),
+                                                 layers * m * (f_layer + b_layer), full)
     return dp_exposure(comm.dp_all_reduce + comm.dp_reduce_scatter, comm.dp_all_gather, reductions,
                        np.where(zero == 3, 2 * m, 1), layers * b_layer, layers * f_layer, overlap, penalty,
                        z3_total, z3_exposed)

@@ -186,8 +186,11 @@ class TransformerSource(LayerSource):
     kept apart so each pipeline rank holds exactly its layers' parameters (:attr:`kind_of_layer`)."""
 
     def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None,
-                 fp8_dispatch: bool = False, node_dedup: bool = False):
+                 fp8_dispatch: bool = False, node_dedup: bool = False,
+                 fp8_cast: tuple[float, float] = (0.0, 0.0)):
         self.model = model
+        self.fp8_cast = fp8_cast
+        """bytes per element of the fp8 casts of each linear's input and output gradient (StackTerms)."""
         self.flavor = flavor
         self.storage = storage or ActivationStorage()
         """the stack's selective-recomputation modules and fp8 activation caching."""
@@ -231,6 +234,13 @@ class TransformerSource(LayerSource):
             layer, scores = layer - scores * (1.0 - kept), scores * kept
         modules = self.storage.recompute_modules
         selective = scores if "core_attn" in modules else 0.0
+        if self.storage.per_op_sac and m.attention_kind != "mla":
+            from .memory import _per_op_width, per_op_matmuls, per_op_saved
+            one = np.ones(1, dtype=np.int64)
+            h, f = float(m.hidden_size), float(m.ffn_hidden_size)
+            inputs = {"wo": m.num_attention_heads * float(m.head_dim), "w2": f, "fc2": f}
+            selective = sum(2.0 * m.seq_len * inputs.get(n, h) * float(_per_op_width(m, n, one)[0])
+                            for n in per_op_matmuls(m) if n not in per_op_saved(m))
         if "mla_up_proj" in modules and m.attention_kind == "mla":
             heads = m.num_attention_heads
             up = (m.q_lora_rank * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
@@ -273,12 +283,15 @@ class TransformerSource(LayerSource):
         tp, sp, mb, cp, ep, etp = (axes[k] for k in ("tp", "sp", "micro_batch", "cp", "ep", "etp"))
         lc = layer_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, recompute=rc, dtype=dtype,
                         attention=attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, kind=kind,
-                        recompute_modules=self.storage.recompute_modules)
+                        recompute_modules=self.storage.recompute_modules, per_op=self.storage.per_op_sac,
+                        fp8_cast=self.fp8_cast)
         linear_bytes, attn_out_bytes = self.storage.cache_bytes(dtype, axes["act_bytes"])
         mem_kw = dict(tp=tp, sp=sp, micro_batch=mb, recompute=rc, attention=attention, act_bytes=axes["act_bytes"],
                       cp=cp, kind=kind, ep=ep, etp=etp, modules=self.storage.recompute_modules,
-                      linear_bytes=linear_bytes, attn_out_bytes=attn_out_bytes)
-        working = np.where(rc == 2, full_layer_activations(model, **mem_kw), 0.0)
+                      linear_bytes=linear_bytes, attn_out_bytes=attn_out_bytes, per_op=self.storage.per_op_sac)
+        # the layer rebuilt in backward: full recomputation, and per-op selective (its unsaved tensors)
+        rebuilt = (rc == 2) | ((rc == 1) & self.storage.per_op_sac)
+        working = np.where(rebuilt, full_layer_activations(model, **mem_kw), 0.0)
         tp_ops = self._tp_collectives(lc, kind, axes)
         cp_ops = cp_layer_collectives(model, lc, axes, cp_kind)
         comm = [c for c, _ in tp_ops] + cp_ops
@@ -353,7 +366,7 @@ class TransformerSource(LayerSource):
                           c("reduce_scatter", "bwd", np.where(sp, act, 0.0)),
                           c("all_reduce", "bwd", np.where(sp, 0.0, act))),
                     params=emb_local + final_norm, shared_params=tied,
-                    buffer_bytes=4.0 * T * emb_local / h)  # fp32 logits of the rank's vocabulary shard
+                    buffer_bytes=self.storage.logits_bytes * T * emb_local / h)  # the rank's vocabulary shard
         if model.mtp_layers:
             last = _mtp_edge(model, compute, last, ec, kinds[self.kind_of_layer[-1]], tp=tp, T=T, dtype=dtype, emb_local=emb_local)
         return first, last

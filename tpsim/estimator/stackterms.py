@@ -42,6 +42,14 @@ class ActivationStorage:
 
     recompute_modules: frozenset = frozenset({"core_attn"})
     """what ``recompute=selective`` recomputes (:data:`RECOMPUTE_MODULES`)."""
+    per_op_sac: bool = False
+    """``recompute=selective`` is torchtitan's per-op selective checkpointing (``memory.selective_recompute_policy
+    = per_op``): the outputs of the matmuls, SDPA and reduce-scatters are saved except every second matmul of a
+    layer, everything else is recomputed (:func:`tpsim.estimator.memory.per_op_sac_bytes`)."""
+    logits_bytes: float = 4.0
+    """bytes per logit element held at the loss (``memory.logits_bytes_per_element``: Megatron's fp32 logits of
+    the vocabulary-parallel cross-entropy; an eager loss keeps the 16-bit logits, their fp32 copy and the saved
+    log-softmax)."""
     fp8_linear_input_bytes: float | None = None
     """with fp8 GEMMs, bytes per cached element of a linear layer's input (and of the routed experts' SwiGLU
     input when their activation is recomputed); None: the 16-bit activation."""
@@ -79,6 +87,20 @@ class StackTerms:
     """parameters smaller than this stay unpartitioned under per-parameter ZeRO-3."""
     host_s_per_collective: float
     """host time to issue one ZeRO-3 gather (module hooks), seconds."""
+    host_s_per_collective_rank: float = 0.0
+    """host time per rank of the group to issue one ZeRO-3 gather (``comm.host_us_per_collective_rank``: a
+    gather into a list of one partition per rank), seconds."""
+    fp8_cast_bytes: tuple[float, float] = (0.0, 0.0)
+    """with fp8 GEMMs, bytes per element the stack's fp8 recipe moves to cast each linear's input (forward) and
+    its output gradient (backward) (``compute.fp8_cast_bytes_per_element``)."""
+    zero3_regather_in_recompute: bool = False
+    """ZeRO-3 with full recomputation gathers each layer's parameters a third time, for the recomputed forward
+    (``comm.zero3_regather_in_recompute``: DeepSpeed 2021 releases them after the forward and again after the
+    recomputation)."""
+    zero3_overlap_fraction: float | None = None
+    """None: ZeRO-3 collectives prefetched one layer ahead, each hidden behind its neighbour layer's compute.
+    A number: the fraction of the step's compute that the ZeRO-3 collectives overlap at best
+    (``comm.zero3_overlap_fraction``; DeepSpeed 2021's prefetch did not keep them ahead of the compute)."""
     host_s_per_op: float
     """host time to issue one kernel-launching op (framework + driver), seconds."""
     kernel_flavor: str
@@ -232,6 +254,10 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         zero3_persistence_elements=float(_value(stack, "comm", "zero3_persistence_threshold_elements",
                                                 PERSISTENCE_DEFAULT)),
         host_s_per_collective=host_coll, host_s_per_op=host_op, kernel_flavor=KERNEL_FLAVORS[kernels],
+        host_s_per_collective_rank=float(_value(stack, "comm", "host_us_per_collective_rank", 0.0)) * 1e-6,
+        fp8_cast_bytes=_fp8_cast(stack, where),
+        zero3_regather_in_recompute=bool(_value(stack, "comm", "zero3_regather_in_recompute", False)),
+        zero3_overlap_fraction=_fraction_or_none(stack, "comm", "zero3_overlap_fraction", where),
         grad_accumulation_fusion=bool(_value(stack, "compute", "grad_accumulation_fusion", True)),
         pipeline_edges_as_layers=bool(_value(stack, "compute", "pipeline_edges_as_layers", False)),
         optimizer_bytes_per_param=float(_value(stack, "compute", "optimizer_bytes_per_param", 42.0)),
@@ -272,7 +298,14 @@ def _activation_storage(stack: StackProfile, where: str) -> ActivationStorage:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not 0 < value <= 2):
             raise InputError(f"{where}: memory.{key}={value!r} must be bytes per element in (0, 2]")
-    return ActivationStorage(recompute_modules=frozenset(modules),
+    policy = _value(stack, "memory", "selective_recompute_policy", "modules")
+    if policy not in ("modules", "per_op"):
+        raise InputError(f"{where}: memory.selective_recompute_policy={policy!r} is not one of modules, per_op")
+    logits = _value(stack, "memory", "logits_bytes_per_element", 4.0)
+    if isinstance(logits, bool) or not isinstance(logits, (int, float)) or not 0 < logits <= 64:
+        raise InputError(f"{where}: memory.logits_bytes_per_element={logits!r} must be bytes in (0, 64]")
+    return ActivationStorage(recompute_modules=frozenset(modules), per_op_sac=policy == "per_op",
+                             logits_bytes=float(logits),
                              fp8_linear_input_bytes=None if cache is None else float(cache),
                              fp8_attention_output_bytes=None if attn is None else float(attn))
 
@@ -283,4 +316,23 @@ def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: 
     if not isinstance(value, str) or value not in allowed:
         raise InputError(f"{where}: {section}.{key}={value!r} is not one of {', '.join(allowed)}")
     return str(value)
+
+
+def _fp8_cast(stack: StackProfile, where: str) -> tuple[float, float]:
+    value = _value(stack, "compute", "fp8_cast_bytes_per_element", {"forward": 0.0, "backward": 0.0})
+    ok = isinstance(value, Mapping) and set(value) == {"forward", "backward"} and all(
+        not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v <= 64 for v in value.values())
+    if not ok:
+        raise InputError(f"{where}: compute.fp8_cast_bytes_per_element={value!r} must be {{forward: B, backward: B}} "
+                         "with bytes in [0, 64]")
+    return float(value["forward"]), float(value["backward"])
+
+
+def _fraction_or_none(stack: StackProfile, section: str, key: str, where: str) -> float | None:
+    value = _value(stack, section, key, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise InputError(f"{where}: {section}.{key}={value!r} must be a fraction in [0, 1]")
+    return float(value)
 

@@ -60,6 +60,14 @@ def _check_types(spec: "ModelSpec", where: str) -> None:
     _check_float(where, "capacity_factor", spec.capacity_factor, low=0.0, high=MAX_CAPACITY_FACTOR)
     if 0.0 < spec.capacity_factor < 1.0:
         raise InputError(f"{where}: capacity_factor={spec.capacity_factor} must be 0 (dropless) or >= 1")
+    if spec.moe_balance not in MOE_BALANCE_NAMES:
+        _check_float(where, "moe_balance", spec.moe_balance, low=1.0, high=MAX_MOE_BALANCE)
+
+
+MOE_BALANCE_NAMES = ("forced", "aux")
+"""``ModelSpec.moe_balance`` names (else a number in [1, MAX_MOE_BALANCE])."""
+MAX_MOE_BALANCE = 1024.0
+"""the busiest expert's tokens over the mean cannot exceed the number of experts (1024 bounds any model here)."""
 
 
 def _check_float(where: str, name: str, value: Any, *, low: float, high: float, low_open: bool = False) -> None:

@@ -87,7 +87,18 @@ def _experts(spec: "ModelSpec") -> str:
     if spec.router_groups:
         text += f"; routing limited to {spec.router_group_topk} of {spec.router_groups} expert groups"
     text += "; dropless" if not spec.capacity_factor else f"; capacity factor {spec.capacity_factor:g}"
-    return text
+    return text + "; load balance " + _balance(spec)
+
+
+def _balance(spec: "ModelSpec") -> str:
+    """The ``moe_balance`` in words (``--moe-balance`` states the default: aux)."""
+    b = spec.moe_balance
+    if b == "forced":
+        return "forced (--moe-balance forced: every expert at the mean)"
+    if b == "aux":
+        return ("aux (default: the router's measured imbalance, tpsim/data/moe.yaml max_violation; "
+                "--moe-balance forced|aux|FACTOR)")
+    return f"{float(b):g} x the mean on the busiest expert (--moe-balance)"
 
 
 def summary(spec: "ModelSpec") -> str:

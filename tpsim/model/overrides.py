@@ -68,3 +68,21 @@ def _layer_lists(spec: ModelSpec, layers: int, changes: dict[str, Any]) -> None:
             changes[name] = tuple(i for i in range(layers) if i % spec.num_layers in old)
     if spec.sliding_window and len(changes.get("full_attention_layers", ())) == layers:
         changes.update(sliding_window=0, full_attention_layers=())
+
+
+def with_moe_balance(spec: ModelSpec, text: str | None) -> ModelSpec:
+    """``--moe-balance forced|aux|FACTOR`` (None = keep): one line naming the flag and the value when bad."""
+    if text is None:
+        return spec
+    value = str(text).strip().lower()
+    if value not in ("forced", "aux"):
+        try:
+            number = float(value)
+        except ValueError:
+            raise InputError(f"--moe-balance={text!r} must be forced, aux or a number >= 1") from None
+        if not (1.0 <= number <= 1024.0):  # NaN fails too
+            raise InputError(f"--moe-balance={text!r} must be forced, aux or a number in [1, 1024]")
+        value = number
+    if not spec.is_moe:
+        raise InputError(f"--moe-balance needs a mixture-of-experts model; model {spec.name} is dense")
+    return dataclasses.replace(spec, moe_balance=value)

@@ -130,6 +130,11 @@ class ModelSpec:
     """further layers (0-based) with the dense MLP (Qwen-MoE mlp_only_layers and decoder_sparse_step)."""
     capacity_factor: float = 0.0
     """expert capacity as a multiple of the balanced load; 0 = dropless (every HF model type here)."""
+    moe_balance: str | float = "aux"
+    """expert load balance (docs/SCHEMAS.md T2): ``"forced"`` (tokens force-balanced, imbalance 1, as many
+    published benchmarks run), ``"aux"`` (the router's own balancing: the measured imbalance of
+    tpsim/data/moe.yaml, auxiliary-loss or DeepSeek-V3's loss-free) or a number >= 1 (tokens of the busiest
+    expert over the mean)."""
     router_groups: int = 0
     """group-limited routing: experts split into this many groups (DeepSeek n_group, one per node); 0 = none."""
     router_group_topk: int = 0

@@ -12,6 +12,7 @@ axis (extrapolation, not interpolation) and points whose neighbour cell was not 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -69,8 +70,19 @@ def _summary(errors: np.ndarray) -> dict[str, float | None]:
 
 def check_profile(profile: Profile) -> CheckResult:
     """Leave-one-out errors over every table of the profile, overall, per kind and per table."""
+    return check_tables(profile.tables)
+
+
+def check_conv_profile(profile: Any) -> CheckResult:
+    """The same for a convolution profile (:class:`tpsim.opgraph.convprofile.ConvProfile`, tables keyed by
+    (op, dtype, pass) over the implicit-GEMM dims m, n, k): kind ``conv``."""
+    return check_tables({("conv", *key): table for key, table in profile.tables.items()})
+
+
+def check_tables(tables: dict[tuple[str, str, str, str], GridTable]) -> CheckResult:
+    """Leave-one-out errors of tables keyed by (kind, op, dtype, pass): overall, per kind and per table."""
     per_table, by_kind = [], {}
-    for key, table in profile.tables.items():
+    for key, table in tables.items():
         errors = table_errors(table)
         per_table.append({"kind": key[0], "op": key[1], "dtype": key[2], "pass": key[3], **_summary(errors)})
         by_kind.setdefault(key[0], []).append(errors)

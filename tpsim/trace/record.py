@@ -20,6 +20,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from ..validate.modules.loss import as_loss
+
 # aten ops that only create views (no kernel, no bytes moved)
 VIEW_ATEN = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "select",
              "slice", "as_strided", "alias", "detach", "split", "split_with_sizes", "unbind", "narrow",
@@ -241,22 +243,11 @@ def record_forward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> tuple[
     try:
         with rec:
             out = model(*inputs)
-            loss = _as_loss(out)
+            loss = as_loss(out)
     finally:
         pre.remove()
         post.remove()
     return rec, loss
-
-
-def _as_loss(out: Any) -> torch.Tensor:
-    """The model's loss: its output if that is a scalar, else the mean of its first tensor output."""
-    tensors = list(_tensors(out))
-    if not tensors:
-        raise ValueError("the model's forward returned no tensor")
-    first = tensors[0]
-    if first.numel() == 1:
-        return first
-    return first.float().mean()
 
 
 def numel(shape: tuple[int, ...]) -> int:

@@ -58,6 +58,13 @@ class LaunchConfig:
     rdzv_id: str = "tpsim-validate"
     run_timeout_s: float | None = None
     """wall-clock limit of the whole launch (None: none beyond the process-group timeout)."""
+    joined: bool = False
+    """this process is rank 0 of a launch the user started (torchrun, srun: :mod:`tpsim.validate.joined`):
+    :func:`launch` runs the job on that launch's ranks instead of starting its own."""
+    host_ranks: int = 0
+    """ranks on the busiest host of a joined launch (0: ``nproc``), for the core-per-rank timing rule."""
+    trace_terms: bool = False
+    """whole-plan cases: one more step under torch.profiler on rank 0 and one rank per stage (``--trace-terms``)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -68,7 +75,7 @@ class LaunchConfig:
                 raise InputError(f"--{name}={value!r} must be a positive integer")
         if not self.timeout_s > 0:
             raise InputError(f"--timeout={self.timeout_s!r} must be a positive number of seconds")
-        if self.nnodes > 1 and not self.rdzv_endpoint:
+        if self.nnodes > 1 and not self.rdzv_endpoint and not self.joined:
             raise InputError(f"--nnodes={self.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
 
     def command(self, job_path: Path) -> list[str]:
@@ -150,11 +157,14 @@ def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
         stale.unlink(missing_ok=True)  # a reused folder: only this run's errors and result count
     job = {"cases": [c.to_dict() for c in cases], "backend": cfg.backend, "timeout_s": cfg.timeout_s,
            "threads": cfg.threads, "out_dir": str(run_dir)}
+    if cfg.joined:  # the user's launcher started the ranks: they are waiting for this job
+        from .joined import run_launch
+        return run_launch(job, run_dir)
     job_path = run_dir / "job.json"
     job_path.write_text(json.dumps(job))
     token = uuid.uuid4().hex
     penv = {**os.environ, **(env or {}), MARK_ENV: token, "OMP_NUM_THREADS": str(cfg.threads),
-            "PYTHONUNBUFFERED": "1"}
+            "PYTHONUNBUFFERED": "1", **({"TPSIM_VALIDATE_TRACE": "1"} if cfg.trace_terms else {})}
     log_path = run_dir / "launcher.log"
     with open(log_path, "wb") as log, _terminate_as_exception():
         proc = subprocess.Popen(cfg.command(job_path), stdout=log, stderr=subprocess.STDOUT, env=penv,

@@ -29,9 +29,11 @@ from .overhead import (measured_overhead, overhead_case, plan_overhead, plan_ove
 from .plan.case import PlanCase
 from .plan.predict import predict_plan
 from .plan.report import summarize_plan
+from .plan.terms import term_errors
 from .block.predict import compute_model, find_profile, grid_hits, load_local_cluster, predict_case
 from ..procs import child_preexec
-from .block.report import layer_errors, step_errors, summarize_case, write_atomic, write_csv, write_scatter
+from .block.report import (layer_errors, step_errors, summarize_case, write_atomic, write_csv, write_scatter,
+                           write_terms_chart)
 from .matrix import matrix_cases, plan_matrix_cases  # noqa: F401 - part of this module's API
 from .block.scale import fit_case, fit_plan_case
 
@@ -125,7 +127,8 @@ def prepare(cfg: LaunchConfig, opts: Options, work: Path, probes: dict | None = 
     the same run (the profile and the machine are the same); ``bench_ops``: what the calibration measures."""
     compute_cal = read_compute_calibration(opts.calibration) if opts.calibration else None
     calibration = opts.calibration if opts.calibration and _has_links(opts.calibration) else None
-    if calibration is None and opts.calibrate and cfg.nproc > 1 and cfg.nnodes == 1:  # bench runs on one node
+    if calibration is None and opts.calibrate and cfg.nproc > 1 and cfg.nnodes == 1 and not cfg.joined:
+        # bench-collectives starts ranks of its own on one node: not inside a launch the user started
         calibration = calibrate_collectives(cfg, opts.cluster, work, bench_ops)
     cluster = load_local_cluster(opts.cluster, cfg.nproc * cfg.nnodes, calibration, work)
     device_type = "cuda" if cfg.backend == "nccl" else "cpu"
@@ -156,8 +159,9 @@ def timing_allowed(cfg: LaunchConfig) -> tuple[bool, str]:
     if cfg.backend == "nccl":
         return True, ""
     cores = os.cpu_count() or 1
-    if cfg.nproc > cores:
-        return False, (f"not timed: {cfg.nproc} ranks on {cores} CPU cores (timing claims need a core per "
+    ranks = cfg.host_ranks or cfg.nproc
+    if ranks > cores:
+        return False, (f"not timed: {ranks} ranks on {cores} CPU cores (timing claims need a core per "
                        "rank); numerics and communication checked")
     return True, ""
 
@@ -366,6 +370,10 @@ def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,
     try:
         for world in sorted({_world(c) for c in cases}):
             group = [c for c in cases if _world(c) == world]
+            if cfg.joined and cfg.nproc * cfg.nnodes != world:
+                from ..errors import InputError
+                raise InputError(f"case {group[0].name} needs {world} ranks; the launch that started tpsim validate "
+                                 f"has {cfg.nproc * cfg.nnodes} (WORLD_SIZE / SLURM_NTASKS)")
             launch_cfg = cfg if cfg.nproc * cfg.nnodes == world else dataclasses.replace(cfg, nproc=world, nnodes=1)
             summaries += run_cases(group, launch_cfg, opts, work, env, probes)
         _keep_calibration(summaries, work, opts.out_dir, name)
@@ -389,6 +397,10 @@ def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,
                  f"{_pct(err['median_abs_error_pct'])}, worst {_pct(err['worst_abs_error_pct'])}")
         write_scatter(png, summaries, title)
         report["chart"] = str(png)
+    if opts.chart and _has_matplotlib() and any(s.get("terms") for s in summaries):
+        png = opts.out_dir / f"{name}-terms.png"
+        write_terms_chart(png, summaries, f"tpsim validate {name}: step terms, predicted vs measured")
+        report["terms_chart"] = str(png)
     write_atomic(opts.out_dir / f"{name}.json", json.dumps(report, indent=1, default=str).encode())
     return report
 
@@ -436,4 +448,6 @@ def _report(summaries: list[dict[str, Any]], name: str, backend: str) -> dict[st
             "collectives_match": all(s["collectives_match"] for s in summaries)
             and all(t["collectives_match"] for t in twins),
             "phases": phases, "layer_error": layer_errors(summaries),
-            "step_error": step_errors(summaries), "cases": summaries}
+            "step_error": step_errors(summaries), "term_error": term_errors(summaries),
+            "terms": summaries[0].get("terms") or {} if len(summaries) == 1 else {},
+            "cases": summaries}

@@ -41,7 +41,7 @@ class Pick:
 
 
 def runs_whole(plan: Any) -> bool:
-    """Whether the whole-plan run can execute ``plan``: tp, pp (and vpp), dp and ZeRO; context and expert
+    """Whether the whole-plan run can execute ``plan``'s axes: tp, pp (and vpp), dp and ZeRO; context and expert
     parallelism run per layer only (``tpsim validate --cp/--ep``), so plans with cp > 1 or ep > 1 are skipped."""
     return getattr(plan, "cp", 1) == 1 and getattr(plan, "ep", 1) == 1
 
@@ -49,13 +49,19 @@ def runs_whole(plan: Any) -> bool:
 def pick_plans(ranking: list[Any], k: int, contrast: int = CONTRAST,
                key: Any = None) -> list[Pick]:
     """The ``k`` best plans and ``contrast`` lower-ranked ones (evenly spread below them, the last included),
-    among those the whole-plan run executes (:func:`runs_whole`). ``key(plan)``: plans with equal keys run the
-    same (they differ only in what validate does not run): only the first of each counts."""
+    among those the whole-plan run executes. ``key(plan)``: plans with equal keys run the same (they differ only
+    in what validate does not run): only the first of each counts; a key of None marks a plan the runtime cannot
+    run (:func:`runnable_key`), never picked, neither as a top plan nor for contrast."""
     if k <= 0:
         raise InputError(f"--validate-top={k} must be a positive integer")
     base = key or (lambda plan: plan)
     skip = object()
-    key = lambda plan: base(plan) if runs_whole(plan) else skip  # noqa: E731
+
+    def key(plan: Any) -> Any:
+        if not runs_whole(plan):
+            return skip
+        value = base(plan)
+        return skip if value is None else value
     seen: set = {skip}
     picks, last_top = [], -1
     for i, plan in enumerate(ranking):
@@ -73,6 +79,34 @@ def pick_plans(ranking: list[Any], k: int, contrast: int = CONTRAST,
                 seen.add(key(ranking[i]))
                 picks.append(Pick(i + 1, ranking[i], "contrast"))
     return picks
+
+
+def runnable_key(scaled: Any) -> Any:
+    """``key`` for :func:`pick_plans` from ``scaled(plan) -> PlanCase``: the scaled case's name, or None where
+    the case cannot be built, i.e. the runtime cannot run the plan (the one set of rules:
+    :class:`PlanCase`'s own checks, e.g. torch's 1F1B needs micro-batches >= pp)."""
+    def key(plan: Any) -> str | None:
+        try:
+            return scaled(plan).name
+        except InputError:
+            return None
+    return key
+
+
+def unrunnable(ranking: list[Any], picks: list[Pick], scaled: Any) -> dict[str, int]:
+    """Why plans ranked above the last pick were skipped: {reason: count} (cp/ep, or the case's check)."""
+    reasons: dict[str, int] = {}
+    for plan in ranking[:max((pk.search_rank for pk in picks), default=0)]:
+        if not runs_whole(plan):
+            why = "cp > 1 or ep > 1 (tpsim validate --cp/--ep checks those axes per layer)"
+        else:
+            try:
+                scaled(plan)
+                continue
+            except InputError as exc:
+                why = str(exc)
+        reasons[why] = reasons.get(why, 0) + 1
+    return reasons
 
 
 def plan_case(model: ModelSpec, plan: Any, layers_per_chunk: int, reps: int, warmup: int) -> PlanCase:
@@ -169,8 +203,10 @@ def format_rows(rows: list[dict[str, Any]], agree: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_validate_top(args: Any, result: Any, model: ModelSpec, cluster: Any) -> int:
-    """The ``--validate-top`` step of ``tpsim plan``: pick, run, compare, print, write ``<name>-top.json``."""
+def validate_top(args: Any, result: Any, model: ModelSpec, cluster: Any) -> dict[str, Any]:
+    """The ``--validate-top`` step of ``tpsim plan``: pick, run, compare, write ``<name>-ranking.json``; returns
+    {"rows", "agreement", "skipped", "report", "ok"} (``error`` instead of rows when a rank failed). Prints
+    nothing on stdout (``--json`` puts this object in its own)."""
     import json
 
     from .launch import LaunchConfig, RankFailure
@@ -184,28 +220,39 @@ def run_validate_top(args: Any, result: Any, model: ModelSpec, cluster: Any) -> 
         raise InputError("--validate-top: no plan was ranked")
     world = int(cluster.num_gpus)
     check_runnable(world)
+
     def scaled(plan: Any) -> PlanCase:
         return plan_case(model, plan, args.validate_layers_per_chunk, reps=3, warmup=1)
-    picks = pick_plans(ranking, args.validate_top, key=lambda plan: scaled(plan).name)
+    picks = pick_plans(ranking, args.validate_top, key=runnable_key(scaled))
+    if not picks:
+        raise InputError(f"--validate-top: none of the {len(ranking)} ranked plans can be run by the whole-plan "
+                         "validation (cp/ep, or micro-batches < pp)")
     cases = [scaled(p.plan) for p in picks]
     name = args.validate_name or f"top-{model.name}-{cluster.name}-{world}"
     opts = Options(cluster=cluster.name if cluster.device.name.startswith("CPU") else "local-cpu",
                    out_dir=REPORTS_DIR if not args.validate_out_dir else __import__("pathlib").Path(args.validate_out_dir))
     cfg = LaunchConfig(nproc=world, timeout_s=120.0)
+    skipped = unrunnable(ranking, picks, scaled)
     try:
         report = validate(cases, cfg, opts, name)
     except RankFailure as exc:
-        print(f"tpsim plan: --validate-top: {exc}")
-        return 1
+        return {"error": str(exc), "skipped": skipped, "ok": False}
     rows = rows_of(report, picks, cases)
     agree = agreement(rows)
-    print(format_rows(rows, agree))
-    skipped = sum(not runs_whole(p) for p in ranking[:max(pk.search_rank for pk in picks)])
-    if skipped:
-        print(f"validate-top: {skipped} plan(s) with cp > 1 or ep > 1 ranked among these were skipped (the whole-plan "
-              "run executes tp, pp, dp and ZeRO; tpsim validate --cp/--ep checks those axes per layer)")
+    out = {"rows": rows, "agreement": agree, "skipped": skipped, "report": str(opts.out_dir / f"{name}.json"),
+           "ok": all(r["numerics_ok"] and r["collectives_match"] for r in rows)}
     write_atomic(opts.out_dir / f"{name}-ranking.json",
-                 json.dumps({"rows": rows, "agreement": agree, "report": str(opts.out_dir / f"{name}.json")},
-                            indent=1).encode())
-    ok = all(r["numerics_ok"] and r["collectives_match"] for r in rows)
-    return 0 if ok else 1
+                 json.dumps({k: out[k] for k in ("rows", "agreement", "skipped", "report")}, indent=1).encode())
+    return out
+
+
+def run_validate_top(args: Any, result: Any, model: ModelSpec, cluster: Any) -> int:
+    """``--validate-top`` with text output: :func:`validate_top`, then its table."""
+    out = validate_top(args, result, model, cluster)
+    if "error" in out:
+        print(f"tpsim plan: --validate-top: {out['error']}")
+        return 1
+    print(format_rows(out["rows"], out["agreement"]))
+    for why, n in out["skipped"].items():
+        print(f"validate-top: {n} plan(s) ranked among these were skipped: {why}")
+    return 0 if out["ok"] else 1

@@ -1,5 +1,7 @@
 """Entry point of one rank, started by torch.distributed's launcher (``tpsim validate`` runs
-``python -m torch.distributed.run ... -m tpsim.validate.worker --job JOB.json``).
+``python -m torch.distributed.run ... -m tpsim.validate.worker --job JOB.json``), or by the user's launcher with
+``--validate ARGS`` (``tpsim validate --print-launch``): the rank then runs ``tpsim validate ARGS``, which joins
+the launch (:mod:`tpsim.validate.joined`).
 
 Every rank: one thread (unless told otherwise), a process group with a timeout, a 1-D TP device mesh; for each
 case the checks (numerics, collectives) then the timing; rank 0 gathers every rank's results and writes
@@ -45,7 +47,36 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def init_group(backend: str, timeout_s: float) -> str:
+    """Set the thread count's device and start the default process group from the environment (``env://``:
+    RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); returns the device type."""
+    import torch
+    import torch.distributed as dist
+
+    device_type = "cuda" if backend == "nccl" else "cpu"
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"--backend nccl needs CUDA GPUs, and torch {torch.__version__} sees none "
+                               "(use --backend gloo on CPU)")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, timeout=timedelta(seconds=float(timeout_s)))
+    return device_type
+
+
 def _run(job: dict[str, Any], out: Path, rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(int(job.get("threads", 1)))
+    _inject(rank, "start")
+    init_group(job.get("backend", "gloo"), job["timeout_s"])
+    run_job(job, out, rank)
+    dist.destroy_process_group()
+
+
+def run_job(job: dict[str, Any], out: Path, rank: int) -> None:
+    """Every case of the job on the ranks of the default process group (started); rank 0 gathers every rank's
+    results and writes ``out/result.json``."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -56,13 +87,6 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
     torch.set_num_threads(int(job.get("threads", 1)))
     backend = job.get("backend", "gloo")
     device_type = "cuda" if backend == "nccl" else "cpu"
-    if device_type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"--backend nccl needs CUDA GPUs, and torch {torch.__version__} sees none "
-                               "(use --backend gloo on CPU)")
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    _inject(rank, "start")
-    dist.init_process_group(backend, timeout=timedelta(seconds=float(job["timeout_s"])))
     world = dist.get_world_size()
     meshes: dict[tuple, Any] = {}
 
@@ -90,13 +114,15 @@ def _run(job: dict[str, Any], out: Path, rank: int) -> None:
         timing = time_case(case, mesh, rank)
         results.append({"case": case.name, "rank": rank, **checks, **timing})
         print(f"[tpsim validate] rank {rank}: {case.name} done", file=sys.stderr, flush=True)
+    host = os.uname().nodename
+    for r in results:
+        r.setdefault("host", host)
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(results, gathered, dst=0)
     if rank == 0:
         meta = {"world": world, "backend": backend, "torch": torch.__version__,
-                "threads": torch.get_num_threads(), "hostname": os.uname().nodename}
+                "threads": torch.get_num_threads(), "hostname": host}
         write_json_atomic(out / "result.json", {"meta": meta, "ranks": gathered})
-    dist.destroy_process_group()
 
 
 def _run_plan(data: dict[str, Any], world: int, rank: int, mesh_of: Any) -> dict[str, Any]:
@@ -134,10 +160,18 @@ def _run_axis(data: dict[str, Any], world: int, rank: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tpsim.validate.worker")
-    parser.add_argument("--job", required=True, type=Path)
+    entry = parser.add_mutually_exclusive_group(required=True)
+    entry.add_argument("--job", type=Path, help="a job tpsim validate wrote (its own launch)")
+    entry.add_argument("--validate", nargs=argparse.REMAINDER, metavar="ARG",
+                       help="the arguments of tpsim validate, run as one rank of the launch that started this "
+                            "process (torchrun, srun: tpsim validate --print-launch)")
     args = parser.parse_args(argv)
     from ..procs import die_with_parent
     die_with_parent()  # a SIGKILL to tpsim validate kills the launcher, and this rank with it
+    if args.validate is not None:  # the rank becomes `tpsim validate ARGS` (same process, same environment)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "tpsim.cli", "validate", *args.validate])
     job = json.loads(args.job.read_text())
     out = Path(job["out_dir"])
     rank = int(os.environ.get("RANK", 0))

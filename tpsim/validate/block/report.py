@@ -213,3 +213,36 @@ def write_scatter(path: Path, summaries: list[dict[str, Any]], title: str) -> No
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     write_atomic(path, buf.getvalue())
+
+
+def write_terms_chart(path: Path, summaries: list[dict[str, Any]], title: str) -> None:
+    """A stacked bar per case, predicted beside measured, one segment per step term (docs/SCHEMAS.md T6)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [s for s in summaries if s.get("terms")]
+    names = list(dict.fromkeys(n for s in cases for n in s["terms"]))
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.3 * len(cases) + 2), 4.8))
+    colors = plt.get_cmap("tab10")
+    ticks, labels = [], []
+    for i, s in enumerate(cases):
+        for j, side in enumerate(("predicted_s", "measured_s")):
+            x, bottom = 2.6 * i + j, 0.0
+            for k, n in enumerate(names):
+                v = (s["terms"].get(n) or {}).get(side) or 0.0
+                ax.bar(x, v * 1e3, bottom=bottom, color=colors(k % 10), width=0.9,
+                       label=n if i == 0 and j == 0 else None, hatch="//" if j == 0 else None, edgecolor="white")
+                bottom += v * 1e3
+            ticks.append(x)
+            labels.append(("pred " if j == 0 else "meas ") + s["case"][:28])
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=6)
+    ax.set_ylabel("ms per step (slowest rank)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())

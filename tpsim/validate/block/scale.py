@@ -155,6 +155,16 @@ def plan_memory_per_rank(case) -> float:  # noqa: ANN001 - PlanCase (import cycl
     return FP32_BYTES * (ref + own + batch)
 
 
+def layers_that_fit(make: Callable[[int], C], max_per_chunk: int, limit: float) -> int:
+    """The most layers per model chunk, at most ``max_per_chunk``, whose whole-plan case ``make(n)`` needs no
+    more than ``limit`` bytes per rank (:func:`plan_memory_per_rank`); at least 1 (the fit then shortens the
+    sequence). The full-size validation on GPUs: the plan's own widths, as many of its layers as fit."""
+    for n in range(max(1, max_per_chunk), 0, -1):
+        if plan_memory_per_rank(make(n)) <= limit:
+            return n
+    return 1
+
+
 def plan_time_of_case(case, compute) -> float:  # noqa: ANN001
     """Predicted seconds of a whole-plan case on one rank: the reference on the global batch, then the
     checked, warm-up and timed steps (twice ``reps``: time, then the collectives)."""

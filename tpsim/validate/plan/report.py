@@ -24,6 +24,7 @@ from typing import Any
 from .case import PlanCase
 from .comm import differences, estimator_comm, expected_comm, normalize
 from .predict import PlanPrediction
+from .terms import per_rank, plan_terms, terms_sum_error_pct
 
 LOSS_RTOL = 1e-4
 LOSS_FLOOR = 0.1
@@ -112,11 +113,12 @@ def summarize_plan(case: PlanCase, ranks: list[dict[str, Any]], pred: PlanPredic
             comm_ok = False
             mismatches.append({"rank": r["rank"], "measured": got, "expected": want})
     coords0 = ranks[0]["coords"]
-    phases = []
+    phases, terms = [], {}
     if ranks[0].get("samples"):
         measured, wall = _measured(ranks, case)
         measured.update(_comm_measured(ranks))
         predicted = _predicted(pred, case) if pred is not None else {}
+        terms = plan_terms(case, predicted, measured)
         for name, meas in measured.items():
             p = predicted.get(name)
             phases.append({"name": name, "predicted_s": p, "measured_s": meas,
@@ -134,6 +136,10 @@ def summarize_plan(case: PlanCase, ranks: list[dict[str, Any]], pred: PlanPredic
         "compute_model": pred.compute_model if pred else None,
         "measured_compute_fraction": pred.measured_compute_fraction if pred else None,
         "timing": timing_note or "measured", "phases": phases,
+        "terms": terms, "terms_sum_error_pct": terms_sum_error_pct(
+            terms, next((p["measured_s"] for p in phases if p["name"] == "step"), None)),
+        "per_rank": per_rank(ranks),
+        "profiled": [r["profile"] for r in ranks if r.get("profile")],
     }
 
 

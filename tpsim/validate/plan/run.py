@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 from typing import Any, Callable
 
@@ -272,4 +273,49 @@ def time_plan(case: PlanCase, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
             run_step(rt, xs, ts, timers_ref[0])
         calls.append([(f"{axis}:{op}", sec) for axis, _ph, op, _b, sec in recorder.calls if op not in ("send", "recv")])
     med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
-    return {"time": med, "samples": samples, "comm_calls": calls}
+    profiled = profile_step(rt, xs, ts, Timers(clock, device=device), device) \
+        if os.environ.get(TRACE_ENV) == "1" else None
+    return {"time": med, "samples": samples, "comm_calls": calls, **({"profile": profiled} if profiled else {})}
+
+
+TRACE_ENV = "TPSIM_VALIDATE_TRACE"
+"""set to 1 by ``tpsim validate --trace-terms``: one more step under torch.profiler (:func:`profile_step`)."""
+COMM_NAMES = ("c10d", "gloo", "nccl", "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter",
+              "broadcast", "send", "recv", "wait_tensor", "record_param_comms", "barrier", "all_to_all", "alltoall")
+"""profiler event names (lower case) of communication: collectives, point-to-point transfers and their waits."""
+
+
+def profile_step(rt: RankRuntime, xs: torch.Tensor, ts: torch.Tensor, timers: "Timers",
+                 device: torch.device) -> dict[str, Any] | None:
+    """One more step, under torch.profiler on rank 0 and one rank per pipeline stage (tp and dp coordinate 0;
+    the other ranks run it plainly): the step's wall time split into the self time of the profiled thread's
+    communication events (collectives, sends, receives and their waits: the bubble's waiting is in them),
+    of every other event (compute, with the host time inside operators and record_function regions), and the
+    host gaps between events (the rest). The cross-check of the timer-based terms; None on other ranks."""
+    dist.barrier()
+    if rt.coords.get("tp", 0) or rt.coords.get("dp", 0):
+        run_step(rt, xs, ts, timers)
+        sync(device)
+        return None
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        run_step(rt, xs, ts, timers)
+        sync(device)
+        wall = time.perf_counter() - t0
+    by_thread: dict[Any, list[Any]] = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CPU":
+            by_thread.setdefault(ev.thread, []).append(ev)
+    if not by_thread:
+        return None
+    events = max(by_thread.values(), key=lambda evs: sum(e.self_cpu_time_total for e in evs))
+    comm = sum(e.self_cpu_time_total for e in events if any(k in e.name.lower() for k in COMM_NAMES)) / 1e6
+    busy = sum(e.self_cpu_time_total for e in events) / 1e6
+    return {"rank": dist.get_rank(), "stage": rt.coords.get("pp", 0), "wall_s": wall, "comm_s": min(comm, wall),
+            "compute_s": min(max(busy - comm, 0.0), wall), "host_gap_s": max(wall - busy, 0.0),
+            "events": len(events)}

@@ -37,6 +37,7 @@ except ImportError:  # torch < 2.5
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, loss_parallel,
                                                parallelize_module)
 
+from ..modules.loss import as_loss
 from ..modules.conv_styles import CONV_TYPES, ChannelShard, ConvColwise, ConvRowwise
 from ..block.measure import Clock, CollectiveRecorder
 from ..worker import write_json_atomic
@@ -162,12 +163,12 @@ def check(job: dict[str, Any], mesh: DeviceMesh, device: torch.device) -> dict[s
     _no_dropout(ref)
     sharded = shard_model(copy.deepcopy(ref), mesh, job)
     inputs = [t.double() if t.is_floating_point() else t for t in make_inputs(job, device)]
-    loss_ref = ref(*inputs)
+    loss_ref = as_loss(ref(*inputs))
     loss_ref.backward()
     rec_f, rec_b = CollectiveRecorder(), CollectiveRecorder()
     with _loss_ctx(job):
         with CommDebugMode() as comm_f, rec_f:
-            loss = sharded(*inputs)
+            loss = as_loss(sharded(*inputs))
         with CommDebugMode() as comm_b, rec_b:
             loss.backward()
     errors = {"loss": _rel_err(_scalar(loss).detach(), loss_ref.detach())}
@@ -195,7 +196,7 @@ def time_model(job: dict[str, Any], mesh: DeviceMesh, device: torch.device) -> d
             dist.barrier(group=group)
         t0 = clock.now()
         with _loss_ctx(job):
-            loss = model(*inputs)
+            loss = as_loss(model(*inputs))
             t1 = clock.now()
             loss.backward()
         if device.type == "cuda":

@@ -1,0 +1,254 @@
+"""Issue 19 physics (the `fid` part): TP communication pipelined with the GEMMs (plan field ``tp_overlap``),
+each behaviour against its own formula or the plan without it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tpsim.estimator import estimate
+from tpsim.estimator.comm import tp_overlap_exposed
+from tpsim.model import load_model, with_overrides
+from tpsim.plan import make_plan
+from tpsim.topology import load_cluster
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    model = with_overrides(load_model("gpt3-175b"), layers=8, hidden=7168, heads=56)
+    return model, load_cluster("dgx-h100", gpus=16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(total=st.floats(0, 10), work=st.floats(0, 10), tp=st.integers(1, 64))
+def test_tp_overlap_exposes_one_chunk_and_what_the_gemms_cannot_cover(total, work, tp):
+    x = float(tp_overlap_exposed(np.array([total]), np.array([work]), np.array([tp]))[0])
+    assert total / tp - 1e-12 <= x <= total + 1e-12  # never more than serial, never less than one chunk
+    if work >= total:
+        assert x == pytest.approx(total / tp)
+    assert x == pytest.approx(total / tp + max(total * (1 - 1 / tp) - work, 0.0))
+
+
+def test_tp_overlap_hides_tp_communication_and_changes_nothing_else(gpt):
+    model, cluster = gpt
+    plan = make_plan(model, 16, tp=8, pp=1, sp=True, zero=1, global_batch=32)
+    off = estimate(model, cluster, plan)
+    on = estimate(model, cluster, dataclasses.replace(plan, tp_overlap=True))
+    assert on.breakdown["tp_comm"] == pytest.approx(off.breakdown["tp_comm"])  # same traffic
+    assert on.breakdown["compute"] == pytest.approx(off.breakdown["compute"])
+    assert on.breakdown["exposed_comm"] < off.breakdown["exposed_comm"]
+    assert on.step_time_s < off.step_time_s
+    assert on.peak_memory_gib == pytest.approx(off.peak_memory_gib)
+    # tp = 1: nothing to overlap, the plan field changes nothing
+    one = make_plan(model, 16, tp=1, pp=1, sp=False, zero=1, global_batch=32)
+    assert estimate(model, cluster, dataclasses.replace(one, tp_overlap=True)).step_time_s == pytest.approx(
+        estimate(model, cluster, one).step_time_s)
+
+
+def test_deepspeed_2021_gathers_three_times_serially_and_pays_each_fetch():
+    """SC21 Table 2's ZeRO-3: the 2021 profile re-gathers for the recomputed forward, does not hide the
+    collectives and pays its per-fetch time on the critical path; today's deepspeed profile prefetches."""
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    model = with_overrides(load_model("gpt3-175b"), layers=4, vocab=51200)
+    cluster = load_cluster("selene", gpus=64)
+    plan = make_plan(model, 64, tp=1, pp=1, sp=False, zero=3, recompute="full", micro_batch=1, global_batch=64,
+                     dtype="fp16")
+    old = estimate(model, cluster, plan, stack="deepspeed-2021")
+    new = estimate(model, cluster, plan, stack="deepspeed")
+    terms = stack_terms(load_stack("deepspeed-2021"))
+    assert terms.zero3_regather_in_recompute and terms.zero3_overlap_fraction == 0.0
+    assert old.breakdown["dp_comm"] > new.breakdown["dp_comm"]  # the third gather
+    assert old.breakdown["compute"] == pytest.approx(new.breakdown["compute"])
+    # serialized: every second of ZeRO-3 traffic is exposed, plus 3 fetches per weight tensor and layer
+    fetches = 3 * 4 * terms.zero3_collectives_per_layer(model, 1)
+    per_fetch = terms.host_s_per_collective + terms.host_s_per_collective_rank * 64
+    assert old.breakdown["exposed_comm"] >= 0.9 * old.breakdown["dp_comm"]  # (edge shards still prefetched)
+    assert old.breakdown["overhead"] - new.breakdown["overhead"] >= 0.99 * fetches * per_fetch - 1e-3
+    assert old.step_time_s > new.step_time_s
+
+
+@pytest.mark.parametrize("fields", [
+    dict(tp=8, pp=2, sp=True, zero=1, global_batch=64, tp_overlap=True),
+    dict(tp=2, pp=4, vpp=2, sp=True, zero=1, recompute="full", global_batch=64),
+    dict(tp=1, pp=1, sp=False, zero=3, global_batch=64),
+])
+def test_terms_sum_to_the_step_time_and_name_their_source(fields):
+    model = with_overrides(load_model("llama3-8b"), layers=8)
+    cluster = load_cluster("dgx-h100", gpus=64)
+    plan = make_plan(model, 64, **fields)
+    e = estimate(model, cluster, plan, stack="torchtitan" if fields["zero"] == 3 else None)
+    assert list(e.terms) == ["compute", "recompute", "bubble", "optimizer", "overhead", "tp_comm", "cp_comm",
+                             "ep_comm", "pp_comm", "dp_comm"]
+    assert sum(e.terms.values()) == pytest.approx(e.step_time_s, rel=1e-9)
+    assert sum(e.terms[k] for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")) == pytest.approx(
+        e.breakdown["exposed_comm"], rel=1e-9, abs=1e-12)
+    assert all(v >= 0 for v in e.terms.values())
+    d = e.to_dict()["terms"]
+    assert set(d) == set(e.terms) and all(d[k]["source"] for k in d)
+    assert "efficiency.yaml" in d["compute"]["source"] and "hopper" in d["compute"]["source"]
+    if plan.tp > 1:
+        assert e.terms["tp_comm"] > 0 and "tp:" in d["tp_comm"]["source"]
+
+
+def test_estimate_explain_prints_each_term_with_its_source(capsys):
+    from tpsim.cli import main
+
+    assert main(["estimate", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "step time terms" in out
+    for name in ("compute", "bubble", "optimizer", "overhead", "tp_comm", "dp_comm"):
+        assert f"  {name} " in out
+    assert "gemm_in_situ_fraction" in out and "optimizer_bytes_per_param" in out
+
+
+def test_torchtitan_per_op_sac_saves_every_other_matmul_and_recomputes_the_rest():
+    """torchtitan's selective (per-op) AC against Megatron's selective on the same plan: less stored (the
+    layer's unsaved matmul outputs, norms and activations are rebuilt), more recomputed (every second matmul)."""
+    from tpsim.estimator.memory import activation_bytes_per_layer, per_op_matmuls, per_op_saved
+
+    model = load_model("llama3-8b")
+    assert per_op_matmuls(model) == ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
+    assert per_op_saved(model) == ("wq", "wv", "w1", "w2")
+    one = np.array([1])
+    kw = dict(tp=one, sp=np.array([False]), micro_batch=np.array([2]), recompute=np.array([1]), attention="flash",
+              act_bytes=2)
+    sac = activation_bytes_per_layer(model, per_op=True, **kw)[0]
+    T, h = 2 * 8192, 4096
+    # layer input, wq, wv, SDPA output, w1, w2 outputs (16-bit) and the fp32 log-sum-exp
+    expected = 2 * T * (h + h + 1024 + h + 14336 + h) + 2 * 32 * 8192 * 4
+    assert sac == pytest.approx(expected)
+    assert sac < activation_bytes_per_layer(model, **kw)[0]
+    small = with_overrides(model, layers=4)
+    cluster = load_cluster("dgx-h100", gpus=8)
+    plan = make_plan(small, 8, tp=1, pp=1, sp=False, zero=3, recompute="selective", micro_batch=2, global_batch=16)
+    from tpsim.estimator import context_for, run_stages
+    from tpsim.plan import PlanBatch
+    from tpsim.stacks import load_stack
+    titan = estimate(small, cluster, plan, stack="torchtitan")
+    megatron_like = run_stages(context_for(small, cluster, stack=load_stack("deepspeed")),
+                               PlanBatch.from_plans([plan])).to_estimate(0)
+    assert titan.breakdown["recompute"] > megatron_like.breakdown["recompute"]
+    assert titan.memory_gib["activations"] < megatron_like.memory_gib["activations"]
+
+
+def test_logits_bytes_follow_the_stack_loss():
+    """torchtitan's eager fp32 loss holds 10 B per logit, llm-foundry's fused in-place loss 2 B (the last
+    stage's buffer term, 'other')."""
+    model = with_overrides(load_model("llama3-8b"), layers=2)
+    cluster = load_cluster("dgx-h100", gpus=8)
+    plan = make_plan(model, 8, tp=1, pp=1, sp=False, zero=3, recompute="full", micro_batch=1, global_batch=8)
+    titan = estimate(model, cluster, plan, stack="torchtitan").memory_gib["other"]
+    foundry = estimate(model, cluster, plan, stack="llm-foundry").memory_gib["other"]
+    logits = 8192 * model.padded_vocab(1) / 2 ** 30
+    assert titan - foundry == pytest.approx(8 * logits, rel=1e-6)
+
+
+def test_ring_attention_pays_a_merge_per_step_after_the_first():
+    """The ring's partial-softmax merge: (cp - 1) x heads x tokens x head_dim elements at RING_MERGE_BYTES,
+    forward and backward, on top of the blocks' flash time."""
+    from tpsim.estimator.context import default_compute, resolve_stack
+    from tpsim.estimator.layer import RING_MERGE_BYTES, layer_cost
+
+    model = load_model("llama3-8b")
+    cluster = load_cluster("dgx-h100", gpus=8)
+    compute, _ = default_compute(cluster.device, resolve_stack("torchtitan"))
+    one = np.array([1])
+    common = dict(tp=one, sp=np.array([False]), micro_batch=one, recompute=np.array([0]), dtype="bf16",
+                  attention="flash", cp_kind=np.array([0]))
+    cost = {cp: layer_cost(model, compute, cp=np.array([cp]), **common) for cp in (1, 4)}
+    n = model.seq_len / 4
+    merge = float(np.ravel(compute.memory("residual_add", 3 * 32 * n * 128 * RING_MERGE_BYTES / 6.0, "bf16", False)[0])[0])
+    assert merge > 0
+    # the cp=4 layer: a quarter of the GEMMs, the ring's blocks, plus the merge in each direction
+    assert cost[4].fwd[0] > cost[4].ring_fwd[0] + merge
+
+
+def test_moe_balance_is_an_input():
+    """--moe-balance (T2): forced = no imbalance, a factor F puts the busiest expert at F x the mean, aux the
+    measured router imbalance; bad values and dense models are one line, exit 2."""
+    from tpsim.cli import main
+    from tpsim.errors import InputError
+    from tpsim.estimator.moe import load_imbalance
+    from tpsim.model.overrides import with_moe_balance
+
+    model = load_model("mixtral-8x7b")
+    assert model.moe_balance == "aux"
+    ep, routed = np.array([1, 4, 8]), np.array([4096.0] * 3)
+    assert np.all(load_imbalance(with_moe_balance(model, "forced"), ep=ep, routed=routed) == 1.0)
+    two = load_imbalance(with_moe_balance(model, "2"), ep=ep, routed=routed)
+    assert two == pytest.approx([1.0, 1.0 + 1.0 / 2, 2.0])
+    aux = load_imbalance(model, ep=ep, routed=routed)
+    assert aux[0] == 1.0 and np.all(aux[1:] > 1.0)
+    cluster = load_cluster("dgx-h100", gpus=64)
+    plan = make_plan(model, 64, tp=1, pp=4, ep=8, sp=False, zero=1, global_batch=64)
+    steps = {b: estimate(with_moe_balance(model, b), cluster, plan).step_time_s for b in ("forced", "1.2", "aux")}
+    assert steps["forced"] < steps["1.2"] < steps["aux"]
+    for bad in ("0.5", "nan", "abc", "-1"):
+        with pytest.raises(InputError, match="--moe-balance"):
+            with_moe_balance(model, bad)
+    with pytest.raises(InputError, match="dense"):
+        with_moe_balance(load_model("llama3-8b"), "forced")
+    assert main(["estimate", "--model", "mixtral-8x7b", "--moe-balance", "x"]) == 2
+
+
+def test_eager_stacks_cost_unfused_elementwise_traffic():
+    """compute.kernels: eager (torchtitan without compile): norms and the SwiGLU run as chains of elementwise
+    kernels (efficiency.yaml eager_bytes_per_element); GEMMs and attention unchanged."""
+    from tpsim.compute.eager import EagerKernels, eager_ratios
+    from tpsim.estimator.context import default_compute, resolve_stack
+
+    cluster = load_cluster("dgx-h100", gpus=8)
+    base, _ = default_compute(cluster.device, resolve_stack("torchtitan"))
+    eager = EagerKernels(base)
+    ratios = eager_ratios()
+    assert ratios["rmsnorm"][0] > 1 and ratios["swiglu"][1] > 1 and "residual_add" not in ratios
+    n = np.array([1e8])
+    for backward in (False, True):
+        assert eager.memory("rmsnorm", n, "bf16", backward)[0][0] == pytest.approx(
+            base.memory("rmsnorm", n, "bf16", backward)[0][0] * ratios["rmsnorm"][int(backward)])
+        assert eager.memory("residual_add", n, "bf16", backward)[0][0] == pytest.approx(
+            base.memory("residual_add", n, "bf16", backward)[0][0])
+    assert eager.gemm(4096, 4096, 4096, "bf16")[0] == pytest.approx(base.gemm(4096, 4096, 4096, "bf16")[0])
+    model = with_overrides(load_model("llama3-8b"), layers=4)
+    plan = make_plan(model, 8, tp=1, pp=1, sp=False, zero=3, recompute="full", global_batch=8)
+    e = estimate(model, cluster, plan, stack="torchtitan")
+    assert "eager" not in e.compute_model  # the source name stays kernel:<attention>
+    assert e.breakdown["compute"] > estimate(model, cluster, plan, compute=base, stack="torchtitan").breakdown["compute"]
+
+
+def test_fp8_casts_cost_their_traffic_per_the_stack_recipe():
+    """fp8 GEMMs pay the casts of each linear's input and output gradient (compute.fp8_cast_bytes_per_element:
+    Transformer Engine's delayed scaling 2/4 B, torchao's dynamic scaling 6/6 B); bf16 plans pay nothing."""
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    assert stack_terms(load_stack("megatron")).fp8_cast_bytes == (2.0, 4.0)
+    assert stack_terms(load_stack("torchtitan")).fp8_cast_bytes == (6.0, 6.0)
+    assert stack_terms(load_stack("deepspeed")).fp8_cast_bytes == (0.0, 0.0)
+    model = with_overrides(load_model("llama3-8b"), layers=4)
+    cluster = load_cluster("dgx-h100", gpus=8)
+    plan = make_plan(model, 8, tp=1, pp=1, sp=False, zero=1, global_batch=8, dtype="fp8")
+    from tpsim.estimator import context_for, run_stages
+    from tpsim.plan import PlanBatch
+    from tpsim.stacks import profile_from_mapping
+    from tpsim.topology.files import read_yaml
+    from pathlib import Path
+    raw = read_yaml(Path(load_stack("megatron").path) if hasattr(load_stack("megatron"), "path") else
+                    Path(__file__).resolve().parents[1] / "tpsim" / "data" / "stacks" / "megatron.yaml")
+    raw = dict(raw)
+    raw["compute"] = dict(raw["compute"])
+    raw["compute"]["fp8_cast_bytes_per_element"] = {"value": {"forward": 0, "backward": 0}, "source": "test"}
+    free = profile_from_mapping(raw, "no-cast")
+    with_cast = estimate(model, cluster, plan)
+    without = run_stages(context_for(model, cluster, stack=free), PlanBatch.from_plans([plan])).to_estimate(0)
+    assert with_cast.breakdown["compute"] > without.breakdown["compute"]
+    bf16 = dataclasses.replace(plan, dtype="bf16")
+    assert estimate(model, cluster, bf16).breakdown["compute"] == pytest.approx(
+        run_stages(context_for(model, cluster, stack=free), PlanBatch.from_plans([bf16])).to_estimate(0)
+        .breakdown["compute"])
