@@ -64,7 +64,7 @@ def deepseek():
     fields = dict(m.default_plan)
     cluster = load_cluster(fields.pop("cluster"), gpus=fields.pop("gpus"))
     fields.pop("stack")
-    return m, cluster, make_plan(m, cluster.num_gpus, global_batch=m.global_batch, **fields)
+    return m, cluster, make_plan(m, cluster.num_gpus, global_batch=m.global_batch, schedule="dualpipe", **fields)
 
 
 def _hai_llm(changes):

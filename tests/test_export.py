@@ -265,7 +265,6 @@ def _moe_ctx(name, gpus, **plan_kw):
     if plan_kw.pop("no_mtp", False):
         model = dataclasses.replace(model, mtp_layers=0)
     cluster = load_cluster("dgx-h100", gpus=gpus)
-    plan_kw.setdefault("schedule", "1f1b")  # the deepseek-v3 preset's DualPipe runs on hai-llm only
     plan = make_plan(model, gpus, global_batch=plan_kw.pop("global_batch", 512), **plan_kw)
     return export_context(model, cluster, plan, model_ref=name, cluster_ref="dgx-h100")
 

@@ -117,6 +117,8 @@ def deepseek():
     plan_fields = dict(m.default_plan)
     cluster = load_cluster(plan_fields.pop("cluster"), gpus=plan_fields.pop("gpus"))
     stack = plan_fields.pop("stack")
+    # the stack's own schedule (DualPipe: what `tpsim estimate --model deepseek-v3` runs)
+    plan_fields["schedule"] = load_stack(stack).rules.default_schedule
     return m, cluster, stack, make_plan(m, cluster.num_gpus, global_batch=m.global_batch, **plan_fields)
 
 

@@ -149,3 +149,17 @@ def test_planner_searches_the_stacks_schedules():
     mega = search(m, c, 64, space=dataclasses.replace(space, zero=(1,)), stack=load_stack("megatron"),
                   include_unfit=True)
     assert set(mega.columns["schedule"].tolist()) == {0}
+
+
+def test_torchtitan_export_writes_the_schedule(llama):
+    import tomllib
+
+    from tpsim.launch import export_context, export_plan
+
+    m, c = llama
+    for schedule, vpp, name in (("zbv", 2, "ZBVZeroBubble"), ("1f1b", 2, "Interleaved1F1B"), ("1f1b", 1, "1F1B"),
+                                ("interleaved-zb", 2, "InterleavedZeroBubble"), ("gpipe", 1, "GPipe")):
+        plan = make_plan(m, c.num_gpus, tp=8, pp=4, vpp=vpp, zero=2, sp=True, global_batch=256, schedule=schedule)
+        ctx = export_context(m, c, plan, model_ref="llama3-70b", cluster_ref="dgx-h100")
+        data = tomllib.loads(export_plan("torchtitan", ctx)["torchtitan.toml"])
+        assert data["parallelism"]["pipeline_parallel_schedule"] == name

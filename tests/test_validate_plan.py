@@ -136,7 +136,12 @@ def test_plan_prediction_uses_the_estimators_rules():
         compute = RooflineModel(cluster.device)
         est = estimate(c.model, cluster, c.plan(), compute=compute, flavor="dtensor")
         pred = predict_plan(c, cluster, compute).slowest()
-        assert pred["step"] == pytest.approx(est.step_time_s, rel=0.03), (kw, pred, est.breakdown)
+        # the runtime's FSDP2 copy-in / copy-out (torch-validate.yaml), which Megatron's stack does not have:
+        # two gathers and one reduce-scatter per layer and micro-batch for ZeRO-3 without pp
+        from tpsim.validate.plan.predict import _fsdp_copies
+        ag, rs = _fsdp_copies(c, compute)
+        copies = c.microbatches * c.layers_per_rank * (2 * ag + rs)
+        assert pred["step"] - copies == pytest.approx(est.step_time_s, rel=0.03), (kw, pred, est.breakdown)
 
 
 def test_plan_summary_checks_loss_communication_and_phases():
@@ -413,3 +418,32 @@ def test_zero_bubble_cases_run_torchs_schedules_and_predict_with_the_registry():
     assert zb["other"] < il["other"] and zb["fwd"] == pytest.approx(il["fwd"])
     # the V's turn (stage 1 -> 2 on rank 1) is local: rank 1 sends to rank 0 only
     assert expected_comm(v, {"tp": 0, "dp": 0, "pp": 1})["pp"]["send"]["n"] == 2 * 4
+
+
+def test_fsdp2_copy_in_and_out_are_predicted_from_the_runtime_profile():
+    """The runtime's stack profile (tpsim/data/stacks/torch-validate.yaml, comm.fsdp_copy_in_out) makes FSDP2's
+    copies around its collectives part of the prediction (exposed, on the compute stream), in validation and
+    in the estimator alike; DDP and the sharded optimizer have none."""
+    import yaml
+
+    from tpsim.compute.roofline import RooflineModel
+    from tpsim.estimator import estimate
+    from tpsim.stacks import STACKS_DIR, load_stack, profile_from_mapping
+    from tpsim.topology import load_cluster
+    from tpsim.validate.plan.predict import _fsdp_copies, _rank_phases, _Curves, predict_plan
+
+    cluster = load_cluster("local-cpu", gpus=2)
+    compute = RooflineModel(cluster.device)
+    z3 = case(model=GPT, dp=2, zero=3)
+    ag, rs = _fsdp_copies(z3, compute)
+    assert ag > 0 and rs > 0 and _fsdp_copies(case(model=GPT, dp=2, zero=0), compute) == (0.0, 0.0)
+    with_copies = predict_plan(z3, cluster, compute).slowest()
+    curves = _Curves(None, {})
+    assert with_copies["fwd"] > _rank_phases(z3, C0, with_copies["layer"], 0.0, curves, 0.0, 0.0, 0.0)["fwd"] - 1
+    raw = yaml.safe_load((STACKS_DIR / "torch-validate.yaml").read_text())
+    raw["comm"]["fsdp_copy_in_out"]["value"] = False
+    plain = profile_from_mapping(raw, "no-copies.yaml")
+    runtime = load_stack("torch-validate")
+    on, off = (estimate(z3.model, cluster, z3.plan(), compute=compute, stack=s) for s in (runtime, plain))
+    assert on.breakdown["exposed_comm"] > off.breakdown["exposed_comm"]
+    assert on.breakdown["compute"] == off.breakdown["compute"]

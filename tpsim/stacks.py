@@ -33,9 +33,12 @@ from .plan import ATTENTION, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
 
 STACKS_DIR = Path(__file__).resolve().parent / "data" / "stacks"
 STACK_NAMES = ("megatron", "torchtitan", "deepspeed", "deepspeed-2021", "llm-foundry", "nemo")
-PRESET_STACKS = ("hai-llm",)
-"""shipped profiles of a preset's published run (DeepSeek-V3's HAI-LLM), loadable by name but not general
-stacks: they offer only what the run used."""
+PRESET_STACKS = ("hai-llm", "megatron-sc21")
+"""shipped profiles of a published run (DeepSeek-V3's HAI-LLM; SC21's Megatron-LM of early 2021, which the SC21
+reference runs and tpsim/data/runs/sc21.csv use), loadable by name but not general stacks: they offer only what
+the run used."""
+RUNTIME_STACKS = ("torch-validate",)
+"""shipped profiles of tpsim's own runtimes (``tpsim validate``'s ranks), loadable by name."""
 DEFAULT_STACK = "megatron"
 CP_KINDS = ("ring", "a2a")
 """context-parallel kinds of docs/SCHEMAS.md section 1, in PlanBatch code order (0 ring, 1 a2a)."""
@@ -51,7 +54,7 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
              "zero3_max_live_elements", "reduce_bucket_elements", "allgather_bucket_elements",
              "overlap_dp_default", "tp_overlap", "tp_backward_overlap", "host_us_per_collective",
              "ep_dispatch_dtype", "ep_node_dedup", "zero3_regather_in_recompute", "zero3_overlap_fraction",
-             "host_us_per_collective_rank"),
+             "host_us_per_collective_rank", "fsdp_copy_in_out"),
     "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
                 "grad_accumulation_fusion", "optimizer_bytes_per_param", "pipeline_edges_as_layers",
                 "fp8_cast_bytes_per_element"),
@@ -318,7 +321,7 @@ def count_violations(codes: np.ndarray) -> dict[str, int]:
 def stack_path(name_or_path: str | Path) -> Path:
     """``tpsim/data/stacks/<name>.yaml`` for a shipped name, else the path itself."""
     text = str(name_or_path)
-    if text.lower() in STACK_NAMES + PRESET_STACKS:
+    if text.lower() in STACK_NAMES + PRESET_STACKS + RUNTIME_STACKS:
         return STACKS_DIR / f"{text.lower()}.yaml"
     path = Path(text).expanduser()
     if path.suffix in (".yaml", ".yml") or "/" in text:

@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
         plan = build_plan(args, model, cluster, stack=build_stack(args, model))
     result = estimate(model, cluster, plan, compute=compute_model(args, cluster, model),
                       stack=build_stack(args, model))
+    from ..runfit import banded
+
+    result = banded(result, model, cluster)  # the band from measured runs' residuals (T7 band_basis)
     result = in_convention(result, model, args)
 
     from .train_time import format_train_time, whole_run

@@ -154,6 +154,11 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, pp, vpp, m, comm.p2p)
     dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb,
                                           full=full, terms=ctx.terms)
+    if ctx.terms.fsdp_copies:  # FSDP2's copies around its collectives, exposed (the runtime's stack profile)
+        copy_ag, copy_rs = fsdp_copy_seconds(ctx.compute, costs.params, group, dtype)
+        gathers = np.where(zero == 3, 2 * m, np.where(zero == 2, 1, 0))
+        dp_exposed = dp_exposed + layers * (gathers * copy_ag
+                                            + np.where(zero >= 2, np.where(per_mb, m, 1), 0) * copy_rs)
     params = np.where(zero >= 1, _sharded(part, dp * cp, edp), part.largest)
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
@@ -164,7 +169,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
                                                   + _zero3_hooks(ctx, costs, zero, full, h, dp)))
         for h in (lo, hi))
     exposed = m * x_stage + pp_exposed + dp_exposed
-    exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed, pp.shape)
+    exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed)
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
                                        + np.where(full, comm.layer_fwd.get(axis, 0.0), 0.0))
@@ -179,7 +184,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
 
 
 def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
-                     penalty: float, pp_exposed: np.ndarray, dp_exposed: np.ndarray, shape) -> dict:
+                     penalty: float, pp_exposed: np.ndarray, dp_exposed: np.ndarray) -> dict:
     """The exposed communication per step split by plan axis (the ``terms`` of docs/SCHEMAS.md T6): each axis's
     exposed layer collectives (the forward ones again under full recomputation) and the overlap penalty of its
     hidden ones, times the slowest rank's layers, plus its edge collectives, per micro-batch; the pipeline's
@@ -289,6 +294,28 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     return dp_exposure(comm.dp_all_reduce + comm.dp_reduce_scatter, comm.dp_all_gather, reductions,
                        np.where(zero == 3, 2 * m, 1), layers * b_layer, layers * f_layer, overlap, penalty,
                        z3_total, z3_exposed)
+
+
+COPY_OF_RESIDUAL_ADD = 2.0 / 3.0
+"""a copy moves 2 elements per element (read, write), a residual add 3 (two reads, a write): FSDP2's copies are
+timed as that share of the compute model's residual-add kernel (measured where a profile has it)."""
+
+
+def fsdp_copy_seconds(compute, unit_numel: np.ndarray | float, dp: np.ndarray | float,
+                      dtype: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
+    """(per all-gather, per reduce-scatter) seconds of FSDP2's copies around one unit's collectives, on the
+    compute stream (not hidden): before an all-gather each rank copies its shard into the send buffer and after
+    it the gathered buffer into the unsharded parameters (``foreach_all_gather`` copy-in,
+    ``foreach_all_gather_copy_out``); before a reduce-scatter the unsharded gradients are copied into its
+    input buffer and after it the reduced shard into the sharded gradient (``foreach_reduce``,
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)."""
+    def copy(numel: np.ndarray | float) -> np.ndarray:
+        return np.asarray(compute.memory("residual_add", np.asarray(numel, dtype=float) * COPY_OF_RESIDUAL_ADD,
+                                         dtype, False)[0], dtype=float)
+
+    shard = np.asarray(unit_numel, dtype=float) / np.asarray(dp, dtype=float)
+    both = copy(shard) + copy(unit_numel)
+    return both, both
 
 
 def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, gathers: np.ndarray,

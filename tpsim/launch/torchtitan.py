@@ -35,19 +35,22 @@ MODEL_FEATURES = ("moe", "mla")
 layers); no multi-token prediction module."""
 MOE_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 """tpsim architectures torchtitan's deepseek_v3 model trains (DeepSeek-V2 shapes are its 16B / 236B flavors)."""
-SCHEDULE_NAMES = {"gpipe": "GPipe", "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble",
-                  "dualpipev": "DualPipeV"}
-"""plan schedule -> ``parallelism.pipeline_parallel_schedule`` (torch.distributed.pipelining schedule class names,
-docs/SCHEMAS.md T1); ``1f1b`` is ``1F1B``, or ``Interleaved1F1B`` with vpp > 1. zb-h1 and dualpipe have none."""
-SCHEDULE_OF_NAME = {**{v.lower(): k for k, v in SCHEDULE_NAMES.items()}, "1f1b": "1f1b", "interleaved1f1b": "1f1b"}
 RESHARD = {2: "never", 3: "always"}
 ZERO_OF_RESHARD = {"never": 2, "always": 3}
+
+
+TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-zb": "InterleavedZeroBubble",
+                        "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+"""tpsim schedule -> torchtitan ``parallelism.pipeline_parallel_schedule`` (docs/SCHEMAS.md T1; the stack
+profile's ``rules.schedules`` refuses the others before export)."""
+SCHEDULE_OF_NAME = {**{v.lower(): k for k, v in TORCHTITAN_SCHEDULES.items()}, "interleaved1f1b": "1f1b"}
+"""pipeline_parallel_schedule (any case) -> tpsim schedule, for the import."""
 
 
 def format_violation(ctx: ExportContext) -> str | None:
     """torchtitan ships Llama-family models: a GPT-family model has no torchtitan model to name."""
     schedule = ctx.plan.schedule
-    if schedule != "1f1b" and schedule not in SCHEDULE_NAMES:
+    if schedule not in TORCHTITAN_SCHEDULES:
         return f"schedule={schedule}: torchtitan's pipeline_parallel_schedule has no {schedule} schedule"
     if ctx.plan.pp_first or ctx.plan.pp_last:
         return ("pp_first/pp_last: torchtitan splits by pipeline_parallel_layers_per_stage (equal stages), not by "
@@ -117,8 +120,8 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
     if plan.tp_overlap:
         par["enable_async_tensor_parallel"] = True
     if pp > 1:
-        par["pipeline_parallel_schedule"] = SCHEDULE_NAMES.get(plan.schedule) or (
-            "Interleaved1F1B" if plan.vpp > 1 else "1F1B")
+        par["pipeline_parallel_schedule"] = ("Interleaved1F1B" if plan.schedule == "1f1b" and plan.vpp > 1
+                                             else TORCHTITAN_SCHEDULES[plan.schedule])
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         if plan.vpp > 1:
             # torchtitan counts tok_embeddings and norm + output as one layer each when it splits the stages

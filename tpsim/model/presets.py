@@ -77,7 +77,7 @@ PRESETS: dict[str, ModelSpec] = {
                moe_ffn_hidden_size=14336),
         _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 4096, 129280, 15360,
                dict(cluster="dgx-h100", gpus=2048, tp=1, pp=16, ep=64, zero=1, micro_batch=1, dtype="fp8",
-                    recompute="selective", stack="hai-llm", schedule="dualpipe"),
+                    recompute="selective", stack="hai-llm"),
                max_pos=163840, rotary_base=10000, architecture="deepseek_v3", attention_kind="mla",
                q_lora_rank=1536,
                kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_experts=256,

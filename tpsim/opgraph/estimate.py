@@ -33,6 +33,7 @@ from ..compute.roofline import RooflineModel, activation_bytes
 from ..errors import InputError
 from ..hardware import overlap_penalty
 from .. import pipeline
+from ..estimator.keys import distinct
 from ..estimator.partition import stage_layers
 from ..estimator.schedule import dp_exposure
 from ..precision import state_bytes
@@ -49,9 +50,9 @@ DP_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 def _unique(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    stacked = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
-    uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
-    return uniq, inverse.reshape(-1)
+    """(distinct rows, the plans' row index): the estimator's :func:`~tpsim.estimator.keys.distinct`."""
+    keys = distinct(*cols)
+    return keys.rows, keys.inverse
 
 
 # ---- collective curves per plan -------------------------------------------------------------------------

@@ -89,6 +89,7 @@ def predict_plan(case: PlanCase, cluster: Any, compute: Any, overhead: dict[str,
         from ...hardware import overlap_penalty
         penalty = overlap_penalty(cluster.device, default_efficiency().overlap_compute_penalty)
     blk = predict_block(case.model, cluster, case.plan(), compute=compute, flavor="dtensor", fused=case.fused)
+    copies = _fsdp_copies(case, compute or RooflineModel(cluster.device))
     f, b = blk.fwd_s + over["fwd"], blk.bwd_s + over["bwd"]
     groups = rank_groups(case.tp, case.dp, case.pp, case.order)
     curves = _Curves(get_collective_model(cluster) if case.world > 1 else None, groups)
@@ -97,7 +98,8 @@ def predict_plan(case: PlanCase, cluster: Any, compute: Any, overhead: dict[str,
     phases = []
     for rank in range(case.world):
         coords = _coords(case, rank)
-        phases.append(_rank_phases(case, coords, f, b, curves, optimizer_s + over["opt"], over["other"], penalty))
+        phases.append(_rank_phases(case, coords, f, b, curves, optimizer_s + over["opt"], over["other"], penalty,
+                                   copies))
     return PlanPrediction(phases=phases, layer_fwd_s=f, layer_bwd_s=b, compute_model=str(blk.compute_model),
                           measured_compute_fraction=float(blk.measured_compute_fraction), overhead=over)
 
@@ -127,7 +129,22 @@ class _DP:
     """after the last backward, outside the chunks (FSDP2's reduction under pipelining)."""
 
 
-def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float, curves: _Curves) -> _DP:
+def _fsdp_copies(case: PlanCase, compute: Any) -> tuple[float, float]:
+    """(per all-gather, per reduce-scatter) seconds of FSDP2's copy-in / copy-out of one block (the estimator's
+    :func:`tpsim.estimator.schedule.fsdp_copy_seconds`, the runtime's stack profile
+    tpsim/data/stacks/torch-validate.yaml ``comm.fsdp_copy_in_out``); zeros for the other runtimes."""
+    from ...estimator.schedule import fsdp_copy_seconds
+    from ...stacks import load_stack
+
+    fig = load_stack("torch-validate").figure("comm", "fsdp_copy_in_out")
+    if case.runtime not in ("fsdp2", "fsdp2-no-reshard") or fig is None or not fig.value:
+        return 0.0, 0.0
+    ag, rs = fsdp_copy_seconds(compute, fsdp_unit_bytes(case) / FP32_BYTES, case.dp, "fp32")
+    return float(ag), float(rs)
+
+
+def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float, curves: _Curves,
+        copies: tuple[float, float] = (0.0, 0.0)) -> _DP:
     m, layers, runtime = case.microbatches, case.layers_per_rank, case.runtime
     fsdp = runtime in ("fsdp2", "fsdp2-no-reshard")
     # under SP the only TP all-reduces are the partial norm-weight gradients (plancomm._tp)
@@ -139,9 +156,13 @@ def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float,
         per_mb_rs = rs if case.pp == 1 else 0.0  # under pipelining one reduce-scatter per block at the end
         fwd_x, bwd_x = max(fwd_ag - f, 0.0), max(bwd_ag + per_mb_rs - b, 0.0)
         hidden = m * layers * (fwd_ag + bwd_ag + per_mb_rs - fwd_x - bwd_x)
+        # FSDP2's copy-in / copy-out run on the compute stream: exposed where their collective is
+        copy_ag, copy_rs = copies
+        fwd_x += min(gathers, 1.0) * copy_ag
+        bwd_x += max(gathers - 1.0, 0.0) * copy_ag + (copy_rs if case.pp == 1 else 0.0)
         if case.pp == 1:
             return _DP(fwd_x=fwd_x, bwd_x=bwd_x, bwd_step=partial, hidden=hidden)
-        return _DP(fwd_x=fwd_x, bwd_x=bwd_x, hidden=hidden, at_end=layers * rs + partial)
+        return _DP(fwd_x=fwd_x, bwd_x=bwd_x, hidden=hidden, at_end=layers * (rs + copy_rs) + partial)
     if runtime == "ddp":
         ar = sum(curves.time("dp", "all_reduce", x) for x in ddp_buckets(case)) * case.vpp
         exposed = max(ar - layers * b, 0.0)  # buckets hide behind the last micro-batch's backward
@@ -152,11 +173,11 @@ def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float,
 
 
 def _rank_phases(case: PlanCase, coords: dict[str, int], f: float, b: float, curves: _Curves, optimizer_s: float,
-                 other_overhead: float, penalty: float) -> dict[str, float]:
+                 other_overhead: float, penalty: float, copies: tuple[float, float] = (0.0, 0.0)) -> dict[str, float]:
     m, layers = case.microbatches, case.layers_per_rank
     comm = expected_comm(case, coords)
     times = comm_times(comm, curves)
-    dp = _dp(case, comm, times, f, b, curves)
+    dp = _dp(case, comm, times, f, b, curves, copies)
     fwd = m * layers * (f + dp.fwd_x)
     bwd = m * layers * (b + dp.bwd_x) + dp.bwd_step + penalty * dp.hidden
     t_stage = layers * (f + b + dp.fwd_x + dp.bwd_x)
