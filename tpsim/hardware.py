@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import InputError
+from .errors import InputError, did_you_mean
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
@@ -220,7 +220,7 @@ def get_device(name: str) -> DeviceSpec:
     lowered = {k.lower(): v for k, v in table.items()}
     if name.lower() in lowered:
         return lowered[name.lower()]
-    raise InputError(f"device={name!r} is unknown (known: {', '.join(sorted(table))})")
+    raise InputError(f"device={name!r} is unknown (known: {', '.join(sorted(table))})" + did_you_mean(name, table))
 
 
 def overlap_penalty(device: DeviceSpec, default: float) -> float:

@@ -108,10 +108,17 @@ runs (``bench-collectives``, ``validate``) refuse more ranks than the machine's 
 MAX_GRAPH_NODES = 200_000
 """A full networkx graph is built only below this many vertices (``tpsim topo`` on irregular clusters);
 larger clusters use the structural model."""
-MAX_PLANS = 1_000_000
-"""Plans a search may enumerate without ``--allow-large-space``: a search holds about 1 kB per plan (measured:
-GPT-3 175B on 1024 GPUs, 271,296 plans, 340 MB peak), so this keeps a search near 1 GB. The full spaces of
-the shipped presets are below it (Llama-3 405B on 131,072 GPUs: 577,728 plans)."""
+PLAN_SEARCH_RATE = 500_000
+"""Plans of a space a search gets through per second, the slowest measured (tpsim plan --no-cache on a loaded
+2-core machine, 2026-12-01: Llama-3 8B on 512 H100, 210,240 plans of which 17,058 evaluated, 0.33 s = 638k/s;
+GPT-3 175B on 1024 A100 994k/s; Mixtral 8x7B --full-space on 256 H100, 1,360,512 plans, 3.7M/s; DeepSeek-V3
+--full-space on 2048 H100, 5,047,488 plans, 4.9M/s, 296 MB peak): enumeration and the plan rules drop most
+plans at millions per second, the estimator evaluates the rest at about 1M/s per core (README)."""
+MAX_SEARCH_S = 60.0
+"""Longest search (seconds at :data:`PLAN_SEARCH_RATE`) run without ``--allow-large-space``."""
+MAX_PLANS = int(PLAN_SEARCH_RATE * MAX_SEARCH_S)
+"""Plans a search may enumerate without ``--allow-large-space``: those that take about a minute at the measured
+rate (30 M). The full spaces of the shipped presets are far below it."""
 MAX_NODE_PAIRS = 1 << 20
 """GPU pairs inside one node the collective model tabulates (routes, pair codes: work and memory grow with
 the square of the GPUs per node): 1,024 GPUs in one node (a local-cpu run of LIMITS["ranks"]) take ~3 s;

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, did_you_mean
 from .hardware import DTYPES
 from .model import ModelSpec
 from .plan import ATTENTION, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
@@ -329,7 +329,7 @@ def stack_path(name_or_path: str | Path) -> Path:
             raise InputError(f"stack file {text} does not exist")
         return path.resolve()
     raise InputError(f"stack={text!r} is unknown (known: {', '.join(STACK_NAMES + PRESET_STACKS)}, or a YAML "
-                     f"path)")
+                     f"path)" + did_you_mean(text, STACK_NAMES + PRESET_STACKS))
 
 
 def load_stack(name_or_path: str | Path = DEFAULT_STACK) -> StackProfile:

@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from ..errors import InputError
-from .common import build_stack, count_arg, real_arg
-from .plan import add_problem_arguments, add_space_arguments, build_space, check_problem, load_compute, load_problem
+from .common import build_space, build_stack, count_arg, load_compute, real_arg
+from .plan import add_problem_arguments, add_space_arguments, check_problem, load_problem
 
 
 def register(subparsers: Any) -> None:
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
                           gpu_hour_price=price, top=args.top, compute=compute, command=command,
                           stack=build_stack(args, model), scaling_span=span, tokens=args.tokens,
-                          reliability=_reliability(args))
+                          reliability=_reliability(args), flops_convention=getattr(args, "flops_convention", None))
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))  # noqa: ARG005 (a fixed signature)
     path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log, force=args.force)
     print(path)

@@ -217,7 +217,7 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         step_time_s_low=step_low, step_time_s_high=step_high, tokens_per_s_low=tokens / step_high,
         tokens_per_s_high=tokens / step_low, mfu_low=mflops / (step_high * gpus * peak_flops),
         mfu_high=mflops / (step_low * gpus * peak_flops), num_layers=int(source.num_layers),
-        edges_as_layers=bool(ctx.terms.pipeline_edges_as_layers))
+        edges_as_layers=bool(ctx.terms.pipeline_edges_as_layers), flops_convention=source.flops_convention)
 
 
 def _term_sources(ctx: EstimationContext, dtype: str) -> dict[str, str]:

@@ -44,10 +44,18 @@ TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-zb": "Int
                         "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 """tpsim schedule -> torchtitan ``parallelism.pipeline_parallel_schedule`` (docs/SCHEMAS.md T1; the stack
 profile's ``rules.schedules`` refuses the others before export)."""
+SCHEDULE_OF_NAME = {**{v.lower(): k for k, v in TORCHTITAN_SCHEDULES.items()}, "interleaved1f1b": "1f1b"}
+"""pipeline_parallel_schedule (any case) -> tpsim schedule, for the import."""
 
 
 def format_violation(ctx: ExportContext) -> str | None:
     """torchtitan ships Llama-family models: a GPT-family model has no torchtitan model to name."""
+    schedule = ctx.plan.schedule
+    if schedule not in TORCHTITAN_SCHEDULES:
+        return f"schedule={schedule}: torchtitan's pipeline_parallel_schedule has no {schedule} schedule"
+    if ctx.plan.pp_first or ctx.plan.pp_last:
+        return ("pp_first/pp_last: torchtitan splits by pipeline_parallel_layers_per_stage (equal stages), not by "
+                "first/last stage sizes")
     if ctx.model.family != "llama":
         return f"model family {ctx.model.family} has no torchtitan model (torchtitan trains llama3-style models)"
     plan = ctx.plan
@@ -113,6 +121,8 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
                            "context_parallel_degree": axis(plan, "cp")}
     if plan.zero in RESHARD:
         par["fsdp_reshard_after_forward"] = RESHARD[plan.zero]
+    if plan.tp_overlap:
+        par["enable_async_tensor_parallel"] = True
     if pp > 1:
         par["pipeline_parallel_schedule"] = ("Interleaved1F1B" if plan.schedule == "1f1b" and plan.vpp > 1
                                              else TORCHTITAN_SCHEDULES[plan.schedule])
@@ -201,8 +211,16 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         layers_per_stage = _layers_per_stage(par, where)
         if layers_per_stage is None:
             fields["vpp"] = 1
+        name = str(par.get("pipeline_parallel_schedule", "1F1B"))
+        schedule = SCHEDULE_OF_NAME.get(name.lower())
+        if schedule is None:
+            notes.append(f"pipeline_parallel_schedule {name!r}: estimated as 1F1B")
+        elif schedule != "1f1b":
+            fields["schedule"] = schedule
     else:
         fields["micro_batch"] = local
+    if par.get("enable_async_tensor_parallel") is True:
+        fields["tp_overlap"] = True
     if cp > 1:
         fields.update(cp=cp, cp_kind="ring")
     if _int(par, "expert_parallel_degree", 1, where) > 1:

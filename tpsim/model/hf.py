@@ -58,6 +58,9 @@ def _llama_like(r: ConfigReader, *, kv_default: int | None, max_pos_default: int
         d["head_dim"] = r.int("head_dim", "head_dim", default=head_dim_default)
     if r.present("partial_rotary_factor"):
         d["rotary_fraction"] = r.fraction("partial_rotary_factor", r.raw("partial_rotary_factor"))
+    base = r.raw("rope_theta") if r.present("rope_theta") else None
+    if isinstance(base, (int, float)) and not isinstance(base, bool) and 1 <= base <= 1e12:
+        d["rotary_base"] = int(base)  # no cost; the exporters write it (Megatron --rotary-base)
     return d
 
 
