@@ -4,7 +4,8 @@ The pieces are the estimator's: one layer's forward and backward per micro-batch
 :func:`tpsim.estimator.predict_block` (the layer cost code of ``estimate``, flavor ``dtensor``: TP collectives
 exposed), every data-parallel and pipeline transfer of :func:`tpsim.validate.plan.comm.expected_comm` timed by the
 topology's collective model on the plan's groups (:func:`tpsim.topology.placement.rank_groups`), the Adam step
-by the roofline's ``optimizer_time``. They are put together with the estimator's rules
+and the gradient accumulation by the estimator's rules under the runtime's stack profile
+(tpsim/data/stacks/torch-validate.yaml, :func:`_runtime_fixed`). They are put together with the estimator's rules
 (``tpsim/estimator/core.py``, Narayanan et al. 2021 section 2.2):
 
 * step = m x t_stage + bubble + exposed pipeline sends + exposed DP + optimizer, the bubble and the sends the
@@ -32,6 +33,9 @@ import numpy as np
 from ..block.case import FP32_BYTES
 from .case import PlanCase
 from .comm import Comm, ddp_buckets, expected_comm, fsdp_unit_bytes, rank_param_numel
+
+RUNTIME_STACK = "torch-validate"
+"""the stack profile of the runtime the ranks run (tpsim/data/stacks/torch-validate.yaml)."""
 
 
 @dataclass(frozen=True)
@@ -90,11 +94,10 @@ def predict_plan(case: PlanCase, cluster: Any, compute: Any, overhead: dict[str,
         penalty = overlap_penalty(cluster.device, default_efficiency().overlap_compute_penalty)
     blk = predict_block(case.model, cluster, case.plan(), compute=compute, flavor="dtensor", fused=case.fused)
     copies = _fsdp_copies(case, compute or RooflineModel(cluster.device))
-    f, b = blk.fwd_s + over["fwd"], blk.bwd_s + over["bwd"]
+    accum_s, optimizer_s = _runtime_fixed(case, cluster, compute)
+    f, b = blk.fwd_s + over["fwd"], blk.bwd_s + accum_s + over["bwd"]
     groups = rank_groups(case.tp, case.dp, case.pp, case.order)
     curves = _Curves(get_collective_model(cluster) if case.world > 1 else None, groups)
-    optimizer_s = float(RooflineModel(cluster.device).optimizer_time(
-        rank_param_numel(case) / (case.dp if case.zero >= 1 else 1)))
     phases = []
     for rank in range(case.world):
         coords = _coords(case, rank)
@@ -102,6 +105,25 @@ def predict_plan(case: PlanCase, cluster: Any, compute: Any, overhead: dict[str,
                                    copies))
     return PlanPrediction(phases=phases, layer_fwd_s=f, layer_bwd_s=b, compute_model=str(blk.compute_model),
                           measured_compute_fraction=float(blk.measured_compute_fraction), overhead=over)
+
+
+def _runtime_fixed(case: PlanCase, cluster: Any, compute: Any) -> tuple[float, float]:
+    """(gradient accumulation per layer and micro-batch, optimizer step) seconds: the estimator's rules
+    (:func:`tpsim.estimator.schedule.grad_accumulation_seconds`, :func:`~tpsim.estimator.schedule.optimizer_seconds`)
+    under the runtime's stack profile (tpsim/data/stacks/torch-validate.yaml: autograd adds each micro-batch's
+    weight gradients into ``.grad``, a shard of them under FSDP2 reducing every micro-batch; torch's Adam over the
+    rank's fp32 parameters, the ZeRO shard of them)."""
+    from ...estimator.context import context_for
+    from ...estimator.schedule import grad_accumulation_seconds, optimizer_seconds
+
+    ctx = context_for(case.model, cluster, compute, None, RUNTIME_STACK, "dtensor")
+    one = lambda x: np.array([x])  # noqa: E731
+    layer_params = rank_param_numel(case) / case.layers_per_rank
+    sharded = ctx.terms.grads_sharded(one(case.zero), one(case.pp))
+    accum = grad_accumulation_seconds(ctx, one(layer_params), sharded, one(case.dp), "fp32")[0]
+    share = rank_param_numel(case) / (case.dp if case.zero >= 1 else 1)
+    optimizer = optimizer_seconds(ctx, one(share), one(case.layers_per_rank), "fp32")[0]
+    return float(accum), float(optimizer)
 
 
 def _coords(case: PlanCase, rank: int) -> dict[str, int]:
@@ -136,7 +158,7 @@ def _fsdp_copies(case: PlanCase, compute: Any) -> tuple[float, float]:
     from ...estimator.schedule import fsdp_copy_seconds
     from ...stacks import load_stack
 
-    fig = load_stack("torch-validate").figure("comm", "fsdp_copy_in_out")
+    fig = load_stack(RUNTIME_STACK).figure("comm", "fsdp_copy_in_out")
     if case.runtime not in ("fsdp2", "fsdp2-no-reshard") or fig is None or not fig.value:
         return 0.0, 0.0
     ag, rs = fsdp_copy_seconds(compute, fsdp_unit_bytes(case) / FP32_BYTES, case.dp, "fp32")
