@@ -252,3 +252,17 @@ def test_fp8_casts_cost_their_traffic_per_the_stack_recipe():
     assert estimate(model, cluster, bf16).breakdown["compute"] == pytest.approx(
         run_stages(context_for(model, cluster, stack=free), PlanBatch.from_plans([bf16])).to_estimate(0)
         .breakdown["compute"])
+
+
+def test_the_output_head_stays_bf16_in_fp8_training():
+    from tpsim.estimator.context import default_compute, resolve_stack
+    from tpsim.estimator.layer import HEAD_DTYPE, edge_cost
+
+    assert HEAD_DTYPE == {"fp8": "bf16"}
+    model = load_model("llama3-8b")
+    cluster = load_cluster("dgx-h100", gpus=8)
+    compute, _ = default_compute(cluster.device, resolve_stack("megatron"))
+    one = np.array([1])
+    kw = dict(tp=one, sp=np.array([False]), micro_batch=one)
+    fp8, bf16 = edge_cost(model, compute, dtype="fp8", **kw), edge_cost(model, compute, dtype="bf16", **kw)
+    assert fp8.last_fwd[0] == pytest.approx(bf16.last_fwd[0]) and fp8.last_bwd[0] == pytest.approx(bf16.last_bwd[0])

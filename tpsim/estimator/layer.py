@@ -371,11 +371,20 @@ def edge_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np
     fb.add(compute.memory("residual_add", T * h, dtype, True))    # scatter-add into the table
     lf.add(compute.memory(model.norm, T_norm * h, dtype, False))
     lb.add(compute.memory(model.norm, T_norm * h, dtype, True))
-    _linear(lf, lb, compute, T, v_local, h, dtype)
+    # the output layer stays 16-bit in fp8 training (Megatron's output_layer is not a Transformer Engine
+    # layer; torchtitan's float8 converter skips `output`; DeepSeek-V3 report section 3.3.1 keeps the head)
+    _linear(lf, lb, compute, T, v_local, h, HEAD_DTYPE.get(dtype, dtype))
     fwd_el, bwd_el = cross_entropy_elements(T * v_local)
     lf.add(compute.memory("softmax", fwd_el, "fp32", False))
     lb.add(compute.memory("softmax", bwd_el, "fp32", True))
     return EdgeCost(first_fwd=ff.t, first_bwd=fb.t, last_fwd=lf.t, last_bwd=lb.t)
+
+
+HEAD_DTYPE = {"fp8": "bf16"}
+"""GEMM dtype of the output layer (logits) for a plan dtype: fp8 training keeps the head in bf16
+(megatron/core/models/gpt/gpt_model.py output_layer = tensor_parallel.ColumnParallelLinear, outside Transformer
+Engine's fp8 autocast modules; torchtitan components/quantization float8 filter_fqns ["output"]; DeepSeek-V3
+technical report 3.3.1: "the embedding module, the output head, ... retain their original precision")."""
 
 
 def cross_entropy_elements(logits: np.ndarray, impl: str = "megatron") -> tuple[np.ndarray, np.ndarray]:

@@ -158,7 +158,7 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     per_layer = replicated + sharded + np.where(drop_scores, 0.0, scores)
     layer_input = np.where(sp, 2 * e * T * h / t, 2 * e * T * h)
     if per_op and not moe and model.attention_kind != "mla":
-        sac = layer_input + per_op_sac_bytes(model, T=T, tp=tp, sp=sp, e=e) + scores
+        sac = layer_input + per_op_sac_bytes(model, T=T, tp=tp, e=e) + scores
         per_layer = np.where(selective, sac, per_layer)
     return np.where(rc == 2, layer_input, per_layer)
 
@@ -188,7 +188,7 @@ def _per_op_width(model: ModelSpec, name: str, tp: np.ndarray) -> np.ndarray:
     return {"wq": q, "wk": kv, "wv": kv, "wo": h, "w1": f, "w3": f, "w2": h, "fc1": f, "fc2": h}[name]
 
 
-def per_op_sac_bytes(model: ModelSpec, *, T: np.ndarray, tp: np.ndarray, sp: np.ndarray, e: float) -> np.ndarray:
+def per_op_sac_bytes(model: ModelSpec, *, T: np.ndarray, tp: np.ndarray, e: float) -> np.ndarray:
     """What torchtitan's per-op selective checkpointing stores per layer beyond the layer input and the flash
     log-sum-exp (16-bit tensors): the saved matmul outputs (:func:`per_op_saved`), the SDPA output, and with
     tp > 1 the two reduce-scatter outputs (sequence-sharded); torchtitan/distributed/activation_checkpoint.py

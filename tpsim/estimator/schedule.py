@@ -169,7 +169,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
                                                   + _zero3_hooks(ctx, costs, zero, full, h, dp)))
         for h in (lo, hi))
     exposed = m * x_stage + pp_exposed + dp_exposed
-    exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed, pp.shape)
+    exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed)
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
                                        + np.where(full, comm.layer_fwd.get(axis, 0.0), 0.0))
@@ -184,7 +184,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
 
 
 def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
-                     penalty: float, pp_exposed: np.ndarray, dp_exposed: np.ndarray, shape) -> dict:
+                     penalty: float, pp_exposed: np.ndarray, dp_exposed: np.ndarray) -> dict:
     """The exposed communication per step split by plan axis (the ``terms`` of docs/SCHEMAS.md T6): each axis's
     exposed layer collectives (the forward ones again under full recomputation) and the overlap penalty of its
     hidden ones, times the slowest rank's layers, plus its edge collectives, per micro-batch; the pipeline's
