@@ -176,8 +176,11 @@ def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float,
         gathers = comm["dp"]["all_gather"]["n"] / (m * layers)  # per layer and micro-batch
         fwd_ag, bwd_ag = min(gathers, 1.0) * ag, max(gathers - 1.0, 0.0) * ag
         per_mb_rs = rs if case.pp == 1 else 0.0  # under pipelining one reduce-scatter per block at the end
-        fwd_x, bwd_x = max(fwd_ag - f, 0.0), max(bwd_ag + per_mb_rs - b, 0.0)
-        hidden = m * layers * (fwd_ag + bwd_ag + per_mb_rs - fwd_x - bwd_x)
+        # per layer and micro-batch: the forward gather behind the layer's forward, the backward's gather and
+        # reduce-scatter behind its backward
+        fwd_t, fwd_x = _exposure(0.0, fwd_ag, f, f)
+        bwd_t, bwd_x = _exposure(bwd_ag + per_mb_rs, 0.0, b, f)
+        hidden = m * layers * (fwd_t + bwd_t - fwd_x - bwd_x)
         # FSDP2's copy-in / copy-out run on the compute stream: exposed where their collective is
         copy_ag, copy_rs = copies
         fwd_x += min(gathers, 1.0) * copy_ag
@@ -187,11 +190,24 @@ def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float,
         return _DP(fwd_x=fwd_x, bwd_x=bwd_x, hidden=hidden, at_end=layers * (rs + copy_rs) + partial)
     if runtime == "ddp":
         ar = sum(curves.time("dp", "all_reduce", x) for x in ddp_buckets(case)) * case.vpp
-        exposed = max(ar - layers * b, 0.0)  # buckets hide behind the last micro-batch's backward
-        return _DP(bwd_step=exposed + partial, hidden=ar - exposed)
+        total, exposed = _exposure(ar, 0.0, layers * b, layers * f)  # behind the last micro-batch's backward
+        return _DP(bwd_step=exposed + partial, hidden=total - exposed)
     zero1 = times.get("comm:dp:reduce_scatter", 0.0) + times.get("comm:dp:all_gather", 0.0) \
         if runtime == "zero1" else 0.0
     return _DP(in_optimizer=zero1 + partial)
+
+
+def _exposure(grad_t: float, gather_t: float, bwd_window: float, fwd_window: float) -> tuple[float, float]:
+    """(total, exposed) of one reduction of ``grad_t`` behind ``bwd_window`` and one gather of ``gather_t``
+    behind ``fwd_window``: the estimator's rule (:func:`tpsim.estimator.schedule.dp_exposure`), its overlap
+    penalty left out (the phases charge it on the hidden part, in the backward)."""
+    from ...estimator.schedule import dp_exposure
+
+    one = lambda x: np.array([x], dtype=float)  # noqa: E731
+    total, exposed = dp_exposure(one(grad_t), one(gather_t), one(1.0 if grad_t else 0.0),
+                                 one(1.0 if gather_t else 0.0), one(bwd_window), one(fwd_window),
+                                 np.array([True]), 0.0)
+    return float(total[0]), float(exposed[0])
 
 
 def _rank_phases(case: PlanCase, coords: dict[str, int], f: float, b: float, curves: _Curves, optimizer_s: float,
