@@ -49,6 +49,20 @@ def cache_dir() -> Path | None:
     return Path(xdg or os.path.join(home, ".cache")) / "tpsim" / "yaml"
 
 
+def package_hash(skip: tuple[str, ...]) -> str:
+    """SHA-256 over tpsim's source and data files (relative paths and bytes), leaving out the packages in
+    ``skip``: the key of on-disk results that are a function of the code (plan search results, run residuals)."""
+    package = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        rel = path.relative_to(package)
+        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".csv", ".json") \
+                and not set(rel.parts) & set(skip):
+            h.update(str(rel).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def entry_key(text: str, reader: str) -> str:
     """Hex SHA-256 naming the entry of ``text`` parsed by ``reader``."""
     h = hashlib.sha256(f"tpsim-yaml {FORMAT} {reader} {sys.version_info[0]}.{sys.version_info[1]} "

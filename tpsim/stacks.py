@@ -33,9 +33,10 @@ from .plan import ATTENTION, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
 
 STACKS_DIR = Path(__file__).resolve().parent / "data" / "stacks"
 STACK_NAMES = ("megatron", "torchtitan", "deepspeed", "deepspeed-2021", "llm-foundry", "nemo")
-PRESET_STACKS = ("hai-llm",)
-"""shipped profiles of a preset's published run (DeepSeek-V3's HAI-LLM), loadable by name but not general
-stacks: they offer only what the run used."""
+PRESET_STACKS = ("hai-llm", "megatron-sc21")
+"""shipped profiles of a published run (DeepSeek-V3's HAI-LLM; SC21's Megatron-LM of early 2021, which the SC21
+reference runs and tpsim/data/runs/sc21.csv use), loadable by name but not general stacks: they offer only what
+the run used."""
 RUNTIME_STACKS = ("torch-validate",)
 """shipped profiles of tpsim's own runtimes (``tpsim validate``'s ranks), loadable by name."""
 DEFAULT_STACK = "megatron"

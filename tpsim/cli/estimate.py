@@ -81,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
         plan = build_plan(args, model, cluster)
     result = estimate(model, cluster, plan, compute=compute_model(args, cluster, model),
                       stack=build_stack(args, model))
+    from ..runfit import banded
+
+    result = banded(result, model, cluster)  # the band from measured runs' residuals (T7 band_basis)
     from .train_time import format_train_time, whole_run
 
     run_figures = whole_run(args, model, cluster, result)
@@ -119,6 +122,14 @@ def _pm(value: float, low: float, high: float) -> str:
     return f"±{up:.1f}%" if abs(up - down) < 0.05 else f"+{up:.1f}%/-{down:.1f}%"
 
 
+def _basis(e) -> str:
+    """What set the band, for the text output."""
+    b = e.band_basis
+    if not b or b.get("kind") == "prior":
+        return ""
+    return f" from {b['n']} {'calibration ' if b['kind'] == 'calibrated' else ''}runs' residuals: {b['group']}"
+
+
 def _runs(values: list[int]) -> str:
     """``2+3x30+2``: equal neighbours folded."""
     runs: list[list[int]] = []
@@ -154,7 +165,7 @@ def format_estimate(e, model=None) -> str:
                                          if e.compute_model.startswith("profile") else ""),
         "",
         f"step time            {e.step_time_s:10.3f} s  {_pm(e.step_time_s, e.step_time_s_low, e.step_time_s_high)}"
-        f"  ({e.step_time_s_low:.3f}-{e.step_time_s_high:.3f} s, 90% band)",
+        f"  ({e.step_time_s_low:.3f}-{e.step_time_s_high:.3f} s, 90% band{_basis(e)})",
         f"throughput           {e.tokens_per_s:10.0f} tokens/s  ({e.tokens_per_s_low:.0f}-{e.tokens_per_s_high:.0f})",
         f"model TFLOP/s/GPU    {e.model_tflops_per_gpu:10.1f}   MFU {100 * e.mfu:5.1f}%"
         f" ({100 * e.mfu_low:.1f}-{100 * e.mfu_high:.1f}%)",

@@ -286,6 +286,9 @@ def run(args: argparse.Namespace) -> int:
     compared = _compare(result, args.compare)
     if args.json:
         data = result.to_json(args.top)
+        from ..runfit import band_plan_dicts
+
+        band_plan_dicts(data["plans"], model, clusters[-1], result.stack_name)  # bands from measured runs (T7)
         if compared is not None:
             from ..report.compare import comparison_json
 

@@ -63,11 +63,17 @@ class Estimate:
     pipeline_split: dict[str, list[int]] = field(default_factory=dict)
     """``layers_per_rank`` and ``layers_per_chunk`` (model order, chunk k on rank k mod pp) of the pipeline
     split the estimate costs (empty without a pipeline; tpsim.estimator.partition.layer_split)."""
+    band_basis: dict[str, Any] | None = None
+    """what set the band (docs/SCHEMAS.md T7): None = the input uncertainties (``band.PRIOR_BASIS``)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("term_sources")
         d["terms"] = {k: {"seconds": v, "source": self.term_sources.get(k, "")} for k, v in self.terms.items()}
+        if d["band_basis"] is None:
+            from .band import PRIOR_BASIS
+
+            d["band_basis"] = dict(PRIOR_BASIS)
         d["plan"] = self.plan.to_dict()
         d["plan"]["num_microbatches"] = self.plan.num_microbatches
         d["warnings"] = list(self.warnings)

@@ -39,7 +39,6 @@ from .space import SearchSpace
 
 MAX_ENTRIES = 64
 FORMAT = 4
-_PACKAGE = Path(__file__).resolve().parents[1]
 _KEY_NAME = re.compile(r"^[0-9a-f]{64}$")
 REQUIRED_COLUMNS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order",
                     "global_batch", "part", "gpus", "step_time_s", "peak_memory_gib", "fits", "fits_effective")
@@ -62,14 +61,9 @@ _NOT_KEYED = ("validate", "profiler", "bench", "cli", "report", "__pycache__")
 @lru_cache(maxsize=1)
 def code_hash() -> str:
     """SHA-256 over the source and data files a search result depends on (paths and bytes)."""
-    h = hashlib.sha256()
-    for path in sorted(_PACKAGE.rglob("*")):
-        rel = path.relative_to(_PACKAGE)
-        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".csv", ".json") \
-                and not set(rel.parts) & set(_NOT_KEYED):
-            h.update(str(rel).encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
+    from ..parsecache import package_hash
+
+    return package_hash(_NOT_KEYED)
 
 
 def cache_key(model: ModelSpec, clusters: Sequence[Any], global_batch: int, space: SearchSpace,
