@@ -24,8 +24,31 @@ sys.path.insert(0, str(ROOT))
 
 from tpsim.runs import COLUMNS  # noqa: E402
 
-H100_TT = ("dgx-h100 stands in for the lower-TDP (500 W) 95/96 GB HBM2e H100 SXM of Grand Teton (the hw "
-           "developer adds that device; switch the cluster then)")
+H100_TT = ("dgx-h100 stands in for the lower-TDP (500 W) 95/96 GB HBM2e H100 SXM of Grand Teton (until "
+           "tpsim/data/devices.yaml has H100-SXM-96GB; this script then writes clusters/grand-teton-h100.yaml)")
+H100_96 = ("clusters/grand-teton-h100.yaml: the DGX H100 node and NDR rail-optimized fabric (400 Gb/s per GPU, as "
+           "published) with the lower-TDP 95/96 GB HBM2e H100-SXM-96GB device")
+
+
+def _have_device(name: str) -> bool:
+    from tpsim.hardware import device_names
+
+    return name in device_names()
+
+
+GRAND_TETON = """name: grand-teton-h100
+description: >-
+  Meta Grand Teton hosts as torchtitan's H100 runs used them: 8 lower-TDP (500 W) H100 SXM with 95/96 GB HBM2e,
+  NVLink + NVSwitch in the host, a backend RDMA network of 400 Gb/s per GPU
+node: dgx-h100
+fabric: ndr-rail-optimized
+device: H100-SXM-96GB
+gpus: 128
+source: >-
+  pytorch/torchtitan docs/performance.md and Liang et al. 2024 (arXiv:2410.06511): H100 SXM 95/96 GB HBM2e at
+  500 W, NVLink/NVSwitch within the host, 400 Gb/s per GPU RDMA backend; the DGX H100 node and rail-optimized NDR
+  fabric stand in for the host and network (same link rates).
+"""
 MCORE_RECIPE = ("plan fields the README leaves open follow Megatron-LM's published GPT-3 recipe "
                 "(examples/gpt3/train_gpt3_175b_distributed.sh, as tpsim's gpt3-175b preset): micro-batch 1, "
                 "sequence parallel with tp > 1 (--tp-comm-overlap requires it), distributed optimizer (zero 1; "
@@ -177,8 +200,13 @@ def torchtitan(rows: list[dict]) -> list[dict]:
                          f"= {gbs}")
         if tp > 1:
             notes.append("TP with sequence parallel (torchtitan always shards the norms)")
+        if h100 and _have_device("H100-SXM-96GB"):
+            notes[-1] = H100_96
+            cluster = "clusters/grand-teton-h100.yaml"
+        else:
+            cluster = "dgx-h100" if h100 else "dgx-a100"
         out.append(dict(
-            run_id=r["case_id"], **shape, cluster="dgx-h100" if h100 else "dgx-a100", gpus=r["num_gpus"],
+            run_id=r["case_id"], **shape, cluster=cluster, gpus=r["num_gpus"],
             stack="torchtitan-compile" if r["torch_compile"] == "yes" else "torchtitan", tp=str(tp), cp=str(cp),
             cp_kind="ring", pp=r["pp"] or "1",
             sp="true" if tp > 1 else "false", zero="3", recompute=recompute,
@@ -225,7 +253,7 @@ def sc21(rows: list[dict]) -> list[dict]:
             run_id=r["case_id"], model="gpt3-175b", layers=r["num_layers"], hidden=r["hidden_size"],
             heads=r["num_attention_heads"], ffn=r["ffn_hidden_size"], vocab=r["vocab_size"],
             seq_len=r["seq_length"], cluster="selene", gpus=r["num_gpus"],
-            stack="../stacks/megatron-sc21.yaml", tp=r["tp"], pp=r["pp"], vpp=r["model_chunks_per_gpu"] or "1", sp="false",
+            stack="megatron-sc21", tp=r["tp"], pp=r["pp"], vpp=r["model_chunks_per_gpu"] or "1", sp="false",
             zero="0", recompute="full", micro_batch=r["micro_batch_size"], global_batch=r["global_batch_size"],
             dtype="fp16", attention="unfused", overlap="false" if r["ddp_impl"] == "local" else "true",
             dp=r["dp"], step_time_s=f"{_sc21_step(r):.4f}", source=f"{r['source']}; {r['source_config']}",
@@ -264,6 +292,8 @@ def main() -> int:
              + _write(dev),
              OUT / "sc21.csv": header.format(what="SC21 Table 1 (tpsim/data/reference/megatron_weak_scaling.csv)")
              + _write(ref)}
+    if _have_device("H100-SXM-96GB"):
+        files[OUT / "clusters" / "grand-teton-h100.yaml"] = GRAND_TETON
     status = 0
     for path, text in files.items():
         if args.check:
@@ -273,7 +303,7 @@ def main() -> int:
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-            print(f"wrote {path.relative_to(ROOT)} ({text.count(chr(10)) - 2} runs)")
+            print(f"wrote {path.relative_to(ROOT)}")
     return status
 
 

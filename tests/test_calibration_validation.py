@@ -81,7 +81,7 @@ def test_bad_inputs_are_one_line(tmp_path, capsys):
         read_compute_calibration(cluster)
     bad = tmp_path / "bad.yaml"
     bad.write_text("compute:\n  gemm_scale: -2\n")
-    with pytest.raises(InputError, match="compute: gemm_scale=-2 must be a positive"):
+    with pytest.raises(InputError, match="compute.gemm_scale=-2 must be > 0"):
         read_compute_calibration(bad)
     a = synthetic_report(tmp_path / "a.json")
     b = synthetic_report(tmp_path / "b.json", device="NVIDIA H200")

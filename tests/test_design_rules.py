@@ -15,9 +15,11 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "tpsim"
 
 # low to high (ARCHITECTURE.md: dependency direction); a module may import its own layer and the ones before it
-LAYERS = ["errors", "limits", "units", "io", "parsecache", "safeyaml", "procs", "calibration", "model", "hardware",
+LAYERS = ["errors", "limits", "units", "io", "boundedjson", "cachefile", "parsecache", "safeyaml", "schema",
+          "schemas", "procs", "calibration", "model", "hardware",
           "precision", "pipeline", "plan", "tp_plan", "comm_plan", "topology", "stacks", "collectives", "compute",
-          "estimator", "opgraph", "train", "runs", "runfit", "search", "report", "launch", "bench", "profiler", "validate", "trace", "cli"]
+          "estimator", "opgraph", "train", "runs", "runfit", "search", "report", "launch", "design", "bench", "profiler",
+          "validate", "trace", "cli"]
 TORCH_ALLOWED = ("validate", "profiler", "bench", "trace")
 ENTRY_POINTS = ("__main__.py",)
 """``python -m tpsim.x`` entry points sit with the command line, above every layer."""

@@ -327,15 +327,18 @@ def test_context_and_expert_parallel_plans_round_trip(fmt, name, gpus, fields, n
     import dataclasses
     import re
 
+    from tpsim.launch import format_stack
     from tpsim.model import PRESETS
-    from tpsim.plan import make_plan
+    from tpsim.plan import make_plan_as_typed
 
     model = PRESETS[name]
     if no_mtp:
         model = dataclasses.replace(model, mtp_layers=0)
     cluster = load_cluster("dgx-h100", gpus=gpus)
     fields = dict(fields)
-    plan = make_plan(model, gpus, global_batch=fields.pop("global_batch", 512), **fields)
+    # as the CLI builds it: a preset default the format's stack refuses (deepseek-v3's dualpipe) is dropped
+    plan = make_plan_as_typed(model, gpus, global_batch=fields.pop("global_batch", 512), stack=format_stack(fmt),
+                              **fields)[0]
     ctx = export_context(model, cluster, plan, model_ref=name, cluster_ref="dgx-h100")
     assert export_violation(fmt, ctx) is None
     paths = write_files(export_plan(fmt, ctx), tmp_path / "out")

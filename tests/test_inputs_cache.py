@@ -50,7 +50,38 @@ def _edit_npz(path: Path):
     np.savez(path, **cols)  # the name ends in .npz: numpy writes it as is
 
 
+def _forge(npz: Path, meta: Path, drop: str | None = None):
+    """Halve the step times and recompute every checksum, as a forger who read the format would (issue 26)."""
+    import hashlib
+
+    _edit_npz(npz)
+    header = json.loads(meta.read_text())
+    if drop:
+        del header["meta"][drop]
+    header["npz_sha256"] = hashlib.sha256(npz.read_bytes()).hexdigest()
+    header["meta_sha256"] = hashlib.sha256(json.dumps(header["meta"], sort_keys=True).encode()).hexdigest()
+    meta.write_text(json.dumps(header))
+
+
+def _fifo(path: Path):
+    import os
+
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _link(path: Path, target: str):
+    path.unlink()
+    path.symlink_to(target)
+
+
 DAMAGE = {
+    "forged, checksums recomputed": (lambda npz, meta: _forge(npz, meta), "seal does not verify"),
+    "forged meta without a field": (lambda npz, meta: _forge(npz, meta, drop="enumerated"), "seal does not verify"),
+    "npz is a FIFO": (lambda npz, meta: _fifo(npz), "not a regular file"),
+    "json is a FIFO": (lambda npz, meta: _fifo(meta), "not a regular file"),
+    "npz links to /dev/zero": (lambda npz, meta: _link(npz, "/dev/zero"), "symbolic link"),
+    "json links out of the folder": (lambda npz, meta: _link(meta, "/etc/hostname"), "symbolic link"),
     "truncated npz": (lambda npz, meta: npz.write_bytes(npz.read_bytes()[: npz.stat().st_size // 2]), "checksum"),
     "garbage json": (lambda npz, meta: meta.write_bytes(b"\x00\xff{not json"), "not valid JSON"),
     "empty files": (lambda npz, meta: (npz.write_bytes(b""), meta.write_bytes(b"")), "not valid JSON"),

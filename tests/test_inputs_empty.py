@@ -1,6 +1,8 @@
 """Issue 13, empty results and resource guards: a search left with no plan exits 2 naming the constraint that
 removed them; spaces, rank lists and graphs beyond the documented bounds are refused before allocating."""
 
+import json
+
 import pytest
 
 from tpsim.cli import main
@@ -49,7 +51,7 @@ def test_space_conflicts_and_size_guard():
     model = load_model("llama3-8b")
     assert space_conflict(model, 8, SearchSpace()) is None
     assert "--tp 7" in space_conflict(model, 8, SearchSpace(tp=(7,)))
-    big = SearchSpace(micro_batch=tuple(range(1, 1001)), tp=tuple(range(1, 65)))
+    big = SearchSpace(micro_batch=tuple(range(1, 8001)), tp=tuple(range(1, 65)))
     with pytest.raises(InputError, match="--allow-large-space"):
         check_space(model, [8], big)
     assert check_space(model, [8], big, allow_large=True) > MAX_PLANS
@@ -58,9 +60,11 @@ def test_space_conflicts_and_size_guard():
 
 def test_large_space_needs_the_flag(capsys):
     argv = ["plan", *QUICK, "--micro-batch", *map(str, range(1, 1001)), "--tp", *map(str, range(1, 65))]
-    assert main(argv) == 2
+    assert main(argv + ["--json"]) == 0  # 5.2 M plans: a second at the measured rate, no flag needed
+    assert json.loads(capsys.readouterr().out)["enumerated"] == 5_184_000
+    assert main(["plan", *QUICK, "--micro-batch", *map(str, range(1, 8001)), "--tp", *map(str, range(1, 65))]) == 2
     err = capsys.readouterr().err
-    assert "5,184,000 plans" in err and "--allow-large-space" in err
+    assert "41,472,000 plans: about 83 s at the measured" in err and "--allow-large-space" in err
 
 
 @pytest.mark.parametrize("argv, needle", [

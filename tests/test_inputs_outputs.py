@@ -143,7 +143,7 @@ def test_plan_csv_destination(capsys, tmp_path):
         assert len(err) == 1 and "--csv" in err[0] and needle in err[0], err
     assert (tmp_path / "old.csv").read_text() == "mine"
     assert main([*base, "--csv", str(tmp_path / "old.csv"), "--force"]) == 0
-    assert (tmp_path / "old.csv").read_text().startswith("rank,tp,")
+    assert (tmp_path / "old.csv").read_text().startswith("rank,tie,tp,")
 
 
 def test_topo_draw_destination(capsys, tmp_path):

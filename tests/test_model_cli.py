@@ -66,9 +66,10 @@ def test_dense_configs_estimate_end_to_end(capsys, config, seq):
     assert code == 0, err
     d = json.loads(out)
     assert 0 < d["mfu"] < 1 and d["step_time_s"] > 0
-    # the estimator's model FLOPs are the spec's forward FLOPs x 3 (no sliding window in effect here)
+    # the estimator's model FLOPs are the spec's causal forward FLOPs x 3 (the default convention)
+    assert d["flops_convention"] == "causal"
     m = with_overrides(load_model(str(CONFIGS / f"{config}.json")), seq_len=seq)
-    flops = 3 * m.forward_flops_per_token() * d["tokens_per_s"] / 8
+    flops = 3 * m.forward_flops_per_token(causal=True) * d["tokens_per_s"] / 8
     assert flops / 1e12 == pytest.approx(d["model_tflops_per_gpu"], rel=1e-6)
 
 

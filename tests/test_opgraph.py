@@ -293,7 +293,7 @@ def test_opgraph_and_its_estimator_import_no_torch():
 
 # ---- validation planning and the conv profile (torch-free parts) --------------------------------------------
 def test_validate_maps_styles_to_modules_and_refuses_the_rest():
-    from tpsim.validate.traced.run import TracedCase, expected_collectives, module_styles
+    from tpsim.validate.traced.run import TracedCase, expected_collectives, module_styles, recorded_factory
 
     model = load_graph_model(DATA / "tiny-resnet.ops.json")
     modules, loss_parallel, loss_inputs = module_styles(model, 2)
@@ -310,8 +310,11 @@ def test_validate_maps_styles_to_modules_and_refuses_the_rest():
                                                                     overrides_from_mapping({"conv": "spatial"})))
     with pytest.raises(InputError, match="spatial is not run by tpsim validate"):
         module_styles(spatial, 2)
-    assert TracedCase(model=model, tp=2).spec() == ("tpsim.trace.zoo:resnet",
-                                                     {"layers": (1, 1), "width": 8, "classes": 10})
+    with pytest.raises(InputError, match="give --module-spec .*traced from 'tpsim.trace.zoo:resnet'"):
+        TracedCase(model=model, tp=2).spec()  # issue 26: the graph's own module_spec is data, never run
+    recorded = recorded_factory(model)
+    assert recorded == ("tpsim.trace.zoo:resnet", {"layers": (1, 1), "width": 8, "classes": 10})
+    assert TracedCase(model=model, tp=2, module_spec=recorded[0], kwargs=recorded[1]).spec() == recorded
 
 
 def test_validate_cli_refuses_block_options_for_graphs(capsys):

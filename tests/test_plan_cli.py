@@ -128,10 +128,13 @@ def test_twins_are_one_row_with_variants(capsys):
     multi = [p for p in data["plans"] if len(p["variants"]) > 1]
     assert multi and data["duplicates"] > 0
     code, text, _ = _run(capsys, "--top", "100")
-    header = text.splitlines()[4].split()
-    for column in ("pp", "vpp", "zero", "mb", "ovl", "order", "var"):
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["rank", "tie"])
+    assert lines[at - 1].startswith("stack megatron; MFU counts causal attention FLOPs")  # stack in the header
+    header = lines[at].split()
+    for column in ("pp", "vpp", "zero", "mb", "ovl", "order", "var", "tok/s/gpu", "mfu"):
         assert column in header
-    row = next(line.split() for line in text.splitlines()[5:] if line.split()[0] == str(multi[0]["rank"]))
+    row = next(line.split() for line in lines[at + 1:] if line.split()[0] == str(multi[0]["rank"]))
     assert row[header.index("var")] == str(len(multi[0]["variants"]))
 
 

@@ -23,13 +23,13 @@ def test_every_cluster_loads_checks_and_follows_the_schema(name):
     cluster.check()
     graph = cluster.graph
     assert cluster.num_gpus == cluster.num_nodes * cluster.gpus_per_node
-    gpus = [n for n, a in graph.nodes(data=True) if a["kind"] == "gpu"]
+    gpus = [n for n, a in graph.nodes(data=True) if a["kind"] == "gpu" and a["rank"] >= 0]
     assert len(gpus) == cluster.num_gpus
     for node, attrs in graph.nodes(data=True):
         assert isinstance(node, str)
         assert attrs["kind"] in KINDS
         assert {"node_index", "local_index", "level", "sharp"} <= set(attrs)
-        if attrs["kind"] == "gpu":
+        if attrs["kind"] == "gpu" and attrs["rank"] >= 0:
             assert cluster.gpu_id(attrs["rank"]) == node
         if attrs["kind"] == "switch":
             assert attrs["node_index"] == -1 and attrs["level"] in (1, 2, 3)

@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 
 from tpsim.opgraph.model import load_graph_model  # noqa: E402
 from tpsim.validate.launch import LaunchConfig  # noqa: E402
-from tpsim.validate.traced.run import TracedCase, run_cases  # noqa: E402
+from tpsim.validate.traced.run import TracedCase, recorded_factory, run_cases  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 DATA = Path(__file__).parent / "data" / "opgraph"
@@ -36,7 +36,9 @@ def summaries(tmp_path_factory):
     assert main(["trace", f"{DATA / 'logits_models.py'}:build_convnet", "--input-shape", "4,3,32,32",
                  "--name", LOGITS, "--out", str(graph)]) == 0
     paths = [DATA / f"{n}.ops.json" for n in NAMES] + [graph]
-    cases = [TracedCase(model=load_graph_model(p), tp=2, reps=0) for p in paths]
+    models = [load_graph_model(p) for p in paths]
+    cases = [TracedCase(model=m, tp=2, reps=0, module_spec=recorded_factory(m)[0], kwargs=recorded_factory(m)[1])
+             for m in models]  # the test names the factories (a graph's own module_spec is never run)
     out = run_cases(cases, LaunchConfig(nproc=2, timeout_s=60, run_timeout_s=170), tmp_path_factory.mktemp("run"))
     return dict(zip(NAMES + (LOGITS,), out))
 

@@ -122,26 +122,25 @@ def test_fsdp_padding_and_ddp_buckets():
 
 
 def test_plan_prediction_uses_the_estimators_rules():
-    """The scaled-down prediction equals ``estimate`` of the same plan where the stacks agree (the estimator's
-    embedding and output layer made negligible: vocab 1)."""
+    """The scaled-down prediction equals ``estimate`` of the same plan under the runtime's own stack profile
+    (tpsim/data/stacks/torch-validate.yaml: DDP under no_sync, FSDP2's copies, autograd's gradient accumulation,
+    torch's Adam; the estimator's embedding and output layer made negligible: vocab 1)."""
     from tpsim.compute.roofline import RooflineModel
     from tpsim.estimator import estimate
     from tpsim.topology import load_cluster
-    from tpsim.validate.plan.predict import predict_plan
+    from tpsim.validate.plan.predict import RUNTIME_STACK, predict_plan
 
     base = with_overrides(PRESETS["gpt3-1.3b"], hidden=1024, heads=16, seq_len=512, vocab=1, layers=4)
-    for kw in (dict(pp=2, microbatches=4), dict(dp=2, zero=3), dict(dp=2, zero=0), dict(tp=2, sp=True)):
+    # not ZeRO-2: FSDP2 with reshard_after_forward=False gathers every micro-batch (it reshards after the
+    # backward), which the estimator's ZeRO-2 (one gather per step) does not model yet
+    for kw in (dict(pp=2, microbatches=4), dict(dp=2, zero=3), dict(dp=2, zero=1), dict(dp=2, zero=0),
+               dict(tp=2, sp=True), dict(pp=2, vpp=2, microbatches=4, pp_schedule="zbv")):
         c = PlanCase(model=base, micro_batch=2, fused=True, microbatches=kw.pop("microbatches", 2), **kw)
         cluster = load_cluster("local-cpu", gpus=c.world)
         compute = RooflineModel(cluster.device)
-        est = estimate(c.model, cluster, c.plan(), compute=compute, flavor="dtensor")
+        est = estimate(c.model, cluster, c.plan(), compute=compute, flavor="dtensor", stack=RUNTIME_STACK)
         pred = predict_plan(c, cluster, compute).slowest()
-        # the runtime's FSDP2 copy-in / copy-out (torch-validate.yaml), which Megatron's stack does not have:
-        # two gathers and one reduce-scatter per layer and micro-batch for ZeRO-3 without pp
-        from tpsim.validate.plan.predict import _fsdp_copies
-        ag, rs = _fsdp_copies(c, compute)
-        copies = c.microbatches * c.layers_per_rank * (2 * ag + rs)
-        assert pred["step"] - copies == pytest.approx(est.step_time_s, rel=0.03), (kw, pred, est.breakdown)
+        assert pred["step"] == pytest.approx(est.step_time_s, rel=0.02), (kw, pred, est.breakdown)
 
 
 def test_plan_summary_checks_loss_communication_and_phases():

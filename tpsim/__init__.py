@@ -33,11 +33,26 @@ def load_model(name_or_path: str):  # noqa: ANN201 - ModelSpec or OpGraphModel
     return _load_spec(name_or_path)
 
 
+def _api_args(model, cluster, plan=None, plans=None) -> None:  # noqa: ANN001
+    """One :class:`InputError` naming the argument for a None or a wrong type (issue 26: they failed deep
+    inside with AttributeError or TypeError)."""
+    from .topology import Cluster
+
+    if not isinstance(model, ModelSpec) and type(model).__name__ != "OpGraphModel":
+        raise InputError(f"model={type(model).__name__} must be a ModelSpec or an op-graph model "
+                         f"(tpsim.load_model(...))")
+    if not isinstance(cluster, Cluster):
+        raise InputError(f"cluster={type(cluster).__name__} must be a Cluster (tpsim.load_cluster(name, gpus=N))")
+    if plans is None and not isinstance(plan, Plan):
+        raise InputError(f"plan={type(plan).__name__} must be a Plan (tpsim.make_plan(model, gpus, ...))")
+
+
 def estimate(model, cluster, plan, **kwargs):  # noqa: ANN001, ANN201 - see tpsim.estimator.estimate
     """:func:`tpsim.estimator.estimate`, after refusing a model whose features the estimator does not model
     yet (mixtures of experts, MLA, effective sliding windows: :func:`tpsim.model.unmodelled_features`)."""
     from . import estimator
 
+    _api_args(model, cluster, plan)
     if isinstance(model, ModelSpec):
         require_modelled(model)
     return estimator.estimate(model, cluster, plan, **kwargs)
@@ -47,6 +62,7 @@ def estimate_batch(model, cluster, plans, **kwargs):  # noqa: ANN001, ANN201 - s
     """:func:`tpsim.estimator.estimate_batch`, after the same refusal as :func:`estimate`."""
     from . import estimator
 
+    _api_args(model, cluster, plans=plans)
     if isinstance(model, ModelSpec):
         require_modelled(model)
     return estimator.estimate_batch(model, cluster, plans, **kwargs)

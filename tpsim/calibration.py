@@ -124,15 +124,26 @@ class Calibration:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a component too long, ...: not a file
+        return False
+
+
 def find_calibration(ref: str | Path, relative_to: Path | None = None) -> Path:
     """The file a calibration reference names: a path (absolute, or relative to the working folder or to
     ``relative_to``), or the name of a shipped calibration in tpsim/data/calibration (with or without .yaml)."""
     text = str(ref)
+    if not text.strip() or "\0" in text or len(text) > 4096:  # ENAMETOOLONG / NUL: an OSError, not a line
+        from .limits import show
+
+        raise InputError(f"calibration={show(text)}: not a file name or a shipped calibration")
     candidates = [Path(text).expanduser()]
     if relative_to is not None:
         candidates.append(relative_to / text)
     candidates += [DATA_DIR / text, DATA_DIR / f"{text}.yaml"]
-    path = next((p for p in candidates if p.is_file()), None)
+    path = next((p for p in candidates if _is_file(p)), None)
     if path is None:
         where = f" (looked in {relative_to} and tpsim/data/calibration)" if relative_to else ""
         raise InputError(f"calibration={text!r}: file not found{where}")
@@ -142,8 +153,12 @@ def find_calibration(ref: str | Path, relative_to: Path | None = None) -> Path:
 def load_calibration(ref: str | Path, relative_to: Path | None = None) -> Calibration:
     """Read and validate a calibration file (see the module docstring)."""
     path = find_calibration(ref, relative_to)
+    from .schema import check
+    from .schemas import CALIBRATION
+
     data = _read(path)
     _refuse_other_kinds(path, data)
+    check(CALIBRATION, data, str(path))  # types and ranges before use (issue 26)
     per_type = {key: _link_entry(value, f"{path}: {key}") for key, value in data.items() if key in LINK_TYPES}
     gloo = data.get("gloo_ops") or {}
     if not isinstance(gloo, Mapping):

@@ -24,3 +24,17 @@ def require(condition: bool, message: str, exc: type[TpsimError] = InputError) -
     """Raise ``exc(message)`` unless ``condition`` holds (for user input, not internal invariants)."""
     if not condition:
         raise exc(message)
+
+
+def did_you_mean(word: object, choices: object) -> str:
+    """`` (did you mean 'llama3-70b'?)`` when ``word`` is close to one or more of ``choices`` (a typo: difflib's
+    ratio >= 0.6, case and ``-``/``_``/``.`` ignored), else an empty string."""
+    import difflib
+
+    def key(text: str) -> str:
+        return "".join(ch for ch in str(text).lower() if ch not in "-_. ")
+
+    names = [str(c) for c in choices]  # type: ignore[attr-defined]
+    keys = {key(n): n for n in names}
+    close = difflib.get_close_matches(key(str(word)), list(keys), n=2, cutoff=0.6)
+    return " (did you mean " + " or ".join(repr(keys[c]) for c in close) + "?)" if close else ""

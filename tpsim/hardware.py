@@ -13,17 +13,35 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import InputError
+from .errors import InputError, did_you_mean
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
+MXFP8_BLOCK = 32
+"""elements per shared E8M0 (1-byte) scale of MXFP8 (OCP Microscaling Formats (MX) v1.0 specification)."""
+NVFP4_BLOCK = 16
+"""elements per E4M3 (1-byte) scale of NVFP4, beside one fp32 scale per tensor (NVIDIA, "Introducing NVFP4
+for efficient and accurate low-precision inference", 2025; arXiv 2509.25149, NVFP4 pretraining)."""
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1,
+               "mxfp8": 1 + 1 / MXFP8_BLOCK, "nvfp4": 0.5 + 1 / NVFP4_BLOCK}
+"""bytes per element as stored and moved, block scales included (the per-tensor fp32 scale of NVFP4 is one
+number per tensor and not counted)."""
+LOW_PRECISION_DTYPES = ("fp8", "mxfp8", "nvfp4")
+"""GEMM dtypes whose operands are quantized from 16-bit activations and weights (Transformer Engine / torchao
+recipes): attention stays 16-bit, activations between kernels stay 16-bit, the casts cost memory traffic
+(:mod:`tpsim.compute.quantize`)."""
+
+
+def is_low_precision(dtype: str) -> bool:
+    """True for the quantized GEMM dtypes (:data:`LOW_PRECISION_DTYPES`): one rule for every path."""
+    return dtype in LOW_PRECISION_DTYPES
 ARCHITECTURES = ("volta", "ampere", "ada", "hopper", "blackwell", "cdna3", "tpu", "cpu")
 """Architecture families the kernel model knows (``tpsim/data/kernels/gemm.yaml`` has one entry per family)."""
 
 REQUIRED_KEYS = ("compute_units", "peak_tflops", "hbm_TBps", "memory_bytes", "source")
 OPTIONAL_KEYS = ("usable_memory_fraction", "architecture", "boost_clock_MHz", "sustained_clock_ratio",
-                 "hbm_achieved_fraction", "l2_MiB", "overlap_compute_penalty", "sources")
+                 "hbm_achieved_fraction", "l2_MiB", "overlap_compute_penalty", "power_limit_w",
+                 "sustained_clock_mhz", "sources")
 TEXT_KEYS = ("description", "note")
 """free-text keys a device entry may carry (documentation only)."""
 DEFAULT_USABLE_MEMORY_FRACTION = 1.0
@@ -56,6 +74,9 @@ class DeviceSpec:
     """compute seconds each second of hidden communication costs on this device; None: the GPU figure of
     ``tpsim/data/efficiency.yaml`` (NCCL's SMs and HBM share). A CPU rank running one compute thread per core
     pays about all of it: its communication (gloo's copies, the loopback TCP stack) runs on the same cores."""
+    power_limit_w: float | None = None
+    """board power limit (TDP) in watts, datasheet; used for energy figures, not for the clock (the clock under
+    load is ``sustained_clock_ratio``); None: not stated."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """optional key -> its source."""
 
@@ -109,8 +130,8 @@ def device_from_mapping(name: str, mapping: Mapping[str, Any], where: str,
 
     Required keys: ``compute_units``, ``peak_tflops`` (dtype -> dense TFLOP/s), ``hbm_TBps``, ``memory_bytes``,
     ``source``. Optional: ``usable_memory_fraction``, ``architecture``, ``boost_clock_MHz``,
-    ``sustained_clock_ratio``, ``hbm_achieved_fraction``, ``l2_MiB``, ``overlap_compute_penalty``, ``sources``
-    (field -> source).
+    ``sustained_clock_ratio`` (or ``sustained_clock_mhz`` with ``boost_clock_MHz``), ``hbm_achieved_fraction``,
+    ``l2_MiB``, ``overlap_compute_penalty``, ``power_limit_w``, ``sources`` (field -> source).
     ``where`` (a file name, ``cluster.yaml: device``...) starts every error message.
     """
     where = f"{where}: device {name}"
@@ -134,6 +155,18 @@ def device_from_mapping(name: str, mapping: Mapping[str, Any], where: str,
         return None if mapping.get(key) is None else _number(where, key, mapping[key], low=low, high=high)
 
     l2 = optional("l2_MiB", 1e-3, 1e6)
+    ratio = optional("sustained_clock_ratio", 0.1, 1.0)
+    clock = optional("sustained_clock_mhz", 1.0, 1e5)
+    if clock is not None:
+        boost = optional("boost_clock_MHz", 1.0, 1e5)
+        if boost is None:
+            raise InputError(f"{where}: sustained_clock_mhz={clock:g} needs boost_clock_MHz (the clock the peaks "
+                             f"are computed at)")
+        if ratio is not None:
+            raise InputError(f"{where}: give sustained_clock_mhz or sustained_clock_ratio, not both")
+        if clock > boost:
+            raise InputError(f"{where}: sustained_clock_mhz={clock:g} is above boost_clock_MHz={boost:g}")
+        ratio = max(0.1, clock / boost)
     return DeviceSpec(
         name=name, peak_flops=_peaks(where, mapping["peak_tflops"]),
         hbm_bandwidth=_number(where, "hbm_TBps", mapping["hbm_TBps"], low=1e-6, high=1e4) * 1e12,
@@ -142,10 +175,11 @@ def device_from_mapping(name: str, mapping: Mapping[str, Any], where: str,
         compute_units=_number(where, "compute_units", mapping["compute_units"], low=1, high=1e6, integer=True),
         source=mapping["source"].strip(), architecture=arch,
         boost_clock_MHz=optional("boost_clock_MHz", 1.0, 1e5),
-        sustained_clock_ratio=optional("sustained_clock_ratio", 0.1, 1.0),
+        sustained_clock_ratio=ratio,
         hbm_achieved_fraction=optional("hbm_achieved_fraction", 0.05, 1.0),
         l2_bytes=None if l2 is None else int(l2 * 2 ** 20),
         overlap_compute_penalty=optional("overlap_compute_penalty", 0.0, 1.0),
+        power_limit_w=optional("power_limit_w", 1.0, 1e5),
         sources=_sources(where, mapping.get("sources")))
 
 
@@ -186,7 +220,7 @@ def get_device(name: str) -> DeviceSpec:
     lowered = {k.lower(): v for k, v in table.items()}
     if name.lower() in lowered:
         return lowered[name.lower()]
-    raise InputError(f"device={name!r} is unknown (known: {', '.join(sorted(table))})")
+    raise InputError(f"device={name!r} is unknown (known: {', '.join(sorted(table))})" + did_you_mean(name, table))
 
 
 def overlap_penalty(device: DeviceSpec, default: float) -> float:

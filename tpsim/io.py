@@ -193,10 +193,14 @@ def _special(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: PathLike, mode: str = "wb", what: str = "output") -> Iterator[IO]:
+def atomic_writer(path: PathLike, mode: str = "wb", what: str = "output", overwrite: bool = True) -> Iterator[IO]:
     """Open a temporary file next to ``path`` for writing; on success it replaces ``path`` in one step
     (``os.replace``), on any failure or interrupt it is removed and ``path`` is left as it was. The new file
-    gets the permissions a plain ``open(path, "w")`` would give. OSError -> InputError naming ``path``."""
+    gets the permissions a plain ``open(path, "w")`` would give. OSError -> InputError naming ``path``.
+
+    ``overwrite=False`` (a destination checked before the work without ``--force``): the new file is linked
+    into place only if nothing is there, in one step (``os.link`` fails on an existing name), so a file that
+    appeared at ``path`` during the work is kept and the run is refused with one line (issue 26)."""
     p = Path(path).expanduser()
     if _special(p):
         try:
@@ -219,7 +223,10 @@ def atomic_writer(path: PathLike, mode: str = "wb", what: str = "output") -> Ite
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, p)
+        if overwrite:
+            os.replace(tmp, p)
+        else:
+            _link_new(tmp, p, what)
         done = True
     except OSError as exc:
         raise InputError(f"{what} {_name(p)}: cannot write ({exc.strerror})") from None
@@ -229,16 +236,32 @@ def atomic_writer(path: PathLike, mode: str = "wb", what: str = "output") -> Ite
                 os.unlink(tmp)
 
 
-def atomic_write_bytes(path: PathLike, data: bytes, what: str = "output") -> Path:
+def _link_new(tmp: str, p: Path, what: str) -> None:
+    """Put ``tmp`` at ``p`` only if ``p`` does not exist (atomic); the temporary name is then removed."""
+    try:
+        os.link(tmp, p)
+    except FileExistsError:
+        raise InputError(f"{what} {_name(p)} appeared while tpsim was working; it is kept (pass --force to "
+                         f"replace it)") from None
+    except OSError:  # a file system without hard links: check, then replace (a narrower window than before)
+        if p.exists():
+            raise InputError(f"{what} {_name(p)} appeared while tpsim was working; it is kept (pass --force "
+                             f"to replace it)") from None
+        os.replace(tmp, p)
+        return
+    os.unlink(tmp)
+
+
+def atomic_write_bytes(path: PathLike, data: bytes, what: str = "output", overwrite: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_writer`)."""
-    with atomic_writer(path, "wb", what) as f:
+    with atomic_writer(path, "wb", what, overwrite=overwrite) as f:
         f.write(data)
     return Path(path)
 
 
-def atomic_write_text(path: PathLike, text: str, what: str = "output") -> Path:
+def atomic_write_text(path: PathLike, text: str, what: str = "output", overwrite: bool = True) -> Path:
     """Write UTF-8 ``text`` to ``path`` atomically (see :func:`atomic_writer`)."""
-    return atomic_write_bytes(path, text.encode("utf-8"), what)
+    return atomic_write_bytes(path, text.encode("utf-8"), what, overwrite=overwrite)
 
 
 def _umask() -> int:

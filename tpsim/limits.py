@@ -9,6 +9,7 @@ Change a bound here, with the reason, and every checker follows.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from .errors import InputError
@@ -80,6 +81,16 @@ FLOAT_LIMITS: dict[str, float] = {
     "budget_s": 7 * 24 * 3600.0,
     "max_kernel_s": 3600.0,
     "redo_noisy_pct": 1e4,
+    # figures of stack and calibration files (issue 26: a negative or NaN figure was used as given)
+    "host_us": 1e6,                     # host time of one op, layer or collective: a second is already absurd
+    "bucket_elements": 1e13,            # a DDP/ZeRO bucket or prefetch size, in elements (10x a 1T model)
+    "bytes_per_param": 1024.0,          # optimizer traffic per parameter (fused Adam moves 34-46 bytes)
+    "bytes_per_element": 64.0,          # bytes kept per activation element (fp8 caches: 1, fp32: 4)
+    "latency_us": 1e7,                  # one message's latency on a link (10 s)
+    "bw_GBps": 1e6,                     # one link's bandwidth (1 PB/s; NVLink 5 is 900 GB/s)
+    "calibration_scale": 1e3,
+    "op_flops": 1e21,                   # one traced op of one micro-batch (a 1T-parameter layer's GEMM is ~1e16)
+    "op_bytes": 1e18,                   # bytes one traced op moves (an exabyte)           # a fitted factor on kernel times (calibrate bounds it to 1/4..4)
     "tokens": 1e16,                     # training tokens (640x Llama 3's 15.6T): tpsim train-time, --tokens
 }
 """field -> largest accepted value of a real-valued input (finite and positive unless a checker says 0)."""
@@ -97,16 +108,65 @@ runs (``bench-collectives``, ``validate``) refuse more ranks than the machine's 
 MAX_GRAPH_NODES = 200_000
 """A full networkx graph is built only below this many vertices (``tpsim topo`` on irregular clusters);
 larger clusters use the structural model."""
-MAX_PLANS = 1_000_000
-"""Plans a search may enumerate without ``--allow-large-space``: a search holds about 1 kB per plan (measured:
-GPT-3 175B on 1024 GPUs, 271,296 plans, 340 MB peak), so this keeps a search near 1 GB. The full spaces of
-the shipped presets are below it (Llama-3 405B on 131,072 GPUs: 577,728 plans)."""
+PLAN_SEARCH_RATE = 500_000
+"""Plans of a space a search gets through per second, the slowest measured (tpsim plan --no-cache on a loaded
+2-core machine, 2026-12-01: Llama-3 8B on 512 H100, 210,240 plans of which 17,058 evaluated, 0.33 s = 638k/s;
+GPT-3 175B on 1024 A100 994k/s; Mixtral 8x7B --full-space on 256 H100, 1,360,512 plans, 3.7M/s; DeepSeek-V3
+--full-space on 2048 H100, 5,047,488 plans, 4.9M/s, 296 MB peak): enumeration and the plan rules drop most
+plans at millions per second, the estimator evaluates the rest at about 1M/s per core (README)."""
+MAX_SEARCH_S = 60.0
+"""Longest search (seconds at :data:`PLAN_SEARCH_RATE`) run without ``--allow-large-space``."""
+MAX_PLANS = int(PLAN_SEARCH_RATE * MAX_SEARCH_S)
+"""Plans a search may enumerate without ``--allow-large-space``: those that take about a minute at the measured
+rate (30 M). The full spaces of the shipped presets are far below it."""
+MAX_NODE_PAIRS = 1 << 20
+"""GPU pairs inside one node the collective model tabulates (routes, pair codes: work and memory grow with
+the square of the GPUs per node): 1,024 GPUs in one node (a local-cpu run of LIMITS["ranks"]) take ~3 s;
+an NVL576 domain is 331,776 pairs. 16,000 ranks on one host took 2.3 GB and minutes (issue 26)."""
+
+
+def check_node_pairs(gpus_per_node: int, where: str) -> None:
+    """Refuse, before any table is built, a node whose GPU pairs exceed :data:`MAX_NODE_PAIRS`."""
+    pairs = int(gpus_per_node) ** 2
+    if pairs > MAX_NODE_PAIRS:
+        top = int(MAX_NODE_PAIRS ** 0.5)
+        raise InputError(f"{where}: {gpus_per_node:,} GPUs in one node; the collective model handles at most "
+                         f"{top:,} per node (its per-pair tables grow with the square); use a cluster of nodes")
+
+
 MAX_JSON_DEPTH = 64
 """Nesting depth of a JSON or YAML input."""
 MAX_CONFIG_BYTES = 1 << 20
 """Size of a model config.json (published ones are 1-10 kB; the largest, with label maps, well under 100 kB)."""
 MAX_YAML_NODES = 1_000_000
 """Scalar and collection nodes a YAML document may expand to (alias/anchor bombs)."""
+MAX_JSON_ITEMS = 4_000_000
+"""Values (array elements and object members) of one JSON input, counted from its commas, colons and brackets
+before parsing: the largest shipped op graph (traced UNet) has about 9,000; a parsed value costs ~100 bytes, so
+the bound keeps a document near 400 MB at the very worst."""
+MAX_NUMBER_DIGITS = 40
+"""Digits of one number in a JSON, YAML, CSV or launch file (an int64 has 19; a float written in full, 17
+significant digits plus zeros): converting a 5,000-digit integer is quadratic, and no count needs more."""
+MAX_OPGRAPH_BYTES = 64 << 20
+"""Size of an ``*.ops.json`` op graph (the shipped traced UNet is 129 kB; a million-op graph about 60 MB)."""
+MAX_LAUNCH_BYTES = 1 << 20
+"""Size of a launch file (Megatron/DeepSpeed script, ds_config.json, NeMo YAML, torchtitan TOML): published
+ones are 1-20 kB."""
+
+
+_ASCII_DIGITS = frozenset("0123456789")
+
+
+def ascii_int(text: Any, signed: bool = False) -> int | None:
+    """``text`` as an int when it is ASCII decimal digits only (``-`` first if ``signed``) and at most
+    :data:`MAX_NUMBER_DIGITS` of them; else None. ``str.isdigit`` accepts ``²`` and ``١`` (then ``int`` fails
+    or reads another number) and a 5,000-digit number costs a quadratic conversion: readers use this."""
+    if not isinstance(text, str):
+        return None
+    body = text[1:] if signed and text.startswith("-") else text
+    if not body or len(body) > MAX_NUMBER_DIGITS or not set(body) <= _ASCII_DIGITS:
+        return None
+    return int(text)
 
 
 def show(value: Any) -> str:
@@ -124,6 +184,8 @@ def check_int(field: str, value: Any, where: str = "", minimum: int = 1, maximum
     with a fractional part are refused. ``where`` prefixes the message (a file name or a flag)."""
     prefix = f"{where}: " if where else ""
     top = maximum if maximum is not None else LIMITS.get(field)
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        value = int(value)  # a numpy integer is an integer (issue 26: it was refused as "not an integer")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(f"{prefix}{field}={show(value)} must be an integer")
     if isinstance(value, float):

@@ -12,8 +12,9 @@ and refused with the same message, on every run).
 Folder: ``$TPSIM_CACHE_DIR`` or ``~/.cache/tpsim`` (as for the plan cache), subfolder ``yaml``;
 ``TPSIM_CACHE_DIR=off`` disables it. Entry: the SHA-256 of the payload, then the payload (the document in
 :mod:`marshal` form: dicts, lists, strings, numbers, booleans and None round-trip exactly, with their types;
-a document holding anything else, e.g. a YAML timestamp, is not stored). An entry whose checksum or payload
-does not verify (truncated, corrupt, written by another Python) is discarded with one warning line on
+a document holding anything else, e.g. a YAML timestamp, is not stored). An entry that is not a regular file of
+this user of bounded size (a FIFO, a symlink, a device), or whose seal or payload does not verify (truncated,
+corrupt, forged, written by another Python), is discarded with one warning line on
 stderr and the file parsed again (then the entry rewritten). Entries are written atomically (a temporary
 file in the folder, then ``os.replace``); a folder that cannot be written is not an error (the document is
 just not kept). At most :data:`MAX_ENTRIES` entries are kept, oldest first out.
@@ -28,25 +29,35 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-FORMAT = 1
-"""bumped when the entry layout or what a reader returns changes."""
+FORMAT = 2
+"""bumped when the entry layout or what a reader returns changes (2: sealed entries, issue 26)."""
 MAX_ENTRIES = 512
+MAX_ENTRY_BYTES = 64 << 20
+"""largest entry read back (a parsed 4 MB YAML document is a few MB in marshal form)."""
 SUFFIX = ".yamlc"
 _DIGEST = 32
 
 
 def cache_dir() -> Path | None:
     """The folder of parsed documents, or None when on-disk caches are off (``TPSIM_CACHE_DIR=off``)."""
-    root = os.environ.get("TPSIM_CACHE_DIR")
-    if root and root.lower() in ("off", "none", "0"):
-        return None
-    if root:
-        return Path(root) / "yaml"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    home = os.path.expanduser("~")
-    if not xdg and not os.path.isabs(home):  # no home folder: no cache (never a "~" folder in the cwd)
-        return None
-    return Path(xdg or os.path.join(home, ".cache")) / "tpsim" / "yaml"
+    from .cachefile import cache_root
+
+    root = cache_root()
+    return None if root is None else root / "yaml"
+
+
+def package_hash(skip: tuple[str, ...]) -> str:
+    """SHA-256 over tpsim's source and data files (relative paths and bytes), leaving out the packages in
+    ``skip``: the key of on-disk results that are a function of the code (plan search results, run residuals)."""
+    package = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        rel = path.relative_to(package)
+        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".csv", ".json") \
+                and not set(rel.parts) & set(skip):
+            h.update(str(rel).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def entry_key(text: str, reader: str) -> str:
@@ -60,8 +71,10 @@ def entry_key(text: str, reader: str) -> str:
 def cached_parse(text: str, reader: str, parse: Callable[[str], Any]) -> Any:
     """``parse(text)``, or the document stored for the same ``text`` and ``reader``. Each call returns new
     objects (callers may modify what they get)."""
+    from .cachefile import secret
+
     folder = cache_dir()
-    if folder is None:
+    if folder is None or secret(folder.parent) is None:  # no secret to seal with: no cache (nothing unverified)
         return parse(text)
     path = folder / (entry_key(text, reader) + SUFFIX)
     hit = _load(path)
@@ -76,13 +89,18 @@ _MISS = object()
 
 
 def _load(path: Path) -> Any:
+    from .cachefile import Doubt, read_entry, verify
+
     try:
-        blob = path.read_bytes()
-    except OSError:  # no entry yet (or an unreadable folder: parse as if there were no cache)
-        return _MISS
-    digest, payload = blob[:_DIGEST], blob[_DIGEST:]
-    if len(blob) <= _DIGEST or hashlib.sha256(payload).digest() != digest:
-        return _discard(path, "checksum does not match")
+        blob = read_entry(path, MAX_ENTRY_BYTES)
+        if blob is None:  # no entry yet (or an unreadable folder: parse as if there were no cache)
+            return _MISS
+        seal, payload = blob[:_DIGEST], blob[_DIGEST:]
+        if len(blob) <= _DIGEST:
+            raise Doubt("it is truncated")
+        verify(seal, path.name[: -len(SUFFIX)], payload)
+    except Doubt as exc:
+        return _discard(path, str(exc))
     try:
         return marshal.loads(payload)
     except (EOFError, ValueError, TypeError) as exc:
@@ -90,24 +108,30 @@ def _load(path: Path) -> Any:
 
 
 def _discard(path: Path, why: str) -> Any:
+    from .cachefile import discard
+
     print(f"tpsim: warning: discarded cache entry {path}: {why}; parsing the file again", file=sys.stderr)
-    try:
-        path.unlink()
-    except OSError:
-        pass
+    discard(path)
     return _MISS
 
 
 def _save(folder: Path, path: Path, data: Any) -> None:
+    from .cachefile import seal
+
     try:
         payload = marshal.dumps(data)
     except ValueError:  # a type marshal does not keep (a timestamp, ...): not stored
         return
+    if len(payload) + _DIGEST > MAX_ENTRY_BYTES:
+        return
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data):x}.tmp")
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        mac = seal(path.name[: -len(SUFFIX)], payload)
+        if mac is None:  # no sealing secret: nothing is kept that could not be verified
+            return
         with open(tmp, "xb") as f:
-            f.write(hashlib.sha256(payload).digest() + payload)
+            f.write(mac + payload)
         os.replace(tmp, path)
     except OSError:  # a read-only or full disk, a file where the folder should be: just not kept
         try:

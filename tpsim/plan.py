@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from itertools import permutations
+from itertools import combinations, permutations
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -66,7 +66,7 @@ class Plan:
     global_batch: int = 1
     """sequences per step over all replicas."""
     dtype: str = "bf16"
-    """GEMM precision: fp32 | tf32 | bf16 | fp16 | fp8."""
+    """GEMM precision: fp32 | tf32 | bf16 | fp16 | fp8 | mxfp8 | nvfp4 (:data:`tpsim.hardware.DTYPES`)."""
     overlap: bool = True
     """DP gradient reduction overlapped with the backward pass of the last micro-batch."""
     order: str = DEFAULT_ORDER
@@ -162,11 +162,19 @@ def canonical_order(order: str) -> str:
     return "-".join(dims)
 
 
+def _count(name: str, value: Any, minimum: int = 1, limit: str | None = None) -> None:
+    """A plan count: a real int (not a bool or a float) within the CLI's bound (tpsim/limits.py ``limit``,
+    default the field's own entry): the Python API refuses what the command line refuses (issue 26)."""
+    from .limits import LIMITS, check_int
+
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InputError(f"{name}={value!r} must be a {'positive' if minimum else 'non-negative'} integer")
+    check_int(name, value, minimum=minimum, maximum=LIMITS.get(limit or name))
+
+
 def _check_types(plan: Plan) -> None:
     for name in ("tp", "pp", "vpp", "dp", "micro_batch", "global_batch"):
-        value = getattr(plan, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise InputError(f"{name}={value!r} must be a positive integer")
+        _count(name, getattr(plan, name))
     if plan.recompute not in RECOMPUTE:
         raise InputError(f"recompute={plan.recompute!r} is not one of {', '.join(RECOMPUTE)}")
     if plan.zero not in (0, 1, 2, 3):
@@ -181,13 +189,12 @@ def _check_types(plan: Plan) -> None:
         value = getattr(plan, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InputError(f"{name}={value!r} must be a non-negative integer (0: even split)")
+        _count(name, value, minimum=0, limit="pp_layers")
     for name in ("tp_overlap", "pp_embedding", "pp_loss"):
         if not isinstance(getattr(plan, name), bool):
             raise InputError(f"{name}={getattr(plan, name)!r} must be true or false")
     for name in ("cp", "ep"):
-        value = getattr(plan, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise InputError(f"{name}={value!r} must be a positive integer")
+        _count(name, getattr(plan, name))
     if not isinstance(plan.etp, int) or isinstance(plan.etp, bool) or plan.etp < 0:
         raise InputError(f"etp={plan.etp!r} must be a positive integer (or 0: equal to tp)")
     if plan.cp_kind not in CP_KINDS:
@@ -357,7 +364,8 @@ RULES: tuple[Rule, ...] = (
     # expert parallelism: Megatron-LM validate_args, Megatron-Core MoELayer and its expert rank generator
     Rule("ep-needs-moe", "structure", "expert parallelism (ep, etp) needs a mixture-of-experts model",
          lambda m, p, g: (not m.is_moe) & ((p.ep > 1) | ((p.etp != 0) & (p.etp != p.tp))),
-         lambda m, p, g: f"ep={p.ep} etp={p.etp}: model {m.name} has no experts (num_experts=0)"),
+         lambda m, p, g: f"ep={p.ep}{f' etp={p.etp}' if p.etp else ''}: model {m.name} has no experts "
+                         "(num_experts=0)"),
     Rule("ep-experts", "divisibility", "ep does not divide the number of experts",
          lambda m, p, g: m.is_moe & (max(m.num_experts, 1) % p.ep != 0),
          lambda m, p, g: f"ep={p.ep} does not divide num_experts={m.num_experts}"),
@@ -419,16 +427,68 @@ def validate_plan(model: ModelSpec, plan: Plan, num_gpus: int | None = None) -> 
 
 def make_plan(model: ModelSpec, num_gpus: int, *, global_batch: int | None = None,
               **fields: Any) -> Plan:
-    """Build a plan from keyword fields; dp is derived from the GPU count; defaults from the model preset."""
-    values: dict[str, Any] = {k: v for k, v in model.default_plan.items() if k in _PLAN_FIELDS}
-    values.update({k: v for k, v in fields.items() if v is not None})
-    unknown = set(values) - _PLAN_FIELDS
+    """Build a plan from keyword fields; dp is derived from the GPU count; defaults from the model preset
+    (a preset default that conflicts with the fields given is dropped: :func:`make_plan_as_typed`)."""
+    return make_plan_as_typed(model, num_gpus, global_batch=global_batch, **fields)[0]
+
+
+def make_plan_as_typed(model: ModelSpec, num_gpus: int, *, global_batch: int | None = None, stack: Any = None,
+                       **fields: Any) -> tuple[Plan, tuple[str, ...]]:
+    """The plan of the fields given (None: not given) on top of the model preset's plan defaults, and one
+    line per preset default dropped. A field given is never overridden: when the plan breaks a plan rule (or
+    a rule of ``stack``, a StackProfile, when given), the fewest preset defaults whose removal makes it valid
+    fall back to the plain defaults (``--tp 1`` on a preset with sequence parallelism runs without it); when no
+    such set exists the plan is refused with the rule, which then concerns what was typed."""
+    import numbers
+
+    from .limits import check_int
+
+    if not isinstance(model, ModelSpec):
+        raise InputError(f"model={type(model).__name__} must be a ModelSpec (tpsim.load_model('llama3-8b'), ...)")
+    num_gpus = check_int("gpus", num_gpus)  # numpy integers accepted, the CLI's bound (issue 26)
+    if global_batch is not None:
+        global_batch = check_int("global_batch", global_batch)
+    typed = {k: int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+             for k, v in fields.items() if v is not None}
+    unknown = set(typed) - _PLAN_FIELDS
     if unknown:
         raise InputError(f"unknown plan field(s): {', '.join(sorted(unknown))}")
+    preset = {k: v for k, v in model.default_plan.items() if k in _PLAN_FIELDS and k not in typed}
+
+    def build(drop: tuple[str, ...]) -> Plan:
+        values = {k: v for k, v in preset.items() if k not in drop}
+        values.update(typed)
+        plan = _plan_of(model, num_gpus, global_batch, values)
+        if stack is not None:
+            problem = stack.plan_violation(plan, model)
+            if problem:
+                raise PlanError(problem)
+        return plan
+
+    try:
+        return build(()), ()
+    except PlanError as first:
+        if not typed or not preset:
+            raise
+        keys = tuple(preset)
+        for size in range(1, len(keys) + 1):
+            for drop in combinations(keys, size):
+                try:
+                    plan = build(drop)
+                except (PlanError, InputError):
+                    continue
+                shown = ", ".join(f"{k}={preset[k]}" for k in drop)
+                return plan, (f"note: the {model.name} preset's plan default {shown} conflicts with the plan given "
+                              f"({first}): dropped",)
+        raise
+
+
+def _plan_of(model: ModelSpec, num_gpus: int, global_batch: int | None, values: dict[str, Any]) -> Plan:
+    """The plan of ``values`` (dp derived), validated."""
+    values = dict(values)
+    for name in ("tp", "pp", "cp"):
+        _count(name, values.get(name, 1))
     tp, pp, cp = int(values.get("tp", 1)), int(values.get("pp", 1)), int(values.get("cp", 1))
-    for name, value in (("tp", tp), ("pp", pp), ("cp", cp)):
-        if value <= 0:
-            raise InputError(f"{name}={value} must be a positive integer")
     if num_gpus <= 0:
         raise InputError(f"gpus={num_gpus} must be a positive integer")
     if num_gpus % (tp * cp * pp):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .hardware import DTYPE_BYTES
+from .hardware import DTYPE_BYTES, is_low_precision
 
 WIDE_DTYPES = ("fp32", "tf32")
 """GEMM precisions that train in 32 bits throughout."""
@@ -55,6 +55,8 @@ def state_bytes(dtype: str, *, grad_buffer: float = FP32, master: float = FP32, 
     if wide(dtype):
         return StateBytes(weights=FP32, master=0.0, grads=FP32, moments=ADAM_MOMENTS * FP32, wire_params=FP32,
                           wire_grads=FP32)
-    weights = 1.0 if dtype == "fp8" and fp8_weights_kept else 2.0
+    # low-precision weights kept (--fp8-param-gather and its MXFP8/NVFP4 twins): the dtype's bytes with its block
+    # scales (tpsim.hardware.DTYPE_BYTES)
+    weights = float(DTYPE_BYTES[dtype]) if is_low_precision(dtype) and fp8_weights_kept else 2.0
     return StateBytes(weights=weights, master=master, grads=grad_buffer, moments=ADAM_MOMENTS * moment,
                       wire_params=wire_params, wire_grads=wire_grads)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -298,15 +299,17 @@ def _run(row: Mapping[str, str], line: int, p: Path, check_stack: bool) -> Run:
     for name in REQUIRED:
         if not row.get(name):
             raise InputError(f"{where}: {name} is empty")
+    from .schema import check, typed_cells
+    from .schemas import RUNS_ROW
+
+    check(RUNS_ROW, typed_cells(RUNS_ROW, row), where)  # the declared schema, before any use (issue 26)
     try:
         model_ref = _resolve_path(row["model"], p)
         overrides = {k: _int(row[k], where, k) for k in MODEL_OVERRIDES if row.get(k)}
         if model_ref.endswith(".ops.json"):
-            from .opgraph.model import load_graph_model
-
-            model = load_graph_model(model_ref)
-        else:
-            model = load_model(model_ref)
+            raise InputError(f"model={row['model']!r}: traced models (.ops.json) in a runs file are not supported "
+                             "yet (use the preset or config.json the trace came from)")
+        model = load_model(model_ref)
         model = with_overrides(model, **overrides)
         require_modelled(model)
         if row.get("moe_balance"):
@@ -423,3 +426,93 @@ def stack_name(ref: str) -> str:
 def shipped_runs() -> list[Run]:
     """The development set and SC21 Table 1 (the uncalibrated residual bands read them)."""
     return load_runs(DEVELOPMENT_CSV, check_stack=False) + load_runs(SC21_CSV, check_stack=False)
+
+
+# ------------------------------------------------------------------------------------------------ training logs
+
+@dataclass(frozen=True)
+class LogMeasurement:
+    """What a training log measured: the median over its iterations after the warm-up ones."""
+
+    format: str
+    """``megatron`` (Megatron-LM / NeMo) or ``torchtitan``."""
+    measured_as: str
+    """the runs-CSV measurement column it fills (:data:`MEASUREMENTS`)."""
+    value: float
+    samples: int
+    flops_convention: str | None = None
+    peak_memory_gib: float | None = None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
+_MEGATRON_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUM)
+_MEGATRON_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUM)
+_NEMO_TIME = re.compile(r"train_step_timing(?: in s)?[:=]\s*" + _NUM)
+_TT_TPS = re.compile(r"\btps:\s*" + _NUM)
+_TT_MEMORY = re.compile(r"\bmemory:\s*" + _NUM + r"\s*GiB")
+_TT_STEP = re.compile(r"\bstep:\s*([0-9]+)")
+WARMUP_FRACTION = 0.2
+"""leading share of a log's iterations left out (compilation, allocator and NCCL warm-up); at least one."""
+MAX_LOG_BYTES = 256 << 20
+
+
+def _median_after_warmup(values: list[float]) -> tuple[float, int]:
+    skip = max(1, int(len(values) * WARMUP_FRACTION)) if len(values) > 1 else 0
+    kept = sorted(values[skip:])
+    mid = len(kept) // 2
+    median = kept[mid] if len(kept) % 2 else 0.5 * (kept[mid - 1] + kept[mid])
+    return median, len(kept)
+
+
+def read_log(path: str | Path) -> LogMeasurement:
+    """The measurement of a Megatron-LM / NeMo or torchtitan training log (docs/RUNS.md "Logs"): Megatron's
+    ``elapsed time per iteration (ms)`` (else ``throughput per GPU (TFLOP/s/GPU)``, Megatron's FLOP count),
+    NeMo's ``train_step_timing``, torchtitan's ``tps`` (tokens/s per GPU) and ``memory`` (GiB); the median after
+    the warm-up iterations. A log with none of them is one InputError line."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise InputError(f"log {p} does not exist or is not a regular file")
+    if p.stat().st_size > MAX_LOG_BYTES:
+        raise InputError(f"log {p}: above the limit of {MAX_LOG_BYTES} bytes")
+    times: list[float] = []
+    tflops: list[float] = []
+    nemo: list[float] = []
+    tps: list[float] = []
+    memory: list[float] = []
+    with open(p, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            line = _ANSI.sub("", line)
+            for pattern, out in ((_MEGATRON_TIME, times), (_MEGATRON_TFLOPS, tflops), (_NEMO_TIME, nemo)):
+                m = pattern.search(line)
+                if m:
+                    out.append(float(m.group(1).replace(",", "")))
+            if _TT_STEP.search(line):
+                m = _TT_TPS.search(line)
+                if m:
+                    tps.append(float(m.group(1).replace(",", "")))
+                    mem = _TT_MEMORY.search(line)
+                    if mem:
+                        memory.append(float(mem.group(1).replace(",", "")))
+    for values, fmt, column, scale, convention in (
+            (times, "megatron", "step_time_s", 1e-3, None), (nemo, "megatron", "step_time_s", 1.0, None),
+            (tflops, "megatron", "model_tflops_per_gpu", 1.0, "megatron"),
+            (tps, "torchtitan", "tokens_per_s_per_gpu", 1.0, None)):
+        good = [v for v in values if math.isfinite(v) and v > 0]
+        if good:
+            value, n = _median_after_warmup(good)
+            return LogMeasurement(fmt, column, value * scale, n, convention, max(memory) if memory else None)
+    raise InputError(f"log {p}: no iteration lines (Megatron 'elapsed time per iteration (ms)', NeMo "
+                     "'train_step_timing', torchtitan 'step: ... tps: ...')")
+
+
+def run_from_log(log: str | Path, *, run_id: str, model: ModelSpec, model_ref: str, cluster: str, gpus: int,
+                 stack: str, plan: Plan) -> Run:
+    """A :class:`Run` of a training log and the plan of its launch file (built by the caller)."""
+    m = read_log(log)
+    measured = step_time_from(m.measured_as, m.value, model=model, plan=plan, gpus=gpus,
+                              flops_convention=m.flops_convention)
+    return Run(run_id=run_id, model=model, model_ref=model_ref, overrides={}, cluster=cluster, gpus=gpus,
+               stack=stack, plan=plan, measured=measured, measured_as=m.measured_as, measured_value=m.value,
+               flops_convention=m.flops_convention, peak_memory_gib=m.peak_memory_gib, source=str(log),
+               notes=f"{m.format} log, median of {m.samples} iterations after warm-up", row=0, path=str(log))

@@ -23,12 +23,13 @@ Every problem is one :class:`~tpsim.errors.InputError` line ``<file>: <problem> 
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .errors import InputError
 from .io import read_text
-from .limits import MAX_JSON_DEPTH, MAX_YAML_BYTES, MAX_YAML_NODES
+from .limits import MAX_JSON_DEPTH, MAX_NUMBER_DIGITS, MAX_YAML_BYTES, MAX_YAML_NODES
 
 if TYPE_CHECKING:
     import yaml
@@ -77,6 +78,11 @@ def _construct_mapping(loader: Any, node: "yaml.MappingNode", deep: bool = False
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
+_NUMBER = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?|0x[0-9a-fA-F_]+|0o[0-7_]+|0b[01_]+|"
+                     r"\.[0-9_]+(?:[eE][-+]?[0-9]+)?)")
+"""a plain scalar YAML 1.1 may read as a number (ints with underscores, hex, octal, binary, floats)."""
+
+
 def check_size(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_JSON_DEPTH) -> None:
     """Refuse a document that expands to more than ``max_nodes`` nodes (aliases counted at their expanded
     size), nests deeper than ``max_depth``, or uses a recursive or undefined alias. Iterative over the
@@ -86,13 +92,26 @@ def check_size(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_
     expanded = 0
     open_nodes: list[tuple[str | None, int]] = []
     sizes: dict[str, int] = {}
+    expect_key: list[bool | None] = [None]  # per open collection: a mapping's next node is a key (None: a list)
+    last_key = ""
+
+    def is_key() -> bool:  # the node this event starts is a mapping key; the mapping's slot flips
+        slot = expect_key[-1]
+        if slot is None:
+            return False
+        expect_key[-1] = not slot
+        return slot
+
     for event in yaml.parse(text, Loader=base_loader()):
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            is_key()
+            expect_key.append(True if isinstance(event, yaml.MappingStartEvent) else None)
             open_nodes.append((event.anchor, expanded))
             expanded += 1
             if len(open_nodes) > max_depth:
                 raise InputError(f"nested more than {max_depth} levels deep (line {event.start_mark.line + 1})")
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            expect_key.pop()
             anchor, start = open_nodes.pop()
             if anchor is not None:
                 sizes[anchor] = expanded - start
@@ -100,7 +119,17 @@ def check_size(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_
             expanded += 1
             if event.anchor is not None:
                 sizes[event.anchor] = 1
+            value = event.value
+            if is_key():
+                last_key = value[:80]
+            elif not event.style and len(value) > MAX_NUMBER_DIGITS and _NUMBER.fullmatch(value):
+                digits = sum(ch.isdigit() for ch in value)
+                if digits > MAX_NUMBER_DIGITS:  # int() of 5,000 digits raises ValueError; of 4,000, slowly
+                    field = f"{last_key}={value[:12]}...({digits} digits)" if last_key else f"a number of {digits} digits"
+                    raise InputError(f"{field} (line {event.start_mark.line + 1}); numbers have at most "
+                                     f"{MAX_NUMBER_DIGITS} digits")
         elif isinstance(event, yaml.AliasEvent):
+            is_key()
             if event.anchor not in sizes:
                 raise InputError(f"alias *{event.anchor} refers to an unfinished or undefined anchor "
                                  f"(line {event.start_mark.line + 1}); recursive aliases are not allowed")
@@ -125,7 +154,7 @@ def load_yaml(text: str, where: str) -> Any:
     comes from the parse cache (:mod:`tpsim.parsecache`; only documents that passed every check are kept)."""
     from .parsecache import cached_parse
 
-    return cached_parse(text, f"strict nodes={MAX_YAML_NODES} depth={MAX_JSON_DEPTH}",
+    return cached_parse(text, f"strict nodes={MAX_YAML_NODES} depth={MAX_JSON_DEPTH} digits={MAX_NUMBER_DIGITS}",
                         lambda t: _parse_strict(t, where))
 
 
@@ -141,6 +170,8 @@ def _parse_strict(text: str, where: str) -> Any:
         raise InputError(f"{where}: not valid YAML: {_yaml_problem(exc)}") from None
     except RecursionError:
         raise InputError(f"{where}: nested too deeply") from None
+    except (ValueError, OverflowError) as exc:  # a scalar no constructor can read (check_size bounds numbers)
+        raise InputError(f"{where}: unreadable value ({str(exc).splitlines()[0][:100]})") from None
 
 
 def load_data(path: str | os.PathLike[str]) -> Any:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, did_you_mean
 from .hardware import DTYPES
 from .model import ModelSpec
 from .plan import ATTENTION, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
@@ -34,9 +34,10 @@ from .plan import ATTENTION, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
 STACKS_DIR = Path(__file__).resolve().parent / "data" / "stacks"
 STACK_NAMES = ("megatron", "torchtitan", "torchtitan-compile", "deepspeed", "deepspeed-2021", "llm-foundry",
                "nemo")
-PRESET_STACKS = ("hai-llm",)
-"""shipped profiles of a preset's published run (DeepSeek-V3's HAI-LLM), loadable by name but not general
-stacks: they offer only what the run used."""
+PRESET_STACKS = ("hai-llm", "megatron-sc21")
+"""shipped profiles of a published run (DeepSeek-V3's HAI-LLM; SC21's Megatron-LM of early 2021, which the SC21
+reference runs and tpsim/data/runs/sc21.csv use), loadable by name but not general stacks: they offer only what
+the run used."""
 RUNTIME_STACKS = ("torch-validate",)
 """shipped profiles of tpsim's own runtimes (``tpsim validate``'s ranks), loadable by name."""
 DEFAULT_STACK = "megatron"
@@ -329,7 +330,7 @@ def stack_path(name_or_path: str | Path) -> Path:
             raise InputError(f"stack file {text} does not exist")
         return path.resolve()
     raise InputError(f"stack={text!r} is unknown (known: {', '.join(STACK_NAMES + PRESET_STACKS)}, or a YAML "
-                     f"path)")
+                     f"path)" + did_you_mean(text, STACK_NAMES + PRESET_STACKS))
 
 
 def load_stack(name_or_path: str | Path = DEFAULT_STACK) -> StackProfile:
@@ -351,6 +352,10 @@ def profile_from_mapping(data: Mapping[str, Any], where: str) -> StackProfile:
     """Validate a parsed profile (unknown or missing keys, a rule or figure without source) and build it."""
     _check_keys(data, TOP_KEYS, where, required=("name", "version", "sources", "rules", "comm", "compute",
                                                  "memory"))
+    from .schema import check
+    from .schemas import STACK
+
+    check(STACK, data, where)  # the figures' types and ranges (issue 26: negative bytes, NaN, lists refused)
     sources = data["sources"]
     if not isinstance(sources, list) or not sources or not all(isinstance(s, str) and s.strip() for s in sources):
         raise InputError(f"{where}: sources must be a non-empty list of file paths or URLs")

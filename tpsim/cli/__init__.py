@@ -22,7 +22,7 @@ MAX_MESSAGE = 600
 
 # verb modules, in the order `tpsim --help` lists them
 VERB_MODULES = ("estimate", "train_time", "plan", "report", "model", "export", "topo", "collective", "bench_collectives",
-                "calibrate", "profile", "validate", "trace")
+                "calibrate", "profile", "validate", "trace", "design")
 
 
 class OneLineParser(argparse.ArgumentParser):

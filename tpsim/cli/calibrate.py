@@ -20,8 +20,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="instead: fit the compute factors (GEMM, attention, memory-bound) and the framework "
                         "overhead per layer from tpsim validate JSON reports, report the leave-one-out error and "
                         "write the compute section (with the runs' collective calibration) to --out")
-    p.add_argument("--device", help="with --from-validation: the device to fit when the reports hold several")
-    p.add_argument("--stack", help="with --from-validation: the stack to fit when the reports hold several")
+    p.add_argument("--from-runs", nargs="+", metavar="RUNS.csv",
+                   help="instead: fit bounded factors (GEMM, memory-bound, attention, host overhead per layer) "
+                        "for one device and stack to measured runs, print each with its uncertainty and the "
+                        "leave-one-out error of every run, and write the calibration to --out. " + RUNS_HELP)
+    p.add_argument("--log", action="append", nargs=2, metavar=("LOG", "LAUNCH"), default=None,
+                   help="with --from-runs (or alone): a Megatron-LM / NeMo or torchtitan training log and the "
+                        "launch file it ran (a Megatron command line or script, torchtitan TOML, DeepSpeed JSON, "
+                        "NeMo YAML); --cluster and --gpus say where (repeatable)")
+    p.add_argument("--device", help="with --from-validation or --from-runs: the device to fit when the reports or "
+                                    "runs hold several")
+    p.add_argument("--stack", help="with --from-validation or --from-runs: the stack to fit when they hold several")
     p.add_argument("--cluster", default="local-cpu", help="cluster the measurements ran on (default: %(default)s)")
     p.add_argument("--gpus", type=count_arg("gpus"), help="GPUs of that cluster (default: the most ranks measured)")
     p.add_argument("--op", help="collective of nccl-tests text files that do not name it (e.g. all_reduce)")
@@ -36,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
 
+    if args.from_runs or args.log:
+        return from_runs(args)
     if args.from_validation:
         if args.files:
             raise InputError(f"--from-validation takes validation reports; measurement files "
@@ -74,6 +85,99 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(fit.to_yaml(), end="")
     return 0
+
+
+RUNS_HELP = ("Columns (docs/RUNS.md): run_id, model, cluster, gpus (required); layers hidden heads kv_heads ffn "
+             "vocab seq_len experts top_k moe_balance; stack; plan fields tp cp cp_kind pp vpp schedule pp_first "
+             "pp_last pp_embedding pp_loss zero sp recompute micro_batch global_batch dtype ep etp tp_overlap "
+             "overlap order attention dp; one measurement of step_time_s tokens_per_s tokens_per_s_per_gpu "
+             "model_tflops_per_gpu (with flops_convention); peak_memory_gib, source, notes.")
+
+
+def from_runs(args: argparse.Namespace) -> int:
+    """``calibrate --from-runs RUNS.csv [--log LOG LAUNCH] --out CAL.yaml``."""
+    from ..errors import InputError
+    from ..io import atomic_write_text, check_output_file
+    from ..runfit import fit_runs
+    from ..runs import load_runs
+
+    if args.files or args.from_validation:
+        raise InputError("--from-runs takes runs files (and --log pairs), not measurement files or reports")
+    if args.out is not None:
+        check_output_file(args.out, "--out", force=args.force)
+    runs = []
+    for path in args.from_runs or ():
+        runs.extend(load_runs(path))
+    for i, (log, launch) in enumerate(args.log or (), start=1):
+        runs.append(_log_run(args, log, launch, i))
+    if args.device or args.stack:  # a file of several devices or stacks: fit the one asked for
+        from ..runs import stack_name
+
+        runs = [r for r in runs if (not args.device or r.device == args.device)
+                and (not args.stack or stack_name(r.stack) == stack_name(args.stack))]
+        if not runs:
+            raise InputError(f"no runs of device {args.device or 'any'} and stack {args.stack or 'any'} in "
+                             f"{', '.join(args.from_runs or [])}")
+    seen: dict[str, str] = {}
+    for r in runs:
+        if r.run_id in seen:
+            raise InputError(f"{r.where}: run_id={r.run_id!r} is also in {seen[r.run_id]}")
+        seen[r.run_id] = r.path
+    fit = fit_runs(runs, runs_file=", ".join(list(args.from_runs or ()) + [l for l, _ in args.log or ()]))
+    print(format_fit(fit))
+    import yaml
+
+    text = ("# Calibration written by `tpsim calibrate --from-runs` (pass it as --calibration to estimate, plan, "
+            "report, export)\n" + yaml.safe_dump(fit.to_yaml_dict(), sort_keys=False, width=120))
+    if args.out is not None:
+        atomic_write_text(args.out, text, "--out")
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+def format_fit(fit) -> str:
+    """The fit as text: factors with uncertainties, each run's errors, warnings."""
+    lines = [f"fitted {len(fit.factors)} factor(s) for device {fit.device}, stack {fit.stack} on {len(fit.runs)} "
+             f"run(s) in {fit.seconds:.2f} s ({fit.method}; per-run error sigma {100 * fit.sigma:.1f}%)"]
+    for f in fit.factors:
+        lines.append(f"  {f.name:28s} {f.value:10.4f} +- {f.uncertainty:.4f}   (prior {f.prior:g} +- "
+                     f"{f.prior_sigma:.3g}, bounds {f.bounds[0]:g}-{f.bounds[1]:g}"
+                     + (", AT BOUND" if f.at_bound else "") + ")")
+    lines.append(f"  {'run':40s} {'measured s':>11s} {'uncal. s':>10s} {'error':>7s} {'fit s':>10s} {'error':>7s}"
+                 f" {'leave-one-out':>13s}")
+    for r in fit.runs:
+        lines.append(f"  {r.run_id[:40]:40s} {r.measured_s:11.4g} {r.uncalibrated_s:10.4g} "
+                     f"{100 * (r.uncalibrated_s / r.measured_s - 1):+6.1f}% {r.calibrated_s:10.4g} "
+                     f"{100 * (r.calibrated_s / r.measured_s - 1):+6.1f}% {100 * r.loo_error:+12.1f}%")
+    import numpy as np
+
+    before = np.median([abs(r.uncalibrated_s / r.measured_s - 1) for r in fit.runs])
+    loo = np.median([abs(r.loo_error) for r in fit.runs])
+    lines.append(f"  median |error|: uncalibrated {100 * before:.1f}%, leave-one-out calibrated {100 * loo:.1f}%")
+    lines.extend(f"warning: {w}" for w in fit.warnings)
+    return "\n".join(lines)
+
+
+def _log_run(args: argparse.Namespace, log: str, launch: str, index: int):
+    """A run of a training log and its launch file (the launch file's model, plan and GPU count; --cluster
+    and --gpus where the file does not say)."""
+    from pathlib import Path
+
+    from ..launch import FORMAT_STACK, import_launch, resolve_model, resolve_plan
+    from ..runs import run_from_log
+    from ..topology import load_cluster
+
+    imp = import_launch(launch, None)
+    model = resolve_model(imp, None)
+    name = imp.cluster_ref or (args.cluster if args.cluster != "local-cpu" else None) or "dgx-h100"
+    gpus = args.gpus or imp.gpus
+    cluster = load_cluster(name, gpus=gpus)
+    plan = resolve_plan(imp, model, cluster.num_gpus, global_batch=None, overrides={})
+    stack = args.stack or FORMAT_STACK[imp.format]
+    return run_from_log(log, run_id=f"{Path(log).stem}#{index}", model=model, model_ref=str(launch),
+                        cluster=name, gpus=cluster.num_gpus, stack=stack, plan=plan)
 
 
 def _gpus_for(cluster: str, ranks: int) -> int | None:

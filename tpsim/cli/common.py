@@ -6,7 +6,7 @@ import argparse
 import re
 from typing import Any, Callable
 
-from ..errors import InputError
+from ..errors import InputError, did_you_mean
 
 _DIGITS = re.compile(r"^\s*\+?[0-9]+\s*$")
 
@@ -28,6 +28,92 @@ def _integer(text: str, minimum: int, maximum: int) -> int:
         raise argparse.ArgumentTypeError(f"{value} must be a positive integer" if minimum == 1 else
                                          f"{value} must be >= {minimum}")
     return value
+
+
+SIZE_SUFFIXES = {"k": 1024, "m": 1024 ** 2}
+"""``--seq-len 8k`` = 8192, ``128k`` = 131072, ``1M`` = 1048576: sequence lengths and batches in powers of two, as
+model cards write them (``8k context``)."""
+_SIZED = re.compile(r"^\s*\+?([0-9]+)\s*([kKmM])\s*$")
+
+
+def sized_arg(field: str, minimum: int = 1) -> Callable[[str], int]:
+    """argparse type: :func:`count_arg` that also reads a size suffix (``8k``, ``128k``, ``1M``:
+    :data:`SIZE_SUFFIXES`)."""
+    plain = count_arg(field, minimum)
+
+    def parse(text: str) -> int:
+        m = _SIZED.match(text) if len(text) <= 40 else None
+        if m is None:
+            return plain(text)
+        value = int(m.group(1)) * SIZE_SUFFIXES[m.group(2).lower()]
+        return plain(str(value))
+    parse.__name__ = field
+    return parse
+
+
+def choice_arg(field: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    """argparse type: one of ``choices`` (argparse's own ``choices=`` gives no suggestion for a typo)."""
+    def parse(text: str) -> str:
+        if text in choices:
+            return text
+        from ..limits import show
+
+        raise argparse.ArgumentTypeError(f"{show(text)} is not one of {', '.join(choices)}"
+                                         + did_you_mean(text, choices))
+    parse.__name__ = field
+    return parse
+
+
+def add_flops_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--flops-convention``: how MFU and model TFLOP/s count the model FLOPs (docs/SCHEMAS.md T5)."""
+    from ..estimator.flops import FLOPS_CONVENTIONS
+
+    p.add_argument("--flops-convention", default=None, choices=FLOPS_CONVENTIONS,
+                   help="how MFU and model TFLOP/s count FLOPs: causal (default; attention over the keys the causal "
+                        "mask keeps, as NeMo and torchtitan count), full (every key: Korthikanti et al. 2022, SC21), "
+                        "megatron (Megatron-LM's num_floating_point_operations), palm (6N + 12 L h s), 6n")
+
+
+def flops_convention(args: argparse.Namespace) -> str:
+    """``--flops-convention`` or the default (causal)."""
+    from ..estimator.flops import DEFAULT_FLOPS_CONVENTION
+
+    return getattr(args, "flops_convention", None) or DEFAULT_FLOPS_CONVENTION
+
+
+def in_convention(estimate: Any, model: Any, args: argparse.Namespace) -> Any:
+    """``estimate`` with MFU and the FLOP rates counted as ``--flops-convention`` says."""
+    from ..estimator.flops import convention_ratio
+
+    name = flops_convention(args)
+    if name == estimate.flops_convention:
+        return estimate
+    return estimate.in_convention(name, convention_ratio(model, name, estimate.flops_convention))
+
+
+def format_columns(data: dict[str, Any], formats: dict[str, Callable[[Any], str]] | None = None) -> str:
+    """{column: values} as a fixed-width text table: a header row, then one row per value, every column
+    right-aligned to its widest cell and two spaces apart (``tpsim plan`` prints this; no pandas)."""
+    formats = formats or {}
+    cols = []
+    for name, values in data.items():
+        fmt = formats.get(name, _cell)
+        cols.append([str(name)] + [fmt(v) for v in values])
+    if not cols:
+        return ""
+    widths = [max(len(c) for c in col) for col in cols]
+    rows = len(cols[0])
+    return "\n".join("  ".join(col[r].rjust(w) for col, w in zip(cols, widths)).rstrip() for r in range(rows))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, (bool,)) or type(value).__name__ == "bool_":
+        return str(bool(value))
+    if isinstance(value, float) or type(value).__name__.startswith("float"):
+        return f"{float(value):g}"
+    if type(value).__name__.startswith("int"):
+        return str(int(value))
+    return str(value)
 
 
 def positive_int(text: str) -> int:
@@ -84,9 +170,9 @@ def add_model_overrides(g: argparse._ArgumentGroup | argparse.ArgumentParser) ->
                        ("--experts", "routed experts per MoE layer (mixture-of-experts models)"),
                        ("--top-k", "routed experts per token (mixture-of-experts models)")):
         g.add_argument(flag, type=positive_int, help=f"override the model's {what}")
-    g.add_argument("--seq-len", type=positive_int,
-                   help="training sequence length (default: the preset's, else the config's maximum "
-                        "positions capped at 8192)")
+    g.add_argument("--seq-len", type=sized_arg("seq_len"),
+                   help="training sequence length, suffixes allowed (8k = 8192, 128k, 1M) (default: the preset's, "
+                        "else the config's maximum positions capped at 8192)")
     g.add_argument("--moe-balance", metavar="forced|aux|FACTOR",
                    help="mixture-of-experts load balance: forced (tokens force-balanced), aux (the router's "
                         "measured imbalance, tpsim/data/moe.yaml; the default) or the busiest expert's tokens over "
@@ -145,9 +231,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
                    help="ZeRO stage: 1 optimizer states, 2 + gradients, 3 + weights sharded over dp")
     g.add_argument("--micro-batch", type=count_arg("micro_batch"), help="sequences per micro-batch")
-    g.add_argument("--global-batch", type=count_arg("global_batch"),
-                   help="sequences per step (default: the preset's)")
-    g.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16", "fp8"), help="GEMM precision")
+    g.add_argument("--global-batch", type=sized_arg("global_batch"),
+                   help="sequences per step, suffixes allowed (1k = 1024) (default: the preset's)")
+    add_dtype_arg(g, help="GEMM precision (mxfp8, nvfp4: Blackwell block-scaled formats)")
     g.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                    help="do not overlap the DP gradient reduction with the backward pass")
     g.add_argument("--order", help="rank order, innermost first (default tp-dp-pp; cp sits right after tp unless "
@@ -171,6 +257,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="count the embedding as a layer in the pipeline split")
     g.add_argument("--pp-loss-as-layer", dest="pp_loss", action="store_true", default=None,
                    help="count the output layer and loss as a layer in the pipeline split")
+
+
+def add_dtype_arg(g: argparse.ArgumentParser | argparse._ArgumentGroup, help: str = "GEMM precision") -> None:
+    """``--dtype``: one of :data:`tpsim.hardware.DTYPES` (a typo gets a suggestion)."""
+    from ..hardware import DTYPES
+
+    g.add_argument("--dtype", type=choice_arg("dtype", tuple(DTYPES)), default=None, metavar="{" + ",".join(DTYPES) + "}",
+                   help=help)
 
 
 def build_model(args: argparse.Namespace, modelled: bool = True):
@@ -211,12 +305,313 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k, None) for k in keys if getattr(args, k, None) is not None}
 
 
-def build_plan(args: argparse.Namespace, model, cluster):
-    """The plan of the flags; without ``--schedule`` the stack's own schedule (its ``rules.schedules.default``)."""
-    from ..plan import make_plan
+def build_plan(args: argparse.Namespace, model, cluster, stack=None):
+    """The plan of the plan flags on top of the preset's defaults; without ``--schedule`` the stack's own
+    schedule (its ``rules.schedules.default``). A preset default that conflicts with a flag given (or with
+    ``stack``'s rules) is dropped with one line on stderr (:func:`make_plan_as_typed`)."""
+    import sys
+
+    from ..plan import make_plan_as_typed
 
     fields = plan_fields(args)
     if "schedule" not in fields:
-        fields["schedule"] = build_stack(args, model).rules.default_schedule
-    return make_plan(model, cluster.num_gpus, global_batch=args.global_batch, **fields)
+        fields["schedule"] = (stack if stack is not None else build_stack(args, model)).rules.default_schedule
+    plan, notes = make_plan_as_typed(model, cluster.num_gpus, global_batch=args.global_batch, stack=stack, **fields)
+    for line in notes:
+        print(line, file=sys.stderr)
+    return plan
 
+
+# ---- shared by estimate, export, plan, report and the traced-model paths (tpsim/cli/graph.py) ----------
+SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
+
+
+EXPORT_FORMATS = ("megatron", "torchtitan", "deepspeed", "nemo", "bridge")
+"""tpsim.launch.FORMATS, repeated here so that building the parser does not import the exporters."""
+
+
+def model_ref(args: argparse.Namespace, model: Any) -> tuple[str, dict[str, int | None]]:  # noqa: ARG001
+    """How to load the model again (the --model argument) and the shape overrides given on the command line."""
+    return str(args.model), {k: getattr(args, k, None) for k in SHAPE_FLAGS}
+
+
+def cluster_ref(args: argparse.Namespace, model: Any) -> str:
+    return str(cluster_and_gpus(args, model)[0])
+
+
+def compute_model(args: argparse.Namespace, cluster, model=None):
+    """None (the estimator's default compute model) or ``--profile``'s measured kernels, falling back to the
+    default model (the stack's attention implementation) where the profile has no points."""
+    if not getattr(args, "profile", None):
+        return None
+    from ..compute.profile import ProfileModel
+    from ..estimator.context import default_compute
+
+    return ProfileModel(args.profile, fallback=default_compute(cluster.device, build_stack(args, model))[0])
+
+
+def _pm(value: float, low: float, high: float) -> str:
+    """"+x%/-y%" of a band around a value (one "±x%" when symmetric to 0.1%)."""
+    up, down = 100 * (high / value - 1), 100 * (1 - low / value)
+    return f"±{up:.1f}%" if abs(up - down) < 0.05 else f"+{up:.1f}%/-{down:.1f}%"
+
+
+def _basis(e) -> str:
+    """What set the band, for the text output."""
+    b = getattr(e, "band_basis", None)
+    if not b or b.get("kind") == "prior":
+        return ""
+    return f" from {b['n']} {'calibration ' if b['kind'] == 'calibrated' else ''}runs' residuals: {b['group']}"
+
+
+def _runs(values: list[int]) -> str:
+    """``2+3x30+2``: equal neighbours folded."""
+    runs: list[list[int]] = []
+    for n in values:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "+".join(f"{n}x{k}" if k > 1 else f"{n}" for n, k in runs)
+
+
+def _split_text(split: dict) -> str:
+    """``layers per rank 13+16x3 (chunks 2x20+1+...)``: the pipeline split the estimate costs."""
+    ranks, chunks = split["layers_per_rank"], split["layers_per_chunk"]
+    out = f"layers per rank {_runs(ranks)}"
+    if len(chunks) > len(ranks):
+        out += f" (chunks in model order {_runs(chunks)})"
+    return out
+
+
+def format_estimate(e, model=None) -> str:
+    """The estimate as text; with ``model`` (a ModelSpec) its summary comes first."""
+    p = e.plan
+    b, m = e.breakdown, e.memory_gib
+    lines = [
+        *(model.summary().splitlines() if model is not None else [f"model    {e.model}"]),
+        f"cluster  {e.cluster['name']}: {e.cluster['gpus']} x {e.cluster['device']}",
+        f"stack    {e.stack}",
+        f"plan     {p.short()}  (global batch {p.global_batch}, {p.num_microbatches} micro-batches per replica,"
+        f" {p.dtype}, {p.attention} attention, order {p.order})",
+        *([f"pipeline {_split_text(e.pipeline_split)}"] if getattr(e, "pipeline_split", None) else []),
+        f"compute  {e.compute_model}" + (f" ({100 * e.measured_compute_fraction:.0f}% of compute time measured)"
+                                         if e.compute_model.startswith("profile") else ""),
+        "",
+        f"step time            {e.step_time_s:10.3f} s  {_pm(e.step_time_s, e.step_time_s_low, e.step_time_s_high)}"
+        f"  ({e.step_time_s_low:.3f}-{e.step_time_s_high:.3f} s, 90% band{_basis(e)})",
+        f"throughput           {e.tokens_per_s:10.0f} tokens/s  ({e.tokens_per_s_low:.0f}-{e.tokens_per_s_high:.0f})"
+        f"  {e.tokens_per_s_per_gpu:,.0f} tokens/s/GPU",
+        f"model TFLOP/s/GPU    {e.model_tflops_per_gpu:10.1f}   MFU {100 * e.mfu:5.1f}%"
+        f" ({100 * e.mfu_low:.1f}-{100 * e.mfu_high:.1f}%)  ({e.flops_convention} FLOPs: --flops-convention)",
+        f"hardware TFLOP/s/GPU {e.hardware_tflops_per_gpu:10.1f}   HFU {100 * e.hfu:5.1f}%",
+        "",
+        "time breakdown (s)   " + "  ".join(f"{k} {b[k]:.3f}" for k in
+                                            ("compute", "recompute", "bubble", "optimizer", "exposed_comm",
+                                             "overhead")),
+        "communication (s)    " + "  ".join(f"{k} {b[k]:.3f}" for k in ("tp_comm", "pp_comm", "dp_comm")
+                                            + tuple(k for k in ("cp_comm", "ep_comm") if b.get(k)))
+        + "  (totals, partly hidden)",
+        "",
+        f"memory per GPU       {e.peak_memory_gib:10.2f} GiB  "
+        f"({'fits' if e.fits else 'DOES NOT FIT'})",
+        "  " + "  ".join(f"{k} {v:.2f}" for k, v in m.items()),
+    ]
+    if e.collectives:
+        lines.append("collectives          " + "; ".join(f"{k} {v}" for k, v in e.collectives.items()))
+    for w in e.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def build_space(args: argparse.Namespace, model: Any) -> Any:
+    """The SearchSpace of the constraint flags (defaults: the whole space)."""
+    from ..search import SearchSpace
+
+    defaults = dict(model.default_plan)
+    kw: dict[str, Any] = {"dtype": args.dtype or defaults.get("dtype", "bf16"),
+                          "attention": args.attention or defaults.get("attention", "flash")}
+    if args.no_pp and args.pp:
+        raise InputError(f"--no-pp conflicts with --pp={' '.join(map(str, args.pp))}")
+    kw["tp"] = _positive("tp", args.tp)
+    kw["pp"] = (1,) if args.no_pp else _positive("pp", args.pp)
+    if args.max_tp is not None:
+        if args.max_tp <= 0:
+            raise InputError(f"--max-tp={args.max_tp} must be a positive integer")
+        kw["max_tp"] = args.max_tp
+    kw["cp"] = _positive("cp", args.cp)
+    if args.max_cp is not None:
+        kw["max_cp"] = args.max_cp
+    if args.cp_kind:
+        kw["cp_kind"] = tuple(args.cp_kind)
+    kw["ep"] = _positive("ep", args.ep)
+    if args.etp is not None:
+        for v in args.etp:
+            if v < 0:
+                raise InputError(f"--etp={v} must be 0 (equal to tp) or a positive integer")
+        kw["etp"] = tuple(args.etp)
+    for name, flag in (("vpp", "vpp"), ("micro_batch", "micro-batch")):
+        values = _positive(flag, getattr(args, name))
+        if values:
+            kw[name] = values
+    if getattr(args, "schedule", None):
+        kw["schedule"] = tuple(dict.fromkeys(args.schedule))
+    if args.sp:
+        kw["sp"] = (args.sp == "on",)
+    if args.zero is not None:
+        kw["zero"] = tuple(args.zero)
+    if args.recompute is not None:
+        kw["recompute"] = tuple(args.recompute)
+    if args.order:
+        kw["order"] = tuple(args.order)
+    if args.no_overlap:
+        kw["overlap"] = (False,)
+    if getattr(args, "full_space", False):
+        kw["full"] = True
+    return SearchSpace(**kw)
+
+
+def _positive(name: str, values: list[int] | None) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    for v in values:
+        if v <= 0:
+            raise InputError(f"--{name}={v} must be a positive integer")
+    return tuple(values)
+
+
+def load_compute(args: argparse.Namespace, cluster: Any, model: Any = None) -> Any:
+    """None (the estimator's default: the device's kernel model) or a ProfileModel for ``--profile`` that falls
+    back to it where the profile has no points."""
+    return compute_model(args, cluster, model)
+
+
+def gpu_counts_for(name: str, gpus: int, objective: str) -> list[int]:
+    """The GPU counts searched: ``gpus``, or with ``--objective cost`` every count :func:`cost_gpu_counts`
+    gives (cheap: no cluster is built)."""
+    from ..search import cost_gpu_counts
+    from ..topology import load_cluster
+
+    if objective not in ("cost", "energy"):
+        return [gpus]
+    return list(cost_gpu_counts(load_cluster(name, gpus=gpus).gpus_per_node, gpus))
+
+
+def clusters_for(name: str, gpus: int, objective: str, calibration: str | None = None) -> list[Any]:
+    """The cluster at ``gpus``, or with ``--objective cost`` one per searched GPU count."""
+    from ..topology import load_cluster
+
+    return [load_cluster(name, gpus=n, calibration=calibration) for n in gpu_counts_for(name, gpus, objective)]
+
+
+def plan_header(result: Any, model: Any, cluster: Any, batch: int) -> str:
+    gpus = ", ".join(str(int(p.cluster.num_gpus)) for p in result.parts) or str(cluster.num_gpus)
+    return (f"{model.name} on {cluster.name} ({gpus} x {cluster.device.name}), global batch {batch}, "
+            f"seq {model.seq_len}: {result.enumerated} plans enumerated, {result.evaluated} evaluated, "
+            f"{len(result)} ranked by {result.objective} in {result.elapsed_s:.2f} s"
+            + (" (cached result)" if result.cached else "")
+            + f"\nstack {result.stack_name}; MFU counts {result.flops_convention} attention FLOPs"
+            + (f" (--flops-convention {result.flops_convention})" if result.flops_convention not in ("causal", "full")
+               else "") + "; tok/s/gpu = tokens/s per GPU"
+            + ("; one row per distinct shape (tp, cp, pp, ep, ZeRO)" if result.distinct else ""))
+
+
+DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "variants": "var", "compute_s": "compute",
+                 "recompute_s": "recomp_s", "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm",
+                 "overhead_s": "overhead",
+                 "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm", "cp_comm_s": "cp_comm",
+                 "ep_comm_s": "ep_comm"}
+
+
+def format_table(data: dict[str, Any]) -> str:
+    """The ranked plans (:meth:`SearchResult.table_columns`) as fixed-width text: times in seconds (3 decimals;
+    compute to exp_comm add up to step_s, the *_comm columns are totals, partly hidden), MFU in %. No pandas."""
+    data = {DISPLAY_NAMES.get(k, k): v for k, v in data.items()}
+    fmt: dict[str, Any] = {c: "{:.3f}".format for c in data if c.endswith("_s")
+                           or c in {DISPLAY_NAMES[k] for k in DISPLAY_NAMES if k.endswith("_s")}}
+    fmt.update({"tok/s": "{:,.0f}".format, "tok/s/gpu": "{:,.0f}".format, "mfu": lambda v: f"{100 * v:.1f}%",
+                "mem_GiB": "{:.1f}".format, "$/Mtok": "{:.3f}".format, "days": "{:.2f}".format,
+                "goodput": lambda v: f"{100 * v:.1f}%", "$": "{:,.0f}".format, "MWh": "{:,.0f}".format})
+    return format_columns(data, fmt)
+
+
+def format_ties(result: Any, top: int) -> str:
+    """The line under the table that says which rows are ties (the ``tie`` column)."""
+    idx = result.ranking[:top]
+    if not len(idx) or result.objective == "memory":
+        return ""
+    groups = result.tie_groups(idx)
+    first = int((groups == 1).sum())
+    return (f"tie: rows with the same number are within the error band of that group's first row (90% band of its "
+            f"step time): {first} of the {len(idx)} shown tie with #1" + ("" if result.distinct else
+                                                                          "; --distinct shows one row per shape"))
+
+
+def format_pareto(result: Any) -> str:
+    lines = ["Pareto front, step time vs. memory per GPU (fitting plans; no plan is both faster and smaller):"]
+    for row in result.front_rows(result.pareto_time_memory()):
+        lines.append(f"  {row['peak_memory_gib']:8.1f} GiB  {row['step_time_s']:10.3f} s  {row['label']}")
+    if len(result.parts) > 1:
+        lines.append("Pareto front, throughput vs. number of GPUs (no smaller count is as fast):")
+        for row in result.front_rows(result.pareto_gpus_throughput()):
+            lines.append(f"  {row['gpus']:6d} GPUs  {row['tokens_per_s']:12,.0f} tokens/s  "
+                         f"{row['cost_per_mtok']:8.3f} $/Mtok  {row['label']}")
+    return "\n".join(lines)
+
+
+def format_why(result: Any) -> str:
+    lines = [f"rejected {sum(result.rejected.values())} of {result.enumerated} plans:"]
+    for key, text, count in result.why():
+        lines.append(f"  {count:>10}  {key:<24} {text}")
+    if not result.rejected:
+        lines.append("  (none)")
+    if getattr(result, "left_out", 0):
+        lines.append(f"left out of the space: {result.left_out} plans of the full product, each rejected by a plan "
+                     "rule or the stack (mixture-of-experts default; --full-space enumerates and counts them)")
+    return "\n".join(lines)
+
+
+def write_plan_csv(result: Any, path: str, top: int, force: bool = False) -> None:
+    """The ranked plans as CSV; without ``force`` a file that appeared at ``path`` during the search is kept
+    and the run refused (the path was checked before the search)."""
+    from ..io import atomic_write_text
+
+    atomic_write_text(path, result.table(top).to_csv(index=False), what="--csv", overwrite=force)
+
+
+def mfu_above_measured(result: Any, top: int) -> str | None:
+    """The warning of the best shown plan's MFU when it is above what any training run has measured."""
+    import numpy as np
+
+    from ..estimator.flops import mfu_warning
+
+    idx = result.ranking[:top]
+    if not len(idx):
+        return None
+    mfu = np.asarray(result.columns["mfu"])[idx]
+    best = int(np.argmax(mfu))
+    line = mfu_warning(float(mfu[best]), result.flops_convention)
+    return f"rank {best + 1}: {line}" if line else None
+
+
+def print_ranking(result: Any, args: argparse.Namespace, compared: Any = None) -> None:
+    """The text body of a search (`tpsim plan` and traced-model plans): the ranking table (or the ``--compare``
+    table), then ``--why`` and ``--pareto`` when asked."""
+    if compared is not None:
+        from ..report.compare import format_comparison
+
+        print(format_comparison(compared))
+    elif len(result):
+        print(format_table(result.table_columns(args.top)))
+        ties = format_ties(result, args.top)
+        if ties:
+            print(ties)
+        high = mfu_above_measured(result, args.top)
+        if high:
+            print(f"warning: {high}")
+    else:
+        print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
+    if args.why:
+        print(format_why(result))
+    if args.pareto:
+        print(format_pareto(result))

@@ -16,11 +16,12 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_cluster_args, add_model_args, add_plan_args, build_cluster, build_model, build_plan
+from .common import (EXPORT_FORMATS, SHAPE_FLAGS, add_cluster_args, add_flops_arg, add_model_args, add_plan_args,
+                     build_cluster, build_model, build_plan, cluster_ref, compute_model, in_convention, model_ref)
 
-SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
-FORMATS = ("megatron", "torchtitan", "deepspeed", "nemo")
-"""tpsim.launch.FORMATS, repeated here so that building the parser does not import the exporters."""
+FORMATS = EXPORT_FORMATS
+"""the export formats (tpsim.launch.FORMATS, repeated in tpsim/cli/common.py so that building the parser does not
+import the exporters)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_plan_args(p)
     p.add_argument("--profile", help="kernel profile CSV for the prediction in the header (default: roofline)")
     p.add_argument("--no-predict", action="store_true", help="do not run the estimator (no prediction in the header)")
+    add_flops_arg(p)
     p.set_defaults(func=run)
 
 
@@ -46,64 +48,48 @@ def add_format_args(p: argparse.ArgumentParser, choices: tuple[str, ...], requir
                         "megatron for megatron and nemo, torchtitan, deepspeed; or a profile YAML path)")
 
 
-def model_ref(args: argparse.Namespace, model: Any) -> tuple[str, dict[str, int | None]]:  # noqa: ARG001 (unused: kept for the callers)
-    """How to load the model again (the --model argument) and the shape overrides given on the command line."""
-    return str(args.model), {k: getattr(args, k, None) for k in SHAPE_FLAGS}
-
-
-def cluster_ref(args: argparse.Namespace, model: Any) -> str:
-    from .common import cluster_and_gpus
-
-    return str(cluster_and_gpus(args, model)[0])
-
-
 def run(args: argparse.Namespace) -> int:
     from ..estimator import estimate
     from ..launch import export_context, export_plan, export_violation, write_files
-    from .estimate import compute_model
 
     from ..io import check_output_dir
 
     check_output_dir(args.out, "--out", force=True, protected=())  # a usable folder, before any work
     model = build_model(args)
     cluster = build_cluster(args, model)
-    plan = build_plan(args, model, cluster)
     formats = FORMATS if args.export_format == "all" else (args.export_format,)
-    prediction = None
-    if not args.no_predict:
-        stack = _prediction_stack(formats, args.stack, plan, model)
-        if stack is not None:
-            prediction = estimate(model, cluster, plan, compute=compute_model(args, cluster), stack=stack).to_dict()
+    from ..launch import format_stack
+
+    plan = build_plan(args, model, cluster, stack=format_stack(formats[0], args.stack) if len(formats) == 1 else None)
     ref, overrides = model_ref(args, model)
-    ctx = export_context(model, cluster, plan, model_ref=ref, cluster_ref=cluster_ref(args, model),
-                         prediction=prediction, model_overrides=overrides)
-    written = 0
-    for fmt in formats:
+    jobs = []  # every format's files built and every destination checked before the first is written (all or
+    for fmt in formats:  # nothing, issue 26: `--format all` exited 2 after writing two of four)
         out = args.out if len(formats) == 1 else f"{args.out}/{fmt}"
+        stack = format_stack(fmt, args.stack)
+        prediction = None
+        if not args.no_predict and stack.plan_violation(plan, model) is None:
+            # the prediction of the stack this format runs (each file heads with its own)
+            prediction = in_convention(estimate(model, cluster, plan, compute=compute_model(args, cluster),
+                                                stack=stack), model, args).to_dict()
+        ctx = export_context(model, cluster, plan, model_ref=ref, cluster_ref=cluster_ref(args, model),
+                             prediction=prediction, model_overrides=overrides)
         if len(formats) > 1:
             problem = export_violation(fmt, ctx, args.stack)
             if problem:
                 print(f"skipped {fmt}: {problem}", file=sys.stderr)
                 continue
-        paths = write_files(export_plan(fmt, ctx, args.stack), out, force=args.force)
+        files = export_plan(fmt, ctx, args.stack)
+        check_output_dir(out, "--out", force=args.force, protected=tuple(files))
+        jobs.append((fmt, out, files))
+    written = 0
+    for fmt, out, files in jobs:
+        paths = write_files(files, out, force=args.force)
         written += 1
         print(f"{fmt}: " + ", ".join(str(p) for p in paths))
     if not written:
         from ..errors import InputError
         raise InputError(f"no format can run plan {plan.short()} (see the lines above)")
     return 0
-
-
-def _prediction_stack(formats: tuple[str, ...], stack: Any, plan: Any, model: Any) -> Any:
-    """The stack the header's prediction is made for: ``--stack``, else the first format's stack that runs the
-    plan (None: no stack runs it, the formats are refused with their rule)."""
-    from ..launch import format_stack
-
-    for fmt in formats:
-        profile = format_stack(fmt, stack)
-        if profile.plan_violation(plan, model) is None:
-            return profile
-    return None
 
 
 def from_launch_file(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:

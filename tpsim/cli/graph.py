@@ -32,12 +32,23 @@ def _cluster(args: argparse.Namespace) -> Any:
     return load_cluster(args.cluster or "dgx-a100", gpus=args.gpus, calibration=getattr(args, "calibration", None))
 
 
+def traced_flops_convention(args: argparse.Namespace) -> str:
+    """A traced graph's model FLOPs are torch's FlopCounterMode count (``full``); other conventions need the
+    transformer shape of a preset or config.json."""
+    asked = getattr(args, "flops_convention", None)
+    if asked not in (None, "full"):
+        raise InputError(f"--flops-convention {asked}: a traced model's FLOPs are counted as torch's FlopCounterMode "
+                         "counts them (full attention); use --flops-convention full or a preset / config.json")
+    return "full"
+
+
 def run_estimate(args: argparse.Namespace) -> int:
     from ..opgraph.estimate import estimate_graph, plan_notes
     from ..opgraph.model import make_graph_plan
     from .common import plan_fields
-    from .estimate import compute_model, format_estimate
+    from .common import compute_model, format_estimate
 
+    traced_flops_convention(args)
     model = load(args)
     cluster = _cluster(args)
     model = model.with_gpus(cluster.num_gpus)
@@ -87,8 +98,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     from ..opgraph.estimate import estimate_graph, estimate_graph_batch
     from ..search import DEFAULT_GPU_HOUR_PRICE, search
-    from .plan import _header, _write_csv, build_space, clusters_for, print_ranking
-    from .plan import load_compute
+    from .common import build_space, clusters_for, load_compute, plan_header, print_ranking, write_plan_csv
 
     if args.top <= 0:
         raise InputError(f"--top={args.top} must be a positive integer")
@@ -112,17 +122,18 @@ def run_plan(args: argparse.Namespace) -> int:
                     mem_limit_gib=args.mem_limit_gib, include_unfit=args.include_unfit, compute=compute,
                     progress=not args.no_progress and not args.json,
                     estimator=partial(estimate_graph_batch, conv_times=conv))
+    result = dataclasses.replace(result, convention=traced_flops_convention(args))
     for i in result.ranking[:args.top]:  # the displayed plans' full estimates, by the op-graph estimator
         part = result.parts[int(result.columns["part"][i])]
         result.memo[str(int(i))] = estimate_graph(model, part.cluster, result.plan(int(i)), compute=compute,
                                                   conv_times=conv).to_dict()
     if args.csv:
-        _write_csv(result, args.csv, args.top)
+        write_plan_csv(result, args.csv, args.top, force=args.force)
     if args.json:
         json.dump(result.to_json(args.top), sys.stdout, indent=1, allow_nan=False)
         print()
         return 0
-    print(_header(result, model, clusters[-1], int(args.global_batch)))
+    print(plan_header(result, model, clusters[-1], int(args.global_batch)))
     print_ranking(result, args)
     return 0
 

@@ -34,7 +34,23 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(model_json(spec), indent=1, allow_nan=False))
     else:
         print(spec.summary())
+        defaults = preset_defaults_line(spec)
+        if defaults:
+            print(defaults)
     return 0
+
+
+def preset_defaults_line(spec: Any) -> str:
+    """``preset plan   cluster dgx-h100, 64 GPUs, stack megatron; tp=8 pp=4 ...`` (empty for a config.json):
+    what every verb uses for a flag not given (a default that conflicts with a flag given is dropped)."""
+    d = dict(spec.default_plan)
+    if not d:
+        return ""
+    where = [f"cluster {d.pop('cluster')}" if "cluster" in d else "", f"{d.pop('gpus')} GPUs" if "gpus" in d else "",
+             f"stack {d.pop('stack', 'megatron')}", f"global batch {spec.global_batch}" if spec.global_batch else ""]
+    fields = " ".join(f"{k}={v}" for k, v in d.items())
+    return (f"preset plan  {', '.join(w for w in where if w)}; {fields} (defaults of every verb; a flag given "
+            "replaces its default, and a default conflicting with the flags is dropped with a note)")
 
 
 def model_json(spec: Any) -> dict[str, Any]:

@@ -30,9 +30,11 @@ import numpy as np
 
 from ..errors import InputError
 from ..pipeline import SCHEDULES
-from .common import (add_cluster_args, add_model_args, add_stack_arg, build_model, build_stack, cluster_and_gpus,
-                     count_arg, real_arg)
-from .export import FORMATS as EXPORT_FORMATS
+from .common import (EXPORT_FORMATS, add_cluster_args, add_dtype_arg, add_flops_arg, add_model_args,  # noqa: F401
+                     add_stack_arg, build_model, build_space, build_stack, cluster_and_gpus, cluster_ref,
+                     clusters_for, count_arg, flops_convention, format_pareto, format_table, format_ties,
+                     format_why, gpu_counts_for, load_compute, model_ref, plan_header, print_ranking, real_arg,
+                     sized_arg, write_plan_csv)
 
 ORDER_CHOICES = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 
@@ -42,13 +44,14 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_cluster_args(p)
     g = p.add_argument_group("batch and precision")
-    g.add_argument("--global-batch", type=count_arg("global_batch"), default=None, help="sequences per step (default: the preset's)")
-    g.add_argument("--dtype", default=None, choices=("fp32", "tf32", "bf16", "fp16", "fp8"),
-                   help="GEMM precision (default: the preset's, else bf16)")
+    g.add_argument("--global-batch", type=sized_arg("global_batch"), default=None,
+                   help="sequences per step, suffixes allowed (1k = 1024) (default: the preset's)")
+    add_dtype_arg(g, help="GEMM precision (default: the preset's, else bf16)")
     g.add_argument("--attention", default=None, choices=("flash", "unfused"), help="attention kernel (flash)")
     g.add_argument("--profile", default=None, metavar="CSV",
                    help="kernel profile CSV (tpsim profile) for compute times (default: the device's kernel model)")
     add_stack_arg(g)
+    add_flops_arg(g)
 
 
 def add_space_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,8 +87,8 @@ def add_space_arguments(p: argparse.ArgumentParser) -> None:
                         "its space leaves out the plans the plan rules and the --stack reject: same ranking, "
                         "fewer plans; see docs/MODEL.md)")
     g.add_argument("--allow-large-space", action="store_true",
-                   help="search a space of more than tpsim.limits.MAX_PLANS plans (refused by default: it takes "
-                        "minutes and gigabytes)")
+                   help="search a space that would take more than a minute at the measured search rate "
+                        "(tpsim.limits.MAX_PLANS, 30 M plans; refused by default, saying how long it would take)")
 
 
 def register(subparsers: Any) -> None:
@@ -104,6 +107,8 @@ def register(subparsers: Any) -> None:
 
     add_train_args(p)
     o.add_argument("--top", type=count_arg("top"), default=10, help="plans to show (default 10)")
+    o.add_argument("--distinct", action="store_true",
+                   help="rank only the best plan of each distinct shape (tp, cp, pp, ep degrees and ZeRO stage)")
     o.add_argument("--include-unfit", action="store_true", help="also rank plans that do not fit (after fitting ones)")
     o.add_argument("--csv", default=None, metavar="FILE", help="write the ranked plans (--top of them) as CSV")
     o.add_argument("--force", action="store_true", help="replace an existing --csv file, or launch files in --out")
@@ -155,88 +160,6 @@ def load_problem(args: argparse.Namespace) -> tuple[Any, str, int, int]:
     return model, name, gpus, int(batch)
 
 
-def _positive(name: str, values: list[int] | None) -> tuple[int, ...] | None:
-    if values is None:
-        return None
-    for v in values:
-        if v <= 0:
-            raise InputError(f"--{name}={v} must be a positive integer")
-    return tuple(values)
-
-
-def build_space(args: argparse.Namespace, model: Any) -> Any:
-    """The SearchSpace of the constraint flags (defaults: the whole space)."""
-    from ..search import SearchSpace
-
-    defaults = dict(model.default_plan)
-    kw: dict[str, Any] = {"dtype": args.dtype or defaults.get("dtype", "bf16"),
-                          "attention": args.attention or defaults.get("attention", "flash")}
-    if args.no_pp and args.pp:
-        raise InputError(f"--no-pp conflicts with --pp={' '.join(map(str, args.pp))}")
-    kw["tp"] = _positive("tp", args.tp)
-    kw["pp"] = (1,) if args.no_pp else _positive("pp", args.pp)
-    if args.max_tp is not None:
-        if args.max_tp <= 0:
-            raise InputError(f"--max-tp={args.max_tp} must be a positive integer")
-        kw["max_tp"] = args.max_tp
-    kw["cp"] = _positive("cp", args.cp)
-    if args.max_cp is not None:
-        kw["max_cp"] = args.max_cp
-    if args.cp_kind:
-        kw["cp_kind"] = tuple(args.cp_kind)
-    kw["ep"] = _positive("ep", args.ep)
-    if args.etp is not None:
-        for v in args.etp:
-            if v < 0:
-                raise InputError(f"--etp={v} must be 0 (equal to tp) or a positive integer")
-        kw["etp"] = tuple(args.etp)
-    for name, flag in (("vpp", "vpp"), ("micro_batch", "micro-batch")):
-        values = _positive(flag, getattr(args, name))
-        if values:
-            kw[name] = values
-    if args.schedule:
-        kw["schedule"] = tuple(dict.fromkeys(args.schedule))
-    if args.sp:
-        kw["sp"] = (args.sp == "on",)
-    if args.zero is not None:
-        kw["zero"] = tuple(args.zero)
-    if args.recompute is not None:
-        kw["recompute"] = tuple(args.recompute)
-    if args.order:
-        kw["order"] = tuple(args.order)
-    if args.no_overlap:
-        kw["overlap"] = (False,)
-    if getattr(args, "full_space", False):
-        kw["full"] = True
-    return SearchSpace(**kw)
-
-
-def load_compute(args: argparse.Namespace, cluster: Any, model: Any = None) -> Any:
-    """None (the estimator's default: the device's kernel model) or a ProfileModel for ``--profile`` that falls
-    back to it where the profile has no points."""
-    from .estimate import compute_model
-
-    return compute_model(args, cluster, model)
-
-
-def gpu_counts_for(name: str, gpus: int, objective: str) -> list[int]:
-    """The GPU counts searched: ``gpus``, or with ``--objective cost`` every count :func:`cost_gpu_counts`
-    gives (cheap: no cluster is built)."""
-    from ..search import cost_gpu_counts
-    from ..topology import load_cluster
-
-    if objective not in ("cost", "energy"):
-        return [gpus]
-    return list(cost_gpu_counts(load_cluster(name, gpus=gpus).gpus_per_node, gpus))
-
-
-def clusters_for(name: str, gpus: int, objective: str, calibration: str | None = None) -> list[Any]:
-    """The cluster at ``gpus``, or with ``--objective cost`` one per searched GPU count."""
-    from ..topology import load_cluster
-
-    return [load_cluster(name, gpus=n, calibration=calibration) for n in gpu_counts_for(name, gpus, objective)]
-
-
 def check_problem(args: argparse.Namespace, model: Any, space: Any, cluster_name: str, gpus: int,
                   objective: str, global_batch: int | None = None) -> None:
     """Refuse before searching: a space that the constraints leave empty (naming the constraint) or one
@@ -281,11 +204,17 @@ def run(args: argparse.Namespace) -> int:
                     progress=not args.no_progress and not args.json, stack=build_stack(args, model),
                     **whole_run_options(args))
     check_found(result)
+    result = result.in_convention(flops_convention(args))
+    if getattr(args, "distinct", False):
+        result = result.distinct_shapes()
     if args.csv is not None:
-        _write_csv(result, args.csv, args.top)
+        write_plan_csv(result, args.csv, args.top, force=args.force)
     compared = _compare(result, args.compare)
     if args.json:
         data = result.to_json(args.top)
+        from ..runfit import band_plan_dicts
+
+        band_plan_dicts(data["plans"], model, clusters[-1], result.stack_name)  # bands from measured runs (T7)
         if compared is not None:
             from ..report.compare import comparison_json
 
@@ -302,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         save_memo(result)
         return code
     print(model.summary())
-    print(_header(result, model, clusters[-1], batch))
+    print(plan_header(result, model, clusters[-1], batch))
     print_ranking(result, args, compared)
     if args.export_format:
         _export(args, result, model, file=sys.stdout)
@@ -338,7 +267,6 @@ def _compare(result: Any, refs: list[str] | None) -> Any:
 def _export(args: argparse.Namespace, result: Any, model: Any, file: Any) -> None:
     """Write the launch configs of the ``--export-top`` best ranked plans the format's stack can run."""
     from ..launch import export_context, export_plan, export_violation, format_stack, write_files
-    from .export import cluster_ref, model_ref
 
     picked, skipped = runnable_ranks(result, model, format_stack(args.export_format), args.export_top)
     if not picked:
@@ -346,10 +274,12 @@ def _export(args: argparse.Namespace, result: Any, model: Any, file: Any) -> Non
         raise InputError(f"--export {args.export_format}: none of the {len(result)} ranked plans can be run "
                          f"(most common reason: {common})")
     ref, overrides = model_ref(args, model)
+    stack = format_stack(args.export_format)
     for rank, i in picked:
         cluster = result.parts[int(result.columns["part"][i])].cluster
         ctx = export_context(model, cluster, result.plan(i), model_ref=ref, cluster_ref=cluster_ref(args, model),
-                             prediction=result.estimate_dict(i), model_overrides=overrides)
+                             prediction=_format_prediction(result, i, model, cluster, stack),
+                             model_overrides=overrides)
         problem = export_violation(args.export_format, ctx)
         if problem:
             print(f"export: rank {rank} skipped: {problem}", file=file)
@@ -360,6 +290,21 @@ def _export(args: argparse.Namespace, result: Any, model: Any, file: Any) -> Non
     if skipped:
         print(f"export: {sum(skipped.values())} better-ranked plans skipped ("
               + ", ".join(f"{k} {v}" for k, v in skipped.items()) + ")", file=file)
+
+
+def _format_prediction(result: Any, i: int, model: Any, cluster: Any, stack: Any) -> dict[str, Any]:
+    """The estimate of ranked row ``i`` under the stack the export format runs (the search's own row when it is
+    that stack), in the result's FLOP convention: each file heads with its own stack's prediction."""
+    if str(stack.name) == result.stack_name:
+        return result.estimate_dict(i)
+    from ..estimator import estimate
+    from ..estimator.flops import convention_ratio
+
+    e = estimate(model, cluster, result.plan(i), compute=result.compute, stack=stack)
+    if result.flops_convention != e.flops_convention:
+        e = e.in_convention(result.flops_convention, convention_ratio(model, result.flops_convention,
+                                                                      e.flops_convention))
+    return e.to_dict()
 
 
 def runnable_ranks(result: Any, model: Any, stack: Any, k: int) -> tuple[list[tuple[int, int]], dict[str, int]]:
@@ -385,77 +330,3 @@ def _uncached(*args: Any, compute_key: str = "", **kw: Any) -> Any:  # noqa: ARG
     from ..search import search
 
     return search(*args, **kw)
-
-
-def _header(result: Any, model: Any, cluster: Any, batch: int) -> str:
-    gpus = ", ".join(str(int(p.cluster.num_gpus)) for p in result.parts) or str(cluster.num_gpus)
-    return (f"{model.name} on {cluster.name} ({gpus} x {cluster.device.name}), global batch {batch}, "
-            f"seq {model.seq_len}: {result.enumerated} plans enumerated, {result.evaluated} evaluated, "
-            f"{len(result)} ranked by {result.objective} in {result.elapsed_s:.2f} s"
-            + (" (cached result)" if result.cached else ""))
-
-
-DISPLAY_NAMES = {"recompute": "recomp", "overlap": "ovl", "variants": "var", "compute_s": "compute",
-                 "recompute_s": "recomp_s", "bubble_s": "bubble", "optimizer_s": "optim", "exposed_comm_s": "exp_comm",
-                 "overhead_s": "overhead",
-                 "tp_comm_s": "tp_comm", "pp_comm_s": "pp_comm", "dp_comm_s": "dp_comm", "cp_comm_s": "cp_comm",
-                 "ep_comm_s": "ep_comm"}
-
-
-def format_table(frame: Any) -> str:
-    """The ranked-plan DataFrame as fixed-width text: times in seconds (3 decimals; compute to exp_comm add up
-    to step_s, the *_comm columns are totals, partly hidden), MFU in %."""
-    seconds = [DISPLAY_NAMES.get(c, c) for c in frame.columns if c.endswith("_s")]
-    frame = frame.rename(columns=DISPLAY_NAMES)
-    fmt = {c: "{:.3f}".format for c in seconds}
-    fmt.update({"tok/s": "{:,.0f}".format, "mfu": lambda v: f"{100 * v:.1f}%", "mem_GiB": "{:.1f}".format,
-                "$/Mtok": "{:.3f}".format, "days": "{:.2f}".format, "goodput": lambda v: f"{100 * v:.1f}%",
-                "$": "{:,.0f}".format, "MWh": "{:,.0f}".format})
-    return frame.to_string(index=False, formatters={k: v for k, v in fmt.items() if k in frame.columns})
-
-
-def format_pareto(result: Any) -> str:
-    lines = ["Pareto front, step time vs. memory per GPU (fitting plans; no plan is both faster and smaller):"]
-    for row in result.front_rows(result.pareto_time_memory()):
-        lines.append(f"  {row['peak_memory_gib']:8.1f} GiB  {row['step_time_s']:10.3f} s  {row['label']}")
-    if len(result.parts) > 1:
-        lines.append("Pareto front, throughput vs. number of GPUs (no smaller count is as fast):")
-        for row in result.front_rows(result.pareto_gpus_throughput()):
-            lines.append(f"  {row['gpus']:6d} GPUs  {row['tokens_per_s']:12,.0f} tokens/s  "
-                         f"{row['cost_per_mtok']:8.3f} $/Mtok  {row['label']}")
-    return "\n".join(lines)
-
-
-def format_why(result: Any) -> str:
-    lines = [f"rejected {sum(result.rejected.values())} of {result.enumerated} plans:"]
-    for key, text, count in result.why():
-        lines.append(f"  {count:>10}  {key:<24} {text}")
-    if not result.rejected:
-        lines.append("  (none)")
-    if getattr(result, "left_out", 0):
-        lines.append(f"left out of the space: {result.left_out} plans of the full product, each rejected by a plan "
-                     "rule or the stack (mixture-of-experts default; --full-space enumerates and counts them)")
-    return "\n".join(lines)
-
-
-def _write_csv(result: Any, path: str, top: int) -> None:
-    from ..io import atomic_write_text
-
-    atomic_write_text(path, result.table(top).to_csv(index=False), what="--csv")
-
-
-def print_ranking(result: Any, args: argparse.Namespace, compared: Any = None) -> None:
-    """The text body of a search (`tpsim plan` and traced-model plans): the ranking table (or the ``--compare``
-    table), then ``--why`` and ``--pareto`` when asked."""
-    if compared is not None:
-        from ..report.compare import format_comparison
-
-        print(format_comparison(compared))
-    elif len(result):
-        print(format_table(result.table(args.top)))
-    else:
-        print("no plan fits: see --why, try --include-unfit, more GPUs, recomputation or ZeRO")
-    if args.why:
-        print(format_why(result))
-    if args.pareto:
-        print(format_pareto(result))

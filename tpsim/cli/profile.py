@@ -49,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:  # before torch starts and anything is measured
         check_destination(args.out)
 
+    for item in args.dtype:  # an empty --dtype is not "the defaults" (issue 26)
+        if not item.strip() or any(not d.strip() for d in item.split(",")):
+            raise InputError(f"--dtype {item!r}: names an empty dtype (give fp32, bf16, fp16, fp8 ... or leave "
+                             f"the flag out for the defaults)")
     dtypes = tuple(d.strip() for item in args.dtype for d in item.split(",") if d.strip())
     grid = args.grid or ("quick" if args.quick else "full")
     if args.quick and args.grid not in (None, "quick"):

@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from ..errors import InputError
-from .common import build_stack, count_arg, real_arg
-from .plan import add_problem_arguments, add_space_arguments, build_space, check_problem, load_compute, load_problem
+from .common import build_space, build_stack, count_arg, load_compute, real_arg
+from .plan import add_problem_arguments, add_space_arguments, check_problem, load_problem
 
 
 def register(subparsers: Any) -> None:
@@ -35,6 +35,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--scaling-span", type=int, default=None, metavar="K",
                    help="the scaling chart covers --gpus / K to --gpus x K in powers of two (default 8; counts "
                         "the cluster cannot hold are left out)")
+    p.add_argument("--runs", metavar="RUNS.csv",
+                   help="instead of a plan search: predicted vs measured step time of the measured runs in "
+                        "RUNS.csv (docs/RUNS.md), with bands, before and after calibration (with --calibration "
+                        "a `calibrate --from-runs` file, else each run calibrated leave-one-out on the others)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.add_argument("--force", action="store_true",
                    help="write into a folder that already holds a report (its files are replaced)")
@@ -59,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from ..search import DEFAULT_GPU_HOUR_PRICE
     from ..topology import load_cluster
 
+    if args.runs:
+        return runs_report(args)
     check_report_dir(args.out, force=args.force)
     price = args.gpu_hour_price if args.gpu_hour_price is not None else DEFAULT_GPU_HOUR_PRICE
     span = args.scaling_span if args.scaling_span is not None else SCALING_SPAN
@@ -75,8 +81,25 @@ def run(args: argparse.Namespace) -> int:
     inputs = ReportInputs(model=model, cluster=cluster_name, gpus=gpus, global_batch=batch, space=space,
                           gpu_hour_price=price, top=args.top, compute=compute, command=command,
                           stack=build_stack(args, model), scaling_span=span, tokens=args.tokens,
-                          reliability=_reliability(args))
+                          reliability=_reliability(args), flops_convention=getattr(args, "flops_convention", None))
     log = (lambda s: None) if args.quiet else (lambda s: print(f"tpsim report: {s}", file=sys.stderr))  # noqa: ARG005 (a fixed signature)
     path = write_report(inputs, args.out, loader=loader, progress=not args.quiet, log=log, force=args.force)
     print(path)
+    return 0
+
+
+def runs_report(args: argparse.Namespace) -> int:
+    """``report --runs RUNS.csv --out DIR [--calibration CAL.yaml]``."""
+    from ..calibration import load_calibration
+    from ..io import check_output_dir
+    from ..report.runs import RUNS_REPORT_FILES, write_runs_report
+    from ..runs import load_runs
+
+    check_output_dir(args.out, "--out", force=args.force, protected=RUNS_REPORT_FILES)
+    runs = load_runs(args.runs)
+    cal = load_calibration(args.calibration) if args.calibration else None
+    if cal is not None and "runs_fit" not in cal.provenance:
+        raise InputError(f"--calibration {args.calibration}: not a `calibrate --from-runs` file (no runs_fit "
+                         "section); report --runs compares against a calibration from runs")
+    print(write_runs_report(runs, args.out, calibration=cal, source=args.runs))
     return 0

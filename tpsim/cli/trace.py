@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import positive_int
+from .common import positive_int, real_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp-plan", help="YAML of TP plan overrides shown with the derived plan")
     p.add_argument("--show", action="store_true", help="print the graph's units and its derived TP plan")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument("--timeout-s", type=real_arg("timeout_s"), default=None,
+                   help="stop the model's code after this long (default 600: it runs in a child process)")
+    p.add_argument("--memory-limit-gib", type=real_arg("mem_limit_gib"), default=None,
+                   help="address-space limit of that child (default 8 GiB; the model is built on the meta device)")
     p.set_defaults(func=run)
 
 
@@ -49,21 +53,41 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.input_shape:
         raise InputError("--input-shape is required (one per model input, dim 0 = batch)")
-    from ..trace import trace_spec
+    from ..io import atomic_write_text, check_output_file
+    from ..opgraph.schema import parse_opgraph
+    from ..trace.child import DEFAULT_MEMORY_GIB, DEFAULT_TIMEOUT_S, trace_in_child
     from ..trace.spec import parse_input_shape, parse_kwargs
 
-    inputs = [parse_input_shape(s) for s in args.input_shape]
-    graph = trace_spec(args.module_spec, inputs, parse_kwargs(args.kwarg), name=args.name,
-                       tokens_per_sample=args.tokens_per_sample)
-    out = Path(args.out or f"{graph.name}.ops.json")
+    parse_kwargs(args.kwarg)  # bad --kwarg and --input-shape values are refused before any code runs
+    for s in args.input_shape:
+        parse_input_shape(s)
+    name = args.name if args.name is not None else args.module_spec.rpartition(":")[2].replace("_", "-")
+    _check_name(name)
+    out = Path(args.out or f"{name}.ops.json")
     if not out.name.endswith(".ops.json"):
         raise InputError(f"--out {out}: the file name must end in .ops.json (that is how --model recognises it)")
-    if out.exists() and not args.force:
-        raise InputError(f"--out {out} exists (use --force to overwrite)")
-    _write(out, graph.to_json())
+    check_output_file(out, "--out", force=args.force, create_parent=True)  # before the work (issue 26)
+    text = trace_in_child(args.module_spec, list(args.input_shape), list(args.kwarg), name=args.name,
+                          tokens_per_sample=args.tokens_per_sample,
+                          timeout_s=args.timeout_s or DEFAULT_TIMEOUT_S,
+                          memory_gib=args.memory_limit_gib or DEFAULT_MEMORY_GIB)
+    graph = parse_opgraph(text, f"the graph traced from {args.module_spec}")
+    check_output_file(out, "--out", force=args.force, create_parent=True)  # nothing appeared there meanwhile
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, text, "--out", overwrite=args.force)  # a file that appeared meanwhile is kept
     print(describe(graph, args.tp_plan) if args.show else graph.summary())
     print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def _check_name(name: str) -> None:
+    """A graph name is one plain file-name component: it names the default output file."""
+    from ..errors import InputError
+
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name or name.startswith(".") \
+            or len(name) > 128 or not name.isprintable():
+        raise InputError(f"--name {name[:80]!r}: a graph name is a plain name (letters, digits, - _ .; no folder "
+                         f"parts, not starting with '.'), at most 128 characters")
 
 
 def _write(path: Path, text: str) -> None:

@@ -120,7 +120,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="scale a case down (sequence, then micro-batch) until one rank's predicted run time "
                         "is under this many seconds (default: %(default)s)")
     t = p.add_argument_group("traced models (--model X.ops.json, docs/OPGRAPH.md)")
-    t.add_argument("--module-spec", help="the model's factory (default: the one the op graph was traced from)")
+    t.add_argument("--module-spec", help="the model's factory, package.module:fn or file.py:fn (required for an op graph: "
+                   "the module recorded inside the graph file is never run)")
     t.add_argument("--kwarg", action="append", default=[], metavar="NAME=VALUE",
                    help="factory keyword argument (default: the traced ones), repeatable")
     t.add_argument("--tp-plan", help="YAML of TP plan overrides")

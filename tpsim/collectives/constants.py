@@ -92,7 +92,17 @@ class NcclConstants:
         return self.hw_lat_us.get((hw, algo, proto), 0.0)
 
     def arch_of(self, device: str) -> str:
-        return self.device_arch.get(device, self.default_arch)
+        """The NCCL constant row of ``device``: the table's entry, else the device's own architecture family
+        (devices.yaml ``architecture``: B300, GB200, GB300 read the blackwell row, H800 the hopper row) when
+        NCCL has a row for it, else ``default_arch``."""
+        if device in self.device_arch:
+            return self.device_arch[device]
+        try:
+            from ..hardware import get_device
+            family = get_device(device).architecture
+        except InputError:
+            family = None
+        return family if family in self.arch else self.default_arch
 
     def caps(self, device: str) -> ArchCaps:
         return self.arch[self.arch_of(device)]

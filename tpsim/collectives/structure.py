@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..limits import check_node_pairs
 from ..topology.fabric import FatTree, Torus
 from ..topology.node import EdgeAttrs, link_attrs
 from .flows import Flows
@@ -56,6 +57,7 @@ class StructuralRouter(RouteQueries):
         self.rules = rules or LinkRules()
         self.layout = layout = cluster.layout
         self.gpn = int(cluster.gpus_per_node)
+        check_node_pairs(self.gpn, getattr(cluster, "name", "cluster"))  # before the per-pair tables (issue 26)
         self.num_nodes = int(cluster.num_nodes)
         self.fabric = cluster.fabric
         self.fat = self.fabric if isinstance(self.fabric, FatTree) else None

@@ -27,7 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import InputError
-from ..hardware import DeviceSpec, get_device
+from ..hardware import DeviceSpec, get_device, is_low_precision
 from .kernel_data import KERNELS_DIR, load_kernel_yaml, require_keys
 
 PASSES = ("fwd", "bwd")
@@ -221,9 +221,9 @@ def _fraction(data: AttentionData, impl: str, p: str, device: DeviceSpec, dtype:
     fractions = data.params[(impl, p)].fractions
     kernel_dtype = "bf16" if dtype == "fp16" else dtype
     note = ""
-    if kernel_dtype == "fp8" and (device.name, "fp8") not in fractions:
+    if is_low_precision(kernel_dtype) and (device.name, kernel_dtype) not in fractions:
         kernel_dtype = "bf16"  # Transformer Engine keeps attention in bf16 unless fp8 attention is enabled
-        note = "fp8 training runs attention in bf16 (Transformer Engine default); "
+        note = f"{dtype} training runs attention in bf16 (Transformer Engine default); "
     n = sum(1 for q in data.published if (q.impl, q.device, q.dtype, q.pass_) == (impl, device.name, kernel_dtype, p))
     if (device.name, kernel_dtype) in fractions:
         return (fractions[(device.name, kernel_dtype)], kernel_dtype,

@@ -130,6 +130,11 @@ def _anchor_dtype(dtype: str) -> tuple[str, str]:
     return dtype, ""
 
 
+ANCHOR_FALLBACK = {"mxfp8": "fp8", "nvfp4": "fp8"}
+"""a block-scaled dtype without its own anchor on a device reads the fraction of this dtype on the same device
+(the same tensor-core pipeline; the scales are applied inside the MMA), before the bf16 fraction."""
+
+
 def achieved_hbm(device: DeviceSpec) -> tuple[float, str]:
     """Streaming bytes/s the device reaches and where the figure comes from: its measured
     ``hbm_achieved_fraction``, else the roofline's prior ``memory_bandwidth_fraction`` (efficiency.yaml)."""
@@ -156,19 +161,29 @@ def resolve_rate(device: DeviceSpec, dtype: str, hbm: float) -> GemmRate:
         f = anchored_fraction(arch, device, hbm, want, own[want])
         note = f" ({why})" if why else ""
         return GemmRate(peak=peak, large_fraction=f, provenance=f"anchored{note}: {own[want].source}")
+    near = ANCHOR_FALLBACK.get(dtype)
+    if near in own and near in device.peak_flops:
+        f = anchored_fraction(arch, device, hbm, near, own[near])
+        return GemmRate(peak=peak, large_fraction=f,
+                        provenance=f"transferred: no {dtype} measurement on {device.name}; its {near} fraction")
     if "bf16" in own:
         f = anchored_fraction(arch, device, hbm, "bf16", own["bf16"])
         return GemmRate(peak=peak, large_fraction=f,
                         provenance=f"transferred: no {dtype} measurement on {device.name}; its bf16 fraction")
-    peers = []
-    for name, anchors in data.anchors.items():
-        peer = get_device(name)
-        if peer.architecture == device.architecture and "bf16" in anchors:
-            peers.append((name, anchored_fraction(arch, peer, achieved_hbm(peer)[0], "bf16", anchors["bf16"])))
-    if not peers:
-        raise InputError(f"device {device.name}: no published GEMM measurement for it or for another "
-                         f"{device.architecture} device in tpsim/data/kernels/gemm.yaml; use the roofline or a "
-                         f"measured profile (--profile)")
-    f = float(np.mean([p[1] for p in peers]))
-    return GemmRate(peak=peak, large_fraction=f,
-                    provenance=f"transferred: bf16 fraction of {', '.join(p[0] for p in peers)} (same architecture)")
+    for peer_dtype in dict.fromkeys((want, near, "bf16")):
+        if peer_dtype is None:
+            continue
+        peers = []
+        for name, anchors in data.anchors.items():
+            peer = get_device(name)
+            if peer.architecture == device.architecture and peer_dtype in anchors:
+                peers.append((name, anchored_fraction(arch, peer, achieved_hbm(peer)[0], peer_dtype,
+                                                      anchors[peer_dtype])))
+        if peers:
+            f = float(np.mean([p[1] for p in peers]))
+            return GemmRate(peak=peak, large_fraction=f,
+                            provenance=f"transferred: {peer_dtype} fraction of {', '.join(p[0] for p in peers)} "
+                                       f"(same architecture)")
+    raise InputError(f"device {device.name}: no published GEMM measurement for it or for another "
+                     f"{device.architecture} device in tpsim/data/kernels/gemm.yaml; use the roofline or a "
+                     f"measured profile (--profile)")

@@ -27,12 +27,12 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from ..errors import InputError
-from ..limits import LIMITS, show
+from ..limits import LIMITS, ascii_int, show
 from .base import MEMORY_KERNEL_NAMES, ArrayLike, ComputeModel
 
 FORMAT_VERSION = 1
@@ -44,6 +44,7 @@ ATTENTION_OPS = ("causal", "full")
 #: the profiler runs on a machine without PyYAML).
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 DIM_COLUMNS = {"gemm": ("m", "n", "k"), "attention": ("batch_heads", "seq", "head_dim"), "memory": ("numel",)}
+DIM_COLUMNS_ALL = frozenset(c for cols in DIM_COLUMNS.values() for c in cols)
 COLUMNS = ("kind", "op", "dtype", "pass", "m", "n", "k", "batch_heads", "seq", "head_dim", "numel",
            "time_s", "reps", "spread_pct")
 META_KEYS = ("format_version", "device", "device_type", "torch_version", "threads", "date", "tpsim_version")
@@ -410,7 +411,28 @@ def _parse_meta(lines: list[tuple[int, str]], name: str) -> ProfileMeta:
                        threads=threads, date=values["date"], tpsim_version=values["tpsim_version"], extra=extra)
 
 
+def _typed(cells: dict[str, str]) -> dict[str, Any]:
+    """The row's cells as the profile schema's types: ASCII integers and finite-or-not floats converted, an
+    empty optional cell None, anything else left as text (the schema then names it)."""
+    out: dict[str, Any] = {}
+    for key, text in cells.items():
+        if key in ("reps",) or key in DIM_COLUMNS_ALL:
+            out[key] = None if text == "" else (ascii_int(text) if ascii_int(text) is not None else text)
+        elif key in ("time_s", "spread_pct"):
+            try:
+                out[key] = None if text == "" and key == "spread_pct" else float(text) if len(text) <= 64 else text
+            except ValueError:
+                out[key] = text
+        else:
+            out[key] = text
+    return out
+
+
 def _parse_row(cells: dict[str, str], where: str) -> ProfilePoint:
+    from ..schema import check
+    from ..schemas import PROFILE_ROW
+
+    check(PROFILE_ROW, _typed({k: v for k, v in cells.items() if k in COLUMNS}), where)  # issue 26
     kind, op, dtype, pass_ = cells["kind"], cells["op"], cells["dtype"], cells["pass"]
     if kind not in KINDS:
         raise InputError(f"{where}: kind={kind!r} is not one of {', '.join(KINDS)}")

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..hardware import DATA_DIR, DTYPE_BYTES, DeviceSpec
+from ..hardware import DATA_DIR, DTYPE_BYTES, DeviceSpec, is_low_precision
 from ..precision import activation_bytes  # noqa: F401  (re-exported: the one rule, tpsim/precision.py)
 from .base import ArrayLike, ComputeModel
 
@@ -100,7 +100,7 @@ class RooflineModel(ComputeModel):
         frac = self.eff.flash_backward if backward else self.eff.flash_forward
         # query tiles of 128 rows per (batch, head) are the parallel work items
         shape = self._shape_efficiency(bh, s, np.full_like(s, self.eff.tile_n), d)
-        kernel_dtype = "bf16" if dtype in ("fp8",) else dtype
+        kernel_dtype = "bf16" if is_low_precision(dtype) else dtype
         rate = self.device.peak(kernel_dtype) * frac * shape
         t = flops / rate + self.eff.kernel_overhead_s
         return t, np.zeros(np.shape(t), dtype=bool)

@@ -20,9 +20,11 @@ Relative standard deviations, combined in quadrature over the step-time breakdow
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from dataclasses import field as dataclasses_field
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -44,6 +46,10 @@ class BandData:
     profile_sigma: float
     exposed_comm_sigma: float
     optimizer_sigma: float
+    residual: Mapping[str, float] = dataclasses_field(default_factory=dict)
+    """``residual_bands`` (bands from the residuals of measured runs)."""
+    runs_fit: Mapping[str, Any] = dataclasses_field(default_factory=dict)
+    """``runs_fit`` (priors of ``calibrate --from-runs``, tpsim/runfit.py)."""
 
 
 @lru_cache(maxsize=1)
@@ -57,7 +63,9 @@ def band_data() -> BandData:
                     gemm_sigma={k: float(v) for k, v in raw["gemm_sigma"].items() if k != "source"},
                     attention_sigma={k: float(v) for k, v in raw["attention_sigma"].items() if k != "source"},
                     profile_sigma=value("profile_sigma"), exposed_comm_sigma=value("exposed_comm_sigma"),
-                    optimizer_sigma=value("optimizer_sigma"))
+                    optimizer_sigma=value("optimizer_sigma"),
+                    residual={k: float(v) for k, v in raw["residual_bands"].items() if k not in ("source", "prior")},
+                    runs_fit={k: v for k, v in raw["runs_fit"].items() if k not in ("source", "prior")})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,3 +126,149 @@ def step_band(inputs: BandInputs, dtype: str, *, step: np.ndarray, compute_like:
            + (optimizer * inputs.optimizer_sigma) ** 2 + overhead_sigma ** 2)
     half = inputs.z * np.sqrt(var)
     return np.maximum(step - half, MIN_LOW_FRACTION * step), step + half
+
+
+# ------------------------------------------------------------------------------ bands from measured residuals
+
+@dataclass(frozen=True, kw_only=True)
+class Residual:
+    """One measured run's residual, ``error = log(measured / predicted)``, with the features that group it."""
+
+    run_id: str
+    device: str
+    stack: str
+    params: float
+    gpus: int
+    tp: int
+    cp: int
+    pp: int
+    error: float
+    dtype: str = ""
+    recompute: str = ""
+    seq_len: int = 0
+
+    def features(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "device": self.device, "stack": self.stack, "params": self.params,
+                "gpus": self.gpus, "tp": self.tp, "cp": self.cp, "pp": self.pp, "dtype": self.dtype,
+                "recompute": self.recompute, "seq_len": self.seq_len}
+
+    def distance(self, params: float, gpus: int, tp: int, cp: int, pp: int, dtype: str, recompute: str,
+                 seq_len: int) -> float:
+        """How far a plan is from this run: one per doubling of a parallel degree or the sequence, per factor
+        ``size_ratio`` of parameters and 8 of GPUs, one per differing dtype or recomputation."""
+        cfg = band_data().residual
+        lg = lambda a, b: abs(math.log2(max(a, 1) / max(b, 1)))  # noqa: E731
+        d = lg(self.params, params) / math.log2(cfg["size_ratio"]) + lg(self.gpus, gpus) / 3.0
+        d += lg(self.tp, tp) + lg(self.cp, cp) + lg(self.pp, pp)
+        if self.seq_len and seq_len:
+            d += lg(self.seq_len, seq_len)
+        d += float(bool(dtype) and bool(self.dtype) and dtype != self.dtype)
+        d += float(bool(recompute) and bool(self.recompute) and recompute != self.recompute)
+        return d
+
+
+@dataclass(frozen=True)
+class ResidualBand:
+    low_factor: float
+    """step_time_s_low / step_time_s."""
+    high_factor: float
+    basis: dict[str, Any]
+    """``band_basis`` (docs/SCHEMAS.md T7): kind, runs, n, group."""
+
+
+def t_quantile_95(dof: int) -> float:
+    """Student-t 0.95 quantile (two-sided 90%) by the Cornish-Fisher expansion (within 1% for dof >= 3)."""
+    z = 1.6448536269514722
+    v = float(max(dof, 1))
+    return z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v * v)
+
+
+def residual_band(residuals: Sequence[Residual], *, device: str, stack: str, params: float, gpus: int, tp: int,
+                  cp: int, pp: int, dtype: str = "", recompute: str = "", seq_len: int = 0,
+                  kind: str = "residuals", exclude: str | None = None,
+                  prior_sigma: float | None = None) -> ResidualBand:
+    """The band of a prediction from the residuals of the runs closest to its plan (docs/MODEL.md "Error
+    band"): the most specific group with at least ``min_runs`` residuals among same device, stack and model
+    size -> same device and stack -> same stack -> same device -> every run; a 90% prediction interval of the
+    group's log residuals (mean +- t s sqrt(1 + 1/n)), widened in quadrature by the extrapolation priors (a
+    device or stack no run of the group has, each plan degree beyond the group's span); it always contains the
+    prediction. ``exclude``: a run id left out (leave-one-out coverage)."""
+    cfg = band_data().residual
+    pool = [r for r in residuals if r.run_id != exclude]
+    if not pool:
+        return ResidualBand(1.0, 1.0, {"kind": "prior", "runs": [], "n": 0, "group": "no runs"})
+    need = int(cfg["min_runs"])
+    ratio = float(cfg["size_ratio"])
+    same_size = lambda r: max(r.params, params) / max(min(r.params, params), 1.0) <= ratio  # noqa: E731
+    levels = (
+        ("same device, stack and model size", lambda r: r.device == device and r.stack == stack and same_size(r),
+         False, False),
+        ("same device and stack", lambda r: r.device == device and r.stack == stack, False, False),
+        ("same stack, other devices", lambda r: r.stack == stack, True, False),
+        ("same device, other stacks", lambda r: r.device == device, False, True),
+        ("all runs", lambda _r: True, True, True),
+    )
+    for group, keep, new_device, new_stack in levels:
+        chosen = [r for r in pool if keep(r)]
+        if len(chosen) >= need or group == "all runs":
+            break
+    near = int(cfg["neighbours"])
+    if len(chosen) > near:  # the runs nearest the plan (ties kept together)
+        dist = [r.distance(params, gpus, tp, cp, pp, dtype, recompute, seq_len) for r in chosen]
+        cut = sorted(dist)[near - 1]
+        chosen = [r for r, d in zip(chosen, dist) if d <= cut + 1e-9]
+        group += f", {len(chosen)} nearest"
+    new_device = new_device and not any(r.device == device and r.stack == stack for r in pool)
+    new_stack = new_stack and not any(r.stack == stack for r in pool)
+    e = np.array([r.error for r in chosen])
+    n = len(e)
+    mean = float(e.mean())
+    sd = float(e.std(ddof=1)) if n > 1 else abs(mean)
+    dof = n - 1
+    if prior_sigma is not None:
+        # a calibration's runs: its fitted per-run error is a prior on the spread worth `calibrated_prior_dof`
+        # residuals (few runs cannot claim a tiny band, nor does one odd run blow it up); with fewer than
+        # three runs their mean is not a bias estimate (one run's leave-one-out is the uncalibrated error)
+        nu = float(cfg["calibrated_prior_dof"])
+        sd = math.sqrt((nu * prior_sigma ** 2 + max(n - 1, 0) * (sd ** 2 if n > 1 else 0.0)) / (nu + max(n - 1, 0)))
+        dof = int(nu) + max(n - 1, 0)
+        if n < 3:
+            mean = 0.0
+    extra2 = 0.0
+    widened = []
+    if new_device:
+        extra2 += cfg["new_device_sigma"] ** 2
+        widened.append(f"no runs on {device} with stack {stack}")
+    if new_stack:
+        extra2 += cfg["new_stack_sigma"] ** 2
+        widened.append(f"no runs of stack {stack}")
+    for name, value in (("tp", tp), ("cp", cp), ("pp", pp), ("gpus", gpus)):
+        span = [getattr(r, name) for r in chosen]
+        if value > max(span) or value < min(span):
+            extra2 += cfg["outside_span_sigma"] ** 2
+            widened.append(f"{name} {value} outside the runs' {min(span)}-{max(span)}")
+    t = t_quantile_95(dof)
+    half = math.sqrt((t * sd) ** 2 * (1.0 + 1.0 / n) + (1.6448536269514722 ** 2) * extra2)
+    low = math.exp(min(0.0, mean - half))
+    high = math.exp(max(0.0, mean + half))
+    low = max(low, MIN_LOW_FRACTION)
+    text = group + (f"; widened: {', '.join(widened)}" if widened else "")
+    return ResidualBand(low, high, {"kind": kind, "runs": [r.run_id for r in chosen], "n": n, "group": text})
+
+
+PRIOR_BASIS = {"kind": "prior", "runs": [], "n": 0,
+               "group": "input uncertainties propagated (tpsim/data/band.yaml)"}
+"""``band_basis`` of a band from the input uncertainties (no residuals applied)."""
+
+
+def apply_band(result: Any, band: ResidualBand) -> Any:
+    """The estimate with ``band`` as its error band (step time, tokens/s and MFU low/high) and basis."""
+    import dataclasses
+
+    step = result.step_time_s
+    low, high = step * band.low_factor, step * band.high_factor
+    return dataclasses.replace(result, step_time_s_low=low, step_time_s_high=high,
+                               tokens_per_s_low=result.tokens_per_s * step / high,
+                               tokens_per_s_high=result.tokens_per_s * step / low,
+                               mfu_low=result.mfu * step / high, mfu_high=result.mfu * step / low,
+                               band_basis=band.basis)

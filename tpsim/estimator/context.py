@@ -32,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..calibration import Calibration, ComputeCalibration
+from ..errors import InputError
 from ..compute.base import ComputeModel
 from ..compute.fixed import LayerTraits, fixed_data, layer_kernel_counts
 from ..compute.roofline import RooflineModel
@@ -107,12 +108,9 @@ class EstimationContext:
         terms = stack_terms(profile)
         warnings = list(_profile_warnings(compute, device.name))
         if compute is None:
-            effective, note = default_compute(device, profile)
+            effective, note = stack_compute(device, profile)
             if note:
                 warnings.append(f"compute: {note}")
-            if terms.kernel_flavor == "eager":  # unfused elementwise op chains (tpsim/compute/eager.py)
-                from ..compute.eager import EagerKernels
-                effective = EagerKernels(effective)
         else:
             effective = compute
         fixed = FixedCosts.of(model, terms, achieved_hbm(effective, device))
@@ -124,6 +122,9 @@ class EstimationContext:
             reason = _not_applicable(fit, device.name, profile.name)
             if reason:
                 name = cal.path.name if cal.path is not None else "(given)"
+                if "runs_fit" in cal.provenance:  # a fit to measured runs is of one device and stack only
+                    raise InputError(f"--calibration {cal.path or name}: {reason} (a calibration from runs "
+                                     "applies to its own device and stack)")
                 warnings.append(f"calibration {name}: compute section not applied ({reason})")
             else:
                 if fit.scales_time:
@@ -326,6 +327,16 @@ def default_compute(device: Any, stack: StackProfile) -> tuple[ComputeModel, str
     return training_compute(device, impl)
 
 
+def stack_compute(device: Any, stack: StackProfile) -> tuple[ComputeModel, str]:
+    """The compute model a context uses when none is given: :func:`default_compute`, with the stack's eager
+    (unfused elementwise) kernels where its profile says so (tpsim/compute/eager.py)."""
+    effective, note = default_compute(device, stack)
+    if stack_terms(stack).kernel_flavor == "eager":
+        from ..compute.eager import EagerKernels
+        effective = EagerKernels(effective)
+    return effective, note
+
+
 _CONTEXTS: OrderedDict = OrderedDict()
 """identity key -> (context, calibration, stack): the entry holds its inputs, so their ids stay unique."""
 
@@ -344,7 +355,7 @@ def context_for(model: ModelSpec, cluster: Any, compute: ComputeModel | None = N
         _CONTEXTS.move_to_end(key)
         return hit[0]
     shared = next((c.caches.curves for c, cal, _ in reversed(_CONTEXTS.values())
-                   if c.cluster is cluster and cal is calibration), None)
+                   if c.cluster is cluster and (cal is calibration or _links_only_own(cal, calibration))), None)
     ctx = EstimationContext.build(model, cluster, compute, calibration, stack, flavor, curves=shared)
     _CONTEXTS[key] = (ctx, calibration, stack)
     if len(_CONTEXTS) > CONTEXTS:
@@ -352,12 +363,17 @@ def context_for(model: ModelSpec, cluster: Any, compute: ComputeModel | None = N
     return ctx
 
 
+def _links_only_own(a: Calibration | None, b: Calibration | None) -> bool:
+    """Both calibrations leave the cluster's links as they are (none, or compute-only files)."""
+    return all(c is None or not c.link_overrides() for c in (a, b))
+
+
 def _collective_model(cluster: Any, calibration: Calibration | None, own: Calibration | None) -> Any:
     """The cluster's collective model, or one with a calibration's link values that the cluster lacks."""
     from ..collectives.model import CollectiveModel, get_collective_model
 
-    if calibration is None or calibration is own:
-        return get_collective_model(cluster)
+    if calibration is None or calibration is own or not calibration.link_overrides():
+        return get_collective_model(cluster)  # a compute-only calibration leaves the links as they are
     return CollectiveModel(cluster, calibration=calibration.link_overrides())
 
 

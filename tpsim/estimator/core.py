@@ -23,6 +23,7 @@ import numpy as np
 from .. import pipeline
 from ..compute.base import ComputeModel
 from ..errors import InputError
+from ..hardware import DTYPE_BYTES, is_low_precision
 from ..model import ModelSpec
 from ..plan import Plan, PlanBatch, validate_plan
 from ..units import GiB
@@ -89,7 +90,7 @@ def _z3_collectives(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray | fl
 
 
 FP8_CAST_BYTES = 2.0
-"""per parameter: Transformer Engine keeps the fp8 cast of each weight and its transpose (Hopper's fp8 GEMMs
+"""quantized copies per parameter (times the dtype's bytes): Transformer Engine keeps the fp8 cast of each weight and its transpose (Hopper's fp8 GEMMs
 need both layouts) between micro-batches of a step (transformer_engine/pytorch/module/linear.py, the
 ``is_first_microbatch`` weight caching); with fp8 weights kept (--fp8-param-gather) only the transpose."""
 
@@ -101,7 +102,10 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
 
     terms, dtype = ctx.terms, plans.dtype
     sb = terms.state_bytes(dtype)
-    cache = 0.0 if dtype != "fp8" else (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
+    # the quantized weight copies at the dtype's bytes, block scales included (DTYPE_BYTES: 1 for fp8,
+    # 1 + 1/32 for mxfp8, 0.5 + 1/16 for nvfp4): the copy and its transpose / column-wise copy
+    cache = 0.0 if not is_low_precision(dtype) else \
+        DTYPE_BYTES[dtype] * (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
     proc = process_memory()
     return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads, master_bytes=sb.master,
                 state_bytes=sb.moments, process=proc.cuda_context,
@@ -213,7 +217,7 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         step_time_s_low=step_low, step_time_s_high=step_high, tokens_per_s_low=tokens / step_high,
         tokens_per_s_high=tokens / step_low, mfu_low=mflops / (step_high * gpus * peak_flops),
         mfu_high=mflops / (step_low * gpus * peak_flops), num_layers=int(source.num_layers),
-        edges_as_layers=bool(ctx.terms.pipeline_edges_as_layers))
+        edges_as_layers=bool(ctx.terms.pipeline_edges_as_layers), flops_convention=source.flops_convention)
 
 
 def _term_sources(ctx: EstimationContext, dtype: str) -> dict[str, str]:

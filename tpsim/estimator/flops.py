@@ -57,6 +57,72 @@ names one, and a measured TFLOP/s of a runs file is converted with the conventio
 """
 
 
+DEFAULT_FLOPS_CONVENTION = "causal"
+"""the convention MFU and model TFLOP/s are reported in unless ``--flops-convention`` names another (NeMo and
+torchtitan count causal attention; docs/SCHEMAS.md T5)."""
+FLOP_RATE_KEYS = ("model_tflops_per_gpu", "mfu", "mfu_low", "mfu_high")
+"""result figures proportional to the model FLOPs (a convention scales them)."""
+
+
+def convention_ratio(model: ModelSpec, to: str, frm: str = DEFAULT_FLOPS_CONVENTION) -> float:
+    """Model FLOPs under ``to`` over model FLOPs under ``frm`` (the factor MFU and model TFLOP/s scale by)."""
+    if to == frm:
+        return 1.0
+    return model_flops_per_sequence_as(model, to) / model_flops_per_sequence_as(model, frm)
+
+
+def in_convention(figures: dict, ratio: float) -> dict:
+    """``figures`` (a result's ``model_tflops_per_gpu``, ``mfu``, ``mfu_low``, ``mfu_high``, ``hfu``,
+    ``hardware_tflops_per_gpu``: floats or arrays, whichever it has) with the model FLOPs scaled by ``ratio``;
+    hardware FLOPs are the model FLOPs plus the recomputed ones, so they move by the model FLOPs' change."""
+    out = dict(figures)
+    for key in FLOP_RATE_KEYS:
+        if key in out:
+            out[key] = out[key] * ratio
+    if "hfu" in out and "mfu" in figures:
+        out["hfu"] = figures["hfu"] + figures["mfu"] * (ratio - 1.0)
+    if "hardware_tflops_per_gpu" in out and "model_tflops_per_gpu" in figures:
+        out["hardware_tflops_per_gpu"] = (figures["hardware_tflops_per_gpu"]
+                                          + figures["model_tflops_per_gpu"] * (ratio - 1.0))
+    return out
+
+
+def measured_mfu_limit() -> tuple[float, float, str]:
+    """(MFU above which a prediction is flagged, the highest MFU ever measured, its source) from
+    tpsim/data/measured_limits.yaml."""
+    return _measured_limits()
+
+
+def _measured_limits() -> tuple[float, float, str]:
+    global _LIMITS
+    if _LIMITS is None:
+        from pathlib import Path
+
+        from ..safeyaml import load_data
+
+        data = load_data(Path(__file__).resolve().parent.parent / "data" / "measured_limits.yaml")
+        top = data["mfu_max_measured"]
+        _LIMITS = (float(data["mfu_warn_above"]["value"]), float(top["value"]), " ".join(str(top["source"]).split()))
+    return _LIMITS
+
+
+_LIMITS: tuple[float, float, str] | None = None
+
+
+MFU_WARNING_START = "MFU "
+"""how :func:`mfu_warning`'s line starts (a change of convention replaces it)."""
+
+
+def mfu_warning(mfu: float, convention: str = DEFAULT_FLOPS_CONVENTION) -> str | None:
+    """The warning of a predicted MFU above what any training run has measured (None: below)."""
+    warn, top, _ = measured_mfu_limit()
+    if not mfu > warn:
+        return None
+    return (f"{MFU_WARNING_START}{100 * mfu:.1f}% ({convention} FLOPs) is above {100 * warn:.0f}%: no published training run "
+            f"has measured more than {100 * top:.1f}% (tpsim/data/measured_limits.yaml); the prediction is likely "
+            "optimistic")
+
+
 def model_flops_per_sequence_as(model: ModelSpec, convention: str = "full") -> float:
     """Model FLOPs of one training sequence (forward + backward, no recomputation) under ``convention``."""
     from ..errors import InputError

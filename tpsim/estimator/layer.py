@@ -16,6 +16,8 @@ import numpy as np
 
 from ..comm_plan import local_shapes
 from ..compute.base import ComputeModel
+from ..compute.quantize import linear_cast_bytes
+from ..hardware import is_low_precision
 from ..model import LayerKind, ModelSpec
 from .keys import sorted_values
 
@@ -72,7 +74,7 @@ def _linear(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, n, k, dtype: str
     acc_f.add(compute.gemm(m, n, k, dtype))
     dgrad = acc_b.add(compute.gemm(m, k, n, dtype))
     wgrad = acc_b.add(compute.gemm(k, n, m, dtype))
-    if cast is not None and dtype == "fp8":
+    if cast is not None and is_low_precision(dtype):
         acc_f.add(streamed(compute, np.asarray(m, dtype=float) * k * cast[0], dtype))
         acc_b.add(streamed(compute, np.asarray(m, dtype=float) * n * cast[1], dtype))
     return dgrad, wgrad
@@ -221,7 +223,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     activation; :func:`_selective_seconds`); ``per_op``: selective is torchtitan's per-op policy instead
     (:func:`_per_op_seconds`, dense layers with standard attention). ``fp8_cast``: with fp8 GEMMs, the
     stack's (forward, backward) bytes per element of each linear's input and output-gradient casts
-    (``compute.fp8_cast_bytes_per_element``)."""
+    (``compute.fp8_cast_bytes_per_element``); mxfp8 and nvfp4 GEMMs pay their formats' casts instead
+    (:func:`tpsim.compute.quantize.linear_cast_bytes`)."""
     n_plans = len(tp)
     kind = kind or LayerKind(moe=False, window=0)
     cp = _ones(n_plans) if cp is None else cp
@@ -236,6 +239,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     dv = model.head_dim if model.attention_kind != "mla" else model.v_head_dim
     T_norm = np.where(sp, T / t, T)
     fwd, bwd = _Acc(n_plans), _Acc(n_plans)
+    fp8_cast = linear_cast_bytes(dtype, fp8_cast)   # fp8: the stack's recipe; mxfp8/nvfp4: their block scales
 
     # attention block
     dg_a, wg_a = _attention_linears(fwd, bwd, compute, model, T, t, dtype, fused, fp8_cast)

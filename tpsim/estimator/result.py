@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..plan import Plan, PlanBatch
+from .flops import DEFAULT_FLOPS_CONVENTION, MFU_WARNING_START, mfu_warning
 from .keys import sorted_values
 
 BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead", "tp_comm", "pp_comm",
@@ -63,11 +64,32 @@ class Estimate:
     pipeline_split: dict[str, list[int]] = field(default_factory=dict)
     """``layers_per_rank`` and ``layers_per_chunk`` (model order, chunk k on rank k mod pp) of the pipeline
     split the estimate costs (empty without a pipeline; tpsim.estimator.partition.layer_split)."""
+    band_basis: dict[str, Any] | None = None
+    """what set the band (docs/SCHEMAS.md T7): None = the input uncertainties (``band.PRIOR_BASIS``)."""
+    tokens_per_s_per_gpu: float = math.nan
+    """throughput per GPU (tokens_per_s / the cluster's GPUs)."""
+    flops_convention: str = DEFAULT_FLOPS_CONVENTION
+    """how the model FLOPs behind ``mfu`` and ``model_tflops_per_gpu`` are counted (docs/SCHEMAS.md T5)."""
+
+    def in_convention(self, convention: str, ratio: float) -> "Estimate":
+        """This estimate with MFU and the FLOP rates counted under ``convention`` (``ratio``: model FLOPs under
+        it over under :attr:`flops_convention`, :func:`tpsim.estimator.flops.convention_ratio`)."""
+        from .flops import in_convention
+
+        keys = ("model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu", "mfu_low", "mfu_high")
+        figures = in_convention({k: getattr(self, k) for k in keys}, ratio)
+        high = mfu_warning(figures["mfu"], convention)  # the warning follows the figure shown
+        warnings = tuple(w for w in self.warnings if not w.startswith(MFU_WARNING_START)) + ((high,) if high else ())
+        return dataclasses.replace(self, flops_convention=convention, warnings=warnings, **figures)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("term_sources")
         d["terms"] = {k: {"seconds": v, "source": self.term_sources.get(k, "")} for k, v in self.terms.items()}
+        if d["band_basis"] is None:
+            from .band import PRIOR_BASIS
+
+            d["band_basis"] = dict(PRIOR_BASIS)
         d["plan"] = self.plan.to_dict()
         d["plan"]["num_microbatches"] = self.plan.num_microbatches
         d["warnings"] = list(self.warnings)
@@ -138,6 +160,8 @@ class EstimateBatch:
     """the model's repeated layers (the pipeline split of :meth:`to_estimate`; 0: not stated)."""
     edges_as_layers: bool = False
     """the stack counts the embedding and the output layer as layers in its split."""
+    flops_convention: str = DEFAULT_FLOPS_CONVENTION
+    """how the model FLOPs behind ``mfu`` are counted (the layer source's convention)."""
 
     def __post_init__(self) -> None:
         for name in ("overhead_s", "cp_comm_s", "ep_comm_s", "mem_cuda_context_gib", "mem_nccl_buffers_gib",
@@ -160,6 +184,9 @@ class EstimateBatch:
         """What ``tpsim estimate`` warns about for plan ``i``, computed from the batch's own arrays."""
         out = list(_placement_warnings(self.plans.plan(i), int(self.cluster_info.get("gpus_per_node", 0))))
         out += self.context_warnings
+        high = mfu_warning(float(self.mfu[i]), self.flops_convention)
+        if high:
+            out.append(high)
         if not self.fits[i]:
             out.append(f"does not fit: {float(self.peak_memory_gib[i]):.1f} GiB needed, "
                        f"{self.usable_memory_gib:.1f} GiB usable on {self.cluster_info.get('device', '')}")
@@ -186,7 +213,9 @@ class EstimateBatch:
             collectives=collectives, warnings=self.warnings(i) if warnings is None else tuple(warnings),
             stack=self.stack, terms=terms, pipeline_split=self.pipeline_split(i), term_sources=_plan_sources(self.term_sources, collectives, terms,
                                                      self.plans.plan(i).schedule),
-            **{k: f(getattr(self, k)) for k in BAND_KEYS})
+            **{k: f(getattr(self, k)) for k in BAND_KEYS},
+            tokens_per_s_per_gpu=f(self.tokens_per_s) / float(self.cluster_info.get("gpus") or 1),
+            flops_convention=self.flops_convention)
 
     def terms(self, i: int) -> dict[str, float]:
         """The step-time terms of plan ``i`` (docs/SCHEMAS.md T6), in order; they sum to its step time."""
@@ -222,6 +251,7 @@ class EstimateBatch:
                     micro_batch=p.micro_batch, overlap=p.overlap, order=np.array(ORDERS, dtype=object)[p.order])
         for name in SCALAR_KEYS + BAND_KEYS:
             cols[name] = getattr(self, name)
+        cols["tokens_per_s_per_gpu"] = self.tokens_per_s / float(self.cluster_info.get("gpus") or 1)
         for k in BREAKDOWN_KEYS:
             cols[f"{k}_s"] = getattr(self, f"{k}_s")
         for k in MEMORY_KEYS:

@@ -23,9 +23,10 @@ from .. import pipeline
 from ..comm_plan import a2a_bytes, kv_block_bytes
 from ..compute.base import ComputeModel
 from ..compute.roofline import activation_bytes
+from ..hardware import is_low_precision
 from ..model import LayerKind, ModelSpec
 from ..tp_plan import layer_collectives
-from .flops import layer_forward_flops, model_flops_per_sequence
+from .flops import DEFAULT_FLOPS_CONVENTION, layer_forward_flops, model_flops_per_sequence_as
 from .keys import sorted_values, take_rows
 from .layer import edge_cost, layer_cost
 from .stackterms import ActivationStorage
@@ -154,6 +155,9 @@ class LayerSource(ABC):
     """repeated layers (split over pipeline stages)."""
     tokens_per_sequence: int
     """tokens one sample (sequence) of the global batch holds (throughput counts them)."""
+    flops_convention: str = "full"
+    """how :meth:`model_flops_per_sequence` counts (one of :data:`tpsim.estimator.flops.FLOPS_CONVENTIONS`):
+    traced graphs count at torch's FlopCounterMode convention, ``full``."""
 
     @abstractmethod
     def model_flops_per_sequence(self) -> float:
@@ -214,14 +218,21 @@ class TransformerSource(LayerSource):
         # the TP collectives of one layer, with and without sequence parallelism (tp only changes the group)
         self._tp_ops = {sp: layer_collectives(model, 2, sp, flavor) for sp in (False, True)}
 
+    flops_convention = DEFAULT_FLOPS_CONVENTION
+
     def model_flops_per_sequence(self) -> float:
-        return model_flops_per_sequence(self.model)
+        return model_flops_per_sequence_as(self.model, self.flops_convention)
 
     def recompute_flops_per_sequence(self, recompute: np.ndarray) -> np.ndarray:
         """Full recomputation repeats the layers' forward; selective the attention-score matmuls (``core_attn``)
-        and MLA's up-projection GEMMs (``mla_up_proj``) as the stack's recompute modules say."""
+        and MLA's up-projection GEMMs (``mla_up_proj``) as the stack's recompute modules say. Under the causal
+        convention the recomputed score matmuls count the keys the mask keeps, as the model FLOPs do."""
         m = self.model
         layer, scores = layer_forward_flops(m)
+        if self.flops_convention == "causal" and scores > 0:
+            full = m.flops_per_token(causal=False).attention_scores
+            kept = m.flops_per_token(causal=True).attention_scores / full if full > 0 else 1.0
+            layer, scores = layer - scores * (1.0 - kept), scores * kept
         modules = self.storage.recompute_modules
         selective = scores if "core_attn" in modules else 0.0
         if self.storage.per_op_sac and m.attention_kind != "mla":
@@ -294,7 +305,7 @@ class TransformerSource(LayerSource):
             pairs = axes["paired"]
             ep_ops = moe_layer_collectives(model, axes, paired=(np.where(pairs, lc.fwd, 0.0), np.where(pairs, lc.bwd, 0.0))
                                            if np.any(pairs) else None,
-                                           fp8_dispatch=self.fp8_dispatch and dtype == "fp8",
+                                           fp8_dispatch=self.fp8_dispatch and is_low_precision(dtype),
                                            node_dedup=self.node_dedup)
             comm += ep_ops
             tags += [("ep", i) for i in range(len(ep_ops))]

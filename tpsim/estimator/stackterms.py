@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import InputError
-from ..hardware import DTYPE_BYTES
+from ..hardware import DTYPE_BYTES, is_low_precision
 from ..model import ModelSpec
 from ..stacks import Figure, StackProfile
 
@@ -58,7 +58,7 @@ class ActivationStorage:
 
     def cache_bytes(self, dtype: str, act_bytes: float) -> tuple[float, float]:
         """(linear input, attention output) bytes per cached element for a plan of ``dtype``."""
-        if dtype != "fp8":
+        if not is_low_precision(dtype):
             return act_bytes, act_bytes
         lin = act_bytes if self.fp8_linear_input_bytes is None else self.fp8_linear_input_bytes
         att = lin if self.fp8_attention_output_bytes is None else self.fp8_attention_output_bytes

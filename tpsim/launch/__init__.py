@@ -2,7 +2,7 @@
 
 Formats (docs/EXPORT.md): ``megatron`` (Megatron-LM / Megatron-Core ``pretrain_gpt.py`` arguments),
 ``torchtitan`` (TOML job config), ``deepspeed`` (``ds_config.json`` + Megatron-DeepSpeed arguments) and
-``nemo`` (NeMo Megatron GPT YAML). Each format runs on a training stack (:mod:`tpsim.stacks`); a plan the stack
+``nemo`` (NeMo 1.x Megatron GPT YAML) and ``bridge`` (a Megatron-Bridge / NeMo 2 recipe, Python). Each format runs on a training stack (:mod:`tpsim.stacks`); a plan the stack
 cannot run is refused with the stack rule's line. Every format module has the same shape: ``export_files(ctx)
 -> {file name: text}`` and an import function returning :class:`ImportedLaunch`.
 
@@ -22,13 +22,14 @@ from typing import Any, Mapping
 from ..errors import InputError
 from ..model import ModelSpec
 from ..plan import Plan
-from . import deepspeed, megatron, nemo, torchtitan
+from . import bridge, deepspeed, megatron, nemo, torchtitan
 from .common import (ExportContext, ImportedLaunch, check_exportable, resolve_model, resolve_plan)
 
-FORMATS = ("megatron", "torchtitan", "deepspeed", "nemo")
-FORMAT_STACK = {"megatron": "megatron", "nemo": "megatron", "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
-"""the training stack whose rules decide what each format can run (NeMo 1.x runs Megatron-Core)."""
-_MODULES = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed, "nemo": nemo}
+FORMATS = ("megatron", "torchtitan", "deepspeed", "nemo", "bridge")
+FORMAT_STACK = {"megatron": "megatron", "nemo": "megatron", "torchtitan": "torchtitan", "deepspeed": "deepspeed",
+                "bridge": "megatron"}
+"""the training stack whose rules decide what each format can run (NeMo 1.x and Megatron-Bridge run Megatron-Core)."""
+_MODULES = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed, "nemo": nemo, "bridge": bridge}
 MAX_FILE_BYTES = 1 << 20
 
 __all__ = ["FORMATS", "FORMAT_STACK", "ExportContext", "ImportedLaunch", "export_context", "export_plan",
@@ -113,6 +114,8 @@ def detect_format(path: Path, text: str) -> str:
         return "deepspeed"
     if suffix in (".yaml", ".yml"):
         return "nemo"
+    if suffix == ".py":
+        return "bridge"
     return "deepspeed" if "--deepspeed" in text.replace("--deepspeed-", "") else "megatron"
 
 
@@ -133,11 +136,13 @@ def import_launch(path: str | Path, fmt: str | None = None) -> ImportedLaunch:
         return deepspeed.import_json(p, text) if p.suffix.lower() == ".json" else deepspeed.import_script(p, text)
     if fmt == "megatron":
         return megatron.import_text(p, text)
+    if fmt == "bridge":
+        return bridge.import_text(p, text)
     raise InputError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
 
 
 def _export_file_in(folder: Path) -> Path:
-    names = (megatron.FILENAME, torchtitan.FILENAME, deepspeed.SCRIPT, nemo.FILENAME)
+    names = (megatron.FILENAME, torchtitan.FILENAME, deepspeed.SCRIPT, nemo.FILENAME, bridge.FILENAME)
     found = [folder / n for n in names if (folder / n).is_file()]
     if len(found) != 1:
         raise InputError(f"--from {folder}: expected one of {', '.join(names)} in the folder, found "

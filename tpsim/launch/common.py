@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from ..model import ModelSpec, load_model, with_overrides
 from ..plan import Plan, make_plan
 
@@ -105,9 +106,13 @@ def header_lines(ctx: ExportContext, fmt: str) -> list[str]:
              f"replica, {p.dtype}, {p.attention} attention, order {p.order})"]
     e = ctx.prediction
     if e:
-        lines.append(f"prediction: step {e['step_time_s']:.3f} s, {e['tokens_per_s']:,.0f} tokens/s, "
-                     f"MFU {100 * e['mfu']:.1f}%, peak memory {e['peak_memory_gib']:.1f} GiB per GPU "
-                     f"({'fits' if e['fits'] else 'DOES NOT FIT'}), compute model {e.get('compute_model', '?')}")
+        per_gpu = e.get("tokens_per_s_per_gpu") or e["tokens_per_s"] / max(1, ctx.gpus)
+        lines.append(f"prediction: step {e['step_time_s']:.3f} s, {e['tokens_per_s']:,.0f} tokens/s "
+                     f"({per_gpu:,.0f} per GPU), MFU {100 * e['mfu']:.1f}% ({e.get('flops_convention', 'causal')} "
+                     f"FLOPs), peak memory {e['peak_memory_gib']:.1f} GiB per GPU "
+                     f"({'fits' if e['fits'] else 'DOES NOT FIT'})")
+        lines.append(f"            for the {e.get('stack', 'megatron')} stack (this format's), compute model "
+                     f"{e.get('compute_model', '?')}")
     extra = "".join(f" {k}={int(v)}" for k, v in ctx.model_overrides.items() if v is not None)
     lines.append(f"{HEADER_TAG} model={_ref(ctx.model_ref)} cluster={_ref(ctx.cluster_ref)} gpus={ctx.gpus}{extra}")
     return lines
@@ -126,7 +131,7 @@ def commented(lines: list[str], marker: str = "#") -> str:
 def header_shape(header: Mapping[str, str]) -> dict[str, int]:
     """ModelSpec fields of the header's shape overrides (``layers=4`` -> ``num_layers: 4``)."""
     names = {v: k for k, v in _SHAPE_OVERRIDES.items()}
-    return {names[k]: int(v) for k, v in header.items() if k in names and v.isdigit()}
+    return {names[k]: ascii_int(v) for k, v in header.items() if k in names and ascii_int(v) is not None}
 
 
 def read_header(text: str) -> dict[str, str]:
@@ -202,7 +207,8 @@ def _apply_shape(base: ModelSpec, shape: Mapping[str, Any], imp: ImportedLaunch)
         shape.pop("num_shared_experts", None)  # the same total width stated as one shared expert
         shape.pop("shared_expert_ffn_hidden_size")
     extra = {k: v for k, v in shape.items() if k in ("norm", "activation", "position", "tie_embeddings",
-                                                     "qkv_bias", "linear_bias", "head_dim") + MOE_SHAPE_FIELDS
+                                                     "qkv_bias", "linear_bias", "head_dim", "rotary_base",
+                                                     "rotary_fraction") + MOE_SHAPE_FIELDS
              and getattr(spec, k) != v}
     return dataclasses.replace(spec, **extra) if extra else spec
 
@@ -227,11 +233,18 @@ def _model_from_shape(shape: Mapping[str, Any], imp: ImportedLaunch) -> ModelSpe
     return ModelSpec(name=f"{imp.format}-import", family="llama" if llama else "gpt", **values)
 
 
+FILE_STATES = {"schedule": "1f1b", "tp_overlap": False, "pp_first": 0, "pp_last": 0, "pp_embedding": False,
+               "pp_loss": False}
+"""plan fields (docs/SCHEMAS.md T1) every launch format states by a flag or key whose absence is the default."""
+
+
 def resolve_plan(imp: ImportedLaunch, model: ModelSpec, gpus: int, global_batch: int | None = None,
                  overrides: Mapping[str, Any] | None = None) -> Plan:
     """The plan of an import on ``gpus`` GPUs (dp derived), with ``overrides`` (command-line plan flags) on top;
     the dp the file implies must match."""
     fields = {k: v for k, v in imp.plan_fields.items() if v is not None}
+    for k, v in FILE_STATES.items():   # a launch file states these: absent means the framework's default, not
+        fields.setdefault(k, v)        # the model preset's (deepseek-v3's dualpipe is hai-llm's schedule)
     fields.update({k: v for k, v in (overrides or {}).items() if v is not None})
     later = [k for k in PLAN_AXES_LATER if k in fields and fields[k] != AXIS_DEFAULTS[k]]
     missing = [k for k in later if k not in Plan.__dataclass_fields__]

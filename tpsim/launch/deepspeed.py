@@ -17,12 +17,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from ..plan import Plan
 from . import megatron
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
 
 CONFIG = "ds_config.json"
 SCRIPT = "megatron_deepspeed_args.sh"
+HOSTFILE = "hostfile"
+SCHEDULE_FLAGS = {"1f1b": [], "zb-h1": [["--enable-zbh1-pipeline"]]}
+"""plan schedules Megatron-DeepSpeed states: its 1F1B pipeline engine, and ZB-H1 (``--enable-zbh1-pipeline``,
+megatron/core/pipeline_parallel/deepspeed_zbh1_schedule.py)."""
 DEEPSPEED_VERSION = "DeepSpeed zero/config.py 03dc2b92; Megatron-DeepSpeed arguments"
 
 
@@ -53,10 +58,42 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     return config
 
 
+def format_violation(ctx: ExportContext) -> str | None:
+    """What Megatron-DeepSpeed's arguments cannot state about the plan."""
+    plan = ctx.plan
+    if plan.schedule not in SCHEDULE_FLAGS:
+        return (f"schedule={plan.schedule}: Megatron-DeepSpeed runs 1F1B or ZB-H1 (--enable-zbh1-pipeline) only")
+    if plan.tp_overlap:
+        return "tp_overlap: Megatron-DeepSpeed's DeepSpeed engine has no TP-communication overlap"
+    if plan.pp_first or plan.pp_last or plan.pp_embedding or plan.pp_loss:
+        return ("pp_first/pp_last/pp_embedding/pp_loss: not yet written for Megatron-DeepSpeed (its --custom-partition "
+                "splits by layer counts of its own)")
+    return None
+
+
+def model_args(model: Any) -> list[list[str]]:
+    """Megatron's model-shape arguments in Megatron-DeepSpeed's own names where its Llama scripts use them:
+    ``--num-key-value-heads`` (GQA), ``--use-rotary-position-embeddings`` with
+    ``--rotary-position-embeddings-theta``; Megatron-LM's GQA pair stays for the Megatron-Core layers the
+    parser builds its TransformerConfig from."""
+    args = []
+    for a in megatron.model_args(model):
+        if a[0] == "--position-embedding-type" or a[0] == "--rotary-base":
+            continue
+        args.append(a)
+        if a[0] == "--num-query-groups":
+            args.append(["--num-key-value-heads", a[1]])
+    if model.position == "rotary":
+        args += [["--use-rotary-position-embeddings"]] + [
+            a for a in megatron.rotary_args(model, "--rotary-position-embeddings-theta")
+            if a[0] != "--rotary-percent"]
+    return args
+
+
 def launch_args(ctx: ExportContext) -> list[list[str]]:
     """Megatron-DeepSpeed arguments: Megatron's model and parallel flags with DeepSpeed's ZeRO and engine."""
     plan = ctx.plan
-    args = megatron.model_args(ctx.model)
+    args = model_args(ctx.model)
     args += [["--tensor-model-parallel-size", str(plan.tp)], ["--pipeline-model-parallel-size", str(plan.pp)]]
     if plan.pp == 1:
         args.append(["--no-pipeline-parallel"])
@@ -64,6 +101,7 @@ def launch_args(ctx: ExportContext) -> list[list[str]]:
         args.append(["--sequence-parallel"])
     if axis(plan, "cp") > 1:
         args.append(["--ds-sequence-parallel-size", str(axis(plan, "cp"))])
+    args += SCHEDULE_FLAGS[plan.schedule]
     args += [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(plan.global_batch)]]
     args += megatron._recompute(plan.recompute)
     if plan.recompute == "full":   # recompute through deepspeed.checkpointing (activation_checkpointing section)
@@ -75,14 +113,47 @@ def launch_args(ctx: ExportContext) -> list[list[str]]:
     return args
 
 
+def launcher(ctx: ExportContext) -> list[str]:
+    """The ``deepspeed`` launcher lines: one node runs as is; several read the hosts from a hostfile (``HOSTFILE``,
+    default ``hostfile`` in the directory the script runs from, like ``ds_config.json``; under Slurm it is written
+    from ``SLURM_JOB_NODELIST``) whose first host is the master unless ``MASTER_ADDR`` is set."""
+    head = f"deepspeed --num_gpus {ctx.devices_per_node} --num_nodes {ctx.nodes}"
+    if ctx.nodes == 1:
+        return [], head
+    g = ctx.devices_per_node
+    prologue = [
+        'HOSTFILE="${HOSTFILE:-hostfile}"',
+        'if [ -n "${SLURM_JOB_NODELIST:-}" ]; then',
+        f'    scontrol show hostnames "${{SLURM_JOB_NODELIST:-}}" | sed "s/$/ slots={g}/" > hostfile.slurm',
+        '    HOSTFILE=hostfile.slurm',
+        'fi',
+        'MASTER_ADDR="${MASTER_ADDR:-$(grep -v ^# "$HOSTFILE" | head -n 1 | cut -d " " -f 1)}"']
+    return prologue, (f'deepspeed --hostfile "$HOSTFILE" --num_nodes {ctx.nodes} --num_gpus {g} '
+                      '--master_addr "$MASTER_ADDR" --master_port "${MASTER_PORT:-29500}"')
+
+
+def hostfile(ctx: ExportContext) -> str:
+    """DeepSpeed's hostfile (launcher/runner.py _parse_hostfile: ``host slots=N`` per line, ``#`` comments):
+    placeholder host names to replace, one line per node."""
+    lines = [f"# DeepSpeed hostfile for {ctx.nodes} nodes x {ctx.devices_per_node} GPUs (written by tpsim export):",
+             "# replace node-<i> by your host names (ssh-reachable; the first is the master), or run under Slurm:",
+             "# the launch script writes hostfile.slurm from SLURM_JOB_NODELIST."]
+    lines += [f"node-{i} slots={ctx.devices_per_node}" for i in range(ctx.nodes)]
+    return "\n".join(lines) + "\n"
+
+
 def export_files(ctx: ExportContext) -> dict[str, str]:
     notes = [f"{CONFIG} beside this script holds ZeRO, batch sizes and precision; names: {DEEPSPEED_VERSION}.",
              "data, tokenizer, optimizer and checkpoint arguments: append them (passed through \"$@\")."]
-    cmd = [f"deepspeed --num_gpus {ctx.devices_per_node} --num_nodes {ctx.nodes} pretrain_gpt.py"]
+    prologue, head = launcher(ctx)
+    cmd = [f"{head} pretrain_gpt.py"]
     cmd += [" ".join(a) for a in launch_args(ctx)] + ['"$@"']
     script = ("#!/usr/bin/env bash\n" + commented(header_lines(ctx, "DeepSpeed (Megatron-DeepSpeed)") + notes)
-              + "set -euo pipefail\n" + " \\\n    ".join(cmd) + "\n")
-    return {CONFIG: json.dumps(ds_config(ctx.plan), indent=2) + "\n", SCRIPT: script}
+              + "set -euo pipefail\n" + "".join(line + "\n" for line in prologue) + " \\\n    ".join(cmd) + "\n")
+    files = {CONFIG: json.dumps(ds_config(ctx.plan), indent=2) + "\n", SCRIPT: script}
+    if ctx.nodes > 1:
+        files[HOSTFILE] = hostfile(ctx)
+    return files
 
 
 # ------------------------------------------------------------------------------------------------- import
@@ -91,8 +162,12 @@ def import_json(path: Path, text: str, launch: ImportedLaunch | None = None) -> 
     """A ds_config.json, alone (tp = pp = 1 unless ``launch``, the script's import, gives them)."""
     from ..model.files import parse_json_object  # bounded depth, finite numbers, no repeated keys (issue 13)
 
+    from ..schema import check
+    from ..schemas import DEEPSPEED
+
     data = parse_json_object(text, str(path))
     where = str(path)
+    check(DEEPSPEED, data, where)  # types, ranges and enums before any use (issue 26)
     notes = list(launch.notes) if launch else []
     fields = dict(launch.plan_fields) if launch else {"tp": 1, "pp": 1, "sp": False, "recompute": "none",
                                                       "order": "tp-dp-pp", "attention": "unfused"}
@@ -150,7 +225,7 @@ def _dtype(data: Mapping[str, Any], where: str) -> str:
         section = data.get(key, {})
         if not isinstance(section, Mapping):
             raise InputError(f"{where}: {key} must be an object")
-        if section.get("enabled") is True:
+        if section.get("enabled") is True:  # "auto" (the HF Trainer's placeholder) is not a choice
             return dtype
     return "fp32"
 
@@ -169,7 +244,7 @@ def import_script(path: Path, text: str) -> ImportedLaunch:
     launch = ImportedLaunch(format="deepspeed", path=path, plan_fields=fields,
                             model_shape={**header_shape(header), **megatron.model_shape(f)},
                             model_ref=header.get("model"), cluster_ref=header.get("cluster"),
-                            gpus=gpus or (int(header["gpus"]) if header.get("gpus", "").isdigit() else None),
+                            gpus=gpus or ascii_int(header.get("gpus")),
                             notes=tuple(notes))
     config = f.text("--deepspeed_config") or f.text("--deepspeed-config")
     if not config:
@@ -177,4 +252,7 @@ def import_script(path: Path, text: str) -> ImportedLaunch:
     config_path = (path.parent / config) if not Path(config).is_absolute() else Path(config)
     if not config_path.is_file():
         raise InputError(f"{path}: --deepspeed_config {config}: {config_path} does not exist")
-    return import_json(config_path, config_path.read_text(), launch)
+    from ..io import read_text
+    from ..limits import MAX_LAUNCH_BYTES
+
+    return import_json(config_path, read_text(config_path, "--deepspeed_config", MAX_LAUNCH_BYTES), launch)

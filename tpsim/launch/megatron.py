@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import LIMITS, ascii_int, check_int
 from ..model import ModelSpec
 from ..plan import Plan
 from ..stacks import order_key
@@ -33,13 +34,19 @@ def plan_args(plan: Plan, model: ModelSpec) -> list[list[str]]:
     """Megatron arguments of the plan: parallel sizes, batch, recomputation, optimizer sharding, precision."""
     args: list[list[str]] = [["--tensor-model-parallel-size", str(plan.tp)],
                              ["--pipeline-model-parallel-size", str(plan.pp)]]
-    if plan.pp > 1 and model.num_layers % (plan.pp * plan.vpp):
+    if plan.pp > 1 and split_flags(plan):
+        args += split_flags(plan)
+        if plan.vpp > 1:
+            args.append(["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)])
+    elif plan.pp > 1 and model.num_layers % (plan.pp * plan.vpp):
         args.append(["--pipeline-model-parallel-layout",
                      shlex.quote(layout(model.num_layers, plan.pp, plan.vpp, model.mtp_layers))])
     elif plan.vpp > 1:
         args.append(["--num-layers-per-virtual-pipeline-stage", str(model.num_layers // (plan.pp * plan.vpp))])
     if plan.sp:
         args.append(["--sequence-parallel"])
+    if plan.tp_overlap:
+        args.append(["--tp-comm-overlap"])
     cp, ep = axis(plan, "cp"), axis(plan, "ep")
     if cp > 1:
         args += [["--context-parallel-size", str(cp)], ["--cp-comm-type", CP_COMM[axis(plan, "cp_kind")]]]
@@ -53,6 +60,21 @@ def plan_args(plan: Plan, model: ModelSpec) -> list[list[str]]:
     args += _recompute(plan.recompute) + _zero(plan) + _precision(plan.dtype)
     # auto: Transformer Engine picks FlashAttention or cuDNN fused attention; neither stores the scores
     args.append(["--attention-backend", "auto" if plan.attention == "flash" else "unfused"])
+    return args
+
+
+def split_flags(plan: Plan) -> list[list[str]]:
+    """The uneven pipeline split of the plan (docs/SCHEMAS.md T1) as Megatron's arguments: layers of the first
+    and last stage, the embedding and the loss counted as layers."""
+    args: list[list[str]] = []
+    if plan.pp_first:
+        args.append(["--decoder-first-pipeline-num-layers", str(plan.pp_first)])
+    if plan.pp_last:
+        args.append(["--decoder-last-pipeline-num-layers", str(plan.pp_last)])
+    if plan.pp_embedding:
+        args.append(["--account-for-embedding-in-pipeline-split"])
+    if plan.pp_loss:
+        args.append(["--account-for-loss-in-pipeline-split"])
     return args
 
 
@@ -84,14 +106,64 @@ def layout(num_layers: int, pp: int, vpp: int, mtp: int = 0) -> str:
     return "|".join(stages)
 
 
+LAYOUT_MAX_SYMBOLS = 1 << 20
+"""Symbols a pipeline layout may unroll to (a stage per ``|``, a layer per ``t``): far above any model
+(LIMITS: 4096 layers, pp x vpp stages), far below what multiplies out to gigabytes (``(t*10^6)*2000``)."""
+
+
 def layout_stages(text: str) -> tuple[int, int]:
-    """(stages, decoder layers) of a layout string, unrolled as Megatron's parse_str_to_list does."""
+    """(stages, decoder layers) of a layout string, counted as Megatron's parse_str_to_list unrolls it
+    (``x*N`` repeats a symbol, ``(...)*N`` a group, groups nest) without unrolling it: each group's counts
+    are multiplied, and a layout of more than :data:`LAYOUT_MAX_SYMBOLS` symbols is refused (ValueError)."""
     text = text.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
-    if set(text) - set("ELtm|"):
-        raise ValueError(text)
-    return text.count("|") + 1, text.count("t")
+    if len(text) > 4096 or set(text) - set("ELtm|()*0123456789 "):
+        raise ValueError(text[:40])
+    text = text.replace(" ", "")
+    # a stack of [pipes, layers, symbols] per open group; a closed group or a symbol is the "last" item
+    stack: list[list[int]] = [[0, 0, 0]]
+    last: tuple[int, int, int] | None = None
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "(":
+            stack.append([0, 0, 0])
+            last = None
+            i += 1
+        elif c == ")":
+            if len(stack) == 1:
+                raise ValueError("unbalanced )")
+            group = stack.pop()
+            last = (group[0], group[1], group[2])
+            _add(stack[-1], last)
+            i += 1
+        elif c == "*":
+            j = i + 1
+            while j < len(text) and text[j].isascii() and text[j].isdigit():
+                j += 1
+            if last is None or j == i + 1 or j - i - 1 > 7:
+                raise ValueError("bad repeat")
+            times = int(text[i + 1:j])
+            _add(stack[-1], tuple(-v for v in last))  # replace one copy by `times` copies
+            last = (last[0] * times, last[1] * times, last[2] * times)
+            _add(stack[-1], last)
+            last = None
+            i = j
+        elif c in "ELtm|":
+            last = (int(c == "|"), int(c == "t"), 1)
+            _add(stack[-1], last)
+            i += 1
+        else:
+            raise ValueError(c)
+        if stack[-1][2] > LAYOUT_MAX_SYMBOLS:
+            raise ValueError("too long")
+    if len(stack) != 1:
+        raise ValueError("unbalanced (")
+    return stack[0][0] + 1, stack[0][1]
+
+
+def _add(acc: list[int], item: tuple[int, ...]) -> None:
+    for k in range(3):
+        acc[k] += item[k]
 
 
 def _recompute(recompute: str) -> list[list[str]]:
@@ -117,6 +189,8 @@ def _zero(plan: Plan) -> list[list[str]]:
 
 def _precision(dtype: str) -> list[list[str]]:
     return {"bf16": [["--bf16"]], "fp16": [["--fp16"]], "fp8": [["--bf16"], ["--fp8-format", "hybrid"]],
+            "mxfp8": [["--bf16"], ["--fp8-format", "e4m3"], ["--fp8-recipe", "mxfp8"]],
+            "nvfp4": [["--bf16"], ["--fp4-format", "e2m1"], ["--fp4-recipe", "nvfp4"]],
             "fp32": []}[dtype]
 
 
@@ -137,6 +211,7 @@ def model_args(model: ModelSpec) -> list[list[str]]:
         args.append(["--swiglu"])
     if model.position == "rotary":
         args.append(["--position-embedding-type", "rope"])
+        args += rotary_args(model, "--rotary-base")
     if not model.tie_embeddings:
         args.append(["--untie-embeddings-and-output-weights"])
     if not model.linear_bias:
@@ -146,8 +221,26 @@ def model_args(model: ModelSpec) -> list[list[str]]:
     return args + moe_args(model)
 
 
+def rotary_args(model: ModelSpec, base_flag: str) -> list[list[str]]:
+    """The rotary base (``base_flag``: Megatron-LM ``--rotary-base``, Megatron-DeepSpeed
+    ``--rotary-position-embeddings-theta``) when the model states one, and ``--rotary-percent`` when only part of
+    each head is rotated."""
+    args = [[base_flag, str(model.rotary_base)]] if model.rotary_base else []
+    if model.rotary_fraction != 1.0:
+        args.append(["--rotary-percent", f"{model.rotary_fraction:g}"])
+    return args
+
+
+SCHEDULE_WRITTEN = ("1f1b",)
+"""plan schedules Megatron-LM 000c4ac2's arguments state (1F1B, interleaved with vpp > 1); arguments.py has no
+zero-bubble or DualPipe argument."""
+
+
 def format_violation(ctx: ExportContext) -> str | None:
-    """What Megatron-LM 000c4ac2 cannot state about the model."""
+    """What Megatron-LM 000c4ac2 cannot state about the model or the plan."""
+    if ctx.plan.schedule not in SCHEDULE_WRITTEN:
+        return (f"schedule={ctx.plan.schedule}: Megatron-LM 000c4ac2 has no argument for it (1F1B, interleaved "
+                "with --num-layers-per-virtual-pipeline-stage)")
     if ctx.model.shared_expert_gate:
         return ("shared_expert_gate: Megatron-LM 000c4ac2 has no sigmoid gate on the shared expert (Qwen2-MoE); "
                 "its arguments would describe a different model")
@@ -213,8 +306,11 @@ def parse_layer_freq(text: str, num_layers: int | None, where: str) -> dict[str,
     import ast
 
     text = text.strip()
-    if text.isdigit() and int(text) > 0:
-        return {"moe_layer_freq": int(text), "first_dense_layers": 0, "dense_layers": ()}
+    if ascii_int(text):
+        return {"moe_layer_freq": check_int("--moe-layer-freq", ascii_int(text), where,
+                                            maximum=LIMITS["moe_layer_freq"]),
+                "first_dense_layers": 0, "dense_layers": ()}
+    longest = LIMITS["num_layers"]  # a pattern has one entry per layer: nothing longer is built
 
     def value(node: ast.AST) -> Any:
         if isinstance(node, ast.Constant) and type(node.value) is int:
@@ -224,15 +320,18 @@ def parse_layer_freq(text: str, num_layers: int | None, where: str) -> dict[str,
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
             left, right = value(node.left), value(node.right)
             if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) \
-                    and 0 <= right <= 100000:
+                    and 0 <= right and len(left) * right <= longest:
                 return left * right
-            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list) \
+                    and len(left) + len(right) <= longest:
                 return left + right
         raise ValueError
 
     try:
+        if len(text) > 64 * longest or set(text) - set("0123456789[]()+*, "):
+            raise ValueError(text[:40])
         pattern = value(ast.parse(text, mode="eval").body)
-    except (SyntaxError, ValueError, RecursionError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         pattern = None
     if not isinstance(pattern, list) or any(v not in (0, 1) for v in pattern) or \
             (num_layers is not None and len(pattern) != num_layers):
@@ -244,8 +343,14 @@ def parse_layer_freq(text: str, num_layers: int | None, where: str) -> dict[str,
 
 
 def launcher(ctx: ExportContext) -> str:
+    """torchrun on every node: one node runs as is; several take the node rank from ``NODE_RANK`` or Slurm's
+    ``SLURM_NODEID`` and need ``MASTER_ADDR`` (the first node; the script stops with a message when unset)."""
+    if ctx.nodes == 1:
+        return (f"torchrun --nproc-per-node {ctx.devices_per_node} --nnodes 1 --node-rank 0 "
+                f"--master-addr \"${{MASTER_ADDR:-localhost}}\" --master-port \"${{MASTER_PORT:-6000}}\"")
     return (f"torchrun --nproc-per-node {ctx.devices_per_node} --nnodes {ctx.nodes} "
-            f"--node-rank \"${{NODE_RANK:-0}}\" --master-addr \"${{MASTER_ADDR:-localhost}}\" "
+            f"--node-rank \"${{NODE_RANK:-${{SLURM_NODEID:?set NODE_RANK (0..{ctx.nodes - 1}) or run under srun}}}}\" "
+            f"--master-addr \"${{MASTER_ADDR:?set MASTER_ADDR to the first node}}\" "
             f"--master-port \"${{MASTER_PORT:-6000}}\"")
 
 
@@ -280,12 +385,14 @@ INT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
              "--zero-stage", "--ds-sequence-parallel-size", "--num-experts", "--moe-router-topk",
              "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-router-num-groups",
              "--moe-router-group-topk", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
-             "--v-head-dim", "--mtp-num-layers")
+             "--v-head-dim", "--mtp-num-layers", "--decoder-first-pipeline-num-layers",
+             "--decoder-last-pipeline-num-layers", "--rotary-base", "--rotary-position-embeddings-theta",
+             "--num-key-value-heads")
 TEXT_FLAGS = ("--recompute-granularity", "--recompute-method", "--attention-backend", "--normalization",
               "--position-embedding-type", "--data-parallel-sharding-strategy", "--fp8-format", "--cp-comm-type",
               "--deepspeed_config", "--deepspeed-config", "--ckpt-format", "--recompute-modules",
              "--pipeline-model-parallel-layout", "--moe-layer-freq", "--moe-token-dispatcher-type",
-              "--moe-expert-capacity-factor", "--moe-router-score-function")
+              "--moe-expert-capacity-factor", "--moe-router-score-function", "--rotary-percent")
 BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
               "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16", "--overlap-grad-reduce",
               "--overlap-param-gather", "--use-tp-pp-dp-mapping", "--swiglu", "--untie-embeddings-and-output-weights",
@@ -294,7 +401,7 @@ BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megat
               "--checkpoint-activations", "--deepspeed-activation-checkpointing", "--use-flash-attn-v2",
               "--init-model-with-meta-device", "--account-for-embedding-in-pipeline-split",
               "--account-for-loss-in-pipeline-split", "--moe-grouped-gemm", "--moe-router-enable-expert-bias",
-              "--multi-latent-attention")
+              "--multi-latent-attention", "--tp-comm-overlap", "--enable-zbh1-pipeline")
 KNOWN_FLAGS = set(INT_FLAGS) | set(TEXT_FLAGS) | set(BOOL_FLAGS)
 
 
@@ -313,9 +420,15 @@ class Flags:
         values = self.flags.get(name)
         if values is None:
             return None
-        if len(values) != 1 or not values[0].lstrip("-").isdigit():
-            raise InputError(f"{self.where}: {name} {' '.join(values)!r} must be one integer")
-        return int(values[0])
+        number = ascii_int(values[0], signed=True) if len(values) == 1 else None
+        if number is None:
+            shown = " ".join(values)
+            shown = shown if len(shown) <= 40 else f"{shown[:24]}...({len(shown)} characters)"
+            raise InputError(f"{self.where}: {name} {shown!r} must be one integer (ASCII digits)")
+        from ..schema import check_value
+        from ..schemas import MEGATRON, MEGATRON_OTHER_INT
+
+        return int(check_value(MEGATRON.fields.get(name, MEGATRON_OTHER_INT), number, name, self.where))
 
     def text(self, name: str) -> str | None:
         values = self.flags.get(name)
@@ -357,7 +470,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
 
 
 def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
+    return ascii_int(text)
 
 
 def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
@@ -373,12 +486,21 @@ def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
                               "attention": _attention_of(f, notes)}
     if f.has("--sequence-parallel") and tp == 1:
         notes.append("--sequence-parallel with tp=1: Megatron disables it")
-    uneven = [n for n in ("--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
-                          "--decoder-last-pipeline-num-layers", "--account-for-embedding-in-pipeline-split",
-                          "--account-for-loss-in-pipeline-split") if f.has(n)]
-    if uneven:
-        notes.append(f"{' '.join(uneven)}: the layer split is tpsim's own (chunks differ by at most one layer, "
-                     f"extra layers on the middle ranks)")
+    if f.has("--pipeline-model-parallel-layout"):
+        notes.append("--pipeline-model-parallel-layout: the layer split is tpsim's own (chunks differ by at most "
+                     "one layer, extra layers on the middle ranks)")
+    if f.has("--tp-comm-overlap"):
+        fields["tp_overlap"] = True
+    for flag, name in (("--decoder-first-pipeline-num-layers", "pp_first"),
+                       ("--decoder-last-pipeline-num-layers", "pp_last")):
+        if f.int(flag):
+            fields[name] = f.int(flag)
+    for flag, name in (("--account-for-embedding-in-pipeline-split", "pp_embedding"),
+                       ("--account-for-loss-in-pipeline-split", "pp_loss")):
+        if f.has(flag):
+            fields[name] = True
+    if f.has("--enable-zbh1-pipeline"):
+        fields["schedule"] = "zb-h1"
     fields["vpp"] = _vpp_of(f, pp)
     cp = f.int("--context-parallel-size") or 1
     if cp > 1:
@@ -464,8 +586,10 @@ def _zero_of(f: Flags, notes: list[str]) -> int:  # noqa: ARG001 (unused: kept f
 
 
 def _dtype_of(f: Flags) -> str:
+    if f.has("--fp4-format"):
+        return "nvfp4"
     if f.has("--fp8-format"):
-        return "fp8"
+        return "mxfp8" if f.text("--fp8-recipe") == "mxfp8" else "fp8"
     if f.has("--bf16"):
         return "bf16"
     return "fp16" if f.has("--fp16") else "fp32"
@@ -498,7 +622,9 @@ def model_shape(f: Flags) -> dict[str, Any]:
     kv_channels = f.int("--kv-channels")
     if kv_channels and shape.get("hidden_size") != kv_channels * shape.get("num_attention_heads", 0):
         shape["head_dim"] = kv_channels
-    if f.has("--group-query-attention") and f.int("--num-query-groups"):
+    if f.int("--num-key-value-heads"):   # Megatron-DeepSpeed's name
+        shape["num_kv_heads"] = f.int("--num-key-value-heads")
+    elif f.has("--group-query-attention") and f.int("--num-query-groups"):
         shape["num_kv_heads"] = f.int("--num-query-groups")
     elif "num_attention_heads" in shape:
         shape["num_kv_heads"] = shape["num_attention_heads"]
@@ -508,6 +634,15 @@ def model_shape(f: Flags) -> dict[str, Any]:
         shape["norm"] = "rmsnorm"
     if f.text("--position-embedding-type") == "rope" or f.has("--use-rotary-position-embeddings"):
         shape["position"] = "rotary"
+    base = f.int("--rotary-base") or f.int("--rotary-position-embeddings-theta")
+    if base:
+        shape["rotary_base"] = base
+    percent = f.text("--rotary-percent")
+    if percent is not None:
+        try:
+            shape["rotary_fraction"] = float(percent)
+        except ValueError:
+            raise InputError(f"{f.where}: --rotary-percent {percent!r} must be a number") from None
     shape.update(moe_shape(f, shape.get("num_layers")))
     if f.has("--num-layers"):   # a full command states these choices by the presence of flags
         shape.setdefault("activation", "gelu")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
 
 FILENAME = "nemo_megatron_gpt.yaml"
@@ -42,6 +43,15 @@ def format_violation(ctx: ExportContext) -> str | None:
     from ..stacks import order_key
 
     plan, layers = ctx.plan, ctx.model.num_layers
+    if plan.dtype in ("mxfp8", "nvfp4"):
+        return (f"dtype={plan.dtype}: the NeMo 1.x config has fp8 / fp8_hybrid keys only (no MXFP8 or NVFP4 "
+                f"recipe key); export for megatron instead")
+    t1 = [f"{k}={getattr(plan, k)}" for k, default in (("schedule", "1f1b"), ("tp_overlap", False), ("pp_first", 0),
+                                                        ("pp_last", 0), ("pp_embedding", False), ("pp_loss", False))
+          if getattr(plan, k) != default]
+    if t1:
+        return (f"{', '.join(t1)}: not written to the NeMo 1.x YAML (the Megatron-LM and Megatron-Bridge formats "
+                "write them)")
     if order_key(plan.order) != "tp-dp-pp":
         return f"order={plan.order}: NeMo's config has no rank-order key (Megatron's default tp-cp-ep-dp-pp)"
     if ctx.model.shared_expert_gate:
@@ -107,7 +117,7 @@ def moe_keys(m) -> dict[str, Any]:
         keys["moe_shared_expert_intermediate_size"] = shared
     freq = moe_layer_freq(m)
     if freq != "1":
-        keys["moe_layer_freq"] = (int(freq) if freq.isdigit()
+        keys["moe_layer_freq"] = (ascii_int(freq) if ascii_int(freq) is not None
                                   else [1 if m.is_moe_layer(i) else 0 for i in range(m.num_layers)])
     keys.update(moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall")
     if m.router_groups:
@@ -134,9 +144,13 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     from ..topology.files import read_yaml  # strict: duplicate keys refused, one line naming the file
 
     where = str(path)
+    from ..schema import check
+    from ..schemas import NEMO
+
     data = read_yaml(path)
     if not isinstance(data, Mapping) or not isinstance(data.get("model"), Mapping):
         raise InputError(f"{path}: a NeMo config needs a model: section")
+    check(NEMO, data, where)  # types, ranges and enums before any use (issue 26)
     model, trainer = data["model"], data.get("trainer") or {}
     notes: list[str] = []
     get = lambda key, default=None: model.get(key, default)  # noqa: E731
@@ -169,11 +183,12 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
             fields["etp"] = etp
     header = read_header(text)
     devices, nodes = trainer.get("devices"), trainer.get("num_nodes", 1)
-    gpus = devices * nodes if isinstance(devices, int) and isinstance(nodes, int) else None
+    gpus = devices * (nodes or 1) if isinstance(devices, int) and devices > 0 and isinstance(nodes, (int, type(None))) \
+        else None
     return ImportedLaunch(format="nemo", path=path, plan_fields=fields,
                           model_shape={**header_shape(header), **_shape(model, where)},
                           model_ref=header.get("model"), cluster_ref=header.get("cluster"),
-                          gpus=gpus or (int(header["gpus"]) if header.get("gpus", "").isdigit() else None),
+                          gpus=gpus or ascii_int(header.get("gpus")),
                           notes=tuple(notes))
 
 

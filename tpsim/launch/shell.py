@@ -14,6 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..errors import InputError
+from ..limits import ascii_int
 
 _ASSIGN = re.compile(r"^(?:export\s+|declare\s+(?:-\w+\s+)*|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _ARRAY_OPEN = re.compile(r"^\s*(?:export\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=\((.*)$", re.S)
@@ -124,12 +125,12 @@ def _expand(word: str, env: dict[str, str], arrays: dict[str, list[str]], notes:
 
 def _arith(expr: str, original: str) -> str:
     """Integer ``$(( a * b ))`` with digits and + - * / only; anything else stays as written."""
-    if not re.fullmatch(r"[\d\s+\-*/()]+", expr):
+    if len(expr) > 1000 or not re.fullmatch(r"[0-9\s+\-*/()]+", expr):  # ASCII digits: \d takes ١ and ²
         return original
-    tokens = re.findall(r"\d+|[+\-*/()]", expr)
+    tokens = re.findall(r"[0-9]+|[+\-*/()]", expr)
     try:
         value = _Arith(tokens).parse()
-    except (ValueError, ZeroDivisionError, IndexError):
+    except (ValueError, ZeroDivisionError, IndexError, RecursionError):
         return original
     return str(value)
 
@@ -160,6 +161,8 @@ class _Arith:
             op = self.tokens[self.i]
             self.i += 1
             value = value * self.atom() if op == "*" else value // self.atom()
+            if abs(value) >= 1 << 63:  # bash arithmetic is int64; beyond it, leave the text as written
+                raise ValueError("overflow")
         return value
 
     def atom(self) -> int:
@@ -171,6 +174,8 @@ class _Arith:
                 raise ValueError("unbalanced")
             self.i += 1
             return value
+        if len(tok) > 19:  # more digits than an int64 holds
+            raise ValueError("overflow")
         return int(tok)
 
 
@@ -207,8 +212,8 @@ def _pick(commands: list[list[str]], env: dict[str, str], notes: list[str], wher
         if key in LAUNCHER_GPUS:
             value = value if value is not None else (launcher[i + 1] if i + 1 < len(launcher) else "")
             number = value.split(":")[0]
-            if number.isdigit():
-                found[LAUNCHER_GPUS[key]] = int(number)
+            if ascii_int(number) is not None:
+                found[LAUNCHER_GPUS[key]] = ascii_int(number)
             else:
                 notes.append(f"launcher {key} {value!r} is not a number")
     return Command(args=tuple(args), script=words[script_at] if script_at is not None else "",

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import ascii_int
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
 
 FILENAME = "torchtitan.toml"
@@ -43,13 +44,24 @@ TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-zb": "Int
                         "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 """tpsim schedule -> torchtitan ``parallelism.pipeline_parallel_schedule`` (docs/SCHEMAS.md T1; the stack
 profile's ``rules.schedules`` refuses the others before export)."""
+SCHEDULE_OF_NAME = {**{v.lower(): k for k, v in TORCHTITAN_SCHEDULES.items()}, "interleaved1f1b": "1f1b"}
+"""pipeline_parallel_schedule (any case) -> tpsim schedule, for the import."""
 
 
 def format_violation(ctx: ExportContext) -> str | None:
     """torchtitan ships Llama-family models: a GPT-family model has no torchtitan model to name."""
+    schedule = ctx.plan.schedule
+    if schedule not in TORCHTITAN_SCHEDULES:
+        return f"schedule={schedule}: torchtitan's pipeline_parallel_schedule has no {schedule} schedule"
+    if ctx.plan.pp_first or ctx.plan.pp_last:
+        return ("pp_first/pp_last: torchtitan splits by pipeline_parallel_layers_per_stage (equal stages), not by "
+                "first/last stage sizes")
     if ctx.model.family != "llama":
         return f"model family {ctx.model.family} has no torchtitan model (torchtitan trains llama3-style models)"
     plan = ctx.plan
+    if plan.dtype == "mxfp8":
+        return ("dtype=mxfp8: not yet exported for torchtitan (its MX converter section is not in the job_config "
+                "keys this exporter targets, docs/EXPORT.md); export for megatron instead")
     if axis(plan, "cp") > 1 and axis(plan, "cp_kind") != "ring":
         return f"cp_kind={axis(plan, 'cp_kind')}: torchtitan's context parallelism rotates K/V shards (ring only)"
     if axis(plan, "cp") > 1 and plan.zero == 0:
@@ -109,6 +121,8 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
                            "context_parallel_degree": axis(plan, "cp")}
     if plan.zero in RESHARD:
         par["fsdp_reshard_after_forward"] = RESHARD[plan.zero]
+    if plan.tp_overlap:
+        par["enable_async_tensor_parallel"] = True
     if pp > 1:
         par["pipeline_parallel_schedule"] = ("Interleaved1F1B" if plan.schedule == "1f1b" and plan.vpp > 1
                                              else TORCHTITAN_SCHEDULES[plan.schedule])
@@ -168,7 +182,13 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         raise InputError(f"{path}: not valid TOML ({exc})") from None
     except RecursionError:  # arrays nested thousands deep (issue 13)
         raise InputError(f"{path}: not valid TOML (nested too deeply)") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (issue 26)
+        raise InputError(f"{path}: not valid TOML ({str(exc).splitlines()[0][:100]})") from None
     where = str(path)
+    from ..schema import check
+    from ..schemas import TORCHTITAN
+
+    check(TORCHTITAN, data, where)  # types, ranges and enums before any use (issue 26)
     notes: list[str] = []
     par, training = _table(data, "parallelism", where), _table(data, "training", where)
     ac, model = _table(data, "activation_checkpoint", where), _table(data, "model", where)
@@ -191,8 +211,16 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         layers_per_stage = _layers_per_stage(par, where)
         if layers_per_stage is None:
             fields["vpp"] = 1
+        name = str(par.get("pipeline_parallel_schedule", "1F1B"))
+        schedule = SCHEDULE_OF_NAME.get(name.lower())
+        if schedule is None:
+            notes.append(f"pipeline_parallel_schedule {name!r}: estimated as 1F1B")
+        elif schedule != "1f1b":
+            fields["schedule"] = schedule
     else:
         fields["micro_batch"] = local
+    if par.get("enable_async_tensor_parallel") is True:
+        fields["tp_overlap"] = True
     if cp > 1:
         fields.update(cp=cp, cp_kind="ring")
     if _int(par, "expert_parallel_degree", 1, where) > 1:
@@ -210,7 +238,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     shape = {**header_shape(header), "seq_len": _int(training, "seq_len", 2048, where)}
     if model.get("name") == "deepseek_v3":
         shape["mtp_layers"] = 0  # torchtitan's deepseek_v3 trains no multi-token prediction module
-    gpus = int(header["gpus"]) if header.get("gpus", "").isdigit() else None
+    gpus = ascii_int(header.get("gpus"))
     if gpus is None and dp is not None:
         gpus = dp * tp * pp * cp
     return ImportedLaunch(format="torchtitan", path=path, plan_fields=fields, model_shape=shape,

@@ -7,19 +7,14 @@ readers resolve differently), and one JSON object. Anything else is one line nam
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..limits import MAX_CONFIG_BYTES, MAX_JSON_DEPTH
+from ..limits import MAX_CONFIG_BYTES
 from .hf import from_hf_config
 from .presets import PRESETS, get_preset
 from .spec import ModelSpec
-
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -62,51 +57,11 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 
 def parse_json_object(text: str, source: str) -> dict[str, Any]:
-    """Parse ``text`` as one JSON object (depth-bounded, finite numbers, no repeated keys)."""
-    _check_depth(text, source)
-    try:
-        value = json.loads(text, parse_constant=lambda c: _refuse_constant(c, source),
-                           parse_float=lambda t: _finite_float(t, source),
-                           object_pairs_hook=lambda pairs: _unique_keys(pairs, source))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{source}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
-    except (ValueError, RecursionError) as exc:
-        if isinstance(exc, InputError):
-            raise
-        raise InputError(f"{source}: malformed JSON ({exc})") from None
+    """Parse ``text`` as one JSON object: bounded and linear (:mod:`tpsim.boundedjson`: depth, values and
+    digits measured before decoding; finite numbers, no repeated keys)."""
+    from ..boundedjson import loads
+
+    value = loads(text, source)
     if not isinstance(value, dict):
         raise InputError(f"{source}: expected a JSON object, got {type(value).__name__}")
     return value
-
-
-def _check_depth(text: str, source: str) -> None:
-    """Nesting depth of arrays and objects, counted outside strings, at most MAX_JSON_DEPTH."""
-    depth = 0
-    for match in _TOKENS.finditer(text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                raise InputError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
-        elif token in "]}":
-            depth -= 1
-
-
-def _refuse_constant(name: str, source: str) -> Any:
-    raise InputError(f"{source}: {name} is not a JSON number")
-
-
-def _finite_float(text: str, source: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise InputError(f"{source}: number {text[:40]} is out of range")
-    return value
-
-
-def _unique_keys(pairs: list[tuple[str, Any]], source: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise InputError(f"{source}: key {key!r} appears twice in one object")
-        out[key] = value
-    return out

@@ -58,6 +58,9 @@ def _llama_like(r: ConfigReader, *, kv_default: int | None, max_pos_default: int
         d["head_dim"] = r.int("head_dim", "head_dim", default=head_dim_default)
     if r.present("partial_rotary_factor"):
         d["rotary_fraction"] = r.fraction("partial_rotary_factor", r.raw("partial_rotary_factor"))
+    base = r.raw("rope_theta") if r.present("rope_theta") else None
+    if isinstance(base, (int, float)) and not isinstance(base, bool) and 1 <= base <= 1e12:
+        d["rotary_base"] = int(base)  # no cost; the exporters write it (Megatron --rotary-base)
     return d
 
 
@@ -303,7 +306,12 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "hf-model", source: str =
     bad = next((k for k in cfg if not isinstance(k, str)), None)
     if bad is not None:
         raise InputError(f"{source}: key {bad!r} is not a string")
+    from ..schema import check
+    from ..schemas import HF_CONFIG
+
     mtype = cfg.get("model_type")
+    if isinstance(mtype, str) and mtype in PARSERS:
+        check(HF_CONFIG, cfg, source)  # types and ranges of the shape keys (issue 26)
     if not isinstance(mtype, str) or mtype not in PARSERS:
         raise InputError(f"{source}: model_type={mtype!r} is not supported (supported: {', '.join(HF_TYPES)})")
     reader = ConfigReader(cfg, source, mtype)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import InputError
+from ..errors import InputError, did_you_mean
 from .spec import ModelSpec
 
 
@@ -26,7 +26,8 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, s
 
 # Sources: GPT-3 (Brown et al. 2020, Table 2.1; Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh for
 # tp=8 pp=16 mbs=1 gbs=1536); Megatron 1T (Narayanan et al. 2021, Table 1); Llama 3 (Llama Team 2024,
-# "The Llama 3 Herd of Models", Tables 3 and 4; HF config.json of meta-llama/Meta-Llama-3-*).
+# "The Llama 3 Herd of Models", Tables 3 and 4; HF config.json of meta-llama/Meta-Llama-3-*, whose rope_theta
+# 500000 is rotary_base; Mixtral's 1000000 and DeepSeek-V3's 10000 from their config.json files).
 #
 # llama3-405b: the plan of the Llama 3 paper's 16K-GPU stage (section 3.3.2, Table 4): TP8 CP1 PP16 on 16,384
 # H100 80GB, sequence 8192, 16M tokens per batch (2048 sequences, dp 128); FSDP shards optimizer states and
@@ -62,21 +63,23 @@ PRESETS: dict[str, ModelSpec] = {
              dict(cluster="dgx-a100", gpus=8, tp=1, pp=1, micro_batch=4, dtype="bf16")),
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 8192, 128256, 512,
                dict(cluster="dgx-h100", gpus=64, tp=2, pp=1, sp=True, zero=1, recompute="selective",
-                    micro_batch=1, dtype="bf16"), max_pos=8192),
+                    micro_batch=1, dtype="bf16"), max_pos=8192, rotary_base=500000),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 8192, 128256, 512,
                dict(cluster="dgx-h100", gpus=64, tp=8, pp=4, sp=True, zero=1, recompute="selective",
-                    micro_batch=1, dtype="bf16"), max_pos=8192),
+                    micro_batch=1, dtype="bf16"), max_pos=8192, rotary_base=500000),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 8192, 128256, 2048,
                dict(cluster="dgx-h100", gpus=16384, tp=8, pp=16, vpp=8, sp=True, zero=2, recompute="none",
-                    micro_batch=1, dtype="bf16", stack="torchtitan")),
+                    micro_batch=1, dtype="bf16", stack="torchtitan"), rotary_base=500000),
         _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 4096, 32000, 256,
                dict(cluster="dgx-h100", gpus=64, tp=1, pp=4, ep=8, zero=1, micro_batch=1, dtype="bf16"),
-               max_pos=32768, architecture="mixtral", num_experts=8, experts_per_token=2,
+               max_pos=32768, rotary_base=1000000, architecture="mixtral", num_experts=8,
+               experts_per_token=2,
                moe_ffn_hidden_size=14336),
         _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 4096, 129280, 15360,
                dict(cluster="dgx-h100", gpus=2048, tp=1, pp=16, ep=64, zero=1, micro_batch=1, dtype="fp8",
                     recompute="selective", stack="hai-llm"),
-               max_pos=163840, architecture="deepseek_v3", attention_kind="mla", q_lora_rank=1536,
+               max_pos=163840, rotary_base=10000, architecture="deepseek_v3", attention_kind="mla",
+               q_lora_rank=1536,
                kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_experts=256,
                experts_per_token=8, moe_ffn_hidden_size=2048, num_shared_experts=1,
                shared_expert_ffn_hidden_size=2048, first_dense_layers=3, router_groups=8, router_group_topk=4,
@@ -88,5 +91,6 @@ PRESETS: dict[str, ModelSpec] = {
 def get_preset(name: str) -> ModelSpec:
     key = name.lower()
     if key not in PRESETS:
-        raise InputError(f"model={name!r} is not a preset ({', '.join(sorted(PRESETS))}) nor a config.json path")
+        raise InputError(f"model={name!r} is not a preset ({', '.join(sorted(PRESETS))}) nor a config.json path"
+                         + did_you_mean(name, PRESETS))
     return PRESETS[key]

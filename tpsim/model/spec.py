@@ -87,6 +87,9 @@ class ModelSpec:
     """attention and MLP read the same input and are added together (GPT-J, GPT-NeoX)."""
     rotary_fraction: float = 1.0
     """share of each head's dimensions that get rotary embeddings (GPT-NeoX rotary_pct 0.25)."""
+    rotary_base: int = 0
+    """rotary base frequency (Hugging Face ``rope_theta``; no cost): exporters write it (Megatron
+    ``--rotary-base``); 0 = not stated (the frameworks' default, 10000)."""
 
     attention_kind: str = "standard"
     """"standard" (multi-head or grouped-query) or "mla" (multi-head latent attention, DeepSeek-V2/V3)."""

@@ -407,7 +407,7 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
         mem_activations_gib=res["act"] / GiB, mem_other_gib=res["other"] / GiB, measured_compute_fraction=measured,
         overhead_s=overhead, model_name=model.name, cluster_info=_cluster_info(cluster),
         compute_model=compute.source, collective_codes=codes, collective_names=names, context_warnings=warnings,
-        usable_memory_gib=device.usable_memory_bytes / GiB)
+        usable_memory_gib=device.usable_memory_bytes / GiB, flops_convention="full")
 
 
 def _cluster_info(cluster: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import InputError
-from ..limits import MAX_JSON_DEPTH
+from ..limits import FLOAT_LIMITS, LIMITS
 
 FORMAT = "tpsim-opgraph"
 VERSION = 1
@@ -235,6 +235,10 @@ class _Reader:
         return obj[key]
 
     def integer(self, value: Any, where: str, minimum: int = 0, maximum: int | None = None) -> int:
+        """An int in [minimum, maximum]; without a maximum, at most LIMITS["kernel_dim"] (2^40: a dimension
+        of 10^30 printed 1.55e21 s, issue 26)."""
+        if maximum is None:
+            maximum = LIMITS["kernel_dim"]
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(where, f"{value!r} is not an integer")
         if value < minimum or (maximum is not None and value > maximum):
@@ -242,10 +246,13 @@ class _Reader:
             raise self.fail(where, f"{value} must be {bound}")
         return value
 
-    def number(self, value: Any, where: str) -> float:
+    def number(self, value: Any, where: str, limit: str = "op_flops") -> float:
+        """A finite number in [0, FLOAT_LIMITS[limit]] (1e308 FLOPs printed inf, issue 26)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or value < 0:
             raise self.fail(where, f"{value!r} is not a finite number >= 0")
+        if value > FLOAT_LIMITS[limit]:
+            raise self.fail(where, f"{value!r} is above the supported maximum {FLOAT_LIMITS[limit]:g}")
         return float(value)
 
     def text(self, value: Any, where: str, choices: Sequence[str] | None = None) -> str:
@@ -311,7 +318,7 @@ def _op(r: _Reader, raw: Any, where: str, index: int, saved_keys: set[int], para
             fn=r.text(r.get(obj, "fn", where), f"{where}.fn"), inputs=inputs,
             output=_tensor(r, r.get(obj, "output", where), f"{where}.output", None),
             flops=r.number(r.get(obj, "flops", where), f"{where}.flops"),
-            bytes=r.number(r.get(obj, "bytes", where), f"{where}.bytes"), params=op_params,
+            bytes=r.number(r.get(obj, "bytes", where), f"{where}.bytes", "op_bytes"), params=op_params,
             batched=r.boolean(obj.get("batched", True), f"{where}.batched"), attrs=dict(attrs), saves=saves)
     _check_attrs(r, op, where)
     return op
@@ -448,26 +455,27 @@ def _depth(value: Any, limit: int) -> int:
 
 
 def parse_opgraph(text: str, source: str = "op graph") -> OpGraph:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{source}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
-    except RecursionError:
-        raise InputError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
-    if _depth(data, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise InputError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    """An op graph from JSON text: bounded and linear before decoding (:mod:`tpsim.boundedjson`), the
+    top level checked against its declared schema (:data:`tpsim.schemas.OPGRAPH`), then every op."""
+    from ..boundedjson import loads
+    from ..schema import check
+    from ..schemas import OPGRAPH
+
+    data = loads(text, source)
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        check(OPGRAPH, data, source)
     return opgraph_from_dict(data, source)
 
 
 def load_opgraph(path: str | Path) -> OpGraph:
     """Read and validate a ``*.ops.json`` file (one-line :class:`InputError` naming the file and the field)."""
+    from ..io import read_text
+    from ..limits import MAX_OPGRAPH_BYTES
+
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"op graph {path}: no such file")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"op graph {path}: cannot be read ({exc})") from None
+    text = read_text(path, "op graph", MAX_OPGRAPH_BYTES)  # a regular file of bounded size, never read whole first
     return parse_opgraph(text, str(path))
 
 

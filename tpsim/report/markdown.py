@@ -60,6 +60,8 @@ class ReportInputs:
     """the whole run's token budget: adds the three whole-run charts (tpsim.report.wholerun)."""
     reliability: Any = None
     """the fleet of the whole-run figures (tpsim.train.Reliability; None: the default fleet)."""
+    flops_convention: str | None = None
+    """how MFU and TFLOP/s count the model FLOPs (None: causal, the default; docs/SCHEMAS.md T5)."""
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
@@ -91,7 +93,7 @@ def _plan_rows(result: SearchResult, idx: np.ndarray) -> list[list[Any]]:
     rows = []
     for r, i in enumerate(idx):
         rows.append([r + 1, result.label(int(i)), int(result.variants(int(i)).size), _step(c, int(i)),
-                     float(c["tokens_per_s"][i]),
+                     float(c["tokens_per_s"][i]), f"{c['tokens_per_s'][i] / c['gpus'][i]:,.0f}",
                      f"{c['model_tflops_per_gpu'][i]:.0f}", f"{100 * c['mfu'][i]:.1f}%",
                      f"{c['peak_memory_gib'][i]:.1f}", _ms(c["compute_s"][i]), _ms(c["recompute_s"][i]),
                      _ms(c["bubble_s"][i]), _ms(c["optimizer_s"][i]), _ms(c["exposed_comm_s"][i]),
@@ -107,11 +109,13 @@ def _step(c: Any, i: int) -> str:
     return text
 
 
-PLAN_HEADERS = ("#", "plan", "variants", "step (s)", "tokens/s", "TFLOP/s/GPU", "MFU", "mem (GiB)", "compute", "recompute",
+PLAN_HEADERS = ("#", "plan", "variants", "step (s)", "tokens/s", "tokens/s/GPU", "TFLOP/s/GPU", "MFU", "mem (GiB)", "compute", "recompute",
                 "bubble", "optimizer", "exposed comm", "TP comm (total)", "DP comm (total)")
 
 
 def _section_best(result: SearchResult, top: int) -> str:
+    from ..estimator.flops import MFU_WARNING_START
+
     idx = result.ranking[:top]
     if not idx.size:
         return "## Best plans\n\nNo plan fits on this cluster (see the rejections below).\n"
@@ -126,6 +130,8 @@ def _section_best(result: SearchResult, top: int) -> str:
             md_table(PLAN_HEADERS, _plan_rows(result, idx), align="rl" + "r" * (len(PLAN_HEADERS) - 2)), "",
             f"Best plan: `{result.label(int(idx[0]))}`"
             + ("; collectives chosen: " + ", ".join(f"{k}: {v}" for k, v in algos.items()) if algos else "") + ".",
+            *[f"\n**Warning**: {w}." for w in best.get("warnings", ()) if w.startswith(MFU_WARNING_START)],
+            f"\nMFU and TFLOP/s/GPU count {result.flops_convention} attention FLOPs (`--flops-convention`).",
             "", "![Step-time breakdown of the top plans](breakdown.png)", ""]
     return "\n".join(text)
 
@@ -270,6 +276,8 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
     log("searching the full space")
     result = search(model, cluster, inputs.global_batch, space=space, gpu_hour_price=inputs.gpu_hour_price, **kw)
     check_found(result)
+    if inputs.flops_convention:
+        result = result.in_convention(inputs.flops_convention)
     log("TP sweep")
     sweep = analysis.tp_sweep(model, cluster, inputs.global_batch, space, **kw)
     log("GPU-count scaling and cost")
@@ -351,6 +359,9 @@ def _render(inputs: ReportInputs, cluster: Any, result: SearchResult, sweep: ana
             ["cluster", f"{cluster.name}: {cluster.num_nodes} nodes x {cluster.gpus_per_node} "
                         f"{cluster.device.name}"],
             ["GEMM dtype / attention", f"{inputs.space.dtype} / {inputs.space.attention}"],
+            ["training stack", result.stack_name],
+            ["MFU and TFLOP/s/GPU", f"model FLOPs counted with {result.flops_convention} attention "
+                                    "(`--flops-convention`; docs/SCHEMAS.md T5)"],
             ["search space", _describe_space(inputs.space)],
             ["search", f"{result.enumerated:,} plans enumerated, {result.evaluated:,} evaluated, "
                        f"{len(result):,} fit; {result.elapsed_s:.2f} s"],

@@ -9,9 +9,12 @@ from the columns. Folder: ``$TPSIM_CACHE_DIR`` or ``~/.cache/tpsim``, subfolder 
 ``TPSIM_CACHE_DIR=off`` (or ``--no-cache``) disables it. Entries beyond :data:`MAX_ENTRIES` are removed
 oldest first.
 
-Integrity (issue 13): the ``.json`` of an entry holds the entry format, its own key, the SHA-256 of the
-``.npz`` bytes and of its own metadata. An entry that is truncated, corrupt, hand-edited, written by another
-format or copied from another key is discarded with one warning line on stderr and recomputed (then
+Integrity (issues 13, 26): the ``.json`` of an entry holds the entry format, its own key, the SHA-256 of the
+``.npz`` bytes and of its own metadata, and a seal (:mod:`tpsim.cachefile`: an HMAC over the key, the
+``.npz`` checksum and the metadata under this user's secret): checksums anyone can recompute, the seal only
+this user's tpsim. Both files are opened only as regular files of this user of bounded size (no FIFO,
+device, or symlink out of the folder). An entry that is truncated, corrupt, hand-edited (even with its
+checksums recomputed), written by another format or user, or copied from another key is discarded with one warning line on stderr and recomputed (then
 overwritten). Both files are written atomically under unique temporary names, so concurrent writers of the
 same key cannot interleave their bytes; a pair mixed from two writers fails the checksum and is recomputed.
 A cache folder that cannot be written is not an error (the result is just not kept).
@@ -38,21 +41,25 @@ from .planner import Part, SearchResult, search
 from .space import SearchSpace
 
 MAX_ENTRIES = 64
-FORMAT = 4
-_PACKAGE = Path(__file__).resolve().parents[1]
+FORMAT = 5
 _KEY_NAME = re.compile(r"^[0-9a-f]{64}$")
 REQUIRED_COLUMNS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order",
                     "global_batch", "part", "gpus", "step_time_s", "peak_memory_gib", "fits", "fits_effective")
 """columns every cached result must hold (a foreign .npz lacks them)."""
 
 
+MAX_NPZ_BYTES = 512 << 20
+"""largest .npz read back: 1,000,000 plans (MAX_PLANS) of ~25 columns of 8 bytes are 200 MB."""
+MAX_META_BYTES = 64 << 20
+"""largest .json read back (the printed estimates of the top plans: a few hundred kB)."""
+
+
 def cache_dir() -> Path | None:
     """The cache folder, or None when disabled (``TPSIM_CACHE_DIR=off``)."""
-    root = os.environ.get("TPSIM_CACHE_DIR")
-    if root and root.lower() in ("off", "none", "0"):
-        return None
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpsim"
-    return base / "plans"
+    from ..cachefile import cache_root
+
+    root = cache_root()
+    return None if root is None else root / "plans"
 
 
 _NOT_KEYED = ("validate", "profiler", "bench", "cli", "report", "__pycache__")
@@ -62,14 +69,9 @@ _NOT_KEYED = ("validate", "profiler", "bench", "cli", "report", "__pycache__")
 @lru_cache(maxsize=1)
 def code_hash() -> str:
     """SHA-256 over the source and data files a search result depends on (paths and bytes)."""
-    h = hashlib.sha256()
-    for path in sorted(_PACKAGE.rglob("*")):
-        rel = path.relative_to(_PACKAGE)
-        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".csv", ".json") \
-                and not set(rel.parts) & set(_NOT_KEYED):
-            h.update(str(rel).encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
+    from ..parsecache import package_hash
+
+    return package_hash(_NOT_KEYED)
 
 
 def cache_key(model: ModelSpec, clusters: Sequence[Any], global_batch: int, space: SearchSpace,
@@ -100,7 +102,9 @@ def cached_search(model: ModelSpec, clusters: Sequence[Any], global_batch: int, 
     folder = cache_dir()
     progress = options.pop("progress", False)
     clusters = list(clusters)
-    if folder is None:
+    from ..cachefile import secret
+
+    if folder is None or secret(folder.parent) is None:  # no secret to seal with: no cache (nothing unverified)
         return search(model, clusters, global_batch, space=space, compute=compute, progress=progress, **options)
     from ..estimator.context import resolve_stack
 
@@ -122,12 +126,19 @@ def save_memo(result: SearchResult) -> None:
     if folder is None or entry is None:
         return
     key, npz_sha = entry
+    from ..cachefile import Doubt, read_entry
+
     try:
-        header = json.loads((folder / f"{key}.json").read_bytes())
+        raw = read_entry(folder / f"{key}.json", MAX_META_BYTES)
+        if raw is None:
+            return
+        header = json.loads(raw)
+        if header.get("seal") != _seal(key, npz_sha, header.get("meta")):  # only an entry we wrote is rewritten
+            return
         if header.get("meta", {}).get("memo") != result.memo and header.get("npz_sha256") == npz_sha:
             meta = dict(header["meta"], memo=result.memo)
             _write_atomic(folder / f"{key}.json", _header_bytes(key, npz_sha, meta))
-    except (OSError, ValueError, AttributeError, InputError):
+    except (OSError, ValueError, AttributeError, TypeError, InputError, Doubt):
         pass
 
 
@@ -143,8 +154,19 @@ def _meta_sha(meta: dict[str, Any]) -> str:
     return _sha(json.dumps(meta, sort_keys=True).encode())
 
 
+def _seal(key: str, npz_sha: str, meta: dict[str, Any]) -> str | None:
+    from ..cachefile import seal
+
+    mac = seal(key, npz_sha.encode(), json.dumps(meta, sort_keys=True).encode())
+    return None if mac is None else mac.hex()
+
+
 def _header_bytes(key: str, npz_sha: str, meta: dict[str, Any]) -> bytes:
-    header = {"format": FORMAT, "key": key, "npz_sha256": npz_sha, "meta_sha256": _meta_sha(meta), "meta": meta}
+    mac = _seal(key, npz_sha, meta)
+    if mac is None:
+        raise OSError("no sealing secret")  # nothing is kept that could not be verified
+    header = {"format": FORMAT, "key": key, "npz_sha256": npz_sha, "meta_sha256": _meta_sha(meta), "meta": meta,
+              "seal": mac}
     return json.dumps(header).encode()
 
 
@@ -173,10 +195,18 @@ class _Discard(Exception):
 
 def _load(folder: Path, key: str, model: ModelSpec, clusters: list[Any], space: SearchSpace, compute: Any,
           options: dict[str, Any]) -> SearchResult | None:
+    from ..cachefile import Doubt, discard, read_entry
+
     npz, meta_path = folder / f"{key}.npz", folder / f"{key}.json"
     try:
-        header_bytes, data = meta_path.read_bytes(), npz.read_bytes()
-    except OSError:
+        header_bytes = read_entry(meta_path, MAX_META_BYTES)
+        data = read_entry(npz, MAX_NPZ_BYTES) if header_bytes is not None else None
+    except Doubt as exc:  # a FIFO, a symlink (to /dev/zero, out of the folder), a device, too large
+        _warn(meta_path, str(exc))
+        for path in (meta_path, npz):
+            discard(path)
+        return None
+    if header_bytes is None or data is None:
         return None  # no entry (or half of one from a writer still at work): a plain miss
     try:
         meta, columns, ranking = _verify(key, header_bytes, data)
@@ -220,6 +250,10 @@ def _verify(key: str, header_bytes: bytes, data: bytes) -> tuple[dict[str, Any],
         raise _Discard("its metadata fails its checksum (edited by hand?)")
     if header.get("npz_sha256") != _sha(data):
         raise _Discard("its .npz fails its checksum (truncated, corrupt or edited)")
+    seal = header.get("seal")
+    if not isinstance(seal, str) or seal != _seal(key, header["npz_sha256"], meta):
+        raise _Discard("its seal does not verify (written by another user or tool, or edited and "
+                       "re-checksummed)")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             columns = {k: npz[k] for k in npz.files}
@@ -242,10 +276,19 @@ def _check_columns(meta: dict[str, Any], columns: dict[str, np.ndarray], ranking
                                                                                  ranking.max() >= n)):
         raise _Discard("its ranking indexes rows that do not exist")
     for field in ("enumerated", "evaluated", "duplicates", "left_out"):
-        if not isinstance(meta.get(field, 0), int):
+        if not isinstance(meta.get(field, 0), int) or isinstance(meta.get(field, 0), bool):
             raise _Discard(f"{field} is not a count")
-    if not isinstance(meta.get("gpus"), list) or not isinstance(meta.get("rejected"), dict):
+    for field in ("enumerated", "evaluated"):
+        if field not in meta:
+            raise _Discard(f"its metadata lacks {field}")
+    if not isinstance(meta.get("gpus"), list) or not all(type(g) is int and g > 0 for g in meta["gpus"]) \
+            or not isinstance(meta.get("rejected"), dict):
         raise _Discard("its metadata lacks gpus or rejected")
+    if not isinstance(meta.get("elapsed_s"), (int, float)) or isinstance(meta.get("elapsed_s"), bool):
+        raise _Discard("its metadata lacks elapsed_s")
+    for field in ("memo", "stack_rejected"):
+        if not isinstance(meta.get(field, {}), dict):
+            raise _Discard(f"its {field} is not a mapping")
 
 
 def _warn(path: Path, why: str) -> None:

@@ -7,7 +7,8 @@ Two ways a search ends empty:
 * every enumerated plan is rejected (:func:`rejection_reason`): the planner's rejection counts name the
   constraints, most frequent first, and for memory the smallest peak any plan needed.
 
-:func:`check_space` refuses a space larger than :data:`tpsim.limits.MAX_PLANS` before anything is built.
+:func:`check_space` refuses a space that would take over a minute at the measured rate (:data:`tpsim.limits.MAX_PLANS`)
+before anything is built.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import InputError
-from ..limits import MAX_PLANS
+from ..limits import MAX_PLANS, MAX_SEARCH_S, PLAN_SEARCH_RATE
 from ..model import ModelSpec
 from .space import SearchSpace, divisors, space_size
 from .validity import REASONS
@@ -59,9 +60,19 @@ def check_space(model: ModelSpec, gpu_counts: Sequence[int], space: SearchSpace,
         raise InputError(conflicts[-1])
     total = sum(space_size(model, n, space, global_batch, stack) for n in gpu_counts)
     if total > MAX_PLANS and not allow_large:
-        raise InputError(f"the search space holds {total:,} plans, above the {MAX_PLANS:,} searched without "
+        seconds = total / PLAN_SEARCH_RATE
+        raise InputError(f"the search space holds {total:,} plans: about {_duration(seconds)} at the measured "
+                         f"{PLAN_SEARCH_RATE:,} plans/s, above the {MAX_SEARCH_S:.0f} s searched without "
                          "--allow-large-space; narrow it (--tp, --pp, --micro-batch, --zero, ...) or pass that flag")
     return total
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def rejection_reason(result: Any) -> str:

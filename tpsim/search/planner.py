@@ -62,6 +62,11 @@ TWIN_RTOL = 1e-9
 """relative tolerance under which two step times (or peak memories) are the same prediction: different rank
 orders can reach the same figure through a different summation order (a few ulps apart)."""
 BREAKDOWN = ("compute", "recompute", "bubble", "optimizer", "exposed_comm", "overhead")
+SHAPE_FIELDS = ("tp", "cp", "pp", "ep", "zero")
+TIE_COLUMNS = {"time": "step_time_s", "cost": "cost_per_mtok", "time-to-train": "expected_days",
+               "energy": "energy_mwh"}
+"""the ranked figure of each objective that the step-time error band widens (tie groups)."""
+"""what makes two plans distinct shapes for ``--distinct`` (the parallel degrees and the ZeRO stage)."""
 """the components that sum to the step time."""
 
 Estimator = Callable[..., Any]
@@ -189,9 +194,67 @@ class SearchResult:
     """the whole run's token budget (None: step-time figures only)."""
     reliability: Any = None
     """the :class:`tpsim.train.Reliability` of the whole-run figures."""
+    convention: str | None = None
+    """how the model FLOPs behind the ``mfu`` and ``model_tflops_per_gpu`` columns are counted (None: the
+    estimator's, :data:`tpsim.estimator.flops.DEFAULT_FLOPS_CONVENTION`); see :attr:`flops_convention`."""
+    flops_ratio: float = 1.0
+    """model FLOPs under :attr:`flops_convention` over under the estimator's (applied to every estimate)."""
+    distinct: bool = False
+    """the ranking keeps only the best plan of each distinct shape (:data:`SHAPE_FIELDS`)."""
 
     def __len__(self) -> int:
         return int(self.ranking.size)
+
+    # ---- conventions and views -------------------------------------------------------------------------
+    @property
+    def flops_convention(self) -> str:
+        from ..estimator.flops import DEFAULT_FLOPS_CONVENTION
+
+        return self.convention or DEFAULT_FLOPS_CONVENTION
+
+    def in_convention(self, convention: str) -> "SearchResult":
+        """This result with MFU and the FLOP rates counted under ``convention`` (docs/SCHEMAS.md T5)."""
+        from ..estimator.flops import convention_ratio, in_convention
+
+        if convention == self.flops_convention:
+            return self
+        ratio = convention_ratio(self.model, convention, self.flops_convention)
+        cols = in_convention({k: v for k, v in self.columns.items()}, ratio)
+        return dataclasses.replace(self, columns=cols, convention=convention,
+                                   flops_ratio=self.flops_ratio * ratio, memo={})
+
+    def distinct_shapes(self) -> "SearchResult":
+        """This result ranking only the best plan of each distinct shape: tp, cp, pp, ep degrees and ZeRO
+        stage (``tpsim plan --distinct``)."""
+        c, idx = self.columns, np.asarray(self.ranking, dtype=np.int64)
+        if not idx.size:
+            return dataclasses.replace(self, distinct=True)
+        keys = np.stack([np.asarray(c[f])[idx].astype(np.int64) for f in SHAPE_FIELDS], axis=1)
+        _, first = np.unique(keys, axis=0, return_index=True)
+        return dataclasses.replace(self, ranking=idx[np.sort(first)], distinct=True)
+
+    def tie_groups(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """Per ranked row of ``idx`` (default: the ranking), its tie group: 1 for the best row and every row
+        whose prediction is within the best one's error band (the objective's figure at most the band's upper
+        edge: step time, cost, days to train or energy scaled by the step-time band); the first row outside opens
+        group 2, and so on. Rows of one group are ties: the estimator cannot tell them apart.
+        ``objective="memory"`` ranks by a figure without a band: every row is its own group."""
+        idx = np.asarray(self.ranking if idx is None else idx, dtype=np.int64)
+        groups = np.zeros(idx.size, dtype=np.int64)
+        c = self.columns
+        column = TIE_COLUMNS.get(self.objective)
+        if column is None or column not in c:
+            return np.arange(1, idx.size + 1, dtype=np.int64)
+        step, high = np.asarray(c["step_time_s"])[idx], np.asarray(c["step_time_s_high"])[idx]
+        value = np.asarray(c[column], dtype=float)[idx]
+        edge = np.where(step > 0, high / np.where(step > 0, step, 1.0), 1.0) * value
+        fits = np.asarray(c["fits_effective"])[idx]
+        group, start = 0, -1
+        for k in range(idx.size):
+            if start < 0 or fits[k] != fits[start] or not value[k] <= edge[start]:
+                group, start = group + 1, k
+            groups[k] = group
+        return groups
 
     # ---- single plans --------------------------------------------------------------------------------
     def batch_estimate(self, i: int) -> Any:
@@ -225,7 +288,7 @@ class SearchResult:
             part = self.parts[part_i]
             if part.chunks:
                 k = int(np.searchsorted(part.offsets, i, side="right")) - 1
-                out[i] = part.chunks[k].to_estimate(int(i - part.offsets[k]))
+                out[i] = self._converted(part.chunks[k].to_estimate(int(i - part.offsets[k])))
             else:
                 missing.setdefault(part_i, []).append(int(i))
         for part_i, wanted in missing.items():
@@ -234,8 +297,11 @@ class SearchResult:
             batch = estimate_batch(self.model, self.parts[part_i].cluster,
                                    PlanBatch.from_plans([self.plan(i) for i in wanted]), compute=self.compute,
                                    stack=self.stack)
-            out.update({i: batch.to_estimate(j) for j, i in enumerate(wanted)})
+            out.update({i: self._converted(batch.to_estimate(j)) for j, i in enumerate(wanted)})
         return [out[int(i)] for i in rows]
+
+    def _converted(self, e: Any) -> Any:
+        return e if self.flops_ratio == 1.0 else e.in_convention(self.flops_convention, self.flops_ratio)
 
     def estimate_dict(self, i: int) -> dict[str, Any]:
         """``self.estimate(i).to_dict()``, memoized (and kept by the on-disk plan cache)."""
@@ -355,7 +421,9 @@ class SearchResult:
         return _finite({
             "model": self.model.name,
             "stack": self.stack_name,
+            "flops_convention": self.flops_convention,
             "objective": self.objective,
+            "distinct": self.distinct,
             "gpu_hour_price": self.gpu_hour_price,
             "gpus": sorted({int(p.cluster.num_gpus) for p in self.parts}),
             "enumerated": self.enumerated,
@@ -366,18 +434,20 @@ class SearchResult:
             "rejected": dict(self.rejected),
             "stack_rejected": dict(self.stack_rejected),
             "elapsed_s": self.elapsed_s,
-            "plans": [p.to_dict() for p in self.top(top)],
+            "plans": [dict(p.to_dict(), tie_group=int(g)) for p, g in zip(self.top(top), self.tie_groups(
+                self.ranking if top is None else self.ranking[:top]))],
             "pareto_time_memory": self.front_rows(self.pareto_time_memory()),
             "pareto_gpus_throughput": self.front_rows(self.pareto_gpus_throughput()) if len(self.parts) > 1 else [],
         })
 
-    def table(self, top: int | None = 10) -> "Any":
-        """A pandas DataFrame of the ranked plans with the breakdown columns (imports pandas lazily)."""
-        import pandas as pd
-
-        idx = self.ranking if top is None else self.ranking[:top]
+    def table_columns(self, top: int | None = 10) -> dict[str, Any]:
+        """The ranked plans with the breakdown columns, as {column: values} in display order (no pandas: the
+        ``tpsim plan`` table prints from it; :meth:`table` wraps it in a DataFrame)."""
+        idx = np.asarray(self.ranking if top is None else self.ranking[:top], dtype=np.int64)
         c = self.columns
         data: dict[str, Any] = {"rank": np.arange(1, idx.size + 1)}
+        if idx.size and self.objective != "memory":
+            data["tie"] = self.tie_groups(idx)
         if len(self.parts) > 1:
             data["gpus"] = c["gpus"][idx]
         data["tp"] = c["tp"][idx]
@@ -387,7 +457,7 @@ class SearchResult:
             data["ep"] = c["ep"][idx]
         if np.any((c["etp"][idx] > 0) & (c["etp"][idx] != c["tp"][idx])):
             data["etp"] = np.where(c["etp"][idx] == 0, c["tp"][idx], c["etp"][idx])
-        overlaps, orders, counts = self._variant_columns(np.asarray(idx, dtype=np.int64))
+        overlaps, orders, counts = self._variant_columns(idx)
         data.update({
             "pp": c["pp"][idx], "vpp": c["vpp"][idx],
             **({"schedule": [SCHEDULES[int(k)] for k in c["schedule"][idx]]} if np.any(c["schedule"][idx]) else {}),
@@ -395,7 +465,8 @@ class SearchResult:
             "sp": np.where(c["sp"][idx], "y", "-"), "recompute": [RECOMPUTE[int(r)] for r in c["recompute"][idx]],
             "zero": c["zero"][idx], "mb": c["micro_batch"][idx], "overlap": overlaps, "order": orders,
             "variants": counts,
-            "step_s": c["step_time_s"][idx], "tok/s": c["tokens_per_s"][idx], "mfu": c["mfu"][idx],
+            "step_s": c["step_time_s"][idx], "tok/s": c["tokens_per_s"][idx],
+            "tok/s/gpu": c["tokens_per_s"][idx] / c["gpus"][idx], "mfu": c["mfu"][idx],
             "mem_GiB": c["peak_memory_gib"][idx],
         })
         if not c["fits_effective"][idx].all():
@@ -409,7 +480,13 @@ class SearchResult:
         if self.tokens is not None:
             data.update({"days": c["expected_days"][idx], "goodput": c["goodput"][idx], "$": c["cost_usd"][idx],
                          "MWh": c["energy_mwh"][idx]})
-        return pd.DataFrame(data)
+        return data
+
+    def table(self, top: int | None = 10) -> "Any":
+        """A pandas DataFrame of :meth:`table_columns` (imports pandas lazily: for ``--csv`` and the API)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.table_columns(top))
 
     @property
     def stack_name(self) -> str:

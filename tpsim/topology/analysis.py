@@ -29,14 +29,13 @@ def injection_bandwidth(cluster: "Cluster") -> dict[str, float]:
     """Per-GPU GB/s per direction (the best-connected GPU of a node): nvlink, pcie, network."""
     layout = cluster.layout
     best = {"nvlink": 0.0, "pcie": 0.0, "network": 0.0}
+    out: dict[str, defaultdict] = defaultdict(lambda: defaultdict(float))
+    for (u, _), attrs in layout.edges.items():  # one pass over the edges (per GPU was quadratic)
+        out[u][attrs.type] += attrs.bw_GBps
     for i in range(layout.num_gpus):
-        gpu = layout.gpu(i)
-        out = defaultdict(float)
-        for (u, _), attrs in layout.edges.items():
-            if u == gpu:
-                out[attrs.type] += attrs.bw_GBps
-        best["nvlink"] = max(best["nvlink"], out["nvlink"])
-        best["pcie"] = max(best["pcie"], out["pcie"])
+        per_type = out.get(layout.gpu(i), {})
+        best["nvlink"] = max(best["nvlink"], per_type.get("nvlink", 0.0))
+        best["pcie"] = max(best["pcie"], per_type.get("pcie", 0.0))
     if isinstance(cluster.fabric, Torus):
         torus = cluster.fabric
         most = max(torus.neighbour_links(r) for r in _torus_samples(torus, cluster.num_gpus))
@@ -45,7 +44,8 @@ def injection_bandwidth(cluster: "Cluster") -> dict[str, float]:
         # from the fabric's NIC link kind, so a one-node cluster (no fabric built) still reports it
         spec = cluster.spec
         nic = link_attrs(spec.fabric.nic_link, 1, spec.default_efficiency, spec.calibration)
-        best["network"] = nic.bw_GBps * len(layout.nics) / cluster.gpus_per_node
+        used = {layout.nic_of(i) for i in range(cluster.gpus_per_node)} - {""}   # NICs of the GPUs in the job
+        best["network"] = nic.bw_GBps * len(used) / cluster.gpus_per_node
     return best
 
 

@@ -46,7 +46,10 @@ class Cluster:
         self.num_nodes: int = spec.gpus // spec.gpus_per_node
         self.node_template_name: str = spec.node.name
         self.fabric_name: str = spec.fabric.name
-        self.layout = NodeLayout(spec.node, self.gpus_per_node, spec.default_efficiency, spec.calibration)
+        # a node may hold more GPUs than the job uses of it (gpus_per_node below the template's count, e.g. 64
+        # of an NVL72 rack's 72): the layout is the whole template, ranks fill its first gpus_per_node GPUs
+        self.layout = NodeLayout(spec.node, spec.node.gpu_group.count or self.gpus_per_node,
+                                 spec.default_efficiency, spec.calibration)
         fabric = spec.fabric
         check_fabric_fits(fabric, self.layout, self.num_nodes, spec.path)
         torus = fabric.type == "torus"
@@ -135,7 +138,7 @@ class Cluster:
         if not (self.spec.fabric.pxn and self.layout.has_nvlink) or self.layout.nic_of(local) == dst_nic:
             return local
         for other in self.layout.gpus_on_rail(dst_nic):
-            if self.layout.nvlink_peers(local, other):
+            if other < self.gpus_per_node and self.layout.nvlink_peers(local, other):
                 return other
         return local
 
@@ -146,8 +149,8 @@ class Cluster:
         for node in range(self.num_nodes):
             for local_id, attrs in self.layout.devices.items():
                 out = dict(attrs, node_index=node)
-                if attrs["kind"] == "gpu":
-                    out["rank"] = node * gpn + attrs["local_index"]
+                if attrs["kind"] == "gpu":   # rank -1: a GPU of the node the job does not use (spare)
+                    out["rank"] = node * gpn + attrs["local_index"] if attrs["local_index"] < gpn else -1
                 yield f"n{node}/{local_id}", out
         if isinstance(self.fabric, FatTree):
             yield from self.fabric.switches().items()

@@ -90,8 +90,8 @@ def _kept_devices(cluster: "Cluster", shown_nodes: int, max_gpus: int) -> dict[s
             if index >= math.ceil(cluster.layout.counts[group] * share):
                 continue
             out = dict(attrs, node_index=node)
-            if attrs["kind"] == "gpu":
-                out["rank"] = node * gpn + attrs["local_index"]
+            if attrs["kind"] == "gpu":   # -1: a spare GPU of a node the job uses part of (Cluster.devices)
+                out["rank"] = node * gpn + attrs["local_index"] if attrs["local_index"] < gpn else -1
             keep[f"n{node}/{local_id}"] = out
     fabric = cluster.fabric
     if isinstance(fabric, FatTree):

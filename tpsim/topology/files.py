@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..errors import InputError
+from ..errors import InputError, did_you_mean
 
 ENV_VAR = "TPSIM_TOPOLOGIES"
 FOLDERS = {"node": "nodes", "fabric": "fabrics", "cluster": "clusters"}
@@ -53,7 +53,7 @@ def resolve(kind: str, name_or_path: str | os.PathLike[str], relative_to: Path |
         if path.is_file():
             return path.resolve()
     known = ", ".join(available(kind)) or "none"
-    raise InputError(f"{kind}={text!r} is unknown (known in {folder}: {known})")
+    raise InputError(f"{kind}={text!r} is unknown (known in {folder}: {known})" + did_you_mean(text, available(kind)))
 
 
 _NAME = re.compile(r"^[\w.+-]+$")

@@ -61,6 +61,30 @@ def link_attrs(kind, lanes: int, default_eff: float, calibration: CalibrationSpe
     return EdgeAttrs(type=kind.type, bw_GBps=edge_bw, lanes=lanes, latency_us=lat, efficiency=efficiency)
 
 
+MAX_NODE_DEVICES = 1 << 14
+"""Devices of one node (all groups): a GB200 NVL72 rack is 72 GPUs + 18 switches; the largest scale-up domain
+announced (NVL576) is 576. A single-node cluster of ``count: any`` ranks (local-cpu) is bounded by it too."""
+MAX_NODE_LINKS = 1 << 20
+"""Links of one node after expanding its patterns (``all`` between 4096 GPUs and 4096 switches is 16.7M
+links, 3.7 GB: refused before building)."""
+
+
+def _check_size(template: NodeTemplate, counts: dict[str, int]) -> None:
+    """Refuse a node whose devices or expanded links exceed the bounds, from the counts alone."""
+    devices = sum(counts.values())
+    if devices > MAX_NODE_DEVICES:
+        raise InputError(f"node {template.name}: {devices:,} devices in one node ({', '.join(f'{k} {v:,}' for k, v in counts.items())}) "
+                         f"is above the supported {MAX_NODE_DEVICES:,} (is --gpus meant for a cluster of nodes?)")
+    links = 0
+    for spec in template.links:
+        a = (spec.a_range[1] - spec.a_range[0] + 1) if spec.a_range else counts.get(spec.a, 0)
+        b = (spec.b_range[1] - spec.b_range[0] + 1) if spec.b_range else counts.get(spec.b, 0)
+        links += a * b if spec.pattern == "all" else max(a, b)
+    if links > MAX_NODE_LINKS:
+        raise InputError(f"node {template.name}: its link patterns expand to {links:,} links, above the supported "
+                         f"{MAX_NODE_LINKS:,} per node")
+
+
 class NodeLayout:
     """A node template instantiated with a GPU count, link attributes resolved. Routing results are cached."""
 
@@ -68,6 +92,7 @@ class NodeLayout:
                  calibration: CalibrationSpec | None) -> None:
         self.template = template
         self.counts = {g.name: (gpus if g.kind == "gpu" else g.count) for g in template.devices}
+        _check_size(template, self.counts)  # before building anything (issue 26)
         self.gpu_group = template.gpu_group.name
         self.nic_groups = [g.name for g in template.devices if g.kind == "nic"]
         self.devices: dict[str, dict[str, Any]] = {}
@@ -148,10 +173,42 @@ class NodeLayout:
         return seen
 
     def check(self, needs_intra: bool, needs_nic: bool) -> None:
-        """Every GPU reaches every other GPU (``needs_intra``) and a NIC (``needs_nic``), else InputError."""
+        """Every GPU reaches every other GPU (``needs_intra``) and a NIC (``needs_nic``), else InputError.
+
+        Linear in the node's size: the components of forwarding devices (switches, CPUs, PCIe switches) are
+        found once, with the GPUs and NICs each touches; a GPU attached to a component that touches every GPU
+        (and a NIC) passes without a search of its own (a per-GPU search was quadratic: 12 s at 2048 ranks)."""
         where = f"{self.template.path}"
+        gpus = {self.gpu(i) for i in range(self.num_gpus)}
+        comp_of: dict[str, int] = {}
+        touches: list[set[str]] = []
+        for dev, attrs in self.devices.items():
+            if attrs["kind"] not in _TRANSIT_KINDS or dev in comp_of:
+                continue
+            comp = len(touches)
+            touched: set[str] = set()
+            comp_of[dev] = comp
+            queue = deque([dev])
+            while queue:
+                u = queue.popleft()
+                for v in self.adjacency[u]:
+                    if self.devices[v]["kind"] in _TRANSIT_KINDS:
+                        if v not in comp_of:
+                            comp_of[v] = comp
+                            queue.append(v)
+                    else:
+                        touched.add(v)
+            touches.append(touched)
+        covers = [gpus <= t for t in touches]
+        has_nic = [any(n in t for n in self.nics) for t in touches]
         for i in range(self.num_gpus):
-            reach = self.reachable_from(self.gpu(i))
+            gpu = self.gpu(i)
+            comps = {comp_of[v] for v in self.adjacency[gpu] if v in comp_of}
+            intra_ok = not needs_intra or any(covers[c] for c in comps)
+            nic_ok = not needs_nic or any(has_nic[c] for c in comps) or any(v in self.nics for v in self.adjacency[gpu])
+            if intra_ok and nic_ok:
+                continue
+            reach = self.reachable_from(gpu)
             if needs_intra:
                 for j in range(self.num_gpus):
                     if self.gpu(j) not in reach:

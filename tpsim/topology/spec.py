@@ -185,6 +185,10 @@ def load_node_template(name_or_path: str, relative_to: Path | None = None) -> No
     if not isinstance(data["links"], list):
         raise InputError(f"{where}: links must be a list")
     links = tuple(_link_spec(i, body, groups, kinds, where) for i, body in enumerate(data["links"]))
+    from ..schema import check
+    from ..schemas import NODE
+
+    check(NODE, data, where)  # the declared schema (issue 26), before the node is built
     return NodeTemplate(name=str(data.get("name", path.stem)), path=path, devices=devices, links=links,
                         raw=data)
 
@@ -339,6 +343,17 @@ _CLUSTER_KEYS = ("name", "description", "source", "note", "node", "fabric", "dev
                  "defaults", "calibration")
 
 
+def _naming(where: str, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, its InputError prefixed with the cluster file that names the missing node, fabric,
+    device or calibration (the fuzz suite found lines that did not say which file, issue 26)."""
+    try:
+        return fn(*args)
+    except InputError as exc:
+        if where in str(exc):
+            raise
+        raise InputError(f"{where}: {exc}") from None
+
+
 def load_cluster_spec(name_or_path: str, gpus: int | None = None,
                       calibration: str | Path | None = None) -> ClusterSpec:
     """The validated cluster file; ``gpus`` and ``calibration`` (a calibration file) override the file's."""
@@ -351,8 +366,8 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
         raise InputError(f"{where}: node={show(data['node'])} must be a name")
     if not (isinstance(data["fabric"], str) and data["fabric"].strip()) and not isinstance(data["fabric"], Mapping):
         raise InputError(f"{where}: fabric={show(data['fabric'])} must be a name or {{use: name, <overrides>}}")
-    node = load_node_template(data["node"], path.parent)
-    fabric = load_fabric(data["fabric"], path.parent, where)
+    node = _naming(where, load_node_template, data["node"], path.parent)
+    fabric = _naming(where, load_fabric, data["fabric"], path.parent, where)
     defaults = data.get("defaults") or {}
     check_keys(defaults, ("efficiency",), f"{where}: defaults")
     eff = fraction(defaults.get("efficiency", 1.0), f"{where}: defaults", "efficiency")
@@ -370,7 +385,7 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
         gpn = template_gpus
     else:
         gpn = positive(gpn_raw, where, "gpus_per_node", integer=True, maximum=LIMITS["gpus"])
-    if template_gpus and gpn != template_gpus:
+    if template_gpus and gpn > template_gpus:
         raise InputError(f"{where}: gpus_per_node={gpn} but node {node.name} has {template_gpus} GPUs")
     if total % gpn:
         raise InputError(f"{where}: gpus={total} is not a whole number of nodes of {gpn} GPUs "
@@ -379,8 +394,12 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
     if calibration is not None:
         cal_spec = cluster_calibration(calibration, Path.cwd(), "calibration")
     elif data.get("calibration") is not None:
-        cal_spec = cluster_calibration(data["calibration"], path.parent, where)
-    device_name, device_spec = cluster_device(data["device"], where)
+        cal_spec = _naming(where, cluster_calibration, data["calibration"], path.parent, where)
+    device_name, device_spec = _naming(where, cluster_device, data["device"], where)
+    from ..schema import check
+    from ..schemas import CLUSTER
+
+    check(CLUSTER, data, where)  # the declared schema (issue 26), before any graph or table is built
     return ClusterSpec(name=str(data.get("name", path.stem)), path=path, node=node, fabric=fabric,
                        device=device_name, gpus=total, gpus_per_node=gpn, single_node=single,
                        default_efficiency=eff, calibration=cal_spec, raw=data, device_spec=device_spec)

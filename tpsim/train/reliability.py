@@ -98,9 +98,13 @@ def load_reliability(name_or_path: str | Path | None = None) -> Reliability:
                          f"({', '.join(shipped['fleets'])}) nor a YAML file")
     from ..safeyaml import read_yaml
 
+    from ..schema import check
+    from ..schemas import RELIABILITY
+
     user = read_yaml(path, "reliability file")
     if not isinstance(user, Mapping):
         raise InputError(f"{path}: a reliability file is a mapping of {', '.join(USER_KEYS)}")
+    check(RELIABILITY, user, str(path))  # types and ranges before use (issue 26)
     return _build(shipped, user, str(path))
 
 

@@ -30,14 +30,15 @@ from .plan.case import PlanCase
 from .plan.predict import predict_plan
 from .plan.report import summarize_plan
 from .plan.terms import term_errors
-from .block.predict import (REPO_ROOT, compute_model, find_profile, grid_hits, load_local_cluster, predict_case)
+from .block.predict import compute_model, find_profile, grid_hits, load_local_cluster, predict_case
 from ..procs import child_preexec
 from .block.report import (layer_errors, step_errors, summarize_case, write_atomic, write_csv, write_scatter,
                            write_terms_chart)
 from .matrix import matrix_cases, plan_matrix_cases  # noqa: F401 - part of this module's API
 from .block.scale import fit_case, fit_plan_case
 
-REPORTS_DIR = REPO_ROOT / "reports" / "validation"
+REPORTS_DIR = Path("reports") / "validation"
+"""default report folder, relative to the current directory (never inside the installed package)."""
 BENCH_SIZES = ("64K", "256K", "1M", "4M", "16M")
 """collective sizes of the calibration run: the validation's activations (tokens x hidden x 4 B) span them."""
 VALIDATION_STACK = "torchtitan"

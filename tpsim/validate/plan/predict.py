@@ -4,15 +4,17 @@ The pieces are the estimator's: one layer's forward and backward per micro-batch
 :func:`tpsim.estimator.predict_block` (the layer cost code of ``estimate``, flavor ``dtensor``: TP collectives
 exposed), every data-parallel and pipeline transfer of :func:`tpsim.validate.plan.comm.expected_comm` timed by the
 topology's collective model on the plan's groups (:func:`tpsim.topology.placement.rank_groups`), the Adam step
-by the roofline's ``optimizer_time``. They are put together with the estimator's rules
+and the gradient accumulation by the estimator's rules under the runtime's stack profile
+(tpsim/data/stacks/torch-validate.yaml, :func:`_runtime_fixed`). They are put together with the estimator's rules
 (``tpsim/estimator/core.py``, Narayanan et al. 2021 section 2.2):
 
 * step = m x t_stage + bubble + exposed pipeline sends + exposed DP + optimizer, the bubble and the sends the
   plan's schedule's (:mod:`tpsim.pipeline`: 1F1B ``(pp - 1) / vpp x t_stage`` and ``2 (m vpp + pp - 1) t_p2p``,
   zero-bubble schedules with the weight gradients filling the bubble);
 * FSDP2 gathers and reduce-scatters hide behind one layer's forward / backward (prefetch one block ahead):
-  exposed = max(0, comm - layer compute); DDP's buckets behind the backward of the last micro-batch; hidden
-  communication still costs ``overlap_compute_penalty`` of itself in compute (tpsim/data/efficiency.yaml);
+  exposed = max(0, comm - layer compute); DDP's buckets behind the backward of the last micro-batch (both the
+  estimator's :func:`tpsim.estimator.schedule.dp_exposure`); hidden communication still costs
+  ``overlap_compute_penalty`` of itself in compute (tpsim/data/efficiency.yaml);
 * what the runtime does not overlap is exposed: tpsim's ZeRO-1 reduces and gathers inside the optimizer step,
   and the partial norm-weight gradients under SP are summed there too.
 
@@ -20,6 +22,10 @@ Phases match what the ranks measure (:mod:`tpsim.validate.plan.run`): ``fwd`` an
 computation with the communication inside it), ``optimizer``, ``other`` (bubble, pipeline transfers, reductions
 outside the chunks), ``step``, and ``layer`` = (fwd + bwd) / (micro-batches x layers on the rank); each
 collective kind per axis per step (``comm:<axis>:<op>``).
+
+Not yet the estimator's ``estimate_batch`` itself (issue 21): the per-phase split (fwd / bwd / optimizer / other)
+and the per-rank phases are assembled here; tests/test_validate_plan.py holds the step within 2% of
+``estimate`` under the ``torch-validate`` stack.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ import numpy as np
 from ..block.case import FP32_BYTES
 from .case import PlanCase
 from .comm import Comm, ddp_buckets, expected_comm, fsdp_unit_bytes, rank_param_numel
+
+RUNTIME_STACK = "torch-validate"
+"""the stack profile of the runtime the ranks run (tpsim/data/stacks/torch-validate.yaml)."""
 
 
 @dataclass(frozen=True)
@@ -90,11 +99,10 @@ def predict_plan(case: PlanCase, cluster: Any, compute: Any, overhead: dict[str,
         penalty = overlap_penalty(cluster.device, default_efficiency().overlap_compute_penalty)
     blk = predict_block(case.model, cluster, case.plan(), compute=compute, flavor="dtensor", fused=case.fused)
     copies = _fsdp_copies(case, compute or RooflineModel(cluster.device))
-    f, b = blk.fwd_s + over["fwd"], blk.bwd_s + over["bwd"]
+    accum_s, optimizer_s = _runtime_fixed(case, cluster, compute)
+    f, b = blk.fwd_s + over["fwd"], blk.bwd_s + accum_s + over["bwd"]
     groups = rank_groups(case.tp, case.dp, case.pp, case.order)
     curves = _Curves(get_collective_model(cluster) if case.world > 1 else None, groups)
-    optimizer_s = float(RooflineModel(cluster.device).optimizer_time(
-        rank_param_numel(case) / (case.dp if case.zero >= 1 else 1)))
     phases = []
     for rank in range(case.world):
         coords = _coords(case, rank)
@@ -102,6 +110,25 @@ def predict_plan(case: PlanCase, cluster: Any, compute: Any, overhead: dict[str,
                                    copies))
     return PlanPrediction(phases=phases, layer_fwd_s=f, layer_bwd_s=b, compute_model=str(blk.compute_model),
                           measured_compute_fraction=float(blk.measured_compute_fraction), overhead=over)
+
+
+def _runtime_fixed(case: PlanCase, cluster: Any, compute: Any) -> tuple[float, float]:
+    """(gradient accumulation per layer and micro-batch, optimizer step) seconds: the estimator's rules
+    (:func:`tpsim.estimator.schedule.grad_accumulation_seconds`, :func:`~tpsim.estimator.schedule.optimizer_seconds`)
+    under the runtime's stack profile (tpsim/data/stacks/torch-validate.yaml: autograd adds each micro-batch's
+    weight gradients into ``.grad``, a shard of them under FSDP2 reducing every micro-batch; torch's Adam over the
+    rank's fp32 parameters, the ZeRO shard of them)."""
+    from ...estimator.context import context_for
+    from ...estimator.schedule import grad_accumulation_seconds, optimizer_seconds
+
+    ctx = context_for(case.model, cluster, compute, None, RUNTIME_STACK, "dtensor")
+    one = lambda x: np.array([x])  # noqa: E731
+    layer_params = rank_param_numel(case) / case.layers_per_rank
+    sharded = ctx.terms.grads_sharded(one(case.zero), one(case.pp))
+    accum = grad_accumulation_seconds(ctx, one(layer_params), sharded, one(case.dp), "fp32")[0]
+    share = rank_param_numel(case) / (case.dp if case.zero >= 1 else 1)
+    optimizer = optimizer_seconds(ctx, one(share), one(case.layers_per_rank), "fp32")[0]
+    return float(accum), float(optimizer)
 
 
 def _coords(case: PlanCase, rank: int) -> dict[str, int]:
@@ -136,7 +163,7 @@ def _fsdp_copies(case: PlanCase, compute: Any) -> tuple[float, float]:
     from ...estimator.schedule import fsdp_copy_seconds
     from ...stacks import load_stack
 
-    fig = load_stack("torch-validate").figure("comm", "fsdp_copy_in_out")
+    fig = load_stack(RUNTIME_STACK).figure("comm", "fsdp_copy_in_out")
     if case.runtime not in ("fsdp2", "fsdp2-no-reshard") or fig is None or not fig.value:
         return 0.0, 0.0
     ag, rs = fsdp_copy_seconds(compute, fsdp_unit_bytes(case) / FP32_BYTES, case.dp, "fp32")
@@ -154,8 +181,11 @@ def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float,
         gathers = comm["dp"]["all_gather"]["n"] / (m * layers)  # per layer and micro-batch
         fwd_ag, bwd_ag = min(gathers, 1.0) * ag, max(gathers - 1.0, 0.0) * ag
         per_mb_rs = rs if case.pp == 1 else 0.0  # under pipelining one reduce-scatter per block at the end
-        fwd_x, bwd_x = max(fwd_ag - f, 0.0), max(bwd_ag + per_mb_rs - b, 0.0)
-        hidden = m * layers * (fwd_ag + bwd_ag + per_mb_rs - fwd_x - bwd_x)
+        # per layer and micro-batch: the forward gather behind the layer's forward, the backward's gather and
+        # reduce-scatter behind its backward
+        fwd_t, fwd_x = _exposure(0.0, fwd_ag, f, f)
+        bwd_t, bwd_x = _exposure(bwd_ag + per_mb_rs, 0.0, b, f)
+        hidden = m * layers * (fwd_t + bwd_t - fwd_x - bwd_x)
         # FSDP2's copy-in / copy-out run on the compute stream: exposed where their collective is
         copy_ag, copy_rs = copies
         fwd_x += min(gathers, 1.0) * copy_ag
@@ -165,11 +195,24 @@ def _dp(case: PlanCase, comm: Comm, times: dict[str, float], f: float, b: float,
         return _DP(fwd_x=fwd_x, bwd_x=bwd_x, hidden=hidden, at_end=layers * (rs + copy_rs) + partial)
     if runtime == "ddp":
         ar = sum(curves.time("dp", "all_reduce", x) for x in ddp_buckets(case)) * case.vpp
-        exposed = max(ar - layers * b, 0.0)  # buckets hide behind the last micro-batch's backward
-        return _DP(bwd_step=exposed + partial, hidden=ar - exposed)
+        total, exposed = _exposure(ar, 0.0, layers * b, layers * f)  # behind the last micro-batch's backward
+        return _DP(bwd_step=exposed + partial, hidden=total - exposed)
     zero1 = times.get("comm:dp:reduce_scatter", 0.0) + times.get("comm:dp:all_gather", 0.0) \
         if runtime == "zero1" else 0.0
     return _DP(in_optimizer=zero1 + partial)
+
+
+def _exposure(grad_t: float, gather_t: float, bwd_window: float, fwd_window: float) -> tuple[float, float]:
+    """(total, exposed) of one reduction of ``grad_t`` behind ``bwd_window`` and one gather of ``gather_t``
+    behind ``fwd_window``: the estimator's rule (:func:`tpsim.estimator.schedule.dp_exposure`), its overlap
+    penalty left out (the phases charge it on the hidden part, in the backward)."""
+    from ...estimator.schedule import dp_exposure
+
+    one = lambda x: np.array([x], dtype=float)  # noqa: E731
+    total, exposed = dp_exposure(one(grad_t), one(gather_t), one(1.0 if grad_t else 0.0),
+                                 one(1.0 if gather_t else 0.0), one(bwd_window), one(fwd_window),
+                                 np.array([True]), 0.0)
+    return float(total[0]), float(exposed[0])
 
 
 def _rank_phases(case: PlanCase, coords: dict[str, int], f: float, b: float, curves: _Curves, optimizer_s: float,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import uuid
@@ -25,7 +26,7 @@ from ...errors import InputError
 from ...opgraph.layout import unit_layout
 from ...opgraph.model import OpGraphModel
 from ...opgraph.tp import is_depthwise, styles_at
-from ..launch import MARK_ENV, LaunchConfig, _collect, _kill_all, _supervise, _terminate_as_exception
+from ..launch import MARK_ENV, LaunchConfig, RankFailure, _collect, _kill_all, _supervise, _terminate_as_exception
 
 WORKER = "tpsim.validate.traced.worker"
 FP64_BYTES = 8
@@ -40,9 +41,10 @@ class TracedCase:
     model: OpGraphModel
     tp: int
     module_spec: str = ""
-    """default: the graph's ``source.module_spec``."""
+    """the model's factory, as the user gave it (``--module-spec``). Required: the ``source.module_spec``
+    recorded in an op graph is data and is never run (issue 26); :func:`recorded_factory` shows it."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """default: the graph's ``source.kwargs``."""
+    """the factory's keyword arguments (``--kwarg``)."""
     reps: int = 5
     warmup: int = 2
     seed: int = 0
@@ -52,12 +54,26 @@ class TracedCase:
         return f"{self.model.name}-tp{self.tp}-b{self.model.graph.batch}"
 
     def spec(self) -> tuple[str, dict[str, Any]]:
-        src = self.model.graph.source
-        spec = self.module_spec or src.get("module_spec", "")
-        if not spec:
-            raise InputError(f"{self.model.path}: no module_spec in the graph's source; give --module-spec")
-        kwargs = self.kwargs if self.module_spec else {k: _literal(v) for k, v in (src.get("kwargs") or {}).items()}
-        return spec, kwargs
+        """(factory, kwargs) the user gave; an op graph's own ``source.module_spec`` is never used."""
+        if not self.module_spec:
+            recorded, kwargs = recorded_factory(self.model)
+            hint = (f" (it was traced from {recorded!r}"
+                    + "".join(f" --kwarg {k}={v!r}" for k, v in kwargs.items())[:200] + ")") if recorded else ""
+            raise InputError(f"{self.model.path}: validating a traced graph runs its model's code: give "
+                             f"--module-spec MODULE:FN on the command line{hint}; a module named inside a data "
+                             f"file is never run")
+        return self.module_spec, dict(self.kwargs)
+
+
+def recorded_factory(model: OpGraphModel) -> tuple[str, dict[str, Any]]:
+    """The factory and kwargs an op graph says it was traced from (``source``), for display only: they are
+    data from the file, and nothing runs them unless the caller passes them as :attr:`TracedCase.module_spec`."""
+    src = model.graph.source
+    spec = src.get("module_spec", "")
+    kwargs = src.get("kwargs") or {}
+    if not isinstance(spec, str) or not isinstance(kwargs, dict):
+        return "", {}
+    return spec[:300], {str(k)[:64]: _literal(v) for k, v in list(kwargs.items())[:32]}
 
 
 def _literal(text: Any) -> Any:
@@ -253,8 +269,8 @@ def validate_traced(case: TracedCase, cfg: LaunchConfig, out_dir: Path, *, clust
 
     if cfg.nproc != case.tp or cfg.nnodes != 1:
         raise InputError(f"--nproc={cfg.nproc} must equal --tp={case.tp} on one node for a traced model")
-    with tempfile.TemporaryDirectory(prefix="tpsim-validate-traced-") as tmp:
-        work = Path(tmp)
+    work = Path(tempfile.mkdtemp(prefix="tpsim-validate-traced-"))  # kept after a failure: the error names it
+    try:
         if calibration is None and calibrate and case.tp > 1:
             calibration = calibrate_collectives(cfg, cluster, work)
         local = load_local_cluster(cluster, case.tp, calibration, work)
@@ -268,6 +284,12 @@ def validate_traced(case: TracedCase, cfg: LaunchConfig, out_dir: Path, *, clust
             conv = load_conv_profile(conv_path)
         pred = predict(case.model, local, compute, case.tp, conv) if case.reps > 0 else None
         report = run_cases([case], cfg, work / "run", {case.name: pred} if pred else None)[0]
+    except RankFailure:
+        raise  # its message names the rank logs under `work`: kept (issue 26: it named a deleted folder)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
     report["calibration"] = str(calibration) if calibration else None
     report["profile"] = str(prof) if prof else None
     out_dir.mkdir(parents=True, exist_ok=True)

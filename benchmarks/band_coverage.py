@@ -1,0 +1,153 @@
+"""Error bands and calibration from runs, measured on the shipped runs (docs/RUNS.md, docs/MODEL.md "Error band").
+
+    python benchmarks/band_coverage.py [--families] [--split]
+
+Prints, on the development set and SC21 Table 1 (tpsim/data/runs/):
+
+* **uncalibrated bands, leave-one-out**: each run's band from the residuals of the *other* runs (its own
+  left out), the share of runs whose measured step time lies inside, and the median half-width
+  ((high - low) / 2 / prediction); the input-uncertainty band of the estimator alongside for comparison;
+* ``--families``: calibration from 1 and from 3 runs of a family (a source's runs on one device and stack): the
+  other runs' median |error| before and after, and the coverage and half-width of their calibrated bands;
+* ``--split``: the development set split in halves (alternate runs of each device and stack), fitted on one
+  half and predicting the other, both ways.
+
+Every figure is computed here from the current estimator (nothing is stored); they move when the physics does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tpsim.estimator.band import residual_band  # noqa: E402
+from tpsim.runfit import fit_runs, plan_band, predict, residual_of  # noqa: E402
+from tpsim.runs import shipped_runs, stack_name  # noqa: E402
+
+FAMILIES = (("Megatron-Core H100", "meg_h100_weak"), ("NeMo H100", "nemo2407"), ("MPT H100", "mpt_h100"),
+            ("MPT A100-40GB", "mpt_a100"), ("torchtitan H100 8k", "tt_paper_t1|tt_paper_t2|tt_repo"),
+            ("torchtitan A100", "tt_a100"), ("SC21 Table 1", "sc21_t1"))
+
+
+def _in_family(run, prefixes: str) -> bool:
+    return any(run.run_id.startswith(p) for p in prefixes.split("|"))
+
+
+def uncalibrated(runs) -> None:
+    preds = [predict(r) for r in runs]
+    res = [residual_of(r, p.step_time_s) for r, p in zip(runs, preds)]
+    inside, half, prior_in, prior_half, rows = [], [], [], [], []
+    for r, p, x in zip(runs, preds, res):
+        b = residual_band(res, device=x.device, stack=x.stack, params=x.params, gpus=x.gpus, tp=x.tp, cp=x.cp,
+                          pp=x.pp, dtype=x.dtype, recompute=x.recompute, seq_len=x.seq_len, exclude=r.run_id)
+        lo, hi = p.step_time_s * b.low_factor, p.step_time_s * b.high_factor
+        inside.append(lo <= r.measured <= hi)
+        half.append((hi - lo) / 2 / p.step_time_s)
+        prior_in.append(p.step_time_s_low <= r.measured <= p.step_time_s_high)
+        prior_half.append((p.step_time_s_high - p.step_time_s_low) / 2 / p.step_time_s)
+        rows.append((r.run_id, p.step_time_s / r.measured - 1, lo / p.step_time_s - 1, hi / p.step_time_s - 1,
+                     inside[-1], b.basis["n"], b.basis["group"]))
+    print("run                                         error    band (rel. to prediction)  in  n  group")
+    for run_id, err, lo, hi, ok, n, group in rows:
+        print(f"{run_id[:42]:42s} {100 * err:+7.1f}%  {100 * lo:+6.1f}% .. {100 * hi:+6.1f}%   {'y' if ok else 'N'} "
+              f"{n:2d}  {group}")
+    err = np.abs([r[1] for r in rows])
+    print(f"\nuncalibrated, {len(runs)} runs: median |error| {100 * np.median(err):.1f}%")
+    print(f"  residual bands (leave-one-out): coverage {100 * np.mean(inside):.0f}%, median half-width "
+          f"{100 * np.median(half):.1f}%   (targets: >= 80%, <= 15%)")
+    print(f"  input-uncertainty bands:       coverage {100 * np.mean(prior_in):.0f}%, median half-width "
+          f"{100 * np.median(prior_half):.1f}%")
+
+
+def _calibrated_figures(fit_on, others):
+    fit = fit_runs(fit_on)
+    from tpsim.calibration import Calibration
+
+    cal_values = fit.values
+    before = [abs(predict(r).step_time_s / r.measured - 1) for r in others]
+    preds = [predict(r, cal_values) for r in others]
+    after = [abs(p.step_time_s / r.measured - 1) for r, p in zip(others, preds)]
+    # the calibrated band: the fitted runs' leave-one-out residuals (as `--calibration CAL.yaml` gives)
+    cal = Calibration(provenance={"runs_fit": fit.to_yaml_dict()["runs_fit"]})
+    inside, half = [], []
+    for r, p in zip(others, preds):
+        b = plan_band(None, model=r.model, cluster=r.load_cluster(), plan=r.plan, stack=stack_name(r.stack),
+                      calibration=cal)
+        lo, hi = p.step_time_s * b.low_factor, p.step_time_s * b.high_factor
+        inside.append(lo <= r.measured <= hi)
+        half.append((hi - lo) / 2 / p.step_time_s)
+    return before, after, inside, half, fit
+
+
+def families(runs) -> None:
+    print("\ncalibration from k runs of a family (every choice of k runs; the family's other runs predicted)")
+    print("family                 runs  k  choices  median|err| before  after   worse-than-before  band cov  "
+          "half-width")
+    for label, prefixes in FAMILIES:
+        fam = [r for r in runs if _in_family(r, prefixes)]
+        if len(fam) < 4:
+            continue
+        for k in (1, 3):
+            before_all, after_all, inside_all, half_all, worse = [], [], [], [], 0
+            choices = list(itertools.combinations(range(len(fam)), k))
+            if len(choices) > 20:  # spread the choices over the family: every 1/20th
+                choices = choices[:: math.ceil(len(choices) / 20)]
+            for chosen in choices:
+                on = [fam[i] for i in chosen]
+                rest = [r for i, r in enumerate(fam) if i not in chosen]
+                b, a, ins, h, _ = _calibrated_figures(on, rest)
+                before_all.append(np.median(b))
+                after_all.append(np.median(a))
+                worse += int(np.median(a) > np.median(b))
+                inside_all += ins
+                half_all += h
+            print(f"{label:22s} {len(fam):4d} {k:2d} {len(choices):7d}  {100 * np.median(before_all):17.1f}% "
+                  f"{100 * np.median(after_all):6.1f}%  {worse:6d} of {len(choices):<3d}      "
+                  f"{100 * np.mean(inside_all):5.0f}%  {100 * np.median(half_all):8.1f}%")
+    print("(targets: 3 runs <= 5% and never worse than uncalibrated; 1 run <= 8%; calibrated half-width <= 8%)")
+
+
+def split(runs) -> None:
+    print("\nsplit-half: fit on one half of each device+stack group, predict the other half")
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault((r.device, stack_name(r.stack)), []).append(r)
+    for (device, stack), members in sorted(groups.items()):
+        if len(members) < 4:
+            print(f"  {device} / {stack}: {len(members)} runs, too few to split")
+            continue
+        halves = (members[0::2], members[1::2])
+        for name, (on, off) in (("A->B", halves), ("B->A", halves[::-1])):
+            b, a, ins, h, fit = _calibrated_figures(on, off)
+            print(f"  {device} / {stack} {name}: fit on {len(on)}, predict {len(off)}: median |error| "
+                  f"{100 * np.median(b):.1f}% -> {100 * np.median(a):.1f}%, band coverage {100 * np.mean(ins):.0f}% "
+                  f"half-width {100 * np.median(h):.1f}%  ("
+                  + ", ".join(f"{f.name} {f.value:.3f}+-{f.uncertainty:.3f}" for f in fit.factors) + ")")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", action="store_true", help="calibration from 1 and 3 runs of each family")
+    ap.add_argument("--split", action="store_true", help="split-half fit and prediction")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    runs = shipped_runs()
+    uncalibrated(runs)
+    if args.families:
+        families(runs)
+    if args.split:
+        split(runs)
+    print(f"\n({time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

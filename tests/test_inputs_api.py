@@ -1,0 +1,42 @@
+"""Issue 26, the Python API: None and wrong types are one InputError naming the argument (not an
+AttributeError or TypeError from deep inside), numpy integers are integers, and the API refuses what the
+command line refuses (the same bounds of tpsim/limits.py)."""
+
+import numpy as np
+import pytest
+
+import tpsim
+from tpsim.errors import InputError
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tpsim.load_model("llama3-8b")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return tpsim.load_cluster("dgx-h100", gpus=8)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda m, c: tpsim.make_plan(None, 8), "model=NoneType must be a ModelSpec"),
+    (lambda m, c: tpsim.make_plan(m, None), "gpus=None must be an integer"),
+    (lambda m, c: tpsim.make_plan(m, 8, tp="2"), "tp='2' must be a positive integer"),
+    (lambda m, c: tpsim.make_plan(m, 8, global_batch=2**62), "global_batch=4611686018427387904 is above"),
+    (lambda m, c: tpsim.estimate(None, c, tpsim.make_plan(m, 8)), "model=NoneType"),
+    (lambda m, c: tpsim.estimate(m, "dgx-h100", tpsim.make_plan(m, 8)), "cluster=str must be a Cluster"),
+    (lambda m, c: tpsim.estimate(m, c, None), "plan=NoneType must be a Plan"),
+    (lambda m, c: tpsim.estimate_batch(m, None, []), "cluster=NoneType"),
+])
+def test_wrong_arguments_are_one_line_naming_them(model, cluster, call, needle):
+    with pytest.raises(InputError) as info:
+        call(model, cluster)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_numpy_integers_are_integers(model):
+    plan = tpsim.make_plan(model, np.int64(8), tp=np.int32(2), micro_batch=np.int64(1))
+    assert plan.tp == 2 and type(plan.tp) is int and plan.dp == 4
+    cluster = tpsim.load_cluster("dgx-h100", gpus=np.int64(8))
+    assert tpsim.estimate(model, cluster, plan).step_time_s > 0
