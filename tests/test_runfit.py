@@ -18,7 +18,7 @@ from tpsim.runs import DEVELOPMENT_CSV, load_runs, read_log, stack_name
 
 @pytest.fixture(scope="module")
 def h100_torchtitan():
-    return [r for r in load_runs(DEVELOPMENT_CSV) if r.device == "H100-SXM" and stack_name(r.stack) == "torchtitan"]
+    return [r for r in load_runs(DEVELOPMENT_CSV) if r.device == "H100-SXM" and stack_name(r.stack) == "torchtitan-compile"]
 
 
 def _synthetic(runs, truth):

@@ -22,8 +22,8 @@ import errno
 import hashlib
 import hmac
 import os
+import threading
 import stat
-from functools import lru_cache
 from pathlib import Path
 
 SECRET_NAME = "secret"
@@ -57,8 +57,34 @@ def secret(root: Path | None = None) -> bytes | None:
     return _secret(str(root))
 
 
-@lru_cache(maxsize=8)
-def _secret(root: str) -> bytes | None:
+class _Secrets:
+    """The secrets read so far, per cache root; a root whose secret could not be had is asked again next time
+    (a reader that raced the creator must not keep the miss)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, root: str) -> bytes | None:
+        with self._lock:
+            known = self._known.get(root)
+            if known is None:
+                known = _make_or_read(root)
+                if known is not None:
+                    self._known[root] = known
+            return known
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._known.clear()
+
+
+_secret = _Secrets()
+
+
+def _make_or_read(root: str) -> bytes | None:
+    """The secret at ``root``: read it, or write one to a private temporary file and link it into place (the
+    file at the final name is always whole; when another process linked first, theirs is read)."""
     path = os.path.join(root, SECRET_NAME)
     try:
         return _read_secret(path)
@@ -66,22 +92,29 @@ def _secret(root: str) -> bytes | None:
         pass
     except OSError:
         return None
+    tmp = os.path.join(root, f".{SECRET_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:  # another process created it first: read theirs
-        try:
-            return _read_secret(path)
-        except OSError:
-            return None
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError:
         return None
     try:
-        os.write(fd, os.urandom(SECRET_BYTES))
+        try:
+            os.write(fd, os.urandom(SECRET_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another process or thread linked its secret first: use theirs
+            pass
     except OSError:
         return None
     finally:
-        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
     try:
         return _read_secret(path)
     except OSError:
