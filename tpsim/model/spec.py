@@ -216,11 +216,19 @@ class ModelSpec:
 
     def layer_kinds(self) -> tuple[LayerKind, ...]:
         """One :class:`LayerKind` per layer, in order."""
+        return self._layer_kinds
+
+    @cached_property
+    def _layer_kinds(self) -> tuple[LayerKind, ...]:
         return tuple(LayerKind(moe=self.is_moe_layer(i), window=self.layer_window(i))
                      for i in range(self.num_layers))
 
     def layer_counts(self) -> dict[LayerKind, int]:
-        """How many layers of each kind."""
+        """How many layers of each kind (a new dict; the count is computed once per spec)."""
+        return dict(self._layer_counts)
+
+    @cached_property
+    def _layer_counts(self) -> dict[LayerKind, int]:
         out: dict[LayerKind, int] = {}
         for kind in self.layer_kinds():
             out[kind] = out.get(kind, 0) + 1
