@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from ..validate.modules.loss import as_loss
+from ..validate.modules.loss import _tensors, as_loss
 
 # aten ops that only create views (no kernel, no bytes moved)
 VIEW_ATEN = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "select",
@@ -82,18 +82,6 @@ class RawOp:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Tensors in a nested structure of args (lists, tuples, dicts), in order."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _tensors(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _tensors(item)
 
 
 class _AtenCounter(TorchDispatchMode):
