@@ -121,26 +121,80 @@ def test_fsdp_padding_and_ddp_buckets():
     assert all(b >= 25 * 2**20 for b in buckets[:-1])
 
 
-def test_plan_prediction_uses_the_estimators_rules():
-    """The scaled-down prediction equals ``estimate`` of the same plan under the runtime's own stack profile
-    (tpsim/data/stacks/torch-validate.yaml: DDP under no_sync, FSDP2's copies, autograd's gradient accumulation,
-    torch's Adam; the estimator's embedding and output layer made negligible: vocab 1)."""
+def test_plan_prediction_is_the_estimators_step():
+    """The scaled-down prediction is ``estimate_batch`` of the same plan under the runtime's own stack profile
+    (tpsim/data/stacks/torch-validate.yaml: DDP under no_sync, FSDP2 resharding after every reduction and its
+    copies, ZeRO-1 inside the optimizer step, autograd's gradient accumulation, torch's Adam, no embedding or
+    output layer): the same step to the last bit, its phases the estimator's split of it."""
     from tpsim.compute.roofline import RooflineModel
     from tpsim.estimator import estimate
     from tpsim.topology import load_cluster
     from tpsim.validate.plan.predict import RUNTIME_STACK, predict_plan
 
-    base = with_overrides(PRESETS["gpt3-1.3b"], hidden=1024, heads=16, seq_len=512, vocab=1, layers=4)
-    # not ZeRO-2: FSDP2 with reshard_after_forward=False gathers every micro-batch (it reshards after the
-    # backward), which the estimator's ZeRO-2 (one gather per step) does not model yet
-    for kw in (dict(pp=2, microbatches=4), dict(dp=2, zero=3), dict(dp=2, zero=1), dict(dp=2, zero=0),
-               dict(tp=2, sp=True), dict(pp=2, vpp=2, microbatches=4, pp_schedule="zbv")):
+    base = with_overrides(PRESETS["gpt3-1.3b"], hidden=1024, heads=16, seq_len=512, layers=4)
+    for kw in (dict(pp=2, microbatches=4), dict(dp=2, zero=3), dict(dp=2, zero=2), dict(dp=2, zero=1),
+               dict(dp=2, zero=0), dict(tp=2, sp=True), dict(pp=2, vpp=2, microbatches=4, pp_schedule="zbv"),
+               dict(pp=2, dp=2, zero=3, microbatches=4), dict(pp=2, dp=2, zero=2, microbatches=4),
+               dict(tp=2, sp=True, pp=2, dp=2, zero=1, microbatches=4)):
         c = PlanCase(model=base, micro_batch=2, fused=True, microbatches=kw.pop("microbatches", 2), **kw)
         cluster = load_cluster("local-cpu", gpus=c.world)
         compute = RooflineModel(cluster.device)
         est = estimate(c.model, cluster, c.plan(), compute=compute, flavor="dtensor", stack=RUNTIME_STACK)
-        pred = predict_plan(c, cluster, compute).slowest()
-        assert pred["step"] == pytest.approx(est.step_time_s, rel=0.02), (kw, pred, est.breakdown)
+        pred = predict_plan(c, cluster, compute)
+        slow = pred.slowest()
+        assert slow["step"] == est.step_time_s, (kw, slow, est.breakdown)
+        assert sum(slow[k] for k in ("fwd", "bwd", "optimizer", "other")) == pytest.approx(est.step_time_s, rel=1e-12)
+        assert all(p["step"] == slow["step"] for p in pred.phases)
+        assert slow["optimizer"] >= est.breakdown["optimizer"] and slow["fwd"] > 0 and slow["bwd"] > slow["fwd"]
+        if c.pp > 1:
+            assert slow["other"] >= est.breakdown["bubble"] + est.terms["pp_comm"] - 1e-12
+        # framework overhead: per layer and micro-batch into the passes (and so the bubble), per step added
+        over = predict_plan(c, cluster, compute, overhead={"fwd": 1e-3, "bwd": 2e-3, "opt": 0.01, "other": 0.02})
+        o = over.slowest()
+        passes = c.microbatches * c.layers_per_rank
+        assert o["fwd"] == pytest.approx(slow["fwd"] + passes * 1e-3)
+        assert o["step"] >= slow["step"] + passes * 3e-3 + 0.03 - 1e-12
+
+
+def test_runtime_profile_rules_for_fsdp2_and_zero1():
+    """torch-validate.yaml's FSDP2 rules (comm.fsdp_reshard_after_backward): ZeRO-2 gathers before every
+    micro-batch without pp (it reshards after each reduce-scatter; Megatron's ZeRO-2 gathers once per step),
+    under pp the reduce-scatters come after the last backward, exposed; ZeRO-1 (tpsim's ShardedAdam) reduces and
+    gathers inside the optimizer step; the layers alone (compute.model_edges false)."""
+    import yaml
+
+    from tpsim.compute.roofline import RooflineModel
+    from tpsim.estimator import estimate_batch
+    from tpsim.plan import PlanBatch
+    from tpsim.stacks import STACKS_DIR, load_stack, profile_from_mapping
+    from tpsim.topology import load_cluster
+
+    raw = yaml.safe_load((STACKS_DIR / "torch-validate.yaml").read_text())
+    for key in ("fsdp_reshard_after_backward", "zero1_in_optimizer_step"):
+        raw["comm"][key]["value"] = False
+    plain = profile_from_mapping(raw, "plain.yaml")
+    raw["compute"]["model_edges"]["value"] = True
+    edges = profile_from_mapping(raw, "edges.yaml")
+    runtime = load_stack("torch-validate")
+    base = with_overrides(PRESETS["gpt3-1.3b"], hidden=1024, heads=16, seq_len=512, layers=4)
+
+    def both(stacks=(runtime, plain), **kw):
+        c = PlanCase(model=base, micro_batch=2, fused=True, microbatches=kw.pop("microbatches", 4), **kw)
+        cluster = load_cluster("local-cpu", gpus=c.world)
+        compute = RooflineModel(cluster.device)
+        return [estimate_batch(c.model, cluster, PlanBatch.from_plans([c.plan()]), compute, "dtensor", stack=s)
+                for s in stacks]
+
+    on, off = both(dp=2, zero=2)
+    assert on.dp_comm_s[0] > off.dp_comm_s[0] and on.phases["fwd"][0] > off.phases["fwd"][0]
+    assert on.compute_s[0] == off.compute_s[0]
+    layers_only, with_edges = both((plain, edges), dp=2, zero=2)
+    assert layers_only.compute_s[0] < with_edges.compute_s[0]  # no embedding, output layer or loss
+    assert layers_only.optimizer_s[0] < with_edges.optimizer_s[0]
+    on, off = both(dp=2, zero=2, pp=2)
+    assert on.phases["other"][0] > on.bubble_s[0] + on.exposed_axis["pp"][0]  # the reductions at the end
+    on, off = both(dp=2, zero=1)
+    assert on.phases["optimizer"][0] > on.optimizer_s[0] and off.phases["optimizer"][0] == off.optimizer_s[0]
 
 
 def test_plan_summary_checks_loss_communication_and_phases():
@@ -421,28 +475,32 @@ def test_zero_bubble_cases_run_torchs_schedules_and_predict_with_the_registry():
 
 def test_fsdp2_copy_in_and_out_are_predicted_from_the_runtime_profile():
     """The runtime's stack profile (tpsim/data/stacks/torch-validate.yaml, comm.fsdp_copy_in_out) makes FSDP2's
-    copies around its collectives part of the prediction (exposed, on the compute stream), in validation and
-    in the estimator alike; DDP and the sharded optimizer have none."""
+    copies around its collectives part of the prediction (exposed, on the compute stream): validation predicts
+    with the estimator, so with the profile's copies; DDP and the sharded optimizer have none."""
     import yaml
 
     from tpsim.compute.roofline import RooflineModel
     from tpsim.estimator import estimate
+    from tpsim.estimator.schedule import fsdp_copy_seconds
     from tpsim.stacks import STACKS_DIR, load_stack, profile_from_mapping
     from tpsim.topology import load_cluster
-    from tpsim.validate.plan.predict import _fsdp_copies, _rank_phases, _Curves, predict_plan
+    from tpsim.validate.plan.predict import predict_plan
 
     cluster = load_cluster("local-cpu", gpus=2)
     compute = RooflineModel(cluster.device)
     z3 = case(model=GPT, dp=2, zero=3)
-    ag, rs = _fsdp_copies(z3, compute)
-    assert ag > 0 and rs > 0 and _fsdp_copies(case(model=GPT, dp=2, zero=0), compute) == (0.0, 0.0)
-    with_copies = predict_plan(z3, cluster, compute).slowest()
-    curves = _Curves(None, {})
-    assert with_copies["fwd"] > _rank_phases(z3, C0, with_copies["layer"], 0.0, curves, 0.0, 0.0, 0.0)["fwd"] - 1
+    ag, rs = fsdp_copy_seconds(compute, fsdp_unit_bytes(z3) / 4, 2)
+    assert ag > 0 and rs > 0
     raw = yaml.safe_load((STACKS_DIR / "torch-validate.yaml").read_text())
     raw["comm"]["fsdp_copy_in_out"]["value"] = False
     plain = profile_from_mapping(raw, "no-copies.yaml")
     runtime = load_stack("torch-validate")
-    on, off = (estimate(z3.model, cluster, z3.plan(), compute=compute, stack=s) for s in (runtime, plain))
-    assert on.breakdown["exposed_comm"] > off.breakdown["exposed_comm"]
-    assert on.breakdown["compute"] == off.breakdown["compute"]
+    for c in (z3, case(model=GPT, dp=2, zero=0)):
+        on, off = (estimate(c.model, cluster, c.plan(), compute=compute, flavor="dtensor", stack=s)
+                   for s in (runtime, plain))
+        assert predict_plan(c, cluster, compute).slowest()["step"] == on.step_time_s
+        assert on.breakdown["compute"] == off.breakdown["compute"]
+        if c.zero:
+            assert on.breakdown["exposed_comm"] > off.breakdown["exposed_comm"]
+        else:
+            assert on.breakdown["exposed_comm"] == off.breakdown["exposed_comm"]

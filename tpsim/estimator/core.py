@@ -213,7 +213,7 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
                       "gpus_per_node": cluster.gpus_per_node},
         compute_model=ctx.compute_source, collective_codes=comm.names, collective_names=ctx.name_table,
         context_warnings=ctx.warnings, usable_memory_gib=device.usable_memory_bytes / GiB, stack=ctx.stack.name,
-        exposed_axis=sched.exposed_axis, term_sources=_term_sources(ctx, plans.dtype),
+        exposed_axis=sched.exposed_axis, phases=sched.phases(), term_sources=_term_sources(ctx, plans.dtype),
         step_time_s_low=step_low, step_time_s_high=step_high, tokens_per_s_low=tokens / step_high,
         tokens_per_s_high=tokens / step_low, mfu_low=mflops / (step_high * gpus * peak_flops),
         mfu_high=mflops / (step_low * gpus * peak_flops), num_layers=int(source.num_layers),

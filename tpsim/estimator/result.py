@@ -154,6 +154,9 @@ class EstimateBatch:
     mfu_high: np.ndarray | None = None
     exposed_axis: Mapping[str, np.ndarray] = field(default_factory=dict)
     """axis (tp, cp, ep, pp, dp) -> exposed communication per step (they sum to ``exposed_comm_s``)."""
+    phases: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """fwd, bwd, optimizer, other: the step of the slowest rank by where its time passes (they sum to
+    ``step_time_s``; :meth:`tpsim.estimator.schedule.Schedule.phases`, what ``tpsim validate`` compares)."""
     term_sources: Mapping[str, str] = field(default_factory=dict)
     """per term, where it comes from (:func:`tpsim.estimator.explain.term_sources`)."""
     num_layers: int = 0

@@ -60,6 +60,26 @@ class Schedule:
     exposed_axis: dict = field(default_factory=dict)
     """axis -> exposed communication per step on that axis (``tp``, ``cp``, ``ep``, ``pp``, ``dp``; the
     hidden collectives' overlap penalty counted on their axis): they sum to ``exposed_comm``."""
+    forward: np.ndarray | float = 0.0
+    """of ``step``, the slowest rank's forward passes: their compute, exposed collectives and the forward
+    kernels' share of the fixed costs, and the data-parallel gathers exposed before them."""
+    pp_exposed: np.ndarray | float = 0.0
+    """of ``exposed_comm``, the pipeline sends'."""
+    dp_after_backward: np.ndarray | float = 0.0
+    """of ``exposed_comm``, the data-parallel reductions after the last backward (outside the passes)."""
+    dp_in_optimizer: np.ndarray | float = 0.0
+    """of ``exposed_comm``, the data-parallel collectives inside the optimizer step."""
+
+    def phases(self) -> dict[str, np.ndarray]:
+        """The step split by where its time passes on the slowest rank (what ``tpsim validate`` measures):
+        ``fwd`` and ``bwd`` (the passes with the communication inside them; ``bwd`` also holds the recomputation,
+        the hidden collectives' overlap penalty and the edges' collectives), ``optimizer`` (with the collectives
+        inside the step), ``other`` (bubble, exposed pipeline sends, reductions after the last backward); they
+        sum to ``step``."""
+        optimizer = self.optimizer + self.dp_in_optimizer
+        other = self.bubble + self.pp_exposed + self.dp_after_backward
+        return {"fwd": np.broadcast_to(self.forward, self.step.shape), "bwd": self.step - self.forward - optimizer - other,
+                "optimizer": optimizer, "other": other}
 
 
 def _pick(position: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -152,13 +172,15 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     # pipeline point-to-point: activations forward, gradients backward, per chunk and micro-batch, plus the
     # pipeline fill and drain
     pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, pp, vpp, m, comm.p2p)
-    dp_total, dp_exposed = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb,
-                                          full=full, terms=ctx.terms)
+    dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp)
+    dp_total, dp_exposed, dp_forward, dp_after = dpt.total, dpt.exposed, dpt.forward, dpt.after_backward
     if ctx.terms.fsdp_copies:  # FSDP2's copies around its collectives, exposed (the runtime's stack profile)
         copy_ag, copy_rs = fsdp_copy_seconds(ctx.compute, costs.params, group, dtype)
-        gathers = np.where(zero == 3, 2 * m, np.where(zero == 2, 1, 0))
-        dp_exposed = dp_exposed + layers * (gathers * copy_ag
-                                            + np.where(zero >= 2, np.where(per_mb, m, 1), 0) * copy_rs)
+        fwd_gathers, bwd_gathers = _gathers(ctx.terms, zero, m, np.where(per_mb, m, 1))
+        copies_rs = layers * np.where(zero >= 2, np.where(per_mb, m, 1), 0) * copy_rs
+        dp_exposed = dp_exposed + layers * (fwd_gathers + bwd_gathers) * copy_ag + copies_rs
+        dp_forward = dp_forward + layers * fwd_gathers * copy_ag
+        dp_after = dp_after + np.where(dpt.at_end, copies_rs, 0.0)
     params = np.where(zero >= 1, _sharded(part, dp * cp, edp), part.largest)
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
@@ -177,10 +199,17 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
                   for axis in sorted(set(comm.layer_fwd) | set(comm.layer_bwd) | set(comm.edge))}
     comm_total["pp"] = pp_total
     comm_total["dp"] = dp_total
+    # the forward passes: the layers' forward compute and exposed collectives, the forward kernels' share of the
+    # fixed costs, the edges' forward compute, the gathers exposed before them
+    fixed_fwd = _pick(slow, np.broadcast_to(fixed, L.shape)) * ctx.fixed.kernels_fwd / (
+        ctx.fixed.kernels_fwd + ctx.fixed.kernels_bwd + np.where(full, ctx.fixed.kernels_fwd, 0.0))
+    edge_f = _pick(slow, on_positions(costs.first.fwd, costs.last.fwd, single))
+    forward = m * (layers * (costs.fwd + f_exp + fixed_fwd) + edge_f) + dp_forward
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
                     exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
                     overhead_high=np.maximum(overhead_high, overhead), comm_total=comm_total, step=step,
-                    slowest=slow, micro_batches=m, exposed_axis=exposed_axis)
+                    slowest=slow, micro_batches=m, exposed_axis=exposed_axis, forward=forward,
+                    pp_exposed=pp_exposed, dp_after_backward=dp_after, dp_in_optimizer=dpt.in_optimizer)
 
 
 def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
@@ -269,31 +298,83 @@ def _zero3_serialized(terms, total: np.ndarray, exposed: np.ndarray, regather: n
     return total, total - terms.zero3_overlap_fraction * np.minimum(total, compute)
 
 
+@dataclass(frozen=True)
+class DataParallel:
+    """Data-parallel time per step and where its exposed part lands (arrays over plans)."""
+
+    total: np.ndarray
+    exposed: np.ndarray
+    """exposed, the hidden part's overlap penalty included."""
+    forward: np.ndarray | float = 0.0
+    """of ``exposed``, the gathers exposed before the forward passes."""
+    after_backward: np.ndarray | float = 0.0
+    """of ``exposed``, the reductions after the last backward (FSDP2 under pipelining)."""
+    in_optimizer: np.ndarray | float = 0.0
+    """of ``exposed``, inside the optimizer step (ZeRO-1 reducing and gathering there)."""
+    at_end: np.ndarray | bool = False
+    """per plan: the reduce-scatters run after the last backward."""
+
+
+def _gathers(terms, zero: np.ndarray, m: np.ndarray, reductions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(before forward passes, in backward passes) parameter gathers per step of each ZeRO-2/3 unit: ZeRO-3
+    gathers for every forward and every backward (``2 m``); ZeRO-2 once per step. FSDP2 units free their
+    parameters after every reduction (``fsdp_reshard_after_backward``): ZeRO-2 gathers again before the next
+    forward (once per reduction) and ZeRO-3's backward gathers once per reduction (``m + reductions``)."""
+    reshard = terms is not None and terms.fsdp_reshard_after_backward
+    z3 = zero == 3
+    fwd = np.where(z3, m, np.where(zero == 2, reductions if reshard else 1, 0))
+    bwd = np.where(z3, reductions if reshard else m, 0)
+    return fwd, bwd
+
+
 def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndarray, zero: np.ndarray,
                    overlap: np.ndarray, penalty: float, per_microbatch: np.ndarray | None = None,
-                   full: np.ndarray | None = None, terms=None) -> tuple[np.ndarray, np.ndarray]:
-    """(total, exposed) data-parallel time per step. Gradients hide behind the backward of the last
-    micro-batch (bucketed), the ZeRO parameter all-gather behind the forward of the first micro-batch of the
-    next step. Where the stack reduces after every micro-batch (``per_microbatch``: ZeRO-2 keeping only a
-    gradient shard, or a stack without gradient-sync control) each micro-batch's reduction hides behind its
-    own backward; otherwise one reduction per step. ZeRO-3 gathers every layer's weights in forward and backward
-    and reduce-scatters its gradients each micro-batch, each hidden behind that layer's compute; its edge shards
-    are gathered in forward and backward and reduced every micro-batch."""
+                   full: np.ndarray | None = None, terms=None, pp: np.ndarray | None = None) -> DataParallel:
+    """Data-parallel time per step. Gradients hide behind the backward of the last micro-batch (bucketed), the
+    ZeRO parameter all-gather behind the forward of the first micro-batch of the next step. Where the stack
+    reduces after every micro-batch (``per_microbatch``: ZeRO-2 keeping only a gradient shard, or a stack
+    without gradient-sync control) each micro-batch's reduction hides behind its own backward; otherwise one
+    reduction per step. ZeRO-3 gathers every layer's weights in forward and backward (:func:`_gathers`) and
+    reduce-scatters its gradients, each hidden behind that layer's compute; its edge shards are gathered in
+    forward and backward and reduced every micro-batch. Stack rules: FSDP2 under pipelining reduce-scatters
+    after the last backward, exposed (``fsdp_reshard_after_backward``); ZeRO-1 reducing and gathering inside the
+    optimizer step, exposed (``zero1_in_optimizer``)."""
     f_layer = costs.fwd + comm.layer_fwd_exposed
     b_layer = costs.bwd + costs.recompute + comm.layer_bwd_exposed
     per_mb = (zero >= 2) if per_microbatch is None else per_microbatch
     reductions = np.where(per_mb, m, 1)
+    fwd_g, bwd_g = _gathers(terms, zero, m, reductions)
+    at_end = np.zeros(np.shape(zero), dtype=bool)
+    if terms is not None and terms.fsdp_reshard_after_backward and pp is not None:
+        at_end = (zero >= 2) & (pp > 1)
+    in_opt = np.zeros(np.shape(zero), dtype=bool)
+    if terms is not None and terms.zero1_in_optimizer:
+        in_opt = zero == 1
     z3_ag, z3_rs = comm.z3_all_gather, comm.z3_reduce_scatter
-    z3_total = layers * (2 * m * z3_ag + reductions * z3_rs)
-    z3_exposed = layers * (m * np.maximum(z3_ag - f_layer, 0.0) + (m - reductions) * np.maximum(z3_ag - b_layer, 0.0)
-                           + reductions * np.maximum(z3_ag + z3_rs - b_layer, 0.0))
+    z3_rs_end = np.where(at_end, z3_rs, 0.0)
+    z3_rs_pass = z3_rs - z3_rs_end
+    z3_total = layers * ((fwd_g + bwd_g) * z3_ag + reductions * z3_rs)
+    z3_fwd = layers * m * np.maximum(z3_ag - f_layer, 0.0)
+    z3_exposed = z3_fwd + layers * ((bwd_g - reductions) * np.maximum(z3_ag - b_layer, 0.0)
+                                    + reductions * np.maximum(z3_ag + z3_rs_pass - b_layer, 0.0)
+                                    + reductions * z3_rs_end)
     if terms is not None and (terms.zero3_regather_in_recompute or terms.zero3_overlap_fraction is not None):
         z3_total, z3_exposed = _zero3_serialized(terms, z3_total, z3_exposed, layers * m * z3_ag,
                                                  layers * m * np.maximum(z3_ag - f_layer, 0.0),
                                                  layers * m * (f_layer + b_layer), full)
-    return dp_exposure(comm.dp_all_reduce + comm.dp_reduce_scatter, comm.dp_all_gather, reductions,
-                       np.where(zero == 3, 2 * m, 1), layers * b_layer, layers * f_layer, overlap, penalty,
-                       z3_total, z3_exposed)
+        z3_fwd = 0.0
+    grad_t = comm.dp_all_reduce + comm.dp_reduce_scatter
+    grad_end = np.where(at_end, comm.dp_reduce_scatter, 0.0)  # ZeRO-2's (ZeRO-3's are its edges' shards)
+    gathers = np.where(zero == 3, 2 * m, np.where(zero == 2, fwd_g, 1))  # ZeRO-3: its edges' shards
+    overlap = overlap & ~in_opt
+    total, exposed = dp_exposure(grad_t - grad_end, comm.dp_all_gather, reductions, gathers, layers * b_layer,
+                                 layers * f_layer, overlap, penalty, z3_total, z3_exposed)
+    ends = reductions * grad_end + np.where(zero == 3, layers * reductions * z3_rs_end, 0.0)
+    forward = np.where(overlap, gathers * np.maximum(comm.dp_all_gather - layers * f_layer, 0.0),
+                       gathers * comm.dp_all_gather) + z3_fwd
+    return DataParallel(total=total + reductions * grad_end, exposed=exposed + reductions * grad_end,
+                        forward=np.where(in_opt, 0.0, forward), after_backward=ends,
+                        in_optimizer=np.where(in_opt, exposed, 0.0), at_end=at_end)
 
 
 COPY_OF_RESIDUAL_ADD = 2.0 / 3.0

@@ -188,8 +188,10 @@ class TransformerSource(LayerSource):
 
     def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None,
                  fp8_dispatch: bool = False, node_dedup: bool = False,
-                 fp8_cast: tuple[float, float] = (0.0, 0.0)):
+                 fp8_cast: tuple[float, float] = (0.0, 0.0), edges: bool = True):
         self.model = model
+        self.edges = edges
+        """the runtime runs the embedding, output layer and loss (StackTerms.model_edges; False: layers alone)."""
         self.fp8_cast = fp8_cast
         """bytes per element of the fp8 casts of each linear's input and output gradient (StackTerms)."""
         self.flavor = flavor
@@ -370,6 +372,9 @@ class TransformerSource(LayerSource):
                     buffer_bytes=self.storage.logits_bytes * T * emb_local / h)  # the rank's vocabulary shard
         if model.mtp_layers:
             last = _mtp_edge(model, compute, last, ec, kinds[self.kind_of_layer[-1]], tp=tp, T=T, dtype=dtype, emb_local=emb_local)
+        if not self.edges:  # a stack of layers alone (StackTerms.model_edges): no edge compute, traffic or state
+            first, last = (Edge(fwd=zero, bwd=zero, comm=(), params=zero, shared_params=zero, buffer_bytes=zero)
+                           for _ in range(2))
         return first, last
 
 

@@ -107,6 +107,9 @@ class StackTerms:
     """fixed.yaml kernel-count flavor (``megatron_te`` fused layers, ``eager``)."""
     pipeline_edges_as_layers: bool
     """the pipeline split counts the embedding and the output layer as one layer each."""
+    model_edges: bool = True
+    """the runtime runs the model's embedding, output layer and loss (``compute.model_edges``; False: a stack
+    of layers alone, as ``tpsim validate`` runs it: the edges cost nothing and hold no parameters)."""
     grad_accumulation_fusion: bool
     """weight-gradient GEMMs accumulate into the gradient buffer (no separate add per micro-batch)."""
     optimizer_bytes_per_param: float
@@ -126,6 +129,15 @@ class StackTerms:
     fsdp_copies: bool = False
     """FSDP2's copy-in / copy-out around each unit's all-gather and reduce-scatter are costed (exposed, on the
     compute stream; ``comm.fsdp_copy_in_out``, schedule.fsdp_copy_seconds)."""
+    fsdp_reshard_after_backward: bool = False
+    """ZeRO-2/3 are FSDP2 ``fully_shard`` units that free their unsharded parameters after every gradient
+    reduction (``comm.fsdp_reshard_after_backward``): ZeRO-2 (reshard_after_forward=False) gathers again before
+    the forward after each reduction and ZeRO-3's backward gathers once per reduction; under pipelining every
+    unit's reduce-scatter runs after the stage's last backward (torch.distributed.pipelining stage.py calls FSDP's
+    post_backward itself), with nothing left to hide it."""
+    zero1_in_optimizer: bool = False
+    """ZeRO-1's gradient reduce-scatter and parameter all-gather run inside the optimizer step, after the
+    backward, nothing overlapping them (``comm.zero1_in_optimizer_step``)."""
     """with group-limited routing a token crosses the network once per destination node and is forwarded to its
     experts there over NVLink (``comm.ep_node_dedup``; DeepEP / HAI-LLM)."""
     activation_storage: "ActivationStorage"
@@ -275,6 +287,9 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         ep_fp8_dispatch=_choice(stack, "comm", "ep_dispatch_dtype", "bf16", ("bf16", "fp8"), where) == "fp8",
         ep_node_dedup=bool(_value(stack, "comm", "ep_node_dedup", False)),
         fsdp_copies=bool(_value(stack, "comm", "fsdp_copy_in_out", False)),
+        fsdp_reshard_after_backward=bool(_value(stack, "comm", "fsdp_reshard_after_backward", False)),
+        zero1_in_optimizer=bool(_value(stack, "comm", "zero1_in_optimizer_step", False)),
+        model_edges=bool(_value(stack, "compute", "model_edges", True)),
         allocator_reserve_fraction=reserve,
         allocator_reserve_range=(reserve_fig.range if reserve_fig is not None and reserve_fig.range
                                  else (reserve, reserve)),
