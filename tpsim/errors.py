@@ -7,6 +7,8 @@ status 2. Infeasible plans inside a search are data (counted with a reason), not
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class TpsimError(ValueError):
     """Base class of every error tpsim raises on purpose."""
@@ -38,3 +40,19 @@ def did_you_mean(word: object, choices: object) -> str:
     keys = {key(n): n for n in names}
     close = difflib.get_close_matches(key(str(word)), list(keys), n=2, cutoff=0.6)
     return " (did you mean " + " or ".join(repr(keys[c]) for c in close) + "?)" if close else ""
+
+
+def check_keys(data: object, allowed: Iterable[str], where: str, required: Iterable[str] = ()) -> None:
+    """Unknown or missing keys of a mapping read from a file -> InputError naming the element (every loader's
+    rule: cluster and topology files, stack profiles)."""
+    from collections.abc import Mapping
+
+    allowed = tuple(allowed)
+    if not isinstance(data, Mapping):
+        raise InputError(f"{where}: expected a mapping, got {data!r}")
+    for key in data:
+        if key not in allowed:
+            raise InputError(f"{where}: unknown key {key!r} (allowed: {', '.join(allowed)})")
+    for key in required:
+        if key not in data:
+            raise InputError(f"{where}: missing key {key!r}")

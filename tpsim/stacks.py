@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .errors import InputError, did_you_mean
+from .errors import check_keys as _check_keys
 from .hardware import DTYPES
 from .model import ModelSpec
 from .plan import ATTENTION, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
@@ -481,12 +482,3 @@ def _text(value: Any, where: str, field_name: str) -> str:
     return value.strip()
 
 
-def _check_keys(data: Any, allowed: tuple[str, ...], where: str, required: tuple[str, ...] = ()) -> None:
-    if not isinstance(data, Mapping):
-        raise InputError(f"{where}: expected a mapping, got {data!r}")
-    for key in data:
-        if key not in allowed:
-            raise InputError(f"{where}: unknown key {key!r} (allowed: {', '.join(allowed)})")
-    for key in required:
-        if key not in data:
-            raise InputError(f"{where}: missing key {key!r}")

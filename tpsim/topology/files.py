@@ -11,9 +11,9 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-from ..errors import InputError, did_you_mean
+from ..errors import InputError, check_keys, did_you_mean  # noqa: F401 - check_keys: the loaders' rule
 
 ENV_VAR = "TPSIM_TOPOLOGIES"
 FOLDERS = {"node": "nodes", "fabric": "fabrics", "cluster": "clusters"}
@@ -105,20 +105,6 @@ def check_kind(data: Mapping[str, Any], expected: str, path: Path | str) -> None
     from ..safeyaml import check_kind as _check
 
     _check(data, expected, str(path))
-
-
-def check_keys(data: Mapping[str, Any], allowed: Iterable[str], where: str,
-               required: Iterable[str] = ()) -> None:
-    """Unknown or missing keys -> InputError naming the element."""
-    allowed = tuple(allowed)
-    if not isinstance(data, Mapping):
-        raise InputError(f"{where}: expected a mapping, got {data!r}")
-    for key in data:
-        if key not in allowed:
-            raise InputError(f"{where}: unknown key {key!r} (allowed: {', '.join(allowed)})")
-    for key in required:
-        if key not in data:
-            raise InputError(f"{where}: missing key {key!r}")
 
 
 def positive(value: Any, where: str, field: str, integer: bool = False, maximum: float | None = None) -> float:

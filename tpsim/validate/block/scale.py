@@ -33,15 +33,11 @@ ACT_PER_TOKEN_FFN = 4
 
 
 def available_memory() -> int:
-    """MemAvailable of /proc/meminfo in bytes (the physical memory if unreadable)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """MemAvailable of /proc/meminfo in bytes (:func:`tpsim.limits.available_memory`; the physical memory if
+    unreadable)."""
+    from ...limits import available_memory as meminfo
+
+    return meminfo() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def memory_limit(memory_bytes: int | None, nproc: int) -> float:
