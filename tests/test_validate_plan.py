@@ -160,7 +160,8 @@ def test_runtime_profile_rules_for_fsdp2_and_zero1():
     """torch-validate.yaml's FSDP2 rules (comm.fsdp_reshard_after_backward): ZeRO-2 gathers before every
     micro-batch without pp (it reshards after each reduce-scatter; Megatron's ZeRO-2 gathers once per step),
     under pp the reduce-scatters come after the last backward, exposed; ZeRO-1 (tpsim's ShardedAdam) reduces and
-    gathers inside the optimizer step; the layers alone (compute.model_edges false)."""
+    gathers inside the optimizer step; each TP rank sends the whole activation to the next stage
+    (comm.pp_send_split_over_tp false); the layers alone (compute.model_edges false)."""
     import yaml
 
     from tpsim.compute.roofline import RooflineModel
@@ -172,6 +173,7 @@ def test_runtime_profile_rules_for_fsdp2_and_zero1():
     raw = yaml.safe_load((STACKS_DIR / "torch-validate.yaml").read_text())
     for key in ("fsdp_reshard_after_backward", "zero1_in_optimizer_step"):
         raw["comm"][key]["value"] = False
+    raw["comm"]["pp_send_split_over_tp"]["value"] = True  # Megatron's
     plain = profile_from_mapping(raw, "plain.yaml")
     raw["compute"]["model_edges"]["value"] = True
     edges = profile_from_mapping(raw, "edges.yaml")
@@ -195,6 +197,11 @@ def test_runtime_profile_rules_for_fsdp2_and_zero1():
     assert on.phases["other"][0] > on.bubble_s[0] + on.exposed_axis["pp"][0]  # the reductions at the end
     on, off = both(dp=2, zero=1)
     assert on.phases["optimizer"][0] > on.optimizer_s[0] and off.phases["optimizer"][0] == off.optimizer_s[0]
+    # DTensor pipelining sends the whole activation from every TP rank (Megatron 1/tp of it), SP shards it
+    on, off = both(tp=2, pp=2)
+    assert on.exposed_axis["pp"][0] > off.exposed_axis["pp"][0]
+    on, off = both(tp=2, sp=True, pp=2)
+    assert on.exposed_axis["pp"][0] == off.exposed_axis["pp"][0]
 
 
 def test_plan_summary_checks_loss_communication_and_phases():

@@ -188,9 +188,11 @@ class TransformerSource(LayerSource):
 
     def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None,
                  fp8_dispatch: bool = False, node_dedup: bool = False,
-                 fp8_cast: tuple[float, float] = (0.0, 0.0), edges: bool = True):
+                 fp8_cast: tuple[float, float] = (0.0, 0.0), edges: bool = True, p2p_split: bool = True):
         self.model = model
         self.edges = edges
+        self.p2p_split = p2p_split
+        """a pipeline stage sends its 1/tp slice of the activation (StackTerms.pp_send_split)."""
         """the runtime runs the embedding, output layer and loss (StackTerms.model_edges; False: layers alone)."""
         self.fp8_cast = fp8_cast
         """bytes per element of the fp8 casts of each linear's input and output gradient (StackTerms)."""
@@ -265,8 +267,9 @@ class TransformerSource(LayerSource):
         T = mb * float(model.seq_len) / cp
         act = np.where(tp > 1, T * model.hidden_size * act_bytes, 0.0)  # one activation, bytes
         first, last = self._edges(compute, tp, sp, mb, cp, dtype, act, act_bytes, kinds)
-        # Megatron's scatter/gather optimization (or SP): a stage sends its 1/tp slice of the activation
-        boundary = T * model.hidden_size * act_bytes / tp
+        # Megatron's scatter/gather optimization (or SP): a stage sends its 1/tp slice of the activation; a stack
+        # without it (StackTerms.pp_send_split) sends the whole activation from every TP rank unless SP shards it
+        boundary = T * model.hidden_size * act_bytes / (tp if self.p2p_split else np.where(sp, tp, 1))
         many = len(kinds) > 1
         return LayerCosts(fwd=mean.fwd, bwd=mean.bwd, recompute=mean.recompute, measured=mean.measured,
                           comm=mean.comm, params=mean.params, activations=mean.activations, working=mean.working,

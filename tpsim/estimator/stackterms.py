@@ -135,6 +135,10 @@ class StackTerms:
     the forward after each reduction and ZeRO-3's backward gathers once per reduction; under pipelining every
     unit's reduce-scatter runs after the stage's last backward (torch.distributed.pipelining stage.py calls FSDP's
     post_backward itself), with nothing left to hide it."""
+    pp_send_split: bool = True
+    """a pipeline stage sends its 1/tp slice of the boundary activation (Megatron's scatter/gather
+    optimization); False: every TP rank sends the whole activation unless SP shards it
+    (``comm.pp_send_split_over_tp``)."""
     zero1_in_optimizer: bool = False
     """ZeRO-1's gradient reduce-scatter and parameter all-gather run inside the optimizer step, after the
     backward, nothing overlapping them (``comm.zero1_in_optimizer_step``)."""
@@ -289,6 +293,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         fsdp_copies=bool(_value(stack, "comm", "fsdp_copy_in_out", False)),
         fsdp_reshard_after_backward=bool(_value(stack, "comm", "fsdp_reshard_after_backward", False)),
         zero1_in_optimizer=bool(_value(stack, "comm", "zero1_in_optimizer_step", False)),
+        pp_send_split=bool(_value(stack, "comm", "pp_send_split_over_tp", True)),
         model_edges=bool(_value(stack, "compute", "model_edges", True)),
         allocator_reserve_fraction=reserve,
         allocator_reserve_range=(reserve_fig.range if reserve_fig is not None and reserve_fig.range
