@@ -232,6 +232,8 @@ class ProcessMemory:
     cuda_context_range: tuple[float, float]
     nccl_per_communicator: float
     nccl_range: tuple[float, float]
+    planner_headroom_fraction: float = 0.0
+    """share of the device memory the planner's plans leave free beyond the named terms (a policy)."""
 
 
 @lru_cache(maxsize=1)
@@ -245,7 +247,8 @@ def process_memory() -> ProcessMemory:
     return ProcessMemory(cuda_context=float(ctx["value"]) * GiB,
                          cuda_context_range=tuple(float(x) * GiB for x in ctx["range"]),
                          nccl_per_communicator=float(nccl["value"]) * GiB,
-                         nccl_range=tuple(float(x) * GiB for x in nccl["range"]))
+                         nccl_range=tuple(float(x) * GiB for x in nccl["range"]),
+                         planner_headroom_fraction=float(raw["planner_headroom_fraction"]["value"]))
 
 
 def communicators(tp: np.ndarray, dp: np.ndarray, pp: np.ndarray, cp: np.ndarray | None = None,
