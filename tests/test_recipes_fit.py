@@ -122,3 +122,28 @@ def test_gb200_405b_fp8_recipe_is_accepted_and_costed():
     bf16 = estimate(model, cluster, make_plan(model, 128, global_batch=64, tp=2, pp=1, sp=True, zero=3,
                                                recompute="full", micro_batch=1, dtype="bf16"), stack="megatron")
     assert e.step_time_s < bf16.step_time_s
+
+
+def test_flash_keeps_its_16_bit_output_beside_the_fp8_cast():
+    """With fp8 GEMMs the output projection caches an fp8 cast of the attention output, while flash attention
+    keeps its 16-bit output for its own backward: 2 + 1 B per element. One copy when the projection caches the
+    16-bit tensor itself (bf16), when the stack's kernel reads the cast (DeepSeek's E5M6), or when selective
+    recomputation of the attention core rebuilds it."""
+    import numpy as np
+
+    from tpsim.estimator.memory import activation_bytes_per_layer
+
+    m = load_model("llama3-8b")
+    one = lambda v: np.array([v])  # noqa: E731
+    kw = dict(tp=one(1), sp=one(False), micro_batch=one(1), attention="flash", act_bytes=2, linear_bytes=1.0)
+    out = m.seq_len * m.num_attention_heads * m.head_dim  # attention output elements
+    none, sel = one(0), one(1)
+    fp8 = activation_bytes_per_layer(m, recompute=none, **kw)[0]
+    shared = activation_bytes_per_layer(m, recompute=none, attn_out_shared=True, **kw)[0]
+    assert fp8 - shared == 2 * out
+    rebuilt = activation_bytes_per_layer(m, recompute=sel, modules=frozenset({"core_attn"}), **kw)[0]
+    kept = activation_bytes_per_layer(m, recompute=sel, modules=frozenset({"moe_act"}), **kw)[0]  # no-op here
+    assert kept - rebuilt == 2 * out  # rebuilding the attention core drops O's 16-bit copy
+    bf16 = dict(kw, linear_bytes=None)
+    assert activation_bytes_per_layer(m, recompute=none, **bf16)[0] == \
+        activation_bytes_per_layer(m, recompute=none, attn_out_shared=True, **bf16)[0]
