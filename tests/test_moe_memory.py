@@ -207,3 +207,34 @@ def test_multi_token_prediction_on_the_last_rank(h100_16):
     _, costs1, part1 = _parts(m, h100_16, single)
     dense1, moe1 = costs1.params_by_kind[:, 0]
     assert part1.params[0, 0] == pytest.approx(3 * dense1 + 5 * moe1 + emb + output + moe1 + 2 * h * h + 2 * h)
+
+
+def test_expert_gemms_pay_their_fp8_casts(mixtral, h100_16):
+    """Issue 19: each routed expert GEMM casts its input (forward) and its output gradient (backward) to fp8 as
+    the dense linears do; the extra time is exactly the streamed cast bytes of the routed copies, and nothing
+    is added in bf16."""
+    from tpsim.compute.training import training_compute
+    from tpsim.estimator.layer import _Acc, streamed
+    from tpsim.estimator.moe import add_expert_compute, expert_shape
+
+    compute = training_compute(h100_16.device)[0]
+    one = np.ones(1, dtype=np.int64)
+    shape = expert_shape(mixtral, tokens_total=np.array([4096.0]), tp=one, sp=np.zeros(1, dtype=bool),
+                         ep=8 * one, etp=one)
+    cast = (2.0, 4.0)
+
+    def run(dtype, c):
+        f, b = _Acc(1), _Acc(1)
+        add_expert_compute(f, b, compute, mixtral, shape, dtype, c)
+        return f.t[0], b.t[0]
+
+    (f0, b0), (f1, b1) = run("fp8", None), run("fp8", cast)
+    h, ff = float(mixtral.hidden_size), float(shape.ffn_local[0])
+    copies = float(shape.copies[0])
+    t = lambda nbytes: float(np.asarray(streamed(compute, nbytes, "fp8")[0]).ravel()[0])  # noqa: E731
+    gate_up = (2 if mixtral.gated else 1) * ff
+    want_f = t(copies * h * cast[0]) + t(copies * ff * cast[0])        # the two GEMMs' inputs
+    want_b = t(copies * gate_up * cast[1]) + t(copies * h * cast[1])   # their output gradients
+    assert f1 - f0 == pytest.approx(want_f, rel=1e-9) and want_f > 0
+    assert b1 - b0 == pytest.approx(want_b, rel=1e-9)
+    assert run("bf16", cast) == run("bf16", None)

@@ -68,7 +68,7 @@ def test_selective_recompute_modules_and_fp8_cache_by_hand():
               kind=kind, ep=one(8), etp=one(1))
     got = activation_bytes_per_layer(m, recompute=one(1), modules=frozenset({"layernorm", "mla_up_proj",
                                                                              "moe_act"}),
-                                     linear_bytes=1.0, attn_out_bytes=1.5, **kw)[0]
+                                     linear_bytes=1.0, attn_out_bytes=1.5, attn_out_shared=True, **kw)[0]
     T = m.seq_len
     h, H, f, fs = m.hidden_size, m.num_attention_heads, m.moe_ffn_hidden_size, m.shared_expert_ffn_hidden_size
     shape = expert_shape(m, tokens_total=one(float(T)), tp=one(1), sp=one(False), ep=one(8), etp=one(1))

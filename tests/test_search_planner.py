@@ -277,3 +277,33 @@ def test_twin_sets_property(data, n):
     for a in reps:  # two representatives are never twins of each other
         for b in reps[reps > a]:
             assert g[a] != g[b] or abs(t[a] - t[b]) > TWIN_RTOL * max(t[a], t[b])
+
+
+def test_planner_keeps_the_memory_headroom_estimate_does_not():
+    """Issue 19: the planner's plans leave planner_headroom_fraction of the device memory free (the plans that
+    fit with less are rejected as "headroom"), while estimate's fits still accepts them; the headroom is in the
+    table (free_GiB) and the JSON (memory_headroom_gib, planner_headroom_fraction)."""
+    from tpsim.search.planner import planner_headroom_fraction
+
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", gpus=64)
+    space = SearchSpace(tp=(4, 8), pp=(2, 4, 8), vpp=(1,), micro_batch=(1, 2), zero=(1,), order=("tp-dp-pp",),
+                        overlap=(True,))
+    frac = planner_headroom_fraction()
+    assert 0.03 <= frac <= 0.15
+    device_gib = cluster.device.usable_memory_bytes / 2**30
+    kept = search(model, cluster, 512, space=space)
+    every = search(model, cluster, 512, space=space, include_unfit=True)
+    c = every.columns
+    tight = c["fits"] & (c["headroom_gib"] < frac * device_gib)
+    assert tight.any() and kept.rejected["headroom"] == int(tight.sum())
+    assert not c["fits_effective"][tight].any()
+    peaks = kept.columns["peak_memory_gib"][kept.ranking]
+    assert peaks.size and np.all(peaks <= (1 - frac) * device_gib + 1e-9)
+    out = kept.to_json(3)
+    assert out["planner_headroom_fraction"] == frac
+    for p in out["plans"]:
+        assert p["memory_headroom_gib"] == pytest.approx(device_gib - p["peak_memory_gib"], rel=1e-9)
+        assert p["memory_headroom_gib"] >= frac * device_gib - 1e-9
+    assert "free_GiB" in kept.table_columns(3)
+    i = int(np.flatnonzero(tight)[0])  # a plan the planner rejects for its headroom still fits for estimate
+    assert every.estimate(i).fits

@@ -266,6 +266,7 @@ _STACK_FIGURES: dict[str, dict[str, Any]] = {
                 "model_edges": Bool(also=OPTIONAL)},
     "memory": {"allocator_reserve_fraction": Float(minimum=0.0, inclusive=True, maximum=0.9, also=OPTIONAL),
                "fp8_activation_cache_bytes": _BYTES, "attention_output_cache_bytes": _BYTES,
+               "attention_output_shared": Bool(also=OPTIONAL),
                "pipeline_extra_in_flight": Int(minimum=0, maximum=1 << 10, also=OPTIONAL),
                "fp8_weights_kept": Bool(also=OPTIONAL), "pipeline_mirrored_stages": Bool(also=OPTIONAL)},
 }

@@ -530,7 +530,7 @@ def format_table(data: dict[str, Any]) -> str:
     fmt: dict[str, Any] = {c: "{:.3f}".format for c in data if c.endswith("_s")
                            or c in {DISPLAY_NAMES[k] for k in DISPLAY_NAMES if k.endswith("_s")}}
     fmt.update({"tok/s": "{:,.0f}".format, "tok/s/gpu": "{:,.0f}".format, "mfu": lambda v: f"{100 * v:.1f}%",
-                "mem_GiB": "{:.1f}".format, "$/Mtok": "{:.3f}".format, "days": "{:.2f}".format,
+                "mem_GiB": "{:.1f}".format, "free_GiB": "{:.1f}".format, "$/Mtok": "{:.3f}".format, "days": "{:.2f}".format,
                 "goodput": lambda v: f"{100 * v:.1f}%", "$": "{:,.0f}".format, "MWh": "{:,.0f}".format})
     return format_columns(data, fmt)
 

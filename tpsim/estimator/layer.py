@@ -274,7 +274,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         etp_eff = np.where(etp == 0, tp, etp) if etp is not None else tp
         shape = expert_shape(model, tokens_total=T, tp=tp, sp=sp, ep=_ones(n_plans) if ep is None else ep,
                              etp=etp_eff)
-        add_expert_compute(fwd, bwd, compute, model, shape, dtype)
+        add_expert_compute(fwd, bwd, compute, model, shape, dtype, fp8_cast)
 
     # norms, residuals, hidden dropout (on T/t tokens with sequence parallelism)
     norm = model.norm

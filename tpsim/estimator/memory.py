@@ -100,7 +100,8 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
                                cp: np.ndarray | None = None, kind: LayerKind | None = None,
                                ep: np.ndarray | None = None, etp: np.ndarray | None = None,
                                modules: frozenset = DEFAULT_RECOMPUTE_MODULES, linear_bytes: float | None = None,
-                               attn_out_bytes: float | None = None, per_op: bool = False) -> np.ndarray:
+                               attn_out_bytes: float | None = None, per_op: bool = False,
+                               attn_out_shared: bool = False) -> np.ndarray:
     """Stored activations of one layer for one micro-batch on one rank (bytes): the rank's b s / cp tokens
     (context parallelism divides every term by cp). MLA stores its q/kv latents (duplicated over TP) and the
     up-projected q, k (qk_nope + qk_rope) and v (v_head_dim) per head; a mixture-of-experts layer stores the
@@ -114,7 +115,8 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     (the second GEMM's input). ``linear_bytes`` / ``attn_out_bytes``: bytes per element of the cached linear
     inputs / of the attention output (fp8 activation caching, DeepSeek-V3 report section 3.3.3); default the
     activation's own bytes. ``per_op``: selective recomputation is torchtitan's per-op policy
-    (:func:`per_op_sac_bytes`; dense layers with standard attention)."""
+    (:func:`per_op_sac_bytes`; dense layers with standard attention). ``attn_out_shared``: flash attention's
+    backward reads the projection's cached input (a single copy of the attention output, DeepSeek-V3's E5M6)."""
     t = tp.astype(float)
     s = float(model.seq_len)
     cpf = 1.0 if cp is None else cp.astype(float)
@@ -127,6 +129,13 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     rc = np.asarray(recompute)
     selective = rc == 1
     dropout = model.family == "gpt"
+    # the attention output: the projection's cached input (``ob`` bytes) and, with flash attention, the 16-bit
+    # output the kernel keeps for its own backward (FlashAttention / cuDNN fused attention save out with q, k,
+    # v: its backward needs rowsum(dO * O); Transformer Engine FusedAttnFunc / FlashAttention ctx). Stored once
+    # when the projection caches that same 16-bit tensor (ob = 2e), twice with an fp8 / E5M6 cast (ob < 2e);
+    # selective recomputation of the attention core (core_attn) rebuilds O, so only the cast stays.
+    o_kept = (attention == "flash") & ~(selective & ("core_attn" in modules)) & (ob < 2.0 * e) & (not attn_out_shared)
+    out_b = ob + np.where(o_kept, 2.0 * e, 0.0)
     # norm inputs (2 x 2 B), norm outputs = QKV and MLP inputs (2 x lb), dropout masks (2 x 1 B)
     norm_out = np.where(selective & ("layernorm" in modules), 0.0, 2.0 * lb)
     replicated = T * h * (4.0 * e + norm_out + (2.0 * e if dropout else 0.0))
@@ -137,11 +146,11 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
         latents = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
         up = 2 * e * T * (qk + qk) + 2 * e * T * v                        # q, k, v after the up-projections
         up = np.where(selective & ("mla_up_proj" in modules), 0.0, up)
-        sharded = up + ob * T * v + lb * T * latents                       # attention output, latents
+        sharded = up + out_b * T * v + lb * T * latents                    # attention output, latents
     else:
         shp = local_shapes(model, t)
         q_local, kv_local = shp.q_width, shp.kv_width
-        sharded = 2 * e * T * (q_local + kv_local) + 2 * e * T * kv_local + ob * T * q_local
+        sharded = 2 * e * T * (q_local + kv_local) + 2 * e * T * kv_local + out_b * T * q_local
     moe = kind is not None and kind.moe
     f_local = (model.ffn_hidden_size if not moe
                else model.num_shared_experts * model.shared_expert_ffn_hidden_size) / t
@@ -232,6 +241,8 @@ class ProcessMemory:
     cuda_context_range: tuple[float, float]
     nccl_per_communicator: float
     nccl_range: tuple[float, float]
+    planner_headroom_fraction: float = 0.0
+    """share of the device memory the planner's plans leave free beyond the named terms (a policy)."""
 
 
 @lru_cache(maxsize=1)
@@ -245,7 +256,8 @@ def process_memory() -> ProcessMemory:
     return ProcessMemory(cuda_context=float(ctx["value"]) * GiB,
                          cuda_context_range=tuple(float(x) * GiB for x in ctx["range"]),
                          nccl_per_communicator=float(nccl["value"]) * GiB,
-                         nccl_range=tuple(float(x) * GiB for x in nccl["range"]))
+                         nccl_range=tuple(float(x) * GiB for x in nccl["range"]),
+                         planner_headroom_fraction=float(raw["planner_headroom_fraction"]["value"]))
 
 
 def communicators(tp: np.ndarray, dp: np.ndarray, pp: np.ndarray, cp: np.ndarray | None = None,

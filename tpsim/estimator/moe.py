@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..compute.base import ComputeModel
+from ..hardware import is_low_precision
 from ..model import ModelSpec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "moe.yaml"
@@ -103,17 +104,29 @@ def expert_shape(model: ModelSpec, *, tokens_total: np.ndarray, tp: np.ndarray, 
                        ffn_local=model.moe_ffn_hidden_size / et, copies=balanced * imb, imbalance=imb)
 
 
-def _grouped(acc_f, acc_b, compute: ComputeModel, m, n, k, groups, dtype: str) -> None:
-    """A grouped GEMM of ``groups`` experts, each (m x k) @ (k x n), forward and the two backward GEMMs."""
+def _grouped(acc_f, acc_b, compute: ComputeModel, m, n, k, groups, dtype: str, cast=None) -> None:
+    """A grouped GEMM of ``groups`` experts, each (m x k) @ (k x n), forward and the two backward GEMMs. With
+    low-precision GEMMs and ``cast`` ((forward, backward) bytes per element, as the dense linears'), every
+    expert's input (m x k) is cast (with its amax / scale) before the forward GEMM and its output gradient
+    (m x n) before the backward ones: Transformer Engine's GroupedLinear casts each expert's slice of the
+    permuted tokens with its own scaling factor (transformer_engine/pytorch/module/grouped_linear.py, one
+    quantizer per GEMM), the traffic the dense linears pay per token (:func:`tpsim.estimator.layer._linear`)."""
     acc_f.add(compute.gemm(m, n, k, dtype, batch=groups))
     acc_b.add(compute.gemm(m, k, n, dtype, batch=groups))
     acc_b.add(compute.gemm(k, n, m, dtype, batch=groups))
+    if cast is not None and is_low_precision(dtype):
+        from .layer import streamed
+
+        elements = np.asarray(m, dtype=float) * groups
+        acc_f.add(streamed(compute, elements * k * cast[0], dtype))
+        acc_b.add(streamed(compute, elements * n * cast[1], dtype))
 
 
 def add_expert_compute(acc_f, acc_b, compute: ComputeModel, model: ModelSpec, shape: ExpertShape,
-                       dtype: str) -> None:
+                       dtype: str, cast=None) -> None:
     """Router GEMM and softmax/top-k, token permutation and un-permutation, the local experts' grouped GEMMs
-    and activation (accumulated into the forward / backward accumulators of :mod:`tpsim.estimator.layer`)."""
+    and activation (accumulated into the forward / backward accumulators of :mod:`tpsim.estimator.layer`);
+    ``cast``: the low-precision casts of each expert GEMM's input and output gradient (:func:`_grouped`)."""
     h = float(model.hidden_size)
     n, groups, f = shape.tokens, shape.local_experts, shape.ffn_local
     m = shape.copies / groups  # tokens per local expert
@@ -128,11 +141,11 @@ def add_expert_compute(acc_f, acc_b, compute: ComputeModel, model: ModelSpec, sh
     acc_f.add(compute.memory("residual_add", moved, dtype, False))
     acc_b.add(compute.memory("residual_add", moved, dtype, True))
     gated = model.gated
-    _grouped(acc_f, acc_b, compute, m, f * (2 if gated else 1), h, groups, dtype)
+    _grouped(acc_f, acc_b, compute, m, f * (2 if gated else 1), h, groups, dtype, cast)
     act = "swiglu" if gated else "gelu"
     acc_f.add(compute.memory(act, shape.copies * f, dtype, False))
     acc_b.add(compute.memory(act, shape.copies * f, dtype, True))
-    _grouped(acc_f, acc_b, compute, m, h, f, groups, dtype)
+    _grouped(acc_f, acc_b, compute, m, h, f, groups, dtype, cast)
 
 
 def expert_params_local(model: ModelSpec, ep: np.ndarray, etp: np.ndarray) -> np.ndarray:

@@ -70,6 +70,8 @@ class Estimate:
     """throughput per GPU (tokens_per_s / the cluster's GPUs)."""
     flops_convention: str = DEFAULT_FLOPS_CONVENTION
     """how the model FLOPs behind ``mfu`` and ``model_tflops_per_gpu`` are counted (docs/SCHEMAS.md T5)."""
+    memory_headroom_gib: float = math.nan
+    """device memory left free at the peak (usable memory - ``peak_memory_gib``; negative: does not fit)."""
 
     def in_convention(self, convention: str, ratio: float) -> "Estimate":
         """This estimate with MFU and the FLOP rates counted under ``convention`` (``ratio``: model FLOPs under
@@ -218,7 +220,8 @@ class EstimateBatch:
                                                      self.plans.plan(i).schedule),
             **{k: f(getattr(self, k)) for k in BAND_KEYS},
             tokens_per_s_per_gpu=f(self.tokens_per_s) / float(self.cluster_info.get("gpus") or 1),
-            flops_convention=self.flops_convention)
+            flops_convention=self.flops_convention,
+            memory_headroom_gib=_finite(float(self.usable_memory_gib) - f(self.peak_memory_gib)))
 
     def terms(self, i: int) -> dict[str, float]:
         """The step-time terms of plan ``i`` (docs/SCHEMAS.md T6), in order; they sum to its step time."""
@@ -303,3 +306,7 @@ def _plan_sources(base: Mapping[str, str], collectives: Mapping[str, str], terms
 
     out = plan_sources(base, collectives, schedule if base else "")
     return {k: out.get(k, "") for k in terms}
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else math.nan

@@ -294,7 +294,8 @@ class TransformerSource(LayerSource):
         linear_bytes, attn_out_bytes = self.storage.cache_bytes(dtype, axes["act_bytes"])
         mem_kw = dict(tp=tp, sp=sp, micro_batch=mb, recompute=rc, attention=attention, act_bytes=axes["act_bytes"],
                       cp=cp, kind=kind, ep=ep, etp=etp, modules=self.storage.recompute_modules,
-                      linear_bytes=linear_bytes, attn_out_bytes=attn_out_bytes, per_op=self.storage.per_op_sac)
+                      linear_bytes=linear_bytes, attn_out_bytes=attn_out_bytes, per_op=self.storage.per_op_sac,
+                      attn_out_shared=self.storage.attention_output_shared)
         # the layer rebuilt in backward: full recomputation, and per-op selective (its unsaved tensors)
         rebuilt = (rc == 2) | ((rc == 1) & self.storage.per_op_sac)
         working = np.where(rebuilt, full_layer_activations(model, **mem_kw), 0.0)

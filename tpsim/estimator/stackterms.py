@@ -55,6 +55,9 @@ class ActivationStorage:
     input when their activation is recomputed); None: the 16-bit activation."""
     fp8_attention_output_bytes: float | None = None
     """with fp8 GEMMs, bytes per cached element of the attention output (the output projection's input)."""
+    attention_output_shared: bool = False
+    """the attention kernel's backward reads the projection's cached input (``memory.attention_output_shared``:
+    DeepSeek-V3's E5M6 cache); False: flash attention keeps its own 16-bit output beside a low-precision cast."""
 
     def cache_bytes(self, dtype: str, act_bytes: float) -> tuple[float, float]:
         """(linear input, attention output) bytes per cached element for a plan of ``dtype``."""
@@ -331,7 +334,8 @@ def _activation_storage(stack: StackProfile, where: str) -> ActivationStorage:
     return ActivationStorage(recompute_modules=frozenset(modules), per_op_sac=policy == "per_op",
                              logits_bytes=float(logits),
                              fp8_linear_input_bytes=None if cache is None else float(cache),
-                             fp8_attention_output_bytes=None if attn is None else float(attn))
+                             fp8_attention_output_bytes=None if attn is None else float(attn),
+                             attention_output_shared=bool(_value(stack, "memory", "attention_output_shared", False)))
 
 
 def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: tuple[str, ...],

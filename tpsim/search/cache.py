@@ -41,10 +41,11 @@ from .planner import Part, SearchResult, search
 from .space import SearchSpace
 
 MAX_ENTRIES = 64
-FORMAT = 5
+FORMAT = 6
 _KEY_NAME = re.compile(r"^[0-9a-f]{64}$")
 REQUIRED_COLUMNS = ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch", "overlap", "order",
-                    "global_batch", "part", "gpus", "step_time_s", "peak_memory_gib", "fits", "fits_effective")
+                    "global_batch", "part", "gpus", "step_time_s", "peak_memory_gib", "fits", "fits_effective",
+                    "headroom_gib")
 """columns every cached result must hold (a foreign .npz lacks them)."""
 
 

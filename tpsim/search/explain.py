@@ -86,7 +86,7 @@ def rejection_reason(result: Any) -> str:
         parts.append(f"{count:,} {text} ({key})")
     line = f"all {total:,} candidate plans were rejected: " + "; ".join(parts)
     keys = {key for key, _, _ in rows}
-    if keys & {"memory", "mem-limit"}:
+    if keys & {"memory", "mem-limit", "headroom"}:
         line += _memory_hint(result)
     return line
 
@@ -97,7 +97,8 @@ def _memory_hint(result: Any) -> str:
     if not peak.size or not np.isfinite(peak).any():
         return ""
     smallest = float(np.nanmin(peak))
-    limit = f"--mem-limit-gib {result.mem_limit_gib:g}" if result.mem_limit_gib else "the device memory"
+    limit = (f"--mem-limit-gib {result.mem_limit_gib:g}" if result.mem_limit_gib
+             else "the device memory less the planner's headroom")
     return (f". The smallest plan needs {smallest:.1f} GiB per GPU, over {limit}: try more GPUs, "
             "recomputation, ZeRO, or --include-unfit to rank them anyway")
 

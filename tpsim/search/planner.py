@@ -29,7 +29,7 @@ from ..model import ModelSpec
 from ..plan import CP_KINDS, ORDERS, RECOMPUTE, SCHEDULES, Plan, PlanBatch
 from .pareto import pareto_front, pareto_front_max_y
 from .space import SearchSpace, enumerate_valid
-from .validity import MEM_LIMIT, MEMORY, REASONS, STACK, reasons_from_counts, stack_codes
+from .validity import HEADROOM, MEM_LIMIT, MEMORY, REASONS, STACK, reasons_from_counts, stack_codes
 
 OBJECTIVES = ("time", "memory", "cost", "time-to-train", "energy")
 WHOLE_RUN = ("time-to-train", "energy")
@@ -433,6 +433,7 @@ class SearchResult:
             "duplicates": self.duplicates,
             "rejected": dict(self.rejected),
             "stack_rejected": dict(self.stack_rejected),
+            "planner_headroom_fraction": planner_headroom_fraction(),
             "elapsed_s": self.elapsed_s,
             "plans": [dict(p.to_dict(), tie_group=int(g)) for p, g in zip(self.top(top), self.tie_groups(
                 self.ranking if top is None else self.ranking[:top]))],
@@ -469,6 +470,8 @@ class SearchResult:
             "tok/s/gpu": c["tokens_per_s"][idx] / c["gpus"][idx], "mfu": c["mfu"][idx],
             "mem_GiB": c["peak_memory_gib"][idx],
         })
+        if "headroom_gib" in c:
+            data["free_GiB"] = c["headroom_gib"][idx]
         if not c["fits_effective"][idx].all():
             data["fits"] = c["fits_effective"][idx]
         for name in BREAKDOWN + ("tp_comm", "pp_comm", "dp_comm", "cp_comm", "ep_comm"):
@@ -651,7 +654,9 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     columns = _merge(col_parts)
     columns["fits"] = columns["fits"].astype(bool)
     over_limit = (columns["peak_memory_gib"] > mem_limit_gib) if mem_limit_gib else np.zeros_like(columns["fits"])
-    columns["fits_effective"] = columns["fits"] & ~over_limit
+    columns["headroom_gib"] = _headroom_gib(parts, columns)
+    tight = columns["fits"] & ~over_limit & (columns["headroom_gib"] < _planner_headroom_gib(parts, columns))
+    columns["fits_effective"] = columns["fits"] & ~over_limit & ~tight
     columns["cost_per_mtok"] = columns["gpus"] * gpu_hour_price / 3600.0 / columns["tokens_per_s"] * 1e6
     if tokens is not None:
         reliability = _whole_run_columns(model, parts, columns, tokens, reliability, gpu_hour_price, objective)
@@ -664,7 +669,8 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
         extra = np.zeros(len(REASONS), dtype=np.int64)
         extra[MEMORY] = int((~columns["fits"]).sum()) + states_over
         extra[MEM_LIMIT] = int((columns["fits"] & over_limit).sum())
-        for code in (MEMORY, MEM_LIMIT):
+        extra[HEADROOM] = int(tight.sum())
+        for code in (MEMORY, MEM_LIMIT, HEADROOM):
             if extra[code]:
                 rejected[REASONS[code].key] = int(extra[code])
     return SearchResult(model=model, objective=objective, gpu_hour_price=gpu_hour_price, parts=tuple(parts),
@@ -673,6 +679,32 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
                         compute=compute, space=space, duplicates=int((twins & (columns["fits_effective"] | include_unfit)).sum()),
                         stack=stack, stack_rejected=stack_rejected,
                         left_out=sum(e.left_out for e in enumerations), tokens=tokens, reliability=reliability)
+
+
+def planner_headroom_fraction() -> float:
+    """The share of the device memory a recommended plan leaves free beyond its named memory terms
+    (tpsim/data/memory.yaml ``planner_headroom_fraction``: the planner's policy; ``estimate``'s ``fits`` does
+    not use it)."""
+    from ..estimator.memory import process_memory
+
+    return process_memory().planner_headroom_fraction
+
+
+def _device_memory_gib(parts: Sequence[Part], columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per row, its cluster's usable device memory, GiB."""
+    part = np.asarray(columns.get("part", np.zeros(0, dtype=np.int32)), dtype=np.int64)
+    per_part = np.array([p.cluster.device.usable_memory_bytes / 2.0 ** 30 for p in parts] or [np.inf])
+    return per_part[part] if part.size else np.zeros(0)
+
+
+def _headroom_gib(parts: Sequence[Part], columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per row, the device memory its peak leaves free, GiB (negative: does not fit)."""
+    return _device_memory_gib(parts, columns) - np.asarray(columns["peak_memory_gib"], dtype=float)
+
+
+def _planner_headroom_gib(parts: Sequence[Part], columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per row, the free memory the planner's headroom policy asks for, GiB."""
+    return planner_headroom_fraction() * _device_memory_gib(parts, columns)
 
 
 def _whole_run_columns(model: ModelSpec, parts: Sequence[Part], columns: dict[str, np.ndarray], tokens: float,

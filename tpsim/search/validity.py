@@ -33,12 +33,15 @@ REASONS: tuple[Reason, ...] = (
     + tuple(Reason(rule.key, rule.kind, rule.text) for rule in RULES)
     + (Reason("stack", "stack", "the training stack cannot run it (--stack; rules in tpsim/data/stacks)"),
        Reason("memory", "memory", "does not fit in the device memory"),
-       Reason("mem-limit", "memory", "peak memory above --mem-limit-gib"))
+       Reason("mem-limit", "memory", "peak memory above --mem-limit-gib"),
+       Reason("headroom", "memory", "fits, but leaves less free device memory than the planner's headroom "
+              "(tpsim/data/memory.yaml planner_headroom_fraction)"))
 )
 REASON_INDEX = {r.key: i for i, r in enumerate(REASONS)}
 STACK = REASON_INDEX["stack"]
 MEMORY = REASON_INDEX["memory"]
 MEM_LIMIT = REASON_INDEX["mem-limit"]
+HEADROOM = REASON_INDEX["headroom"]
 
 
 def violations(model: ModelSpec, batch: PlanBatch, num_gpus: int | None = None,
