@@ -207,6 +207,17 @@ def _attention_linears(fwd: _Acc, bwd: _Acc, compute: ComputeModel, model: Model
     return dgrad, wgrad
 
 
+def rotary_seconds(compute: ComputeModel, numel: np.ndarray, dtype: str,
+                   backward: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Rotary embedding of ``numel`` q and k elements on the ``residual_add`` kernel (fused: read x and the
+    cos/sin table, write y), times the eager chain's traffic where the compute model runs eager kernels
+    (tpsim/compute/eager.py ``rotary_ratio``, efficiency.yaml ``eager_bytes_per_element.rotary``)."""
+    from ..compute.eager import rotary_ratio
+
+    ratio = rotary_ratio(compute, backward)
+    return compute.memory("residual_add", numel * ratio if ratio != 1.0 else numel, dtype, backward)
+
+
 def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np.ndarray,
                micro_batch: np.ndarray, recompute: np.ndarray, dtype: str, attention: str,
                fused: bool = True, cp: np.ndarray | None = None, cp_kind: np.ndarray | None = None,
@@ -252,8 +263,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         shp = local_shapes(model, t)
         rotated = (shp.q_width + shp.kv_width if model.attention_kind != "mla"
                    else heads * model.qk_rope_head_dim + model.qk_rope_head_dim)
-        fwd.add(compute.memory("residual_add", T * rotated, dtype, False))
-        bwd.add(compute.memory("residual_add", T * rotated, dtype, True))
+        fwd.add(rotary_seconds(compute, T * rotated, dtype, False))
+        bwd.add(rotary_seconds(compute, T * rotated, dtype, True))
     _linear(fwd, bwd, compute, T, h, heads * dv, dtype, fp8_cast)
 
     # MLP block: dense, or shared experts (tensor-parallel like it) beside the routed experts
@@ -317,7 +328,7 @@ def _per_op_seconds(compute: ComputeModel, model: ModelSpec, *, T: np.ndarray, T
     out = out + compute.memory("swiglu" if model.gated else "gelu", T * f_local, dtype, False)[0]
     if model.position == "rotary":
         kv = np.maximum(model.num_kv_heads / t, 1.0) * model.head_dim
-        out = out + compute.memory("residual_add", T * (model.num_attention_heads / t * model.head_dim + kv),
+        out = out + rotary_seconds(compute, T * (model.num_attention_heads / t * model.head_dim + kv),
                                    dtype, False)[0]
     return out
 
