@@ -296,3 +296,31 @@ def test_eager_rotary_embedding_moves_the_float_upcast_chain():
     fused_rotary.ratios = {k: v for k, v in eager.ratios.items() if k != "rotary"}
     without = estimate(rope, cluster, plan, compute=fused_rotary, stack="torchtitan").breakdown["compute"]
     assert with_eager > without
+
+
+def test_torchtitan_repeats_gqa_kv_heads_in_hbm():
+    """compute.gqa_kv_repeat (torchtitan's repeat_kv before SDPA, eager and compiled): the layer pays a copy of
+    K and V to the query heads' count forward and its sum back backward, 2 T (q + kv) elements moved each way
+    on the residual_add kernel; nothing where kv heads = query heads; Megatron (TE's GQA kernels) pays none."""
+    from tpsim.estimator.context import default_compute, resolve_stack
+    from tpsim.estimator.layer import layer_cost
+    from tpsim.estimator.stackterms import stack_terms
+
+    assert stack_terms(resolve_stack("torchtitan")).gqa_kv_repeat
+    assert stack_terms(resolve_stack("torchtitan-compile")).gqa_kv_repeat
+    assert not stack_terms(resolve_stack("megatron")).gqa_kv_repeat
+    cluster = load_cluster("dgx-h100", gpus=8)
+    compute, _ = default_compute(cluster.device, resolve_stack("torchtitan-compile"))
+    one = np.ones(1)
+    gqa = with_overrides(load_model("llama3-8b"), layers=2)
+    mha = with_overrides(gqa, kv_heads=gqa.num_attention_heads)
+    for model, repeats in ((gqa, True), (mha, False)):
+        kw = dict(tp=one * 2, sp=np.array([True]), micro_batch=one, recompute=one * 0, dtype="bf16",
+                  attention="flash", fused=False)
+        on, off = layer_cost(model, compute, kv_repeat=True, **kw), layer_cost(model, compute, **kw)
+        T = float(model.seq_len)
+        q = model.num_attention_heads / 2 * model.head_dim
+        kv = model.num_kv_heads / 2 * model.head_dim
+        for phase, backward in (("fwd", False), ("bwd", True)):
+            extra = compute.memory("residual_add", np.array([2 * T * (q + kv) / 3]), "bf16", backward)[0][0]
+            assert getattr(on, phase)[0] - getattr(off, phase)[0] == pytest.approx(extra if repeats else 0.0)

@@ -60,7 +60,7 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
              "host_us_per_collective_rank", "fsdp_copy_in_out"),
     "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
                 "grad_accumulation_fusion", "optimizer_bytes_per_param", "pipeline_edges_as_layers",
-                "fp8_cast_bytes_per_element"),
+                "fp8_cast_bytes_per_element", "gqa_kv_repeat"),
     "memory": ("grad_buffer_dtype", "grad_accumulation_buffer", "main_params_dtype", "optimizer_state_dtype",
                "fp8_weights_kept", "allocator_reserve_fraction", "selective_recompute_modules",
                "fp8_activation_cache_bytes", "attention_output_cache_bytes",
