@@ -21,7 +21,7 @@ paper: "non-standard ... peak TFLOPs between SXM and NVL, we don't know the exac
 clock or power curve of that board was found, so they run on the 700 W DGX device and stay out of the Hopper
 fit. Their torchtitan physics (FSDP2 copies, eager rotary, GQA K/V repeat, per-op SAC) is shared with the A100
 torchtitan rows, which it brings to 2.2% mean; the H100 rows' remaining +16-21% is what a Hopper in-situ fraction
-of 0.75 (0.85 of the 700 W part's 0.879) would absorb when fitted on them: not shipped (a device figure, not a
+of 0.77 (0.87 of the 700 W part's 0.879) would absorb when fitted on them: not shipped (a device figure, not a
 stack one).
 """
 
