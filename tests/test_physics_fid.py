@@ -266,3 +266,61 @@ def test_the_output_head_stays_bf16_in_fp8_training():
     kw = dict(tp=one, sp=np.array([False]), micro_batch=one)
     fp8, bf16 = edge_cost(model, compute, dtype="fp8", **kw), edge_cost(model, compute, dtype="bf16", **kw)
     assert fp8.last_fwd[0] == pytest.approx(bf16.last_fwd[0]) and fp8.last_bwd[0] == pytest.approx(bf16.last_bwd[0])
+
+
+def test_eager_rotary_embedding_moves_the_float_upcast_chain():
+    """torchtitan's eager apply_rotary_emb (float upcast, complex multiply, cast back) moves 10/3 of the fused
+    rotary's traffic (efficiency.yaml eager_bytes_per_element.rotary over the residual_add kernel that times the
+    fused one), found through a calibration's wrapper too; fused compute and models without rotary pay 1x."""
+    from tpsim.compute.eager import EagerKernels, eager_ratios, rotary_ratio
+    from tpsim.compute.scaled import ScaledCompute
+    from tpsim.estimator.context import default_compute, resolve_stack
+    from tpsim.estimator.layer import rotary_seconds
+
+    cluster = load_cluster("dgx-h100", gpus=8)
+    base, _ = default_compute(cluster.device, resolve_stack("torchtitan"))
+    eager = EagerKernels(base)
+    assert eager_ratios()["rotary"] == pytest.approx((10 / 3, 10 / 3))
+    assert rotary_ratio(base, False) == 1.0
+    assert rotary_ratio(ScaledCompute(eager, memory=2.0), True) == pytest.approx(10 / 3)
+    n = np.array([3e7])
+    for backward in (False, True):
+        assert rotary_seconds(eager, n, "bf16", backward)[0][0] == pytest.approx(
+            base.memory("residual_add", n * 10 / 3, "bf16", backward)[0][0])
+        assert rotary_seconds(base, n, "bf16", backward)[0][0] == pytest.approx(
+            base.memory("residual_add", n, "bf16", backward)[0][0])
+    rope = with_overrides(load_model("llama3-8b"), layers=4)
+    plan = make_plan(rope, 8, tp=1, pp=1, sp=False, zero=3, recompute="none", global_batch=8)
+    with_eager = estimate(rope, cluster, plan, stack="torchtitan").breakdown["compute"]
+    fused_rotary = EagerKernels(base)  # the other eager kernels, the rotary at the fused traffic
+    fused_rotary.ratios = {k: v for k, v in eager.ratios.items() if k != "rotary"}
+    without = estimate(rope, cluster, plan, compute=fused_rotary, stack="torchtitan").breakdown["compute"]
+    assert with_eager > without
+
+
+def test_torchtitan_repeats_gqa_kv_heads_in_hbm():
+    """compute.gqa_kv_repeat (torchtitan's repeat_kv before SDPA, eager and compiled): the layer pays a copy of
+    K and V to the query heads' count forward and its sum back backward, 2 T (q + kv) elements moved each way
+    on the residual_add kernel; nothing where kv heads = query heads; Megatron (TE's GQA kernels) pays none."""
+    from tpsim.estimator.context import default_compute, resolve_stack
+    from tpsim.estimator.layer import layer_cost
+    from tpsim.estimator.stackterms import stack_terms
+
+    assert stack_terms(resolve_stack("torchtitan")).gqa_kv_repeat
+    assert stack_terms(resolve_stack("torchtitan-compile")).gqa_kv_repeat
+    assert not stack_terms(resolve_stack("megatron")).gqa_kv_repeat
+    cluster = load_cluster("dgx-h100", gpus=8)
+    compute, _ = default_compute(cluster.device, resolve_stack("torchtitan-compile"))
+    one = np.ones(1)
+    gqa = with_overrides(load_model("llama3-8b"), layers=2)
+    mha = with_overrides(gqa, kv_heads=gqa.num_attention_heads)
+    for model, repeats in ((gqa, True), (mha, False)):
+        kw = dict(tp=one * 2, sp=np.array([True]), micro_batch=one, recompute=one * 0, dtype="bf16",
+                  attention="flash", fused=False)
+        on, off = layer_cost(model, compute, kv_repeat=True, **kw), layer_cost(model, compute, **kw)
+        T = float(model.seq_len)
+        q = model.num_attention_heads / 2 * model.head_dim
+        kv = model.num_kv_heads / 2 * model.head_dim
+        for phase, backward in (("fwd", False), ("bwd", True)):
+            extra = compute.memory("residual_add", np.array([2 * T * (q + kv) / 3]), "bf16", backward)[0][0]
+            assert getattr(on, phase)[0] - getattr(off, phase)[0] == pytest.approx(extra if repeats else 0.0)

@@ -163,3 +163,33 @@ def test_llama3_405b_published_plan_fits_with_the_memory_physics_the_paper_descr
     assert sum(e.memory_gib.values()) == pytest.approx(e.peak_memory_gib, rel=1e-12)
     megatron = Plan(**{**plan.to_dict(), "vpp": 1, "zero": 1})
     assert not estimate(model, cluster, megatron).fits
+
+
+def test_torchtitan_fsdp2_copies_are_exposed_and_cast_to_the_fp32_reduce_dtype(small):
+    """torchtitan runs FSDP2, whose copies around each block's all-gather and reduce-scatter sit on the compute
+    stream (comm.fsdp_copy_in_out): the same ZeRO-3 plan pays them exposed under torchtitan and not under a
+    profile without the flag; the copy into the reduce-scatter input casts the bf16 gradients to the fp32 reduce
+    dtype (6 B per element instead of a bf16 copy's 4)."""
+    import dataclasses
+
+    from tpsim.compute.training import training_compute
+    from tpsim.estimator.schedule import fsdp_copy_seconds
+    from tpsim.stacks import Figure
+
+    model, cluster = small
+    plan = make_plan(model, 16, zero=3, micro_batch=1, global_batch=16, recompute="selective")
+    titan = load_stack("torchtitan")
+    assert stack_terms(titan).fsdp_copies
+    comm = dict(titan.comm)
+    comm["fsdp_copy_in_out"] = Figure(value=False, source="test: the copies off")
+    without = dataclasses.replace(titan, comm=comm)
+    assert not stack_terms(without).fsdp_copies
+    on, off = _run(model, cluster, plan, titan), _run(model, cluster, plan, without)
+    assert on.terms["dp_comm"] > off.terms["dp_comm"] and on.step_time_s > off.step_time_s
+    compute = training_compute(cluster.device, "fa2")[0]
+    unit = 2.0e8  # a block's parameters, on one rank of dp 1: no shard smaller than the unit
+    ag, rs_same = fsdp_copy_seconds(compute, unit, 1.0, "bf16")
+    ag_cast, rs_cast = fsdp_copy_seconds(compute, unit, 1.0, "bf16", "fp32")
+    assert float(ag_cast) == pytest.approx(float(ag))
+    shard_fp32 = float(fsdp_copy_seconds(compute, unit, 1.0, "fp32")[0]) / 2.0  # one fp32 copy of the unit
+    assert float(rs_cast) == pytest.approx(float(rs_same) / 2.0 * 1.5 + shard_fp32, rel=0.02)

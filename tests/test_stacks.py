@@ -36,7 +36,8 @@ def test_shipped_profiles_load_with_sources(name):
     assert isinstance(s, StackProfile) and s.name == name and s.version and s.sources
     assert set(s.rules.sources) == {"zero", "ddp_only_pure_dp", "interleaving", "layers_divisible_by_stages",
                                     "sp", "cp", "ep", "recompute", "dtypes", "attention", "orders",
-                                    "overlap_optional", "schedules"} | ({"uneven_split"} if s.rules.uneven_split else set())
+                                    "overlap_optional", "schedules"} | ({"uneven_split"} if s.rules.uneven_split else set()) \
+        | ({"tp_overlap"} if "tp_overlap" in s.rules.sources else set())
     for section in SECTION_KEYS:
         for key, fig in getattr(s, section).items():
             assert fig.source, (name, section, key)
@@ -231,17 +232,34 @@ def test_stacks_module_imports_nothing_above_the_plan():
 
 
 def test_torchtitan_compile_profile_differs_only_in_kernels():
-    """torchtitan-compile.yaml is torchtitan.yaml with training.compile: fused kernels, every other figure the same
-    (the two files are kept in step by hand; this catches a figure changed in one of them only)."""
+    """torchtitan-compile.yaml is torchtitan.yaml with training.compile: fused kernels and async TP offered (it
+    needs compile), every other figure the same (the two files are kept in step by hand; this catches a figure
+    changed in one of them only)."""
     from tpsim.stacks import stack_path
     from tpsim.topology.files import read_yaml
 
     eager, compiled = (dict(read_yaml(stack_path(n))) for n in ("torchtitan", "torchtitan-compile"))
     assert eager["compute"]["kernels"]["value"] == "eager"
     assert compiled["compute"]["kernels"]["value"] == "fused"
+    assert eager["rules"]["tp_overlap"]["value"] is False and compiled["rules"]["tp_overlap"]["value"] is True
     for data in (eager, compiled):
         data["compute"] = {k: v for k, v in data["compute"].items() if k != "kernels"}
+        for section in ("rules", "comm"):
+            data[section] = {k: v for k, v in data[section].items() if k != "tp_overlap"}
         for key in ("name", "description"):
             data.pop(key)
     assert eager == compiled
     assert load_stack("torchtitan-compile").name == "torchtitan-compile"
+
+
+def test_eager_torchtitan_refuses_tp_overlap():
+    """Async TP needs torch.compile (torchtitan parallelize.py raises "Async TP requires torch.compile"): the eager
+    profile refuses a tp_overlap plan with tp > 1 in one line naming the rule; the compile profile and
+    megatron run it; tp = 1 has no TP collective to overlap and is not refused."""
+    overlapped = make_plan(LLAMA70, 64, global_batch=64, tp=8, sp=True, zero=3, micro_batch=1, tp_overlap=True)
+    with pytest.raises(InputError, match=r"torchtitan \(tp-overlap\): tp_overlap=True with tp=8"):
+        load_stack("torchtitan").check_plan(overlapped)
+    assert load_stack("torchtitan-compile").plan_violation(overlapped) is None
+    assert load_stack("megatron").rules.tp_overlap
+    one = make_plan(LLAMA70, 64, global_batch=64, tp=1, sp=False, zero=3, micro_batch=1, tp_overlap=True)
+    assert load_stack("torchtitan").plan_violation(one) is None

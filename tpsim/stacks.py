@@ -47,9 +47,11 @@ CP_KINDS = ("ring", "a2a")
 
 TOP_KEYS = ("name", "version", "description", "sources", "rules", "comm", "compute", "memory")
 RULE_KEYS = ("zero", "ddp_only_pure_dp", "interleaving", "layers_divisible_by_stages", "sp", "cp", "ep",
-             "recompute", "dtypes", "attention", "orders", "overlap_optional", "schedules", "uneven_split")
-OPTIONAL_RULE_KEYS = ("schedules", "uneven_split")
-"""rule keys a profile may leave out (``schedules``: 1F1B alone, tpsim/pipeline.py; ``uneven_split``: false)."""
+             "recompute", "dtypes", "attention", "orders", "overlap_optional", "schedules", "uneven_split",
+             "tp_overlap")
+OPTIONAL_RULE_KEYS = ("schedules", "uneven_split", "tp_overlap")
+"""rule keys a profile may leave out (``schedules``: 1F1B alone, tpsim/pipeline.py; ``uneven_split``: false;
+``tp_overlap``: true)."""
 SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "comm": ("dp_reduction_timing", "grad_reduce_dtype", "param_gather_dtype", "dp_bucket_elements", "zero3_unit",
              "reshard_after_forward_default", "zero3_prefetch_elements", "zero3_persistence_threshold_elements",
@@ -60,7 +62,7 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
              "zero1_in_optimizer_step", "pp_send_split_over_tp"),
     "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
                 "grad_accumulation_fusion", "optimizer_bytes_per_param", "pipeline_edges_as_layers", "model_edges",
-                "fp8_cast_bytes_per_element"),
+                "fp8_cast_bytes_per_element", "gqa_kv_repeat"),
     "memory": ("grad_buffer_dtype", "grad_accumulation_buffer", "main_params_dtype", "optimizer_state_dtype",
                "fp8_weights_kept", "allocator_reserve_fraction", "selective_recompute_modules",
                "fp8_activation_cache_bytes", "attention_output_cache_bytes", "attention_output_shared",
@@ -113,6 +115,9 @@ class StackRules:
     uneven_split: bool = False
     """the plan's own split is offered: first / last stage layers, embedding and loss counted as layers
     (``rules.uneven_split``; docs/SCHEMAS.md T1)."""
+    tp_overlap: bool = True
+    """the plan field ``tp_overlap`` (TP collectives pipelined with the GEMMs) is offered (``rules.tp_overlap``;
+    false: the stack has no such mode, e.g. torchtitan's async TP needs torch.compile)."""
     default_schedule: str = "1f1b"
     """the schedule of a plan that names none (``rules.schedules.default``; the CLI's ``--schedule`` default)."""
     edges_as_layers: bool = False
@@ -207,7 +212,7 @@ def _columns(batch: PlanBatch) -> dict[str, Any]:
     cols: dict[str, Any] = {k: getattr(batch, k) for k in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero",
                                                           "micro_batch", "global_batch", "overlap", "order")}
     for name, default in (("cp", 1), ("ep", 1), ("cp_kind", 0), ("schedule", 0), ("pp_first", 0), ("pp_last", 0),
-                          ("pp_embedding", False), ("pp_loss", False)):
+                          ("pp_embedding", False), ("pp_loss", False), ("tp_overlap", False)):
         value = getattr(batch, name, None)
         cols[name] = np.broadcast_to(np.asarray(default if value is None else value), (n,))
     cols["dtype"], cols["attention"], cols["n"] = batch.dtype, batch.attention, n
@@ -287,6 +292,10 @@ RULES: tuple[Rule, ...] = (
                                                  | np.asarray(c["pp_loss"], dtype=bool)),
          lambda p, r, m: ("pp_first/pp_last/pp_embedding/pp_loss: the stack splits the layers its own way "
                           "(an uneven split of the plan is not offered)")),
+    Rule("tp-overlap", "TP communication overlap not offered by the stack",
+         lambda c, r, m: (not r.tp_overlap) & np.asarray(c["tp_overlap"], dtype=bool) & (c["tp"] > 1),
+         lambda p, r, m: (f"tp_overlap=True with tp={p.tp}: the stack has no mode that overlaps its TP "
+                          f"collectives with the GEMMs (rules.tp_overlap)")),
     Rule("chunk-layers", "a model chunk would hold no layer",
          lambda c, r, m: c["pp"] * c["vpp"] > m.num_layers + np.maximum(
              2 if r.edges_as_layers else 0, np.asarray(c["pp_embedding"], dtype=np.int64)
@@ -409,6 +418,7 @@ def _rules(body: Any, where: str) -> StackRules:
         orders=_names_map(body["orders"], f"{where}.orders", tuple(order_key(o) for o in ORDERS)),
         overlap_optional=_flag(body["overlap_optional"], f"{where}.overlap_optional", bool), sources=sources,
         uneven_split=_flag(body["uneven_split"], f"{where}.uneven_split", bool) if "uneven_split" in body else False,
+        tp_overlap=_flag(body["tp_overlap"], f"{where}.tp_overlap", bool) if "tp_overlap" in body else True,
         **_schedules(body.get("schedules"), f"{where}.schedules"))
 
 

@@ -27,9 +27,26 @@ def eager_ratios() -> dict[str, tuple[float, float]]:
     for kernel, fig in eager.items():
         if kernel == "source":
             continue
-        out[kernel] = (float(fig["forward"]) / float(fused[kernel]["forward"]),
-                       float(fig["backward"]) / float(fused[kernel]["backward"]))
+        ref = fused[ROTARY_KERNEL if kernel == "rotary" else kernel]
+        out[kernel] = (float(fig["forward"]) / float(ref["forward"]),
+                       float(fig["backward"]) / float(ref["backward"]))
     return out
+
+
+ROTARY_KERNEL = "residual_add"
+"""the memory-bound kernel that times the rotary embedding (tpsim/estimator/layer.py: read x and the table,
+write y); ``eager_bytes_per_element.rotary`` is relative to it."""
+
+
+def rotary_ratio(compute: ComputeModel, backward: bool) -> float:
+    """How many times the fused rotary embedding's traffic ``compute`` moves for it: eager kernels'
+    (:class:`EagerKernels` anywhere in the chain of wrapped models) or 1."""
+    model = compute
+    while model is not None:
+        if isinstance(model, EagerKernels):
+            return model.ratios.get("rotary", (1.0, 1.0))[1 if backward else 0]
+        model = model.__dict__.get("base")
+    return 1.0
 
 
 class EagerKernels(ComputeModel):
@@ -55,7 +72,7 @@ class EagerKernels(ComputeModel):
 
     def memory(self, kernel: str, numel: ArrayLike, dtype: str, backward: bool) -> tuple[np.ndarray, np.ndarray]:
         t, measured = self.base.memory(kernel, numel, dtype, backward)
-        ratio = self.ratios.get(kernel)
+        ratio = None if kernel == "rotary" else self.ratios.get(kernel)
         return (t if ratio is None else t * ratio[1 if backward else 0]), measured
 
     def describe(self) -> str:

@@ -207,12 +207,38 @@ def _attention_linears(fwd: _Acc, bwd: _Acc, compute: ComputeModel, model: Model
     return dgrad, wgrad
 
 
+def _kv_repeat_elements(model: ModelSpec, T: np.ndarray, t: np.ndarray) -> np.ndarray | None:
+    """Element count that times grouped-query attention's K/V repeat on the ``residual_add`` kernel (3 elements
+    moved per element): torchtitan's repeat_kv (torchtitan/models/llama3/model.py: ``x[:, :, :, None, :]
+    .expand(...).reshape(...)`` materializes K and V with the query heads' count before SDPA) reads the
+    rank's kv heads and writes n_rep times as many, for K and for V; its backward sums the n_rep copies back
+    (reads the repeated gradient, writes the kv heads'): the same traffic. None when there is nothing to repeat
+    (as many kv heads as query heads, MLA)."""
+    if model.attention_kind == "mla" or model.num_kv_heads >= model.num_attention_heads:
+        return None
+    d = float(model.head_dim)
+    q = model.num_attention_heads / t * d
+    kv = np.maximum(model.num_kv_heads / t, 1.0) * d
+    return 2.0 * T * (q + kv) / 3.0
+
+
+def rotary_seconds(compute: ComputeModel, numel: np.ndarray, dtype: str,
+                   backward: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Rotary embedding of ``numel`` q and k elements on the ``residual_add`` kernel (fused: read x and the
+    cos/sin table, write y), times the eager chain's traffic where the compute model runs eager kernels
+    (tpsim/compute/eager.py ``rotary_ratio``, efficiency.yaml ``eager_bytes_per_element.rotary``)."""
+    from ..compute.eager import rotary_ratio
+
+    ratio = rotary_ratio(compute, backward)
+    return compute.memory("residual_add", numel * ratio if ratio != 1.0 else numel, dtype, backward)
+
+
 def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: np.ndarray,
                micro_batch: np.ndarray, recompute: np.ndarray, dtype: str, attention: str,
                fused: bool = True, cp: np.ndarray | None = None, cp_kind: np.ndarray | None = None,
                ep: np.ndarray | None = None, etp: np.ndarray | None = None, kind: LayerKind | None = None,
                recompute_modules: frozenset = frozenset({"core_attn"}), per_op: bool = False,
-               fp8_cast: tuple[float, float] | None = None) -> LayerCost:
+               fp8_cast: tuple[float, float] | None = None, kv_repeat: bool = False) -> LayerCost:
     """Cost of one layer for each plan (arrays of equal length; recompute coded 0/1/2, cp_kind 0 ring / 1
     a2a, etp 0 = tp). ``fused``: one QKV GEMM and one gate+up GEMM (Megatron); otherwise q, k, v (and w1, w3)
     are separate GEMMs (as ``tpsim validate`` runs DTensor's separate Linear layers). ``kind``: the layer's
@@ -224,7 +250,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     (:func:`_per_op_seconds`, dense layers with standard attention). ``fp8_cast``: with fp8 GEMMs, the
     stack's (forward, backward) bytes per element of each linear's input and output-gradient casts
     (``compute.fp8_cast_bytes_per_element``); mxfp8 and nvfp4 GEMMs pay their formats' casts instead
-    (:func:`tpsim.compute.quantize.linear_cast_bytes`)."""
+    (:func:`tpsim.compute.quantize.linear_cast_bytes`). ``kv_repeat``: grouped-query K and V are copied to the
+    query heads before the attention kernel and summed back in backward (:func:`_kv_repeat_elements`)."""
     n_plans = len(tp)
     kind = kind or LayerKind(moe=False, window=0)
     cp = _ones(n_plans) if cp is None else cp
@@ -252,8 +279,12 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         shp = local_shapes(model, t)
         rotated = (shp.q_width + shp.kv_width if model.attention_kind != "mla"
                    else heads * model.qk_rope_head_dim + model.qk_rope_head_dim)
-        fwd.add(compute.memory("residual_add", T * rotated, dtype, False))
-        bwd.add(compute.memory("residual_add", T * rotated, dtype, True))
+        fwd.add(rotary_seconds(compute, T * rotated, dtype, False))
+        bwd.add(rotary_seconds(compute, T * rotated, dtype, True))
+    repeat = _kv_repeat_elements(model, T, t) if kv_repeat else None
+    if repeat is not None:
+        fwd.add(compute.memory("residual_add", repeat, dtype, False))
+        bwd.add(compute.memory("residual_add", repeat, dtype, True))
     _linear(fwd, bwd, compute, T, h, heads * dv, dtype, fp8_cast)
 
     # MLP block: dense, or shared experts (tensor-parallel like it) beside the routed experts
@@ -285,6 +316,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     rc = np.asarray(recompute)
     if per_op and not kind.moe and model.attention_kind != "mla":
         selective = _per_op_seconds(compute, model, T=T, T_norm=T_norm, t=t, f_local=f_local, dtype=dtype)
+        if repeat is not None:  # the repeated K/V are not in the save list: rebuilt from the recomputed k and v
+            selective = selective + compute.memory("residual_add", repeat, dtype, False)[0]
     else:
         selective = _selective_seconds(compute, model, recompute_modules, attn_f.t, T=T, T_norm=T_norm,
                                        heads=heads, shape=shape, dtype=dtype)
@@ -317,7 +350,7 @@ def _per_op_seconds(compute: ComputeModel, model: ModelSpec, *, T: np.ndarray, T
     out = out + compute.memory("swiglu" if model.gated else "gelu", T * f_local, dtype, False)[0]
     if model.position == "rotary":
         kv = np.maximum(model.num_kv_heads / t, 1.0) * model.head_dim
-        out = out + compute.memory("residual_add", T * (model.num_attention_heads / t * model.head_dim + kv),
+        out = out + rotary_seconds(compute, T * (model.num_attention_heads / t * model.head_dim + kv),
                                    dtype, False)[0]
     return out
 

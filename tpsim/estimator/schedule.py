@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import pipeline
-from ..hardware import overlap_penalty
+from ..hardware import DTYPE_BYTES, overlap_penalty
 from ..plan import PlanBatch
 from ..precision import activation_bytes, wide
 from .comm import Comm
@@ -175,7 +175,9 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp)
     dp_total, dp_exposed, dp_forward, dp_after = dpt.total, dpt.exposed, dpt.forward, dpt.after_backward
     if ctx.terms.fsdp_copies:  # FSDP2's copies around its collectives, exposed (the runtime's stack profile)
-        copy_ag, copy_rs = fsdp_copy_seconds(ctx.compute, costs.params, group, dtype)
+        copy_ag, copy_rs = fsdp_copy_seconds(ctx.compute, costs.params, group, dtype,
+                                             _REDUCE_DTYPE.get(ctx.terms.grad_reduce_bytes),
+                                             _GRAD_DTYPE.get(dtype, dtype))
         fwd_gathers, bwd_gathers = _gathers(ctx.terms, zero, m, np.where(per_mb, m, 1))
         copies_rs = layers * np.where(zero >= 2, np.where(per_mb, m, 1), 0) * copy_rs
         dp_exposed = dp_exposed + layers * (fwd_gathers + bwd_gathers) * copy_ag + copies_rs
@@ -377,26 +379,39 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
                         in_optimizer=np.where(in_opt, exposed, 0.0), at_end=at_end)
 
 
+_GRAD_DTYPE = {"fp8": "bf16", "mxfp8": "bf16", "nvfp4": "bf16"}
+"""dtype of the unsharded parameters and gradients FSDP2 copies for a plan dtype (low-precision GEMMs keep
+16-bit parameters; their casts are the GEMMs')."""
+_REDUCE_DTYPE = {4.0: "fp32", 2.0: "bf16"}
+"""the stack's gradient reduce dtype by its bytes (``comm.grad_reduce_dtype``)."""
+
 COPY_OF_RESIDUAL_ADD = 2.0 / 3.0
 """a copy moves 2 elements per element (read, write), a residual add 3 (two reads, a write): FSDP2's copies are
 timed as that share of the compute model's residual-add kernel (measured where a profile has it)."""
 
 
 def fsdp_copy_seconds(compute, unit_numel: np.ndarray | float, dp: np.ndarray | float,
-                      dtype: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
+                      dtype: str = "fp32", reduce_dtype: str | None = None,
+                      grad_dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(per all-gather, per reduce-scatter) seconds of FSDP2's copies around one unit's collectives, on the
     compute stream (not hidden): before an all-gather each rank copies its shard into the send buffer and after
     it the gathered buffer into the unsharded parameters (``foreach_all_gather`` copy-in,
     ``foreach_all_gather_copy_out``); before a reduce-scatter the unsharded gradients are copied into its
     input buffer and after it the reduced shard into the sharded gradient (``foreach_reduce``,
-    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)."""
-    def copy(numel: np.ndarray | float) -> np.ndarray:
-        return np.asarray(compute.memory("residual_add", np.asarray(numel, dtype=float) * COPY_OF_RESIDUAL_ADD,
-                                         dtype, False)[0], dtype=float)
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). The copies move ``dtype`` elements unless
+    ``reduce_dtype`` (MixedPrecisionPolicy reduce_dtype) is given: the copy into the reduce-scatter input then
+    reads the unsharded gradients (``grad_dtype``, default ``dtype``) and writes ``reduce_dtype``
+    (``torch._chunk_cat(..., out=reduce_scatter_input)`` casts), and the reduced shard is in ``reduce_dtype``."""
+    def copy(numel: np.ndarray | float, read: str = dtype, write: str = dtype) -> np.ndarray:
+        moved = (DTYPE_BYTES[read] + DTYPE_BYTES[write]) / (2.0 * DTYPE_BYTES[dtype])  # 1 for a same-dtype copy
+        return np.asarray(compute.memory("residual_add", np.asarray(numel, dtype=float) * COPY_OF_RESIDUAL_ADD
+                                         * moved, dtype, False)[0], dtype=float)
 
     shard = np.asarray(unit_numel, dtype=float) / np.asarray(dp, dtype=float)
-    both = copy(shard) + copy(unit_numel)
-    return both, both
+    gather = copy(shard) + copy(unit_numel)
+    if reduce_dtype is None:
+        return gather, gather
+    return gather, copy(shard, reduce_dtype, reduce_dtype) + copy(unit_numel, grad_dtype or dtype, reduce_dtype)
 
 
 def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, gathers: np.ndarray,

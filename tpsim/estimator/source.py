@@ -188,13 +188,16 @@ class TransformerSource(LayerSource):
 
     def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None,
                  fp8_dispatch: bool = False, node_dedup: bool = False,
-                 fp8_cast: tuple[float, float] = (0.0, 0.0), edges: bool = True, p2p_split: bool = True):
+                 fp8_cast: tuple[float, float] = (0.0, 0.0), edges: bool = True, p2p_split: bool = True,
+                 kv_repeat: bool = False):
         self.model = model
         self.edges = edges
         self.p2p_split = p2p_split
         """a pipeline stage sends its 1/tp slice of the activation (StackTerms.pp_send_split)."""
         """the runtime runs the embedding, output layer and loss (StackTerms.model_edges; False: layers alone)."""
         self.fp8_cast = fp8_cast
+        self.kv_repeat = kv_repeat
+        """GQA's K/V repeated to the query heads in HBM (StackTerms.gqa_kv_repeat)."""
         """bytes per element of the fp8 casts of each linear's input and output gradient (StackTerms)."""
         self.flavor = flavor
         self.storage = storage or ActivationStorage()
@@ -290,7 +293,7 @@ class TransformerSource(LayerSource):
         lc = layer_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, recompute=rc, dtype=dtype,
                         attention=attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, kind=kind,
                         recompute_modules=self.storage.recompute_modules, per_op=self.storage.per_op_sac,
-                        fp8_cast=self.fp8_cast)
+                        fp8_cast=self.fp8_cast, kv_repeat=self.kv_repeat)
         linear_bytes, attn_out_bytes = self.storage.cache_bytes(dtype, axes["act_bytes"])
         mem_kw = dict(tp=tp, sp=sp, micro_batch=mb, recompute=rc, attention=attention, act_bytes=axes["act_bytes"],
                       cp=cp, kind=kind, ep=ep, etp=etp, modules=self.storage.recompute_modules,

@@ -129,6 +129,9 @@ class StackTerms:
     """fp8 plans send the dispatch all-to-all (and its backward twin, the gradients towards the experts) in fp8;
     the combine (and its twin) stay 16-bit (``comm.ep_dispatch_dtype``)."""
     ep_node_dedup: bool = False
+    gqa_kv_repeat: bool = False
+    """grouped-query attention's K and V are repeated to the query heads in HBM before the attention kernel
+    (``compute.gqa_kv_repeat``: torchtitan's repeat_kv), forward and (summed back) backward."""
     fsdp_copies: bool = False
     """FSDP2's copy-in / copy-out around each unit's all-gather and reduce-scatter are costed (exposed, on the
     compute stream; ``comm.fsdp_copy_in_out``, schedule.fsdp_copy_seconds)."""
@@ -298,6 +301,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         zero1_in_optimizer=bool(_value(stack, "comm", "zero1_in_optimizer_step", False)),
         pp_send_split=bool(_value(stack, "comm", "pp_send_split_over_tp", True)),
         model_edges=bool(_value(stack, "compute", "model_edges", True)),
+        gqa_kv_repeat=bool(_value(stack, "compute", "gqa_kv_repeat", False)),
         allocator_reserve_fraction=reserve,
         allocator_reserve_range=(reserve_fig.range if reserve_fig is not None and reserve_fig.range
                                  else (reserve, reserve)),
