@@ -266,3 +266,46 @@ def test_the_output_head_stays_bf16_in_fp8_training():
     kw = dict(tp=one, sp=np.array([False]), micro_batch=one)
     fp8, bf16 = edge_cost(model, compute, dtype="fp8", **kw), edge_cost(model, compute, dtype="bf16", **kw)
     assert fp8.last_fwd[0] == pytest.approx(bf16.last_fwd[0]) and fp8.last_bwd[0] == pytest.approx(bf16.last_bwd[0])
+
+
+def _stack_text(name: str) -> str:
+    import pathlib
+
+    import tpsim
+    return (pathlib.Path(tpsim.__file__).parent / "data" / "stacks" / f"{name}.yaml").read_text()
+
+
+def test_async_tp_pipelines_only_the_forward_tp_collectives(gpt, tmp_path):
+    """torch async TP (torchtitan, comm.tp_overlap_phases [fwd]): the backward TP collectives stay as without it,
+    so the same stack pipelining both phases (as Transformer Engine userbuffers do) hides more."""
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    assert stack_terms(load_stack("torchtitan-compile")).tp_overlap_phases == ("fwd",)
+    assert stack_terms(load_stack("megatron")).tp_overlap_phases == ("fwd", "bwd")
+    both = tmp_path / "both.yaml"
+    both.write_text(_stack_text("torchtitan-compile").replace("value: [fwd]", "value: [fwd, bwd]"))
+    model, _ = gpt
+    cluster = load_cluster("dgx-h100", gpus=8)  # dp 1: no data-parallel traffic to take over the windows
+    plan = make_plan(model, 8, tp=8, pp=1, sp=True, zero=0, global_batch=4)
+    on = dataclasses.replace(plan, tp_overlap=True)
+    off_b = estimate(model, cluster, plan, stack="torchtitan-compile").breakdown
+    fwd_b = estimate(model, cluster, on, stack="torchtitan-compile").breakdown
+    both_b = estimate(model, cluster, on, stack=str(both)).breakdown
+    assert off_b["tp_comm"] == pytest.approx(fwd_b["tp_comm"]) == pytest.approx(both_b["tp_comm"])
+    assert off_b["compute"] == pytest.approx(fwd_b["compute"])
+    saved_fwd = off_b["exposed_comm"] - fwd_b["exposed_comm"]
+    saved_both = off_b["exposed_comm"] - both_b["exposed_comm"]
+    assert 0 < saved_fwd < saved_both
+    assert saved_fwd < 0.6 * off_b["tp_comm"]  # the forward's share of the traffic at most
+
+
+def test_tp_overlap_phases_must_name_phases(tmp_path):
+    from tpsim.errors import InputError
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(_stack_text("torchtitan-compile").replace("value: [fwd]", "value: [forward]"))
+    with pytest.raises(InputError, match="tp_overlap_phases"):
+        stack_terms(load_stack(str(bad)))

@@ -196,7 +196,8 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
     pairs = distinct(layout_index, overlapped, *traffic_key)
     per_pair = _layer_traffic(AxisCurves(ctx, layouts, layout_index[pairs.first]),
                               layer_costs.take(layer_index[pairs.first]), ctx.terms.tp_backward_overlap,
-                              overlapped[pairs.first], None if tp is None else np.asarray(tp)[pairs.first])
+                              overlapped[pairs.first], None if tp is None else np.asarray(tp)[pairs.first],
+                              getattr(ctx.terms, "tp_overlap_phases", ("fwd", "bwd")))
     fwd, bwd, f_exp, b_exp, edges, p2p, names, by_axis = take_rows(per_pair, pairs.inverse)
     single = pp == 1
     edge = {axis: on_positions(first, last, single) for axis, (first, last) in edges.items()}
@@ -228,13 +229,16 @@ def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray) -
 
 
 def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
-                   tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None):
+                   tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None,
+                   phases: tuple[str, ...] = ("fwd", "bwd")):
     """Per (layout, layer key): layer totals per axis (fwd, bwd), exposed (fwd, bwd), edge totals per axis
     (first, last), pipeline transfer and the TP / PP names. ``overlap`` False: nothing hides (collectives on
-    the compute stream); ``tp_overlap`` (per pair): the TP collectives pipelined with the GEMMs over ``tp``
-    chunks."""
+    the compute stream); ``tp_overlap`` (per pair): the TP collectives of the stack's ``phases``
+    (``comm.tp_overlap_phases``) pipelined with the GEMMs over ``tp`` chunks; the other phase's stay as
+    without it."""
     n = costs.fwd.size
     pipelined = np.zeros(n, dtype=bool) if tp_overlap is None else np.asarray(tp_overlap, dtype=bool)
+    by_phase = {p: (pipelined if p in phases else np.zeros(n, dtype=bool)) for p in ("fwd", "bwd")}
     tp_sum = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
     by_axis: dict[str, np.ndarray] = {}
     fwd: dict[str, np.ndarray] = {}
@@ -250,7 +254,7 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
         alone = np.maximum(t - c.hide, 0.0) if overlap else t
         if c.axes == ("tp",):
             tp_sum[c.phase] = tp_sum[c.phase] + t
-            alone = np.where(pipelined, 0.0, alone)
+            alone = np.where(by_phase[c.phase], 0.0, alone)
         exposed[c.phase] = exposed[c.phase] + alone
         axis_exp = by_axis.setdefault(axis, np.zeros((2, n)))
         axis_exp[0 if c.phase == "fwd" else 1] += alone
@@ -262,7 +266,7 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
     if pipelined.any():
         tp_size = np.ones(n) if tp is None else tp
         for i, (phase, work) in enumerate((("fwd", costs.fwd), ("bwd", costs.bwd))):
-            part = np.where(pipelined, tp_overlap_exposed(tp_sum[phase], work, tp_size), 0.0)
+            part = np.where(by_phase[phase], tp_overlap_exposed(tp_sum[phase], work, tp_size), 0.0)
             exposed[phase] = exposed[phase] + part
             by_axis.setdefault("tp", np.zeros((2, n)))[i] += part
     edges: dict[str, tuple] = {}

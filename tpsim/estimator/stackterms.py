@@ -81,6 +81,9 @@ class StackTerms:
     """bytes per parameter element the ZeRO all-gathers move."""
     tp_backward_overlap: bool
     """the backward TP collectives overlap the GEMMs (asynchronous TP communication)."""
+    tp_overlap_phases: tuple[str, ...] = ("fwd", "bwd")
+    """the phases whose TP collectives a plan's ``tp_overlap`` pipelines with the GEMMs
+    (``comm.tp_overlap_phases``: Transformer Engine userbuffers both; torch async TP only the forward)."""
     zero3_per_parameter: bool
     """ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of each layer / block (FSDP)."""
     zero3_persistence_elements: float
@@ -253,6 +256,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         param_gather_bytes=_dtype_bytes(_value(stack, "comm", "param_gather_dtype", "bf16"),
                                         f"{where}: comm.param_gather_dtype"),
         tp_backward_overlap=bool(_value(stack, "comm", "tp_backward_overlap", True)),
+        tp_overlap_phases=_phases(stack, where),
         zero3_per_parameter=unit == "parameter",
         zero3_persistence_elements=float(_value(stack, "comm", "zero3_persistence_threshold_elements",
                                                 PERSISTENCE_DEFAULT)),
@@ -320,6 +324,17 @@ def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: 
     if not isinstance(value, str) or value not in allowed:
         raise InputError(f"{where}: {section}.{key}={value!r} is not one of {', '.join(allowed)}")
     return str(value)
+
+
+TP_PHASES = ("fwd", "bwd")
+
+
+def _phases(stack: StackProfile, where: str) -> tuple[str, ...]:
+    """``comm.tp_overlap_phases``: a list of ``fwd`` / ``bwd`` (default both)."""
+    value = _value(stack, "comm", "tp_overlap_phases", list(TP_PHASES))
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v in TP_PHASES for v in value):
+        raise InputError(f"{where}: comm.tp_overlap_phases={value!r} must be a list of fwd, bwd")
+    return tuple(p for p in TP_PHASES if p in value)
 
 
 def _fp8_cast(stack: StackProfile, where: str) -> tuple[float, float]:
