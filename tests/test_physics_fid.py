@@ -309,3 +309,44 @@ def test_tp_overlap_phases_must_name_phases(tmp_path):
     bad.write_text(_stack_text("torchtitan-compile").replace("value: [fwd]", "value: [forward]"))
     with pytest.raises(InputError, match="tp_overlap_phases"):
         stack_terms(load_stack(str(bad)))
+
+
+def test_userbuffers_expose_only_the_last_split_of_the_forward_reduce_scatter(gpt, tmp_path):
+    """megatron comm.tp_overlap_exposed_share: ring-exchange all-gathers and the backward's bulk overlaps expose
+    no chunk, the pipelined forward reduce-scatter 1/4; without the figure every collective exposes 1/tp."""
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    shares = stack_terms(load_stack("megatron")).tp_overlap_exposed_share
+    assert shares == {"fwd": {"all_gather": 0.0, "reduce_scatter": 0.25},
+                      "bwd": {"all_gather": 0.0, "reduce_scatter": 0.0}}
+    text = _stack_text("megatron")
+    start = text.index("  tp_overlap_exposed_share:")
+    end = text.index("  tp_backward_overlap:")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(text[:start] + text[end:])
+    model, _ = gpt
+    cluster = load_cluster("dgx-h100", gpus=8)
+    for tp in (2, 8):  # 1/4 of the forward reduce-scatters is more than 1/8 of everything only at small tp
+        plan = make_plan(model, 8, tp=tp, pp=1, sp=True, zero=0, global_batch=8, tp_overlap=True)
+        te = estimate(model, cluster, plan, stack="megatron").to_dict()["terms"]["tp_comm"]["seconds"]
+        one = estimate(model, cluster, plan, stack=str(plain)).to_dict()["terms"]["tp_comm"]["seconds"]
+        assert te < one
+
+
+def test_megatron_interleaved_sends_hide_behind_the_next_chunk(gpt, tmp_path):
+    """comm.pp_overlap_interleaved (Megatron --overlap-p2p-communication): with vpp > 1 only the fill and the
+    drain of the pipeline sends stay exposed; with vpp = 1 (no overlap in the plain 1F1B) all of them."""
+    model, _ = gpt
+    cluster = load_cluster("dgx-h100", gpus=16)
+    off = tmp_path / "off.yaml"
+    off.write_text(_stack_text("megatron").replace("  pp_overlap_interleaved:\n    value: true",
+                                                   "  pp_overlap_interleaved:\n    value: false"))
+    inter = make_plan(model, 16, tp=4, pp=4, vpp=2, sp=True, zero=0, global_batch=16)
+    on_b = estimate(model, cluster, inter, stack="megatron").to_dict()["terms"]["pp_comm"]["seconds"]
+    off_b = estimate(model, cluster, inter, stack=str(off)).to_dict()["terms"]["pp_comm"]["seconds"]
+    m = 16 // 1
+    assert on_b == pytest.approx(off_b * (4 - 1) / (m * 2 + 4 - 1))
+    plain = make_plan(model, 16, tp=4, pp=4, sp=True, zero=0, global_batch=16)
+    assert estimate(model, cluster, plain, stack="megatron").step_time_s == pytest.approx(
+        estimate(model, cluster, plain, stack=str(off)).step_time_s)
