@@ -324,3 +324,87 @@ def test_torchtitan_repeats_gqa_kv_heads_in_hbm():
         for phase, backward in (("fwd", False), ("bwd", True)):
             extra = compute.memory("residual_add", np.array([2 * T * (q + kv) / 3]), "bf16", backward)[0][0]
             assert getattr(on, phase)[0] - getattr(off, phase)[0] == pytest.approx(extra if repeats else 0.0)
+
+
+def _stack_text(name: str) -> str:
+    import pathlib
+
+    import tpsim
+    return (pathlib.Path(tpsim.__file__).parent / "data" / "stacks" / f"{name}.yaml").read_text()
+
+
+def test_async_tp_pipelines_only_the_forward_tp_collectives(gpt, tmp_path):
+    """torch async TP (torchtitan, comm.tp_overlap_phases [fwd]): the backward TP collectives stay as without it,
+    so the same stack pipelining both phases (as Transformer Engine userbuffers do) hides more."""
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    assert stack_terms(load_stack("torchtitan-compile")).tp_overlap_phases == ("fwd",)
+    assert stack_terms(load_stack("megatron")).tp_overlap_phases == ("fwd", "bwd")
+    both = tmp_path / "both.yaml"
+    both.write_text(_stack_text("torchtitan-compile").replace("value: [fwd]", "value: [fwd, bwd]"))
+    model, _ = gpt
+    cluster = load_cluster("dgx-h100", gpus=8)  # dp 1: no data-parallel traffic to take over the windows
+    plan = make_plan(model, 8, tp=8, pp=1, sp=True, zero=0, global_batch=4)
+    on = dataclasses.replace(plan, tp_overlap=True)
+    off_b = estimate(model, cluster, plan, stack="torchtitan-compile").breakdown
+    fwd_b = estimate(model, cluster, on, stack="torchtitan-compile").breakdown
+    both_b = estimate(model, cluster, on, stack=str(both)).breakdown
+    assert off_b["tp_comm"] == pytest.approx(fwd_b["tp_comm"]) == pytest.approx(both_b["tp_comm"])
+    assert off_b["compute"] == pytest.approx(fwd_b["compute"])
+    saved_fwd = off_b["exposed_comm"] - fwd_b["exposed_comm"]
+    saved_both = off_b["exposed_comm"] - both_b["exposed_comm"]
+    assert 0 < saved_fwd < saved_both
+    assert saved_fwd < 0.6 * off_b["tp_comm"]  # the forward's share of the traffic at most
+
+
+def test_tp_overlap_phases_must_name_phases(tmp_path):
+    from tpsim.errors import InputError
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(_stack_text("torchtitan-compile").replace("value: [fwd]", "value: [forward]"))
+    with pytest.raises(InputError, match="tp_overlap_phases"):
+        stack_terms(load_stack(str(bad)))
+
+
+def test_userbuffers_expose_only_the_last_split_of_the_forward_reduce_scatter(gpt, tmp_path):
+    """megatron comm.tp_overlap_exposed_share: ring-exchange all-gathers and the backward's bulk overlaps expose
+    no chunk, the pipelined forward reduce-scatter 1/4; without the figure every collective exposes 1/tp."""
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    shares = stack_terms(load_stack("megatron")).tp_overlap_exposed_share
+    assert shares == {"fwd": {"all_gather": 0.0, "reduce_scatter": 0.25},
+                      "bwd": {"all_gather": 0.0, "reduce_scatter": 0.0}}
+    text = _stack_text("megatron")
+    start = text.index("  tp_overlap_exposed_share:")
+    end = text.index("  tp_backward_overlap:")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(text[:start] + text[end:])
+    model, _ = gpt
+    cluster = load_cluster("dgx-h100", gpus=8)
+    for tp in (2, 8):  # 1/4 of the forward reduce-scatters is more than 1/8 of everything only at small tp
+        plan = make_plan(model, 8, tp=tp, pp=1, sp=True, zero=0, global_batch=8, tp_overlap=True)
+        te = estimate(model, cluster, plan, stack="megatron").to_dict()["terms"]["tp_comm"]["seconds"]
+        one = estimate(model, cluster, plan, stack=str(plain)).to_dict()["terms"]["tp_comm"]["seconds"]
+        assert te < one
+
+
+def test_megatron_interleaved_sends_hide_behind_the_next_chunk(gpt, tmp_path):
+    """comm.pp_overlap_interleaved (Megatron --overlap-p2p-communication): with vpp > 1 only the fill and the
+    drain of the pipeline sends stay exposed; with vpp = 1 (no overlap in the plain 1F1B) all of them."""
+    model, _ = gpt
+    cluster = load_cluster("dgx-h100", gpus=16)
+    off = tmp_path / "off.yaml"
+    off.write_text(_stack_text("megatron").replace("  pp_overlap_interleaved:\n    value: true",
+                                                   "  pp_overlap_interleaved:\n    value: false"))
+    inter = make_plan(model, 16, tp=4, pp=4, vpp=2, sp=True, zero=0, global_batch=16)
+    on_b = estimate(model, cluster, inter, stack="megatron").to_dict()["terms"]["pp_comm"]["seconds"]
+    off_b = estimate(model, cluster, inter, stack=str(off)).to_dict()["terms"]["pp_comm"]["seconds"]
+    m = 16 // 1
+    assert on_b == pytest.approx(off_b * (4 - 1) / (m * 2 + 4 - 1))
+    plain = make_plan(model, 16, tp=4, pp=4, sp=True, zero=0, global_batch=16)
+    assert estimate(model, cluster, plain, stack="megatron").step_time_s == pytest.approx(
+        estimate(model, cluster, plain, stack=str(off)).step_time_s)

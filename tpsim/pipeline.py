@@ -169,12 +169,14 @@ def bubble(schedule: np.ndarray, pp: np.ndarray, vpp: np.ndarray, t_stage: np.nd
 
 
 def pipeline_sends(schedule: np.ndarray, pp: np.ndarray, vpp: np.ndarray, m: np.ndarray,
-                   p2p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                   p2p: np.ndarray, overlap_interleaved: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(total, exposed) pipeline point-to-point time per step: an activation forward and a gradient backward
     per chunk and micro-batch plus the fill and drain; schedules that pair chunks leave only the fill and the
-    drain exposed."""
+    drain exposed, and so do interleaved plans (vpp > 1) of a stack that overlaps their sends with the next
+    chunk's compute (``overlap_interleaved``: Megatron-LM's ``--overlap-p2p-communication``)."""
     total = 2.0 * (m * vpp + pp - 1) * p2p
-    exposed = np.where(paired(schedule), 2.0 * (pp - 1) * p2p, total)
+    hidden = paired(schedule) | (overlap_interleaved & (np.asarray(vpp) > 1))
+    exposed = np.where(hidden, 2.0 * (pp - 1) * p2p, total)
     return total, exposed
 
 

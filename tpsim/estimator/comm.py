@@ -196,7 +196,9 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
     pairs = distinct(layout_index, overlapped, *traffic_key)
     per_pair = _layer_traffic(AxisCurves(ctx, layouts, layout_index[pairs.first]),
                               layer_costs.take(layer_index[pairs.first]), ctx.terms.tp_backward_overlap,
-                              overlapped[pairs.first], None if tp is None else np.asarray(tp)[pairs.first])
+                              overlapped[pairs.first], None if tp is None else np.asarray(tp)[pairs.first],
+                              getattr(ctx.terms, "tp_overlap_phases", ("fwd", "bwd")),
+                              getattr(ctx.terms, "tp_overlap_exposed_share", {}))
     fwd, bwd, f_exp, b_exp, edges, p2p, names, by_axis = take_rows(per_pair, pairs.inverse)
     single = pp == 1
     edge = {axis: on_positions(first, last, single) for axis, (first, last) in edges.items()}
@@ -214,28 +216,38 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
                 p2p=p2p, names=names, layer_exposed_axis=by_axis, **take_rows(dp_times, groups.inverse))
 
 
-def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray) -> np.ndarray:
+def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray,
+                       first: np.ndarray | None = None) -> np.ndarray:
     """Exposed seconds of a layer phase's TP collectives (``total``) when they are pipelined with the GEMMs
     (plan field ``tp_overlap``: Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers; torchtitan async
     TP with torch.compile's micro-pipelining): each all-gather / reduce-scatter is split into ``tp`` chunks
     exchanged in a ring while the GEMM of the chunk already received runs (Wang et al., ASPLOS 2023,
     "Overlap communication with dependent computation via decomposition"; TE
     ``transformer_engine/pytorch/module/base.py`` ``initialize_ub`` ring-exchange / pipelined modes), so the
-    first chunk is exposed and the rest hides behind the phase's computation ``compute`` as far as it lasts."""
-    tp = np.maximum(np.asarray(tp, dtype=float), 1.0)
-    first = total / tp
+    first chunk is exposed and the rest hides behind the phase's computation ``compute`` as far as it lasts.
+    ``first``: the exposed chunks as the stack's decomposition has them (``comm.tp_overlap_exposed_share``)
+    instead of one ``total / tp``."""
+    if first is None:
+        first = total / np.maximum(np.asarray(tp, dtype=float), 1.0)
     return first + np.maximum(total - first - compute, 0.0)
 
 
 def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
-                   tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None):
+                   tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None,
+                   phases: tuple[str, ...] = ("fwd", "bwd"), shares: Any = None):
     """Per (layout, layer key): layer totals per axis (fwd, bwd), exposed (fwd, bwd), edge totals per axis
     (first, last), pipeline transfer and the TP / PP names. ``overlap`` False: nothing hides (collectives on
-    the compute stream); ``tp_overlap`` (per pair): the TP collectives pipelined with the GEMMs over ``tp``
-    chunks."""
+    the compute stream); ``tp_overlap`` (per pair): the TP collectives of the stack's ``phases``
+    (``comm.tp_overlap_phases``) pipelined with the GEMMs over ``tp`` chunks; the other phase's stay as
+    without it. ``shares``: phase -> op -> the share of each pipelined collective left exposed (its first or
+    last chunk; None or missing: 1 / tp)."""
     n = costs.fwd.size
     pipelined = np.zeros(n, dtype=bool) if tp_overlap is None else np.asarray(tp_overlap, dtype=bool)
+    by_phase = {p: (pipelined if p in phases else np.zeros(n, dtype=bool)) for p in ("fwd", "bwd")}
     tp_sum = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
+    tp_first = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
+    tp_size = np.ones(n) if tp is None else np.maximum(np.asarray(tp, dtype=float), 1.0)
+    shares = shares or {}
     by_axis: dict[str, np.ndarray] = {}
     fwd: dict[str, np.ndarray] = {}
     bwd: dict[str, np.ndarray] = {}
@@ -250,7 +262,9 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
         alone = np.maximum(t - c.hide, 0.0) if overlap else t
         if c.axes == ("tp",):
             tp_sum[c.phase] = tp_sum[c.phase] + t
-            alone = np.where(pipelined, 0.0, alone)
+            share = shares.get(c.phase, {}).get(c.op)
+            tp_first[c.phase] = tp_first[c.phase] + t * (1.0 / tp_size if share is None else share)
+            alone = np.where(by_phase[c.phase], 0.0, alone)
         exposed[c.phase] = exposed[c.phase] + alone
         axis_exp = by_axis.setdefault(axis, np.zeros((2, n)))
         axis_exp[0 if c.phase == "fwd" else 1] += alone
@@ -260,9 +274,9 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
         better = (code >= 0) & (rank < best)
         named[axis] = (np.where(better, rank, best), np.where(better, code, name))
     if pipelined.any():
-        tp_size = np.ones(n) if tp is None else tp
         for i, (phase, work) in enumerate((("fwd", costs.fwd), ("bwd", costs.bwd))):
-            part = np.where(pipelined, tp_overlap_exposed(tp_sum[phase], work, tp_size), 0.0)
+            part = np.where(by_phase[phase], tp_overlap_exposed(tp_sum[phase], work, tp_size, tp_first[phase]),
+                            0.0)
             exposed[phase] = exposed[phase] + part
             by_axis.setdefault("tp", np.zeros((2, n)))[i] += part
     edges: dict[str, tuple] = {}

@@ -73,7 +73,8 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
                        if terms.zero3_per_parameter else ""),
         "tp_comm": f"exposed TP collectives (collective model on {ctx.cluster.name}); {name} "
                    f"{_figure(stack, 'comm', 'tp_backward_overlap')}; plan tp_overlap: "
-                   "tpsim.estimator.comm.tp_overlap_exposed",
+                   f"tpsim.estimator.comm.tp_overlap_exposed over {_figure(stack, 'comm', 'tp_overlap_phases')}, "
+                   f"{_figure(stack, 'comm', 'tp_overlap_exposed_share')}",
         "cp_comm": f"exposed context-parallel exchanges (collective model on {ctx.cluster.name}, ring steps hidden "
                    "behind attention)",
         "ep_comm": f"exposed expert-parallel all-to-alls (collective model on {ctx.cluster.name})",

@@ -171,7 +171,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     bubble = pipeline.bubble(plans.schedule, pp, vpp, t_stage, backward_fraction=_backward_fraction(costs))
     # pipeline point-to-point: activations forward, gradients backward, per chunk and micro-batch, plus the
     # pipeline fill and drain
-    pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, pp, vpp, m, comm.p2p)
+    pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, pp, vpp, m, comm.p2p,
+                                                   getattr(ctx.terms, "pp_overlap_interleaved", False))
     dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp)
     dp_total, dp_exposed, dp_forward, dp_after = dpt.total, dpt.exposed, dpt.forward, dpt.after_backward
     if ctx.terms.fsdp_copies:  # FSDP2's copies around its collectives, exposed (the runtime's stack profile)

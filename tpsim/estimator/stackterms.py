@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -84,6 +85,15 @@ class StackTerms:
     """bytes per parameter element the ZeRO all-gathers move."""
     tp_backward_overlap: bool
     """the backward TP collectives overlap the GEMMs (asynchronous TP communication)."""
+    tp_overlap_phases: tuple[str, ...] = ("fwd", "bwd")
+    """the phases whose TP collectives a plan's ``tp_overlap`` pipelines with the GEMMs
+    (``comm.tp_overlap_phases``: Transformer Engine userbuffers both; torch async TP only the forward)."""
+    pp_overlap_interleaved: bool = False
+    """interleaved plans (vpp > 1) overlap the pipeline sends with the next chunk's compute
+    (``comm.pp_overlap_interleaved``: Megatron-LM --overlap-p2p-communication, on by default)."""
+    tp_overlap_exposed_share: Mapping[str, Mapping[str, float | None]] = dataclasses.field(default_factory=dict)
+    """phase -> collective -> share of a pipelined TP collective left exposed (its chunk that nothing hides;
+    None: 1 / tp) (``comm.tp_overlap_exposed_share``)."""
     zero3_per_parameter: bool
     """ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of each layer / block (FSDP)."""
     zero3_persistence_elements: float
@@ -275,6 +285,9 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         param_gather_bytes=_dtype_bytes(_value(stack, "comm", "param_gather_dtype", "bf16"),
                                         f"{where}: comm.param_gather_dtype"),
         tp_backward_overlap=bool(_value(stack, "comm", "tp_backward_overlap", True)),
+        tp_overlap_phases=_phases(stack, where),
+        tp_overlap_exposed_share=_exposed_share(stack, where),
+        pp_overlap_interleaved=bool(_value(stack, "comm", "pp_overlap_interleaved", False)),
         zero3_per_parameter=unit == "parameter",
         zero3_persistence_elements=float(_value(stack, "comm", "zero3_persistence_threshold_elements",
                                                 PERSISTENCE_DEFAULT)),
@@ -348,6 +361,41 @@ def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: 
     if not isinstance(value, str) or value not in allowed:
         raise InputError(f"{where}: {section}.{key}={value!r} is not one of {', '.join(allowed)}")
     return str(value)
+
+
+TP_PHASES = ("fwd", "bwd")
+
+
+def _phases(stack: StackProfile, where: str) -> tuple[str, ...]:
+    """``comm.tp_overlap_phases``: a list of ``fwd`` / ``bwd`` (default both)."""
+    value = _value(stack, "comm", "tp_overlap_phases", list(TP_PHASES))
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v in TP_PHASES for v in value):
+        raise InputError(f"{where}: comm.tp_overlap_phases={value!r} must be a list of fwd, bwd")
+    return tuple(p for p in TP_PHASES if p in value)
+
+
+def _exposed_share(stack: StackProfile, where: str) -> dict[str, dict[str, float | None]]:
+    """``comm.tp_overlap_exposed_share``: {phase: {collective: share in [0, 1] or "1/tp"}}."""
+    value = _value(stack, "comm", "tp_overlap_exposed_share", {})
+    ops = ("all_gather", "reduce_scatter", "all_reduce")
+    out: dict[str, dict[str, float | None]] = {}
+    ok = isinstance(value, Mapping) and set(value) <= set(TP_PHASES)
+    for phase, row in (value.items() if ok else ()):
+        if not isinstance(row, Mapping) or not set(row) <= set(ops):
+            ok = False
+            break
+        out[phase] = {}
+        for op, share in row.items():
+            if share == "1/tp":
+                out[phase][op] = None
+            elif not isinstance(share, bool) and isinstance(share, (int, float)) and 0.0 <= share <= 1.0:
+                out[phase][op] = float(share)
+            else:
+                ok = False
+    if not ok:
+        raise InputError(f"{where}: comm.tp_overlap_exposed_share={value!r} must map fwd / bwd to "
+                         "{all_gather|reduce_scatter|all_reduce: a share in [0, 1] or 1/tp}")
+    return out
 
 
 def _fp8_cast(stack: StackProfile, where: str) -> tuple[float, float]:
