@@ -134,6 +134,17 @@ def check_node_pairs(gpus_per_node: int, where: str) -> None:
                          f"{top:,} per node (its per-pair tables grow with the square); use a cluster of nodes")
 
 
+# sweep files (tpsim design SWEEP.yaml; tpsim/design/sweep.py)
+MAX_DESIGNS = 20_000
+"""designs a sweep may have without ``--allow-large-sweep``."""
+HARD_MAX_DESIGNS = 2_000_000
+"""designs no sweep may have (the table alone would be gigabytes)."""
+MAX_AXIS_VALUES = 10_000
+"""values one axis (a list or a range) of a sweep may have."""
+MAX_MODELS = 64
+"""models (entries of ``models``) one sweep may list."""
+
+
 MAX_JSON_DEPTH = 64
 """Nesting depth of a JSON or YAML input."""
 MAX_CONFIG_BYTES = 1 << 20
