@@ -15,7 +15,7 @@ import importlib
 import signal
 import sys
 
-from ..errors import TpsimError
+from ..errors import Terminated, TpsimError  # noqa: F401 (Terminated: importable here, as before)
 
 MAX_MESSAGE = 600
 """characters of an error line; a longer message (a huge value echoed back) keeps its start and end."""
@@ -31,14 +31,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised in the main thread so that cleanup runs as for Ctrl-C."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 def one_line(message: str) -> str:
