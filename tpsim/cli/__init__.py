@@ -62,6 +62,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    for verb_parser in sub.choices.values():  # every verb bounds its work before it starts (tpsim/work.py)
+        if "--allow-large-work" not in verb_parser._option_string_actions:
+            verb_parser.add_argument("--allow-large-work", action="store_true",
+                                     help="run even when the inputs ask for more work than the soft bounds of "
+                                          "tpsim/limits.py WORK_LIMITS (hard bounds still apply)")
     return parser
 
 
@@ -96,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     set_enabled(not getattr(args, "json", False))   # progress bars stay off stdout's JSON neighbours too
     previous = _install_signal_handlers()
     try:
+        from ..work import check_work
+
+        check_work(args.verb, args)  # the verb's work estimated from its inputs, refused above the bounds
         result = args.func(args)
     except TpsimError as exc:
         return _fail(args.verb, str(exc))

@@ -289,6 +289,20 @@ def design_id(values: Mapping[str, Any], model: str) -> str:
     return "d" + hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
+def sweep_size(path: str | Path) -> int:
+    """Designs of the sweep file's product (axis lengths x models), from the axes alone: what ``tpsim design``
+    would expand (tpsim/work.py checks it before anything is loaded)."""
+    from ..safeyaml import read_yaml
+    from ..schema import check
+    from ..schemas import SWEEP
+
+    p = Path(path)
+    data = read_yaml(p, "sweep file")
+    check(SWEEP, data, str(p))
+    axes = data["axes"]
+    return math.prod(len(_expand_axis(a, axes[a], str(p))) for a in AXES if a in axes) * len(data["models"])
+
+
 def load_sweep(path: str | Path | None = None, data: Mapping[str, Any] | None = None, *,
                allow_large: bool = False) -> Sweep:
     """Parse and expand a sweep file (or an already parsed mapping)."""
