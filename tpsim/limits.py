@@ -181,6 +181,7 @@ WORK_LIMITS: dict[str, tuple[float, bool, str]] = {
     "node_devices": (MAX_NODE_DEVICES, True, "devices in one node"),
     "searches": (16, False, "plan searches (each up to a minute; --scaling-span 8 makes 7)"),
     "designs": (MAX_DESIGNS, False, "designs"),
+    "planning_tasks": (5_000, False, "planning tasks (one plan search each, ~0.7 s on one core)"),
     "collective_points": (1 << 10, False, "message sizes"),
     "input_bytes": (256 << 20, False, "bytes of input files"),
     "local_ranks": (LIMITS["ranks"], True, "local ranks"),

@@ -224,6 +224,8 @@ HF_CONFIG = register(Schema("config.json", {
     "num_experts": Int("num_experts", minimum=0, also=OPTIONAL),
     "num_experts_per_tok": Int("experts_per_token", also=OPTIONAL),
     "moe_intermediate_size": Int("moe_ffn_hidden_size", also=OPTIONAL),
+    "torch_dtype": Str(max_len=64, also=OPTIONAL, doc="listed as ignored (--dtype sets the training dtype)"),
+    "architectures": List(Str(max_len=256), max_len=64, also=OPTIONAL),
 }, doc="a Hugging Face config.json (the per-type keys are read by tpsim.model.hf_keys.ConfigReader)"))
 
 

@@ -129,8 +129,15 @@ def _design(args: Any) -> list[Amount]:
         from .design.sweep import sweep_size
 
         return sweep_size(args.sweep)
-    designs = _quiet(size)
-    return [Amount("designs", designs, f"the axes of {args.sweep}")] if designs else []
+    from .design.sweep import SECONDS_PER_TASK
+
+    sizes = _quiet(size)
+    if not sizes:
+        return []
+    designs, tasks = sizes
+    return [Amount("designs", designs, f"the axes of {args.sweep}"),
+            Amount("planning_tasks", tasks, f"the axes of {args.sweep} (about {tasks * SECONDS_PER_TASK / 3600:.1f} "
+                                            f"h on one core)")]
 
 
 def _topo(args: Any) -> list[Amount]:

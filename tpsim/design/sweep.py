@@ -289,9 +289,9 @@ def design_id(values: Mapping[str, Any], model: str) -> str:
     return "d" + hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
-def sweep_size(path: str | Path) -> int:
-    """Designs of the sweep file's product (axis lengths x models), from the axes alone: what ``tpsim design``
-    would expand (tpsim/work.py checks it before anything is loaded)."""
+def sweep_size(path: str | Path) -> tuple[int, int]:
+    """(designs, planning tasks) of the sweep file's product (axis lengths x models), from the axes alone: what
+    ``tpsim design`` would expand and plan (tpsim/work.py checks them before anything is loaded)."""
     from ..safeyaml import read_yaml
     from ..schema import check
     from ..schemas import SWEEP
@@ -300,7 +300,9 @@ def sweep_size(path: str | Path) -> int:
     data = read_yaml(p, "sweep file")
     check(SWEEP, data, str(p))
     axes = data["axes"]
-    return math.prod(len(_expand_axis(a, axes[a], str(p))) for a in AXES if a in axes) * len(data["models"])
+    lengths = {a: len(_expand_axis(a, axes[a], str(p))) for a in AXES if a in axes}
+    models = len(data["models"])
+    return math.prod(lengths.values()) * models, math.prod(lengths.get(a, 1) for a in PLANNING_AXES) * models
 
 
 def load_sweep(path: str | Path | None = None, data: Mapping[str, Any] | None = None, *,
