@@ -46,7 +46,7 @@ from typing import Callable, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 OUTCOMES = ("clear", "traceback", "hang", "memory", "wrong-exit", "silently-wrong", "unclear", "data-lost",
-            "process-left")
+            "process-left", "code-run")
 TORCH_VERBS = ("bench-collectives", "profile", "validate")
 MEM_LIMIT = 600 << 20
 """peak RSS that counts as a memory blow-up for verbs that do not import torch (a run is ~90 MB)."""
@@ -881,6 +881,260 @@ def launch_cases() -> list[Case]:
     return c
 
 
+def fresh_cases() -> list[Case]:
+    """Issue 26's classes, probed afresh (wave 5, not from the issue's examples): every input format, the
+    work a verb is asked for, code from data, caches, paths and outputs. Category names start with ``26-``."""
+    c = []
+    add = lambda cat, name, argv, mention=(), expect="refuse", timeout=40.0, **kw: c.append(Case(  # noqa: E731
+        name=name, category=f"26-{cat}", argv=argv, mention=mention, expect=expect, timeout=timeout, **kw))
+    est = ("estimate", "--cluster", "dgx-h100", "--gpus", "8", "--tp", "8", "--global-batch", "64",
+           "--micro-batch", "1")
+    # config.json: shapes a JSON parser or a checker can be slow or wrong on
+    cfg = lambda **kw: {"config.json": _hf(**kw)}  # noqa: E731
+    for name, files, mention, expect in (
+            ("quote-heavy 900 kB string", {"config.json": _hf(note='\\"' * 300_000)}, ("config.json",), "any"),
+            ("50k keys", {"config.json": json.dumps({**HF_LLAMA, **{f"k{i}": i for i in range(50_000)}})},
+             ("config.json",), "any"),
+            ("depth 63 under a key", {"config.json": _hf(extra=json.loads("[" * 62 + "]" * 62))}, ("config.json",),
+             "any"),
+            ("depth 65 under a key", {"config.json": _hf().replace('"max_position', '"x": ' + "[" * 65 + "]" * 65
+                                                                   + ', "max_position')}, ("depth", "nest"), "refuse"),
+            ("1e400 hidden", {"config.json": _hf().replace("1024", "1e400", 1)}, ("hidden", "config.json"), "refuse"),
+            ("41-digit vocab", {"config.json": _hf(vocab_size=10 ** 40)}, ("vocab", "digits"), "refuse"),
+            ("layers 9999999", cfg(num_hidden_layers=9_999_999), ("layers",), "refuse"),
+            ("model_type list", cfg(model_type=["llama"]), ("model_type",), "refuse"),
+            ("rope factor NaN", {"config.json": _hf(rope_scaling={"type": "linear", "factor": 1.0}).replace(
+                '"factor": 1.0', '"factor": NaN')}, ("NaN", "config.json"), "refuse"),
+            ("BOM first", {"config.json": "\ufeff" + _hf()}, ("config.json",), "any"),
+            ("lone surrogate", {"config.json": _hf(name="\\ud800")}, ("config.json",), "any"),
+            ("torch_dtype 5", cfg(torch_dtype=5), ("torch_dtype", "dtype"), "refuse"),
+            ("hidden 4096.0", cfg(hidden_size=1024.0), (), "any"),
+            ("hidden -0", {"config.json": _hf().replace('"hidden_size": 1024', '"hidden_size": -0')},
+             ("hidden",), "refuse"),
+            ("intermediate 1e30", cfg(intermediate_size=1e30), ("intermediate", "ffn"), "refuse"),
+            ("2 MB of whitespace", {"config.json": _hf() + " " * (2 << 20)}, ("config.json",), "refuse"),
+            ("empty file", {"config.json": ""}, ("config.json",), "refuse"),
+            ("null top level", {"config.json": "null"}, ("config.json",), "refuse"),
+    ):
+        for verb in (("estimate", "--model", "{d}/config.json", *est[1:]), ("model", "show", "{d}/config.json")):
+            add("config", f"{verb[0]} config {name}", verb, mention, expect, files=files)
+    # ops.json
+    graph = json.loads(_read("tests/data/opgraph/tiny-gpt.ops.json"))
+
+    def g(edit: Callable[[dict], None]) -> dict:
+        doc = json.loads(json.dumps(graph))
+        edit(doc)
+        return {"g.ops.json": json.dumps(doc)}
+
+    def op0(key: str, value: object) -> Callable[[dict], None]:
+        def edit(doc: dict) -> None:
+            doc["units"][0]["ops"][0][key] = value
+        return edit
+
+    def attr0(key: str, value: object) -> Callable[[dict], None]:
+        def edit(doc: dict) -> None:  # the first linear (units[1].ops[1]: blocks.0.attn.qkv)
+            doc["units"][1]["ops"][1].setdefault("attrs", {})[key] = value
+        return edit
+    plan_g = ("estimate", "--model", "{d}/g.ops.json", "--cluster", "dgx-h100", "--gpus", "8", "--tp", "1",
+              "--global-batch", "8", "--micro-batch", "1")
+    for name, edit in (("flops 1e308", op0("flops", 1e308)), ("flops -1", op0("flops", -1)),
+                       ("flops string", op0("flops", "1e9")), ("in_features 1e30", attr0("in_features", 10 ** 30)),
+                       ("in_features 0", attr0("in_features", 0)), ("kind list", op0("kind", ["linear"])),
+                       ("units empty", lambda d: d.__setitem__("units", [])),
+                       ("repeat 1e18", lambda d: d["units"][0].__setitem__("repeat", 10 ** 18)),
+                       ("batch 0", lambda d: d.__setitem__("batch", 0)),
+                       ("batch 2^62", lambda d: d.__setitem__("batch", 1 << 62)),
+                       ("format wrong", lambda d: d.__setitem__("format", "onnx")),
+                       ("params negative dim", lambda d: d["params"].__setitem__("wte.weight", [-128, 64])),
+                       ("inputs shape strings", lambda d: d["inputs"][0].__setitem__("shape", ["2", "16"]))):
+        add("ops", f"ops.json {name}", plan_g, ("g.ops.json",), files=g(edit))
+    add("ops", "ops.json 70 MB sparse", plan_g, ("g.ops.json", "MB", "bytes", "size"),
+        files={"g.ops.json": b" " * (70 << 20)})
+    add("ops", "ops.json is a FIFO", plan_g, ("g.ops.json",), files={"g.ops.json": FIFO})
+    add("code", "ops.json module_spec with plan", ("plan", "--model", "{d}/g.ops.json", "--cluster", "dgx-h100",
+                                                   "--gpus", "8", "--global-batch", "8"), expect="any",
+        files={**g(lambda d: d.setdefault("source", {}).__setitem__("module_spec", "{d}/evil.py:f")),
+               "evil.py": "open(__file__ + '.ran', 'w').write('x')\ndef f(): pass\n"},
+        check=lambda run: "code-run: the module named inside the graph ran" if (run.folder / "evil.py.ran").exists()
+        else None)
+    # stack YAML
+    stack = _read("tpsim/data/stacks/megatron.yaml")
+    for name, old, new in (("optimizer bytes -42", "value: 42", "value: -42"),
+                           ("optimizer bytes .nan", "value: 42", "value: .nan"),
+                           ("optimizer bytes list", "value: 42", "value: [42]"),
+                           ("optimizer bytes string", "value: 42", "value: '42'"),
+                           ("host us 1e9", "value: 10\n    range: [5, 20]", "value: 1e9\n    range: [5, 20]"),
+                           ("host us true", "value: 10\n    range: [5, 20]", "value: true\n    range: [5, 20]"),
+                           ("reserve 7", "value: 0.03", "value: 7.0"),
+                           ("name list", "name: megatron", "name: [megatron]"),
+                           ("unknown top key", "name: megatron", "name: megatron\ncolour: red")):
+        add("stack", f"stack {name}", (*est[:1], "--model", "llama3-8b", *est[1:], "--stack", "{d}/s.yaml"),
+            ("s.yaml",), files={"s.yaml": stack.replace(old, new, 1)})
+    # calibration YAML (estimate --calibration) and cluster YAML
+    for name, text in (("efficiency 1.5", "nvlink: {efficiency: 1.5}\n"),
+                       ("latency -1", "nvlink: {latency_us: -1}\n"), ("bw 0", "ib: {bw_GBps: 0}\n"),
+                       ("gemm scale 1e9", "compute: {gemm_scale: 1.0e9}\n"),
+                       ("gemm scale string", "compute: {gemm_scale: fast}\n"),
+                       ("link list", "nvlink: [1, 2]\n"), ("empty", ""), ("bomb", BILLION_LAUGHS)):
+        add("calibration", f"calibration {name}", (*est[:1], "--model", "llama3-8b", *est[1:], "--calibration",
+                                                   "{d}/cal.yaml"), ("cal.yaml",), files={"cal.yaml": text})
+    for name, text in (("gpus_per_node 0", CLUSTER + "gpus_per_node: 0\n"),
+                       ("gpus 2^63", CLUSTER.replace("gpus: 16", f"gpus: {1 << 63}")),
+                       ("node escapes", CLUSTER.replace("node: dgx-a100", "node: ../../../../etc/passwd")),
+                       ("node is /dev/zero", CLUSTER.replace("node: dgx-a100", "node: /dev/zero")),
+                       ("fabric radix -1", CLUSTER.replace("fabric: selene-hdr-fat-tree",
+                                                           "fabric: {use: selene-hdr-fat-tree, radix: -1}")),
+                       ("device inline NaN", CLUSTER.replace("device: A100-SXM4-80GB",
+                                                             "device: {name: X, peak_flops: {bf16: .nan}}")),
+                       ("defaults efficiency 2", CLUSTER + "defaults: {efficiency: 2}\n"),
+                       ("calibration inline list", CLUSTER + "calibration: [1, 2]\n")):
+        add("cluster", f"cluster {name}", ("topo", "show", "{d}/c.yaml"), ("c.yaml", "node", "passwd", "zero"),
+            files={"c.yaml": text})
+    # profile CSV and runs CSV
+    for name, edit in (("time negative", _replace_cell("time_s", "-1e-5")),
+                       ("m superscript", _replace_cell("m", "\u00b2")),
+                       ("m 5000 digits", _replace_cell("m", "9" * 5000)),
+                       ("spread nan", _replace_cell("spread_pct", "nan")),
+                       ("dtype empty", _replace_cell("dtype", "")),
+                       ("pass sideways", _replace_cell("pass", "sideways"))):
+        add("profile", f"profile {name}", (*est[:1], "--model", "llama3-8b", *est[1:], "--profile", "{d}/p.csv"),
+            ("p.csv",), files={"p.csv": _profile_with(edit)})
+    runs_head = "run_id,model,cluster,gpus,tp,micro_batch,global_batch,step_time_s,source\n"
+    for name, row in (("gpus 0", "r1,llama3-8b,dgx-h100,0,8,1,64,1.5,s"), ("tp 8.0", "r1,llama3-8b,dgx-h100,8,8.0,1,64,1.5,s"),
+                      ("step inf", "r1,llama3-8b,dgx-h100,8,8,1,64,inf,s"),
+                      ("step -1", "r1,llama3-8b,dgx-h100,8,8,1,64,-1,s"),
+                      ("tp superscript", "r1,llama3-8b,dgx-h100,8,\u00b2,1,64,1.5,s"),
+                      ("quote bomb", 'r1,"' + '""' * 200_000 + '",dgx-h100,8,8,1,64,1.5,s')):
+        add("runs", f"runs {name}", ("report", "--runs", "{d}/runs.csv", "--out", "{d}/r"), ("runs.csv",),
+            files={"runs.csv": runs_head + row + "\n"}, requires=("--runs",))
+    # launch files: estimate --from
+    frm = lambda fname: ("estimate", "--from", "{d}/" + fname, "--cluster", "dgx-h100", "--gpus", "8")  # noqa: E731
+    mega = "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 " \
+           "--max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 16 "
+    for name, tail in (("tp 0x10", "--tensor-model-parallel-size 0x10"), ("tp arabic digit", "--tensor-model-parallel-size \u0661"),
+                       ("tp fullwidth", "--tensor-model-parallel-size \uff18"),
+                       ("shell 2**62*4", "--global-batch-size $((2**62*4))"),
+                       ("layers ${X:-99999999}", "--num-layers ${X:-99999999}"),
+                       ("seq 1e5", "--seq-length 1e5"), ("flag without value", "--tensor-model-parallel-size"),
+                       ("layout multiplies out", "--pipeline-model-parallel-layout 'E|(t|)*1000000000,L'"),
+                       ("layout nested", "--pipeline-model-parallel-layout '" + "(" * 5000 + "t" + ")*2" * 5000 + "'"),
+                       ("backslash continuation forever", "\\\n" * 100_000)):
+        add("megatron", f"megatron {name}", frm("train.sh"), ("train.sh",), files={"train.sh": mega + tail + "\n"},
+            requires=("--from",))
+    titan = ("[parallelism]\ntensor_parallel_degree = 2\npipeline_parallel_degree = {pp}\n"
+             "data_parallel_shard_degree = 4\n[training]\nlocal_batch_size = 2\nseq_len = {seq}\n{extra}"
+             "[model]\nname = \"llama3\"\nflavor = \"8B\"\n")
+    for name, kw in (("seq inf", {"seq": "inf"}), ("seq nan", {"seq": "nan"}), ("seq 1.5", {"seq": "1.5"}),
+                     ("tp -1", {"extra": "", "pp": "1", "seq": "512"}),
+                     ("pp 2 microbatch 0", {"pp": "2", "extra": "[parallelism.extra]\npipeline_parallel_microbatch_size = 0\n"}),
+                     ("datetime seq", {"seq": "1979-05-27T07:32:00Z"}),
+                     ("deep tables", {"extra": "".join(f"[{'.'.join(['a'] * (i + 1))}]\n" for i in range(300))})):
+        text = titan.format(**{"pp": "1", "seq": "512", "extra": "", **kw})
+        if name == "tp -1":
+            text = text.replace("tensor_parallel_degree = 2", "tensor_parallel_degree = -1")
+        add("torchtitan", f"torchtitan {name}", frm("t.toml"), ("t.toml",), files={"t.toml": text},
+            requires=("--from",))
+    ds = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+          "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}
+    for name, doc in (("stage '3'", {**ds, "zero_optimization": {"stage": "3"}}),
+                      ("stage 4", {**ds, "zero_optimization": {"stage": 4}}),
+                      ("zero list", {**ds, "zero_optimization": [1]}),
+                      ("bf16 enabled 1", {**ds, "bf16": {"enabled": 1}}),
+                      ("batch 1e400", None), ("micro 0", {**ds, "train_micro_batch_size_per_gpu": 0}),
+                      ("batch not product", {**ds, "train_batch_size": 65}),
+                      ("all auto", {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"})):
+        text = json.dumps(doc) if doc is not None else json.dumps(ds).replace("64", "1e400", 1)
+        add("deepspeed", f"deepspeed {name}", (*frm("ds.json"), "--model", "llama3-8b"), ("ds.json",),
+            files={"ds.json": text}, requires=("--from",), expect="any" if name in ("all auto",) else "refuse")
+    nemo = ("trainer: {devices: 8, num_nodes: 1, precision: bf16-mixed}\nmodel: {tensor_model_parallel_size: 2, "
+            "pipeline_model_parallel_size: 1, micro_batch_size: 1, global_batch_size: 32, num_layers: 4, "
+            "hidden_size: 256, ffn_hidden_size: 1024, num_attention_heads: 4, encoder_seq_length: 512, "
+            "max_position_embeddings: 512EXTRA}\n")
+    for name, extra, old, new in (("devices -1", "", "devices: 8", "devices: -1"),
+                                  ("num_nodes 0", "", "num_nodes: 1", "num_nodes: 0"),
+                                  ("precision 16.5", "", "precision: bf16-mixed", "precision: 16.5"),
+                                  ("sp string", ", sequence_parallel: 'true'", "", ""),
+                                  ("interpolation cycle", ", a: '${.b}', b: '${.a}', num_layers_x: '${.a}'", "", ""),
+                                  ("interpolation to nothing", "", "num_layers: 4", "num_layers: '${.nope}'"),
+                                  ("model list", "", "model: {", "model: [{")):
+        text = nemo.replace("EXTRA", extra)
+        if old:
+            text = text.replace(old, new, 1)
+        if name == "model list":
+            text = text.rstrip("\n") + "]\n"
+        add("nemo", f"nemo {name}", frm("n.yaml"), ("n.yaml",), files={"n.yaml": text}, requires=("--from",))
+    # sweep files
+    sw = "axes:\n  device: [H100-SXM]\n  gpus: [64]\nmodels: [llama3-8b]\n"
+    for name, text in (("factor near 1", sw.replace("gpus: [64]", "gpus: {from: 8, to: 1.0e300, factor: 1.0000001}")),
+                       ("step tiny", sw.replace("gpus: [64]", "gpus: {from: 8, to: 64, step: 1.0e-300}")),
+                       ("65 models", sw.replace("models: [llama3-8b]", "models: [" + ", ".join(["llama3-8b"] * 65) + "]")),
+                       ("tokens text", sw.replace("models: [llama3-8b]", "models: [{model: llama3-8b, tokens: lots}]")),
+                       ("stack /dev/zero", sw + "stack: /dev/zero\n"), ("dtype list", sw + "dtype: [bf16]\n"),
+                       ("skip 'yes'", sw + "skip_impossible: 'yes'\n"),
+                       ("family scale 0", sw + "family: {model: llama3-8b, scale: [0]}\n"),
+                       ("gpus 2^40", sw.replace("gpus: [64]", f"gpus: [{1 << 40}]")),
+                       ("axes list", "axes: [device, gpus]\nmodels: [llama3-8b]\n"),
+                       ("bomb", BILLION_LAUGHS)):
+        add("sweep", f"sweep {name}", ("design", "{d}/s.yaml", "--out", "{d}/o"), ("s.yaml",), files={"s.yaml": text},
+            requires=("--allow-large-sweep",))
+    # values that mean nothing
+    add("values", "--ep 2 on a dense model", ("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus",
+                                              "16", "--tp", "8", "--global-batch", "64", "--ep", "2"), ("ep",))
+    add("values", "profile --dtype ''", ("profile", "--dtype", "", "--out", "{d}/p.csv"), ("dtype",))
+    add("values", "--gpus fullwidth", ("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus",
+                                       "\uff18"), ("gpus",))
+    add("values", "--tokens 1e17", ("train-time", "--model", "llama3-8b", *est[1:], "--tokens", "1e17"), ("tokens",))
+    add("values", "--mem-limit-gib nan", ("plan", *SMALL, "--global-batch", "64", "--mem-limit-gib", "nan"),
+        ("mem-limit",))
+    add("values", "--gpu-hour-price -0", ("plan", *SMALL, "--global-batch", "64", "--gpu-hour-price", "-0"),
+        ("price",))
+    add("values", "--scaling-span 0", ("report", *SMALL, "--scaling-span", "0", "--out", "{d}/r"), ("span",))
+    add("values", "--scaling-span 2^20", ("report", *SMALL, "--scaling-span", str(1 << 20), "--out", "{d}/r"),
+        ("span", "searches"))
+    add("values", "trace --input-shape arabic", ("trace", "tpsim.trace.zoo:vit_l16", "--input-shape", "\u0661,3,8,8",
+                                                 "--out", "{d}/t.ops.json"), ("input-shape",))
+    # work bounded before it starts
+    add("work", "validate --tp 2048", ("validate", "--hidden", "128", "--heads", "4", "--tp", "2048"),
+        ("ranks",))
+    add("work", "validate --tp 64 --dp 16 on this machine", ("validate", "--hidden", "128", "--heads", "64",
+                                                             "--tp", "64", "--dp", "16"), ("ranks", "memory"))
+    add("work", "calibrate 300 MB sparse", ("calibrate", "{d}/m.csv"), ("bytes", "m.csv", "MB"),
+        files={"m.csv": b"\0" * (300 << 20)})
+    add("work", "profile 8x fp32", ("profile", *(["--dtype", "fp32"] * 8), "--out", "{d}/p.csv"), ("kernel",))
+    add("work", "plan --gpus 8192 local-cpu", ("plan", "--model", "gpt3-1.3b", "--cluster", "local-cpu", "--gpus",
+                                               "8192", "--global-batch", "8192"), ("node", "GPU"))
+    add("work", "collective --sweep local-cpu 2048", ("collective", "--cluster", "local-cpu", "--gpus", "2048",
+                                                      "--sweep"), ("node", "GPU"))
+    add("work", "design 3e4 designs", ("design", "{d}/s.yaml", "--out", "{d}/o"), ("designs", "allow-large"),
+        files={"s.yaml": sw.replace("gpus: [64]", "gpus: {from: 8, to: 80000, step: 8}\n  gpu_hour_price: [1, 2, 3]")},
+        requires=("--allow-large-sweep",))
+    add("work", "design 1e4 planning tasks", ("design", "{d}/s.yaml", "--out", "{d}/o"), ("tasks", "allow-large"),
+        files={"s.yaml": sw.replace("gpus: [64]", "gpus: {from: 8, to: 80000, step: 8}")},
+        requires=("--allow-large-sweep",))
+    # paths and outputs
+    add("paths", "trace --name a/b", ("trace", "tpsim.trace.zoo:vit_l16", "--input-shape", "1,3,224,224", "--name",
+                                      "a/b"), ("name",))
+    add("paths", "trace --name ''", ("trace", "tpsim.trace.zoo:vit_l16", "--input-shape", "1,3,224,224", "--name",
+                                     ""), ("name",))
+    add("paths", "trace --name newline", ("trace", "tpsim.trace.zoo:vit_l16", "--input-shape", "1,3,224,224",
+                                          "--name", "a\nb"), ("name",))
+    add("paths", "plan --csv a folder", ("plan", *SMALL, "--global-batch", "64", "--csv", "{d}/f"), ("csv", "f"),
+        files={"f": DIR})
+    add("paths", "plan --csv /dev/full", ("plan", *SMALL, "--global-batch", "64", "--csv", "/dev/full"),
+        ("csv", "full", "space", "device"), expect="any")
+    add("paths", "report --out under a file", ("report", *SMALL, "--out", "{d}/f/r"), ("out", "f"),
+        files={"f": "x"})
+    # caches
+    for damage in ("fifo-entry", "symlink-zero", "dir-entry", "meta-drop-field", "huge-sparse", "symlink-out"):
+        add("cache", f"cache {damage}", ("plan", *SMALL, "--global-batch", "64", "--no-progress"), expect="ok",
+            env={"PROBE_CACHE_DAMAGE": damage}, check=_cache_matches_uncached, timeout=60)
+    add("cache", "TPSIM_CACHE_DIR=/dev/null", ("plan", *SMALL, "--global-batch", "64", "--no-progress"),
+        expect="ok", env={"TPSIM_CACHE_DIR": "/dev/null"})
+    add("cache", "TPSIM_CACHE_DIR is a FIFO", ("plan", *SMALL, "--global-batch", "64", "--no-progress"),
+        expect="ok", env={"TPSIM_CACHE_DIR": "{d}/fifo"}, files={"fifo": FIFO})
+    return c
+
+
 def all_cases() -> list[Case]:
     cases = _all_cases()
     return [c for c in cases if not (ROOT and UNREADABLE in c.files.values())]
@@ -889,7 +1143,7 @@ def all_cases() -> list[Case]:
 def _all_cases() -> list[Case]:
     return (cli_number_cases() + size_cases() + cli_arg_cases() + empty_result_cases() + file_cases()
             + model_config_cases() + yaml_cases() + profile_csv_cases() + measurement_cases() + resource_cases()
-            + output_cases() + interrupt_cases() + cache_cases() + process_cases() + launch_cases())
+            + output_cases() + interrupt_cases() + cache_cases() + process_cases() + launch_cases() + fresh_cases())
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -969,6 +1223,28 @@ def _prepare_cache(case: Case, folder: Path, root: Path, env: dict[str, str], da
     elif damage == "empty-files":
         for p in entries:
             p.write_bytes(b"")
+    elif damage == "fifo-entry" and npz:
+        npz[0].unlink()
+        os.mkfifo(npz[0])
+    elif damage == "symlink-zero" and npz:
+        npz[0].unlink()
+        npz[0].symlink_to("/dev/zero")
+    elif damage == "symlink-out" and meta:
+        outside = folder / "outside.json"
+        outside.write_bytes(meta[0].read_bytes())
+        meta[0].unlink()
+        meta[0].symlink_to(outside)
+    elif damage == "dir-entry" and npz:
+        npz[0].unlink()
+        npz[0].mkdir()
+    elif damage == "meta-drop-field" and meta:
+        obj = json.loads(meta[0].read_text())
+        if isinstance(obj, dict) and obj:
+            obj.pop(sorted(obj)[0])
+        meta[0].write_text(json.dumps(obj))
+    elif damage == "huge-sparse" and npz:
+        with open(npz[0], "r+b") as f:
+            f.truncate(10 << 30)
 
 
 def _limits(torch: bool) -> Callable[[], None]:
@@ -1012,7 +1288,7 @@ def run_case(case: Case, root: Path) -> tuple[str, str, Run]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPSIM_", "PYTEST"))}
     env.update(PYTHONPATH=str(root), TPSIM_PROBE_TAG=tag, TPSIM_CACHE_DIR=str(folder / "cache"),
                XDG_CACHE_HOME=str(folder / "xdg"), OMP_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
-    env.update({k: v for k, v in case.env.items() if not k.startswith("PROBE_")})
+    env.update({k: _substitute(v, case, folder) for k, v in case.env.items() if not k.startswith("PROBE_")})
     try:
         _prepare(case, folder, root, env)
         argv = [sys.executable, "-m", "tpsim.cli", *(_substitute(a, case, folder) for a in case.argv)]

@@ -373,6 +373,20 @@ ADAPTERS["reliability"] = Adapter(
              "components": {"gpu": {"per": "gpu", "events": 100, "units": 16384, "hours": 1296, "source": "t"}}},
     _yaml_dump, "reliability.yaml", _reliability_read)
 
+
+def _sweep_read(path: Path) -> Any:
+    from tpsim.design.sweep import load_sweep
+
+    return load_sweep(path)
+
+
+ADAPTERS["sweep"] = Adapter(
+    lambda: {"name": "fuzz", "axes": {"device": ["H100-SXM"], "gpus": [64, 128], "fabric": "rail_optimized"},
+             "models": [{"model": "llama3-8b", "tokens": 1e12}], "family": {"model": "llama3-8b", "scale": [1, 2]},
+             "stack": "megatron", "dtype": "bf16", "objective": "throughput", "skip_impossible": False},
+    _yaml_dump, "sweep.yaml", _sweep_read)
+
+
 def test_every_schema_has_an_adapter():
     missing = sorted(set(schemas()) - set(ADAPTERS))
     assert not missing, f"add a fuzz adapter for {missing} (a base document, a writer, a reader)"

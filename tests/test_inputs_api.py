@@ -40,3 +40,19 @@ def test_numpy_integers_are_integers(model):
     assert plan.tp == 2 and type(plan.tp) is int and plan.dp == 4
     cluster = tpsim.load_cluster("dgx-h100", gpus=np.int64(8))
     assert tpsim.estimate(model, cluster, plan).step_time_s > 0
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda m, c: tpsim.make_plan(m, 8, sp="yes"), "sp='yes' must be True or False"),
+    (lambda m, c: tpsim.make_plan(m, 8, overlap=1), "overlap=1 must be True or False"),
+    (lambda m, c: tpsim.estimate(m, c, tpsim.make_plan(m, 8, tp=8, global_batch=64, zero=0), colour=1),
+     "unknown keyword argument 'colour'"),
+    (lambda m, c: tpsim.estimate_batch(m, c, [None]), "plans=list must be a PlanBatch"),
+    (lambda m, c: tpsim.estimate_batch(m, c, 5), "plans=int must be a PlanBatch"),
+    (lambda m, c: tpsim.estimate_batch(m, c, (x for x in ())), "plans=generator must be a PlanBatch"),
+])
+def test_wrong_types_found_by_the_wave5_probe(model, cluster, call, needle):
+    """Issue 26, found by a fresh probe of the API: TypeError/AttributeError from deep inside before."""
+    with pytest.raises(InputError) as info:
+        call(model, cluster)
+    assert needle in str(info.value) and "\n" not in str(info.value)

@@ -3,6 +3,9 @@ bounded child; every way it can end is one line naming the module, and nothing i
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 from tpsim.cli import main
 
 DATA = Path(__file__).parent / "data" / "opgraph"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _one_line(capsys) -> str:
@@ -66,3 +70,71 @@ def test_trace_of_a_module_that_hangs_or_exits_is_a_failure_naming_it(tmp_path, 
     line = _one_line(capsys)
     assert "quits.py:f" in line and "sys.exit(0)" in line
     assert not (tmp_path / "a.ops.json").exists() and not (tmp_path / "b.ops.json").exists()
+
+
+def _traced_validate(module: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tpsim.cli", "validate", "--model", str(DATA / "tiny-gpt.ops.json"), "--tp", "2",
+            "--module-spec", f"{module}:f", "--no-calibrate", "--no-profile", "--no-probe",
+            "--out-dir", str(module.parent / "out"), *extra]
+
+
+def _env(tmp_path: Path) -> dict:
+    return dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
+def test_validate_module_that_exits_at_import_is_a_failure_naming_it(tmp_path):
+    """Issue 26: sys.exit(0) at import of the --module-spec module was reported as a rank failure "SystemExit: 0"
+    without the module; now the line names the module and the exit."""
+    quits = tmp_path / "quits.py"
+    quits.write_text("import sys\nsys.exit(0)\ndef f(): pass\n")
+    proc = subprocess.run(_traced_validate(quits), capture_output=True, text=True, timeout=240, env=_env(tmp_path))
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 1 and len(err) == 1, (proc.returncode, err)
+    assert "quits.py:f" in err[0] and "sys.exit(0)" in err[0]
+
+
+def test_validate_module_over_the_memory_limit_is_stopped(tmp_path):
+    """The ranks that run the user's module are bounded in memory (--memory-limit-gib), as trace's child is."""
+    hog = tmp_path / "hog.py"
+    hog.write_text("import time\nx = bytearray(3 * 2**30)\nx[::4096] = b'\\x01' * len(range(0, len(x), 4096))\n"
+                   "time.sleep(120)\ndef f(): pass\n")
+    start = time.monotonic()
+    proc = subprocess.run(_traced_validate(hog, "--memory-limit-gib", "0.75"), capture_output=True, text=True,
+                          timeout=240, env=_env(tmp_path))
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 1 and len(err) == 1, (proc.returncode, err)
+    assert "memory limit of 0.75 GiB" in err[0] and "hog.py:f" in err[0]
+    assert time.monotonic() - start < 120
+
+
+def test_sigterm_to_validate_is_one_line_and_143(tmp_path):
+    """SIGTERM while the ranks run: the ranks are stopped, one line, status 143 (it was 1 and two lines)."""
+    pid_file = tmp_path / "pid"
+    slow = tmp_path / "slow.py"
+    slow.write_text(f"import os, time\nopen({str(pid_file)!r} + str(os.getpid()), 'w').write('x')\n"
+                    "time.sleep(120)\ndef f(): pass\n")
+    proc = subprocess.Popen(_traced_validate(slow), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path))
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(tmp_path.glob("pid*")) and proc.poll() is None:
+            time.sleep(0.2)
+        assert list(tmp_path.glob("pid*")), proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    err = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 143 and err == ["tpsim validate: terminated by SIGTERM"], (proc.returncode, err)
+    for marker in tmp_path.glob("pid*"):
+        pid = int(marker.name[3:])
+        for _ in range(50):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"rank {pid} is still running")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("tpsim-validate")]  # the work folder went too

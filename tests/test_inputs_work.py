@@ -52,3 +52,88 @@ def test_node_checks_are_linear_in_the_ranks(capsys):
     assert main(["topo", "show", "local-cpu", "--gpus", "4000"]) == 0
     assert "bisection" in capsys.readouterr().out
     assert time.monotonic() - start < 20
+
+
+# ------------------------------------------------------------------------ one work estimator per verb (issue 26)
+VERBS = ("estimate", "plan", "report", "design", "topo", "collective", "calibrate", "validate", "trace",
+         "train-time", "export", "profile")
+BIG_NODE = ["--cluster", "local-cpu", "--gpus", "4096", "--model", "gpt3-1.3b", "--global-batch", "4096"]
+
+
+def test_every_verb_has_a_work_estimator_and_the_flag():
+    from tpsim.cli import build_parser
+    from tpsim.work import ESTIMATORS
+
+    assert set(VERBS) <= set(ESTIMATORS)
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
+    missing = [v for v, p in verbs.items() if "--allow-large-work" not in p._option_string_actions]
+    assert not missing, missing
+
+
+def _over(tmp_path, verb):
+    """A command line of ``verb`` whose inputs ask for more than a WORK_LIMITS bound, and that bound."""
+    if verb in ("estimate", "train-time"):
+        return [verb, *BIG_NODE, "--micro-batch", "1", *(["--tokens", "1e12"] if verb == "train-time" else [])], \
+            "node_gpu_pairs"
+    if verb == "export":
+        return [verb, *BIG_NODE, "--micro-batch", "1", "--format", "megatron", "--out", str(tmp_path / "x")], \
+            "node_gpu_pairs"
+    if verb == "plan":
+        return [verb, *BIG_NODE], "node_gpu_pairs"
+    if verb == "collective":
+        return [verb, "--cluster", "local-cpu", "--gpus", "16000"], "node_gpu_pairs"
+    if verb == "report":
+        return [verb, "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--scaling-span",
+                str(1 << 20), "--out", str(tmp_path / "r")], "searches"
+    if verb == "design":
+        sweep = tmp_path / "big.yaml"
+        sweep.write_text("axes:\n  device: [H100-SXM]\n  gpus: {from: 8, to: 80000, step: 8}\n"
+                         "  gpu_hour_price: [1, 2, 3]\nmodels: [llama3-8b]\n")
+        return [verb, str(sweep), "--out", str(tmp_path / "d")], "designs"
+    if verb == "topo":
+        return [verb, "show", "local-cpu", "--gpus", str(1 << 20)], "node_devices"
+    if verb == "calibrate":
+        big = tmp_path / "m.csv"
+        with open(big, "wb") as f:
+            f.truncate(300 << 20)  # sparse: the size is what counts, before anything is read
+        return [verb, str(big), "--out", str(tmp_path / "c.yaml")], "input_bytes"
+    if verb == "validate":
+        return [verb, "--hidden", "128", "--heads", "4", "--tp", "2048"], "local_ranks"
+    if verb == "trace":
+        return [verb, "tpsim.trace.zoo:vit_l16", "--input-shape", "65536,65536,65536,4",
+                "--out", str(tmp_path / "t.ops.json")], "input_elements"
+    if verb == "profile":
+        return [verb, *(["--dtype", "fp32"] * 8), "--out", str(tmp_path / "p.csv")], "kernel_points"
+    raise AssertionError(verb)
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_each_verb_refuses_work_above_the_bounds_before_starting(verb, tmp_path, capsys):
+    from tpsim.limits import WORK_LIMITS
+
+    argv, quantity = _over(tmp_path, verb)
+    start = time.monotonic()
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert f"WORK_LIMITS[{quantity!r}]" in line, line
+    assert ("no flag lifts it" in line) == WORK_LIMITS[quantity][1]
+    assert time.monotonic() - start < 10
+    assert not [p for p in tmp_path.iterdir() if p.suffix not in (".yaml", ".csv") or p.stat().st_size == 0]
+
+
+def test_a_soft_bound_is_lifted_by_the_flag_a_hard_one_is_not():
+    from argparse import Namespace
+
+    from tpsim.errors import InputError
+    from tpsim.work import check_work
+
+    soft = Namespace(device="cpu", grid="full", quick=False, dtype=["fp32"] * 8, kinds="gemm,attention,memory",
+                     check=None, allow_large_work=False)
+    with pytest.raises(InputError, match="--allow-large-work"):
+        check_work("profile", soft)
+    soft.allow_large_work = True
+    assert check_work("profile", soft)[0].amount > 20_000
+    hard = Namespace(cluster="local-cpu", gpus=4096, allow_large_work=True)
+    with pytest.raises(InputError, match="no flag lifts it"):
+        check_work("estimate", hard)

@@ -45,6 +45,22 @@ def _api_args(model, cluster, plan=None, plans=None) -> None:  # noqa: ANN001
         raise InputError(f"cluster={type(cluster).__name__} must be a Cluster (tpsim.load_cluster(name, gpus=N))")
     if plans is None and not isinstance(plan, Plan):
         raise InputError(f"plan={type(plan).__name__} must be a Plan (tpsim.make_plan(model, gpus, ...))")
+    if plans is not None:
+        from .plan import PlanBatch
+
+        if not isinstance(plans, PlanBatch):
+            raise InputError(f"plans={type(plans).__name__} must be a PlanBatch "
+                             f"(tpsim.plan.PlanBatch.from_plans([tpsim.make_plan(...), ...]))")
+
+
+_ESTIMATE_KEYWORDS = ("compute", "flavor", "calibration", "stack", "context")
+"""keyword arguments of tpsim.estimator.estimate and estimate_batch."""
+
+
+def _api_keywords(kwargs: dict) -> None:
+    unknown = sorted(set(kwargs) - set(_ESTIMATE_KEYWORDS))
+    if unknown:
+        raise InputError(f"unknown keyword argument {unknown[0]!r} (known: {', '.join(_ESTIMATE_KEYWORDS)})")
 
 
 def estimate(model, cluster, plan, **kwargs):  # noqa: ANN001, ANN201 - see tpsim.estimator.estimate
@@ -53,6 +69,7 @@ def estimate(model, cluster, plan, **kwargs):  # noqa: ANN001, ANN201 - see tpsi
     from . import estimator
 
     _api_args(model, cluster, plan)
+    _api_keywords(kwargs)
     if isinstance(model, ModelSpec):
         require_modelled(model)
     return estimator.estimate(model, cluster, plan, **kwargs)
@@ -63,6 +80,7 @@ def estimate_batch(model, cluster, plans, **kwargs):  # noqa: ANN001, ANN201 - s
     from . import estimator
 
     _api_args(model, cluster, plans=plans)
+    _api_keywords(kwargs)
     if isinstance(model, ModelSpec):
         require_modelled(model)
     return estimator.estimate_batch(model, cluster, plans, **kwargs)

@@ -18,6 +18,16 @@ class InputError(TpsimError):
     """Bad user input: a missing file, malformed data, a field out of range, shapes that do not divide."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread so that cleanup runs as for Ctrl-C; ``tpsim`` prints one
+    line and exits with status 128 + the signal (raised by :mod:`tpsim.cli` and by launchers that stop their
+    children first, :func:`tpsim.validate.launch._terminate_as_exception`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class PlanError(InputError):
     """A sharding plan that violates a constraint; the message names the constraint and the numbers."""
 

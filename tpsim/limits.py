@@ -134,6 +134,26 @@ def check_node_pairs(gpus_per_node: int, where: str) -> None:
                          f"{top:,} per node (its per-pair tables grow with the square); use a cluster of nodes")
 
 
+MAX_NODE_DEVICES = 1 << 14
+"""Devices of one node (all groups): a GB200 NVL72 rack is 72 GPUs + 18 switches; the largest scale-up domain
+announced (NVL576) is 576. A single-node cluster of ``count: any`` ranks (local-cpu) is bounded by it too."""
+MAX_NODE_LINKS = 1 << 20
+"""Links of one node after expanding its patterns (``all`` between 4096 GPUs and 4096 switches is 16.7M
+links, 3.7 GB: refused before building)."""
+MAX_INPUT_NUMEL = 1 << 40
+"""Elements of one ``tpsim trace --input-shape`` tensor (built on the meta device: no data)."""
+
+# sweep files (tpsim design SWEEP.yaml; tpsim/design/sweep.py)
+MAX_DESIGNS = 20_000
+"""designs a sweep may have without ``--allow-large-sweep``."""
+HARD_MAX_DESIGNS = 2_000_000
+"""designs no sweep may have (the table alone would be gigabytes)."""
+MAX_AXIS_VALUES = 10_000
+"""values one axis (a list or a range) of a sweep may have."""
+MAX_MODELS = 64
+"""models (entries of ``models``) one sweep may list."""
+
+
 MAX_JSON_DEPTH = 64
 """Nesting depth of a JSON or YAML input."""
 MAX_CONFIG_BYTES = 1 << 20
@@ -152,6 +172,24 @@ MAX_OPGRAPH_BYTES = 64 << 20
 MAX_LAUNCH_BYTES = 1 << 20
 """Size of a launch file (Megatron/DeepSpeed script, ds_config.json, NeMo YAML, torchtitan TOML): published
 ones are 1-20 kB."""
+
+
+WORK_LIMITS: dict[str, tuple[float, bool, str]] = {
+    # quantity: (bound, hard, unit). tpsim/work.py estimates each verb's amounts from its inputs before any
+    # work; a soft bound is lifted by --allow-large-work, a hard one never (the memory would not be there).
+    "node_gpu_pairs": (MAX_NODE_PAIRS, True, "GPU pairs in one node (the collective model's per-pair tables)"),
+    "node_devices": (MAX_NODE_DEVICES, True, "devices in one node"),
+    "searches": (16, False, "plan searches (each up to a minute; --scaling-span 8 makes 7)"),
+    "designs": (MAX_DESIGNS, False, "designs"),
+    "planning_tasks": (5_000, False, "planning tasks (one plan search each, ~0.7 s on one core)"),
+    "collective_points": (1 << 10, False, "message sizes"),
+    "input_bytes": (256 << 20, False, "bytes of input files"),
+    "local_ranks": (LIMITS["ranks"], True, "local ranks"),
+    "rank_memory_share": (1.0, False, "times the memory available here (RANK_PROCESS_BYTES per rank)"),
+    "input_elements": (MAX_INPUT_NUMEL, True, "input elements"),
+    "kernel_points": (20_000, False, "kernel points (the full CUDA grid of every dtype is 15,642)"),
+}
+"""What a verb may ask for before it starts (tpsim/work.py, one estimator per verb)."""
 
 
 _ASCII_DIGITS = frozenset("0123456789")

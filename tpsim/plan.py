@@ -453,6 +453,10 @@ def make_plan_as_typed(model: ModelSpec, num_gpus: int, *, global_batch: int | N
     unknown = set(typed) - _PLAN_FIELDS
     if unknown:
         raise InputError(f"unknown plan field(s): {', '.join(sorted(unknown))}")
+    for name in _PLAN_BOOL_FIELDS & set(typed):  # "yes" or 1 failed deep inside a rule (issue 26)
+        if not isinstance(typed[name], (bool, np.bool_)):
+            raise InputError(f"{name}={typed[name]!r} must be True or False")
+        typed[name] = bool(typed[name])
     preset = {k: v for k, v in model.default_plan.items() if k in _PLAN_FIELDS and k not in typed}
 
     def build(drop: tuple[str, ...]) -> Plan:
@@ -481,6 +485,10 @@ def make_plan_as_typed(model: ModelSpec, num_gpus: int, *, global_batch: int | N
                 return plan, (f"note: the {model.name} preset's plan default {shown} conflicts with the plan given "
                               f"({first}): dropped",)
         raise
+
+
+_PLAN_BOOL_FIELDS = frozenset(f.name for f in dataclasses.fields(Plan) if f.type in ("bool", bool))
+"""fields of a plan that are booleans (make_plan refuses anything else for them)."""
 
 
 def _plan_of(model: ModelSpec, num_gpus: int, global_batch: int | None, values: dict[str, Any]) -> Plan:

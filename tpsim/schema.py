@@ -202,6 +202,8 @@ def check(schema: Schema, data: Any, where: str, prefix: str = "") -> Any:
     top = prefix.rstrip(".") or "top level"
     if not isinstance(data, Mapping):
         raise InputError(f"{where}: {top} must be a mapping of named fields, not {_kind_name(data)}")
+    if not prefix:
+        check_depth(data, where)
     for key in data:
         if not isinstance(key, str):
             raise _fail(where, f"{prefix}{key!r}", key, "must be a name (a string key)")
@@ -225,6 +227,24 @@ def check(schema: Schema, data: Any, where: str, prefix: str = "") -> Any:
             path, value, text = problem
             raise _fail(where, f"{prefix}{path}", value, text)
     return data
+
+
+def check_depth(data: Any, where: str, limit: int | None = None) -> None:
+    """Refuse a document nested deeper than :data:`tpsim.limits.MAX_JSON_DEPTH` (any format: TOML tables
+    ``[a.a.a...]`` and YAML flow collections reach the schema without a byte-level depth scan). Iterative and
+    linear in the containers of the document."""
+    from .limits import MAX_JSON_DEPTH
+
+    top = MAX_JSON_DEPTH if limit is None else limit
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > top:
+            raise InputError(f"{where}: nested more than {top} levels deep")
+        if isinstance(node, Mapping):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (Mapping, list, tuple)))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (Mapping, list, tuple)))
 
 
 def _kind_name(value: Any) -> str:
@@ -324,5 +344,6 @@ def walk(schema: Schema, prefix: str = "") -> Iterator[tuple[str, Field]]:
 
 
 __all__ = ["Field", "Int", "Float", "Bool", "Str", "Enum", "List", "Map", "Any_", "Rule", "Schema", "check",
+           "check_depth",
            "typed_cells", "CSV_TRUE", "CSV_FALSE",
            "check_value", "register", "schemas", "get", "walk", "SCHEMA_MODULES", "KINDS"]

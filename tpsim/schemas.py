@@ -22,7 +22,7 @@ FILE_LIMITS: dict[str, int] = {
     "config.json": MAX_CONFIG_BYTES, "ops.json": MAX_OPGRAPH_BYTES, "deepspeed": MAX_LAUNCH_BYTES,
     "nemo": MAX_LAUNCH_BYTES, "torchtitan": MAX_LAUNCH_BYTES, "megatron": MAX_LAUNCH_BYTES,
     "stack": MAX_YAML_BYTES, "calibration": MAX_YAML_BYTES, "cluster": MAX_YAML_BYTES,
-    "profile": MAX_INPUT_BYTES, "runs": 8 << 20, "reliability": MAX_YAML_BYTES,
+    "profile": MAX_INPUT_BYTES, "runs": 8 << 20, "reliability": MAX_YAML_BYTES, "sweep": MAX_YAML_BYTES,
 }
 """format -> largest file read (bytes), checked before the file is opened for parsing (runs: tpsim.runs.
 MAX_RUNS_BYTES)."""
@@ -224,6 +224,8 @@ HF_CONFIG = register(Schema("config.json", {
     "num_experts": Int("num_experts", minimum=0, also=OPTIONAL),
     "num_experts_per_tok": Int("experts_per_token", also=OPTIONAL),
     "moe_intermediate_size": Int("moe_ffn_hidden_size", also=OPTIONAL),
+    "torch_dtype": Str(max_len=64, also=OPTIONAL, doc="listed as ignored (--dtype sets the training dtype)"),
+    "architectures": List(Str(max_len=256), max_len=64, also=OPTIONAL),
 }, doc="a Hugging Face config.json (the per-type keys are read by tpsim.model.hf_keys.ConfigReader)"))
 
 
@@ -394,5 +396,33 @@ RELIABILITY = register(Schema("reliability", {
                        "tpsim/data/reliability.yaml)"))
 
 
-__all__ = ["RUNS_ROW", "RELIABILITY", "CLUSTER", "NODE", "PROFILE_ROW", "FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
+
+# ----------------------------------------------------------------------------------------------- sweep files
+def _sweep_schema() -> Schema:
+    from .design.sweep import AXES, OBJECTIVES
+    from .hardware import DTYPES
+    from .limits import MAX_MODELS
+
+    return Schema("sweep", {
+        "name": Str(max_len=128), "description": Str(), "source": Any_(), "note": Any_(),
+        "axes": Map(Schema("sweep axes", {
+            axis: Any_(required=axis in ("device", "gpus"), doc="a value, a list, or a range {from, to, step|factor} "
+                                                                "(tpsim/design/sweep.py checks each value)")
+            for axis in AXES}, doc="other keys: refused by the reader, naming the axes"), required=True),
+        "models": List(Any_(doc="a preset name or {model, tokens, global_batch, seq_len, name}"), max_len=MAX_MODELS,
+                       required=True),
+        "family": Map(Schema("sweep family", {
+            "model": Str(max_len=4096, required=True),
+            "scale": List(Float(minimum=0.01, inclusive=True, maximum=1e4), max_len=32),
+            "global_batch": Int("global_batch", also=OPTIONAL), "tokens": Any_(),
+        }, extra="refuse"), also=OPTIONAL),
+        "stack": Str(max_len=4096), "dtype": Enum(*DTYPES), "objective": Enum(*OBJECTIVES),
+        "skip_impossible": Bool(),
+    }, extra="refuse", doc="a tpsim design sweep file (docs/DESIGN.md; expanded by tpsim/design/sweep.py)")
+
+
+SWEEP = register(_sweep_schema())
+
+
+__all__ = ["SWEEP", "RUNS_ROW", "RELIABILITY", "CLUSTER", "NODE", "PROFILE_ROW", "FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
            "is_interpolation"]

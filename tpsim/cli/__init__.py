@@ -15,7 +15,7 @@ import importlib
 import signal
 import sys
 
-from ..errors import TpsimError
+from ..errors import Terminated, TpsimError  # noqa: F401 (Terminated: importable here, as before)
 
 MAX_MESSAGE = 600
 """characters of an error line; a longer message (a huge value echoed back) keeps its start and end."""
@@ -31,14 +31,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised in the main thread so that cleanup runs as for Ctrl-C."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 def one_line(message: str) -> str:
@@ -70,6 +62,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    for verb_parser in sub.choices.values():  # every verb bounds its work before it starts (tpsim/work.py)
+        if "--allow-large-work" not in verb_parser._option_string_actions:
+            verb_parser.add_argument("--allow-large-work", action="store_true",
+                                     help="run even when the inputs ask for more work than the soft bounds of "
+                                          "tpsim/limits.py WORK_LIMITS (hard bounds still apply)")
     return parser
 
 
@@ -104,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     set_enabled(not getattr(args, "json", False))   # progress bars stay off stdout's JSON neighbours too
     previous = _install_signal_handlers()
     try:
+        from ..work import check_work
+
+        check_work(args.verb, args)  # the verb's work estimated from its inputs, refused above the bounds
         result = args.func(args)
     except TpsimError as exc:
         return _fail(args.verb, str(exc))

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from ..design import run_sweep, tasks_of
     from ..design.sweep import SECONDS_PER_TASK, _duration, load_sweep
 
-    sweep = load_sweep(args.sweep, allow_large=args.allow_large_sweep)
+    sweep = load_sweep(args.sweep, allow_large=args.allow_large_sweep or args.allow_large_work)
     jobs = args.jobs or os.cpu_count() or 1
     tasks, _ = tasks_of(sweep, __import__("pathlib").Path(args.out))
     dropped = f", {sweep.dropped} impossible left out" if sweep.dropped else ""

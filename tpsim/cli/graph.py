@@ -158,8 +158,13 @@ def run_validate(args: argparse.Namespace) -> int:
     case = TracedCase(model=model, tp=args.tp, module_spec=args.module_spec or "",
                       kwargs=parse_kwargs(args.kwarg) if args.module_spec else {}, reps=args.reps,
                       warmup=args.warmup)
+    from ..trace.child import DEFAULT_MEMORY_GIB, DEFAULT_TIMEOUT_S
+
+    # the user's module runs in the ranks: bounded in time and memory like `tpsim trace`'s child (issue 26)
+    memory_gib = args.memory_limit_gib if args.memory_limit_gib is not None else DEFAULT_MEMORY_GIB
     cfg = LaunchConfig(nproc=args.tp, backend=args.backend, timeout_s=args.timeout, threads=args.threads,
-                       run_timeout_s=args.run_timeout)
+                       run_timeout_s=args.run_timeout if args.run_timeout is not None else DEFAULT_TIMEOUT_S,
+                       memory_limit_bytes=int(memory_gib * 2**30))
     try:
         report = validate_traced(case, cfg, Path(args.out_dir) if args.out_dir else REPORTS_DIR,
                                  cluster=args.cluster or ("hgx-h200" if args.backend == "nccl" else "local-cpu"),

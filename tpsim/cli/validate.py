@@ -125,6 +125,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--kwarg", action="append", default=[], metavar="NAME=VALUE",
                    help="factory keyword argument (default: the traced ones), repeatable")
     t.add_argument("--tp-plan", help="YAML of TP plan overrides")
+    t.add_argument("--memory-limit-gib", type=real_arg("mem_limit_gib"), default=None,
+                   help="resident memory of each rank running the --module-spec model (default: 8 GiB); above it "
+                        "the run stops as failed. Its wall-clock limit is --run-timeout (default here: 600 s)")
     o = p.add_argument_group("output")
     o.add_argument("--name", help="report name (default: derived from the case, or matrix-<family>-<backend>)")
     o.add_argument("--out-dir", default=None, help="report folder (default: reports/validation)")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import InputError
+from ..limits import HARD_MAX_DESIGNS, MAX_AXIS_VALUES, MAX_DESIGNS, MAX_MODELS  # noqa: F401 (importable here)
 
 AXES = ("device", "nvlink_domain", "nics_per_gpu", "nic_gbps", "fabric", "oversubscription", "gpus",
         "gpu_hour_price", "power_w")
@@ -34,13 +35,6 @@ TOP_KEYS = ("name", "description", "axes", "models", "family", "stack", "dtype",
             "source", "note")
 MODEL_KEYS = ("model", "tokens", "global_batch", "seq_len", "name")
 FAMILY_KEYS = ("model", "scale", "global_batch", "tokens")
-MAX_DESIGNS = 20_000
-"""designs a sweep may have without ``--allow-large-sweep``."""
-HARD_MAX_DESIGNS = 2_000_000
-"""designs no sweep may have (the table alone would be gigabytes)."""
-MAX_AXIS_VALUES = 10_000
-"""values one axis (a list or a range) may have."""
-MAX_MODELS = 64
 SECONDS_PER_TASK = 0.7
 """cold planning time of one task (one cluster x one model, Llama-3-70B's full plan space on one core of the
 2-core reference machine: 0.7-0.9 s, benchmarks/bench_design.py) for the size estimate printed first."""
@@ -295,6 +289,22 @@ def design_id(values: Mapping[str, Any], model: str) -> str:
     return "d" + hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
+def sweep_size(path: str | Path) -> tuple[int, int]:
+    """(designs, planning tasks) of the sweep file's product (axis lengths x models), from the axes alone: what
+    ``tpsim design`` would expand and plan (tpsim/work.py checks them before anything is loaded)."""
+    from ..safeyaml import read_yaml
+    from ..schema import check
+    from ..schemas import SWEEP
+
+    p = Path(path)
+    data = read_yaml(p, "sweep file")
+    check(SWEEP, data, str(p))
+    axes = data["axes"]
+    lengths = {a: len(_expand_axis(a, axes[a], str(p))) for a in AXES if a in axes}
+    models = len(data["models"])
+    return math.prod(lengths.values()) * models, math.prod(lengths.get(a, 1) for a in PLANNING_AXES) * models
+
+
 def load_sweep(path: str | Path | None = None, data: Mapping[str, Any] | None = None, *,
                allow_large: bool = False) -> Sweep:
     """Parse and expand a sweep file (or an already parsed mapping)."""
@@ -310,6 +320,10 @@ def load_sweep(path: str | Path | None = None, data: Mapping[str, Any] | None = 
         data = read_yaml(p, "sweep file")
     if not isinstance(data, Mapping):
         raise InputError(f"{where}: a sweep file is a mapping (axes, models, stack, objective)")
+    from ..schema import check
+    from ..schemas import SWEEP
+
+    check(SWEEP, data, where)  # types, enums and sizes of every key before any of it is used (issue 26)
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise InputError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(TOP_KEYS)})")

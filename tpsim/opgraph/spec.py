@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import InputError
-from ..limits import LIMITS
+from ..limits import LIMITS, MAX_INPUT_NUMEL, ascii_int  # noqa: F401 (MAX_INPUT_NUMEL: importable here)
 
 INPUT_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
-MAX_INPUT_NUMEL = 1 << 40
-"""elements of one traced input (meta tensors hold no memory; this only bounds the arithmetic)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,10 +39,10 @@ def parse_input_shape(text: str) -> InputSpec:
     if dtype not in INPUT_DTYPES:
         raise InputError(f"--input-shape {text}: dtype {dtype!r} is not one of {', '.join(INPUT_DTYPES)}")
     parts = body.replace("x", ",").split(",")
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError:
-        raise InputError(f"--input-shape {text}: dims must be integers separated by ',' or 'x'") from None
+    dims = [ascii_int(p.strip()) for p in parts]  # ASCII digits only: int() reads '١' as 1 (issue 26)
+    if any(d is None for d in dims):
+        raise InputError(f"--input-shape {text}: dims must be integers separated by ',' or 'x'")
+    shape = tuple(int(d) for d in dims)  # type: ignore[arg-type]
     if not shape or len(shape) > 8 or any(d <= 0 for d in shape):
         raise InputError(f"--input-shape {text}: 1 to 8 dims, each a positive integer")
     if shape[0] > LIMITS["micro_batch"]:

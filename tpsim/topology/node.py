@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from ..errors import InputError
+from ..limits import MAX_NODE_DEVICES, MAX_NODE_LINKS  # noqa: F401 (bounds of one node: tpsim/limits.py)
 from .spec import CalibrationSpec, LinkSpec, NodeTemplate
 
 Path_ = tuple[tuple[str, str], ...]
@@ -60,13 +61,6 @@ def link_attrs(kind, lanes: int, default_eff: float, calibration: CalibrationSpe
         "efficiency", kind.efficiency if kind.efficiency is not None else default_eff)
     return EdgeAttrs(type=kind.type, bw_GBps=edge_bw, lanes=lanes, latency_us=lat, efficiency=efficiency)
 
-
-MAX_NODE_DEVICES = 1 << 14
-"""Devices of one node (all groups): a GB200 NVL72 rack is 72 GPUs + 18 switches; the largest scale-up domain
-announced (NVL576) is 576. A single-node cluster of ``count: any`` ranks (local-cpu) is bounded by it too."""
-MAX_NODE_LINKS = 1 << 20
-"""Links of one node after expanding its patterns (``all`` between 4096 GPUs and 4096 switches is 16.7M
-links, 3.7 GB: refused before building)."""
 
 
 def _check_size(template: NodeTemplate, counts: dict[str, int]) -> None:

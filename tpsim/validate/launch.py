@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, TpsimError
+from ..errors import InputError, Terminated, TpsimError
 from .block.case import Case
 from ..procs import child_preexec
 
@@ -65,6 +65,10 @@ class LaunchConfig:
     """ranks on the busiest host of a joined launch (0: ``nproc``), for the core-per-rank timing rule."""
     trace_terms: bool = False
     """whole-plan cases: one more step under torch.profiler on rank 0 and one rank per stage (``--trace-terms``)."""
+    memory_limit_bytes: int | None = None
+    """resident memory one process of the run (the launcher, a rank) may hold; above it the run is stopped and
+    reported as failed (``validate --model X.ops.json --memory-limit-gib``: the user's module runs there). A
+    watchdog on /proc, not ``RLIMIT_AS``: CUDA maps far more address space than it uses."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -185,7 +189,7 @@ def _terminate_as_exception():
         return
 
     def handler(signum: int, _frame: Any) -> None:
-        raise RankFailure(f"tpsim validate was stopped by signal {signal.Signals(signum).name}")
+        raise Terminated(signum)  # like Ctrl-C: the ranks are stopped, tpsim prints one line, exit 128 + signal
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
@@ -199,6 +203,7 @@ def _supervise(proc: subprocess.Popen, cfg: LaunchConfig, run_dir: Path, token: 
     longer than the process-group timeout."""
     start = time.monotonic()
     failed_at = None
+    checked_memory = start
     while proc.poll() is None:
         now = time.monotonic()
         if cfg.run_timeout_s is not None and now - start > cfg.run_timeout_s:
@@ -206,11 +211,37 @@ def _supervise(proc: subprocess.Popen, cfg: LaunchConfig, run_dir: Path, token: 
                 {"rank": "launcher", "time": time.time(), "type": "Timeout",
                  "message": f"the run exceeded --run-timeout={cfg.run_timeout_s:g} s"}))
             return
+        if cfg.memory_limit_bytes is not None and now - checked_memory >= 0.2:
+            checked_memory = now
+            over = _over_memory([proc.pid, *marked_pids(token)], cfg.memory_limit_bytes)
+            if over is not None:
+                pid, rss = over
+                (run_dir / "error-rank-launcher.json").write_text(json.dumps(
+                    {"rank": "launcher", "time": time.time(), "type": "MemoryLimit",
+                     "message": f"process {pid} of the run holds {rss / 2**30:.1f} GiB, above the memory limit of "
+                                f"{cfg.memory_limit_bytes / 2**30:g} GiB per process (--memory-limit-gib)"}))
+                return
         if failed_at is None and any(run_dir.glob("error-rank*.json")):
             failed_at = now
         if failed_at is not None and now - failed_at > cfg.timeout_s:
             return
         time.sleep(0.1)
+
+
+def _over_memory(pids: list[int], limit: int) -> tuple[int, int] | None:
+    """(pid, resident bytes) of the first of ``pids`` above ``limit``, else None (/proc/PID/status VmRSS)."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"VmRSS:"):
+                        rss = int(line.split()[1]) * 1024
+                        if rss > limit:
+                            return pid, rss
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 def _collect(returncode: int | None, run_dir: Path, log_path: Path, multi_node: bool) -> dict[str, Any] | None:

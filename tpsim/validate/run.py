@@ -379,6 +379,9 @@ def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,
         _keep_calibration(summaries, work, opts.out_dir, name)
     except RankFailure as exc:
         raise RankFailure(f"{exc} [logs kept in {work}]") from None
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the user stopped it (tpsim prints the one line); nothing to keep
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     except BaseException:
         print(f"tpsim validate: logs kept in {work}", file=sys.stderr)
         raise

@@ -26,6 +26,7 @@ from ...errors import InputError
 from ...opgraph.layout import unit_layout
 from ...opgraph.model import OpGraphModel
 from ...opgraph.tp import is_depthwise, styles_at
+from ...procs import child_preexec
 from ..launch import MARK_ENV, LaunchConfig, RankFailure, _collect, _kill_all, _supervise, _terminate_as_exception
 
 WORKER = "tpsim.validate.traced.worker"
@@ -213,12 +214,19 @@ def launch_traced(job: dict[str, Any], cfg: LaunchConfig, run_dir: Path) -> dict
     env = {**os.environ, MARK_ENV: token, "OMP_NUM_THREADS": str(cfg.threads), "PYTHONUNBUFFERED": "1"}
     log_path = run_dir / "launcher.log"
     with open(log_path, "wb") as log, _terminate_as_exception():
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=child_preexec)
         try:
             _supervise(proc, cfg, run_dir, token)
         finally:
             _kill_all(proc, token)
-    result = _collect(proc.returncode, run_dir, log_path, False)
+    try:
+        result = _collect(proc.returncode, run_dir, log_path, False)
+    except RankFailure as exc:  # the user's module ran there: name it (os._exit at import leaves no error file)
+        specs = sorted({str(c["module_spec"]) for c in job["cases"]})
+        if not any(s in str(exc) for s in specs):
+            raise RankFailure(f"{exc} [running --module-spec {', '.join(specs)}]") from None
+        raise
     assert result is not None  # single node: rank 0 is here
     return result
 

@@ -108,7 +108,10 @@ def build(job: dict[str, Any], device: torch.device) -> nn.Module:
     """The job's model, seeded (the same weights on every rank), on ``device``, in training mode."""
     from ...opgraph.spec import resolve_factory
     torch.manual_seed(int(job["seed"]))
-    model = resolve_factory(job["module_spec"])(**job["kwargs"])
+    try:
+        model = resolve_factory(job["module_spec"])(**job["kwargs"])
+    except SystemExit as exc:  # sys.exit at import or in the factory is the module failing, even sys.exit(0)
+        raise RuntimeError(f"{job['module_spec']} called sys.exit({exc.code!r}) while building the model") from None
     if not isinstance(model, nn.Module):
         raise TypeError(f"{job['module_spec']} returned {type(model).__name__}, not an nn.Module")
     model = model.to(device)
