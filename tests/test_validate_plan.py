@@ -446,3 +446,34 @@ def test_fsdp2_copy_in_and_out_are_predicted_from_the_runtime_profile():
     on, off = (estimate(z3.model, cluster, z3.plan(), compute=compute, stack=s) for s in (runtime, plain))
     assert on.breakdown["exposed_comm"] > off.breakdown["exposed_comm"]
     assert on.breakdown["compute"] == off.breakdown["compute"]
+
+
+def test_optimizer_step_is_torchs_unfused_adam_of_the_runtime_profile():
+    """The validation runtime steps ``torch.optim.Adam(foreach=False)``: seven elementwise passes per tensor, 72 B
+    per fp32 parameter (tpsim/data/stacks/torch-validate.yaml, compute.optimizer_bytes_per_param_fp32), twice the
+    one fused kernel's 36 B that a stack stating no figure keeps; before, the fp32 branch of
+    ``optimizer_seconds`` ignored the stack and the matrices' optimizer term came out at half of measured."""
+    import yaml
+
+    from tpsim.compute.fixed import optimizer_bytes_per_param
+    from tpsim.errors import InputError
+    from tpsim.estimator import estimate
+    from tpsim.stacks import STACKS_DIR, load_stack, profile_from_mapping
+    from tpsim.topology import load_cluster
+    from tpsim.validate.plan.predict import _runtime_fixed
+
+    cluster = load_cluster("local-cpu", gpus=2)
+    z0 = case(model=GPT, dp=2, zero=0)
+    raw = yaml.safe_load((STACKS_DIR / "torch-validate.yaml").read_text())
+    assert raw["compute"]["optimizer_bytes_per_param_fp32"]["value"] == 2 * optimizer_bytes_per_param(
+        grad_bytes=4, param_bytes=4, master_bytes=0)
+    del raw["compute"]["optimizer_bytes_per_param_fp32"]
+    fused = profile_from_mapping(raw, "fused.yaml")
+    runtime = load_stack("torch-validate")
+    on, off = (estimate(z0.model, cluster, z0.plan(), stack=s) for s in (runtime, fused))
+    assert on.breakdown["optimizer"] == pytest.approx(2 * off.breakdown["optimizer"], rel=0.05)
+    per = on.breakdown["optimizer"] / off.breakdown["optimizer"]
+    assert _runtime_fixed(z0, cluster, None)[1] > 0 and per == pytest.approx(2.0, rel=0.05)
+    raw["compute"]["optimizer_bytes_per_param_fp32"] = {"value": -1, "source": "x"}
+    with pytest.raises(InputError, match="optimizer_bytes_per_param_fp32"):
+        estimate(z0.model, cluster, z0.plan(), stack=profile_from_mapping(raw, "bad.yaml"))
