@@ -477,3 +477,16 @@ def test_optimizer_step_is_torchs_unfused_adam_of_the_runtime_profile():
     raw["compute"]["optimizer_bytes_per_param_fp32"] = {"value": -1, "source": "x"}
     with pytest.raises(InputError, match="optimizer_bytes_per_param_fp32"):
         estimate(z0.model, cluster, z0.plan(), stack=profile_from_mapping(raw, "bad.yaml"))
+
+
+def test_launch_spread_of_the_medians():
+    from tpsim.validate.repeat import launch_spread
+
+    def s(step, fb=0.1):
+        return {"phases": [{"name": "fwd+bwd", "measured_s": fb}, {"name": "step", "measured_s": step}]}
+    rp = launch_spread([s(1.0), s(1.2), s(0.9)])
+    assert rp["phase"] == "step" and rp["medians_s"] == [1.0, 1.2, 0.9] and rp["median_s"] == 1.0
+    assert rp["spread_pct"] == pytest.approx(30.0)
+    block = {"phases": [{"name": "fwd", "measured_s": 0.04}, {"name": "fwd+bwd", "measured_s": 0.1}]}
+    assert launch_spread([block, block])["phase"] == "fwd+bwd"
+    assert launch_spread([s(1.0), {"phases": []}]) is None

@@ -143,3 +143,25 @@ def test_timed_plan_has_terms_per_rank_steps_and_a_profiled_step_per_stage(plan_
     for p in s["profiled"]:
         assert p["events"] > 0 and p["compute_s"] > 0
         assert p["compute_s"] + p["comm_s"] + p["host_gap_s"] == pytest.approx(p["wall_s"], rel=1e-6)
+
+
+@pytest.mark.timeout(170)
+def test_repeat_launches_report_the_run_to_run_spread(tmp_path):
+    """issue 22: ``--repeat 2`` launches the measured case twice (fresh ranks) and reports each launch's median
+    step, their median and spread, in the JSON and the text."""
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("compute:\n  device: CPU-x86-1thread\n  stack: torchtitan\n  gemm_scale: 1.0\n"
+                   "  attention_scale: 1.0\n  memory_scale: 1.0\n  host_overhead_per_layer_us: 100\n")
+    cmd = [sys.executable, "-m", "tpsim.cli", "validate", "--model", "gpt3-1.3b", "--hidden", "64", "--heads", "2",
+           "--seq-len", "16", "--tp", "1", "--dp", "2", "--zero", "0", "--micro-batch", "2", "--reps", "2",
+           "--warmup", "1", "--no-calibrate", "--no-probe", "--calibration", str(cal), "--timeout", "30",
+           "--repeat", "2", "--out-dir", str(tmp_path), "--name", "r"]
+    proc = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=160)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rp = json.loads(proc.stdout)["cases"][0]["repeats"]
+    assert rp["launches"] == 2 and rp["phase"] == "step" and len(rp["medians_s"]) == 2
+    assert min(rp["medians_s"]) == rp["min_s"] > 0 and rp["spread_pct"] >= 0
+    assert rp["median_s"] == pytest.approx(sum(rp["medians_s"]) / 2)
+    from tpsim.cli.validate import _terms_lines
+    assert any(line.startswith("  run-to-run, 2 launches: median step per launch")
+               for line in _terms_lines({"repeats": rp}))

@@ -98,6 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "SLURM_NODELIST of srun) and rank 0 writes the report")
     m = p.add_argument_group("measurement and prediction")
     m.add_argument("--reps", type=count_arg("reps"), default=5, help="timed iterations (default: %(default)s)")
+    m.add_argument("--repeat", type=count_arg("repeat"), default=1,
+                   help="launches of the measured cases, fresh ranks each (the run-to-run spread of their medians; "
+                        "default: %(default)s)")
     m.add_argument("--warmup", type=count_arg("warmup", minimum=0), default=2, help="untimed iterations first (default: %(default)s)")
     m.add_argument("--cluster", default=None,
                    help="topology the ranks run on (default: local-cpu for gloo, hgx-h200 for nccl)")
@@ -352,7 +355,7 @@ def _options(args: argparse.Namespace, out_dir: Path, calibrate: bool = True):  
                    calibrate=calibrate and not args.no_calibrate,
                    calibration=Path(args.calibration) if args.calibration else None,
                    out_dir=out_dir, budget_s=args.budget, overhead=not args.no_overhead,
-                   probe=not args.no_probe, reprofile=args.reprofile)
+                   probe=not args.no_probe, reprofile=args.reprofile, repeat=args.repeat)
 
 
 def _validate_and_print(args: argparse.Namespace, cases: list, name: str, cfg, out_dir: Path) -> int:  # noqa: ANN001
@@ -520,6 +523,12 @@ def _terms_lines(s: dict) -> list[str]:
         lines.append(f"  step over {pr['steps']} timed steps after warm-up: median {pr['step_median_s'] * 1e3:.1f} ms "
                      f"(min {pr['step_min_s'] * 1e3:.1f}, max {pr['step_max_s'] * 1e3:.1f}, spread "
                      f"{pr['step_spread_pct']:.1f}%)")
+    rp = s.get("repeats")
+    if rp:
+        meds = ", ".join(f"{v * 1e3:.1f}" for v in rp["medians_s"])
+        spread = "n/a" if rp["spread_pct"] is None else f"{rp['spread_pct']:.1f}%"
+        lines.append(f"  run-to-run, {rp['launches']} launches: median {rp['phase']} per launch (ms) {meds}; "
+                     f"median {rp['median_s'] * 1e3:.1f}, spread {spread}")
     return lines
 
 
