@@ -490,3 +490,46 @@ def test_launch_spread_of_the_medians():
     block = {"phases": [{"name": "fwd", "measured_s": 0.04}, {"name": "fwd+bwd", "measured_s": 0.1}]}
     assert launch_spread([block, block])["phase"] == "fwd+bwd"
     assert launch_spread([s(1.0), {"phases": []}]) is None
+
+
+def test_step_terms_by_interval_arithmetic():
+    """A synthetic profiled step (us): the terms partition the step window exactly; DP exposed / hidden, the
+    pipeline waits and the host gaps of the detail come from the overlaps (tpsim/validate/plan/attribute.py)."""
+    from tpsim.validate.plan.attribute import intersect, median_step, step_terms, subtract, union
+
+    assert union([(5, 7), (0, 2), (1, 3), (9, 9)]) == [(0, 3), (5, 7)]
+    assert intersect([(0, 3), (5, 7)], [(2, 6)]) == [(2, 3), (5, 6)]
+    assert subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
+    spans = {"step": [(0, 100)], "fwd": [(0, 30)], "bwd": [(30, 70)], "opt": [(80, 90)],
+             "busy": [(0, 20), (30, 60), (80, 85)], "comm_main": [(20, 25)],
+             "comm_bg": [(50, 65), (70, 75), (85, 88)], "pp_wait": [(90, 96)]}
+    dp = step_terms(spans, tp=1, pp=1)
+    assert dp["terms"] == pytest.approx({"compute": 70e-6, "optimizer": 10e-6, "dp_comm": 20e-6})
+    d = dp["detail"]
+    assert d["dp_exposed_in_chunks"] == pytest.approx((5 + 5) * 1e-6)  # 20-25 waited, 60-65 behind nothing
+    assert d["dp_hidden"] == pytest.approx(10e-6) and d["dp_exposed_in_rest"] == pytest.approx(5e-6)
+    assert d["comm_in_optimizer"] == pytest.approx(3e-6)
+    assert d["pp_wait"] == pytest.approx(6e-6) and d["host_gaps"] == pytest.approx(9e-6)  # 75-80, 96-100
+    tp = step_terms(spans, tp=2, pp=2)
+    assert tp["terms"] == pytest.approx({"compute": 65e-6, "tp_comm": 5e-6, "optimizer": 10e-6, "bubble": 20e-6})
+    assert sum(tp["terms"].values()) == pytest.approx(100e-6)
+    assert tp["detail"]["dp_exposed_in_chunks"] == pytest.approx(5e-6)  # the TP wait is not DP's
+    steps = [{"detail": {"step": x}} for x in (3.0, 1.0, 2.0)]
+    assert median_step(steps)["detail"]["step"] == 2.0 and median_step([]) is None
+
+
+def test_traced_terms_replace_the_timers_only_when_the_profiler_is_cheap():
+    from tpsim.validate.plan.terms import traced_terms
+
+    timers = {"compute": {"predicted_s": 0.8, "measured_s": 0.9}, "optimizer": {"predicted_s": 0.1, "measured_s": 0.1},
+              "dp_comm": {"predicted_s": 0.0, "measured_s": 0.05}}
+
+    def prof(rank, compute, over, delay=0.0):
+        return {"rank": rank, "wall_s": 1.0, "delay_s": delay, "overhead_pct": over,
+                "terms": {"compute": compute, "optimizer": 0.1, "dp_comm": 1.0 - compute - 0.1}}
+    got, why = traced_terms(timers, [prof(0, 0.7, 2.0), prof(1, 0.8, 3.0)])
+    assert got["compute"] == {"predicted_s": 0.8, "measured_s": 0.8} and "rank 1" in why  # the busiest rank
+    assert list(got) == ["compute", "optimizer", "dp_comm"]
+    assert traced_terms(timers, [prof(0, 0.8, 40.0)])[0] is None
+    assert "run queue" in traced_terms(timers, [prof(0, 0.8, 1.0, delay=0.3)])[1]
+    assert traced_terms(timers, [])[0] is None

@@ -46,8 +46,9 @@ def _cases() -> list[PlanCase]:
 @pytest.fixture(scope="module")
 def plan_runs(tmp_path_factory):
     cases = _cases()
-    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=170, trace_terms=True),
-                    tmp_path_factory.mktemp("run"))
+    traces = tmp_path_factory.mktemp("traces")
+    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=170, trace_terms=True,
+                                        trace_dir=str(traces)), tmp_path_factory.mktemp("run"))
     per_case: dict[str, list[dict]] = {}
     for rank_results in result["ranks"]:
         for r in rank_results:
@@ -141,8 +142,15 @@ def test_timed_plan_has_terms_per_rank_steps_and_a_profiled_step_per_stage(plan_
     stages = sorted(p["stage"] for p in s["profiled"])
     assert stages == [0, 1]
     for p in s["profiled"]:
-        assert p["events"] > 0 and p["compute_s"] > 0
-        assert p["compute_s"] + p["comm_s"] + p["host_gap_s"] == pytest.approx(p["wall_s"], rel=1e-6)
+        # the median profiled step split without overlap into the terms (interval arithmetic)
+        assert p["events"] > 0 and p["steps"] == 2 and set(p["terms"]) == {"compute", "bubble", "optimizer"}
+        assert p["terms"]["compute"] > 0 and min(p["terms"].values()) >= 0
+        assert sum(p["terms"].values()) == pytest.approx(p["wall_s"], rel=1e-9)
+        assert p["detail"]["pp_wait"] + p["detail"]["host_gaps"] <= p["terms"]["bubble"] + 1e-9
+        assert p["overhead_pct"] is not None and json.loads(open(p["trace"]).read())["traceEvents"]
+    assert s["terms_source"] in ("trace", "timers") and s["terms_timers"]
+    if s["terms_source"] == "trace":
+        assert abs(s["terms_sum_error_pct"]) <= 5.0 + 1e-6
 
 
 @pytest.mark.timeout(170)

@@ -131,10 +131,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--name", help="report name (default: derived from the case, or matrix-<family>-<backend>)")
     o.add_argument("--out-dir", default=None, help="report folder (default: reports/validation)")
-    m.add_argument("--trace-terms", action="store_true",
-                   help="whole plans: one more step under torch.profiler on rank 0 and one rank per pipeline stage, "
-                        "its wall split into compute, communication (with waits) and host gaps beside the terms "
-                        "(the profiler's own overhead inflates that step)")
+    m.add_argument("--trace-terms", action=argparse.BooleanOptionalAction, default=True,
+                   help="whole plans: 3 more steps under torch.profiler on rank 0 and one rank per pipeline stage, "
+                        "split into the step's terms by interval arithmetic (the terms' source where the "
+                        "profiler's overhead is under 5%%; else the timers'); chrome traces in "
+                        "<out-dir>/<name>-traces/ (default: on)")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -424,6 +425,7 @@ def _run_joined(args: argparse.Namespace, joined, cases: list, name: str) -> int
     code = 1
     if args.trace_terms:  # every rank of the joined launch parsed the same flag
         os.environ["TPSIM_VALIDATE_TRACE"] = "1"
+        os.environ["TPSIM_VALIDATE_TRACE_DIR"] = str(Path(args.out_dir or _reports_dir()) / f"{name}-traces")
     try:
         hosts = rank_side.start(joined, args.backend, args.timeout, args.threads, args.run_timeout)
         if joined.rank != 0:
@@ -510,10 +512,19 @@ def _terms_lines(s: dict) -> list[str]:
         gap = s.get("terms_sum_error_pct")
         if gap is not None:
             lines.append(f"  measured terms sum to the measured step {gap:+.1f}%")
+    if s.get("terms_source"):
+        lines.append(f"  terms source: {s['terms_source']} ({s.get('terms_source_note') or ''})")
     for prof in s.get("profiled") or []:
-        lines.append(f"  torch.profiler, rank {prof['rank']} (stage {prof['stage']}), one step {prof['wall_s'] * 1e3:.1f} ms: "
-                     f"compute {prof['compute_s'] * 1e3:.1f} ms, communication and waits {prof['comm_s'] * 1e3:.1f} ms, "
-                     f"host gaps {prof['host_gap_s'] * 1e3:.1f} ms")
+        d = prof.get("detail") or {}
+        over = prof.get("overhead_pct")
+        lines.append(f"  torch.profiler, rank {prof['rank']} (stage {prof['stage']}), median of {prof['steps']} steps "
+                     f"{prof['wall_s'] * 1e3:.1f} ms (overhead {'n/a' if over is None else f'{over:+.1f}%'}): "
+                     + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in prof["terms"].items())
+                     + "; DP exposed in chunks {:.1f}, hidden {:.1f}, exposed outside {:.1f}; in the optimizer {:.1f}; "
+                       "pipeline waits {:.1f}; host gaps {:.1f} ms".format(
+                         *(1e3 * d.get(k, 0.0) for k in ("dp_exposed_in_chunks", "dp_hidden", "dp_exposed_in_rest",
+                                                         "comm_in_optimizer", "pp_wait", "host_gaps")))
+                     + (f"; trace {prof['trace']}" if prof.get("trace") else ""))
     pr = s.get("per_rank")
     if pr:
         ranks = ", ".join(f"{r['rank']}: {r['step_s'] * 1e3:.1f}" for r in pr["ranks"])

@@ -391,6 +391,8 @@ def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,
     The work folder (job, launcher log, every rank's errors) is removed after a successful run and kept after
     a failed one: :class:`RankFailure` names it."""
     summaries: list[dict[str, Any]] = []
+    if cfg.trace_terms and not cfg.trace_dir and any(isinstance(c, PlanCase) for c in cases):
+        cfg = dataclasses.replace(cfg, trace_dir=str(opts.out_dir / f"{_slug(name)}-traces"))
     cases = list({c.name: c for c in cases}.values())  # a case listed twice runs once (results are by name)
     work = Path(tempfile.mkdtemp(prefix=f"tpsim-validate-{_slug(name)}-"))
     probes: dict = {}
