@@ -221,7 +221,8 @@ def _repeat(out: list[dict[str, Any]], blocks: list, plans: list, axes: list, cf
     cases = blocks + plans + axes
     per_launch: list[list[dict[str, Any]]] = [out]
     for i in range(2, opts.repeat + 1):
-        result = launch(cases, cfg, work / f"run-{cfg.nproc}ranks-repeat{i}", env=env)
+        result = launch(cases, dataclasses.replace(cfg, trace_terms=False), work / f"run-{cfg.nproc}ranks-repeat{i}",
+                        env=env)
         if result is None:
             return
         per_case: dict[str, list[dict[str, Any]]] = {}

@@ -15,9 +15,9 @@ optimizer step, and every collective per mesh axis and kind, waited where it is 
 
 Predicted terms are the prediction's own pieces grouped the same way (:func:`plan_terms`). Measured terms add
 up to the measured step by construction up to the rank skew (the busiest rank's chunks and optimizer are
-not always one rank's): ``terms_sum_error_pct`` says how far. ``--trace-terms`` adds a torch.profiler cross-check
-(:func:`tpsim.validate.plan.run.profile_step`); not yet: the terms themselves from profiler traces (kernels,
-stream overlap, the pipeline transfer apart from the bubble).
+not always one rank's): ``terms_sum_error_pct`` says how far. With profiled steps (``--trace-terms``, the
+default) the measured terms come from the traces instead where the profiler is cheap (:func:`traced_terms`,
+:mod:`tpsim.validate.plan.attribute`).
 
 **Stragglers and variance** (:func:`per_rank`): every rank's median step (wall time less its run-queue delay)
 over the timed steps after the warm-up, the slowest rank and its host, the rank-to-rank spread, and the
