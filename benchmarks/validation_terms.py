@@ -49,7 +49,8 @@ def main(paths: list[str]) -> int:
             s = dict(s, terms=terms_of(s))
             step = next(p["measured_s"] for p in s["phases"] if p["name"] == "step")
             gap = terms_sum_error_pct(s["terms"], step)
-            print(f"{s['case']}  measured step {step * 1e3:.1f} ms, terms sum {gap:+.1f}%")
+            print(f"{s['case']}  measured step {step * 1e3:.1f} ms, terms sum {gap:+.1f}% "
+                  f"(terms from the {s.get('terms_source') or 'timers'})")
             for n, t in s["terms"].items():
                 p, m = t["predicted_s"], t["measured_s"]
                 err = f"{100 * (p - m) / m:+6.1f}%" if p is not None and m else ""

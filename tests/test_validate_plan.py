@@ -511,3 +511,89 @@ def test_fsdp2_copy_in_and_out_are_predicted_from_the_runtime_profile():
             assert on.breakdown["exposed_comm"] > off.breakdown["exposed_comm"]
         else:
             assert on.breakdown["exposed_comm"] == off.breakdown["exposed_comm"]
+
+
+def test_optimizer_step_is_torchs_unfused_adam_of_the_runtime_profile():
+    """The validation runtime steps ``torch.optim.Adam(foreach=False)``: seven elementwise passes per tensor, 72 B
+    per fp32 parameter (tpsim/data/stacks/torch-validate.yaml, compute.optimizer_bytes_per_param_fp32), twice the
+    one fused kernel's 36 B that a stack stating no figure keeps; before, the fp32 branch of
+    ``optimizer_seconds`` ignored the stack and the matrices' optimizer term came out at half of measured."""
+    import yaml
+
+    from tpsim.compute.fixed import optimizer_bytes_per_param
+    from tpsim.errors import InputError
+    from tpsim.estimator import estimate
+    from tpsim.stacks import STACKS_DIR, load_stack, profile_from_mapping
+    from tpsim.topology import load_cluster
+
+    cluster = load_cluster("local-cpu", gpus=2)
+    z0 = case(model=GPT, dp=2, zero=0)
+    raw = yaml.safe_load((STACKS_DIR / "torch-validate.yaml").read_text())
+    assert raw["compute"]["optimizer_bytes_per_param_fp32"]["value"] == 2 * optimizer_bytes_per_param(
+        grad_bytes=4, param_bytes=4, master_bytes=0)
+    del raw["compute"]["optimizer_bytes_per_param_fp32"]
+    fused = profile_from_mapping(raw, "fused.yaml")
+    runtime = load_stack("torch-validate")
+    on, off = (estimate(z0.model, cluster, z0.plan(), stack=s) for s in (runtime, fused))
+    assert on.breakdown["optimizer"] == pytest.approx(2 * off.breakdown["optimizer"], rel=0.05)
+    per = on.breakdown["optimizer"] / off.breakdown["optimizer"]
+    assert per == pytest.approx(2.0, rel=0.05)
+    raw["compute"]["optimizer_bytes_per_param_fp32"] = {"value": -1, "source": "x"}
+    with pytest.raises(InputError, match="optimizer_bytes_per_param_fp32"):
+        estimate(z0.model, cluster, z0.plan(), stack=profile_from_mapping(raw, "bad.yaml"))
+
+
+def test_launch_spread_of_the_medians():
+    from tpsim.validate.repeat import launch_spread
+
+    def s(step, fb=0.1):
+        return {"phases": [{"name": "fwd+bwd", "measured_s": fb}, {"name": "step", "measured_s": step}]}
+    rp = launch_spread([s(1.0), s(1.2), s(0.9)])
+    assert rp["phase"] == "step" and rp["medians_s"] == [1.0, 1.2, 0.9] and rp["median_s"] == 1.0
+    assert rp["spread_pct"] == pytest.approx(30.0)
+    block = {"phases": [{"name": "fwd", "measured_s": 0.04}, {"name": "fwd+bwd", "measured_s": 0.1}]}
+    assert launch_spread([block, block])["phase"] == "fwd+bwd"
+    assert launch_spread([s(1.0), {"phases": []}]) is None
+
+
+def test_step_terms_by_interval_arithmetic():
+    """A synthetic profiled step (us): the terms partition the step window exactly; DP exposed / hidden, the
+    pipeline waits and the host gaps of the detail come from the overlaps (tpsim/validate/plan/attribute.py)."""
+    from tpsim.validate.plan.attribute import intersect, median_step, step_terms, subtract, union
+
+    assert union([(5, 7), (0, 2), (1, 3), (9, 9)]) == [(0, 3), (5, 7)]
+    assert intersect([(0, 3), (5, 7)], [(2, 6)]) == [(2, 3), (5, 6)]
+    assert subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
+    spans = {"step": [(0, 100)], "fwd": [(0, 30)], "bwd": [(30, 70)], "opt": [(80, 90)],
+             "busy": [(0, 20), (30, 60), (80, 85)], "comm_main": [(20, 25)],
+             "comm_bg": [(50, 65), (70, 75), (85, 88)], "pp_wait": [(90, 96)]}
+    dp = step_terms(spans, tp=1, pp=1)
+    assert dp["terms"] == pytest.approx({"compute": 70e-6, "optimizer": 10e-6, "dp_comm": 20e-6})
+    d = dp["detail"]
+    assert d["dp_exposed_in_chunks"] == pytest.approx((5 + 5) * 1e-6)  # 20-25 waited, 60-65 behind nothing
+    assert d["dp_hidden"] == pytest.approx(10e-6) and d["dp_exposed_in_rest"] == pytest.approx(5e-6)
+    assert d["comm_in_optimizer"] == pytest.approx(3e-6)
+    assert d["pp_wait"] == pytest.approx(6e-6) and d["host_gaps"] == pytest.approx(9e-6)  # 75-80, 96-100
+    tp = step_terms(spans, tp=2, pp=2)
+    assert tp["terms"] == pytest.approx({"compute": 65e-6, "tp_comm": 5e-6, "optimizer": 10e-6, "bubble": 20e-6})
+    assert sum(tp["terms"].values()) == pytest.approx(100e-6)
+    assert tp["detail"]["dp_exposed_in_chunks"] == pytest.approx(5e-6)  # the TP wait is not DP's
+    steps = [{"detail": {"step": x}} for x in (3.0, 1.0, 2.0)]
+    assert median_step(steps)["detail"]["step"] == 2.0 and median_step([]) is None
+
+
+def test_traced_terms_replace_the_timers_only_when_the_profiler_is_cheap():
+    from tpsim.validate.plan.terms import traced_terms
+
+    timers = {"compute": {"predicted_s": 0.8, "measured_s": 0.9}, "optimizer": {"predicted_s": 0.1, "measured_s": 0.1},
+              "dp_comm": {"predicted_s": 0.0, "measured_s": 0.05}}
+
+    def prof(rank, compute, over, delay=0.0):
+        return {"rank": rank, "wall_s": 1.0, "delay_s": delay, "overhead_pct": over,
+                "terms": {"compute": compute, "optimizer": 0.1, "dp_comm": 1.0 - compute - 0.1}}
+    got, why = traced_terms(timers, [prof(0, 0.7, 2.0), prof(1, 0.8, 3.0)])
+    assert got["compute"] == {"predicted_s": 0.8, "measured_s": 0.8} and "rank 1" in why  # the busiest rank
+    assert list(got) == ["compute", "optimizer", "dp_comm"]
+    assert traced_terms(timers, [prof(0, 0.8, 40.0)])[0] is None
+    assert "run queue" in traced_terms(timers, [prof(0, 0.8, 1.0, delay=0.3)])[1]
+    assert traced_terms(timers, [])[0] is None

@@ -46,8 +46,9 @@ def _cases() -> list[PlanCase]:
 @pytest.fixture(scope="module")
 def plan_runs(tmp_path_factory):
     cases = _cases()
-    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=170, trace_terms=True),
-                    tmp_path_factory.mktemp("run"))
+    traces = tmp_path_factory.mktemp("traces")
+    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=170, trace_terms=True,
+                                        trace_dir=str(traces)), tmp_path_factory.mktemp("run"))
     per_case: dict[str, list[dict]] = {}
     for rank_results in result["ranks"]:
         for r in rank_results:
@@ -141,5 +142,34 @@ def test_timed_plan_has_terms_per_rank_steps_and_a_profiled_step_per_stage(plan_
     stages = sorted(p["stage"] for p in s["profiled"])
     assert stages == [0, 1]
     for p in s["profiled"]:
-        assert p["events"] > 0 and p["compute_s"] > 0
-        assert p["compute_s"] + p["comm_s"] + p["host_gap_s"] == pytest.approx(p["wall_s"], rel=1e-6)
+        # the median profiled step split without overlap into the terms (interval arithmetic)
+        assert p["events"] > 0 and p["steps"] == 2 and set(p["terms"]) == {"compute", "bubble", "optimizer"}
+        assert p["terms"]["compute"] > 0 and min(p["terms"].values()) >= 0
+        assert sum(p["terms"].values()) == pytest.approx(p["wall_s"], rel=1e-9)
+        assert p["detail"]["pp_wait"] + p["detail"]["host_gaps"] <= p["terms"]["bubble"] + 1e-9
+        assert p["overhead_pct"] is not None and json.loads(open(p["trace"]).read())["traceEvents"]
+    assert s["terms_source"] in ("trace", "timers") and s["terms_timers"]
+    if s["terms_source"] == "trace":
+        assert abs(s["terms_sum_error_pct"]) <= 5.0 + 1e-6
+
+
+@pytest.mark.timeout(170)
+def test_repeat_launches_report_the_run_to_run_spread(tmp_path):
+    """issue 22: ``--repeat 2`` launches the measured case twice (fresh ranks) and reports each launch's median
+    step, their median and spread, in the JSON and the text."""
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("compute:\n  device: CPU-x86-1thread\n  stack: torchtitan\n  gemm_scale: 1.0\n"
+                   "  attention_scale: 1.0\n  memory_scale: 1.0\n  host_overhead_per_layer_us: 100\n")
+    cmd = [sys.executable, "-m", "tpsim.cli", "validate", "--model", "gpt3-1.3b", "--hidden", "64", "--heads", "2",
+           "--seq-len", "16", "--tp", "1", "--dp", "2", "--zero", "0", "--micro-batch", "2", "--reps", "2",
+           "--warmup", "1", "--no-calibrate", "--no-probe", "--calibration", str(cal), "--timeout", "30",
+           "--repeat", "2", "--out-dir", str(tmp_path), "--name", "r"]
+    proc = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=160)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rp = json.loads(proc.stdout)["cases"][0]["repeats"]
+    assert rp["launches"] == 2 and rp["phase"] == "step" and len(rp["medians_s"]) == 2
+    assert min(rp["medians_s"]) == rp["min_s"] > 0 and rp["spread_pct"] >= 0
+    assert rp["median_s"] == pytest.approx(sum(rp["medians_s"]) / 2)
+    from tpsim.cli.validate import _terms_lines
+    assert any(line.startswith("  run-to-run, 2 launches: median step per launch")
+               for line in _terms_lines({"repeats": rp}))

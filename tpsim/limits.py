@@ -62,6 +62,7 @@ LIMITS: dict[str, int] = {
     "iters": 1 << 16,      # timed iterations of one measurement (nccl-tests uses 20)
     "warmup": 1 << 16,
     "reps": 1 << 16,
+    "repeat": 1 << 10,  # launches of one validation (tpsim validate --repeat)
     "measured_ranks": 1 << 16,  # ranks of one measured collective (a calibration input row)
     "kernel_dim": 1 << 40,  # one dimension (m, n, k, sequence, elements) of a profiled kernel
     # output

@@ -98,6 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "SLURM_NODELIST of srun) and rank 0 writes the report")
     m = p.add_argument_group("measurement and prediction")
     m.add_argument("--reps", type=count_arg("reps"), default=5, help="timed iterations (default: %(default)s)")
+    m.add_argument("--repeat", type=count_arg("repeat"), default=1,
+                   help="launches of the measured cases, fresh ranks each (the run-to-run spread of their medians; "
+                        "default: %(default)s)")
     m.add_argument("--warmup", type=count_arg("warmup", minimum=0), default=2, help="untimed iterations first (default: %(default)s)")
     m.add_argument("--cluster", default=None,
                    help="topology the ranks run on (default: local-cpu for gloo, hgx-h200 for nccl)")
@@ -131,10 +134,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--name", help="report name (default: derived from the case, or matrix-<family>-<backend>)")
     o.add_argument("--out-dir", default=None, help="report folder (default: reports/validation)")
-    m.add_argument("--trace-terms", action="store_true",
-                   help="whole plans: one more step under torch.profiler on rank 0 and one rank per pipeline stage, "
-                        "its wall split into compute, communication (with waits) and host gaps beside the terms "
-                        "(the profiler's own overhead inflates that step)")
+    m.add_argument("--trace-terms", action=argparse.BooleanOptionalAction, default=True,
+                   help="whole plans: 3 more steps under torch.profiler on rank 0 and one rank per pipeline stage, "
+                        "split into the step's terms by interval arithmetic (the terms' source where the "
+                        "profiler's overhead is under 5%%; else the timers'); chrome traces in "
+                        "<out-dir>/<name>-traces/ (default: on)")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -355,7 +359,7 @@ def _options(args: argparse.Namespace, out_dir: Path, calibrate: bool = True):  
                    calibrate=calibrate and not args.no_calibrate,
                    calibration=Path(args.calibration) if args.calibration else None,
                    out_dir=out_dir, budget_s=args.budget, overhead=not args.no_overhead,
-                   probe=not args.no_probe, reprofile=args.reprofile)
+                   probe=not args.no_probe, reprofile=args.reprofile, repeat=args.repeat)
 
 
 def _validate_and_print(args: argparse.Namespace, cases: list, name: str, cfg, out_dir: Path) -> int:  # noqa: ANN001
@@ -424,6 +428,7 @@ def _run_joined(args: argparse.Namespace, joined, cases: list, name: str) -> int
     code = 1
     if args.trace_terms:  # every rank of the joined launch parsed the same flag
         os.environ["TPSIM_VALIDATE_TRACE"] = "1"
+        os.environ["TPSIM_VALIDATE_TRACE_DIR"] = str(Path(args.out_dir or _reports_dir()) / f"{name}-traces")
     try:
         hosts = rank_side.start(joined, args.backend, args.timeout, args.threads, args.run_timeout)
         if joined.rank != 0:
@@ -510,10 +515,19 @@ def _terms_lines(s: dict) -> list[str]:
         gap = s.get("terms_sum_error_pct")
         if gap is not None:
             lines.append(f"  measured terms sum to the measured step {gap:+.1f}%")
+    if s.get("terms_source"):
+        lines.append(f"  terms source: {s['terms_source']} ({s.get('terms_source_note') or ''})")
     for prof in s.get("profiled") or []:
-        lines.append(f"  torch.profiler, rank {prof['rank']} (stage {prof['stage']}), one step {prof['wall_s'] * 1e3:.1f} ms: "
-                     f"compute {prof['compute_s'] * 1e3:.1f} ms, communication and waits {prof['comm_s'] * 1e3:.1f} ms, "
-                     f"host gaps {prof['host_gap_s'] * 1e3:.1f} ms")
+        d = prof.get("detail") or {}
+        over = prof.get("overhead_pct")
+        lines.append(f"  torch.profiler, rank {prof['rank']} (stage {prof['stage']}), median of {prof['steps']} steps "
+                     f"{prof['wall_s'] * 1e3:.1f} ms (overhead {'n/a' if over is None else f'{over:+.1f}%'}): "
+                     + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in prof["terms"].items())
+                     + "; DP exposed in chunks {:.1f}, hidden {:.1f}, exposed outside {:.1f}; in the optimizer {:.1f}; "
+                       "pipeline waits {:.1f}; host gaps {:.1f} ms".format(
+                         *(1e3 * d.get(k, 0.0) for k in ("dp_exposed_in_chunks", "dp_hidden", "dp_exposed_in_rest",
+                                                         "comm_in_optimizer", "pp_wait", "host_gaps")))
+                     + (f"; trace {prof['trace']}" if prof.get("trace") else ""))
     pr = s.get("per_rank")
     if pr:
         ranks = ", ".join(f"{r['rank']}: {r['step_s'] * 1e3:.1f}" for r in pr["ranks"])
@@ -523,6 +537,12 @@ def _terms_lines(s: dict) -> list[str]:
         lines.append(f"  step over {pr['steps']} timed steps after warm-up: median {pr['step_median_s'] * 1e3:.1f} ms "
                      f"(min {pr['step_min_s'] * 1e3:.1f}, max {pr['step_max_s'] * 1e3:.1f}, spread "
                      f"{pr['step_spread_pct']:.1f}%)")
+    rp = s.get("repeats")
+    if rp:
+        meds = ", ".join(f"{v * 1e3:.1f}" for v in rp["medians_s"])
+        spread = "n/a" if rp["spread_pct"] is None else f"{rp['spread_pct']:.1f}%"
+        lines.append(f"  run-to-run, {rp['launches']} launches: median {rp['phase']} per launch (ms) {meds}; "
+                     f"median {rp['median_s'] * 1e3:.1f}, spread {spread}")
     return lines
 
 

@@ -99,8 +99,9 @@ def optimizer_seconds(ctx: EstimationContext, params: np.ndarray, layers: np.nda
     """One optimizer step over ``params`` (the rank's share) at the achieved streaming bandwidth."""
     from ..compute.fixed import optimizer_bytes_per_param, optimizer_step_time
 
-    if wide(dtype):  # no master copy, no 16-bit model copy
-        per = optimizer_bytes_per_param(grad_bytes=4, param_bytes=4, master_bytes=0)
+    if wide(dtype):  # no master copy, no 16-bit model copy; the stack's figure where its step is not fused
+        per = ctx.terms.optimizer_bytes_per_param_fp32 or optimizer_bytes_per_param(grad_bytes=4, param_bytes=4,
+                                                                                       master_bytes=0)
     else:
         per = ctx.terms.optimizer_bytes_per_param + (FP16_UNSCALE_BYTES if dtype == "fp16" else 0.0)
     return optimizer_step_time(params, TENSORS_PER_LAYER * layers + 4.0, ctx.fixed.hbm, per)

@@ -127,6 +127,9 @@ class StackTerms:
     """weight-gradient GEMMs accumulate into the gradient buffer (no separate add per micro-batch)."""
     optimizer_bytes_per_param: float
     """HBM bytes one optimizer step moves per (sharded) parameter."""
+    optimizer_bytes_per_param_fp32: float | None = None
+    """bytes per parameter of the optimizer step when the model trains in fp32/tf32 (no master copy); None: the
+    fused-Adam formula (tpsim/compute/fixed.py optimizer_bytes_per_param, 36 B)"""
     grad_buffer_bytes: float
     """bytes per element of the gradient accumulation buffer (full while gradients are reduced once per step;
     the rank's shard when ZeRO-2/3 reduces them after every micro-batch)."""
@@ -299,6 +302,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         grad_accumulation_fusion=bool(_value(stack, "compute", "grad_accumulation_fusion", True)),
         pipeline_edges_as_layers=bool(_value(stack, "compute", "pipeline_edges_as_layers", False)),
         optimizer_bytes_per_param=float(_value(stack, "compute", "optimizer_bytes_per_param", 42.0)),
+        optimizer_bytes_per_param_fp32=_positive_or_none(stack, "compute", "optimizer_bytes_per_param_fp32", where),
         grad_buffer_bytes=_dtype_bytes(_value(stack, "memory", "grad_buffer_dtype", "fp32"),
                                        f"{where}: memory.grad_buffer_dtype"),
         main_params_bytes=_dtype_bytes(_value(stack, "memory", "main_params_dtype", "fp32"),
@@ -406,6 +410,15 @@ def _fp8_cast(stack: StackProfile, where: str) -> tuple[float, float]:
         raise InputError(f"{where}: compute.fp8_cast_bytes_per_element={value!r} must be {{forward: B, backward: B}} "
                          "with bytes in [0, 64]")
     return float(value["forward"]), float(value["backward"])
+
+
+def _positive_or_none(stack: StackProfile, section: str, key: str, where: str) -> float | None:
+    value = _value(stack, section, key, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0.0:
+        raise InputError(f"{where}: {section}.{key}={value!r} must be a positive number")
+    return float(value)
 
 
 def _fraction_or_none(stack: StackProfile, section: str, key: str, where: str) -> float | None:

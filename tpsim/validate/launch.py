@@ -64,7 +64,10 @@ class LaunchConfig:
     host_ranks: int = 0
     """ranks on the busiest host of a joined launch (0: ``nproc``), for the core-per-rank timing rule."""
     trace_terms: bool = False
-    """whole-plan cases: one more step under torch.profiler on rank 0 and one rank per stage (``--trace-terms``)."""
+    """whole-plan cases: profiled steps on rank 0 and one rank per stage (``--trace-terms``,
+    :func:`tpsim.validate.plan.run.profile_steps`)."""
+    trace_dir: str = ""
+    """folder of the profiled ranks' chrome traces ("": none written)."""
     memory_limit_bytes: int | None = None
     """resident memory one process of the run (the launcher, a rank) may hold; above it the run is stopped and
     reported as failed (``validate --model X.ops.json --memory-limit-gib``: the user's module runs there). A
@@ -168,7 +171,8 @@ def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
     job_path.write_text(json.dumps(job))
     token = uuid.uuid4().hex
     penv = {**os.environ, **(env or {}), MARK_ENV: token, "OMP_NUM_THREADS": str(cfg.threads),
-            "PYTHONUNBUFFERED": "1", **({"TPSIM_VALIDATE_TRACE": "1"} if cfg.trace_terms else {})}
+            "PYTHONUNBUFFERED": "1", **({"TPSIM_VALIDATE_TRACE": "1"} if cfg.trace_terms else {}),
+            **({"TPSIM_VALIDATE_TRACE_DIR": cfg.trace_dir} if cfg.trace_terms and cfg.trace_dir else {})}
     log_path = run_dir / "launcher.log"
     with open(log_path, "wb") as log, _terminate_as_exception():
         proc = subprocess.Popen(cfg.command(job_path), stdout=log, stderr=subprocess.STDOUT, env=penv,

@@ -72,6 +72,8 @@ class Options:
     (:mod:`tpsim.validate.drift`)."""
     reprofile: bool = False
     """on a drift over 10%, measure a quick profile instead of rescaling."""
+    repeat: int = 1
+    """launches of the measured cases (:mod:`tpsim.validate.repeat`: the spread of their medians)."""
 
 
 BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -198,6 +200,7 @@ def run_cases(cases: list, cfg: LaunchConfig, opts: Options, work: Path,
     out = [_block_summary(c, per_case, block_twins.get(c.name), setup) for c in blocks]
     out += [_plan_summary(c, per_case, plan_twins.get(c.name), setup, note) for c in plans]
     out += [_axis_summary(c, per_case, axis_twins.get(c.name), setup, note) for c in axes]
+    _repeat(out, blocks, plans, axes, cfg, opts, work, env, note)
     for s, fitted in zip(out, blocks + plans + axes):
         s["requested_case"] = requested[id(fitted)]
         s["profile"] = str(setup.profile) if setup.profile else None
@@ -206,6 +209,31 @@ def run_cases(cases: list, cfg: LaunchConfig, opts: Options, work: Path,
         s["compute_calibration"] = setup.compute_cal.source if setup.compute_cal else None
         s["meta"] = result["meta"]
     return out
+
+
+def _repeat(out: list[dict[str, Any]], blocks: list, plans: list, axes: list, cfg: LaunchConfig, opts: Options,
+            work: Path, env: dict[str, str] | None, note: str) -> None:
+    """``--repeat N``: launch the measured cases N - 1 more times (no twins) and put each case's spread of the
+    launches' medians in its summary (``repeats``, :func:`tpsim.validate.repeat.launch_spread`)."""
+    if opts.repeat <= 1 or cfg.joined:
+        return
+    from .repeat import launch_spread
+    cases = blocks + plans + axes
+    per_launch: list[list[dict[str, Any]]] = [out]
+    for i in range(2, opts.repeat + 1):
+        result = launch(cases, dataclasses.replace(cfg, trace_terms=False), work / f"run-{cfg.nproc}ranks-repeat{i}",
+                        env=env)
+        if result is None:
+            return
+        per_case: dict[str, list[dict[str, Any]]] = {}
+        for rank_results in result["ranks"]:
+            for r in rank_results:
+                per_case.setdefault(r["case"], []).append(r)
+        per_launch.append([summarize_case(c, per_case[c.name], None) for c in blocks]
+                          + [summarize_plan(c, per_case[c.name], None, note) for c in plans]
+                          + [summarize_axis(c, per_case[c.name], None, note) for c in axes])
+    for j, s in enumerate(out):
+        s["repeats"] = launch_spread([launch_out[j] for launch_out in per_launch])
 
 
 def _block_summary(c: Case, per_case: dict[str, list], twin: Case | None, setup: Setup) -> dict[str, Any]:
@@ -364,6 +392,8 @@ def validate(cases: list, cfg: LaunchConfig, opts: Options, name: str,
     The work folder (job, launcher log, every rank's errors) is removed after a successful run and kept after
     a failed one: :class:`RankFailure` names it."""
     summaries: list[dict[str, Any]] = []
+    if cfg.trace_terms and not cfg.trace_dir and any(isinstance(c, PlanCase) for c in cases):
+        cfg = dataclasses.replace(cfg, trace_dir=str(opts.out_dir / f"{_slug(name)}-traces"))
     cases = list({c.name: c for c in cases}.values())  # a case listed twice runs once (results are by name)
     work = Path(tempfile.mkdtemp(prefix=f"tpsim-validate-{_slug(name)}-"))
     probes: dict = {}

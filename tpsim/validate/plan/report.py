@@ -24,7 +24,7 @@ from typing import Any
 from .case import PlanCase
 from .comm import differences, estimator_comm, expected_comm, normalize
 from .predict import PlanPrediction
-from .terms import per_rank, plan_terms, terms_sum_error_pct
+from .terms import per_rank, plan_terms, terms_sum_error_pct, traced_terms
 
 LOSS_RTOL = 1e-4
 LOSS_FLOOR = 0.1
@@ -136,11 +136,21 @@ def summarize_plan(case: PlanCase, ranks: list[dict[str, Any]], pred: PlanPredic
         "compute_model": pred.compute_model if pred else None,
         "measured_compute_fraction": pred.measured_compute_fraction if pred else None,
         "timing": timing_note or "measured", "phases": phases,
-        "terms": terms, "terms_sum_error_pct": terms_sum_error_pct(
-            terms, next((p["measured_s"] for p in phases if p["name"] == "step"), None)),
+        **_terms_fields(terms, [r["profile"] for r in ranks if r.get("profile")],
+                        next((p["measured_s"] for p in phases if p["name"] == "step"), None)),
         "per_rank": per_rank(ranks),
-        "profiled": [r["profile"] for r in ranks if r.get("profile")],
     }
+
+
+def _terms_fields(terms: dict[str, Any], profiled: list[dict[str, Any]],
+                  step_s: float | None) -> dict[str, Any]:
+    """``terms`` from the profiled steps (:func:`tpsim.validate.plan.terms.traced_terms`) where the profiler's
+    overhead is small, else the timers'; ``terms_source`` says which, ``terms_timers`` keeps the timers'."""
+    traced, why = traced_terms(terms, profiled)
+    chosen = traced if traced is not None else terms
+    return {"terms": chosen, "terms_source": "trace" if traced is not None else "timers",
+            "terms_source_note": why, "terms_timers": terms,
+            "terms_sum_error_pct": terms_sum_error_pct(chosen, step_s), "profiled": profiled}
 
 
 def plan_config(case: PlanCase) -> dict[str, Any]:

@@ -65,8 +65,8 @@ class Timers:
     bracketed by a synchronization (the host clock would otherwise time the kernel launches)."""
 
     def __init__(self, clock: Clock, recorder: AxisRecorder | None = None,
-                 device: torch.device | None = None) -> None:
-        self.clock, self.recorder, self.device = clock, recorder, device
+                 device: torch.device | None = None, scopes: bool = False) -> None:
+        self.clock, self.recorder, self.device, self.scopes = clock, recorder, device, scopes
         self.t = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0}
 
     @contextlib.contextmanager
@@ -76,8 +76,15 @@ class Timers:
         if self.device is not None:
             sync(self.device)
         t0 = self.clock.now()
+        scope = contextlib.nullcontext()
+        if self.scopes:  # profiled steps: the phase as a profiler range (tpsim/validate/plan/attribute.py)
+            from torch.autograd.profiler import record_function
+            scope = record_function(f"tpsim:{name}")
         try:
-            yield
+            with scope:
+                yield
+                if self.scopes and self.device is not None:
+                    sync(self.device)
         finally:
             if self.device is not None:
                 sync(self.device)
@@ -273,49 +280,124 @@ def time_plan(case: PlanCase, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
             run_step(rt, xs, ts, timers_ref[0])
         calls.append([(f"{axis}:{op}", sec) for axis, _ph, op, _b, sec in recorder.calls if op not in ("send", "recv")])
     med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
-    profiled = profile_step(rt, xs, ts, Timers(clock, device=device), device) \
+    profiled = profile_steps(rt, xs, ts, clock, device, timers_ref, samples) \
         if os.environ.get(TRACE_ENV) == "1" else None
     return {"time": med, "samples": samples, "comm_calls": calls, **({"profile": profiled} if profiled else {})}
 
 
 TRACE_ENV = "TPSIM_VALIDATE_TRACE"
-"""set to 1 by ``tpsim validate --trace-terms``: one more step under torch.profiler (:func:`profile_step`)."""
+"""set to 1 by ``tpsim validate`` (``--trace-terms``, the default): profiled steps after the timed ones
+(:func:`profile_steps`)."""
+TRACE_DIR_ENV = "TPSIM_VALIDATE_TRACE_DIR"
+"""folder the profiled ranks write their chrome traces to (``<case>-rank<r>.json``); unset: none written."""
+TRACE_STEPS = 3
+"""profiled steps (at most ``reps``): the attribution takes the median one."""
 COMM_NAMES = ("c10d", "gloo", "nccl", "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter",
               "broadcast", "send", "recv", "wait_tensor", "record_param_comms", "barrier", "all_to_all", "alltoall")
 """profiler event names (lower case) of communication: collectives, point-to-point transfers and their waits."""
 
 
-def profile_step(rt: RankRuntime, xs: torch.Tensor, ts: torch.Tensor, timers: "Timers",
-                 device: torch.device) -> dict[str, Any] | None:
-    """One more step, under torch.profiler on rank 0 and one rank per pipeline stage (tp and dp coordinate 0;
-    the other ranks run it plainly): the step's wall time split into the self time of the profiled thread's
-    communication events (collectives, sends, receives and their waits: the bubble's waiting is in them),
-    of every other event (compute, with the host time inside operators and record_function regions), and the
-    host gaps between events (the rest). The cross-check of the timer-based terms; None on other ranks."""
-    dist.barrier()
-    if rt.coords.get("tp", 0) or rt.coords.get("dp", 0):
-        run_step(rt, xs, ts, timers)
-        sync(device)
-        return None
-    import time
+def _is_comm(name: str) -> bool:
+    low = name.lower()
+    return not low.startswith("tpsim:") and any(k in low for k in COMM_NAMES)
 
+
+@contextlib.contextmanager
+def _p2p_wait_scopes():
+    """The pipeline schedules' waits for their transfers as ``tpsim:pp_wait`` profiler ranges."""
+    from torch.autograd.profiler import record_function
+    from torch.distributed.pipelining import schedules
+
+    orig = schedules._wait_batch_p2p
+
+    def wait(work):  # noqa: ANN001, ANN202
+        with record_function("tpsim:pp_wait"):
+            return orig(work)
+    schedules._wait_batch_p2p = wait
+    try:
+        yield
+    finally:
+        schedules._wait_batch_p2p = orig
+
+
+def profile_steps(rt: RankRuntime, xs: torch.Tensor, ts: torch.Tensor, clock: Clock, device: torch.device,
+                  timers_ref: list, samples: list[dict[str, float]]) -> dict[str, Any] | None:
+    """``TRACE_STEPS`` more steps under torch.profiler (CPU and CUDA events) on rank 0 and one rank per pipeline
+    stage (tp and dp coordinate 0; the other ranks run them plainly); each step's intervals split by
+    :func:`tpsim.validate.plan.attribute.step_terms`, the median step kept; the profiler's overhead is the
+    median profiled step against this rank's median timed step; the chrome trace is written to
+    ``$TPSIM_VALIDATE_TRACE_DIR``. None on the ranks not profiled."""
+
+    from .attribute import median_step, step_terms
+
+    case = rt.case
+    n = max(1, min(TRACE_STEPS, case.reps))
+    profiled = not (rt.coords.get("tp", 0) or rt.coords.get("dp", 0))
+    if not profiled:
+        for _ in range(n):
+            timers_ref[0] = Timers(clock, device=device)
+            dist.barrier()
+            run_step(rt, xs, ts, timers_ref[0])
+            sync(device)
+        return None
+    from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        run_step(rt, xs, ts, timers)
-        sync(device)
-        wall = time.perf_counter() - t0
-    by_thread: dict[Any, list[Any]] = {}
-    for ev in prof.events():
-        if ev.device_type.name == "CPU":
-            by_thread.setdefault(ev.thread, []).append(ev)
-    if not by_thread:
+    delays = []  # run-queue seconds of each profiled step (a preempted step is not the profiler's doing)
+    with _p2p_wait_scopes(), profile(activities=activities) as prof:
+        for _ in range(n):
+            timers_ref[0] = Timers(clock, device=device, scopes=True)
+            dist.barrier()
+            sync(device)
+            t0 = clock.now()
+            with record_function("tpsim:step"):
+                run_step(rt, xs, ts, timers_ref[0])
+                sync(device)
+            clean, wall = Clock.since(t0, clock.now())
+            delays.append(wall - clean)
+    events = list(prof.events())
+    steps_ev = [e for e in events if e.name == "tpsim:step"]
+    if not steps_ev:
         return None
-    events = max(by_thread.values(), key=lambda evs: sum(e.self_cpu_time_total for e in evs))
-    comm = sum(e.self_cpu_time_total for e in events if any(k in e.name.lower() for k in COMM_NAMES)) / 1e6
-    busy = sum(e.self_cpu_time_total for e in events) / 1e6
-    return {"rank": dist.get_rank(), "stage": rt.coords.get("pp", 0), "wall_s": wall, "comm_s": min(comm, wall),
-            "compute_s": min(max(busy - comm, 0.0), wall), "host_gap_s": max(wall - busy, 0.0),
-            "events": len(events)}
+    main = steps_ev[0].thread
+    scopes: dict[str, list] = {}
+    busy, comm_main, comm_bg, kernels = [], [], [], []
+    for e in events:
+        span = (float(e.time_range.start), float(e.time_range.end))
+        if e.device_type.name != "CPU":
+            (comm_bg if "nccl" in e.name.lower() else kernels).append(span)
+        elif e.thread != main:
+            if _is_comm(e.name):
+                comm_bg.append(span)
+        elif e.name.startswith("tpsim:"):
+            scopes.setdefault(e.name[len("tpsim:"):], []).append(span)
+        elif _is_comm(e.name):
+            comm_main.append(span)
+        elif not e.cpu_children or e.name.startswith("aten::"):
+            busy.append(span)
+    per_step = []
+    for i, (s0, s1) in enumerate(sorted((float(e.time_range.start), float(e.time_range.end)) for e in steps_ev)):
+        def within(spans: list) -> list:
+            return [(max(a, s0), min(b, s1)) for a, b in spans if b > s0 and a < s1]
+        spans = {k: within(v) for k, v in scopes.items()}
+        spans.update(step=[(s0, s1)], busy=within(busy), comm_main=within(comm_main), comm_bg=within(comm_bg),
+                     kernels=within(kernels))
+        per_step.append(dict(step_terms(spans, case.tp, case.pp), delay_s=delays[i] if i < len(delays) else 0.0))
+    best = median_step(per_step)
+    timed = statistics.median(s["step"] for s in samples) if samples else None  # without run-queue time
+    wall = best["detail"]["step"]
+    clean = max(wall - best["delay_s"], 0.0)
+    path = None
+    folder = os.environ.get(TRACE_DIR_ENV)
+    if folder:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"{case.name}-rank{dist.get_rank()}.json")
+            prof.export_chrome_trace(path)
+        except OSError:
+            path = None
+    return {"rank": dist.get_rank(), "stage": rt.coords.get("pp", 0), "steps": n, "wall_s": wall,
+            "delay_s": best["delay_s"], "walls_s": [p["detail"]["step"] for p in per_step], "timed_step_s": timed,
+            "overhead_pct": 100.0 * (clean - timed) / timed if timed else None,
+            "terms": best["terms"], "detail": best["detail"], "events": len(events), "trace": path}

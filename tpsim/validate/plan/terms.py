@@ -15,9 +15,9 @@ optimizer step, and every collective per mesh axis and kind, waited where it is 
 
 Predicted terms are the prediction's own pieces grouped the same way (:func:`plan_terms`). Measured terms add
 up to the measured step by construction up to the rank skew (the busiest rank's chunks and optimizer are
-not always one rank's): ``terms_sum_error_pct`` says how far. ``--trace-terms`` adds a torch.profiler cross-check
-(:func:`tpsim.validate.plan.run.profile_step`); not yet: the terms themselves from profiler traces (kernels,
-stream overlap, the pipeline transfer apart from the bubble).
+not always one rank's): ``terms_sum_error_pct`` says how far. With profiled steps (``--trace-terms``, the
+default) the measured terms come from the traces instead where the profiler is cheap (:func:`traced_terms`,
+:mod:`tpsim.validate.plan.attribute`).
 
 **Stragglers and variance** (:func:`per_rank`): every rank's median step (wall time less its run-queue delay)
 over the timed steps after the warm-up, the slowest rank and its host, the rank-to-rank spread, and the
@@ -58,6 +58,36 @@ def plan_terms(case: PlanCase, predicted: dict[str, float], measured: dict[str, 
         return {}
     names = [n for n in TERM_ORDER if n in m and (n != "tp_comm" or case.tp > 1)]
     return {n: {"predicted_s": p[n] if p is not None else None, "measured_s": m[n]} for n in names}
+
+
+TRACE_MAX_OVERHEAD_PCT = 5.0
+"""the profiled steps give the terms when the profiler slowed the step by at most this (the sum of the terms is
+then within it of the timed step); else the timers do."""
+
+
+def traced_terms(timers: dict[str, Any], profiled: list[dict[str, Any]]
+                 ) -> tuple[dict[str, Any] | None, str]:
+    """The measured terms from the profiled ranks (the busiest one's median profiled step: its compute the
+    largest, as the timers take the busiest rank's chunks), the predicted ones as :func:`plan_terms` gave them;
+    (None, why) when there is no profiled step, or the profiler's overhead is over ``TRACE_MAX_OVERHEAD_PCT``."""
+    usable = [p for p in profiled if p.get("terms")]
+    if not usable or not timers:
+        return None, "no profiled step" if not usable else "nothing timed"
+    busiest = max(usable, key=lambda p: p["terms"].get("compute", 0.0))
+    over = busiest.get("overhead_pct")
+    if over is None:
+        return None, "no timed step to compare the profiler with"
+    if abs(over) > TRACE_MAX_OVERHEAD_PCT:
+        return None, (f"profiled step {over:+.1f}% off the timed step (over {TRACE_MAX_OVERHEAD_PCT:.0f}%: the "
+                      "profiler's overhead): terms from the timers")
+    preempted = 100.0 * busiest.get("delay_s", 0.0) / busiest["wall_s"] if busiest["wall_s"] > 0 else 0.0
+    if preempted > TRACE_MAX_OVERHEAD_PCT:
+        return None, (f"the profiled step sat {preempted:.0f}% of its time on a run queue (a loaded machine): "
+                      "terms from the timers")
+    names = [n for n in TERM_ORDER if n in busiest["terms"]]
+    out = {n: {"predicted_s": (timers.get(n) or {}).get("predicted_s"), "measured_s": busiest["terms"][n]}
+           for n in names}
+    return out, (f"from the profiled steps of rank {busiest['rank']} (profiler overhead {over:+.1f}%)")
 
 
 def terms_sum_error_pct(terms: dict[str, Any], measured_step_s: float | None) -> float | None:
