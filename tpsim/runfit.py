@@ -11,10 +11,15 @@ that takes ``--calibration`` applies them the same way.
 **How.** A Bayesian linear-Gaussian fit (equivalently, ridge-regularized least squares): the step time of each
 run is linearized in the factors by forward differences of the estimator around the prior means (and re-linearized
 once around the solution when few runs allow it), relative residuals ``(predicted - measured) / measured`` carry a
-per-run model error ``sigma`` (the prior ``run_sigma`` of tpsim/data/band.yaml, or the residual scatter when it is
-larger), and each factor has a Gaussian prior from the shipped data (band.yaml ``runs_fit``) so that few runs
+per-run model error ``sigma`` (a priori :func:`model_sigma`, the pooled within-(device, stack) scatter of the
+shipped runs' residuals; pooled with the runs' own scatter when they outnumber the factors), and each factor has a Gaussian prior from the shipped data (band.yaml ``runs_fit``) so that few runs
 cannot drive it to nonsense; the maximum a-posteriori values are clipped to their bounds (an active-set pass), and
 each factor's uncertainty is its posterior standard deviation. Leave-one-out: the fit without run i predicts run i.
+
+**Guard.** With 3-9 runs the three-factor set competes with one ``compute_scale`` (whichever predicts the left-out
+runs better is kept: what the runs identify), and the chosen factors are blended with their priors by the weight
+that minimizes the mean leave-one-out |error|; weight 0 is the uncalibrated model, so on the user's runs the
+calibration is never worse than uncalibrated out of sample (:func:`fit_runs`).
 
 **Residuals for bands.** :func:`shipped_residuals` predicts every run of ``tpsim/data/runs/`` (development set and
 SC21 Table 1) with the current, uncalibrated estimator: computed at run time and cached on disk under a hash of the
@@ -170,6 +175,8 @@ class RunsFit:
     warnings: tuple[str, ...]
     seconds: float
     runs_file: str = ""
+    blend: float = 1.0
+    """the guard's weight of the fitted factors against their priors (0: the uncalibrated model)."""
     method: str = ("Bayesian linear-Gaussian (ridge-regularized least squares on relative step-time residuals, "
                    "Gaussian priors from tpsim/data/band.yaml, bounded by an active-set pass)")
 
@@ -198,6 +205,7 @@ class RunsFit:
                 "stack": self.stack,
                 "method": self.method,
                 "sigma": round(self.sigma, 5),
+                "blend": self.blend,
                 "factors": {f.name: {"value": round(f.value, 6), "uncertainty": round(f.uncertainty, 6),
                                      "prior": f.prior, "prior_sigma": round(f.prior_sigma, 6),
                                      "bounds": [f.bounds[0], f.bounds[1]], "at_bound": f.at_bound,
@@ -247,94 +255,166 @@ def _linearize(runs: Sequence[Run], table: Mapping[str, Factor], names: Sequence
     return s0, jac
 
 
-def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | None = None) -> RunsFit:
-    """Fit the factors of :func:`factors_for` to ``runs`` (all of one device and stack: a run of another is one
-    InputError naming its row). ``relinearize``: one more linearization around the solution (default: when at
-    most 30 runs)."""
-    started = time.perf_counter()
-    if not runs:
-        raise InputError("no runs to fit")
-    device, stack = runs_device_stack(list(runs))
-    table = factor_table(device, stack)
-    names = factors_for(len(runs))
-    rf = band_data().runs_fit
-    y = np.array([r.measured for r in runs])
+BLEND_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""the weights of the fitted factors against their priors the guard chooses among (0: uncalibrated)."""
+
+
+@dataclass
+class _SetFit:
+    """One candidate factor set fitted to the runs (internal to :func:`fit_runs`)."""
+
+    names: tuple[str, ...]
+    theta: np.ndarray
+    cov: np.ndarray
+    bound: np.ndarray
+    sigma: float
+    s_at: np.ndarray
+    jac: np.ndarray
+    center: np.ndarray
+    loo_theta: list
+    """the factors fitted without run i (None where no run is left)."""
+
+    def loo_errors(self, w: float, p0: np.ndarray, uncal: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Leave-one-out relative errors with the factors blended ``w`` of the way from the priors."""
+        out = (uncal - y) / y
+        if w == 0.0:
+            return out
+        for i, t_i in enumerate(self.loo_theta):
+            if t_i is not None:
+                out[i] = (self.s_at[i] + self.jac[i] @ (p0 + w * (t_i - p0) - self.center) - y[i]) / y[i]
+        return out
+
+
+def _fit_set(runs: Sequence[Run], names: tuple[str, ...], table: Mapping[str, Factor], y: np.ndarray,
+             relinearize: bool, base: tuple[np.ndarray, np.ndarray] | None = None) -> _SetFit:
+    """The MAP fit of one factor set with its leave-one-out refits (module docstring)."""
     prior = {n: table[n].prior for n in names}
+    p0 = np.array([prior[n] for n in names])
     prior_sigma = np.array([table[n].sigma for n in names])
     lo = np.array([table[n].low for n in names])
     hi = np.array([table[n].high for n in names])
-    base_sigma = float(rf["run_sigma"])
-    uncal, jac = _linearize(runs, table, names, prior)
+    s_at, jac = base if base is not None else _linearize(runs, table, names, prior)
     at = dict(prior)
-    s_at = uncal
-    if relinearize is None:
-        relinearize = len(runs) <= 30
 
-    def solve(rows: np.ndarray, s_lin: np.ndarray, jac: np.ndarray, at: Mapping[str, float], sigma: float):
+    def solve(rows: np.ndarray, s_lin: np.ndarray, jac: np.ndarray, at: Mapping[str, float], sigma: float,
+              ps: np.ndarray = prior_sigma):
         a = jac[rows] / y[rows, None]
         center = np.array([at[n] for n in names])
-        p0 = np.array([prior[n] for n in names])
         # prior on the factor: d = theta - at, theta ~ N(p0, s): shift the prior mean into the data term
         b = (y[rows] - s_lin[rows]) / y[rows]
         shift = p0 - center
         # solve for e = d - shift with prior N(0, s): b - a shift = a e
-        e, cov, bound = _solve(a, b - a @ shift, sigma, prior_sigma, lo - p0, hi - p0)
+        e, cov, bound = _solve(a, b - a @ shift, sigma, ps, lo - p0, hi - p0)
         return center + shift + e, cov, bound
 
-    sigma = base_sigma
-    theta, cov, bound = solve(np.arange(len(runs)), s_at, jac, at, sigma)
+    every = np.arange(len(runs))
+    sigma = model_sigma()
+    theta, cov, bound = solve(every, s_at, jac, at, sigma)
     if relinearize:
         at = {n: float(v) for n, v in zip(names, theta)}
         s_at, jac = _linearize(runs, table, names, at)
-        theta, cov, bound = solve(np.arange(len(runs)), s_at, jac, at, sigma)
+        theta, cov, bound = solve(every, s_at, jac, at, sigma)
     center = np.array([at[n] for n in names])
     dof = len(runs) - len(names)
     if dof > 0:
         # the per-run error the factors cannot remove: the scatter of a nearly unregularized fit (priors 10x
         # wider), so that a common bias the factors do explain is not mistaken for noise
-        loose = prior_sigma
-        prior_sigma = prior_sigma * 10.0
-        t_free, _, _ = solve(np.arange(len(runs)), s_at, jac, at, sigma)
-        prior_sigma = loose
+        t_free, _, _ = solve(every, s_at, jac, at, sigma, prior_sigma * 10.0)
         rel = (s_at + jac @ (t_free - center) - y) / y
-        scatter = math.sqrt(float(rel @ rel) / dof)
-        if scatter > sigma:
-            sigma = scatter
-            theta, cov, bound = solve(np.arange(len(runs)), s_at, jac, at, sigma)
-    linear = s_at + jac @ (theta - center)
-    loo = np.empty(len(runs))
+        # pooled with the prior per-run error (worth calibrated_prior_dof runs): consistent runs tighten it,
+        # runs that disagree widen it; never below the measurement repeatability
+        nu = float(band_data().residual["calibrated_prior_dof"])
+        pooled = math.sqrt((nu * sigma ** 2 + float(rel @ rel)) / (nu + dof))
+        sigma = max(float(band_data().runs_fit["run_sigma"]), pooled)
+        theta, cov, bound = solve(every, s_at, jac, at, sigma)
+    loo_theta: list = []
     for i in range(len(runs)):
         keep = np.array([j for j in range(len(runs)) if j != i], dtype=int)
-        if len(keep) == 0:
-            loo[i] = (uncal[i] - y[i]) / y[i]
-            continue
-        t_i, _, _ = solve(keep, s_at, jac, at, sigma)
-        loo[i] = (s_at[i] + jac[i] @ (t_i - center) - y[i]) / y[i]
-    factors = tuple(FactorFit(n, float(theta[j]), float(math.sqrt(cov[j, j])), table[n].prior, table[n].sigma,
-                              (table[n].low, table[n].high), bool(bound[j]), table[n].source)
+        loo_theta.append(solve(keep, s_at, jac, at, sigma)[0] if len(keep) else None)
+    return _SetFit(names, theta, cov, bound, sigma, s_at, jac, center, loo_theta)
+
+
+def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | None = None,
+             guard: bool = True) -> RunsFit:
+    """Fit the factors of :func:`factors_for` to ``runs`` (all of one device and stack: a run of another is one
+    InputError naming its row). ``relinearize``: one more linearization around the solution (default: when at
+    most 30 runs).
+
+    With 3-9 runs the three-factor set competes with the single ``compute_scale``: the set whose leave-one-out
+    errors are smaller is kept (what the runs can identify). ``guard`` (default): the chosen factors are then blended with
+    their priors, ``prior + w (fitted - prior)``, ``w`` in :data:`BLEND_GRID` minimizing the mean leave-one-out
+    |error|; ``w = 0`` is the uncalibrated model, so on the user's runs the calibration's leave-one-out error is
+    never worse than uncalibrated (with one run nothing is left out: ``w = 1``). ``guard=False``: the full set,
+    unblended (the plain Bayesian fit)."""
+    started = time.perf_counter()
+    if not runs:
+        raise InputError("no runs to fit")
+    device, stack = runs_device_stack(list(runs))
+    table = factor_table(device, stack)
+    rf = band_data().runs_fit
+    y = np.array([r.measured for r in runs])
+    if relinearize is None:
+        relinearize = len(runs) <= 30
+    names = factors_for(len(runs))
+    base = _linearize(runs, table, names, {n: table[n].prior for n in names})
+    uncal = base[0]
+    candidates = [_fit_set(runs, names, table, y, relinearize, base)]
+    if guard and 3 <= len(runs) < 10:
+        candidates.append(_fit_set(runs, ("compute_scale",), table, y, relinearize,
+                                   (uncal, _compute_scale_column(base[1], names))))
+    best = None
+    for cand in candidates:
+        p0 = np.array([table[n].prior for n in cand.names])
+        for w in (BLEND_GRID[::-1] if guard and len(runs) >= 2 else (1.0,)):
+            if w == 0.0 and cand is not candidates[0]:
+                continue
+            score = float(np.mean(np.abs(cand.loo_errors(w, p0, uncal, y))))
+            # ties: the fuller fit (more factors, then the larger weight)
+            if best is None or score < best[0] - 1e-12:
+                best = (score, cand, w)
+    _, chosen, w = best
+    names = chosen.names
+    p0 = np.array([table[n].prior for n in names])
+    prior_sigma = np.array([table[n].sigma for n in names])
+    theta = p0 + w * (chosen.theta - p0)
+    sd = w * np.sqrt(np.diag(chosen.cov)) + (1.0 - w) * prior_sigma
+    sigma = chosen.sigma
+    linear = chosen.s_at + chosen.jac @ (theta - chosen.center)
+    loo = chosen.loo_errors(w, p0, uncal, y)
+    factors = tuple(FactorFit(n, float(theta[j]), float(sd[j]), table[n].prior, table[n].sigma,
+                              (table[n].low, table[n].high), bool(chosen.bound[j]) and w == 1.0, table[n].source)
                     for j, n in enumerate(names))
     results = tuple(RunResult(r.run_id, float(y[i]), float(uncal[i]), float(linear[i]), float(loo[i]),
                               residual_of(r, float(linear[i])))
                     for i, r in enumerate(runs))
     warnings = _warnings(runs, loo, factors)
+    if len(names) < len(factors_for(len(runs))):
+        warnings.append(f"{len(runs)} runs do not identify {', '.join(factors_for(len(runs)))} separately (their "
+                        "leave-one-out errors are smaller with one compute_scale): compute_scale is fitted")
+    if w < 1.0:
+        uncal_loo = float(np.median(np.abs((uncal - y) / y)))
+        warnings.append(f"guard: the fitted factors are taken {100 * w:.0f}% of the way from their priors (the "
+                        f"leave-one-out error is smallest there; uncalibrated median |error| {100 * uncal_loo:.1f}%)"
+                        + ("; the calibration is the uncalibrated model" if w == 0.0 else ""))
     for i, r in enumerate(runs):
         err = (linear[i] - y[i]) / y[i]
         if abs(err) > float(rf["outlier_rel"]):
             warnings.append(f"run {r.run_id} (row {r.row}): the fitted factors leave it at {100 * err:+.1f}% (the "
                             "priors keep them from explaining it: check its plan and measurement)")
-    if len(runs) >= 3:
-        before = float(np.median(np.abs((uncal - y) / y)))
-        after = float(np.median(np.abs(loo)))
-        if after >= before:
-            warnings.append(f"leave-one-out median |error| {100 * after:.1f}% is not better than uncalibrated "
-                            f"{100 * before:.1f}%: the runs disagree in ways these factors do not remove (the "
-                            "calibration may not help other plans)")
     for f in factors:
         if abs(f.value - f.prior) > 3.0 * f.prior_sigma:
             warnings.append(f"factor {f.name} = {f.value:.3g} is more than 3 prior sigmas from {f.prior:g} "
                             "(a physics gap the factor absorbs, or a wrong plan)")
     return RunsFit(device=device, stack=stack, factors=factors, runs=results, sigma=sigma,
-                   warnings=tuple(warnings), seconds=time.perf_counter() - started, runs_file=runs_file)
+                   warnings=tuple(warnings), seconds=time.perf_counter() - started, runs_file=runs_file,
+                   blend=w)
+
+
+def _compute_scale_column(jac: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """d step / d compute_scale from the per-kernel columns (compute_scale moves every kernel factor at once;
+    the host overhead is not a kernel time)."""
+    cols = [j for j, n in enumerate(names) if n in ("gemm_scale", "attention_scale", "memory_scale")]
+    return jac[:, cols].sum(axis=1, keepdims=True)
 
 
 def _warnings(runs: Sequence[Run], loo: np.ndarray, factors: Sequence[FactorFit]) -> list[str]:
@@ -436,6 +516,25 @@ def shipped_residuals(use_cache: bool = True) -> tuple[Residual, ...]:
     return out
 
 
+_SIGMA: list = []
+
+
+def model_sigma() -> float:
+    """The per-run relative error a fit of factors cannot remove, a priori: the pooled within-(device, stack)
+    standard deviation of the shipped runs' residuals under the current estimator (what one overall factor per
+    device and stack leaves), never below band.yaml ``runs_fit.run_sigma`` (measurement repeatability)."""
+    if _SIGMA:
+        return _SIGMA[0]
+    groups: dict = {}
+    for r in shipped_residuals():
+        groups.setdefault((r.device, r.stack), []).append(r.error)
+    ss = sum(float(((np.array(v) - np.mean(v)) ** 2).sum()) for v in groups.values())
+    dof = sum(len(v) - 1 for v in groups.values())
+    value = max(float(band_data().runs_fit["run_sigma"]), math.sqrt(ss / dof) if dof > 0 else 0.0)
+    _SIGMA[:] = [value]
+    return value
+
+
 def calibrated_sigma(calibration: Calibration | None) -> float | None:
     """The per-run error a runs-fit calibration was fitted with (None for other calibrations)."""
     data = calibration.provenance.get(FIT_KIND) if calibration is not None else None
@@ -476,19 +575,34 @@ def calibrated_residuals(calibration: Calibration | None) -> tuple[Residual, ...
     return tuple(out)
 
 
+_VARIOGRAM: list = []
+
+
+def shipped_variogram():
+    """The :class:`tpsim.estimator.band.Variogram` of the shipped runs' residuals (computed once per process)."""
+    from .estimator.band import fit_variogram
+
+    if not _VARIOGRAM:
+        _VARIOGRAM[:] = [fit_variogram(shipped_residuals())]
+    return _VARIOGRAM[0]
+
+
 def plan_band(residuals: Sequence[Residual] | None, *, model: Any, cluster: Any, plan: Any, stack: str,
               calibration: Calibration | None = None, exclude: str | None = None):
-    """The residual band of one plan: the runs of a runs-fit ``calibration`` (their leave-one-out residuals,
-    kind ``calibrated``), else ``residuals`` (default: the shipped runs, kind ``residuals``)."""
-    from .estimator.band import residual_band
+    """The residual band of one plan: the runs of a runs-fit ``calibration`` (their leave-one-out residuals and
+    distances from the plan, :func:`tpsim.estimator.band.calibrated_band`, kind ``calibrated``), else
+    ``residuals`` (default: the shipped runs, kind ``residuals``)."""
+    from .estimator.band import calibrated_band, residual_band
 
     own = calibrated_residuals(calibration)
-    kind = "calibrated" if own else "residuals"
-    pool = own or (residuals if residuals is not None else shipped_residuals())
+    if own:
+        return calibrated_band(own, shipped_variogram(), params=float(model.total_params()),
+                               gpus=int(cluster.num_gpus), tp=plan.tp, cp=plan.cp, pp=plan.pp, dtype=plan.dtype,
+                               recompute=plan.recompute, seq_len=int(model.seq_len), exclude=exclude)
+    pool = residuals if residuals is not None else shipped_residuals()
     return residual_band(pool, device=cluster.device.name, stack=stack, params=float(model.total_params()),
                          gpus=int(cluster.num_gpus), tp=plan.tp, cp=plan.cp, pp=plan.pp, dtype=plan.dtype,
-                         recompute=plan.recompute, seq_len=int(model.seq_len), kind=kind, exclude=exclude,
-                         prior_sigma=calibrated_sigma(calibration) if own else None)
+                         recompute=plan.recompute, seq_len=int(model.seq_len), kind="residuals", exclude=exclude)
 
 
 def banded(result: Any, model: Any, cluster: Any, calibration: Calibration | None = None) -> Any:

@@ -233,12 +233,32 @@ def run(args: argparse.Namespace) -> int:
     print(model.summary())
     print(plan_header(result, model, clusters[-1], batch))
     print_ranking(result, args, compared)
+    line = _band_line(result, model, clusters[-1]) if compared is None and len(result) else None
+    if line:
+        print(line)
     if args.export_format:
         _export(args, result, model, file=sys.stdout)
     if args.validate_top:
         from ..validate.top import run_validate_top
         return run_validate_top(args, result, model, clusters[-1])
     return 0
+
+
+def _band_line(result: Any, model: Any, cluster: Any) -> str | None:
+    """The residual band of the best plan (as ``--json`` gives every plan's, docs/RUNS.md), with its basis."""
+    from ..runfit import band_plan_dicts
+
+    plans = result.to_json(1)["plans"][:1]
+    if not plans:
+        return None
+    band_plan_dicts(plans, model, cluster, result.stack_name)
+    d = plans[0]
+    b = d.get("band_basis")
+    if not b or "step_time_s_low" not in d:
+        return None
+    kind = "calibration runs" if b["kind"] == "calibrated" else "measured runs"
+    return (f"band of #1: step time {d['step_time_s_low']:.3f}-{d['step_time_s_high']:.3f} s (90%, from the "
+            f"residuals of {b['n']} {kind}: {b['group']})")
 
 
 def whole_run_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -272,3 +272,82 @@ def apply_band(result: Any, band: ResidualBand) -> Any:
                                tokens_per_s_high=result.tokens_per_s * step / low,
                                mfu_low=result.mfu * step / high, mfu_high=result.mfu * step / low,
                                band_basis=band.basis)
+
+
+# ------------------------------------------------------------------- calibrated bands: distance in plan space
+
+@dataclass(frozen=True)
+class Variogram:
+    """How far apart two runs' residuals are as their plans are apart: ``gamma(d) = nugget + slope d`` is half
+    the mean squared difference of the log residuals of two runs of one device and stack at distance ``d``
+    (:meth:`Residual.distance`), fitted by least squares over every such pair of the shipped runs."""
+
+    nugget: float
+    slope: float
+    pairs: int
+
+    def gamma(self, d: float) -> float:
+        """Between two different runs (a run with itself: 0; a new plan is never the same measurement)."""
+        return self.nugget + self.slope * d
+
+
+def fit_variogram(residuals: Sequence[Residual]) -> Variogram:
+    """The :class:`Variogram` of ``residuals`` (pairs of the same device and stack); with fewer than 10 pairs a
+    flat one at the pooled variance, never below half band.yaml ``runs_fit.run_sigma`` squared."""
+    floor = 0.5 * float(band_data().runs_fit["run_sigma"]) ** 2
+    d, g = [], []
+    for i, a in enumerate(residuals):
+        for b in residuals[i + 1:]:
+            if a.device == b.device and a.stack == b.stack:
+                d.append(a.distance(b.params, b.gpus, b.tp, b.cp, b.pp, b.dtype, b.recompute, b.seq_len))
+                g.append(0.5 * (a.error - b.error) ** 2)
+    if len(d) < 10:
+        e = np.array([r.error for r in residuals]) if residuals else np.zeros(1)
+        return Variogram(max(float(e.var()), floor), 0.0, len(d))
+    a_ = np.c_[np.ones(len(d)), np.array(d)]
+    nugget, slope = np.linalg.lstsq(a_, np.array(g), rcond=None)[0]
+    return Variogram(max(float(nugget), floor), max(float(slope), 0.0), len(d))
+
+
+def _kriging_var(vg: Variogram, to_plan: Sequence[float], among: np.ndarray) -> float:
+    """Variance of (the plan's residual - the mean of the runs'): ``2 mean_k gamma(d_0k) - mean_jk
+    gamma(d_jk)`` (the ordinary-kriging variance of equal weights)."""
+    n = len(to_plan)
+    cross = 2.0 * sum(vg.gamma(x) for x in to_plan) / n
+    within = sum(vg.gamma(float(among[j, k])) for j in range(n) for k in range(n) if j != k) / (n * n)
+    return max(cross - within, vg.nugget * 1e-3)
+
+
+def calibrated_band(residuals: Sequence[Residual], vg: Variogram, *, params: float, gpus: int, tp: int, cp: int,
+                    pp: int, dtype: str = "", recompute: str = "", seq_len: int = 0,
+                    exclude: str | None = None) -> ResidualBand:
+    """The band of a prediction calibrated on ``residuals`` (the calibration's runs, ``error`` their
+    leave-one-out residuals): the variance the shipped runs' :class:`Variogram` gives for a plan at its
+    distances from the runs (narrow next to them, wide far away), scaled by how well that variance predicted the
+    runs' own leave-one-out errors (pooled with a prior worth ``calibrated_prior_dof`` runs), a 90% t interval
+    on those degrees of freedom: few runs do not claim a tight band."""
+    cfg = band_data().residual
+    pool = [r for r in residuals if r.run_id != exclude]
+    if not pool:
+        return ResidualBand(1.0, 1.0, {"kind": "calibrated", "runs": [], "n": 0, "group": "no runs"})
+    feats = lambda r: (r.params, r.gpus, r.tp, r.cp, r.pp, r.dtype, r.recompute, r.seq_len)  # noqa: E731
+    n = len(pool)
+    among = np.array([[a.distance(*feats(b)) for b in pool] for a in pool])
+    nu = float(cfg["calibrated_prior_dof"])
+    ratio_ss, used = nu, 0
+    if n >= 2:  # each run's leave-one-out error against the variance the others predict for it
+        for i, r in enumerate(pool):
+            rest = [j for j in range(n) if j != i]
+            v = _kriging_var(vg, [float(among[i, j]) for j in rest], among[np.ix_(rest, rest)])
+            ratio_ss += r.error ** 2 / v
+            used += 1
+    scale2 = ratio_ss / (nu + used)
+    to_plan = [r.distance(params, gpus, tp, cp, pp, dtype, recompute, seq_len) for r in pool]
+    var = scale2 * _kriging_var(vg, to_plan, among)
+    half = t_quantile_95(int(nu) + used) * math.sqrt(var)
+    low = max(math.exp(-half), MIN_LOW_FRACTION)
+    nearest = min(to_plan)
+    group = (f"calibration runs, nearest at distance {nearest:.1f} (variogram of {vg.pairs} shipped run pairs, "
+             f"spread x{math.sqrt(scale2):.2f} from the runs' leave-one-out errors)")
+    return ResidualBand(low, math.exp(half), {"kind": "calibrated", "runs": [r.run_id for r in pool], "n": n,
+                                               "group": group})
