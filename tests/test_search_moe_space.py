@@ -75,7 +75,8 @@ def test_ranking_is_the_full_space_ranking(mixtral, stack_name):
     assert pruned.evaluated == full.evaluated
     assert pruned.enumerated + pruned.left_out == full.enumerated
     assert pruned.rejected.get("memory") == full.rejected.get("memory")
-    assert set(pruned.rejected) <= {"memory"} and not pruned.stack_rejected
+    assert pruned.rejected.get("headroom") == full.rejected.get("headroom")  # the planner's HBM headroom
+    assert set(pruned.rejected) <= {"memory", "headroom"} and not pruned.stack_rejected
 
 
 @pytest.mark.parametrize("name, gpus, batch", [("mixtral-8x7b", 64, 256), ("mixtral-8x7b", 256, 256),
