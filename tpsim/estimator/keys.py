@@ -33,8 +33,29 @@ def distinct(*cols: np.ndarray) -> Keys:
     key = np.zeros(n, dtype=np.int64)
     for c in ints:
         key = key * (int(c.max()) + 1) + c
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    return Keys(rows=np.stack([c[first] for c in ints], axis=1), first=first, inverse=inverse.reshape(-1))
+    first, inverse = _group(key)
+    return Keys(rows=np.stack([c[first] for c in ints], axis=1), first=first, inverse=inverse)
+
+
+def _group(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(one plan of each distinct key, ascending; the key index of every plan). ``first`` is *a* plan of the
+    key, not necessarily the earliest: the stages only read the key's columns from it. A small key range is
+    grouped through a table (linear); a large one by one unstable sort (what ``np.unique`` does with
+    ``return_index``, less its stable merge sort)."""
+    n = key.size
+    span = int(key.max()) + 1
+    if span <= 4 * n:
+        plan_of = np.full(span, -1, dtype=np.int64)
+        plan_of[key] = np.arange(n, dtype=np.int64)
+        present = plan_of >= 0
+        return plan_of[present], (np.cumsum(present) - 1)[key]
+    order = key.argsort()
+    step = np.empty(n, dtype=bool)
+    step[0] = True
+    np.not_equal(key[order[1:]], key[order[:-1]], out=step[1:])
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = np.cumsum(step) - 1
+    return order[step], inverse
 
 
 def sorted_values(values: Any) -> np.ndarray:
