@@ -12,9 +12,10 @@ that takes ``--calibration`` applies them the same way.
 run is linearized in the factors by forward differences of the estimator around the prior means (and re-linearized
 once around the solution when few runs allow it), relative residuals ``(predicted - measured) / measured`` carry a
 per-run model error ``sigma`` (a priori :func:`model_sigma`, the pooled within-(device, stack) scatter of the
-shipped runs' residuals; pooled with the runs' own scatter when they outnumber the factors), and each factor has a Gaussian prior from the shipped data (band.yaml ``runs_fit``) so that few runs
-cannot drive it to nonsense; the maximum a-posteriori values are clipped to their bounds (an active-set pass), and
-each factor's uncertainty is its posterior standard deviation. Leave-one-out: the fit without run i predicts run i.
+shipped runs' residuals; pooled with the runs' own scatter when they outnumber the factors), and each factor has a
+Gaussian prior from the shipped data (band.yaml ``runs_fit``) so that few runs cannot drive it to nonsense; the
+maximum a-posteriori values are clipped to their bounds (an active-set pass), and each factor's uncertainty is
+its posterior standard deviation. Leave-one-out: the fit without run i predicts run i.
 
 **Guard.** With 3-9 runs the three-factor set competes with one ``compute_scale`` (whichever predicts the left-out
 runs better is kept: what the runs identify), and the chosen factors are blended with their priors by the weight
@@ -341,11 +342,11 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     most 30 runs).
 
     With 3-9 runs the three-factor set competes with the single ``compute_scale``: the set whose leave-one-out
-    errors are smaller is kept (what the runs can identify). ``guard`` (default): the chosen factors are then blended with
-    their priors, ``prior + w (fitted - prior)``, ``w`` in :data:`BLEND_GRID` minimizing the mean leave-one-out
-    |error|; ``w = 0`` is the uncalibrated model, so on the user's runs the calibration's leave-one-out error is
-    never worse than uncalibrated (with one run nothing is left out: ``w = 1``). ``guard=False``: the full set,
-    unblended (the plain Bayesian fit)."""
+    errors are smaller is kept (what the runs can identify). ``guard`` (default): the chosen factors are then
+    blended with their priors, ``prior + w (fitted - prior)``, ``w`` in :data:`BLEND_GRID` minimizing the mean
+    leave-one-out |error|; ``w = 0`` is the uncalibrated model, so on the user's runs the calibration's
+    leave-one-out error is never worse than uncalibrated (with one run nothing is left out: ``w = 1``).
+    ``guard=False``: the full set, unblended (the plain Bayesian fit)."""
     started = time.perf_counter()
     if not runs:
         raise InputError("no runs to fit")
