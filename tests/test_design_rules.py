@@ -19,7 +19,7 @@ LAYERS = ["errors", "limits", "units", "io", "boundedjson", "cachefile", "parsec
           "schemas", "procs", "calibration", "model", "hardware",
           "precision", "pipeline", "plan", "tp_plan", "comm_plan", "topology", "stacks", "collectives", "compute",
           "estimator", "opgraph", "train", "runs", "runfit", "search", "report", "launch", "design", "bench", "profiler",
-          "validate", "trace", "cli"]
+          "validate", "trace", "work", "cli"]
 TORCH_ALLOWED = ("validate", "profiler", "bench", "trace")
 ENTRY_POINTS = ("__main__.py",)
 """``python -m tpsim.x`` entry points sit with the command line, above every layer."""

@@ -298,7 +298,7 @@ def typed_cells(schema: Schema, cells: Mapping[str, str]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------------- registry
 _REGISTRY: dict[str, Schema] = {}
-SCHEMA_MODULES = ("tpsim.schemas",)
+SCHEMA_MODULES = ("tpsim.schemas", "tpsim.design.sweep")
 """Modules that declare and register schemas; :func:`schemas` imports them all. A format whose schema is
 declared in its own module (the runs CSV in tpsim/runs.py, a sweep file in tpsim/design/) lists it here."""
 

@@ -397,33 +397,5 @@ RELIABILITY = register(Schema("reliability", {
                        "tpsim/data/reliability.yaml)"))
 
 
-
-# ----------------------------------------------------------------------------------------------- sweep files
-def _sweep_schema() -> Schema:
-    from .design.sweep import AXES, OBJECTIVES
-    from .hardware import DTYPES
-    from .limits import MAX_MODELS
-
-    return Schema("sweep", {
-        "name": Str(max_len=128), "description": Str(), "source": Any_(), "note": Any_(),
-        "axes": Map(Schema("sweep axes", {
-            axis: Any_(required=axis in ("device", "gpus"), doc="a value, a list, or a range {from, to, step|factor} "
-                                                                "(tpsim/design/sweep.py checks each value)")
-            for axis in AXES}, doc="other keys: refused by the reader, naming the axes"), required=True),
-        "models": List(Any_(doc="a preset name or {model, tokens, global_batch, seq_len, name}"), max_len=MAX_MODELS,
-                       required=True),
-        "family": Map(Schema("sweep family", {
-            "model": Str(max_len=4096, required=True),
-            "scale": List(Float(minimum=0.01, inclusive=True, maximum=1e4), max_len=32),
-            "global_batch": Int("global_batch", also=OPTIONAL), "tokens": Any_(),
-        }, extra="refuse"), also=OPTIONAL),
-        "stack": Str(max_len=4096), "dtype": Enum(*DTYPES), "objective": Enum(*OBJECTIVES),
-        "skip_impossible": Bool(),
-    }, extra="refuse", doc="a tpsim design sweep file (docs/DESIGN.md; expanded by tpsim/design/sweep.py)")
-
-
-SWEEP = register(_sweep_schema())
-
-
-__all__ = ["SWEEP", "RUNS_ROW", "RELIABILITY", "CLUSTER", "NODE", "PROFILE_ROW", "FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
+__all__ = ["RUNS_ROW", "RELIABILITY", "CLUSTER", "NODE", "PROFILE_ROW", "FILE_LIMITS", "MEGATRON", "MEGATRON_OTHER_INT", "DEEPSPEED", "NEMO", "TORCHTITAN", "HF_CONFIG", "OPGRAPH", "STACK", "CALIBRATION",
            "is_interpolation"]

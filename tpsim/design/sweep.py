@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import InputError
 from ..limits import HARD_MAX_DESIGNS, MAX_AXIS_VALUES, MAX_DESIGNS, MAX_MODELS  # noqa: F401 (importable here)
+from ..schema import Any_, Bool, Enum, Float, Int, List, Map, Schema, Str, register
 
 AXES = ("device", "nvlink_domain", "nics_per_gpu", "nic_gbps", "fabric", "oversubscription", "gpus",
         "gpu_hour_price", "power_w")
@@ -38,6 +39,32 @@ FAMILY_KEYS = ("model", "scale", "global_batch", "tokens")
 SECONDS_PER_TASK = 0.7
 """cold planning time of one task (one cluster x one model, Llama-3-70B's full plan space on one core of the
 2-core reference machine: 0.7-0.9 s, benchmarks/bench_design.py) for the size estimate printed first."""
+
+
+def _sweep_schema() -> Schema:
+    from ..hardware import DTYPES
+
+    optional = (None,)
+    return Schema("sweep", {
+        "name": Str(max_len=128), "description": Str(), "source": Any_(), "note": Any_(),
+        "axes": Map(Schema("sweep axes", {
+            axis: Any_(required=axis in ("device", "gpus"), doc="a value, a list, or a range {from, to, step|factor} "
+                                                                "(tpsim/design/sweep.py checks each value)")
+            for axis in AXES}, doc="other keys: refused by the reader, naming the axes"), required=True),
+        "models": List(Any_(doc="a preset name or {model, tokens, global_batch, seq_len, name}"), max_len=MAX_MODELS,
+                       required=True),
+        "family": Map(Schema("sweep family", {
+            "model": Str(max_len=4096, required=True),
+            "scale": List(Float(minimum=0.01, inclusive=True, maximum=1e4), max_len=32),
+            "global_batch": Int("global_batch", also=optional), "tokens": Any_(),
+        }, extra="refuse"), also=optional),
+        "stack": Str(max_len=4096), "dtype": Enum(*DTYPES), "objective": Enum(*OBJECTIVES),
+        "skip_impossible": Bool(),
+    }, extra="refuse", doc="a tpsim design sweep file (docs/DESIGN.md; expanded by tpsim/design/sweep.py)")
+
+
+SWEEP = register(_sweep_schema())
+"""the declared schema of a sweep file (tpsim.schema.SCHEMA_MODULES lists this module)."""
 
 
 @dataclass(frozen=True)
@@ -294,7 +321,6 @@ def sweep_size(path: str | Path) -> tuple[int, int]:
     ``tpsim design`` would expand and plan (tpsim/work.py checks them before anything is loaded)."""
     from ..safeyaml import read_yaml
     from ..schema import check
-    from ..schemas import SWEEP
 
     p = Path(path)
     data = read_yaml(p, "sweep file")
@@ -321,7 +347,6 @@ def load_sweep(path: str | Path | None = None, data: Mapping[str, Any] | None = 
     if not isinstance(data, Mapping):
         raise InputError(f"{where}: a sweep file is a mapping (axes, models, stack, objective)")
     from ..schema import check
-    from ..schemas import SWEEP
 
     check(SWEEP, data, where)  # types, enums and sizes of every key before any of it is used (issue 26)
     unknown = sorted(set(data) - set(TOP_KEYS))
