@@ -16,13 +16,11 @@ constants and with each fitted constant left out (its device class falling back 
 The fitted constants (tpsim/data/efficiency.yaml, each with its rows): ``gemm_in_situ_fraction`` per device
 architecture (``by_architecture``). Nothing else here is fitted.
 
-The torchtitan H100 rows (``tt_*``) ran on Meta's lower-TDP (500 W) H100 SXM boards with HBM2e (torchtitan
-paper: "non-standard ... peak TFLOPs between SXM and NVL, we don't know the exact value"); no sourced sustained
-clock or power curve of that board was found, so they run on the 700 W DGX device and stay out of the Hopper
-fit. Their torchtitan physics (FSDP2 copies, eager rotary, GQA K/V repeat, per-op SAC) is shared with the A100
-torchtitan rows, which it brings to 2.2% mean; the H100 rows' remaining +16-21% is what a Hopper in-situ fraction
-of 0.77 (0.87 of the 700 W part's 0.879) would absorb when fitted on them: not shipped (a device figure, not a
-stack one).
+The torchtitan H100 rows (``tt_*``) ran on Meta's lower-TDP (500 W) H100 SXM boards with 96 GB HBM2e (torchtitan
+paper: "non-standard ... peak TFLOPs between SXM and NVL"); they run on the device ``H100-SXM-96GB``
+(tpsim/data/devices.yaml: H100 peaks and kernel data, 2.4 TB/s, its clock interpolated in power between the
+H100 NVL and SXM datasheet points, no fitted figure) and stay out of the Hopper fit (its constant describes the
+700 W part; with them it would be 0.870 instead of 0.861).
 """
 
 from __future__ import annotations
