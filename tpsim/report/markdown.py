@@ -21,6 +21,7 @@ from ..io import atomic_write_text
 from ..model import ModelSpec
 from ..search import SearchResult, SearchSpace
 from . import analysis, charts
+from .analysis import search  # the report's search: with the residual band of `tpsim estimate`
 from .network import inter_node_bandwidth_GBps, scale_inter_node_bandwidth
 
 CHART_FILES = ("breakdown", "tp_sweep", "time_memory", "scaling", "tp_bandwidth")
@@ -277,7 +278,7 @@ def write_report(inputs: ReportInputs, out_dir: str | Path, *,
     cluster = loader(inputs.cluster, gpus=inputs.gpus)
     kw = dict(compute=inputs.compute, progress=progress, stack=inputs.stack)
     log("searching the full space")
-    result = analysis.search(model, cluster, inputs.global_batch, space=space, gpu_hour_price=inputs.gpu_hour_price, **kw)
+    result = search(model, cluster, inputs.global_batch, space=space, gpu_hour_price=inputs.gpu_hour_price, **kw)
     check_found(result)
     if inputs.flops_convention:
         result = result.in_convention(inputs.flops_convention)
