@@ -294,7 +294,14 @@ def _error_bars(ax) -> list:
     return [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.get_label() == "error band"]
 
 
-def test_error_bands_are_drawn_as_error_bars(problem):
+def test_error_bands_are_drawn_as_error_bars(problem, monkeypatch):
+    from tpsim import runfit
+    from tpsim.estimator.band import ResidualBand
+
+    # the report's studies take the residual band of `tpsim estimate` (runfit.plan_band): the same factors here
+    monkeypatch.setattr(runfit, "plan_band", lambda *a, **k: ResidualBand(0.95, 1.10, {"kind": "residuals",
+                                                                                      "runs": [], "n": 0,
+                                                                                      "group": "test"}))
     model, cluster = problem
     result = search(model, cluster, 64, space=SPACE, estimator=_banded_estimator)
     assert "step_time_s_low" in result.columns and "tokens_per_s_high" in result.columns

@@ -122,8 +122,14 @@ def predict(run: Run, values: Mapping[str, float] | None = None, calibration: Ca
     if values is not None:
         cal = Calibration(compute=compute_calibration(values))
     cluster = _cluster(run) if memo else run.load_cluster()
-    return estimate(run.model, cluster, run.plan, stack=run.stack, calibration=cal,
-                    compute=_fit_compute(run) if memo else None)
+    compute = _fit_compute(run) if memo else None
+    if getattr(run.model, "family", "") == "opgraph":  # a traced graph, as `tpsim estimate --model X.ops.json`
+        from .opgraph.estimate import estimate_graph
+        from .stacks import load_stack
+
+        return estimate_graph(run.model, cluster, run.plan, compute=compute, stack=load_stack(run.stack),
+                              calibration=cal)
+    return estimate(run.model, cluster, run.plan, stack=run.stack, calibration=cal, compute=compute)
 
 
 _CLUSTERS: dict = {}

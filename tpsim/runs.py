@@ -306,16 +306,19 @@ def _run(row: Mapping[str, str], line: int, p: Path, check_stack: bool) -> Run:
     try:
         model_ref = _resolve_path(row["model"], p)
         overrides = {k: _int(row[k], where, k) for k in MODEL_OVERRIDES if row.get(k)}
-        if model_ref.endswith(".ops.json"):
-            raise InputError(f"model={row['model']!r}: traced models (.ops.json) in a runs file are not supported "
-                             "yet (use the preset or config.json the trace came from)")
-        model = load_model(model_ref)
-        model = with_overrides(model, **overrides)
-        require_modelled(model)
+        from .opgraph.schema import is_opgraph_path
+
+        traced = is_opgraph_path(model_ref)
+        gpus = _int(row["gpus"], where, "gpus")
+        if traced:  # a traced graph (tpsim trace), read as `tpsim estimate --model X.ops.json` reads it
+            model = _graph_model(row, model_ref, p, overrides, gpus)
+        else:
+            model = load_model(model_ref)
+            model = with_overrides(model, **overrides)
+            require_modelled(model)
         if row.get("moe_balance"):
             model = _moe_balance(model, row["moe_balance"], where)
         cluster = _resolve_path(row["cluster"], p)
-        gpus = _int(row["gpus"], where, "gpus")
         stack = _resolve_path(row.get("stack") or model.default_plan.get("stack") or "megatron", p)
         fields: dict[str, Any] = {}
         for name in INT_PLAN:
@@ -331,7 +334,10 @@ def _run(row: Mapping[str, str], line: int, p: Path, check_stack: bool) -> Run:
         dp = fields.pop("dp", None)
         gbs = fields.pop("global_batch", None)
         # a runs file states its plan: what it leaves out takes the Plan defaults, not the preset's plan
-        plan = make_plan(dataclass_defaults_model(model), gpus, global_batch=gbs, **fields)
+        if traced:
+            plan = _graph_plan(model, gpus, gbs, fields)
+        else:
+            plan = make_plan(dataclass_defaults_model(model), gpus, global_batch=gbs, **fields)
         if dp is not None and dp != plan.dp:
             raise InputError(f"{where}: dp={dp} disagrees with gpus / (tp x cp x pp) = {plan.dp}")
         measured_as = next((m for m in MEASUREMENTS if row.get(m)), None)
@@ -369,6 +375,33 @@ def _run(row: Mapping[str, str], line: int, p: Path, check_stack: bool) -> Run:
         if message.startswith(str(p)):
             raise
         raise InputError(f"{where}: {message}") from None
+
+
+def _graph_model(row: Mapping[str, str], ref: str, p: Path, overrides: Mapping[str, int], gpus: int) -> Any:
+    """The :class:`tpsim.opgraph.model.OpGraphModel` of a row naming a ``*.ops.json`` file (a relative path is
+    relative to the runs file's folder; the bounded reader of ``tpsim estimate --model X.ops.json``)."""
+    from .opgraph.model import load_graph_model
+
+    if overrides:
+        raise InputError(f"{', '.join(overrides)}: a traced model's shapes are its op graph's (trace it again "
+                         "with other --kwarg values)")
+    if row.get("moe_balance"):
+        raise InputError("moe_balance: a traced model is planned as a dense model")
+    path = Path(ref).expanduser()
+    if not path.is_absolute():
+        path = p.parent / path
+    return load_graph_model(path).with_gpus(gpus)
+
+
+def _graph_plan(model: Any, gpus: int, gbs: int | None, fields: Mapping[str, Any]) -> Plan:
+    """The plan of a traced-model row (``make_graph_plan``: no context or expert parallelism)."""
+    from .opgraph.model import make_graph_plan
+
+    for name in ("cp", "ep", "etp"):
+        if int(fields.get(name) or 1) > 1:
+            raise InputError(f"{name}={fields[name]}: a traced model has no context or expert parallelism")
+    values = {k: v for k, v in fields.items() if k not in ("cp", "cp_kind", "ep", "etp")}
+    return make_graph_plan(model, gpus, global_batch=gbs, **values)
 
 
 def dataclass_defaults_model(model: ModelSpec) -> ModelSpec:

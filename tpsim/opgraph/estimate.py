@@ -258,12 +258,12 @@ def _pick(index: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None,
-                   flavor: str, conv_times: Any) -> EstimateBatch:
+                   flavor: str, conv_times: Any, calibration: Any = None) -> EstimateBatch:
     """The formulas of the transformer estimator over units of any shape (module docstring)."""
     n = len(plans)
     device = cluster.device
     roofline = compute if isinstance(compute, RooflineModel) else RooflineModel(device)
-    compute, host_s, warnings = _calibrated(cluster, compute or roofline)
+    compute, host_s, warnings = _calibrated(cluster, compute or roofline, calibration)
     act_b = activation_bytes(plans.dtype)
     sb = state_bytes(plans.dtype)  # Megatron-LM's dtypes (tpsim/precision.py)
     w_bytes, master_bytes, moment_bytes = sb.weights, sb.master, sb.moments
@@ -458,14 +458,15 @@ def _algorithm_codes(curves: _Curves, plans: PlanBatch, res: dict[str, np.ndarra
     return codes, tuple(names)
 
 
-def _calibrated(cluster: Any, compute: ComputeModel) -> tuple[ComputeModel, float, tuple[str, ...]]:
+def _calibrated(cluster: Any, compute: ComputeModel, calibration: Any = None
+                ) -> tuple[ComputeModel, float, tuple[str, ...]]:
     """The cluster's calibration ``compute`` section, as the estimator's context applies it: kernel-time
     factors and host overhead per layer (seconds) when fitted for this device; else a warning."""
     from ..compute.scaled import ScaledCompute
     from ..estimator.context import _profile_warnings
 
     warnings = list(_profile_warnings(compute, cluster.device.name))
-    cal = getattr(getattr(cluster, "spec", None), "calibration", None)
+    cal = calibration if calibration is not None else getattr(getattr(cluster, "spec", None), "calibration", None)
     fit = getattr(cal, "compute", None)
     if fit is None:
         return compute, 0.0, tuple(warnings)
@@ -512,33 +513,35 @@ _CONTEXTS: dict[tuple, tuple] = {}
 
 
 def graph_context(model: OpGraphModel, cluster: Any, compute: ComputeModel | None = None, flavor: str = "megatron",
-                  conv_times: Any = None, stack: Any = None) -> Any:
+                  conv_times: Any = None, stack: Any = None, calibration: Any = None) -> Any:
     """An :class:`EstimationContext` whose layer source is the graph (transformer-like graphs), remembered
     by the inputs' identity like :func:`tpsim.estimator.context_for`."""
     from ..estimator.context import EstimationContext
     from .source import OpGraphSource
 
-    key = (id(model), id(cluster), id(compute), flavor, id(conv_times), id(stack))
+    key = (id(model), id(cluster), id(compute), flavor, id(conv_times), id(stack), id(calibration))
     hit = _CONTEXTS.get(key)
     if hit is None or hit[1] is not model or hit[2] is not cluster:
         source = OpGraphSource(model.graph, model.tp_plan, flavor, conv_times)
-        ctx = EstimationContext.build(model, cluster, compute, flavor=flavor, source=source, stack=stack)  # type: ignore[arg-type]
-        hit = _CONTEXTS[key] = (ctx, model, cluster, compute)
+        ctx = EstimationContext.build(model, cluster, compute, flavor=flavor, source=source, stack=stack,  # type: ignore[arg-type]
+                                      calibration=calibration)
+        hit = _CONTEXTS[key] = (ctx, model, cluster, compute, calibration)
         while len(_CONTEXTS) > 16:
             _CONTEXTS.pop(next(iter(_CONTEXTS)))
     return hit[0]
 
 
 def _stages_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None, flavor: str,
-                  conv_times: Any, stack: Any = None) -> EstimateBatch:
+                  conv_times: Any, stack: Any = None, calibration: Any = None) -> EstimateBatch:
     """The estimator's own stages (and totals: FLOPs and tokens from the source) on the graph's layer source."""
     from ..estimator.core import run_stages
 
-    return run_stages(graph_context(model, cluster, compute, flavor, conv_times, stack), plans)
+    return run_stages(graph_context(model, cluster, compute, flavor, conv_times, stack, calibration), plans)
 
 
 def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None = None,
-                         flavor: str = "megatron", conv_times: Any = None, stack: Any = None) -> EstimateBatch:
+                         flavor: str = "megatron", conv_times: Any = None, stack: Any = None,
+                         calibration: Any = None) -> EstimateBatch:
     """Estimate every plan of the batch for the traced model (plans valid for it on ``cluster``); ``stack``
     (a training-stack profile or name) applies to transformer-like graphs, which run the estimator's stages."""
     from .source import transformer_like
@@ -550,16 +553,18 @@ def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, co
         bad = int(np.argmax(wrong))
         raise InputError(f"plan {plans.plan(bad).short()} does not use the cluster's gpus={cluster.num_gpus}")
     if transformer_like(model.graph) is not None:
-        return _stages_batch(model, cluster, plans, compute, flavor, conv_times, stack)
-    return _generic_batch(model, cluster, plans, compute, flavor, conv_times)
+        return _stages_batch(model, cluster, plans, compute, flavor, conv_times, stack, calibration)
+    return _generic_batch(model, cluster, plans, compute, flavor, conv_times, calibration)
 
 
 def estimate_graph(model: OpGraphModel, cluster: Any, plan: Plan, compute: ComputeModel | None = None,
-                   flavor: str = "megatron", conv_times: Any = None, stack: Any = None) -> Estimate:
+                   flavor: str = "megatron", conv_times: Any = None, stack: Any = None,
+                   calibration: Any = None) -> Estimate:
     """Estimate one plan for the traced model (a batch of one); its warnings add the regions of the derived
     plan that run replicated at this TP degree."""
     validate_graph_plan(model, plan, cluster.num_gpus)
-    batch = estimate_graph_batch(model, cluster, PlanBatch.from_plans([plan]), compute, flavor, conv_times, stack)
+    batch = estimate_graph_batch(model, cluster, PlanBatch.from_plans([plan]), compute, flavor, conv_times, stack,
+                                 calibration)
     return batch.to_estimate(0, tuple(plan_notes(model, plan.tp)) + batch.warnings(0))
 
 

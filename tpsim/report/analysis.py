@@ -15,7 +15,8 @@ import numpy as np
 from ..model import ModelSpec
 from ..errors import InputError
 from ..limits import LIMITS
-from ..search import SearchResult, SearchSpace, search
+from ..search import SearchResult, SearchSpace
+from ..search import search as _plain_search
 from ..search.planner import BAND_FIELDS
 
 SWEEP_COLUMNS = ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "compute_s", "recompute_s", "bubble_s",
@@ -61,13 +62,20 @@ class Sweep:
         return int(self.x.size)
 
 
+def search(*args: Any, **kw: Any) -> SearchResult:
+    """:func:`tpsim.search.search` with the residual band of ``tpsim estimate`` on every row
+    (:meth:`SearchResult.with_residual_bands`: the report's charts and tables show that band and its basis)."""
+    return _plain_search(*args, **kw).with_residual_bands()
+
+
 def band_columns(columns: Mapping[str, np.ndarray]) -> tuple[str, ...]:
     """The error-band columns present (both ends of each band), in :data:`BAND_FIELDS` order."""
     def pair(name: str) -> str:
         base = name.rsplit("_", 1)[0]
         return base + ("_high" if name.endswith("_low") else "_low")
 
-    return tuple(name for name in BAND_FIELDS if name in columns and pair(name) in columns)
+    present = tuple(name for name in BAND_FIELDS if name in columns and pair(name) in columns)
+    return present + (("band_basis",) if present and "band_basis" in columns else ())
 
 
 def _sweep(result: SearchResult, axis: str, cluster: Any) -> Sweep:

@@ -19,8 +19,9 @@ import numpy as np
 from .. import __version__
 from ..io import atomic_write_text
 from ..model import ModelSpec
-from ..search import SearchResult, SearchSpace, search
+from ..search import SearchResult, SearchSpace
 from . import analysis, charts
+from .analysis import search  # the report's search: with the residual band of `tpsim estimate`
 from .network import inter_node_bandwidth_GBps, scale_inter_node_bandwidth
 
 CHART_FILES = ("breakdown", "tp_sweep", "time_memory", "scaling", "tp_bandwidth")
@@ -132,6 +133,9 @@ def _section_best(result: SearchResult, top: int) -> str:
             + ("; collectives chosen: " + ", ".join(f"{k}: {v}" for k, v in algos.items()) if algos else "") + ".",
             *[f"\n**Warning**: {w}." for w in best.get("warnings", ()) if w.startswith(MFU_WARNING_START)],
             f"\nMFU and TFLOP/s/GPU count {result.flops_convention} attention FLOPs (`--flops-convention`).",
+            *([f"\nStep-time ranges and error bars: {result.columns['band_basis'][int(idx[0])]} for the best "
+               "plan, as `tpsim estimate` gives it (each row's basis: the `band_basis` column of the CSV files)."]
+              if "band_basis" in result.columns else []),
             "", "![Step-time breakdown of the top plans](breakdown.png)", ""]
     return "\n".join(text)
 

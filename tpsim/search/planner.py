@@ -179,6 +179,8 @@ class SearchResult:
     space: SearchSpace = field(default_factory=SearchSpace)
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """estimate dicts already computed, by row index (see :meth:`estimate_dict`)."""
+    band_memo: dict = field(default_factory=dict, repr=False, compare=False)
+    """residual bands already computed, by (part, tp, cp, pp, recompute) (see :meth:`residual_bands`)."""
     duplicates: int = 0
     """plans left out of the ranking because they are twins of a ranked plan (see :meth:`variants`)."""
     cached: bool = False
@@ -245,9 +247,8 @@ class SearchResult:
         column = TIE_COLUMNS.get(self.objective)
         if column is None or column not in c:
             return np.arange(1, idx.size + 1, dtype=np.int64)
-        step, high = np.asarray(c["step_time_s"])[idx], np.asarray(c["step_time_s_high"])[idx]
         value = np.asarray(c[column], dtype=float)[idx]
-        edge = np.where(step > 0, high / np.where(step > 0, step, 1.0), 1.0) * value
+        edge = self.residual_bands(idx)[1] * value
         fits = np.asarray(c["fits_effective"])[idx]
         group, start = 0, -1
         for k in range(idx.size):
@@ -255,6 +256,55 @@ class SearchResult:
                 group, start = group + 1, k
             groups[k] = group
         return groups
+
+    def residual_bands(self, idx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+        """Per row of ``idx`` (default: the ranking): the low and high factors of its step time and the
+        ``band_basis`` of the residual band, the one ``tpsim estimate`` gives (:func:`tpsim.runfit.plan_band`;
+        the calibration in force is the row's cluster's). Remembered per (GPU count, tp, cp, pp, recompute)."""
+        from types import SimpleNamespace
+
+        from ..runfit import plan_band
+
+        idx = np.asarray(self.ranking if idx is None else idx, dtype=np.int64)
+        c = self.columns
+        keys = np.stack([np.asarray(c[name])[idx].astype(np.int64)
+                         for name in ("part", "tp", "cp", "pp", "recompute")], axis=1).reshape(idx.size, 5)
+        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+        memo = self.band_memo
+        bands = []
+        for key in map(tuple, unique.tolist()):
+            band = memo.get(key)
+            if band is None:
+                part, tp, cp, pp, rc = key
+                cluster = self.parts[part].cluster
+                plan = SimpleNamespace(tp=tp, cp=cp, pp=pp, dtype=self.space.dtype, recompute=RECOMPUTE[rc])
+                cal = getattr(getattr(cluster, "spec", None), "calibration", None)
+                band = memo[key] = plan_band(None, model=self.model, cluster=cluster, plan=plan,
+                                             stack=self.stack_name, calibration=cal)
+            bands.append(band)
+        inverse = np.asarray(inverse).reshape(-1)
+        low = np.array([b.low_factor for b in bands] or [1.0])[inverse]
+        high = np.array([b.high_factor for b in bands] or [1.0])[inverse]
+        basis = [bands[int(j)].basis for j in inverse]
+        return low, high, basis
+
+    def with_residual_bands(self) -> "SearchResult":
+        """This result with its band columns (:data:`BAND_FIELDS`) from :meth:`residual_bands` for every row
+        (report charts and tables), and a ``band_basis`` column (one text per row: kind, runs, group)."""
+        c = dict(self.columns)
+        if "step_time_s" not in c:
+            return self
+        idx = np.arange(np.asarray(c["step_time_s"]).size)
+        low, high, basis = self.residual_bands(idx)
+        step = np.asarray(c["step_time_s"], dtype=float)
+        c["step_time_s_low"], c["step_time_s_high"] = step * low, step * high
+        for key in ("tokens_per_s", "mfu"):
+            if key in c:
+                value = np.asarray(c[key], dtype=float)
+                c[f"{key}_low"], c[f"{key}_high"] = value / high, value / low
+        texts: dict[int, str] = {}
+        c["band_basis"] = np.array([texts.setdefault(id(b), basis_text(b)) for b in basis], dtype=object)
+        return dataclasses.replace(self, columns=c, memo={}, band_memo=self.band_memo)
 
     # ---- single plans --------------------------------------------------------------------------------
     def batch_estimate(self, i: int) -> Any:
@@ -520,6 +570,14 @@ def _varies(cols: Mapping[str, np.ndarray], name: str, idx: np.ndarray) -> bool:
     """Whether plan column ``name`` exists and is above 1 somewhere in rows ``idx`` (cp/ep columns are shown
     only then)."""
     return name in cols and bool(np.any(np.asarray(cols[name])[idx] > 1))
+
+
+def basis_text(basis: Mapping[str, Any]) -> str:
+    """A ``band_basis`` (docs/SCHEMAS.md T7) as one line: ``residuals of 12 runs (same device and stack)``."""
+    if basis.get("kind") == "prior":
+        return str(basis.get("group", "input uncertainties"))
+    kind = "calibration runs" if basis.get("kind") == "calibrated" else "measured runs"
+    return f"90% band from the residuals of {basis.get('n', 0)} {kind} ({basis.get('group', '')})"
 
 
 def _finite(obj: Any) -> Any:
