@@ -120,8 +120,49 @@ def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharde
 
 def _backward_fraction(costs: LayerCosts) -> np.ndarray:
     """B / (F + B) of the mean layer per plan (recomputation counts as forward work)."""
-    total = costs.fwd + costs.bwd + costs.recompute
-    return np.where(total > 0, costs.bwd / np.where(total > 0, total, 1.0), 0.0)
+    return backward_fraction(costs.bwd, costs.fwd + costs.bwd + costs.recompute)
+
+
+# ---- the rules every path runs on its own per-layer or per-stage arrays (transformer layers here, op-graph
+# units of any shape in tpsim/opgraph/estimate.py) ----------------------------------------------------------
+def backward_fraction(bwd: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """B / (F + B): the share of the stage's work the schedule's backward slots hold (0 where there is none)."""
+    return np.where(total > 0, bwd / np.where(total > 0, total, 1.0), 0.0)
+
+
+def layer_exposed(fwd: np.ndarray, bwd: np.ndarray, fwd_exposed: np.ndarray, bwd_exposed: np.ndarray,
+                  full: np.ndarray, penalty: float) -> np.ndarray:
+    """Exposed collective seconds of one layer (or op-graph unit) per micro-batch: the exposed forward and
+    backward parts, the forward ones again under full recomputation (``full``: the forward and its collectives
+    run twice), and the overlap penalty of the hidden parts (NCCL kernels hold SMs and memory bandwidth)."""
+    hidden = (fwd - fwd_exposed) + (bwd - bwd_exposed)
+    return fwd_exposed + bwd_exposed + np.where(full, fwd_exposed, 0.0) + penalty * hidden
+
+
+def slowest(valid: np.ndarray | bool, compute: np.ndarray, recompute: np.ndarray, exposed: np.ndarray,
+            overhead: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """(index of the slowest pipeline rank per plan, its (compute, recompute, exposed, overhead) seconds per
+    micro-batch): the rank whose stage time paces the pipeline; arrays (ranks, plans), ``valid`` the ranks that
+    exist (the transformer path follows three positions, the op-graph path every rank)."""
+    totals = np.where(valid, compute + recompute + exposed + overhead, -1.0)  # -1: no such rank
+    slow = np.argmax(totals, axis=0)
+    return slow, tuple(_pick(slow, v) for v in (compute, recompute, exposed, overhead))
+
+
+def zero3_layer(ag: np.ndarray, rs: np.ndarray, f_window: np.ndarray, b_window: np.ndarray, fwd_g: np.ndarray,
+                bwd_g: np.ndarray, reductions: np.ndarray, at_end: np.ndarray | bool = False
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(total, exposed, exposed before the forward passes) ZeRO-3 seconds of one layer or unit per step: its
+    weights gathered ``fwd_g`` times before a forward (prefetched one layer ahead: hidden behind the layer's
+    forward ``f_window``) and ``bwd_g`` times in backward, its gradients reduce-scattered ``reductions`` times,
+    each behind the layer's backward ``b_window`` together with that backward's gather; with ``at_end`` (FSDP2
+    under pipelining) the reduce-scatters run after the last backward, exposed."""
+    rs_end = np.where(at_end, rs, 0.0)
+    total = (fwd_g + bwd_g) * ag + reductions * rs
+    fwd = fwd_g * np.maximum(ag - f_window, 0.0)
+    exposed = fwd + ((bwd_g - reductions) * np.maximum(ag - b_window, 0.0)
+                     + reductions * np.maximum(ag + (rs - rs_end) - b_window, 0.0) + reductions * rs_end)
+    return total, exposed, fwd
 
 
 def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: Comm, part: Partition, *,
@@ -139,9 +180,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     fwd_total = _sum(comm.layer_fwd.values(), pp.shape)
     bwd_total = _sum(comm.layer_bwd.values(), pp.shape)
     f_exp, b_exp = comm.layer_fwd_exposed, comm.layer_bwd_exposed
-    # per layer and micro-batch: full recomputation runs the forward (and its collectives) again
-    hidden = (fwd_total - f_exp) + (bwd_total - b_exp)
-    x_layer = f_exp + b_exp + np.where(full, f_exp, 0.0) + penalty * hidden
+    x_layer = layer_exposed(fwd_total, bwd_total, f_exp, b_exp, full, penalty)
     single = pp == 1
     edge_c = on_positions(costs.first.fwd + costs.first.bwd, costs.last.fwd + costs.last.bwd, single)
     edge_x = _sum(comm.edge.values(), (3, pp.size))
@@ -162,9 +201,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     fixed = ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, full, host_s_per_op)
     fixed = fixed + _zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp)
     rank_o = L * (ctx.host_overhead_s + fixed)
-    totals = np.where(part.valid, rank_c + rank_r + rank_x + rank_o, -1.0)  # -1: no such rank
-    slow = np.argmax(totals, axis=0)
-    c_stage, r_stage, x_stage, o_stage = (_pick(slow, v) for v in (rank_c, rank_r, rank_x, rank_o))
+    slow, (c_stage, r_stage, x_stage, o_stage) = slowest(part.valid, rank_c, rank_r, rank_x, rank_o)
     layers = _pick(slow, L)
     t_stage = c_stage + r_stage + x_stage + o_stage
 
@@ -356,12 +393,8 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
         in_opt = zero == 1
     z3_ag, z3_rs = comm.z3_all_gather, comm.z3_reduce_scatter
     z3_rs_end = np.where(at_end, z3_rs, 0.0)
-    z3_rs_pass = z3_rs - z3_rs_end
-    z3_total = layers * ((fwd_g + bwd_g) * z3_ag + reductions * z3_rs)
-    z3_fwd = layers * m * np.maximum(z3_ag - f_layer, 0.0)
-    z3_exposed = z3_fwd + layers * ((bwd_g - reductions) * np.maximum(z3_ag - b_layer, 0.0)
-                                    + reductions * np.maximum(z3_ag + z3_rs_pass - b_layer, 0.0)
-                                    + reductions * z3_rs_end)
+    z3_total, z3_exposed, z3_fwd = (layers * v for v in zero3_layer(z3_ag, z3_rs, f_layer, b_layer, fwd_g, bwd_g,
+                                                                      reductions, at_end))
     if terms is not None and (terms.zero3_regather_in_recompute or terms.zero3_overlap_fraction is not None):
         z3_total, z3_exposed = _zero3_serialized(terms, z3_total, z3_exposed, layers * m * z3_ag,
                                                  layers * m * np.maximum(z3_ag - f_layer, 0.0),

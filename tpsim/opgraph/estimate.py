@@ -35,7 +35,7 @@ from ..hardware import overlap_penalty
 from .. import pipeline
 from ..estimator.keys import distinct
 from ..estimator.partition import stage_layers
-from ..estimator.schedule import dp_exposure
+from ..estimator.schedule import _pick, backward_fraction, dp_exposure, layer_exposed, slowest, zero3_layer
 from ..precision import state_bytes
 from ..estimator.result import Estimate, EstimateBatch
 from ..plan import ORDERS, Plan, PlanBatch
@@ -252,11 +252,6 @@ def _tp_comm(out: _UnitArrays, u: int, comms: tuple, cost: Any, rows: np.ndarray
         out.comm[f"{c.phase}_exposed"][u, rows] += np.maximum(t - hide, 0.0)
 
 
-def _pick(index: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """values[index[i], i] for every column i."""
-    return values[index, np.arange(values.shape[1])]
-
-
 def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None,
                    flavor: str, conv_times: Any, calibration: Any = None) -> EstimateBatch:
     """The formulas of the transformer estimator over units of any shape (module docstring)."""
@@ -280,8 +275,7 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
     c_u = ua.fwd + ua.bwd
     r_u = np.where(full, ua.fwd, np.where(rc == 1, ua.rsel, 0.0))
     cm = ua.comm
-    hidden = (cm["fwd"] - cm["fwd_exposed"]) + (cm["bwd"] - cm["bwd_exposed"])
-    x_u = cm["fwd_exposed"] + cm["bwd_exposed"] + np.where(full, cm["fwd_exposed"], 0.0) + penalty * hidden
+    x_u = layer_exposed(cm["fwd"], cm["bwd"], cm["fwd_exposed"], cm["bwd_exposed"], full, penalty)
     tp_u = cm["fwd"] + cm["bwd"] + np.where(full, cm["fwd"], 0.0)
     act_u = np.where(full, ua.act[2], np.where(rc == 1, ua.act[1], ua.act[0]))
     f_u = ua.fwd + cm["fwd_exposed"]
@@ -311,8 +305,9 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
                         for u in range(len(model.graph.units))])
     z3_rs_u = np.stack([curves.time("dp.reduce_scatter", np.where(z3, ua.params[u] * GRAD_BYTES, 0.0))
                         for u in range(len(model.graph.units))])
-    z3_tot_u = np.where(blocks, 2 * z3_ag_u + z3_rs_u, 0.0)
-    z3_exp_u = np.where(blocks, np.maximum(z3_ag_u - f_u, 0.0) + np.maximum(z3_ag_u + z3_rs_u - b_u, 0.0), 0.0)
+    once = np.ones(n)  # per micro-batch: one gather for the forward, one for the backward, one reduction
+    z3_tot_u, z3_exp_u, _ = (np.where(blocks, v, 0.0)
+                             for v in zero3_layer(z3_ag_u, z3_rs_u, f_u, b_u, once, once, once))
     for g, (pp, vpp) in enumerate(pv):
         rows = np.flatnonzero(pv_inv == g)
         w, cuts = parts.get(int(pp), int(vpp))
@@ -331,7 +326,7 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
         rank["z3_exposed"] = rank["z3_exposed"] + 2 * np.maximum(g_ag - rank["f"], 0.0) + np.maximum(
             g_rs - rank["b"], 0.0)
         rank["o"] = np.repeat(w.sum(axis=1)[:, None] * host_s, len(rows), axis=1)
-        slow = np.argmax(rank["c"] + rank["r"] + rank["x"] + rank["o"], axis=0)
+        slow, _ = slowest(True, rank["c"], rank["r"], rank["x"], rank["o"])
         for k in ("c", "r", "x", "o", "tp", "f", "b", "measured", "z3_total", "z3_exposed"):
             res[k][rows] = _pick(slow, rank[k])
         res["layers"][rows] = w.sum(axis=1)[slow]
@@ -364,9 +359,7 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
             penalty: float, costs: GraphCosts, warnings: tuple[str, ...]) -> EstimateBatch:
     device = cluster.device
     t_stage = res["c"] + res["r"] + res["x"] + res["o"]
-    work = res["f"] + res["b"]
-    bubble = pipeline.bubble(plans.schedule, plans.pp, v, t_stage,
-                             np.where(work > 0, res["b"] / np.where(work > 0, work, 1.0), 0.0))
+    bubble = pipeline.bubble(plans.schedule, plans.pp, v, t_stage, backward_fraction(res["b"], res["f"] + res["b"]))
     t_p2p = curves.time("pp.send_recv", res["p2p_bytes"])
     pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, plans.pp, v, m, t_p2p)
     # data parallel (and ZeRO), as the transformer estimator; ZeRO-3 gathers / reduces each layer's weights
