@@ -69,6 +69,9 @@ class Comm:
     layer_exposed_axis: dict = dataclasses.field(default_factory=dict)
     """axis -> (2, n): the forward and backward exposed parts of one layer's collectives on that axis (they sum
     over axes to ``layer_fwd_exposed`` / ``layer_bwd_exposed``: the per-axis step-time terms)."""
+    tp_grad_sync: np.ndarray | None = None
+    """(3, n) once per step on the first / last / middle rank: the all-reduce over TP of the gradients of the
+    replicated parameters its layers hold (:func:`tp_summed_grad_params`; None: there are none)."""
 
     def take(self, index: np.ndarray) -> "Comm":
         """Rows ``index`` (gather)."""
@@ -80,7 +83,8 @@ class Comm:
                     dp_all_reduce=pick(self.dp_all_reduce), dp_reduce_scatter=pick(self.dp_reduce_scatter),
                     dp_all_gather=pick(self.dp_all_gather), z3_all_gather=pick(self.z3_all_gather),
                     z3_reduce_scatter=pick(self.z3_reduce_scatter), names={k: pick(v) for k, v in self.names.items()},
-                    layer_exposed_axis={k: pick(v) for k, v in self.layer_exposed_axis.items()})
+                    layer_exposed_axis={k: pick(v) for k, v in self.layer_exposed_axis.items()},
+                    tp_grad_sync=None if self.tp_grad_sync is None else pick(self.tp_grad_sync))
 
 
 class AxisCurves:
@@ -182,7 +186,8 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
                   params_key: list, pp: np.ndarray, zero: np.ndarray, dp: np.ndarray, w_bytes: float,
                   grad_bytes: float = GRAD_BYTES, z3_collectives: np.ndarray | float = 1.0,
                   cp: np.ndarray | None = None, edp: np.ndarray | None = None,
-                  tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None) -> Comm:
+                  tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None,
+                  sp: np.ndarray | None = None) -> Comm:
     """Every collective time of the rows (see the module docstring). ``layout_index`` and ``layer_index``
     give each row's layout and layer key (a row of ``layer_costs``); ``part`` is over the rows. A layer's,
     the edges' and the pipeline's traffic is timed once per (layout, ``traffic_key`` columns), the data-parallel
@@ -213,7 +218,40 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
                                        expert_params, grad_bytes, z3[g])
     names["dp"] = dp_name[groups.inverse]
     return Comm(layer_fwd=fwd, layer_bwd=bwd, layer_fwd_exposed=f_exp, layer_bwd_exposed=b_exp, edge=edge,
-                p2p=p2p, names=names, layer_exposed_axis=by_axis, **take_rows(dp_times, groups.inverse))
+                p2p=p2p, names=names, layer_exposed_axis=by_axis, **take_rows(dp_times, groups.inverse),
+                tp_grad_sync=_tp_grad_sync(ctx, layouts, layout_index, part, tp, sp, grad_bytes))
+
+
+def tp_summed_grad_params(model: Any, sp: np.ndarray) -> np.ndarray:
+    """Parameters per layer that every TP rank holds whole while its gradient is a partial sum over the TP
+    group, so the gradients are all-reduced over TP once per step: under sequence parallelism the norms'
+    weights and biases and the row-parallel linears' biases (their inputs are sequence shards), and q/k norms
+    with or without it. Megatron-Core ``finalize_model_grads`` -> ``_allreduce_non_tensor_model_parallel_grads``
+    (formerly ``_allreduce_layernorm_grads``; params with ``sequence_parallel`` set: fused_layer_norm.py,
+    tensor_parallel/layers.py RowParallelLinear bias, TE's duplicated params; ``q_layernorm`` / ``k_layernorm``)
+    after ``finish_grad_sync``: one coalesced, synchronous all-reduce. (MoE routers' weights too: not counted.)
+    0 for models that do not say (traced graphs: their own rule in tpsim/opgraph/estimate.py)."""
+    from ..model.counting import norm_params
+
+    if not hasattr(model, "norms_per_layer"):
+        return np.zeros(np.shape(sp))
+    seq = float(norm_params(model)) + (2.0 * model.hidden_size if model.linear_bias else 0.0)
+    qk = 2.0 * model.head_dim if getattr(model, "qk_norm", False) and model.attention_kind != "mla" else 0.0
+    return np.where(np.asarray(sp, dtype=bool), seq, 0.0) + qk
+
+
+def _tp_grad_sync(ctx: EstimationContext, layouts: Layouts, layout_index: np.ndarray, part: Partition,
+                  tp: np.ndarray | None, sp: np.ndarray | None, grad_bytes: float) -> np.ndarray | None:
+    """(3, n) seconds of the per-step TP all-reduce of :func:`tp_summed_grad_params` of each position's
+    layers (None where no row has any)."""
+    if tp is None or sp is None:
+        return None
+    per_layer = np.where(np.asarray(tp) > 1, tp_summed_grad_params(ctx.model, sp), 0.0)
+    if not np.any(per_layer > 0):
+        return None
+    curves = AxisCurves(ctx, layouts, layout_index)
+    return np.stack([curves.time(("tp",), "all_reduce", part.layers[p] * per_layer * grad_bytes)
+                     for p in range(part.layers.shape[0])])
 
 
 def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray,

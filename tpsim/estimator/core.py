@@ -74,7 +74,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
                              params_key=[sub.vpp, sub.zero, sub.cp] + [getattr(sub, f) for f in src.param_fields],
                              pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=wire.wire_params, grad_bytes=wire.wire_grads,
                              z3_collectives=_z3_collectives(ctx, sub), cp=sub.cp, edp=expert_dp(sub),
-                             tp_overlap=sub.tp_overlap, tp=sub.tp)
+                             tp_overlap=sub.tp_overlap, tp=sub.tp, sp=sub.sp)
         return part, comm
 
     part, comm = ctx.memo(("patterns", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention), build)

@@ -69,6 +69,9 @@ class Schedule:
     """of ``exposed_comm``, the data-parallel reductions after the last backward (outside the passes)."""
     dp_in_optimizer: np.ndarray | float = 0.0
     """of ``exposed_comm``, the data-parallel collectives inside the optimizer step."""
+    tp_grad_sync: np.ndarray | float = 0.0
+    """of ``exposed_comm``, the TP all-reduce of the replicated parameters' gradients before the optimizer step
+    (norm weights under sequence parallelism: ``Comm.tp_grad_sync``)."""
 
     def phases(self) -> dict[str, np.ndarray]:
         """The step split by where its time passes on the slowest rank (what ``tpsim validate`` measures):
@@ -76,7 +79,7 @@ class Schedule:
         the hidden collectives' overlap penalty and the edges' collectives), ``optimizer`` (with the collectives
         inside the step), ``other`` (bubble, exposed pipeline sends, reductions after the last backward); they
         sum to ``step``."""
-        optimizer = self.optimizer + self.dp_in_optimizer
+        optimizer = self.optimizer + self.dp_in_optimizer + self.tp_grad_sync
         other = self.bubble + self.pp_exposed + self.dp_after_backward
         return {"fwd": np.broadcast_to(self.forward, self.step.shape), "bwd": self.step - self.forward - optimizer - other,
                 "optimizer": optimizer, "other": other}
@@ -206,12 +209,14 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     t_stage = c_stage + r_stage + x_stage + o_stage
 
     m = plans.global_batch // (plans.micro_batch * dp)
-    bubble = pipeline.bubble(plans.schedule, pp, vpp, t_stage, backward_fraction=_backward_fraction(costs))
+    dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp)
+    # the fill and drain run whole stages: ZeRO-3's gathers exposed inside each micro-batch's passes count
+    bubble = pipeline.bubble(plans.schedule, pp, vpp, t_stage + dpt.in_passes / np.maximum(m, 1),
+                             backward_fraction=_backward_fraction(costs))
     # pipeline point-to-point: activations forward, gradients backward, per chunk and micro-batch, plus the
     # pipeline fill and drain
     pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, pp, vpp, m, comm.p2p,
                                                    getattr(ctx.terms, "pp_overlap_interleaved", False))
-    dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp)
     dp_total, dp_exposed, dp_forward, dp_after = dpt.total, dpt.exposed, dpt.forward, dpt.after_backward
     if ctx.terms.fsdp_copies:  # FSDP2's copies around its collectives, exposed (the runtime's stack profile)
         copy_ag, copy_rs = fsdp_copy_seconds(ctx.compute, costs.params, group, dtype,
@@ -231,14 +236,20 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
         m * layers * (ctx.host_overhead_s + _pick(slow, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
                                                   + _zero3_hooks(ctx, costs, zero, full, h, dp)))
         for h in (lo, hi))
-    exposed = m * x_stage + pp_exposed + dp_exposed
+    # once per step, synchronous, after the gradient reductions (Megatron-Core finalize_model_grads)
+    tp_sync = 0.0 if comm.tp_grad_sync is None else _pick(slow, comm.tp_grad_sync)
+    exposed = m * x_stage + pp_exposed + dp_exposed + tp_sync
     exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed)
+    if comm.tp_grad_sync is not None:
+        exposed_axis["tp"] = exposed_axis.get("tp", 0.0) + tp_sync
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
                                        + np.where(full, comm.layer_fwd.get(axis, 0.0), 0.0))
                              + _pick(slow, comm.edge.get(axis, np.zeros((3, pp.size)))))
                   for axis in sorted(set(comm.layer_fwd) | set(comm.layer_bwd) | set(comm.edge))}
     comm_total["pp"] = pp_total
+    if comm.tp_grad_sync is not None:
+        comm_total["tp"] = comm_total.get("tp", 0.0) + tp_sync
     comm_total["dp"] = dp_total
     # the forward passes: the layers' forward compute and exposed collectives, the forward kernels' share of the
     # fixed costs, the edges' forward compute, the gathers exposed before them
@@ -250,7 +261,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
                     exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
                     overhead_high=np.maximum(overhead_high, overhead), comm_total=comm_total, step=step,
                     slowest=slow, micro_batches=m, exposed_axis=exposed_axis, forward=forward,
-                    pp_exposed=pp_exposed, dp_after_backward=dp_after, dp_in_optimizer=dpt.in_optimizer)
+                    pp_exposed=pp_exposed, dp_after_backward=dp_after, dp_in_optimizer=dpt.in_optimizer,
+                    tp_grad_sync=tp_sync)
 
 
 def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
@@ -354,6 +366,9 @@ class DataParallel:
     """of ``exposed``, inside the optimizer step (ZeRO-1 reducing and gathering there)."""
     at_end: np.ndarray | bool = False
     """per plan: the reduce-scatters run after the last backward."""
+    in_passes: np.ndarray | float = 0.0
+    """of ``exposed``, ZeRO-3's per-layer gathers and reductions exposed inside the forward and backward passes
+    (per step; they lengthen every micro-batch's stage time, so the pipeline bubble too)."""
 
 
 def _gathers(terms, zero: np.ndarray, m: np.ndarray, reductions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -411,7 +426,8 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
                        gathers * comm.dp_all_gather) + z3_fwd
     return DataParallel(total=total + reductions * grad_end, exposed=exposed + reductions * grad_end,
                         forward=np.where(in_opt, 0.0, forward), after_backward=ends,
-                        in_optimizer=np.where(in_opt, exposed, 0.0), at_end=at_end)
+                        in_optimizer=np.where(in_opt, exposed, 0.0), at_end=at_end,
+                        in_passes=z3_exposed - layers * reductions * z3_rs_end)
 
 
 _GRAD_DTYPE = {"fp8": "bf16", "mxfp8": "bf16", "nvfp4": "bf16"}

@@ -359,7 +359,10 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
             penalty: float, costs: GraphCosts, warnings: tuple[str, ...]) -> EstimateBatch:
     device = cluster.device
     t_stage = res["c"] + res["r"] + res["x"] + res["o"]
-    bubble = pipeline.bubble(plans.schedule, plans.pp, v, t_stage, backward_fraction(res["b"], res["f"] + res["b"]))
+    # the fill and drain run whole stages: ZeRO-3's gathers exposed inside each micro-batch's passes count
+    # (res["z3_exposed"] is per micro-batch), as in the estimator's schedule
+    bubble = pipeline.bubble(plans.schedule, plans.pp, v, t_stage + res["z3_exposed"],
+                             backward_fraction(res["b"], res["f"] + res["b"]))
     t_p2p = curves.time("pp.send_recv", res["p2p_bytes"])
     pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, plans.pp, v, m, t_p2p)
     # data parallel (and ZeRO), as the transformer estimator; ZeRO-3 gathers / reduces each layer's weights
@@ -375,10 +378,10 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
     bwd_window = res["b"]
     dp_total, dp_exposed = dp_exposure(t_ar + t_rs, t_ag, np.where(zero >= 2, m, 1), np.where(zero == 3, 2 * m, 1),
                                        bwd_window, res["f"], ovl, penalty, z3_total, z3_exposed)
-    # gradients of parameters used on a token / position split: all-reduced over TP once per step
+    # gradients of parameters used on a token / position split: all-reduced over TP once per step after the
+    # backward, synchronous (the estimator's Comm.tp_grad_sync: Megatron-Core finalize_model_grads)
     t_gred = curves.time("tp.all_reduce", res["gred"] * GRAD_BYTES)
-    gred_exposed = np.where(ovl, np.maximum(t_gred - bwd_window, 0.0), t_gred)
-    gred_exposed = gred_exposed + penalty * (t_gred - gred_exposed)
+    gred_exposed = t_gred
     opt_params = np.where(zero >= 1, res["params_max"] / plans.dp, res["params_max"])
     t_opt = roofline.optimizer_time(opt_params)
 
