@@ -100,14 +100,20 @@ TENSORS_PER_LAYER = 12.0
 
 def optimizer_seconds(ctx: EstimationContext, params: np.ndarray, layers: np.ndarray, dtype: str) -> np.ndarray:
     """One optimizer step over ``params`` (the rank's share) at the achieved streaming bandwidth."""
+    return optimizer_step(ctx.terms, ctx.fixed.hbm, params, TENSORS_PER_LAYER * layers + 4.0, dtype)
+
+
+def optimizer_step(terms, hbm: float, params: np.ndarray, tensors: np.ndarray, dtype: str) -> np.ndarray:
+    """The rule every path uses: one fused optimizer step over ``params`` in ``tensors`` parameter tensors at
+    ``hbm`` streaming bytes/s with the stack's (``terms``) bytes per parameter (fp16 adds the unscale pass)."""
     from ..compute.fixed import optimizer_bytes_per_param, optimizer_step_time
 
     if wide(dtype):  # no master copy, no 16-bit model copy; the stack's figure where its step is not fused
-        per = ctx.terms.optimizer_bytes_per_param_fp32 or optimizer_bytes_per_param(grad_bytes=4, param_bytes=4,
-                                                                                       master_bytes=0)
+        per = terms.optimizer_bytes_per_param_fp32 or optimizer_bytes_per_param(grad_bytes=4, param_bytes=4,
+                                                                                   master_bytes=0)
     else:
-        per = ctx.terms.optimizer_bytes_per_param + (FP16_UNSCALE_BYTES if dtype == "fp16" else 0.0)
-    return optimizer_step_time(params, TENSORS_PER_LAYER * layers + 4.0, ctx.fixed.hbm, per)
+        per = terms.optimizer_bytes_per_param + (FP16_UNSCALE_BYTES if dtype == "fp16" else 0.0)
+    return optimizer_step_time(params, tensors, hbm, per)
 
 
 def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharded: np.ndarray,

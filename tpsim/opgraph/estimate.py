@@ -35,7 +35,8 @@ from ..hardware import overlap_penalty
 from .. import pipeline
 from ..estimator.keys import distinct
 from ..estimator.partition import stage_layers
-from ..estimator.schedule import _pick, backward_fraction, dp_exposure, layer_exposed, slowest, zero3_layer
+from ..estimator.schedule import (_pick, backward_fraction, dp_exposure, layer_exposed, optimizer_step, slowest,
+                                  zero3_layer)
 from ..precision import state_bytes
 from ..estimator.result import Estimate, EstimateBatch
 from ..plan import ORDERS, Plan, PlanBatch
@@ -283,10 +284,11 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
 
     m = plans.global_batch // (plans.micro_batch * plans.dp)
     v = plans.vpp
-    res = {k: np.zeros(n) for k in ("c", "r", "x", "o", "tp", "f", "b", "layers", "params_max", "gred", "p2p_bytes",
+    res = {k: np.zeros(n) for k in ("c", "r", "x", "o", "tp", "f", "b", "layers", "params_max", "tensors", "gred", "p2p_bytes",
                                     "peak", "weights_p", "act", "other", "measured", "z3_total",
                                     "z3_exposed")}
     parts = _Partitions(model, costs, plans.dtype)
+    tensors_u = np.array([len({p for op in u.ops for p in op.params}) for u in model.graph.units], dtype=float)
     shared = _shared_params(model.graph)
     pv, pv_inv = _unique(plans.pp, plans.vpp)
     zero = plans.zero
@@ -331,6 +333,7 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
             res[k][rows] = _pick(slow, rank[k])
         res["layers"][rows] = w.sum(axis=1)[slow]
         res["params_max"][rows] = params.max(axis=0)
+        res["tensors"][rows] = float((w @ tensors_u).max())
         res["gred"][rows] = rank["gred"].max(axis=0)
         present = (w > 0)[:, :, None]
         tpv = plans.tp[rows].astype(float)
@@ -349,11 +352,11 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
         res["weights_p"][rows] = _pick(peak_rank, params)
         res["act"][rows] = _pick(peak_rank, act_r)
         res["other"][rows] = _pick(peak_rank, z3_buf)
-    return _totals(model, cluster, plans, compute, roofline, curves, res, m, v, w_bytes, master_bytes,
+    return _totals(model, cluster, plans, compute, curves, res, m, v, w_bytes, master_bytes,
                    w_div, g_div, o_div, penalty, costs, warnings)
 
 
-def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel, roofline: RooflineModel,
+def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel,
             curves: _Curves, res: dict[str, np.ndarray], m: np.ndarray, v: np.ndarray,
             w_bytes: float, master_bytes: float, w_div: np.ndarray, g_div: np.ndarray, o_div: np.ndarray,
             penalty: float, costs: GraphCosts, warnings: tuple[str, ...]) -> EstimateBatch:
@@ -383,7 +386,13 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
     t_gred = curves.time("tp.all_reduce", res["gred"] * GRAD_BYTES)
     gred_exposed = t_gred
     opt_params = np.where(zero >= 1, res["params_max"] / plans.dp, res["params_max"])
-    t_opt = roofline.optimizer_time(opt_params)
+    # the estimator's optimizer rule under the default stack (fused Adam's bytes per parameter, its launches)
+    from ..compute.training import achieved_hbm
+    from ..estimator.context import resolve_stack
+    from ..estimator.stackterms import stack_terms
+
+    t_opt = optimizer_step(stack_terms(resolve_stack(None)), achieved_hbm(compute, device), opt_params,
+                           res["tensors"], plans.dtype)
 
     compute_s, recompute_s, overhead = m * res["c"], m * res["r"], m * res["o"]
     exposed = m * res["x"] + pp_exposed + dp_exposed + gred_exposed
