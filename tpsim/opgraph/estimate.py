@@ -7,12 +7,14 @@ collectives):
   (:mod:`tpsim.estimator`: partition, communication, schedule, memory) run on an
   :class:`~tpsim.opgraph.source.OpGraphSource` in an :class:`~tpsim.estimator.context.EstimationContext`, as
   for a preset; only the totals (FLOPs and tokens from the graph) are this module's.
-* **any other graph** (ResNets, U-Nets: blocks of different shapes): the estimator's stages split identical
-  layers only, so this module runs the same formulas (docs/MODEL.md) over units of any shape: 1F1B /
-  interleaved pipeline paced by the slowest rank, bubble ``(pp - 1) / vpp x t_stage``, point-to-point traffic
-  per model chunk and micro-batch, data-parallel gradient reduction and ZeRO 1-3, the optimizer step, hidden
-  communication slowing compute by ``overlap_compute_penalty``, memory per rank with Megatron's in-flight
-  micro-batch counts. The layers (block instances and glue units) are cut into ``pp x vpp`` contiguous chunks
+* **any other graph** (ResNets, U-Nets: blocks of different shapes): the estimator's partition splits identical
+  layers only, so this module builds per-unit and per-rank arrays and runs the schedule's rules on them
+  (:mod:`tpsim.estimator.schedule`: ``layer_exposed``, ``slowest``, ``zero3_layer``, ``dp_exposure``,
+  ``optimizer_step``, ``backward_fraction``; :mod:`tpsim.pipeline`: the bubble, sends and in-flight
+  micro-batches of the plan's schedule): the pipeline paced by the slowest rank, point-to-point traffic per
+  model chunk and micro-batch, data-parallel reduction and ZeRO 1-3, the TP all-reduce of replicated
+  parameters' gradients once per step, exposed, the stack's optimizer step and precision table, memory per
+  rank with the schedule's in-flight micro-batch counts. The layers (block instances and glue units) are cut into ``pp x vpp`` contiguous chunks
   minimising the largest chunk's forward + backward time at tp = 1 (chunk c on rank c mod pp); a stage
   boundary sends the activations live there (skip connections included), split over the TP ranks
   (Megatron's scatter/gather optimization). Collectives are timed with ``CollectiveModel.axis_curve`` on the
@@ -37,15 +39,12 @@ from ..estimator.keys import distinct
 from ..estimator.partition import stage_layers
 from ..estimator.schedule import (_pick, backward_fraction, dp_exposure, layer_exposed, optimizer_step, slowest,
                                   zero3_layer)
-from ..precision import state_bytes
 from ..estimator.result import Estimate, EstimateBatch
 from ..plan import ORDERS, Plan, PlanBatch
 from ..units import GiB
 from .cost import GraphCosts
 from .model import OpGraphModel, validate_graph_plan
 
-GRAD_BYTES = 4.0
-"""fp32 gradient accumulation and reduction (Megatron main_grad), as the transformer estimator."""
 TP_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 DP_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -253,16 +252,25 @@ def _tp_comm(out: _UnitArrays, u: int, comms: tuple, cost: Any, rows: np.ndarray
         out.comm[f"{c.phase}_exposed"][u, rows] += np.maximum(t - hide, 0.0)
 
 
+def _terms(stack: Any) -> Any:
+    """The stack profile's terms (its precision table and optimizer bytes; None: the default stack)."""
+    from ..estimator.context import resolve_stack
+    from ..estimator.stackterms import stack_terms
+
+    return stack_terms(resolve_stack(stack))
+
+
 def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel | None,
-                   flavor: str, conv_times: Any, calibration: Any = None) -> EstimateBatch:
+                   flavor: str, conv_times: Any, calibration: Any = None, stack: Any = None) -> EstimateBatch:
     """The formulas of the transformer estimator over units of any shape (module docstring)."""
     n = len(plans)
     device = cluster.device
     roofline = compute if isinstance(compute, RooflineModel) else RooflineModel(device)
     compute, host_s, warnings = _calibrated(cluster, compute or roofline, calibration)
     act_b = activation_bytes(plans.dtype)
-    sb = state_bytes(plans.dtype)  # Megatron-LM's dtypes (tpsim/precision.py)
-    w_bytes, master_bytes, moment_bytes = sb.weights, sb.master, sb.moments
+    terms = _terms(stack)
+    sb = terms.state_bytes(plans.dtype)  # the stack's precision table (tpsim/precision.py), as the estimator's
+    w_bytes, wire_w, wire_g = sb.weights, sb.wire_params, sb.wire_grads
     costs = _costs(model, compute, flavor, conv_times)
     curves = _curves(cluster, plans)
     ua = _unit_arrays(costs, plans, curves, act_b)
@@ -284,7 +292,8 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
 
     m = plans.global_batch // (plans.micro_batch * plans.dp)
     v = plans.vpp
-    res = {k: np.zeros(n) for k in ("c", "r", "x", "o", "tp", "f", "b", "layers", "params_max", "tensors", "gred", "p2p_bytes",
+    res = {k: np.zeros(n) for k in ("c", "r", "x", "o", "tp", "f", "b", "layers", "params_max", "tensors", "gred",
+                                    "p2p_bytes",
                                     "peak", "weights_p", "act", "other", "measured", "z3_total",
                                     "z3_exposed")}
     parts = _Partitions(model, costs, plans.dtype)
@@ -296,16 +305,16 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
     w_div = np.where(zero == 3, dp, 1.0)
     g_div = np.where(zero >= 2, dp, 1.0)
     o_div = np.where(zero >= 1, dp, 1.0)
-    per_param = w_bytes / w_div + GRAD_BYTES / g_div + (master_bytes + moment_bytes) / o_div
+    per_param = w_bytes / w_div + sb.grads / g_div + (sb.master + sb.moments) / o_div
     # ZeRO-3: each block instance's weights gathered before its forward and its backward (prefetched one block
     # ahead: hidden behind that block's compute), its gradients reduce-scattered after its backward; the glue
     # (embedding, output layer) is gathered twice and reduced once per micro-batch behind the whole stage's
     # forward / backward, as the transformer estimator does for the embedding and output layer
     z3 = (zero == 3) & (plans.dp > 1)
     glue = ~blocks[:, 0]
-    z3_ag_u = np.stack([curves.time("dp.all_gather", np.where(z3, ua.params[u] * w_bytes, 0.0))
+    z3_ag_u = np.stack([curves.time("dp.all_gather", np.where(z3, ua.params[u] * wire_w, 0.0))
                         for u in range(len(model.graph.units))])
-    z3_rs_u = np.stack([curves.time("dp.reduce_scatter", np.where(z3, ua.params[u] * GRAD_BYTES, 0.0))
+    z3_rs_u = np.stack([curves.time("dp.reduce_scatter", np.where(z3, ua.params[u] * wire_g, 0.0))
                         for u in range(len(model.graph.units))])
     once = np.ones(n)  # per micro-batch: one gather for the forward, one for the backward, one reduction
     z3_tot_u, z3_exp_u, _ = (np.where(blocks, v, 0.0)
@@ -321,8 +330,8 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
         # the glue's parameters on each rank (tied ones once): gathered and reduced as one more layer
         glue_p = np.maximum(params - w[:, ~glue] @ ua.params[~glue][:, rows], 0.0)
         z3_rows = z3[rows]
-        g_ag = np.stack([curves.time("dp.all_gather", np.where(z3_rows, gp * w_bytes, 0.0), rows) for gp in glue_p])
-        g_rs = np.stack([curves.time("dp.reduce_scatter", np.where(z3_rows, gp * GRAD_BYTES, 0.0), rows)
+        g_ag = np.stack([curves.time("dp.all_gather", np.where(z3_rows, gp * wire_w, 0.0), rows) for gp in glue_p])
+        g_rs = np.stack([curves.time("dp.reduce_scatter", np.where(z3_rows, gp * wire_g, 0.0), rows)
                          for gp in glue_p])
         rank["z3_total"] = rank["z3_total"] + 2 * g_ag + g_rs
         rank["z3_exposed"] = rank["z3_exposed"] + 2 * np.maximum(g_ag - rank["f"], 0.0) + np.maximum(
@@ -352,14 +361,14 @@ def _generic_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute:
         res["weights_p"][rows] = _pick(peak_rank, params)
         res["act"][rows] = _pick(peak_rank, act_r)
         res["other"][rows] = _pick(peak_rank, z3_buf)
-    return _totals(model, cluster, plans, compute, curves, res, m, v, w_bytes, master_bytes,
-                   w_div, g_div, o_div, penalty, costs, warnings)
+    return _totals(model, cluster, plans, compute, curves, res, m, v, terms, w_div, g_div, o_div, penalty, costs,
+                   warnings)
 
 
 def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: ComputeModel,
             curves: _Curves, res: dict[str, np.ndarray], m: np.ndarray, v: np.ndarray,
-            w_bytes: float, master_bytes: float, w_div: np.ndarray, g_div: np.ndarray, o_div: np.ndarray,
-            penalty: float, costs: GraphCosts, warnings: tuple[str, ...]) -> EstimateBatch:
+            terms: Any, w_div: np.ndarray, g_div: np.ndarray, o_div: np.ndarray, penalty: float, costs: GraphCosts,
+            warnings: tuple[str, ...]) -> EstimateBatch:
     device = cluster.device
     t_stage = res["c"] + res["r"] + res["x"] + res["o"]
     # the fill and drain run whole stages: ZeRO-3's gathers exposed inside each micro-batch's passes count
@@ -370,7 +379,8 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
     pp_total, pp_exposed = pipeline.pipeline_sends(plans.schedule, plans.pp, v, m, t_p2p)
     # data parallel (and ZeRO), as the transformer estimator; ZeRO-3 gathers / reduces each layer's weights
     zero, has_dp = plans.zero, plans.dp > 1
-    grad_b, weight_b = res["params_max"] * GRAD_BYTES, res["params_max"] * w_bytes
+    sb = terms.state_bytes(plans.dtype)
+    grad_b, weight_b = res["params_max"] * sb.wire_grads, res["params_max"] * sb.wire_params
     t_ar = curves.time("dp.all_reduce", np.where(has_dp & (zero == 0), grad_b, 0.0))
     z12 = has_dp & (zero >= 1) & (zero <= 2)
     t_rs = curves.time("dp.reduce_scatter", np.where(z12, grad_b, 0.0))
@@ -383,16 +393,13 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
                                        bwd_window, res["f"], ovl, penalty, z3_total, z3_exposed)
     # gradients of parameters used on a token / position split: all-reduced over TP once per step after the
     # backward, synchronous (the estimator's Comm.tp_grad_sync: Megatron-Core finalize_model_grads)
-    t_gred = curves.time("tp.all_reduce", res["gred"] * GRAD_BYTES)
+    t_gred = curves.time("tp.all_reduce", res["gred"] * sb.wire_grads)
     gred_exposed = t_gred
     opt_params = np.where(zero >= 1, res["params_max"] / plans.dp, res["params_max"])
-    # the estimator's optimizer rule under the default stack (fused Adam's bytes per parameter, its launches)
+    # the estimator's optimizer rule under the stack (fused Adam's bytes per parameter, its launches)
     from ..compute.training import achieved_hbm
-    from ..estimator.context import resolve_stack
-    from ..estimator.stackterms import stack_terms
 
-    t_opt = optimizer_step(stack_terms(resolve_stack(None)), achieved_hbm(compute, device), opt_params,
-                           res["tensors"], plans.dtype)
+    t_opt = optimizer_step(terms, achieved_hbm(compute, device), opt_params, res["tensors"], plans.dtype)
 
     compute_s, recompute_s, overhead = m * res["c"], m * res["r"], m * res["o"]
     exposed = m * res["x"] + pp_exposed + dp_exposed + gred_exposed
@@ -407,8 +414,8 @@ def _totals(model: OpGraphModel, cluster: Any, plans: PlanBatch, compute: Comput
         plans=plans, step_time_s=step, **rates,
         peak_memory_gib=res["peak"] / GiB, fits=res["peak"] <= device.usable_memory_bytes, compute_s=compute_s,
         recompute_s=recompute_s, bubble_s=bubble, optimizer_s=t_opt, exposed_comm_s=exposed, tp_comm_s=tp_total,
-        pp_comm_s=pp_total, dp_comm_s=dp_total, mem_weights_gib=held * w_bytes / w_div / GiB,
-        mem_grads_gib=held * GRAD_BYTES / g_div / GiB, mem_optimizer_states_gib=held * (master_bytes + state_bytes(plans.dtype).moments) / o_div / GiB,
+        pp_comm_s=pp_total, dp_comm_s=dp_total, mem_weights_gib=held * sb.weights / w_div / GiB,
+        mem_grads_gib=held * sb.grads / g_div / GiB, mem_optimizer_states_gib=held * (sb.master + sb.moments) / o_div / GiB,
         mem_activations_gib=res["act"] / GiB, mem_other_gib=res["other"] / GiB, measured_compute_fraction=measured,
         overhead_s=overhead, model_name=model.name, cluster_info=_cluster_info(cluster),
         compute_model=compute.source, collective_codes=codes, collective_names=names, context_warnings=warnings,
@@ -548,7 +555,8 @@ def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, co
                          flavor: str = "megatron", conv_times: Any = None, stack: Any = None,
                          calibration: Any = None) -> EstimateBatch:
     """Estimate every plan of the batch for the traced model (plans valid for it on ``cluster``); ``stack``
-    (a training-stack profile or name) applies to transformer-like graphs, which run the estimator's stages."""
+    (a training-stack profile or name): transformer-like graphs run the estimator's stages under it; other graphs
+    take its precision table and optimizer bytes."""
     from .source import transformer_like
 
     if len(plans) == 0:
@@ -559,7 +567,7 @@ def estimate_graph_batch(model: OpGraphModel, cluster: Any, plans: PlanBatch, co
         raise InputError(f"plan {plans.plan(bad).short()} does not use the cluster's gpus={cluster.num_gpus}")
     if transformer_like(model.graph) is not None:
         return _stages_batch(model, cluster, plans, compute, flavor, conv_times, stack, calibration)
-    return _generic_batch(model, cluster, plans, compute, flavor, conv_times, calibration)
+    return _generic_batch(model, cluster, plans, compute, flavor, conv_times, calibration, stack)
 
 
 def estimate_graph(model: OpGraphModel, cluster: Any, plan: Plan, compute: ComputeModel | None = None,
