@@ -249,9 +249,10 @@ def _tp_grad_sync(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
     per_layer = np.where(np.asarray(tp) > 1, tp_summed_grad_params(ctx.model, sp), 0.0)
     if not np.any(per_layer > 0):
         return None
-    curves = AxisCurves(ctx, layouts, layout_index)
-    return np.stack([curves.time(("tp",), "all_reduce", part.layers[p] * per_layer * grad_bytes)
-                     for p in range(part.layers.shape[0])])
+    nbytes = part.layers * per_layer * grad_bytes
+    rows = distinct(layout_index, *nbytes)  # timed once per (layout, bytes of each position)
+    curves = AxisCurves(ctx, layouts, layout_index[rows.first])
+    return np.stack([curves.time(("tp",), "all_reduce", b[rows.first]) for b in nbytes])[:, rows.inverse]
 
 
 def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray,
