@@ -23,9 +23,10 @@ from tpsim.topology.placement import RankLayout
 
 REL = 1e-9
 SIZES = {"dgx-a100": 320, "dgx-h100": 256, "hgx-h200": 64, "gb200-nvl72": 144, "pcie-8gpu": 64, "selene": 192,
-         "tpu-v4": 64, "local-cpu": 4}
+         "tpu-v4": 64, "local-cpu": 4, "gb200-nvl72-64": 128, "gb300-nvl72-64": 128}
 """GPUs per shipped cluster: several nodes, more than one leaf / pod where the fabric has them (dgx-a100 at
-320 GPUs spans 2 pods of the Selene fat tree, so core links are loaded; selene, the same fabric, at 192)."""
+320 GPUs spans 2 pods of the Selene fat tree, so core links are loaded; selene, the same fabric, at 192; the
+partial-rack NVL72 clusters on 2 racks of 64, as their 4 by default cross the scale-out the same way)."""
 ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "pp-dp-tp")
 
 

@@ -83,27 +83,37 @@ def _env(tmp_path: Path) -> dict:
                 PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
 
-def test_validate_module_that_exits_at_import_is_a_failure_naming_it(tmp_path):
+def _validate_here(argv: list[str], tmp_path: Path, monkeypatch, capsys) -> tuple[int, list[str]]:
+    """``tpsim validate`` in this process (its ranks are child processes either way; the SIGTERM test below
+    checks the process boundary): exit status and the non-empty stderr lines."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    capsys.readouterr()
+    rc = main(argv[3:])  # after [python, -m, tpsim.cli]
+    return rc, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
+def test_validate_module_that_exits_at_import_is_a_failure_naming_it(tmp_path, monkeypatch, capsys):
     """Issue 26: sys.exit(0) at import of the --module-spec module was reported as a rank failure "SystemExit: 0"
     without the module; now the line names the module and the exit."""
     quits = tmp_path / "quits.py"
     quits.write_text("import sys\nsys.exit(0)\ndef f(): pass\n")
-    proc = subprocess.run(_traced_validate(quits), capture_output=True, text=True, timeout=240, env=_env(tmp_path))
-    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode == 1 and len(err) == 1, (proc.returncode, err)
+    rc, err = _validate_here(_traced_validate(quits), tmp_path, monkeypatch, capsys)
+    assert rc == 1 and len(err) == 1, (rc, err)
     assert "quits.py:f" in err[0] and "sys.exit(0)" in err[0]
 
 
-def test_validate_module_over_the_memory_limit_is_stopped(tmp_path):
+def test_validate_module_over_the_memory_limit_is_stopped(tmp_path, monkeypatch, capsys):
     """The ranks that run the user's module are bounded in memory (--memory-limit-gib), as trace's child is."""
     hog = tmp_path / "hog.py"
     hog.write_text("import time\nx = bytearray(3 * 2**30)\nx[::4096] = b'\\x01' * len(range(0, len(x), 4096))\n"
                    "time.sleep(120)\ndef f(): pass\n")
     start = time.monotonic()
-    proc = subprocess.run(_traced_validate(hog, "--memory-limit-gib", "0.75"), capture_output=True, text=True,
-                          timeout=240, env=_env(tmp_path))
-    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode == 1 and len(err) == 1, (proc.returncode, err)
+    rc, err = _validate_here(_traced_validate(hog, "--memory-limit-gib", "0.75"), tmp_path, monkeypatch, capsys)
+    assert rc == 1 and len(err) == 1, (rc, err)
     assert "memory limit of 0.75 GiB" in err[0] and "hog.py:f" in err[0]
     assert time.monotonic() - start < 120
 

@@ -46,8 +46,8 @@ def test_shipped_constants_are_the_fit_on_these_rows(cases, surface):
 
 
 @pytest.mark.slow
-def test_leave_one_row_out(cases):
-    rows = leave_one_out(cases)
+def test_leave_one_row_out(cases, surface):
+    rows = leave_one_out(cases, surface)
     err = np.array([e for _, _, e in rows])
     print("\nSC21 leave-one-row-out (fit on nine, predict the tenth):")
     for case_id, constants, e in rows:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tpsim.estimator import estimate
+from tpsim.estimator import estimate, estimate_batch
 from tpsim.plan import ORDERS
 from tpsim.model import load_model
 from tpsim.search import SearchSpace, cost_gpu_counts, enumerate_plans, search, violations
@@ -72,6 +72,8 @@ AGREE_SPACE = SearchSpace(vpp=(1, 2), micro_batch=(1, 4), order=("tp-dp-pp", "dp
 
 
 def test_batched_search_agrees_with_single_estimate_on_every_plan(small):
+    """Every plan of the search equals the same plan estimated in other batches (reversed, in chunks of 7)
+    and, on every 4th plan, its single ``estimate`` (a batch of one), algorithms and warnings too."""
     model, cluster = small
     small_result = search(model, cluster, 64, space=AGREE_SPACE, include_unfit=True)
     enum = enumerate_plans(model, 8, 64, AGREE_SPACE)
@@ -81,17 +83,23 @@ def test_batched_search_agrees_with_single_estimate_on_every_plan(small):
     keys = np.stack([cols[k] for k in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero", "micro_batch",
                                        "overlap", "order", "cp", "cp_kind", "ep", "etp")], 1)
     row_of = {tuple(r): i for i, r in enumerate(keys.tolist())}
-    for j in valid:
-        plan = enum.plans.plan(int(j))
-        single = estimate(model, cluster, plan)
-        i = row_of[tuple(int(v) for v in (plan.tp, plan.pp, plan.vpp, plan.dp, plan.sp,
-                                          ("none", "selective", "full").index(plan.recompute), plan.zero,
-                                          plan.micro_batch, plan.overlap, enum.plans.order[j], plan.cp,
-                                          enum.plans.cp_kind[j], plan.ep, plan.etp))]
+    plans = enum.plans.take(valid[::-1])
+    other = [estimate_batch(model, cluster, plans.take(slice(s, s + 7))) for s in range(0, len(plans), 7)]
+    for k, j in enumerate(valid[::-1]):
+        b = enum.plans
+        i = row_of[(int(b.tp[j]), int(b.pp[j]), int(b.vpp[j]), int(b.dp[j]), int(b.sp[j]), int(b.recompute[j]),
+                    int(b.zero[j]), int(b.micro_batch[j]), int(b.overlap[j]), int(b.order[j]), int(b.cp[j]),
+                    int(b.cp_kind[j]), int(b.ep[j]), int(b.etp[j]))]
+        again = other[k // 7].to_estimate(k % 7)
+        assert again.step_time_s == cols["step_time_s"][i] and again.peak_memory_gib == cols["peak_memory_gib"][i]
+        assert again.fits == bool(cols["fits"][i])
+        if k % 4:
+            continue
+        single = estimate(model, cluster, enum.plans.plan(int(j)))
         assert np.isclose(single.step_time_s, cols["step_time_s"][i], rtol=1e-12)
         assert np.isclose(single.peak_memory_gib, cols["peak_memory_gib"][i], rtol=1e-12)
         assert single.fits == bool(cols["fits"][i])
-        assert small_result.batch_estimate(i).to_dict() == single.to_dict()  # algorithms and warnings too
+        assert small_result.batch_estimate(i).to_dict() == single.to_dict() == again.to_dict()
     assert small_result.estimate(int(small_result.ranking[0])).collectives
 
 

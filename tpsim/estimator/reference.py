@@ -195,10 +195,11 @@ def fit_constants(cases, surface: StepSurface | None = None) -> dict[str, float]
     return {k: round(float(v), 3) for k, v in zip(FITTED, best)}
 
 
-def leave_one_out(cases) -> list[tuple[str, dict[str, float], float]]:
-    """(case, constants fitted on the other rows, error % on this row from the estimator) for every row."""
+def leave_one_out(cases, surface: StepSurface | None = None) -> list[tuple[str, dict[str, float], float]]:
+    """(case, constants fitted on the other rows, error % on this row from the estimator) for every row;
+    ``surface`` (of these cases) saves the estimator runs."""
     cases = tuple(cases)
-    surface = step_surface(cases)
+    surface = surface or step_surface(cases)
     out = []
     for i, case in enumerate(cases):
         keep = [j for j in range(len(cases)) if j != i]

@@ -277,6 +277,7 @@ def validate_traced(case: TracedCase, cfg: LaunchConfig, out_dir: Path, *, clust
 
     if cfg.nproc != case.tp or cfg.nnodes != 1:
         raise InputError(f"--nproc={cfg.nproc} must equal --tp={case.tp} on one node for a traced model")
+    case.spec()  # a missing --module-spec is refused before the collectives are calibrated (tens of seconds)
     work = Path(tempfile.mkdtemp(prefix="tpsim-validate-traced-"))  # kept after a failure: the error names it
     try:
         if calibration is None and calibrate and case.tp > 1:
