@@ -1259,7 +1259,8 @@ def wave6_cases() -> list[Case]:
             ("load_calibration /dev/zero", "from tpsim.calibration import load_calibration\n"
                                            "load_calibration('/dev/zero')", ("zero",)),
     ):
-        api(name, "    " + call.replace("\n", "\n    "), mention)
+        lenient = name.endswith(("8.0", "np.float64", "vpp 2^40"))  # an integral float is the integer (a right result)
+        api(name, "    " + call.replace("\n", "\n    "), mention, expect="any" if lenient else "refuse")
     for name, body in (
             ("make_plan numpy ints", "p = tpsim.make_plan(_m(), np.int64(8), tp=np.int32(2))\n"
                                      "if p.tp != 2 or type(p.tp) is not int: wrong(p)"),
@@ -1299,7 +1300,8 @@ def wave6_cases() -> list[Case]:
             ("hidden 1e3 float", _hf().replace('"hidden_size": 1024', '"hidden_size": 1.024e3'), ("hidden",)),
     ):
         add("config", f"model show config {name}", ("model", "show", "{d}/config.json"), mention,
-            expect="any" if name in ("100k-element list", "key with NUL", "hidden 1e3 float") else "refuse",
+            expect="any" if name in ("100k-element list", "key with NUL", "hidden 1e3 float", "dtype float128")
+            else "refuse",
             files={"config.json": text})
     add("config", "estimate config UTF-16", ("estimate", "--model", "{d}/config.json", *est), ("config.json",),
         files={"config.json": _hf().encode("utf-16")})
@@ -1333,7 +1335,7 @@ def wave6_cases() -> list[Case]:
     ):
         text = gtext(edit) if name != "top level list" else "[" + gtext(lambda d: None) + "]"
         add("ops", f"ops.json {name}", plan_g, ("g.ops.json",), files={"g.ops.json": text},
-            expect="any" if name == "op name 200 kB" else "refuse")
+            expect="any" if name in ("op name 200 kB", "dtype int3") else "refuse")  # an op's extra key: ignored
     add("ops", "ops.json 6k units (21 MB)", plan_g, ("g.ops.json", "units", "nodes"), expect="any",
         files={"g.ops.json": gtext(lambda d: d.__setitem__("units", d["units"] * 2_000))}, timeout=60)
     add("ops", "validate ops.json without --module-spec", ("validate", "--model", "{d}/g.ops.json", "--tp", "2"),
