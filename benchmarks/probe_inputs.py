@@ -1135,6 +1135,408 @@ def fresh_cases() -> list[Case]:
     return c
 
 
+API_PRELUDE = """\
+import sys
+import numpy as np
+import tpsim
+from tpsim.errors import TpsimError
+def _m():
+    return tpsim.load_model("llama3-8b")
+def _c(n=8):
+    return tpsim.load_cluster("dgx-h100", gpus=n)
+def wrong(msg):
+    print("WRONG: " + str(msg)[:200])
+    sys.exit(3)
+try:
+{body}
+except TpsimError as exc:
+    print("tpsim api: error: " + (str(exc).splitlines() or [""])[0], file=sys.stderr)
+    sys.exit(2)
+"""
+"""what every API case runs in a fresh interpreter: a TpsimError is the promised one line and status 2; any
+other exception is a traceback; a result the case finds wrong prints WRONG and exits 3 (wrong-exit)."""
+
+
+def api_argv(code: str) -> tuple[str, ...]:
+    return ("--api", code)
+
+
+def wave6_cases() -> list[Case]:
+    """Issue 26, probed afresh a third time (wave 6): the Python API (None, numpy scalars, bools where ints
+    belong, wrong types, huge values for every public function) and new hostile inputs for every format and
+    verb (design, train-time, plan --objective, report --runs, calibrate --from-runs/--log, export --format all,
+    trace). Category names start with ``26w6-``."""
+    c: list[Case] = []
+    add = lambda cat, name, argv, mention=(), expect="refuse", timeout=40.0, **kw: c.append(Case(  # noqa: E731
+        name=name, category=f"26w6-{cat}", argv=argv, mention=mention, expect=expect, timeout=timeout, **kw))
+    # ---- the Python API: each call in a fresh interpreter (API_PRELUDE)
+    api = lambda name, body, mention=(), expect="refuse": add(  # noqa: E731
+        "api", name, api_argv(body), mention, expect)
+    for name, call, mention in (
+            ("make_plan gpus None", "tpsim.make_plan(_m(), None)", ("gpus",)),
+            ("make_plan gpus True", "tpsim.make_plan(_m(), True)", ("gpus",)),
+            ("make_plan gpus 8.0", "tpsim.make_plan(_m(), 8.0)", ("gpus",)),
+            ("make_plan gpus np.float64", "tpsim.make_plan(_m(), np.float64(8))", ("gpus",)),
+            ("make_plan gpus '8'", "tpsim.make_plan(_m(), '8')", ("gpus",)),
+            ("make_plan gpus 2^70", "tpsim.make_plan(_m(), 2**70)", ("gpus",)),
+            ("make_plan gpus -8", "tpsim.make_plan(_m(), -8)", ("gpus",)),
+            ("make_plan gpus 0", "tpsim.make_plan(_m(), 0)", ("gpus",)),
+            ("make_plan tp True", "tpsim.make_plan(_m(), 8, tp=True)", ("tp",)),
+            ("make_plan tp np.float32", "tpsim.make_plan(_m(), 8, tp=np.float32(2))", ("tp",)),
+            ("make_plan tp 3 of 8", "tpsim.make_plan(_m(), 8, tp=3)", ("tp",)),
+            ("make_plan pp 2^40", "tpsim.make_plan(_m(), 8, pp=2**40)", ("pp",)),
+            ("make_plan micro_batch 0", "tpsim.make_plan(_m(), 8, micro_batch=0)", ("micro",)),
+            ("make_plan micro_batch np.bool_", "tpsim.make_plan(_m(), 8, micro_batch=np.bool_(True))", ("micro",)),
+            ("make_plan global_batch np 2^62", "tpsim.make_plan(_m(), 8, global_batch=np.int64(2**62))",
+             ("global_batch",)),
+            ("make_plan unknown keyword", "tpsim.make_plan(_m(), 8, tensor_parallel=2)", ("tensor_parallel",)),
+            ("make_plan model str", "tpsim.make_plan('llama3-8b', 8)", ("model",)),
+            ("make_plan zero 7", "tpsim.make_plan(_m(), 8, zero=7)", ("zero",)),
+            ("make_plan recompute 5", "tpsim.make_plan(_m(), 8, recompute=5)", ("recompute",)),
+            ("make_plan dtype None-ish", "tpsim.make_plan(_m(), 8, dtype='bf17')", ("dtype",)),
+            ("load_model None", "tpsim.load_model(None)", ("model", "None")),
+            ("load_model 5", "tpsim.load_model(5)", ("model", "5")),
+            ("load_model ''", "tpsim.load_model('')", ("model",)),
+            ("load_model 10k chars", "tpsim.load_model('x' * 10000)", ("model",)),
+            ("load_model bytes", "tpsim.load_model(b'llama3-8b')", ("model",)),
+            ("load_model /dev/zero", "tpsim.load_model('/dev/zero')", ("zero", "model")),
+            ("load_model missing ops.json", "tpsim.load_model('/nonexistent/x.ops.json')", ("x.ops.json",)),
+            ("load_model NUL", "tpsim.load_model('llama\\x003-8b')", ("model",)),
+            ("load_cluster None", "tpsim.load_cluster(None)", ("cluster", "None")),
+            ("load_cluster 5", "tpsim.load_cluster(5)", ("cluster", "5")),
+            ("load_cluster gpus True", "tpsim.load_cluster('dgx-h100', gpus=True)", ("gpus",)),
+            ("load_cluster gpus 8.0", "tpsim.load_cluster('dgx-h100', gpus=8.0)", ("gpus",)),
+            ("load_cluster gpus '16'", "tpsim.load_cluster('dgx-h100', gpus='16')", ("gpus",)),
+            ("load_cluster gpus 2^40", "tpsim.load_cluster('dgx-h100', gpus=2**40)", ("gpus",)),
+            ("load_cluster gpus -1", "tpsim.load_cluster('dgx-h100', gpus=-1)", ("gpus",)),
+            ("load_cluster gpus np.float64", "tpsim.load_cluster('dgx-h100', gpus=np.float64(16))", ("gpus",)),
+            ("estimate plan str", "tpsim.estimate(_m(), _c(), 'tp2')", ("plan",)),
+            ("estimate plan of 16 GPUs on 8", "tpsim.estimate(_m(), _c(8), tpsim.make_plan(_m(), 16, tp=8))",
+             ("gpu", "16", "8")),
+            ("estimate compute=5", "tpsim.estimate(_m(), _c(), tpsim.make_plan(_m(), 8, tp=8), compute=5)",
+             ("compute",)),
+            ("estimate stack=5", "tpsim.estimate(_m(), _c(), tpsim.make_plan(_m(), 8, tp=8), stack=5)", ("stack",)),
+            ("estimate stack unknown", "tpsim.estimate(_m(), _c(), tpsim.make_plan(_m(), 8, tp=8), stack='nope')",
+             ("stack", "nope")),
+            ("estimate calibration=[]", "tpsim.estimate(_m(), _c(), tpsim.make_plan(_m(), 8, tp=8), calibration=[])",
+             ("calibration",)),
+            ("estimate_batch list", "tpsim.estimate_batch(_m(), _c(), [tpsim.make_plan(_m(), 8, tp=8)])",
+             ("plans",)),
+            ("estimate_batch None", "tpsim.estimate_batch(_m(), _c(), None)", ("plans",)),
+            ("estimate model dict", "tpsim.estimate({'hidden': 4096}, _c(), tpsim.make_plan(_m(), 8))", ("model",)),
+            ("with_overrides layers True", "tpsim.with_overrides(_m(), num_layers=True)", ("layers",)),
+            ("with_overrides hidden 2^70", "tpsim.with_overrides(_m(), hidden=2**70)", ("hidden",)),
+            ("with_overrides hidden np.float64", "tpsim.with_overrides(_m(), hidden=np.float64(4096))", ("hidden",)),
+            ("search batch None", "from tpsim.search import search\nsearch(_m(), _c(), None)", ("batch",)),
+            ("search batch True", "from tpsim.search import search\nsearch(_m(), _c(), True)", ("batch",)),
+            ("search batch 2^70", "from tpsim.search import search\nsearch(_m(), _c(), 2**70)", ("batch",)),
+            ("search batch '64'", "from tpsim.search import search\nsearch(_m(), _c(), '64')", ("batch",)),
+            ("search objective nope", "from tpsim.search import search\nsearch(_m(), _c(), 64, objective='nope')",
+             ("objective", "nope")),
+            ("search mem_limit nan", "from tpsim.search import search\nsearch(_m(), _c(), 64, mem_limit_gib=float('nan'))",
+             ("mem",)),
+            ("search price -1", "from tpsim.search import search\nsearch(_m(), _c(), 64, gpu_hour_price=-1.0)",
+             ("price",)),
+            ("search space=5", "from tpsim.search import search\nsearch(_m(), _c(), 64, space=5)", ("space",)),
+            ("search clusters None", "from tpsim.search import search\nsearch(_m(), None, 64)", ("cluster",)),
+            ("search tokens -1", "from tpsim.search import search\nsearch(_m(), _c(), 64, tokens=-1.0)", ("tokens",)),
+            ("SearchSpace tp (0,)", "from tpsim.search import SearchSpace\nSearchSpace(tp=(0,))", ("tp",)),
+            ("SearchSpace tp '2'", "from tpsim.search import SearchSpace\nSearchSpace(tp='2')", ("tp",)),
+            ("SearchSpace vpp 2^40", "from tpsim.search import SearchSpace\nSearchSpace(vpp=(2**40,))", ("vpp",)),
+            ("SearchSpace micro_batch (True,)", "from tpsim.search import SearchSpace\nSearchSpace(micro_batch=(True,))",
+             ("micro",)),
+            ("fit_runs None", "from tpsim.runfit import fit_runs\nfit_runs(None)", ("runs",)),
+            ("fit_runs []", "from tpsim.runfit import fit_runs\nfit_runs([])", ("runs",)),
+            ("fit_runs [1, 2]", "from tpsim.runfit import fit_runs\nfit_runs([1, 2])", ("run",)),
+            ("compute_calibration nan", "from tpsim.runfit import compute_calibration\n"
+                                        "compute_calibration({'gemm_scale': float('nan')})", ("gemm_scale",)),
+            ("compute_calibration None", "from tpsim.runfit import compute_calibration\ncompute_calibration(None)",
+             ("values",)),
+            ("compute_calibration unknown", "from tpsim.runfit import compute_calibration\n"
+                                            "compute_calibration({'warp_drive': 1.0})", ("warp_drive",)),
+            ("load_calibration None", "from tpsim.calibration import load_calibration\nload_calibration(None)",
+             ("calibration",)),
+            ("load_calibration /dev/zero", "from tpsim.calibration import load_calibration\n"
+                                           "load_calibration('/dev/zero')", ("zero",)),
+    ):
+        lenient = name.endswith(("8.0", "np.float64", "vpp 2^40"))  # an integral float is the integer (a right result)
+        api(name, "    " + call.replace("\n", "\n    "), mention, expect="any" if lenient else "refuse")
+    for name, body in (
+            ("make_plan numpy ints", "p = tpsim.make_plan(_m(), np.int64(8), tp=np.int32(2))\n"
+                                     "if p.tp != 2 or type(p.tp) is not int: wrong(p)"),
+            ("load_cluster numpy gpus", "c = tpsim.load_cluster('dgx-h100', gpus=np.int64(16))\n"
+                                        "if c.num_gpus != 16: wrong(c.num_gpus)"),
+            ("estimate finite", "e = tpsim.estimate(_m(), _c(), tpsim.make_plan(_m(), 8, tp=8))\n"
+                                "import math\nif not (0 < e.step_time < 1e6): wrong(e.step_time)"),
+            ("estimate_batch matches estimate", "from tpsim.plan import PlanBatch\np = tpsim.make_plan(_m(), 8, tp=8)\n"
+             "b = tpsim.estimate_batch(_m(), _c(), PlanBatch.from_plans([p]))\ne = tpsim.estimate(_m(), _c(), p)\n"
+             "import numpy\nv = float(numpy.asarray(b.step_time).ravel()[0])\n"
+             "if abs(v - e.step_time) > 1e-9 * e.step_time: wrong((v, e.step_time))"),
+    ):
+        api(name, "    " + body.replace("\n", "\n    "), expect="ok")
+    # ---- config.json, new shapes
+    est = ("--cluster", "dgx-h100", "--gpus", "8", "--tp", "8", "--global-batch", "64", "--micro-batch", "1")
+    for name, text, mention in (
+            ("hidden true", _hf(hidden_size=True), ("hidden",)),
+            ("hidden '1024'", _hf(hidden_size="1024"), ("hidden",)),
+            ("heads 0", _hf(num_attention_heads=0), ("heads",)),
+            ("heads do not divide", _hf(num_attention_heads=7), ("heads",)),
+            ("kv heads above heads", _hf(num_key_value_heads=16), ("kv", "heads")),
+            ("vocab -1", _hf(vocab_size=-1), ("vocab",)),
+            ("positions 2^62", _hf(max_position_embeddings=1 << 62), ("position",)),
+            ("rope_scaling list", _hf(rope_scaling=[1, 2]), ("rope",)),
+            ("layers 1.5", _hf(num_hidden_layers=1.5), ("layers",)),
+            ("tie 'yes'", _hf(tie_word_embeddings="yes"), ("tie",)),
+            ("dtype float128", _hf(torch_dtype="float128"), ("dtype",)),
+            ("model_type ''", _hf(model_type=""), ("model_type",)),
+            ("nested duplicate key", _hf(rope_scaling={"type": "linear", "factor": 2.0}).replace(
+                '"factor": 2.0', '"factor": 2.0, "factor": 4.0'), ("factor", "twice")),
+            ("trailing garbage", _hf() + "garbage", ("config.json",)),
+            ("two documents", _hf() + _hf(), ("config.json",)),
+            ("top-level array", "[" + _hf() + "]", ("config.json",)),
+            ("3 MB", json.dumps({**HF_LLAMA, "pad": "x" * (3 << 20)}), ("config.json", "MB", "bytes")),
+            ("100k-element list", _hf(architectures=["LlamaForCausalLM"] * 100_000), ("config.json",)),
+            ("key with NUL", _hf(**{"a\u0000b": 1}), ("config.json",)),
+            ("hidden 1e3 float", _hf().replace('"hidden_size": 1024', '"hidden_size": 1.024e3'), ("hidden",)),
+    ):
+        add("config", f"model show config {name}", ("model", "show", "{d}/config.json"), mention,
+            expect="any" if name in ("100k-element list", "key with NUL", "hidden 1e3 float", "dtype float128")
+            else "refuse",
+            files={"config.json": text})
+    add("config", "estimate config UTF-16", ("estimate", "--model", "{d}/config.json", *est), ("config.json",),
+        files={"config.json": _hf().encode("utf-16")})
+    add("config", "estimate config latin-1", ("estimate", "--model", "{d}/config.json", *est), ("config.json",),
+        files={"config.json": _hf(name="caf\u00e9").encode("latin-1")})
+    add("config", "estimate config 600 kB of many keys", ("estimate", "--model", "{d}/config.json", *est),
+        ("config.json",), expect="any",
+        files={"config.json": json.dumps({**HF_LLAMA, **{f"x{i}": i for i in range(40_000)}})})
+    # ---- ops.json
+    graph = json.loads(_read("tests/data/opgraph/tiny-gpt.ops.json"))
+
+    def gtext(edit: Callable[[dict], None]) -> str:
+        doc = json.loads(json.dumps(graph))
+        edit(doc)
+        return json.dumps(doc)
+    plan_g = ("estimate", "--model", "{d}/g.ops.json", "--cluster", "dgx-h100", "--gpus", "8", "--tp", "1",
+              "--global-batch", "8", "--micro-batch", "1")
+    for name, edit in (
+            ("dtype int3", lambda d: d["units"][0]["ops"][0].__setitem__("dtype", "int3")),
+            ("ops a dict", lambda d: d["units"][0].__setitem__("ops", {"a": 1})),
+            ("repeat -1", lambda d: d["units"][0].__setitem__("repeat", -1)),
+            ("repeat '2'", lambda d: d["units"][0].__setitem__("repeat", "2")),
+            ("repeat true", lambda d: d["units"][0].__setitem__("repeat", True)),
+            ("units missing", lambda d: d.pop("units")),
+            ("units a string", lambda d: d.__setitem__("units", "all")),
+            ("attrs a list", lambda d: d["units"][1]["ops"][1].__setitem__("attrs", [1, 2])),
+            ("bytes nan-like string", lambda d: d["units"][0]["ops"][0].__setitem__("bytes", "NaN")),
+            ("flops true", lambda d: d["units"][0]["ops"][0].__setitem__("flops", True)),
+            ("op name 200 kB", lambda d: d["units"][0]["ops"][0].__setitem__("name", "n" * 200_000)),
+            ("top level list", lambda d: d.clear()),
+    ):
+        text = gtext(edit) if name != "top level list" else "[" + gtext(lambda d: None) + "]"
+        add("ops", f"ops.json {name}", plan_g, ("g.ops.json",), files={"g.ops.json": text},
+            expect="any" if name in ("op name 200 kB", "dtype int3") else "refuse")  # an op's extra key: ignored
+    add("ops", "ops.json 6k units (21 MB)", plan_g, ("g.ops.json", "units", "nodes"), expect="any",
+        files={"g.ops.json": gtext(lambda d: d.__setitem__("units", d["units"] * 2_000))}, timeout=60)
+    add("ops", "validate ops.json without --module-spec", ("validate", "--model", "{d}/g.ops.json", "--tp", "2"),
+        ("module-spec", "module_spec"), files={"g.ops.json": gtext(
+            lambda d: d.setdefault("source", {}).__setitem__("module_spec", "os:system"))})
+    # ---- stack, calibration and cluster YAML
+    stack = _read("tpsim/data/stacks/megatron.yaml")
+    est_m = ("estimate", "--model", "llama3-8b", *est)
+    for name, text in (
+            ("duplicate key", stack.replace("name: megatron", "name: megatron\nname: other", 1)),
+            ("tab indentation", stack.replace("\n  ", "\n\t", 3)),
+            ("python object tag", stack.replace("name: megatron", "name: !!python/object/apply:os.system [id]", 1)),
+            ("date value", stack.replace("value: 42", "value: 2024-01-01", 1)),
+            ("name null", stack.replace("name: megatron", "name: null", 1)),
+            ("merge key", "base: &b {value: 1}\n" + stack.replace("value: 42", "<<: *b", 1)),
+            ("octal 0o17", stack.replace("value: 42", "value: 0o17", 1)),
+            ("value .inf", stack.replace("value: 42", "value: .inf", 1)),
+            ("5 MB", stack + "#" * (5 << 20) + "\n"),
+            ("binary", "\x00\x01\x02" * 100),
+    ):
+        add("stack", f"stack {name}", (*est_m, "--stack", "{d}/s.yaml"), ("s.yaml",), files={"s.yaml": text},
+            expect="any" if name in ("merge key", "octal 0o17") else "refuse")
+    for name, text in (
+            ("python name tag", "nvlink: !!python/name:os.system {}\n"),
+            ("efficiency '.5'", "nvlink: {efficiency: '.5'}\n"), ("efficiency -0.5", "nvlink: {efficiency: -0.5}\n"),
+            ("100 deep", "a: " + "[" * 100 + "]" * 100 + "\n"),
+            ("10k keys", "".join(f"k{i}: 1\n" for i in range(10_000))),
+            ("latency huge", "nvlink: {latency_us: 1.0e300}\n"), ("top list", "- 1\n- 2\n"),
+            ("unknown link", "warp: {efficiency: 0.5}\n"),
+    ):
+        add("calibration", f"calibration {name}", (*est_m, "--calibration", "{d}/cal.yaml"), ("cal.yaml",),
+            files={"cal.yaml": text})
+    for name, text in (
+            ("gpus 1.5", CLUSTER.replace("gpus: 16", "gpus: 1.5")), ("gpus '16'", CLUSTER.replace("gpus: 16", "gpus: '16'")),
+            ("gpus true", CLUSTER.replace("gpus: 16", "gpus: true")), ("device empty", CLUSTER.replace(
+                "device: A100-SXM4-80GB", "device: ''")), ("node null", CLUSTER.replace("node: dgx-a100", "node: null")),
+            ("fabric nested list", CLUSTER.replace("fabric: selene-hdr-fat-tree", "fabric: [[a]]")),
+            ("node a folder", CLUSTER.replace("node: dgx-a100", "node: sub")),
+            ("unknown key", CLUSTER + "colour: red\n"), ("5 MB", CLUSTER + "#" * (5 << 20) + "\n"),
+            ("gpus_per_node 2^40", CLUSTER + f"gpus_per_node: {1 << 40}\n"),
+    ):
+        for verb in (("topo", "show", "{d}/c.yaml"), ("estimate", "--model", "llama3-8b", "--cluster", "{d}/c.yaml",
+                                                      "--tp", "8", "--global-batch", "64")):
+            add("cluster", f"{verb[0]} cluster {name}", verb, ("c.yaml", "sub", "node"), files={"c.yaml": text,
+                                                                                              "sub": DIR})
+    # ---- profile CSV
+    prof = _profile_text()
+    head, *rows = prof.splitlines()
+    for name, text in (("header only", head + "\n"), ("CRLF", prof.replace("\n", "\r\n")), ("BOM", "\ufeff" + prof),
+                       ("NUL byte", prof.replace(",", "\x00,", 1)), ("duplicate header", head + "," + head.split(",")[0]
+                                                                      + "\n" + "\n".join(rows) + "\n"),
+                       ("missing column", "\n".join(",".join(r.split(",")[1:]) for r in [head, *rows]) + "\n"),
+                       ("semicolons", prof.replace(",", ";")), ("100k columns", head + "," + ",".join(
+                           f"c{i}" for i in range(100_000)) + "\n" + "\n".join(rows) + "\n"),
+                       ("quote unterminated", prof.replace(",", ',"', 1))):
+        add("profile", f"profile {name}", (*est_m, "--profile", "{d}/p.csv"), ("p.csv",), files={"p.csv": text},
+            expect="any" if name in ("CRLF", "BOM") else "refuse")
+    # ---- runs CSV: report --runs and calibrate --from-runs
+    runs_head = "run_id,model,cluster,gpus,tp,micro_batch,global_batch,step_time_s,source\n"
+    good = "r1,llama3-8b,dgx-h100,8,8,1,64,1.5,s\n"
+    for name, text in (("header only", runs_head), ("duplicate run_id", runs_head + good + good),
+                       ("tp 0", runs_head + good.replace(",8,8,", ",8,0,")),
+                       ("gpus not a multiple of tp", runs_head + good.replace(",8,8,", ",12,8,")),
+                       ("global batch 2^70", runs_head + good.replace(",64,", f",{1 << 70},")),
+                       ("step 0", runs_head + good.replace(",1.5,", ",0,")),
+                       ("unterminated quote", runs_head + good.replace("r1", '"r1')),
+                       ("binary", "\x00" * 4096), ("model unknown", runs_head + good.replace("llama3-8b", "nope-1b")),
+                       ("cluster /dev/zero", runs_head + good.replace("dgx-h100", "/dev/zero"))):
+        add("runs", f"report --runs {name}", ("report", "--runs", "{d}/runs.csv", "--out", "{d}/r"),
+            ("runs.csv", "nope", "zero"), files={"runs.csv": text}, requires=("--runs",),
+            expect="any" if name == "duplicate run_id" else "refuse")
+        add("runs", f"calibrate --from-runs {name}", ("calibrate", "--from-runs", "{d}/runs.csv", "--out",
+                                                     "{d}/cal.yaml"), ("runs.csv", "nope", "zero", "run"),
+            files={"runs.csv": text}, requires=("--from-runs",), expect="any" if name == "duplicate run_id" else "refuse")
+    # ---- calibrate --log LOG LAUNCH
+    launch = ("torchrun pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 "
+              "--max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 16 "
+              "--tensor-model-parallel-size 2\n")
+    for name, log, launch_text in (("log empty", "", launch), ("log binary", "\x00\xff" * 1000, launch),
+                                   ("log 2 MB one line", "x" * (2 << 20), launch),
+                                   ("launch tp 0", "iteration 1/ 10 | elapsed time per iteration (ms): 1500.0\n",
+                                    launch.replace("size 2", "size 0")),
+                                   ("log elapsed nan", "iteration 1/ 10 | elapsed time per iteration (ms): nan\n",
+                                    launch),
+                                   ("log elapsed -5", "iteration 1/ 10 | elapsed time per iteration (ms): -5\n",
+                                    launch)):
+        add("calibrate-log", f"calibrate --log {name}", ("calibrate", "--log", "{d}/train.log", "{d}/train.sh",
+                                                          "--out", "{d}/cal.yaml"), ("train.log", "train.sh", "tensor"),
+            files={"train.log": log, "train.sh": launch_text}, requires=("--log",))
+    add("calibrate-log", "calibrate --log a FIFO", ("calibrate", "--log", "{d}/train.log", "{d}/train.sh"),
+        ("train.log",), files={"train.log": FIFO, "train.sh": launch}, requires=("--log",))
+    add("calibrate-log", "calibrate --log launch missing", ("calibrate", "--log", "{d}/train.log", "{d}/nope.sh"),
+        ("nope.sh",), files={"train.log": "x\n"}, requires=("--log",))
+    # ---- design sweeps
+    sw = "axes:\n  device: [H100-SXM]\n  gpus: [64]\nmodels: [llama3-8b]\n"
+    for name, text in (("gpus strings", sw.replace("gpus: [64]", "gpus: ['64']")), ("axes empty", "axes: {}\nmodels: [llama3-8b]\n"),
+                       ("models empty", sw.replace("models: [llama3-8b]", "models: []")),
+                       ("unknown axis", sw + "  warp: [1]\n".replace("  warp", "  warp") if False else sw.replace(
+                           "axes:\n", "axes:\n  warp: [1]\n")),
+                       ("device unknown", sw.replace("H100-SXM", "H900")),
+                       ("price negative", sw.replace("gpus: [64]", "gpus: [64]\n  gpu_hour_price: [-1]")),
+                       ("tokens 0", sw.replace("models: [llama3-8b]", "models: [{model: llama3-8b, tokens: 0}]")),
+                       ("nvlink_domain 0", sw.replace("gpus: [64]", "gpus: [64]\n  nvlink_domain: [0]")),
+                       ("name 1 MB", "name: " + "n" * (1 << 20) + "\n" + sw),
+                       ("range backwards", sw.replace("gpus: [64]", "gpus: {from: 64, to: 8, step: 8}")),
+                       ("gpus bool", sw.replace("gpus: [64]", "gpus: [true]")),
+                       ("models a mapping", sw.replace("models: [llama3-8b]", "models: {a: 1}"))):
+        add("sweep", f"design {name}", ("design", "{d}/s.yaml", "--out", "{d}/o"), ("s.yaml",), files={"s.yaml": text},
+            requires=("--allow-large-sweep",), expect="any" if name == "name 1 MB" else "refuse")
+    # ---- train-time and plan --objective
+    tt = ("train-time", "--model", "llama3-8b", *est)
+    for name, extra, mention in (("--tokens 0", ("--tokens", "0"), ("tokens",)),
+                                 ("--tokens -1", ("--tokens", "-1"), ("tokens",)),
+                                 ("--tokens nan", ("--tokens", "nan"), ("tokens",)),
+                                 ("--tokens 1e400", ("--tokens", "1e400"), ("tokens",)),
+                                 ("--reliability /dev/zero", ("--tokens", "1e12", "--reliability", "/dev/zero"),
+                                  ("reliability", "zero")),
+                                 ("--reliability a folder", ("--tokens", "1e12", "--reliability", "{d}"),
+                                  ("reliability", "folder", "directory"))):
+        add("train-time", f"train-time {name}", (*tt, *extra), mention)
+    for name, text in (("events -1", "components:\n  gpu: {per: gpu, events: -1, units: 10, hours: 100, source: s}\n"),
+                       ("per rack", "components:\n  gpu: {per: rack, events: 1, units: 10, hours: 100, source: s}\n"),
+                       ("pue 0.5", "energy: {pue: 0.5}\n"), ("mode maybe", "checkpoint: {mode: maybe}\n"),
+                       ("unknown key", "colour: red\n"), ("bomb", BILLION_LAUGHS)):
+        add("train-time", f"train-time --reliability {name}", (*tt, "--tokens", "1e12", "--reliability", "{d}/r.yaml"),
+            ("r.yaml",), files={"r.yaml": text})
+    pl = ("plan", *SMALL, "--global-batch", "64")
+    for name, extra, mention in (("--objective time-to-train without tokens", ("--objective", "time-to-train"),
+                                  ("tokens",)),
+                                 ("--objective nope", ("--objective", "nope"), ("objective",)),
+                                 ("--objective energy --tokens -5", ("--objective", "energy", "--tokens", "-5"),
+                                  ("tokens",)),
+                                 ("--top 0", ("--top", "0"), ("top",)), ("--top 2^40", ("--top", str(1 << 40)), ("top",)),
+                                 ("--micro-batch 0", ("--micro-batch", "0"), ("micro",)),
+                                 ("--pp 2^40", ("--pp", str(1 << 40)), ("pp",)),
+                                 ("huge space", ("--full-space", "--gpus", "65536", "--model", "mixtral-8x7b",
+                                                 "--micro-batch", *map(str, range(1, 41))), ("allow-large", "plans"))):
+        add("plan", f"plan {name}", (*pl, *extra), mention)
+    # ---- export --format all: all or nothing
+    ex = ("export", "--format", "all", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--tp", "8",
+          "--global-batch", "64", "--micro-batch", "1")
+    nothing = lambda run: "data-lost: files written before the refusal" if (run.folder / "o").is_dir() and any(  # noqa: E731
+        p.is_file() for p in (run.folder / "o").rglob("*") if p.name != "keep") else None
+    add("export", "export all --out is a file", (*ex, "--out", "{d}/o"), ("out", "o"), files={"o": "x"})
+    add("export", "export all --out under a file", (*ex, "--out", "{d}/f/o"), ("out", "f"), files={"f": "x"})
+    add("export", "export all --out holds files", (*ex, "--out", "{d}/o"), ("out", "force", "exists"),
+        files={"o/keep": "precious"}, check=_file_is("o/keep", "precious"))
+    add("export", "export all --tp 3", (*ex[:-6], "--tp", "3", "--global-batch", "64", "--micro-batch", "1",
+                                        "--out", "{d}/o"), ("tp",), check=nothing)
+    add("export", "export all --out /dev/full", (*ex, "--out", "/dev/full"), ("out", "full", "folder", "directory"))
+    add("export", "export all --out read-only", (*ex, "--out", "{d}/ro/o"), ("out", "ro", "permission", "writ"),
+        files={"ro": READONLY_DIR})
+    add("export", "export all ok", (*ex, "--out", "{d}/o"), expect="ok")
+    # ---- trace
+    tr = ("trace",)
+    for name, argv, files, mention in (
+            ("module missing", ("nope_module_x:f", "--input-shape", "1,4"), {}, ("nope_module_x",)),
+            ("fn missing", ("mod:nope", "--input-shape", "1,4"), {"mod.py": "x = 1\n"}, ("nope", "mod")),
+            ("syntax error", ("mod:f", "--input-shape", "1,4"), {"mod.py": "def f(:\n"}, ("mod",)),
+            ("sys.exit(3) at import", ("mod:f", "--input-shape", "1,4"), {"mod.py": "import sys\nsys.exit(3)\n"},
+             ("mod", "exit")),
+            ("raises at import", ("mod:f", "--input-shape", "1,4"), {"mod.py": "raise RuntimeError('boom')\n"},
+             ("mod", "boom")),
+            ("input-shape 0", ("tpsim.trace.zoo:vit_l16", "--input-shape", "0,3,224,224"), {}, ("input-shape", "shape")),
+            ("input-shape 2^40", ("tpsim.trace.zoo:vit_l16", "--input-shape", f"{1 << 40},3,224,224"), {},
+             ("input", "element")),
+            ("input-shape 9 dims", ("tpsim.trace.zoo:vit_l16", "--input-shape", ",".join(["1"] * 9)), {},
+             ("input-shape", "shape", "dim")),
+            ("input-shape bad dtype", ("tpsim.trace.zoo:vit_l16", "--input-shape", "1,3,224,224:int3"), {},
+             ("dtype", "int3")),
+            ("kwarg junk", ("tpsim.trace.zoo:vit_l16", "--input-shape", "1,3,224,224", "--kwarg", "=="), {},
+             ("kwarg",)),
+            ("timeout 0", ("tpsim.trace.zoo:vit_l16", "--input-shape", "1,3,224,224", "--timeout-s", "0"), {},
+             ("timeout",)),
+            ("timeout nan", ("tpsim.trace.zoo:vit_l16", "--input-shape", "1,3,224,224", "--timeout-s", "nan"), {},
+             ("timeout",)),
+            ("memory 0", ("tpsim.trace.zoo:vit_l16", "--input-shape", "1,3,224,224", "--memory-limit-gib", "0"), {},
+             ("memory",)),
+            ("out in missing folder", ("tpsim.trace.zoo:vit_l16", "--input-shape", "1,3,224,224", "--out",
+                                       "{d}/no/such/t.ops.json"), {}, ("out", "no")),
+            ("tp-plan /dev/zero", ("tpsim.trace.zoo:vit_l16", "--input-shape", "1,3,224,224", "--tp-plan",
+                                   "/dev/zero"), {}, ("tp-plan", "zero")),
+            ("spec with spaces", ("a b:c", "--input-shape", "1,4"), {}, ("a b", "module")),
+    ):
+        argv = tuple(a.replace("mod:", "{d}/mod.py:") for a in argv)
+        add("trace", f"trace {name}", (*tr, *argv), mention, files=files, timeout=90)
+    # ---- topo / collective values
+    for name, extra, mention in (("--bytes 0", ("--bytes", "0"), ("bytes",)), ("--bytes -1", ("--bytes", "-1"), ("bytes",)),
+                                 ("--bytes 1e30", ("--bytes", "1e30"), ("bytes",)),
+                                 ("--bytes 2^61", ("--bytes", str(1 << 61)), ("bytes",)),
+                                 ("--bytes 1.5", ("--bytes", "1.5"), ("bytes",)),
+                                 ("--bytes 10XB", ("--bytes", "10XB"), ("bytes",))):
+        add("collective", f"collective {name}", ("collective", "--cluster", "dgx-h100", "--gpus", "8", "--op",
+                                                  "all_reduce", *extra), mention)
+    add("collective", "collective --op nope", ("collective", "--cluster", "dgx-h100", "--gpus", "8", "--op", "nope",
+                                               "--bytes", "1MiB"), ("op",))
+    add("collective", "collective --gpus 1", ("collective", "--cluster", "dgx-h100", "--gpus", "1", "--op",
+                                              "all_reduce", "--bytes", "1MiB"), ("gpus",), expect="any")
+    return c
+
+
 def all_cases() -> list[Case]:
     cases = _all_cases()
     return [c for c in cases if not (ROOT and UNREADABLE in c.files.values())]
@@ -1143,7 +1545,8 @@ def all_cases() -> list[Case]:
 def _all_cases() -> list[Case]:
     return (cli_number_cases() + size_cases() + cli_arg_cases() + empty_result_cases() + file_cases()
             + model_config_cases() + yaml_cases() + profile_csv_cases() + measurement_cases() + resource_cases()
-            + output_cases() + interrupt_cases() + cache_cases() + process_cases() + launch_cases() + fresh_cases())
+            + output_cases() + interrupt_cases() + cache_cases() + process_cases() + launch_cases() + fresh_cases()
+            + wave6_cases())
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -1291,7 +1694,10 @@ def run_case(case: Case, root: Path) -> tuple[str, str, Run]:
     env.update({k: _substitute(v, case, folder) for k, v in case.env.items() if not k.startswith("PROBE_")})
     try:
         _prepare(case, folder, root, env)
-        argv = [sys.executable, "-m", "tpsim.cli", *(_substitute(a, case, folder) for a in case.argv)]
+        if case.argv[:1] == ("--api",):  # a Python API case: its code in a fresh interpreter
+            argv = [sys.executable, "-c", API_PRELUDE.format(body=_substitute(case.argv[1], case, folder))]
+        else:
+            argv = [sys.executable, "-m", "tpsim.cli", *(_substitute(a, case, folder) for a in case.argv)]
         torch = case.verb in TORCH_VERBS
         start = time.monotonic()
         proc = subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -137,3 +137,21 @@ def test_a_soft_bound_is_lifted_by_the_flag_a_hard_one_is_not():
     hard = Namespace(cluster="local-cpu", gpus=4096, allow_large_work=True)
     with pytest.raises(InputError, match="no flag lifts it"):
         check_work("estimate", hard)
+
+
+@pytest.mark.parametrize("verb", ["plan", "report"])
+def test_a_huge_plan_space_is_refused_up_front_naming_its_flag(verb, tmp_path, capsys):
+    """The plan space (tp x ... x micro-batch) is part of the verb's work estimate: refused before the search,
+    one line naming --allow-large-space; the flag lifts it (checked on the estimate, not by searching)."""
+    from tpsim.cli import build_parser
+    from tpsim.work import check_work
+
+    argv = [verb, "--model", "mixtral-8x7b", "--gpus", "65536", "--full-space", "--micro-batch",
+            *map(str, range(1, 41))] + (["--out", str(tmp_path / "r")] if verb == "report" else [])
+    start = time.monotonic()
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert "candidate plans" in line and "--allow-large-space" in line and "WORK_LIMITS['plans']" in line
+    assert time.monotonic() - start < 10
+    lifted = build_parser().parse_args(argv + ["--allow-large-space"])
+    assert "plans" in [a.quantity for a in check_work(verb, lifted)]

@@ -27,13 +27,20 @@ def load_model(name_or_path: str):  # noqa: ANN201 - ModelSpec or OpGraphModel
     """A preset name, a Hugging Face ``config.json`` (:func:`tpsim.model.load_model`), or a traced op graph
     (``*.ops.json`` from ``tpsim trace``: a :class:`tpsim.opgraph.model.OpGraphModel`, which
     :func:`tpsim.opgraph.estimate.estimate_graph` estimates; docs/OPGRAPH.md)."""
+    import os
+
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path) or "\0" in str(name_or_path):
+        raise InputError(f"model={name_or_path!r:.60} must be a preset name or a path (config.json, *.ops.json)")
+    if len(str(name_or_path)) > 4096:
+        raise InputError(f"model={str(name_or_path)[:40]!r}... ({len(str(name_or_path))} characters) is no preset "
+                         "name nor a usable path")
     if str(name_or_path).endswith(".ops.json"):
         from .opgraph.model import load_graph_model
         return load_graph_model(name_or_path)
     return _load_spec(name_or_path)
 
 
-def _api_args(model, cluster, plan=None, plans=None) -> None:  # noqa: ANN001
+def _api_args(model, cluster, plan=None, plans=None, _batch=False) -> None:  # noqa: ANN001
     """One :class:`InputError` naming the argument for a None or a wrong type (issue 26: they failed deep
     inside with AttributeError or TypeError)."""
     from .topology import Cluster
@@ -43,6 +50,9 @@ def _api_args(model, cluster, plan=None, plans=None) -> None:  # noqa: ANN001
                          f"(tpsim.load_model(...))")
     if not isinstance(cluster, Cluster):
         raise InputError(f"cluster={type(cluster).__name__} must be a Cluster (tpsim.load_cluster(name, gpus=N))")
+    if plans is None and plan is None and _batch:
+        raise InputError("plans=NoneType must be a PlanBatch (tpsim.plan.PlanBatch.from_plans([tpsim.make_plan(...), "
+                         "...]))")
     if plans is None and not isinstance(plan, Plan):
         raise InputError(f"plan={type(plan).__name__} must be a Plan (tpsim.make_plan(model, gpus, ...))")
     if plans is not None:
@@ -58,9 +68,21 @@ _ESTIMATE_KEYWORDS = ("compute", "flavor", "calibration", "stack", "context")
 
 
 def _api_keywords(kwargs: dict) -> None:
+    import os
+
     unknown = sorted(set(kwargs) - set(_ESTIMATE_KEYWORDS))
     if unknown:
         raise InputError(f"unknown keyword argument {unknown[0]!r} (known: {', '.join(_ESTIMATE_KEYWORDS)})")
+    from .calibration import Calibration
+
+    compute, calibration = kwargs.get("compute"), kwargs.get("calibration")
+    if compute is not None and not hasattr(compute, "gemm"):
+        raise InputError(f"compute={type(compute).__name__} must be a compute model (tpsim.compute.load_compute)")
+    if calibration is not None and not isinstance(calibration, (Calibration, str, os.PathLike)):
+        raise InputError(f"calibration={type(calibration).__name__} must be a Calibration or a path to one")
+    stack = kwargs.get("stack")
+    if stack is not None and not isinstance(stack, (str, os.PathLike)) and not hasattr(stack, "rules"):
+        raise InputError(f"stack={type(stack).__name__} must be a stack name, a path or a stack profile")
 
 
 def estimate(model, cluster, plan, **kwargs):  # noqa: ANN001, ANN201 - see tpsim.estimator.estimate
@@ -79,7 +101,7 @@ def estimate_batch(model, cluster, plans, **kwargs):  # noqa: ANN001, ANN201 - s
     """:func:`tpsim.estimator.estimate_batch`, after the same refusal as :func:`estimate`."""
     from . import estimator
 
-    _api_args(model, cluster, plans=plans)
+    _api_args(model, cluster, plans=plans, _batch=True)
     _api_keywords(kwargs)
     if isinstance(model, ModelSpec):
         require_modelled(model)

@@ -1,18 +1,20 @@
 """The one JSON reader of tpsim for user files (issue 26): bounded before parsing, linear in the input's size.
 
 Every JSON input (a model ``config.json``, an ``*.ops.json`` op graph, a DeepSpeed ``ds_config.json``) goes
-through :func:`loads`. Before :func:`json.loads` builds anything, one pass over the text (regular expressions
-without backtracking and numpy, so linear in the size: a 10 MB document of any shape is scanned in well under
-a second) measures
+through :func:`loads`, which bounds
 
-* the nesting depth of arrays and objects outside strings (at most ``max_depth``: the C decoder recurses);
+* the nesting depth of arrays and objects (at most ``max_depth``);
 * the number of values (at most ``max_items``: commas, brackets and colons outside strings bound it);
 * the longest run of digits outside strings (at most :data:`tpsim.limits.MAX_NUMBER_DIGITS`: converting a
-  5,000-digit integer is quadratic, and no count in a training config needs more than 20 digits).
+  5,000-digit integer is quadratic, and no count in a training config needs more than 20 digits);
 
-Then the document is decoded with NaN/Infinity refused (not JSON), non-finite floats refused, and repeated keys
-refused (JSON readers resolve them differently). Every failure is one :class:`~tpsim.errors.InputError` line
-naming ``where``.
+refuses NaN/Infinity (not JSON), non-finite floats (``1e999``) and repeated keys (JSON readers resolve them
+differently). Every step runs at C speed and is linear in the size, for every shape (``benchmarks/
+bench_parse.py``: 22 hostile shapes of 10 MB): byte counts and one table translation screen the text before the
+C decoder runs (a screen that fires hands over to the exact, vectorized :func:`scan`), and one walk over the
+decoded containers, level by level, measures depth and members afterwards (the decoder's recursion guard stops
+what nests deeper than the screen allows). Every failure is one :class:`~tpsim.errors.InputError` line naming
+``where``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import gc
 import json
 import math
 import re
+from operator import itemgetter
 from typing import Any
 
 from .errors import InputError
@@ -88,21 +91,53 @@ def scan(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, max_items: int 
     return members
 
 
+# Screens over the UTF-8 bytes: C-speed table lookups and searches (no per-character Python, no numpy pass).
+# A screen is conservative (it also sees inside strings): when one fires, the exact :func:`scan` decides.
+_SHAPE = bytes(0x30 if 0x30 <= c <= 0x39 else 0x65 if c in b"eE" else 0x73 if c in b"+-" else 0x2E
+               for c in range(256))  # digit -> 0, exponent -> e, sign -> s, anything else -> .
+_KEEP_QUOTES_COLONS = bytes(c for c in range(256) if c not in b'":')
+_LONG_DIGITS = b"0" * (MAX_NUMBER_DIGITS + 1)
+_BIG_EXPONENTS = (b"0e000", b"0es000")  # 1e308 overflows from three exponent digits on (40-digit mantissas)
+
+
 def loads(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, max_items: int = MAX_JSON_ITEMS) -> Any:
-    """The JSON document in ``text``, bounded (see the module doc); errors are one line naming ``where``."""
+    """The JSON document in ``text``, bounded (see the module doc); errors are one line naming ``where``.
+
+    Fast path, linear and at C speed for every shape: a few byte counts and one table translation screen the
+    value count, the digit runs, overflowing exponents and the nesting (each conservative: it sees inside
+    strings too; when one fires, the exact :func:`scan` decides); the C decoder builds the document with plain
+    dicts (its recursion guard stops nesting the screen let through); one walk over the containers, level by
+    level with :func:`gc.get_referents` (C), measures the depth and the members; members fewer than the colons
+    outside strings mean a repeated key, found by a second decode with a pairs hook."""
     if not isinstance(text, str):
         raise InputError(f"{where}: expected JSON text, got {type(text).__name__}")
-    members = scan(text, where, max_depth, max_items)
+    raw = text.encode("utf-8", "surrogatepass")
+    opens = raw.count(b"[") + raw.count(b"{")
+    colons = raw.count(b":")
+    shape = raw.translate(_SHAPE)
+    if opens + raw.count(b",") + colons > max_items or _LONG_DIGITS in shape:
+        scan(text, where, max_depth, max_items)  # refuses, or the counts were inside strings
+    big_exponent = any(e in shape for e in _BIG_EXPONENTS)
     collecting = gc.isenabled()
     gc.disable()  # millions of new containers trigger full collections that make decoding superlinear
     try:
-        doc = json.loads(text, parse_constant=lambda c: _refuse_constant(c, where),
-                         parse_float=lambda t: _finite_float(t, where))
-        if _members(doc) == members:
-            return doc  # no key repeats: every colon made a member (the decoder's C dict path, no hook)
-        return json.loads(text, parse_constant=lambda c: _refuse_constant(c, where),
-                          parse_float=lambda t: _finite_float(t, where),
-                          object_pairs_hook=lambda pairs: _unique_keys(pairs, where))
+        try:
+            doc = json.loads(text, parse_constant=lambda c: _refuse_constant(c, text, where))
+        except RecursionError:
+            raise InputError(f"{where}: JSON nested deeper than {max_depth} levels") from None
+        if not big_exponent and opens <= max_depth and (
+                colons == 0 or (opens == 1 and isinstance(doc, dict) and len(doc) == colons)):
+            return doc  # no deeper than its brackets, and no colon (so no object) or one object with all of them
+        depth, members, infinite = _shape(doc, big_exponent)
+        if depth > max_depth:
+            raise InputError(f"{where}: JSON nested deeper than {max_depth} levels ({depth})")
+        if not infinite and (members == colons or members == _colons_outside(raw)):
+            return doc  # no key repeats (every colon outside strings made a member), every number finite
+        if infinite:  # names the number
+            json.loads(text, parse_constant=lambda c: _refuse_constant(c, text, where),
+                       parse_float=lambda t: _finite_float(t, where))
+        return json.loads(text, parse_constant=lambda c: _refuse_constant(c, text, where),
+                          object_pairs_hook=lambda pairs: _unique_keys(pairs, where))  # names the repeated key
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: malformed JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except InputError:
@@ -115,21 +150,42 @@ def loads(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, max_items: int
             gc.enable()
 
 
-def _members(doc: Any) -> int:
-    """Members of every object in ``doc`` (iterative: a walk over the containers only)."""
-    total, stack = 0, [doc]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            total += len(node)
-            stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
-        elif isinstance(node, list):
-            stack.extend(v for v in node if isinstance(v, (dict, list)))
-    return total
+def _colons_outside(raw: bytes) -> int:
+    """Colons outside strings of a valid JSON document: escapes dropped and everything but quotes and colons
+    deleted at C speed, then the colons after an even number of quotes counted (one cumulative sum)."""
+    import numpy as np
+
+    bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _KEEP_QUOTES_COLONS)
+    codes = np.frombuffer(bare, dtype=np.uint8)
+    inside = (np.cumsum(codes == 0x22, dtype=np.uint8) & 1).view(bool)  # parity survives the uint8 wrap-around
+    return int(np.count_nonzero(codes == 0x3A)) - int(np.count_nonzero(inside & (codes == 0x3A)))
 
 
-def _refuse_constant(name: str, where: str) -> Any:
-    raise InputError(f"{where}: {name} is not a JSON number")
+def _shape(doc: Any, floats: bool = False) -> tuple[int, int, bool]:
+    """(depth, members of every object, an infinite float?) of a decoded document, one level at a time: the
+    next level is :func:`gc.get_referents` of this one (C: a JSON dict's referents are its values, a list's its
+    items; strings and numbers have none), the dicts among them filtered and their sizes summed at C speed;
+    ``floats``: look for infinite floats too (the decoder turns 1e999 into inf)."""
+    depth = members = 0
+    infinite = False
+    level = [doc]
+    while True:
+        if floats and not infinite:
+            infinite = math.inf in level or -math.inf in level
+        kinds = set(map(type, level))  # one C pass; most levels hold one or two kinds
+        if dict not in kinds and list not in kinds:
+            return depth, members, infinite
+        depth += 1
+        deeper = gc.get_referents(*level)
+        if dict in kinds:
+            members += len(deeper) if len(kinds) == 1 else sum(map(len, filter(dict.__instancecheck__, level)))
+        level = deeper
+
+
+def _refuse_constant(name: str, text: str, where: str) -> Any:
+    named = _NAMED_CONSTANT.search(text)
+    field = f"{named.group(1)}={named.group(2)}" if named else name
+    raise InputError(f"{where}: {field} is not a JSON number (NaN and Infinity are not JSON)")
 
 
 def _finite_float(text: str, where: str) -> float:
@@ -140,13 +196,12 @@ def _finite_float(text: str, where: str) -> float:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]], where: str) -> dict[str, Any]:
-    out = dict(pairs)  # C speed; the loop below runs only when a key repeats
+    out = dict(pairs)  # C speed; what follows runs only when a key repeats
     if len(out) != len(pairs):
-        seen: set[str] = set()
-        for key, _value in pairs:
-            if key in seen:
-                raise InputError(f"{where}: key {key[:60]!r} appears twice in one object")
-            seen.add(key)
+        keys = list(map(itemgetter(0), pairs))
+        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # key -> its first position (C speed)
+        at = next(i for i, key in enumerate(keys) if first[key] != i)
+        raise InputError(f"{where}: key {keys[at][:60]!r} appears twice in one object")
     return out
 
 

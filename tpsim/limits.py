@@ -180,6 +180,8 @@ WORK_LIMITS: dict[str, tuple[float, bool, str]] = {
     # work; a soft bound is lifted by --allow-large-work, a hard one never (the memory would not be there).
     "node_gpu_pairs": (MAX_NODE_PAIRS, True, "GPU pairs in one node (the collective model's per-pair tables)"),
     "node_devices": (MAX_NODE_DEVICES, True, "devices in one node"),
+    "plans": (MAX_PLANS, False, "candidate plans (tp x cp x ep x pp x (vpp, schedule) x sp x recompute x ZeRO "
+                                "x micro-batch x overlap; the bound is a minute of search)"),
     "searches": (16, False, "plan searches (each up to a minute; --scaling-span 8 makes 7)"),
     "designs": (MAX_DESIGNS, False, "designs"),
     "planning_tasks": (5_000, False, "planning tasks (one plan search each, ~0.7 s on one core)"),

@@ -103,6 +103,16 @@ def compute_calibration(values: Mapping[str, float], device: str | None = None,
                         stack: str | None = None, **extra: Any) -> ComputeCalibration:
     """The calibration ``compute`` section of fitted factor values (``compute_scale`` sets all three kernel
     factors; ``gemm_scale`` without ``attention_scale`` sets both)."""
+    from .limits import check_float
+
+    if not isinstance(values, Mapping):
+        raise InputError(f"values={type(values).__name__} must be a mapping of factor names to numbers")
+    known = ("compute_scale", "gemm_scale", "attention_scale", "memory_scale", "host_overhead_per_layer_us")
+    for name, value in values.items():
+        if name not in known:
+            raise InputError(f"values: unknown factor {str(name)[:60]!r} (known: {', '.join(known)})")
+        host = name == "host_overhead_per_layer_us"  # finite; a fit's step may graze its bound 0
+        check_float(name, value, "values", minimum=-1e6 if host else 0.0, maximum=1e6 if host else 100.0)
     c = values.get("compute_scale")
     gemm = values.get("gemm_scale", c if c is not None else 1.0)
     attention = values.get("attention_scale", gemm)
@@ -356,6 +366,9 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     started = time.perf_counter()
     if not runs:
         raise InputError("no runs to fit")
+    if isinstance(runs, (str, bytes)) or not all(isinstance(r, Run) for r in runs):
+        bad = next((r for r in runs if not isinstance(r, Run)), runs)
+        raise InputError(f"runs: {type(bad).__name__} is not a Run (tpsim.runs.load_runs(path))")
     device, stack = runs_device_stack(list(runs))
     table = factor_table(device, stack)
     rf = band_data().runs_fit

@@ -106,8 +106,9 @@ def _model_estimate(args: Any) -> list[Amount]:
 
 
 def _plan(args: Any) -> list[Amount]:
-    """The cluster's node; the plan space itself is counted from the degree lists before enumeration
-    (:func:`tpsim.search.explain.check_space`, ``--allow-large-space``), once the model is loaded."""
+    """The cluster's node, and the plan space: the candidate plans (tp x cp x ep x pp x (vpp, schedule) x sp x
+    recompute x ZeRO x micro-batch x overlap, as the search enumerates them) counted without building any,
+    by the verb's own counter (``args.work``, set by the verb's parser: the command line builds the model)."""
     return _node_pairs(args)
 
 
@@ -218,10 +219,21 @@ ESTIMATORS: dict[str, Callable[[Any], list[Amount]]] = {
 _OTHER_FLAGS = {"allow_large_space": "--allow-large-space", "allow_large_sweep": "--allow-large-sweep"}
 
 
+WORK_FLAGS: dict[str, str] = {"plans": "--allow-large-space", "designs": "--allow-large-sweep",
+                               "planning_tasks": "--allow-large-sweep"}
+"""quantity -> the verb's own flag that lifts its bound (``--allow-large-work`` lifts every soft bound too)."""
+
+
 def estimate_work(verb: str, args: Any) -> list[Amount]:
-    """The work the verb's inputs ask for (an empty list for a verb without an estimator)."""
+    """The work the verb's inputs ask for (an empty list for a verb without an estimator), plus what the
+    verb's own counter ``args.work`` (a callable its parser sets with ``set_defaults(work=...)``: counts that
+    need a model, like the plan space) adds; a counter that fails on a bad input leaves it to the verb."""
     estimator = ESTIMATORS.get(verb)
-    return estimator(args) if estimator is not None else []
+    amounts = estimator(args) if estimator is not None else []
+    extra = getattr(args, "work", None)
+    if callable(extra):
+        amounts += _quiet(lambda: extra(args)) or []
+    return amounts
 
 
 def check_work(verb: str, args: Any) -> list[Amount]:
@@ -234,11 +246,12 @@ def check_work(verb: str, args: Any) -> list[Amount]:
             continue
         amount = f"{a.amount:,.0f}" if a.amount >= 10 or float(a.amount).is_integer() else f"{a.amount:.2f}"
         limit = f"{a.limit:,.0f}" if a.limit >= 10 or float(a.limit).is_integer() else f"{a.limit:g}"
+        own = WORK_FLAGS.get(a.quantity)
         how = ("a hard limit (no flag lifts it)" if a.hard
-               else f"pass {WORK_FLAG} to run it anyway")
+               else f"pass {own} (or {WORK_FLAG}) to run it anyway" if own else f"pass {WORK_FLAG} to run it anyway")
         raise InputError(f"{a.what}: {amount} {a.unit}, above the limit of {limit} (tpsim/limits.py "
                          f"WORK_LIMITS[{a.quantity!r}]): {how}")
     return amounts
 
 
-__all__ = ["Amount", "ESTIMATORS", "WORK_FLAG", "check_work", "estimate_work"]
+__all__ = ["Amount", "ESTIMATORS", "WORK_FLAG", "WORK_FLAGS", "check_work", "estimate_work"]

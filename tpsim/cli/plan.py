@@ -143,7 +143,7 @@ def register(subparsers: Any) -> None:
                    help="folder for --export (rank<r>/ per plan with --export-top)")
     e.add_argument("--export-top", type=count_arg("top"), default=1, metavar="K",
                    help="export the K best plans the framework can run (default 1)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, work=plan_space_work)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -170,6 +170,29 @@ def check_problem(args: argparse.Namespace, model: Any, space: Any, cluster_name
     check_space(model, gpu_counts_for(cluster_name, gpus, objective), space,
                 allow_large=getattr(args, "allow_large_space", False), global_batch=global_batch,
                 stack=build_stack(args, model))
+
+
+def plan_space_work(args: argparse.Namespace, objective: str | None = None) -> list[Any]:
+    """The plan space as a work amount (tpsim.work, before the verb): the candidate plans over the GPU counts
+    the objective searches, counted without building one (a mixture-of-experts default space as pruned);
+    ``--allow-large-space`` (or ``--allow-large-work``) lifts the bound (tpsim.limits.MAX_PLANS)."""
+    from ..limits import PLAN_SEARCH_RATE
+    from ..opgraph.schema import is_opgraph_path
+    from ..search.explain import _duration
+    from ..search.space import space_size
+    from ..work import Amount
+
+    if is_opgraph_path(args.model) or getattr(args, "runs", None):
+        return []
+    model, cluster_name, gpus, batch = load_problem(args)
+    space = build_space(args, model)
+    objective = objective or getattr(args, "objective", None) or "throughput"
+    counts = gpu_counts_for(cluster_name, gpus, objective)
+    stack = build_stack(args, model)
+    total = sum(space_size(model, n, space, batch, stack) for n in counts)
+    where = f"{gpus} GPUs" if len(counts) == 1 else f"{len(counts)} GPU counts up to {max(counts)}"
+    return [Amount("plans", total, f"the plan space of {model.name} on {where} of {cluster_name} (about "
+                                   f"{_duration(total / PLAN_SEARCH_RATE)} at {PLAN_SEARCH_RATE:,} plans/s)")]
 
 
 def run(args: argparse.Namespace) -> int:

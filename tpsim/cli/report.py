@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import InputError
 from .common import build_space, build_stack, count_arg, load_compute, real_arg
-from .plan import add_problem_arguments, add_space_arguments, check_problem, load_problem
+from .plan import add_problem_arguments, add_space_arguments, check_problem, load_problem, plan_space_work
 
 
 def register(subparsers: Any) -> None:
@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.add_argument("--force", action="store_true",
                    help="write into a folder that already holds a report (its files are replaced)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, work=functools.partial(plan_space_work, objective="cost"))
 
 
 def _reliability(args: argparse.Namespace) -> Any:

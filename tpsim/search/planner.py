@@ -648,6 +648,22 @@ def _rank(cols: Mapping[str, np.ndarray], objective: str) -> np.ndarray:
     return np.lexsort([fields, cols["peak_memory_gib"], cols["step_time_s"], primary, ~cols["fits_effective"]])
 
 
+def _check_api(model: Any, clusters: Any, global_batch: Any, space: Any) -> None:
+    """One InputError naming a wrongly typed or out-of-range argument of :func:`search` (issue 26)."""
+    from ..limits import check_int
+    from ..topology import Cluster
+
+    if not isinstance(model, ModelSpec) and type(model).__name__ != "OpGraphModel":
+        raise InputError(f"model={type(model).__name__} must be a ModelSpec (tpsim.load_model(...))")
+    for c in clusters if isinstance(clusters, (list, tuple)) else (clusters,):
+        if not isinstance(c, Cluster):
+            raise InputError(f"clusters={type(c).__name__} must be a Cluster or a list of them "
+                             "(tpsim.load_cluster(name, gpus=N))")
+    check_int("global_batch", global_batch)
+    if space is not None and not isinstance(space, SearchSpace):
+        raise InputError(f"space={type(space).__name__} must be a SearchSpace")
+
+
 def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchSpace | None = None,
            objective: str = "time", gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE,
            mem_limit_gib: float | None = None, include_unfit: bool = False, compute: Any = None,
@@ -665,6 +681,7 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
 
     started = time.perf_counter()
     _check_args(objective, gpu_hour_price, mem_limit_gib, tokens)
+    _check_api(model, clusters, global_batch, space)
     space = space or SearchSpace()
     estimator = estimator or _default_estimator()
     stack = resolve_stack(stack)

@@ -22,6 +22,15 @@ def load_cluster(name_or_path: str | os.PathLike[str], gpus: int | None = None,
     file's ``gpus``; ``calibration`` (a file written by ``tpsim calibrate``) replaces the file's
     ``calibration:``. Raises :class:`~tpsim.errors.InputError` on a bad file or a GPU count that is not a
     whole number of nodes. The same inputs (files unchanged) give the same object."""
+    from ..errors import InputError
+    from ..limits import check_int
+
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path):
+        raise InputError(f"cluster={name_or_path!r:.60} must be a cluster name or a path (tpsim topo list)")
+    if gpus is not None:
+        gpus = check_int("gpus", gpus)  # numpy integers are integers; bools, strings, 2^40 refused (issue 26)
+    if calibration is not None and not isinstance(calibration, (str, os.PathLike)):
+        raise InputError(f"calibration={type(calibration).__name__} must be a path to a calibration YAML")
     path = resolve("cluster", name_or_path)
     cal = None if calibration is None else str(Path(calibration).expanduser().resolve())
     key = (str(path), gpus, str(topologies_dir()), cal)
