@@ -611,3 +611,19 @@ def test_traced_terms_replace_the_timers_only_when_the_profiler_is_cheap():
     assert traced_terms(timers, [prof(0, 0.8, 40.0)])[0] is None
     assert "run queue" in traced_terms(timers, [prof(0, 0.8, 1.0, delay=0.3)])[1]
     assert traced_terms(timers, [])[0] is None
+
+
+def test_traced_terms_give_the_reason_when_auto_profiling_stopped():
+    """--trace-terms auto (the default) stops after one profiled step over 5% off the timed step: the entry has no
+    terms, and the timers' terms are kept with its reason; a usable entry of another rank still gives terms."""
+    from tpsim.validate.plan.terms import traced_terms
+
+    timers = {"compute": {"predicted_s": 1.0, "measured_s": 1.1}}
+    stopped = {"rank": 0, "stage": 0, "steps": 1, "overhead_pct": 40.0, "terms": None, "wall_s": 1.5,
+               "stopped": "profiling stopped after one step: rank 0's profiled step +40.0% off its timed step"}
+    assert traced_terms(timers, [stopped]) == (None, stopped["stopped"])
+    usable = {"rank": 2, "stage": 1, "steps": 3, "overhead_pct": 1.0, "terms": {"compute": 1.05}, "wall_s": 1.05,
+              "delay_s": 0.0}
+    out, why = traced_terms(timers, [stopped, usable])
+    assert out == {"compute": {"predicted_s": 1.0, "measured_s": 1.05}} and "rank 2" in why
+

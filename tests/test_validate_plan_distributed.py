@@ -84,13 +84,14 @@ def test_cli_whole_plan_with_a_calibration_file_and_repeat(tmp_path):
     compute model, the calibrated overhead in the prediction; the JSON, CSV and the fit inputs written. The same
     run checks ``--repeat 2`` (issue 22): the measured case launched twice (fresh ranks), each launch's median
     step, their median and spread in the JSON and the text (one CLI run for both: each launch costs ~10 s of
-    torch imports on 2 cores; ``--no-trace-terms``: no profiled steps, none checked here)."""
+    torch imports on 2 cores). The default ``--trace-terms`` auto: the profiling stops after one step where that
+    step is more than 5% off the timed steps (as it is at these tiny shapes), else all of them run."""
     cal = tmp_path / "cal.yaml"
     cal.write_text("compute:\n  device: CPU-x86-1thread\n  stack: torchtitan\n  gemm_scale: 1.5\n"
                    "  attention_scale: 1.0\n  memory_scale: 2.0\n  host_overhead_per_layer_us: 3000\n")
     cmd = [sys.executable, "-m", "tpsim.cli", "validate", "--model", "llama3-8b", "--hidden", "64", "--heads", "2",
            "--kv-heads", "1", "--ffn", "128", "--seq-len", "16", "--tp", "1", "--dp", "2", "--zero", "3",
-           "--micro-batch", "2", "--reps", "2", "--warmup", "1", "--no-calibrate", "--no-probe", "--no-trace-terms",
+           "--micro-batch", "2", "--reps", "2", "--warmup", "1", "--no-calibrate", "--no-probe",
            "--calibration", str(cal), "--timeout", "30", "--repeat", "2", "--json", "--out-dir", str(tmp_path),
            "--name", "p"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=160)
@@ -110,7 +111,13 @@ def test_cli_whole_plan_with_a_calibration_file_and_repeat(tmp_path):
     assert phase["step"]["predicted_s"] > phase["fwd+bwd"]["predicted_s"] > 0
     assert s["calibration_inputs"]["gemm_s"] > 0 and s["calibration_inputs"]["stack"] == "torchtitan"
     assert (tmp_path / "p.csv").read_text().startswith("case,kind,model")
-    assert s["terms_source"] == "timers"  # --no-trace-terms
+    for prof in s["profiled"]:  # auto: one profiled step, stopped, where it was over 5% off; else both (reps 2)
+        over = prof["overhead_pct"]
+        if over is not None and abs(over) > 5.0:
+            assert prof["steps"] == 1 and prof["stopped"] and prof["events"] == 0 and prof["trace"] is None
+            assert s["terms_source"] == "timers" and s["terms_source_note"] == prof["stopped"]
+        else:
+            assert prof["steps"] == 2 and prof["terms"] and not prof.get("stopped")
     rp = s["repeats"]
     assert rp["launches"] == 2 and rp["phase"] == "step" and len(rp["medians_s"]) == 2
     assert rp["medians_s"][0] == pytest.approx(phase["step"]["measured_s"])  # the first launch is the report's

@@ -365,7 +365,7 @@ def profile_steps(rt: RankRuntime, xs: torch.Tensor, ts: torch.Tensor, clock: Cl
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     delays = []  # run-queue seconds of each profiled step (a preempted step is not the profiler's doing)
-    first = None  # (overhead %, wall) of the first profiled step
+    first, stop = None, False  # (overhead %, wall) of the first profiled step; auto stopped after it
     with _p2p_wait_scopes(), profile(activities=activities) as prof:
         for i in range(n):
             timers_ref[0] = Timers(clock, device=device, scopes=True)
@@ -379,9 +379,10 @@ def profile_steps(rt: RankRuntime, xs: torch.Tensor, ts: torch.Tensor, clock: Cl
             delays.append(wall - clean)
             if auto and i == 0:
                 first = (100.0 * (clean - timed) / timed if timed else None, wall)
-                if _stop_profiling(first[0]):
+                stop = _stop_profiling(first[0])
+                if stop:
                     break
-    if auto and len(delays) == 1 and n > 1 and first is not None:
+    if stop and first is not None:
         over = first[0]
         return {"rank": dist.get_rank(), "stage": rt.coords.get("pp", 0), "steps": 1, "wall_s": first[1],
                 "delay_s": delays[0], "walls_s": [first[1]], "timed_step_s": timed, "overhead_pct": over,
