@@ -171,6 +171,8 @@ def test_runtime_profile_rules_for_fsdp2_and_zero1():
     from tpsim.topology import load_cluster
 
     raw = yaml.safe_load((STACKS_DIR / "torch-validate.yaml").read_text())
+    raw["comm"]["zero1_flat_copies"]["value"] = False
+    no_copies = profile_from_mapping(raw, "no-copies.yaml")
     for key in ("fsdp_reshard_after_backward", "zero1_in_optimizer_step"):
         raw["comm"][key]["value"] = False
     raw["comm"]["pp_send_split_over_tp"]["value"] = True  # Megatron's
@@ -197,6 +199,18 @@ def test_runtime_profile_rules_for_fsdp2_and_zero1():
     assert on.phases["other"][0] > on.bubble_s[0] + on.exposed_axis["pp"][0]  # the reductions at the end
     on, off = both(dp=2, zero=1)
     assert on.phases["optimizer"][0] > on.optimizer_s[0] and off.phases["optimizer"][0] == off.optimizer_s[0]
+    # ShardedAdam's flat-buffer copies (comm.zero1_flat_copies): in the optimizer phase and in the step, only
+    # for ZeRO-1: 2.5 copies of the rank's parameters and one of its shard
+    from tpsim.estimator.schedule import zero1_copy_seconds
+    on, flat_off = both((runtime, no_copies), dp=2, zero=1)
+    extra = on.phases["optimizer"][0] - flat_off.phases["optimizer"][0]
+    assert extra > 0 and on.step_time_s[0] - flat_off.step_time_s[0] == pytest.approx(extra)
+    cluster = load_cluster("local-cpu", gpus=2)
+    params = base.num_layers * 12 * base.hidden_size ** 2  # within the biases and norms
+    copies = zero1_copy_seconds(RooflineModel(cluster.device), params, 2)
+    assert extra == pytest.approx(float(copies), rel=0.01)
+    z2, z2_off = both((runtime, no_copies), dp=2, zero=2)
+    assert z2.step_time_s[0] == z2_off.step_time_s[0]
     # DTensor pipelining sends the whole activation from every TP rank (Megatron 1/tp of it), SP shards it
     on, off = both(tp=2, pp=2)
     assert on.exposed_axis["pp"][0] > off.exposed_axis["pp"][0]
@@ -597,3 +611,19 @@ def test_traced_terms_replace_the_timers_only_when_the_profiler_is_cheap():
     assert traced_terms(timers, [prof(0, 0.8, 40.0)])[0] is None
     assert "run queue" in traced_terms(timers, [prof(0, 0.8, 1.0, delay=0.3)])[1]
     assert traced_terms(timers, [])[0] is None
+
+
+def test_traced_terms_give_the_reason_when_auto_profiling_stopped():
+    """--trace-terms auto (the default) stops after one profiled step over 5% off the timed step: the entry has no
+    terms, and the timers' terms are kept with its reason; a usable entry of another rank still gives terms."""
+    from tpsim.validate.plan.terms import traced_terms
+
+    timers = {"compute": {"predicted_s": 1.0, "measured_s": 1.1}}
+    stopped = {"rank": 0, "stage": 0, "steps": 1, "overhead_pct": 40.0, "terms": None, "wall_s": 1.5,
+               "stopped": "profiling stopped after one step: rank 0's profiled step +40.0% off its timed step"}
+    assert traced_terms(timers, [stopped]) == (None, stopped["stopped"])
+    usable = {"rank": 2, "stage": 1, "steps": 3, "overhead_pct": 1.0, "terms": {"compute": 1.05}, "wall_s": 1.05,
+              "delay_s": 0.0}
+    out, why = traced_terms(timers, [stopped, usable])
+    assert out == {"compute": {"predicted_s": 1.0, "measured_s": 1.05}} and "rank 2" in why
+

@@ -26,8 +26,10 @@ from tpsim.validate.launch import marked_pids  # noqa: E402
 from tpsim.validate.launchers import detect, first_host, sbatch_script, tasks_on_first_node, torchrun_line  # noqa: E402
 
 MARK = "TPSIM_TEST_TORCHRUN"
-ARGS = ["--model", "gpt3-1.3b", "--layers", "4", "--hidden", "256", "--heads", "4", "--seq-len", "64", "--tp", "2",
-        "--pp", "2", "--no-probe", "--timeout", "30", "--run-timeout", "150"]
+ARGS = ["--model", "gpt3-1.3b", "--layers", "4", "--hidden", "64", "--heads", "2", "--seq-len", "16", "--tp", "2",
+        "--pp", "2", "--no-probe", "--timeout", "30", "--run-timeout", "150", "--reps", "1", "--warmup", "0",
+        "--no-overhead", "--no-trace-terms"]
+"""4 ranks on 2 cores check numerics and collectives only: one step, no tiny twin, no profiled steps."""
 HOST = os.uname().nodename
 
 
@@ -212,7 +214,7 @@ def test_srun_tasks_join_as_slurm_ranks(tmp_path):
     slurm = {"SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "localhost",
              "SLURM_STEP_TASKS_PER_NODE": "2", "MASTER_PORT": str(_free_port()), MARK: token}
     args = ["--model", "gpt3-1.3b", "--layers", "1", "--hidden", "128", "--heads", "4", "--seq-len", "32", "--tp", "2",
-            "--no-probe", "--timeout", "30", "--run-timeout", "100", "--reps", "1", "--warmup", "0",
+            "--no-probe", "--no-overhead", "--timeout", "30", "--run-timeout", "100", "--reps", "1", "--warmup", "0",
             "--out-dir", str(tmp_path / "out"), "--name", "srun", "--json"]
     procs = [subprocess.Popen([sys.executable, "-m", "tpsim.validate.worker", "--validate", *args],
                               env={**base, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},

@@ -261,7 +261,7 @@ _STACK_FIGURES: dict[str, dict[str, Any]] = {
              "zero3_persistence_threshold_elements": _ELEMENTS, "zero3_max_live_elements": _ELEMENTS,
              "ep_node_dedup": Bool(also=OPTIONAL), "tp_backward_overlap": Bool(also=OPTIONAL),
              "fsdp_reshard_after_backward": Bool(also=OPTIONAL), "zero1_in_optimizer_step": Bool(also=OPTIONAL),
-             "pp_send_split_over_tp": Bool(also=OPTIONAL),
+             "zero1_flat_copies": Bool(also=OPTIONAL), "pp_send_split_over_tp": Bool(also=OPTIONAL),
              "pp_overlap_interleaved": Bool(also=OPTIONAL)},
     "compute": {"host_us_per_layer": _HOST_US, "host_us_per_microbatch": _HOST_US, "host_us_per_op": _HOST_US,
                 "optimizer_bytes_per_param": Float("bytes_per_param", also=OPTIONAL),

@@ -134,11 +134,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--name", help="report name (default: derived from the case, or matrix-<family>-<backend>)")
     o.add_argument("--out-dir", default=None, help="report folder (default: reports/validation)")
-    m.add_argument("--trace-terms", action=argparse.BooleanOptionalAction, default=True,
+    m.add_argument("--trace-terms", action=argparse.BooleanOptionalAction, default="auto",
                    help="whole plans: 3 more steps under torch.profiler on rank 0 and one rank per pipeline stage, "
                         "split into the step's terms by interval arithmetic (the terms' source where the "
                         "profiler's overhead is under 5%%; else the timers'); chrome traces in "
-                        "<out-dir>/<name>-traces/ (default: on)")
+                        "<out-dir>/<name>-traces/. Default (neither flag): the same, stopped after the first "
+                        "profiled step when it is over 5%% slower than the timed steps")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -427,7 +428,7 @@ def _run_joined(args: argparse.Namespace, joined, cases: list, name: str) -> int
     out_dir = check_out_dir(Path(args.out_dir) if args.out_dir else _reports_dir()) if joined.rank == 0 else None
     code = 1
     if args.trace_terms:  # every rank of the joined launch parsed the same flag
-        os.environ["TPSIM_VALIDATE_TRACE"] = "1"
+        os.environ["TPSIM_VALIDATE_TRACE"] = "auto" if args.trace_terms == "auto" else "1"
         os.environ["TPSIM_VALIDATE_TRACE_DIR"] = str(Path(args.out_dir or _reports_dir()) / f"{name}-traces")
     try:
         hosts = rank_side.start(joined, args.backend, args.timeout, args.threads, args.run_timeout)
@@ -518,6 +519,8 @@ def _terms_lines(s: dict) -> list[str]:
     if s.get("terms_source"):
         lines.append(f"  terms source: {s['terms_source']} ({s.get('terms_source_note') or ''})")
     for prof in s.get("profiled") or []:
+        if not prof.get("terms"):  # --trace-terms auto stopped after one step (the note above says why)
+            continue
         d = prof.get("detail") or {}
         over = prof.get("overhead_pct")
         lines.append(f"  torch.profiler, rank {prof['rank']} (stage {prof['stage']}), median of {prof['steps']} steps "

@@ -233,6 +233,10 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
         dp_exposed = dp_exposed + layers * (fwd_gathers + bwd_gathers) * copy_ag + copies_rs
         dp_forward = dp_forward + layers * fwd_gathers * copy_ag
         dp_after = dp_after + np.where(dpt.at_end, copies_rs, 0.0)
+    dp_in_opt = dpt.in_optimizer
+    if ctx.terms.zero1_copies:  # ZeRO-1's flat-buffer copies in the optimizer step (the runtime's stack profile)
+        z1 = np.where(zero == 1, zero1_copy_seconds(ctx.compute, part.largest, group, dtype), 0.0)
+        dp_exposed, dp_in_opt = dp_exposed + z1, dp_in_opt + z1
     params = np.where(zero >= 1, _sharded(part, dp * cp, edp), part.largest)
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
@@ -267,7 +271,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
                     exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
                     overhead_high=np.maximum(overhead_high, overhead), comm_total=comm_total, step=step,
                     slowest=slow, micro_batches=m, exposed_axis=exposed_axis, forward=forward,
-                    pp_exposed=pp_exposed, dp_after_backward=dp_after, dp_in_optimizer=dpt.in_optimizer,
+                    pp_exposed=pp_exposed, dp_after_backward=dp_after, dp_in_optimizer=dp_in_opt,
                     tp_grad_sync=tp_sync)
 
 
@@ -469,6 +473,18 @@ def fsdp_copy_seconds(compute, unit_numel: np.ndarray | float, dp: np.ndarray | 
     if reduce_dtype is None:
         return gather, gather
     return gather, copy(shard, reduce_dtype, reduce_dtype) + copy(unit_numel, grad_dtype or dtype, reduce_dtype)
+
+
+def zero1_copy_seconds(compute, numel: np.ndarray | float, dp: np.ndarray | float,
+                       dtype: str = "fp32") -> np.ndarray:
+    """Seconds per step of a ZeRO-1 optimizer that reduces and gathers through flat buffers, on the compute
+    stream (tpsim's ShardedAdam, tpsim/validate/modules/zero1.py ``step``): the flat gradient buffer zero-filled
+    (``torch.zeros``: a write, half a copy) and every gradient copied into it, the reduced shard divided by dp in
+    place (``div_``: a copy's read and write), the gathered weights copied back into the parameters: 2.5 copies of
+    the rank's ``numel`` parameters and one of its shard, timed as :func:`fsdp_copy_seconds` times a copy."""
+    n = np.asarray(numel, dtype=float)
+    moved = 2.5 * n + n / np.asarray(dp, dtype=float)
+    return np.asarray(compute.memory("residual_add", moved * COPY_OF_RESIDUAL_ADD, dtype, False)[0], dtype=float)
 
 
 def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, gathers: np.ndarray,

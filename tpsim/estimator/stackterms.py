@@ -161,6 +161,10 @@ class StackTerms:
     zero1_in_optimizer: bool = False
     """ZeRO-1's gradient reduce-scatter and parameter all-gather run inside the optimizer step, after the
     backward, nothing overlapping them (``comm.zero1_in_optimizer_step``)."""
+    zero1_copies: bool = False
+    """ZeRO-1 copies the gradients into a flat buffer before its reduce-scatter and the gathered weights back
+    into the parameters after its all-gather, in the optimizer step (``comm.zero1_flat_copies``,
+    schedule.zero1_copy_seconds)."""
     """with group-limited routing a token crosses the network once per destination node and is forwarded to its
     experts there over NVLink (``comm.ep_node_dedup``; DeepEP / HAI-LLM)."""
     activation_storage: "ActivationStorage"
@@ -316,6 +320,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         fsdp_copies=bool(_value(stack, "comm", "fsdp_copy_in_out", False)),
         fsdp_reshard_after_backward=bool(_value(stack, "comm", "fsdp_reshard_after_backward", False)),
         zero1_in_optimizer=bool(_value(stack, "comm", "zero1_in_optimizer_step", False)),
+        zero1_copies=bool(_value(stack, "comm", "zero1_flat_copies", False)),
         pp_send_split=bool(_value(stack, "comm", "pp_send_split_over_tp", True)),
         model_edges=bool(_value(stack, "compute", "model_edges", True)),
         gqa_kv_repeat=bool(_value(stack, "compute", "gqa_kv_repeat", False)),

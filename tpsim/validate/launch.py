@@ -63,8 +63,9 @@ class LaunchConfig:
     :func:`launch` runs the job on that launch's ranks instead of starting its own."""
     host_ranks: int = 0
     """ranks on the busiest host of a joined launch (0: ``nproc``), for the core-per-rank timing rule."""
-    trace_terms: bool = False
-    """whole-plan cases: profiled steps on rank 0 and one rank per stage (``--trace-terms``,
+    trace_terms: bool | str = False
+    """whole-plan cases: profiled steps on rank 0 and one rank per stage (True: ``--trace-terms``; "auto", the
+    CLI's default: stopped after the first when the profiler's overhead is too large to use them;
     :func:`tpsim.validate.plan.run.profile_steps`)."""
     trace_dir: str = ""
     """folder of the profiled ranks' chrome traces ("": none written)."""
@@ -171,7 +172,7 @@ def launch(cases: list[Case], cfg: LaunchConfig, run_dir: Path | None = None,
     job_path.write_text(json.dumps(job))
     token = uuid.uuid4().hex
     penv = {**os.environ, **(env or {}), MARK_ENV: token, "OMP_NUM_THREADS": str(cfg.threads),
-            "PYTHONUNBUFFERED": "1", **({"TPSIM_VALIDATE_TRACE": "1"} if cfg.trace_terms else {}),
+            "PYTHONUNBUFFERED": "1", **({"TPSIM_VALIDATE_TRACE": "auto" if cfg.trace_terms == "auto" else "1"} if cfg.trace_terms else {}),
             **({"TPSIM_VALIDATE_TRACE_DIR": cfg.trace_dir} if cfg.trace_terms and cfg.trace_dir else {})}
     log_path = run_dir / "launcher.log"
     with open(log_path, "wb") as log, _terminate_as_exception():

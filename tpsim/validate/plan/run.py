@@ -280,14 +280,16 @@ def time_plan(case: PlanCase, mesh: DeviceMesh, rank: int) -> dict[str, Any]:
             run_step(rt, xs, ts, timers_ref[0])
         calls.append([(f"{axis}:{op}", sec) for axis, _ph, op, _b, sec in recorder.calls if op not in ("send", "recv")])
     med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
-    profiled = profile_steps(rt, xs, ts, clock, device, timers_ref, samples) \
-        if os.environ.get(TRACE_ENV) == "1" else None
+    mode = os.environ.get(TRACE_ENV, "")
+    profiled = profile_steps(rt, xs, ts, clock, device, timers_ref, samples, auto=mode == "auto") \
+        if mode in ("1", "auto") else None
     return {"time": med, "samples": samples, "comm_calls": calls, **({"profile": profiled} if profiled else {})}
 
 
 TRACE_ENV = "TPSIM_VALIDATE_TRACE"
-"""set to 1 by ``tpsim validate`` (``--trace-terms``, the default): profiled steps after the timed ones
-(:func:`profile_steps`)."""
+"""``1`` (``tpsim validate --trace-terms``): ``TRACE_STEPS`` profiled steps after the timed ones
+(:func:`profile_steps`); ``auto`` (the default): the same, but the profiling stops after the first profiled step
+when that step's overhead is over ``TRACE_MAX_OVERHEAD_PCT`` (its terms could not be used)."""
 TRACE_DIR_ENV = "TPSIM_VALIDATE_TRACE_DIR"
 """folder the profiled ranks write their chrome traces to (``<case>-rank<r>.json``); unset: none written."""
 TRACE_STEPS = 3
@@ -320,33 +322,52 @@ def _p2p_wait_scopes():
         schedules._wait_batch_p2p = orig
 
 
+def _stop_profiling(over_pct: float | None) -> bool:
+    """Every rank's vote (a profiled rank's first profiled step more than ``TRACE_MAX_OVERHEAD_PCT`` off its timed
+    median, either way: :func:`tpsim.validate.plan.terms.traced_terms` would not use it; the other ranks
+    vote no), the largest kept: all ranks run the same number of steps (their collectives pair up)."""
+    from .terms import TRACE_MAX_OVERHEAD_PCT
+
+    vote = torch.tensor([1 if over_pct is not None and abs(over_pct) > TRACE_MAX_OVERHEAD_PCT else 0])
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX)
+    return bool(vote.item())
+
+
 def profile_steps(rt: RankRuntime, xs: torch.Tensor, ts: torch.Tensor, clock: Clock, device: torch.device,
-                  timers_ref: list, samples: list[dict[str, float]]) -> dict[str, Any] | None:
+                  timers_ref: list, samples: list[dict[str, float]], auto: bool = False) -> dict[str, Any] | None:
     """``TRACE_STEPS`` more steps under torch.profiler (CPU and CUDA events) on rank 0 and one rank per pipeline
     stage (tp and dp coordinate 0; the other ranks run them plainly); each step's intervals split by
     :func:`tpsim.validate.plan.attribute.step_terms`, the median step kept; the profiler's overhead is the
     median profiled step against this rank's median timed step; the chrome trace is written to
-    ``$TPSIM_VALIDATE_TRACE_DIR``. None on the ranks not profiled."""
+    ``$TPSIM_VALIDATE_TRACE_DIR``. None on the ranks not profiled. ``auto``: when the first profiled step of a
+    profiled rank is over ``TRACE_MAX_OVERHEAD_PCT`` slower than the timed median (less its run-queue time), every
+    rank stops there: no more steps, no event parsing, no trace; the profiled rank returns its overhead and
+    ``stopped`` (why), no ``terms`` (the timers give them)."""
 
     from .attribute import median_step, step_terms
+    from .terms import TRACE_MAX_OVERHEAD_PCT
 
     case = rt.case
     n = max(1, min(TRACE_STEPS, case.reps))
     profiled = not (rt.coords.get("tp", 0) or rt.coords.get("dp", 0))
+    timed = statistics.median(s["step"] for s in samples) if samples else None  # without run-queue time
     if not profiled:
-        for _ in range(n):
+        for i in range(n):
             timers_ref[0] = Timers(clock, device=device)
             dist.barrier()
             run_step(rt, xs, ts, timers_ref[0])
             sync(device)
+            if auto and i == 0 and _stop_profiling(None):
+                break
         return None
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     delays = []  # run-queue seconds of each profiled step (a preempted step is not the profiler's doing)
+    first, stop = None, False  # (overhead %, wall) of the first profiled step; auto stopped after it
     with _p2p_wait_scopes(), profile(activities=activities) as prof:
-        for _ in range(n):
+        for i in range(n):
             timers_ref[0] = Timers(clock, device=device, scopes=True)
             dist.barrier()
             sync(device)
@@ -356,6 +377,20 @@ def profile_steps(rt: RankRuntime, xs: torch.Tensor, ts: torch.Tensor, clock: Cl
                 sync(device)
             clean, wall = Clock.since(t0, clock.now())
             delays.append(wall - clean)
+            if auto and i == 0:
+                first = (100.0 * (clean - timed) / timed if timed else None, wall)
+                stop = _stop_profiling(first[0])
+                if stop:
+                    break
+    if stop and first is not None:
+        over = first[0]
+        return {"rank": dist.get_rank(), "stage": rt.coords.get("pp", 0), "steps": 1, "wall_s": first[1],
+                "delay_s": delays[0], "walls_s": [first[1]], "timed_step_s": timed, "overhead_pct": over,
+                "terms": None, "detail": None, "events": 0, "trace": None,
+                "stopped": ("profiling stopped after one step: " + (
+                    f"rank {dist.get_rank()}'s profiled step {over:+.1f}% off its timed step"
+                    if over is not None and abs(over) > TRACE_MAX_OVERHEAD_PCT else "another profiled rank's step was")
+                    + " over the profiler-overhead limit (--trace-terms auto): terms from the timers")}
     events = list(prof.events())
     steps_ev = [e for e in events if e.name == "tpsim:step"]
     if not steps_ev:
@@ -385,7 +420,6 @@ def profile_steps(rt: RankRuntime, xs: torch.Tensor, ts: torch.Tensor, clock: Cl
                      kernels=within(kernels))
         per_step.append(dict(step_terms(spans, case.tp, case.pp), delay_s=delays[i] if i < len(delays) else 0.0))
     best = median_step(per_step)
-    timed = statistics.median(s["step"] for s in samples) if samples else None  # without run-queue time
     wall = best["detail"]["step"]
     clean = max(wall - best["delay_s"], 0.0)
     path = None

@@ -71,6 +71,9 @@ def traced_terms(timers: dict[str, Any], profiled: list[dict[str, Any]]
     largest, as the timers take the busiest rank's chunks), the predicted ones as :func:`plan_terms` gave them;
     (None, why) when there is no profiled step, or the profiler's overhead is over ``TRACE_MAX_OVERHEAD_PCT``."""
     usable = [p for p in profiled if p.get("terms")]
+    stopped = [p["stopped"] for p in profiled if p.get("stopped")]
+    if stopped and not usable:
+        return None, stopped[0]
     if not usable or not timers:
         return None, "no profiled step" if not usable else "nothing timed"
     busiest = max(usable, key=lambda p: p["terms"].get("compute", 0.0))
