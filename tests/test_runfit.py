@@ -12,7 +12,7 @@ import pytest
 from tpsim.cli import main
 from tpsim.errors import InputError
 from tpsim.estimator.band import Residual, residual_band
-from tpsim.runfit import factors_for, fit_runs, predict
+from tpsim.runfit import EXPOSED_FACTORS, factors_for, fit_runs, predict
 from tpsim.runs import DEVELOPMENT_CSV, load_runs, read_log, stack_name
 
 
@@ -27,8 +27,10 @@ def _synthetic(runs, truth):
 
 
 @pytest.mark.parametrize("n, truth", [
-    (3, {"gemm_scale": 1.15, "attention_scale": 1.15, "memory_scale": 1.3, "host_overhead_per_layer_us": 40.0}),
-    (10, {"gemm_scale": 1.15, "attention_scale": 1.25, "memory_scale": 1.3, "host_overhead_per_layer_us": 40.0}),
+    (3, {"gemm_scale": 1.15, "attention_scale": 1.15, "memory_scale": 1.3, "host_overhead_per_layer_us": 40.0,
+         "tp_exposed_scale": 1.0, "dp_exposed_scale": 1.3}),
+    (10, {"gemm_scale": 1.15, "attention_scale": 1.25, "memory_scale": 1.3, "host_overhead_per_layer_us": 40.0,
+          "tp_exposed_scale": 1.0, "dp_exposed_scale": 1.3}),
 ])
 def test_synthetic_truth_is_recovered_within_the_stated_uncertainty(h100_torchtitan, n, truth):
     pick = h100_torchtitan[:: len(h100_torchtitan) // n][:n]
@@ -37,9 +39,13 @@ def test_synthetic_truth_is_recovered_within_the_stated_uncertainty(h100_torchti
     assert [f.name for f in plain.factors] == list(factors_for(n))
     for f in plain.factors:
         assert abs(f.value - truth[f.name]) <= 2.0 * f.uncertainty, (f.name, f.value, f.uncertainty)
-        assert f.uncertainty < f.prior_sigma  # the runs inform every factor they fit ...
+        # the runs inform every factor they fit (the overlap ones as far as the runs expose TP / DP time: these
+        # FSDP runs hardly do) ...
+        assert f.uncertainty < f.prior_sigma if f.name not in EXPOSED_FACTORS else f.uncertainty <= f.prior_sigma
     gemm = next(f for f in plain.factors if f.name == "gemm_scale")
-    assert gemm.uncertainty < 0.7 * gemm.prior_sigma  # ... and GEMM strongly: it is most of the step
+    # ... and GEMM strongly: it is most of the step (0.75: with 10 runs it shares information with the DP
+    # overlap factor, whose exposed time is what the GEMMs leave of the FSDP gathers; 0.73 measured)
+    assert gemm.uncertainty < 0.75 * gemm.prior_sigma
     # the guarded fit keeps the set the runs identify and is no worse out of sample than the plain one; it
     # reproduces the synthetic runs, and leave-one-out predicts each within a few percent (the plain fit of 3
     # runs with 3 factors is held near the priors by the shipped runs' per-run error, runfit.model_sigma)
