@@ -627,15 +627,16 @@ def shipped_variogram():
 
 
 def plan_band(residuals: Sequence[Residual] | None, *, model: Any, cluster: Any, plan: Any, stack: str,
-              calibration: Calibration | None = None, exclude: str | None = None):
+              calibration: Calibration | None = None, exclude: str | None = None, variogram: Any = None):
     """The residual band of one plan: the runs of a runs-fit ``calibration`` (their leave-one-out residuals and
     distances from the plan, :func:`tpsim.estimator.band.calibrated_band`, kind ``calibrated``), else
-    ``residuals`` (default: the shipped runs, kind ``residuals``)."""
+    ``residuals`` (default: the shipped runs, kind ``residuals``). ``variogram``: in place of the shipped
+    runs' (a benchmark leaving a group out)."""
     from .estimator.band import calibrated_band, residual_band
 
     own = calibrated_residuals(calibration)
     if own:
-        return calibrated_band(own, shipped_variogram(), params=float(model.total_params()),
+        return calibrated_band(own, variogram or shipped_variogram(), params=float(model.total_params()),
                                gpus=int(cluster.num_gpus), tp=plan.tp, cp=plan.cp, pp=plan.pp, dtype=plan.dtype,
                                recompute=plan.recompute, seq_len=int(model.seq_len), exclude=exclude)
     pool = residuals if residuals is not None else shipped_residuals()
