@@ -12,7 +12,7 @@ import pytest
 from tpsim.cli import main
 from tpsim.errors import InputError
 from tpsim.estimator.band import Residual, residual_band
-from tpsim.runfit import factors_for, fit_runs, predict
+from tpsim.runfit import EXPOSED_FACTORS, factors_for, fit_runs, predict
 from tpsim.runs import DEVELOPMENT_CSV, load_runs, read_log, stack_name
 
 
@@ -27,8 +27,10 @@ def _synthetic(runs, truth):
 
 
 @pytest.mark.parametrize("n, truth", [
-    (3, {"gemm_scale": 1.15, "attention_scale": 1.15, "memory_scale": 1.3, "host_overhead_per_layer_us": 40.0}),
-    (10, {"gemm_scale": 1.15, "attention_scale": 1.25, "memory_scale": 1.3, "host_overhead_per_layer_us": 40.0}),
+    (3, {"gemm_scale": 1.15, "attention_scale": 1.15, "memory_scale": 1.3, "host_overhead_per_layer_us": 40.0,
+         "tp_exposed_scale": 1.0, "dp_exposed_scale": 1.3}),
+    (10, {"gemm_scale": 1.15, "attention_scale": 1.25, "memory_scale": 1.3, "host_overhead_per_layer_us": 40.0,
+          "tp_exposed_scale": 1.0, "dp_exposed_scale": 1.3}),
 ])
 def test_synthetic_truth_is_recovered_within_the_stated_uncertainty(h100_torchtitan, n, truth):
     pick = h100_torchtitan[:: len(h100_torchtitan) // n][:n]
@@ -37,9 +39,13 @@ def test_synthetic_truth_is_recovered_within_the_stated_uncertainty(h100_torchti
     assert [f.name for f in plain.factors] == list(factors_for(n))
     for f in plain.factors:
         assert abs(f.value - truth[f.name]) <= 2.0 * f.uncertainty, (f.name, f.value, f.uncertainty)
-        assert f.uncertainty < f.prior_sigma  # the runs inform every factor they fit ...
+        # the runs inform every factor they fit (the overlap ones as far as the runs expose TP / DP time: these
+        # FSDP runs hardly do) ...
+        assert f.uncertainty < f.prior_sigma if f.name not in EXPOSED_FACTORS else f.uncertainty <= f.prior_sigma
     gemm = next(f for f in plain.factors if f.name == "gemm_scale")
-    assert gemm.uncertainty < 0.7 * gemm.prior_sigma  # ... and GEMM strongly: it is most of the step
+    # ... and GEMM strongly: it is most of the step (0.75: with 10 runs it shares information with the DP
+    # overlap factor, whose exposed time is what the GEMMs leave of the FSDP gathers; 0.73 measured)
+    assert gemm.uncertainty < 0.75 * gemm.prior_sigma
     # the guarded fit keeps the set the runs identify and is no worse out of sample than the plain one; it
     # reproduces the synthetic runs, and leave-one-out predicts each within a few percent (the plain fit of 3
     # runs with 3 factors is held near the priors by the shipped runs' per-run error, runfit.model_sigma)
@@ -395,3 +401,42 @@ def test_calibrated_band_narrows_near_the_runs_and_with_consistent_runs():
     one = calibrated_band(runs[1:2], vg, params=8e9, gpus=64, tp=4, cp=1, pp=1, exclude=None)
     assert half(one) > half(near)
     assert calibrated_band(runs, vg, params=8e9, gpus=64, tp=4, cp=1, pp=1, exclude="c1").basis["n"] == 2
+
+
+def test_overlap_factors_move_only_the_exposed_tp_and_dp_time(tmp_path):
+    """tp_exposed_scale / dp_exposed_scale (the achieved overlap a runs fit calibrates): 1 is the model as it
+    is, 0 hides the axis's exposed time, a large factor exposes at most the collectives' whole time; a bad value
+    is one line."""
+    from tpsim.calibration import Calibration, ComputeCalibration, load_calibration
+    from tpsim.runs import shipped_runs
+
+    run = next(r for r in shipped_runs() if r.run_id == "sc21_t1_18.4B")  # tp 8: a sizeable exposed TP share
+    base = predict(run)
+    step = lambda **k: predict(run, calibration=Calibration(compute=ComputeCalibration(**k))).step_time_s  # noqa: E731
+    assert step(tp_exposed_scale=1.0, dp_exposed_scale=1.0) == base.step_time_s
+    assert step(tp_exposed_scale=0.0) < step(tp_exposed_scale=0.5) < base.step_time_s
+    # SC21's Megatron overlaps no TP collective: its exposed TP time is already the whole, the cap holds it
+    assert step(tp_exposed_scale=2.0) == base.step_time_s
+    async_tp = next(r for r in shipped_runs() if r.run_id == "tt_asynctp2025_8b_64gpu_async_tp_bf16")
+    hidden = Calibration(compute=ComputeCalibration(tp_exposed_scale=2.0, device=None))
+    assert predict(async_tp, calibration=hidden).step_time_s > predict(async_tp).step_time_s  # overlapped TP
+    assert step(tp_exposed_scale=10.0) <= base.step_time_s + base.breakdown["tp_comm"] * (1 + 1e-9)
+    assert step(dp_exposed_scale=0.0) <= base.step_time_s <= step(dp_exposed_scale=3.0)
+    bad = tmp_path / "cal.yaml"
+    bad.write_text("compute:\n  tp_exposed_scale: -1\n")
+    with pytest.raises(InputError, match="tp_exposed_scale"):
+        load_calibration(bad)
+
+
+def test_calibrated_band_uses_its_groups_own_variogram():
+    """A group of the shipped runs with enough pairs gets its own (nugget, slope); another the pooled one."""
+    from tpsim.estimator.band import fit_variogram
+
+    rng = np.random.default_rng(0)
+    res = [Residual(run_id=f"{g}{i}", device=g, stack="s", params=1e9 * (i + 1), gpus=8, tp=1, cp=1, pp=1,
+                    error=float(rng.normal(0, sd)))
+           for g, sd in (("tight", 0.01), ("loose", 0.15)) for i in range(8)]
+    vg = fit_variogram(res)
+    tight, loose, other = (vg.for_group(g, "s") for g in ("tight", "loose", "new"))
+    assert tight.gamma(1.0) < other.gamma(1.0) < loose.gamma(1.0)
+    assert other is vg

@@ -8,8 +8,10 @@ A calibration YAML is what ``tpsim calibrate`` writes and what a cluster file in
 * ``gloo_ops``: per-collective link values for CPU ranks (gloo over loopback), same keys;
 * ``compute``: scales fitted from validation runs on one device and training stack: ``gemm_scale``,
   ``attention_scale``, ``memory_scale`` (multiply the compute model's kernel times), ``host_overhead_per_layer_us``
-  (host time per layer and micro-batch that the device's kernels do not hide), ``device`` and ``stack`` they
-  apply to, and their ``leave_one_out`` error;
+  (host time per layer and micro-batch that the device's kernels do not hide), ``tp_exposed_scale`` and
+  ``dp_exposed_scale`` (the achieved overlap of TP / DP communication: factors on the exposed part of those
+  collectives, capped at their whole time), ``device`` and ``stack`` they apply to, and their ``leave_one_out``
+  error;
 * anything else is provenance (tool, date, inputs, fit errors).
 
 A file of another kind (a cluster, node template, fabric or link-kinds file given as a calibration) is refused
@@ -34,7 +36,9 @@ LINK_KEYS = ("efficiency", "latency_us", "bw_GBps")
 _LINK_EXTRA = ("source", "fit_error", "samples", "note")
 """keys a link entry may carry besides its values (written by ``tpsim calibrate``)."""
 COMPUTE_SCALES = ("gemm_scale", "attention_scale", "memory_scale")
-_COMPUTE_KEYS = COMPUTE_SCALES + ("host_overhead_per_layer_us", "host_overhead_fwd_share", "device", "stack",
+EXPOSED_SCALES = ("tp_exposed_scale", "dp_exposed_scale")
+"""factors on the exposed TP / DP communication (the achieved overlap of a stack; 1: the stack profile's)."""
+_COMPUTE_KEYS = COMPUTE_SCALES + EXPOSED_SCALES + ("host_overhead_per_layer_us", "host_overhead_fwd_share", "device", "stack",
                                   "leave_one_out", "source", "samples", "note")
 DEFAULT_FWD_SHARE = 1.0 / 3.0
 """forward part of the host overhead when a file does not say (backward dispatches about twice the ops)."""
@@ -70,6 +74,11 @@ class ComputeCalibration:
     """training stack the fit applies to; None: any."""
     host_overhead_fwd_share: float = DEFAULT_FWD_SHARE
     """forward part of ``host_overhead_per_layer_us`` (``tpsim validate`` splits its per-phase prediction)."""
+    tp_exposed_scale: float = 1.0
+    """factor on the exposed part of the tensor-parallel layer collectives (the achieved overlap; the exposed
+    time never exceeds the collectives' whole time, 0 hides them all)."""
+    dp_exposed_scale: float = 1.0
+    """factor on the exposed part of the data-parallel reductions and ZeRO gathers (same cap)."""
     leave_one_out: Mapping[str, Any] = field(default_factory=dict)
     """leave-one-out error of the fit (provenance, as written)."""
     source: str = ""
@@ -86,12 +95,18 @@ class ComputeCalibration:
                 **{k: round(getattr(self, k), 6) for k in COMPUTE_SCALES},
                 "host_overhead_per_layer_us": round(self.host_overhead_per_layer_us, 3),
                 "host_overhead_fwd_share": round(self.host_overhead_fwd_share, 4),
+                **{k: round(getattr(self, k), 6) for k in EXPOSED_SCALES if getattr(self, k) != 1.0},
                 "leave_one_out": dict(self.leave_one_out)}
 
     @property
     def scales_time(self) -> bool:
         """True when any kernel-time factor differs from 1."""
         return any(getattr(self, name) != 1.0 for name in COMPUTE_SCALES)
+
+    @property
+    def exposed_scales(self) -> dict[str, float]:
+        """axis (``tp``, ``dp``) -> factor on its exposed communication, for the factors that differ from 1."""
+        return {k.split("_")[0]: getattr(self, k) for k in EXPOSED_SCALES if getattr(self, k) != 1.0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,6 +244,8 @@ def _link_entry(value: Any, where: str) -> dict[str, float]:
 def _compute(value: Any, where: str) -> ComputeCalibration:
     value = _check_keys(value, _COMPUTE_KEYS, where)
     scales = {k: _number(value[k], where, k, low=0.0, low_open=True) for k in COMPUTE_SCALES if k in value}
+    scales |= {k: _number(value[k], where, k, low=0.0, low_open=False, high=10.0) for k in EXPOSED_SCALES
+               if k in value}
     host = _number(value.get("host_overhead_per_layer_us", 0.0), where, "host_overhead_per_layer_us", low=0.0,
                    low_open=False)
     names = {}

@@ -3,8 +3,10 @@
 **What is fitted.** A few bounded, named factors for one (device, stack), chosen by how many runs are given
 (:func:`factors_for`): one run or two fit one overall ``compute_scale`` (every kernel time); three or more fit
 ``gemm_scale`` (GEMM and fused-attention kernels), ``memory_scale`` (memory-bound kernels) and
-``host_overhead_per_layer_us`` (host time per layer and micro-batch the kernels do not hide); ten or more add a
-separate ``attention_scale``. They are the ``compute:`` factors of a calibration file
+``host_overhead_per_layer_us`` (host time per layer and micro-batch the kernels do not hide) and the achieved
+overlap of TP and DP communication, ``tp_exposed_scale`` and ``dp_exposed_scale`` (factors on the exposed part
+of those collectives, capped at their whole time: tpsim/estimator/schedule.py); ten or more add a separate
+``attention_scale``. They are the ``compute:`` factors of a calibration file
 (:class:`tpsim.calibration.ComputeCalibration`) and act through the estimator's scaled-compute path, so every verb
 that takes ``--calibration`` applies them the same way.
 
@@ -75,6 +77,7 @@ def factor_table(device: str, stack: str = "") -> dict[str, Factor]:
     memory = float(rf["memory_scale_sigma"])
     overall = math.sqrt(gemm ** 2 + (0.3 * memory) ** 2)
     host = float(rf["host_overhead_sigma_us"])
+    exposed = float(rf["exposed_scale_sigma"])
     return {
         "compute_scale": Factor("compute_scale", 1.0, overall, *rf["scale_bounds"], 0.1,
                                 "GEMM prior combined with 30% of the memory-bound prior (their time shares)"),
@@ -87,7 +90,14 @@ def factor_table(device: str, stack: str = "") -> dict[str, Factor]:
         "host_overhead_per_layer_us": Factor("host_overhead_per_layer_us", 0.0, host, 0.0,
                                              float(rf["host_overhead_max_us"]), 50.0,
                                              "band.yaml runs_fit.host_overhead_sigma_us"),
+        **{name: Factor(name, 1.0, exposed, *rf["exposed_scale_bounds"], 0.1,
+                        "band.yaml runs_fit.exposed_scale_sigma (collective model and stack overlap shares)")
+           for name in EXPOSED_FACTORS},
     }
+
+
+EXPOSED_FACTORS = ("tp_exposed_scale", "dp_exposed_scale")
+"""the achieved overlap of TP / DP communication: factors on their exposed time (tpsim.calibration)."""
 
 
 def factors_for(n: int) -> tuple[str, ...]:
@@ -95,8 +105,8 @@ def factors_for(n: int) -> tuple[str, ...]:
     if n < 3:
         return ("compute_scale",)
     if n < 10:
-        return ("gemm_scale", "memory_scale", "host_overhead_per_layer_us")
-    return ("gemm_scale", "attention_scale", "memory_scale", "host_overhead_per_layer_us")
+        return ("gemm_scale", "memory_scale", "host_overhead_per_layer_us") + EXPOSED_FACTORS
+    return ("gemm_scale", "attention_scale", "memory_scale", "host_overhead_per_layer_us") + EXPOSED_FACTORS
 
 
 def compute_calibration(values: Mapping[str, float], device: str | None = None,
@@ -119,6 +129,7 @@ def compute_calibration(values: Mapping[str, float], device: str | None = None,
     memory = values.get("memory_scale", c if c is not None else 1.0)
     return ComputeCalibration(gemm_scale=float(gemm), attention_scale=float(attention), memory_scale=float(memory),
                               host_overhead_per_layer_us=float(values.get("host_overhead_per_layer_us", 0.0)),
+                              **{k: float(values[k]) for k in EXPOSED_FACTORS if k in values},
                               device=device, stack=stack, **extra)
 
 
@@ -155,7 +166,28 @@ def _cluster(run: Run) -> Any:
 
 
 def _steps(runs: Sequence[Run], values: Mapping[str, float]) -> np.ndarray:
-    return np.array([predict(r, values, memo=True).step_time_s for r in runs])
+    """Step times of ``runs`` under factor ``values``: one calibration and one estimator context per (model,
+    cluster, stack), its runs' plans estimated as one batch (the same figures as :func:`predict` one by one)."""
+    from .estimator import context_for
+    from .estimator.core import run_stages
+    from .plan import PlanBatch
+
+    cal = Calibration(compute=compute_calibration(values))
+    out = np.empty(len(runs))
+    groups: dict = {}
+    for i, r in enumerate(runs):
+        if getattr(r.model, "family", "") == "opgraph":  # a traced graph: its own estimator, one by one
+            out[i] = predict(r, calibration=cal, memo=True).step_time_s
+            continue
+        groups.setdefault((id(r.model), r.cluster, r.gpus, str(r.stack)), []).append(i)
+    for idx in groups.values():
+        first = runs[idx[0]]
+        ctx = context_for(first.model, _cluster(first), _fit_compute(first), cal, first.stack)
+        plans = [runs[i].plan for i in idx]
+        for plan in dict.fromkeys(plans):
+            ctx.check_stack(plan)
+        out[idx] = run_stages(ctx, PlanBatch.from_plans(plans)).step_time_s
+    return out
 
 
 @dataclass(frozen=True)
@@ -466,7 +498,7 @@ def _warnings(runs: Sequence[Run], loo: np.ndarray, factors: Sequence[FactorFit]
                        f"{'less' if side == 'lower' else 'more'} than the bounds allow)")
     if len(runs) < 3:
         out.append(f"{len(runs)} run(s): only compute_scale is fitted (3 or more runs fit the GEMM, memory-bound "
-                   "and host-overhead factors)")
+                   "and host-overhead factors and the TP / DP overlap)")
     return out
 
 
@@ -608,15 +640,16 @@ def shipped_variogram():
 
 
 def plan_band(residuals: Sequence[Residual] | None, *, model: Any, cluster: Any, plan: Any, stack: str,
-              calibration: Calibration | None = None, exclude: str | None = None):
+              calibration: Calibration | None = None, exclude: str | None = None, variogram: Any = None):
     """The residual band of one plan: the runs of a runs-fit ``calibration`` (their leave-one-out residuals and
     distances from the plan, :func:`tpsim.estimator.band.calibrated_band`, kind ``calibrated``), else
-    ``residuals`` (default: the shipped runs, kind ``residuals``)."""
+    ``residuals`` (default: the shipped runs, kind ``residuals``). ``variogram``: in place of the shipped
+    runs' (a benchmark leaving a group out)."""
     from .estimator.band import calibrated_band, residual_band
 
     own = calibrated_residuals(calibration)
     if own:
-        return calibrated_band(own, shipped_variogram(), params=float(model.total_params()),
+        return calibrated_band(own, variogram or shipped_variogram(), params=float(model.total_params()),
                                gpus=int(cluster.num_gpus), tp=plan.tp, cp=plan.cp, pp=plan.pp, dtype=plan.dtype,
                                recompute=plan.recompute, seq_len=int(model.seq_len), exclude=exclude)
     pool = residuals if residuals is not None else shipped_residuals()

@@ -307,6 +307,8 @@ CALIBRATION = register(Schema("calibration", {
         "gemm_scale": _SCALE, "attention_scale": _SCALE, "memory_scale": _SCALE,
         "host_overhead_per_layer_us": Float("host_us", inclusive=True),
         "host_overhead_fwd_share": Float(maximum=1.0, inclusive=True),
+        "tp_exposed_scale": Float(maximum=10.0, inclusive=True),
+        "dp_exposed_scale": Float(maximum=10.0, inclusive=True),
         "device": Str(max_len=128, also=OPTIONAL), "stack": Str(max_len=128, also=OPTIONAL),
         "leave_one_out": Map(values=Any_(), also=OPTIONAL), "source": Any_(), "samples": Any_(), "note": Any_(),
     }, extra="refuse"), also=OPTIONAL),

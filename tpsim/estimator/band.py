@@ -285,28 +285,52 @@ class Variogram:
     nugget: float
     slope: float
     pairs: int
+    groups: Mapping[tuple[str, str], tuple[float, float]] = dataclasses_field(default_factory=dict)
+    """(device, stack) -> that group's own (nugget, slope), fitted on its own pairs: groups scatter
+    differently, and a pooled fit reads a scattered group's distance dependence into every group's band."""
 
     def gamma(self, d: float) -> float:
         """Between two different runs (a run with itself: 0; a new plan is never the same measurement)."""
         return self.nugget + self.slope * d
+
+    def for_group(self, device: str, stack: str) -> "Variogram":
+        """The variogram of runs of ``device`` and ``stack``: its group's own where the shipped runs have
+        enough of the group, else the pooled one."""
+        own = self.groups.get((device, stack))
+        return self if own is None else Variogram(own[0], own[1], self.pairs)
 
 
 def fit_variogram(residuals: Sequence[Residual]) -> Variogram:
     """The :class:`Variogram` of ``residuals`` (pairs of the same device and stack); with fewer than 10 pairs a
     flat one at the pooled variance, never below half band.yaml ``runs_fit.run_sigma`` squared."""
     floor = 0.5 * float(band_data().runs_fit["run_sigma"]) ** 2
-    d, g = [], []
+    d, g, which = [], [], []
     for i, a in enumerate(residuals):
         for b in residuals[i + 1:]:
             if a.device == b.device and a.stack == b.stack:
                 d.append(a.distance(b.params, b.gpus, b.tp, b.cp, b.pp, b.dtype, b.recompute, b.seq_len))
                 g.append(0.5 * (a.error - b.error) ** 2)
+                which.append((a.device, a.stack))
     if len(d) < 10:
         e = np.array([r.error for r in residuals]) if residuals else np.zeros(1)
         return Variogram(max(float(e.var()), floor), 0.0, len(d))
     a_ = np.c_[np.ones(len(d)), np.array(d)]
     nugget, slope = np.linalg.lstsq(a_, np.array(g), rcond=None)[0]
-    return Variogram(max(float(nugget), floor), max(float(slope), 0.0), len(d))
+    # a group of at least GROUP_PAIRS pairs has its own (nugget, slope): groups scatter differently (a stack
+    # whose overheads the model misses scatters more than SC21, and more the farther its plans are apart)
+    groups: dict = {}
+    for key in dict.fromkeys(which):
+        idx = [i for i, k in enumerate(which) if k == key]
+        if len(idx) >= GROUP_PAIRS:
+            n_g, s_g = np.linalg.lstsq(a_[idx], np.array(g)[idx], rcond=None)[0]
+            if s_g < 0:  # no distance dependence: the group's mean half squared difference
+                n_g, s_g = float(np.mean(np.array(g)[idx])), 0.0
+            groups[key] = (max(float(n_g), floor), float(s_g))
+    return Variogram(max(float(nugget), floor), max(float(slope), 0.0), len(d), groups)
+
+
+GROUP_PAIRS = 10
+"""the fewest same-group run pairs (5 runs) that give a device and stack a variogram of its own."""
 
 
 def _kriging_var(vg: Variogram, to_plan: Sequence[float], among: np.ndarray) -> float:
@@ -331,6 +355,7 @@ def calibrated_band(residuals: Sequence[Residual], vg: Variogram, *, params: flo
     if not pool:
         return ResidualBand(1.0, 1.0, {"kind": "calibrated", "runs": [], "n": 0, "group": "no runs"})
     feats = lambda r: (r.params, r.gpus, r.tp, r.cp, r.pp, r.dtype, r.recompute, r.seq_len)  # noqa: E731
+    vg = vg.for_group(pool[0].device, pool[0].stack)  # a calibration is of one device and stack
     n = len(pool)
     among = np.array([[a.distance(*feats(b)) for b in pool] for a in pool])
     nu = float(cfg["calibrated_prior_dof"])

@@ -27,7 +27,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -80,6 +80,9 @@ class EstimationContext:
     """where layer costs come from."""
     host_overhead_s: float = 0.0
     """host time per layer and micro-batch (the calibration's ``host_overhead_per_layer_us``), seconds."""
+    exposed_scale: Mapping[str, float] = field(default_factory=dict)
+    """axis (``tp``, ``dp``) -> the calibration's factor on its exposed communication (``tp_exposed_scale``,
+    ``dp_exposed_scale``: the achieved overlap; applied by :func:`tpsim.estimator.schedule.schedule`)."""
     warnings: tuple[str, ...] = ()
     """what every estimate of this context should say (profile of another device, calibration not applied)."""
     caches: ContextCaches = field(default=None, repr=False)  # type: ignore[assignment]
@@ -117,6 +120,7 @@ class EstimationContext:
         from ..compute.training import default_in_situ
         band = band_inputs(effective, device, default_in_situ().loo_rms_pct)
         host = 0.0
+        exposed_scale: dict[str, float] = {}
         fit = cal.compute if cal is not None else None
         if fit is not None:
             reason = _not_applicable(fit, device.name, profile.name)
@@ -130,6 +134,7 @@ class EstimationContext:
                 if fit.scales_time:
                     effective = ScaledCompute.of_calibration(effective, fit)
                 host = fit.host_overhead_per_layer_us * 1e-6
+                exposed_scale = fit.exposed_scales
         return EstimationContext(model=model, cluster=cluster, compute=effective, given_compute=compute,
                                  roofline=roofline, calibration=cal, stack=profile, terms=terms, fixed=fixed,
                                  band=band,
@@ -140,7 +145,7 @@ class EstimationContext:
                                      fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup,
                                      fp8_cast=terms.fp8_cast_bytes, edges=terms.model_edges, kv_repeat=terms.gqa_kv_repeat,
                                      p2p_split=terms.pp_send_split),
-                                 host_overhead_s=host, warnings=tuple(warnings),
+                                 host_overhead_s=host, exposed_scale=exposed_scale, warnings=tuple(warnings),
                                  caches=None if curves is None else ContextCaches(curves=curves))
 
     # ---- caches ------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ Communication hidden behind compute still slows it (NCCL kernels hold SMs and me
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -186,6 +187,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     cp, dtype = plans.cp, plans.dtype
     penalty = overlap_penalty(ctx.cluster.device, ctx.roofline.eff.overlap_compute_penalty)
     full = recompute == 2
+    if ctx.exposed_scale.get("tp", 1.0) != 1.0:  # a calibration's achieved TP overlap
+        comm = scale_tp_exposure(comm, ctx.exposed_scale["tp"])
     fwd_total = _sum(comm.layer_fwd.values(), pp.shape)
     bwd_total = _sum(comm.layer_bwd.values(), pp.shape)
     f_exp, b_exp = comm.layer_fwd_exposed, comm.layer_bwd_exposed
@@ -216,6 +219,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
 
     m = plans.global_batch // (plans.micro_batch * dp)
     dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp)
+    if ctx.exposed_scale.get("dp", 1.0) != 1.0:  # a calibration's achieved DP overlap
+        dpt = scale_dp_exposure(dpt, ctx.exposed_scale["dp"])
     # the fill and drain run whole stages: ZeRO-3's gathers exposed inside each micro-batch's passes count
     bubble = pipeline.bubble(plans.schedule, pp, vpp, t_stage + dpt.in_passes / np.maximum(m, 1),
                              backward_fraction=_backward_fraction(costs))
@@ -273,6 +278,33 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
                     slowest=slow, micro_batches=m, exposed_axis=exposed_axis, forward=forward,
                     pp_exposed=pp_exposed, dp_after_backward=dp_after, dp_in_optimizer=dp_in_opt,
                     tp_grad_sync=tp_sync)
+
+
+def scale_tp_exposure(comm: Comm, scale: float) -> Comm:
+    """The layer collectives with the exposed part of the TP ones times ``scale`` (a calibration's
+    ``tp_exposed_scale``: the achieved overlap of the stack), never beyond their whole time nor below 0; what
+    leaves the exposed part joins the hidden part (and its overlap penalty)."""
+    exp = comm.layer_exposed_axis.get("tp")
+    if exp is None:
+        return comm
+    whole = np.stack([np.broadcast_to(comm.layer_fwd.get("tp", 0.0), exp[0].shape),
+                      np.broadcast_to(comm.layer_bwd.get("tp", 0.0), exp[1].shape)])
+    new = np.clip(exp * scale, 0.0, np.maximum(whole, exp))
+    delta = new - exp
+    return dataclasses.replace(comm, layer_fwd_exposed=comm.layer_fwd_exposed + delta[0],
+                               layer_bwd_exposed=comm.layer_bwd_exposed + delta[1],
+                               layer_exposed_axis={**comm.layer_exposed_axis, "tp": new})
+
+
+def scale_dp_exposure(dpt: "DataParallel", scale: float) -> "DataParallel":
+    """The data-parallel time with its exposed part times ``scale`` (a calibration's ``dp_exposed_scale``),
+    never beyond the whole time; where the exposed part lands (before the forward, after the backward, in the
+    optimizer step) keeps its shares."""
+    exposed = np.asarray(dpt.exposed, dtype=float)
+    new = np.clip(exposed * scale, 0.0, np.maximum(dpt.total, exposed))
+    ratio = np.where(exposed > 0, new / np.where(exposed > 0, exposed, 1.0), 1.0)
+    return dataclasses.replace(dpt, exposed=new, forward=dpt.forward * ratio,
+                               after_backward=dpt.after_backward * ratio, in_optimizer=dpt.in_optimizer * ratio)
 
 
 def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
