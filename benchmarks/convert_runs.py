@@ -74,11 +74,13 @@ NEMO_MODELS = {
     "LLAMA2-70B": _shape("llama3-70b", vocab=32000, seq_len=4096),
     "LLAMA3-8B": _shape("llama3-8b", seq_len=8192),
     "LLAMA3-70B": _shape("llama3-70b", seq_len=8192),
-    # Nemotron: squared-ReLU MLP (not gated, as the GPT preset's GELU MLP), 256k vocabulary
-    "Nemotron-8B": _shape("gpt3-175b", layers=32, hidden=4096, heads=32, ffn=16384, vocab=256000, seq_len=4096),
-    "Nemotron-22B": _shape("gpt3-175b", layers=40, hidden=6144, heads=48, ffn=24576, vocab=256000, seq_len=4096),
-    "Nemotron-340B": _shape("gpt3-175b", layers=96, hidden=18432, heads=96, kv_heads=8, ffn=73728, vocab=256000,
-                            seq_len=4096),
+    # Nemotron-4: the nemotron4-340b preset (squared-ReLU MLP costed as the one-projection GeLU MLP, no biases,
+    # half rotary, untied embeddings, no dropout: the launcher's conf/training/nemotron/*.yaml), resized
+    "Nemotron-8B": _shape("nemotron4-340b", layers=32, hidden=4096, heads=32, kv_heads=32, ffn=16384,
+                          vocab=256000, seq_len=4096),
+    "Nemotron-22B": _shape("nemotron4-340b", layers=40, hidden=6144, heads=48, kv_heads=48, ffn=24576,
+                           vocab=256000, seq_len=4096),
+    "Nemotron-340B": _shape("nemotron4-340b"),
 }
 
 
