@@ -259,6 +259,12 @@ def _dtype_bytes(value: Any, where: str) -> float:
     return float(DTYPE_BYTES[name])
 
 
+def _master_bytes(value: Any, where: str) -> float:
+    """Bytes per parameter of the optimizer's master copy: a dtype, or ``none`` when the optimizer updates the
+    16-bit parameters in place (NeMo's DistributedFusedAdam with optim.dtype bf16: store_params false)."""
+    return 0.0 if str(value) == "none" else _dtype_bytes(value, where)
+
+
 def _seconds_range(fig: Figure | None, value_s: float) -> tuple[float, float]:
     if fig is None or fig.range is None:
         return value_s, value_s
@@ -305,8 +311,8 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         optimizer_bytes_per_param_fp32=_positive_or_none(stack, "compute", "optimizer_bytes_per_param_fp32", where),
         grad_buffer_bytes=_dtype_bytes(_value(stack, "memory", "grad_buffer_dtype", "fp32"),
                                        f"{where}: memory.grad_buffer_dtype"),
-        main_params_bytes=_dtype_bytes(_value(stack, "memory", "main_params_dtype", "fp32"),
-                                       f"{where}: memory.main_params_dtype"),
+        main_params_bytes=_master_bytes(_value(stack, "memory", "main_params_dtype", "fp32"),
+                                        f"{where}: memory.main_params_dtype"),
         optimizer_state_bytes=2.0 * _dtype_bytes(_value(stack, "memory", "optimizer_state_dtype", "fp32"),
                                                  f"{where}: memory.optimizer_state_dtype"),
         fp8_weights_kept=bool(_value(stack, "memory", "fp8_weights_kept", False)),
