@@ -103,6 +103,9 @@ class StackTerms:
     host_s_per_collective_rank: float = 0.0
     """host time per rank of the group to issue one ZeRO-3 gather (``comm.host_us_per_collective_rank``: a
     gather into a list of one partition per rank), seconds."""
+    fp8_param_gather: bool = False
+    """with fp8 GEMMs the ZeRO-3 weight all-gathers move fp8 (1 B per parameter; torchao
+    enable_fsdp_float8_all_gather) instead of ``comm.param_gather_dtype`` (``comm.fp8_param_gather``)."""
     fp8_cast_bytes: tuple[float, float] = (0.0, 0.0)
     """with fp8 GEMMs, bytes per element the stack's fp8 recipe moves to cast each linear's input (forward) and
     its output gradient (backward) (``compute.fp8_cast_bytes_per_element``)."""
@@ -179,8 +182,9 @@ class StackTerms:
         for GEMM precision ``dtype`` (:func:`tpsim.precision.state_bytes`)."""
         from ..precision import state_bytes
 
+        wire = 1.0 if dtype == "fp8" and self.fp8_param_gather else self.param_gather_bytes
         return state_bytes(dtype, grad_buffer=self.grad_buffer_bytes, master=self.main_params_bytes,
-                           moment=self.optimizer_state_bytes / 2.0, wire_params=self.param_gather_bytes,
+                           moment=self.optimizer_state_bytes / 2.0, wire_params=wire,
                            wire_grads=self.grad_reduce_bytes, fp8_weights_kept=self.fp8_weights_kept)
 
     def reduces_per_microbatch(self, zero: np.ndarray, pp: np.ndarray) -> np.ndarray:
@@ -303,6 +307,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         host_s_per_collective=host_coll, host_s_per_op=host_op, kernel_flavor=KERNEL_FLAVORS[kernels],
         host_s_per_collective_rank=float(_value(stack, "comm", "host_us_per_collective_rank", 0.0)) * 1e-6,
         fp8_cast_bytes=_fp8_cast(stack, where),
+        fp8_param_gather=bool(_value(stack, "comm", "fp8_param_gather", False)),
         zero3_regather_in_recompute=bool(_value(stack, "comm", "zero3_regather_in_recompute", False)),
         zero3_overlap_fraction=_fraction_or_none(stack, "comm", "zero3_overlap_fraction", where),
         grad_accumulation_fusion=bool(_value(stack, "compute", "grad_accumulation_fusion", True)),
