@@ -53,7 +53,7 @@ class LayerTraits:
         it gets a plain layer (ungated, learned positions, no dropout, LayerNorm) for its launch gaps."""
         heads = getattr(model, "num_attention_heads", 1)
         return cls(gated=bool(getattr(model, "gated", False)), rotary=getattr(model, "position", "") == "rotary",
-                   dropout=getattr(model, "family", "") == "gpt",
+                   dropout=bool(getattr(model, "hidden_dropout", 0.0)),
                    gqa=getattr(model, "num_kv_heads", heads) < heads, separate_qkv=separate_qkv,
                    norm=getattr(model, "norm", "layernorm"))
 

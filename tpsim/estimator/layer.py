@@ -130,7 +130,7 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
         scores = bh_u * s * s
         acc_f.add(compute.gemm(s, s, d, dtype, batch=bh_u))          # Q K^T
         acc_f.add(compute.memory("softmax", scores, dtype, False))  # fused scale-mask-softmax
-        if model.family == "gpt":
+        if model.has_attention_dropout:
             acc_f.add(compute.memory("dropout", scores, dtype, False))
             acc_b.add(compute.memory("dropout", scores, dtype, True))
         acc_f.add(compute.gemm(s, d, s, dtype, batch=bh_u))          # P V
@@ -309,7 +309,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
 
     # norms, residuals, hidden dropout (on T/t tokens with sequence parallelism)
     norm = model.norm
-    for kernel, count in ((norm, 2), ("residual_add", 2)) + ((("dropout", 2),) if model.family == "gpt" else ()):
+    for kernel, count in ((norm, 2), ("residual_add", 2)) + ((("dropout", 2),) if model.has_hidden_dropout else ()):
         fwd.add(compute.memory(kernel, T_norm * h, dtype, False), count)
         bwd.add(compute.memory(kernel, T_norm * h, dtype, True), count)
 

@@ -128,7 +128,7 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     ob = lb if attn_out_bytes is None else float(attn_out_bytes)
     rc = np.asarray(recompute)
     selective = rc == 1
-    dropout = model.family == "gpt"
+    dropout = model.has_hidden_dropout
     # the attention output: the projection's cached input (``ob`` bytes) and, with flash attention, the 16-bit
     # output the kernel keeps for its own backward (FlashAttention / cuDNN fused attention save out with q, k,
     # v: its backward needs rowsum(dO * O); Transformer Engine FusedAttnFunc / FlashAttention ctx). Stored once
@@ -160,7 +160,7 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
         moe_act = selective & ("moe_act" in modules)
         sharded = sharded + _expert_activations(model, T, tp, sp, ep, etp, e, lb, moe_act)
     if attention == "unfused":
-        scores = micro_batch * heads * s * s * ((5.0 if dropout else 2.0) * e)
+        scores = micro_batch * heads * s * s * ((5.0 if model.has_attention_dropout else 2.0) * e)
     else:
         scores = micro_batch * heads * s * 4.0 / cpf  # fp32 log-sum-exp kept by flash attention
     drop_scores = selective & (attention == "unfused") & ("core_attn" in modules)

@@ -103,6 +103,9 @@ class StackTerms:
     host_s_per_collective_rank: float = 0.0
     """host time per rank of the group to issue one ZeRO-3 gather (``comm.host_us_per_collective_rank``: a
     gather into a list of one partition per rank), seconds."""
+    fp8_param_gather: bool = False
+    """with fp8 GEMMs the ZeRO-3 weight all-gathers move fp8 (1 B per parameter; torchao
+    enable_fsdp_float8_all_gather) instead of ``comm.param_gather_dtype`` (``comm.fp8_param_gather``)."""
     fp8_cast_bytes: tuple[float, float] = (0.0, 0.0)
     """with fp8 GEMMs, bytes per element the stack's fp8 recipe moves to cast each linear's input (forward) and
     its output gradient (backward) (``compute.fp8_cast_bytes_per_element``)."""
@@ -183,8 +186,9 @@ class StackTerms:
         for GEMM precision ``dtype`` (:func:`tpsim.precision.state_bytes`)."""
         from ..precision import state_bytes
 
+        wire = 1.0 if dtype == "fp8" and self.fp8_param_gather else self.param_gather_bytes
         return state_bytes(dtype, grad_buffer=self.grad_buffer_bytes, master=self.main_params_bytes,
-                           moment=self.optimizer_state_bytes / 2.0, wire_params=self.param_gather_bytes,
+                           moment=self.optimizer_state_bytes / 2.0, wire_params=wire,
                            wire_grads=self.grad_reduce_bytes, fp8_weights_kept=self.fp8_weights_kept)
 
     def reduces_per_microbatch(self, zero: np.ndarray, pp: np.ndarray) -> np.ndarray:
@@ -263,6 +267,12 @@ def _dtype_bytes(value: Any, where: str) -> float:
     return float(DTYPE_BYTES[name])
 
 
+def _master_bytes(value: Any, where: str) -> float:
+    """Bytes per parameter of the optimizer's master copy: a dtype, or ``none`` when the optimizer updates the
+    16-bit parameters in place (NeMo's DistributedFusedAdam with optim.dtype bf16: store_params false)."""
+    return 0.0 if str(value) == "none" else _dtype_bytes(value, where)
+
+
 def _seconds_range(fig: Figure | None, value_s: float) -> tuple[float, float]:
     if fig is None or fig.range is None:
         return value_s, value_s
@@ -301,6 +311,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         host_s_per_collective=host_coll, host_s_per_op=host_op, kernel_flavor=KERNEL_FLAVORS[kernels],
         host_s_per_collective_rank=float(_value(stack, "comm", "host_us_per_collective_rank", 0.0)) * 1e-6,
         fp8_cast_bytes=_fp8_cast(stack, where),
+        fp8_param_gather=bool(_value(stack, "comm", "fp8_param_gather", False)),
         zero3_regather_in_recompute=bool(_value(stack, "comm", "zero3_regather_in_recompute", False)),
         zero3_overlap_fraction=_fraction_or_none(stack, "comm", "zero3_overlap_fraction", where),
         grad_accumulation_fusion=bool(_value(stack, "compute", "grad_accumulation_fusion", True)),
@@ -309,8 +320,8 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         optimizer_bytes_per_param_fp32=_positive_or_none(stack, "compute", "optimizer_bytes_per_param_fp32", where),
         grad_buffer_bytes=_dtype_bytes(_value(stack, "memory", "grad_buffer_dtype", "fp32"),
                                        f"{where}: memory.grad_buffer_dtype"),
-        main_params_bytes=_dtype_bytes(_value(stack, "memory", "main_params_dtype", "fp32"),
-                                       f"{where}: memory.main_params_dtype"),
+        main_params_bytes=_master_bytes(_value(stack, "memory", "main_params_dtype", "fp32"),
+                                        f"{where}: memory.main_params_dtype"),
         optimizer_state_bytes=2.0 * _dtype_bytes(_value(stack, "memory", "optimizer_state_dtype", "fp32"),
                                                  f"{where}: memory.optimizer_state_dtype"),
         fp8_weights_kept=bool(_value(stack, "memory", "fp8_weights_kept", False)),

@@ -58,6 +58,8 @@ def _check_types(spec: "ModelSpec", where: str) -> None:
         raise InputError(f"{where}: architecture={spec.architecture!r} must be a string")
     _check_float(where, "rotary_fraction", spec.rotary_fraction, low=0.0, high=1.0, low_open=True)
     _check_float(where, "capacity_factor", spec.capacity_factor, low=0.0, high=MAX_CAPACITY_FACTOR)
+    for name in ("hidden_dropout", "attention_dropout"):
+        _check_float(where, name, getattr(spec, name), low=0.0, high=0.99)
     if 0.0 < spec.capacity_factor < 1.0:
         raise InputError(f"{where}: capacity_factor={spec.capacity_factor} must be 0 (dropless) or >= 1")
     if spec.moe_balance not in MOE_BALANCE_NAMES:

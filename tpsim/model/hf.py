@@ -98,6 +98,28 @@ def _use_window(r: ConfigReader, default_window: int) -> int:
     return window
 
 
+DROPOUT_KEYS = {"gpt2": (("resid_pdrop", 0.1), ("attn_pdrop", 0.1))}
+"""model_type -> (hidden-dropout key, transformers default), (attention-dropout key, default); other types:
+:data:`_DEFAULT_DROPOUT_KEYS`."""
+_DEFAULT_DROPOUT_KEYS = (("hidden_dropout", 0.0), ("attention_dropout", 0.0))
+_HIDDEN_DROPOUT_TYPES = ("gpt2", "gpt_neox")
+"""types whose decoder layers apply a hidden (residual) dropout; the llama-style layers of transformers have
+none (modeling_llama.py, modeling_mistral.py, ...: only the attention probabilities get ``attention_dropout``)."""
+
+
+def _dropout(r: ConfigReader, mtype: str) -> dict[str, float]:
+    """hidden_dropout and attention_dropout from the type's keys (defaults: transformers' configuration
+    classes, GPT2Config resid_pdrop = attn_pdrop = 0.1, GPTNeoXConfig hidden_dropout = attention_dropout = 0.0,
+    the llama-style configs attention_dropout = 0.0)."""
+    (hkey, hdef), (akey, adef) = DROPOUT_KEYS.get(mtype, _DEFAULT_DROPOUT_KEYS)
+    if mtype in _HIDDEN_DROPOUT_TYPES:
+        hidden = r.probability(hkey, hdef)
+    else:
+        hidden = 0.0
+        r.ignore(hkey, f"model_type={mtype!r} layers have no hidden dropout")
+    return dict(hidden_dropout=hidden, attention_dropout=r.probability(akey, adef))
+
+
 # ---- dense types -------------------------------------------------------------------------------------
 def _gpt2(r: ConfigReader) -> dict[str, Any]:
     hidden = r.int("n_embd", "hidden_size")
@@ -317,6 +339,7 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "hf-model", source: str =
     reader = ConfigReader(cfg, source, mtype)
     parse, harmless = PARSERS[mtype]
     fields = parse(reader)
+    fields.update(_dropout(reader, mtype))
     fraction = check_rope(reader)
     if fraction is not None:
         fields["rotary_fraction"] = fraction

@@ -23,8 +23,9 @@ _META = "metadata, no effect on cost"
 _TOKEN = "token id, no effect on cost"
 _RUNTIME = "transformers runtime flag, no effect on training cost"
 _GENERATION = "text-generation setting, not used in training"
-_DROPOUT = ("dropout probability: dropout kernels are costed by the block family (gpt blocks have them, "
-            "llama-style blocks do not), not by this value")
+_DROPOUT = ("dropout outside the transformer layers (embedding, heads): one small mask per micro-batch, "
+            "not costed")
+_OTHER_DROPOUT = "a dropout key this model_type's layers do not read (its own keys set the dropout costed)"
 HARMLESS: dict[str, str] = {
     "architectures": "class names (model_type decides the architecture)",
     "transformers_version": _META, "_name_or_path": _META, "_commit_hash": _META, "auto_map": _META,
@@ -62,9 +63,10 @@ HARMLESS: dict[str, str] = {
     "num_return_sequences": _GENERATION, "output_scores": _GENERATION, "return_dict_in_generate": _GENERATION,
     "remove_invalid_values": _GENERATION, "exponential_decay_length_penalty": _GENERATION,
     "suppress_tokens": _GENERATION, "begin_suppress_tokens": _GENERATION, "prefix": _GENERATION,
-    "attention_dropout": _DROPOUT, "hidden_dropout": _DROPOUT, "resid_pdrop": _DROPOUT, "embd_pdrop": _DROPOUT,
-    "attn_pdrop": _DROPOUT, "summary_first_dropout": _DROPOUT, "classifier_dropout": _DROPOUT,
-    "attention_probs_dropout_prob": _DROPOUT, "hidden_dropout_prob": _DROPOUT,
+    "embd_pdrop": _DROPOUT, "summary_first_dropout": _DROPOUT, "classifier_dropout": _DROPOUT,
+    "attention_dropout": _OTHER_DROPOUT, "hidden_dropout": _OTHER_DROPOUT, "resid_pdrop": _OTHER_DROPOUT,
+    "attn_pdrop": _OTHER_DROPOUT, "attention_probs_dropout_prob": _OTHER_DROPOUT,
+    "hidden_dropout_prob": _OTHER_DROPOUT,
 }
 """Keys of transformers' ``PretrainedConfig`` and common metadata: never change the training cost."""
 
@@ -162,6 +164,16 @@ class ConfigReader:
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or (isinstance(value, float) and not math.isfinite(value)) or not 0 < value <= 1:
             raise self.fail(f"{key}={value!r} must be a number in (0, 1]")
+        return float(value)
+
+    def probability(self, key: str, default: float) -> float:
+        """A dropout probability in [0, 1); ``default`` when absent or null."""
+        value = self.raw(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or (isinstance(value, float) and not math.isfinite(value)) or not 0 <= value < 1:
+            raise self.fail(f"{key}={value!r} must be a probability in [0, 1)")
         return float(value)
 
     def index_list(self, key: str, length: int) -> tuple[int, ...]:

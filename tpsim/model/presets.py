@@ -50,6 +50,14 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, s
 # and MLA up-projections (section 3.2.3: tpsim's selective under the hai-llm stack profile, which also holds
 # the report's BF16 moments, FP8 activation caches and DualPipe's mirrored stages; the preset's default
 # `--stack`). dgx-h100 stands in for the H800 nodes (same SMs; H800 NVLink is 400 GB/s instead of 900).
+#
+# nemotron4-340b: NVIDIA NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/nemotron_340b.yaml
+# (model section; Nemotron-4 340B Technical Report, NVIDIA 2024, section 2.2): 96 layers, hidden 18432, 96 heads
+# with 8 query groups, ffn 4h = 73728 with squared-ReLU (not gated: costed as the one-projection GeLU MLP), no
+# biases, LayerNorm (layernorm1p), rotary on half of each head (rotary_percentage 0.5), untied embedding and output,
+# 256k vocabulary, sequence 4096, and no dropout (hidden_dropout, attention_dropout, ffn_dropout 0.0). Plan: the
+# same file's, tp 8, pp 8, vpp 12, sequence parallel, distributed optimizer, no recomputation, micro-batch 1,
+# global batch 2304 on 768 DGX-H100 nodes, under NeMo (the preset's default `--stack`).
 PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
@@ -84,6 +92,13 @@ PRESETS: dict[str, ModelSpec] = {
                experts_per_token=8, moe_ffn_hidden_size=2048, num_shared_experts=1,
                shared_expert_ffn_hidden_size=2048, first_dense_layers=3, router_groups=8, router_group_topk=4,
                mtp_layers=1),
+        ModelSpec(name="nemotron4-340b", family="gpt", num_layers=96, hidden_size=18432, num_attention_heads=96,
+                  num_kv_heads=8, ffn_hidden_size=73728, vocab_size=256000, seq_len=4096, max_positions=4096,
+                  norm="layernorm", activation="gelu", position="rotary", rotary_fraction=0.5,
+                  tie_embeddings=False, qkv_bias=False, linear_bias=False, hidden_dropout=0.0,
+                  attention_dropout=0.0, architecture="nemotron", global_batch=2304,
+                  default_plan=dict(cluster="dgx-h100", gpus=6144, tp=8, pp=8, vpp=12, sp=True, zero=1,
+                                    recompute="none", micro_batch=1, dtype="bf16", stack="nemo")),
     )
 }
 

@@ -20,9 +20,15 @@ from .checks import check_spec
 from .describe import summary
 
 FAMILIES = ("gpt", "llama")
-"""Block styles the estimator costs: ``gpt`` = Megatron GPT blocks (LayerNorm, GeLU, dropout after attention
-and MLP); ``llama`` = pre-norm blocks without dropout (RMSNorm, gated MLP). Every Hugging Face type maps to one
-of them; the architecture itself is :attr:`ModelSpec.architecture`."""
+"""Block styles the estimator costs: ``gpt`` = Megatron GPT blocks (LayerNorm, GeLU MLP); ``llama`` = pre-norm
+blocks (RMSNorm, gated MLP). Every Hugging Face type maps to one of them; the architecture itself is
+:attr:`ModelSpec.architecture`. Dropout is not a family rule but the model's own probabilities
+(:attr:`ModelSpec.hidden_dropout`, :attr:`ModelSpec.attention_dropout`)."""
+FAMILY_DROPOUT = {"gpt": 0.1, "llama": 0.0}
+"""dropout probability of a spec that does not state one: GPT-2/GPT-3 and Megatron's GPT defaults
+(transformers GPT2Config resid_pdrop = attn_pdrop = 0.1; Megatron-LM arguments.py --hidden-dropout and
+--attention-dropout 0.1); Llama-style blocks have no dropout (transformers LlamaConfig attention_dropout 0.0,
+no hidden dropout in modeling_llama.py)."""
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu", "geglu")
 POSITIONS = ("learned", "rotary")
@@ -142,6 +148,14 @@ class ModelSpec:
     mtp_layers: int = 0
     """multi-token-prediction modules trained beside the model (DeepSeek-V3 num_nextn_predict_layers); not
     part of :meth:`total_params` (DeepSeek's 671B excludes them)."""
+    hidden_dropout: float | None = None
+    """dropout probability after the attention and the MLP (the residual branches; HF ``resid_pdrop`` /
+    ``hidden_dropout``, Megatron ``--hidden-dropout``, NeMo ``hidden_dropout``); > 0 costs two dropout kernels
+    and two 1-byte masks per layer. None = the family's default (:data:`FAMILY_DROPOUT`)."""
+    attention_dropout: float | None = None
+    """dropout probability on the attention probabilities (HF ``attn_pdrop`` / ``attention_dropout``, Megatron
+    ``--attention-dropout``); > 0 costs the dropout of unfused attention's scores and their 1-byte mask (flash
+    attention regenerates its mask from the RNG state). None = the family's default."""
     source_keys: Mapping[str, str] = field(default_factory=dict)
     """config key -> "used" or "ignored: <why>" (empty for presets); listed by :meth:`summary`."""
 
@@ -150,6 +164,9 @@ class ModelSpec:
             value = getattr(self, name)
             if isinstance(value, list):  # a spec read back from JSON
                 object.__setattr__(self, name, tuple(value))
+        for name in ("hidden_dropout", "attention_dropout"):
+            if getattr(self, name) is None and self.family in FAMILY_DROPOUT:
+                object.__setattr__(self, name, FAMILY_DROPOUT[self.family])
         if (self.head_dim == 0 and self.attention_kind == "standard" and isinstance(self.hidden_size, int)
                 and isinstance(self.num_attention_heads, int) and not isinstance(self.num_attention_heads, bool)
                 and self.num_attention_heads > 0 and self.hidden_size % self.num_attention_heads == 0):
@@ -174,6 +191,16 @@ class ModelSpec:
     def gated(self) -> bool:
         """Gated MLP (SwiGLU, GeGLU): two input projections (gate and up)."""
         return self.activation in ("swiglu", "geglu")
+
+    @property
+    def has_hidden_dropout(self) -> bool:
+        """Dropout after attention and MLP is applied (its kernels and 1-byte masks are costed)."""
+        return bool(self.hidden_dropout)
+
+    @property
+    def has_attention_dropout(self) -> bool:
+        """Dropout on the attention probabilities (costed with unfused attention)."""
+        return bool(self.attention_dropout)
 
     @property
     def is_moe(self) -> bool:
