@@ -1362,7 +1362,7 @@ def wave6_cases() -> list[Case]:
             ("python name tag", "nvlink: !!python/name:os.system {}\n"),
             ("efficiency '.5'", "nvlink: {efficiency: '.5'}\n"), ("efficiency -0.5", "nvlink: {efficiency: -0.5}\n"),
             ("100 deep", "a: " + "[" * 100 + "]" * 100 + "\n"),
-            ("10k keys", "".join(f"k{i}: 1\n" for i in range(10_000))),
+            ("10k keys", "".join(f"k{i}: {{efficiency: 0.5}}\n" for i in range(10_000))),
             ("latency huge", "nvlink: {latency_us: 1.0e300}\n"), ("top list", "- 1\n- 2\n"),
             ("unknown link", "warp: {efficiency: 0.5}\n"),
     ):
@@ -1383,14 +1383,19 @@ def wave6_cases() -> list[Case]:
                                                                                               "sub": DIR})
     # ---- profile CSV
     prof = _profile_text()
-    head, *rows = prof.splitlines()
-    for name, text in (("header only", head + "\n"), ("CRLF", prof.replace("\n", "\r\n")), ("BOM", "\ufeff" + prof),
-                       ("NUL byte", prof.replace(",", "\x00,", 1)), ("duplicate header", head + "," + head.split(",")[0]
-                                                                      + "\n" + "\n".join(rows) + "\n"),
-                       ("missing column", "\n".join(",".join(r.split(",")[1:]) for r in [head, *rows]) + "\n"),
-                       ("semicolons", prof.replace(",", ";")), ("100k columns", head + "," + ",".join(
-                           f"c{i}" for i in range(100_000)) + "\n" + "\n".join(rows) + "\n"),
-                       ("quote unterminated", prof.replace(",", ',"', 1))):
+    lines = prof.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#"))  # the column header
+    meta, head, rows = lines[:at], lines[at], lines[at + 1:]
+    prof_body = "\n".join(lines[at:]) + "\n"
+    with_meta = lambda body: "\n".join(meta) + "\n" + body  # noqa: E731
+    for name, text in (("header only", with_meta(head + "\n")), ("CRLF", prof.replace("\n", "\r\n")),
+                       ("BOM", "\ufeff" + prof), ("NUL byte", with_meta(prof_body.replace(",", "\x00,", 1))),
+                       ("duplicate header", with_meta(head + "," + head.split(",")[0] + "\n" + "\n".join(rows) + "\n")),
+                       ("missing column", with_meta("\n".join(",".join(r.split(",")[1:]) for r in [head, *rows]) + "\n")),
+                       ("semicolons", with_meta(prof_body.replace(",", ";"))),
+                       ("100k columns", with_meta(head + "," + ",".join(f"c{i}" for i in range(100_000)) + "\n"
+                                                  + "\n".join(rows) + "\n")),
+                       ("quote unterminated", with_meta(prof_body.replace(",", ',"', 1)))):
         add("profile", f"profile {name}", (*est_m, "--profile", "{d}/p.csv"), ("p.csv",), files={"p.csv": text},
             expect="any" if name in ("CRLF", "BOM") else "refuse")
     # ---- runs CSV: report --runs and calibrate --from-runs
@@ -1413,7 +1418,7 @@ def wave6_cases() -> list[Case]:
     # ---- calibrate --log LOG LAUNCH
     launch = ("torchrun pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 "
               "--max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 16 "
-              "--tensor-model-parallel-size 2\n")
+              "--tensor-model-parallel-size 2 --vocab-size 32000\n")
     for name, log, launch_text in (("log empty", "", launch), ("log binary", "\x00\xff" * 1000, launch),
                                    ("log 2 MB one line", "x" * (2 << 20), launch),
                                    ("launch tp 0", "iteration 1/ 10 | elapsed time per iteration (ms): 1500.0\n",
