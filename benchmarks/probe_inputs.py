@@ -1267,11 +1267,11 @@ def wave6_cases() -> list[Case]:
             ("load_cluster numpy gpus", "c = tpsim.load_cluster('dgx-h100', gpus=np.int64(16))\n"
                                         "if c.num_gpus != 16: wrong(c.num_gpus)"),
             ("estimate finite", "e = tpsim.estimate(_m(), _c(), tpsim.make_plan(_m(), 8, tp=8))\n"
-                                "import math\nif not (0 < e.step_time < 1e6): wrong(e.step_time)"),
+                                "import math\nif not (0 < e.step_time_s < 1e6): wrong(e.step_time_s)"),
             ("estimate_batch matches estimate", "from tpsim.plan import PlanBatch\np = tpsim.make_plan(_m(), 8, tp=8)\n"
              "b = tpsim.estimate_batch(_m(), _c(), PlanBatch.from_plans([p]))\ne = tpsim.estimate(_m(), _c(), p)\n"
-             "import numpy\nv = float(numpy.asarray(b.step_time).ravel()[0])\n"
-             "if abs(v - e.step_time) > 1e-9 * e.step_time: wrong((v, e.step_time))"),
+             "import numpy\nv = float(numpy.asarray(b.step_time_s).ravel()[0])\n"
+             "if abs(v - e.step_time_s) > 1e-6 * e.step_time_s: wrong((v, e.step_time_s))"),
     ):
         api(name, "    " + body.replace("\n", "\n    "), expect="ok")
     # ---- config.json, new shapes
@@ -1362,7 +1362,7 @@ def wave6_cases() -> list[Case]:
             ("python name tag", "nvlink: !!python/name:os.system {}\n"),
             ("efficiency '.5'", "nvlink: {efficiency: '.5'}\n"), ("efficiency -0.5", "nvlink: {efficiency: -0.5}\n"),
             ("100 deep", "a: " + "[" * 100 + "]" * 100 + "\n"),
-            ("10k keys", "".join(f"k{i}: 1\n" for i in range(10_000))),
+            ("10k keys", "".join(f"k{i}: {{efficiency: 0.5}}\n" for i in range(10_000))),
             ("latency huge", "nvlink: {latency_us: 1.0e300}\n"), ("top list", "- 1\n- 2\n"),
             ("unknown link", "warp: {efficiency: 0.5}\n"),
     ):
@@ -1383,14 +1383,19 @@ def wave6_cases() -> list[Case]:
                                                                                               "sub": DIR})
     # ---- profile CSV
     prof = _profile_text()
-    head, *rows = prof.splitlines()
-    for name, text in (("header only", head + "\n"), ("CRLF", prof.replace("\n", "\r\n")), ("BOM", "\ufeff" + prof),
-                       ("NUL byte", prof.replace(",", "\x00,", 1)), ("duplicate header", head + "," + head.split(",")[0]
-                                                                      + "\n" + "\n".join(rows) + "\n"),
-                       ("missing column", "\n".join(",".join(r.split(",")[1:]) for r in [head, *rows]) + "\n"),
-                       ("semicolons", prof.replace(",", ";")), ("100k columns", head + "," + ",".join(
-                           f"c{i}" for i in range(100_000)) + "\n" + "\n".join(rows) + "\n"),
-                       ("quote unterminated", prof.replace(",", ',"', 1))):
+    lines = prof.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#"))  # the column header
+    meta, head, rows = lines[:at], lines[at], lines[at + 1:]
+    prof_body = "\n".join(lines[at:]) + "\n"
+    with_meta = lambda body: "\n".join(meta) + "\n" + body  # noqa: E731
+    for name, text in (("header only", with_meta(head + "\n")), ("CRLF", prof.replace("\n", "\r\n")),
+                       ("BOM", "\ufeff" + prof), ("NUL byte", with_meta(prof_body.replace(",", "\x00,", 1))),
+                       ("duplicate header", with_meta(head + "," + head.split(",")[0] + "\n" + "\n".join(rows) + "\n")),
+                       ("missing column", with_meta("\n".join(",".join(r.split(",")[1:]) for r in [head, *rows]) + "\n")),
+                       ("semicolons", with_meta(prof_body.replace(",", ";"))),
+                       ("100k columns", with_meta(head + "," + ",".join(f"c{i}" for i in range(100_000)) + "\n"
+                                                  + "\n".join(rows) + "\n")),
+                       ("quote unterminated", with_meta(prof_body.replace(",", ',"', 1)))):
         add("profile", f"profile {name}", (*est_m, "--profile", "{d}/p.csv"), ("p.csv",), files={"p.csv": text},
             expect="any" if name in ("CRLF", "BOM") else "refuse")
     # ---- runs CSV: report --runs and calibrate --from-runs
@@ -1412,8 +1417,8 @@ def wave6_cases() -> list[Case]:
             files={"runs.csv": text}, requires=("--from-runs",), expect="any" if name == "duplicate run_id" else "refuse")
     # ---- calibrate --log LOG LAUNCH
     launch = ("torchrun pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 "
-              "--max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 16 "
-              "--tensor-model-parallel-size 2\n")
+              "--max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 1024 "
+              "--tensor-model-parallel-size 2 --vocab-size 32000\n")
     for name, log, launch_text in (("log empty", "", launch), ("log binary", "\x00\xff" * 1000, launch),
                                    ("log 2 MB one line", "x" * (2 << 20), launch),
                                    ("launch tp 0", "iteration 1/ 10 | elapsed time per iteration (ms): 1500.0\n",
@@ -1482,7 +1487,7 @@ def wave6_cases() -> list[Case]:
     add("export", "export all --out is a file", (*ex, "--out", "{d}/o"), ("out", "o"), files={"o": "x"})
     add("export", "export all --out under a file", (*ex, "--out", "{d}/f/o"), ("out", "f"), files={"f": "x"})
     add("export", "export all --out holds files", (*ex, "--out", "{d}/o"), ("out", "force", "exists"),
-        files={"o/keep": "precious"}, check=_file_is("o/keep", "precious"))
+        files={"o/keep": "precious"}, check=_file_is("o/keep", "precious"), expect="any")  # new files beside it
     add("export", "export all --tp 3", (*ex[:-6], "--tp", "3", "--global-batch", "64", "--micro-batch", "1",
                                         "--out", "{d}/o"), ("tp",), check=nothing)
     add("export", "export all --out /dev/full", (*ex, "--out", "/dev/full"), ("out", "full", "folder", "directory"))
@@ -1521,7 +1526,8 @@ def wave6_cases() -> list[Case]:
             ("spec with spaces", ("a b:c", "--input-shape", "1,4"), {}, ("a b", "module")),
     ):
         argv = tuple(a.replace("mod:", "{d}/mod.py:") for a in argv)
-        add("trace", f"trace {name}", (*tr, *argv), mention, files=files, timeout=90)
+        add("trace", f"trace {name}", (*tr, *argv), mention, files=files, timeout=90,
+            expect="any" if name == "out in missing folder" else "refuse")  # its folders are made
     # ---- topo / collective values
     for name, extra, mention in (("--bytes 0", ("--bytes", "0"), ("bytes",)), ("--bytes -1", ("--bytes", "-1"), ("bytes",)),
                                  ("--bytes 1e30", ("--bytes", "1e30"), ("bytes",)),

@@ -56,3 +56,35 @@ def test_wrong_types_found_by_the_wave5_probe(model, cluster, call, needle):
     with pytest.raises(InputError) as info:
         call(model, cluster)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda m, c: tpsim.load_model("x" * 10000), "10000 characters"),
+    (lambda m, c: tpsim.load_model(None), "model=None must be"),
+    (lambda m, c: tpsim.load_cluster(None), "cluster=None must be"),
+    (lambda m, c: tpsim.load_cluster("dgx-h100", gpus=True), "gpus=True must be an integer"),
+    (lambda m, c: tpsim.load_cluster("dgx-h100", gpus=2**40), "gpus="),
+    (lambda m, c: tpsim.estimate(m, c, tpsim.make_plan(m, 8, tp=8), compute=5), "compute=int"),
+    (lambda m, c: tpsim.estimate(m, c, tpsim.make_plan(m, 8, tp=8), calibration=[]), "calibration=list"),
+    (lambda m, c: tpsim.estimate_batch(m, c, None), "plans=NoneType"),
+])
+def test_wave6_api_arguments_are_named(model, cluster, call, needle):
+    with pytest.raises(InputError) as info:
+        call(model, cluster)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_wave6_search_and_runfit_arguments_are_named(model, cluster):
+    from tpsim.runfit import compute_calibration, fit_runs
+    from tpsim.search import search
+
+    for call, needle in ((lambda: search(model, cluster, None), "global_batch=None"),
+                         (lambda: search(model, None, 64), "clusters=NoneType"),
+                         (lambda: search(model, cluster, 64, space=5), "space=int"),
+                         (lambda: fit_runs([1, 2]), "int is not a Run"),
+                         (lambda: compute_calibration({"gemm_scale": float("nan")}), "gemm_scale"),
+                         (lambda: compute_calibration({"warp": 1.0}), "unknown factor 'warp'")):
+        with pytest.raises(InputError) as info:
+            call()
+        assert needle in str(info.value), str(info.value)
+    assert tpsim.load_cluster("dgx-h100", gpus=np.int64(16)).num_gpus == 16

@@ -181,6 +181,11 @@ def load_calibration(ref: str | Path, relative_to: Path | None = None) -> Calibr
     gloo_ops = {str(op): _link_entry(v, f"{path}: gloo_ops.{op}") for op, v in gloo.items()}
     compute = _compute(data["compute"], f"{path}: compute") if data.get("compute") is not None else None
     provenance = {k: v for k, v in data.items() if k not in LINK_TYPES}
+    for key, value in provenance.items():  # a mistyped link type would be read as provenance, and ignored
+        if isinstance(value, Mapping) and {"efficiency", "latency_us", "bw_GBps"} & set(map(str, value)) \
+                and key not in ("gloo_ops", "compute"):
+            raise InputError(f"{path}: {str(key)[:60]!r} is not a link type ({', '.join(sorted(LINK_TYPES))}); "
+                             "its efficiency/latency would be ignored")
     return Calibration(path=path, per_type=per_type, gloo_ops=gloo_ops, compute=compute, provenance=provenance)
 
 

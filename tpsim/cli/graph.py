@@ -158,6 +158,7 @@ def run_validate(args: argparse.Namespace) -> int:
     case = TracedCase(model=model, tp=args.tp, module_spec=args.module_spec or "",
                       kwargs=parse_kwargs(args.kwarg) if args.module_spec else {}, reps=args.reps,
                       warmup=args.warmup)
+    case.spec()  # no --module-spec: refused now, before the collectives are calibrated (minutes of ranks)
     from ..trace.child import DEFAULT_MEMORY_GIB, DEFAULT_TIMEOUT_S
 
     # the user's module runs in the ranks: bounded in time and memory like `tpsim trace`'s child (issue 26)

@@ -53,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.input_shape:
         raise InputError("--input-shape is required (one per model input, dim 0 = batch)")
+    if args.tp_plan:  # read (and refused) before the trace, not only with --show
+        from ..opgraph.tp import load_overrides
+
+        load_overrides(args.tp_plan)
     from ..io import atomic_write_text, check_output_file
     from ..opgraph.schema import parse_opgraph
     from ..trace.child import DEFAULT_MEMORY_GIB, DEFAULT_TIMEOUT_S, trace_in_child

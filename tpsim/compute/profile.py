@@ -477,6 +477,9 @@ def parse_profile(text: str, name: str) -> Profile:
     if not body:
         raise InputError(f"profile {name}: no column header and no rows")
     columns = [c.strip() for c in body[0][1].split(",")]
+    repeated = sorted({c for c in columns if columns.count(c) > 1}) if len(columns) != len(set(columns)) else []
+    if repeated:
+        raise InputError(f"profile {name}: column {repeated[0][:40]!r} appears twice in the column header")
     missing = [c for c in COLUMNS if c not in columns]
     if missing:
         raise InputError(f"profile {name}: missing column(s) {', '.join(missing)} "

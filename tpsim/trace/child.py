@@ -36,6 +36,9 @@ def _limits(memory_bytes: int) -> None:
 
     from ..procs import set_pdeathsig
 
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:  # under a lower limit already (ulimit -v): keep it; raising it fails
+        memory_bytes = min(memory_bytes, hard)
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     set_pdeathsig(signal.SIGKILL)
