@@ -181,8 +181,11 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
     device = cluster.device
     step = sched.step
     tokens = plans.global_batch * float(source.tokens_per_sequence)
-    mflops = plans.global_batch * source.model_flops_per_sequence()
-    hflops = mflops + source.recompute_flops_per_sequence(plans.recompute) * plans.global_batch
+    # per sample, once per context: the model FLOPs and what each recompute code (0 / 1 / 2) adds
+    per_sequence, per_recompute = ctx.memo(("flops_per_sequence",), lambda: (
+        source.model_flops_per_sequence(), np.asarray(source.recompute_flops_per_sequence(np.arange(3)))))
+    mflops = plans.global_batch * per_sequence
+    hflops = mflops + per_recompute[plans.recompute] * plans.global_batch
     gpus = float(cluster.num_gpus)
     peak_flops = device.peak(plans.dtype)
     zeros = np.zeros(step.size)
