@@ -64,7 +64,7 @@ def test_large_space_needs_the_flag(capsys):
     assert json.loads(capsys.readouterr().out)["enumerated"] == 5_184_000
     assert main(["plan", *QUICK, "--micro-batch", *map(str, range(1, 8001)), "--tp", *map(str, range(1, 65))]) == 2
     err = capsys.readouterr().err
-    assert "41,472,000 plans: about 83 s at the measured" in err and "--allow-large-space" in err
+    assert "41,472,000" in err and "about 83 s" in err and "--allow-large-space" in err
 
 
 @pytest.mark.parametrize("argv, needle", [

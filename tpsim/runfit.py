@@ -117,7 +117,8 @@ def compute_calibration(values: Mapping[str, float], device: str | None = None,
 
     if not isinstance(values, Mapping):
         raise InputError(f"values={type(values).__name__} must be a mapping of factor names to numbers")
-    known = ("compute_scale", "gemm_scale", "attention_scale", "memory_scale", "host_overhead_per_layer_us")
+    known = ("compute_scale", "gemm_scale", "attention_scale", "memory_scale", "host_overhead_per_layer_us",
+             *EXPOSED_FACTORS)
     for name, value in values.items():
         if name not in known:
             raise InputError(f"values: unknown factor {str(name)[:60]!r} (known: {', '.join(known)})")
