@@ -275,8 +275,8 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
                    tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None,
                    phases: tuple[str, ...] = ("fwd", "bwd"), shares: Any = None):
     """Per (layout, layer key): layer totals per axis (fwd, bwd), exposed (fwd, bwd), edge totals per axis
-    (first, last), pipeline transfer and the TP / PP names. ``overlap`` False: nothing hides (collectives on
-    the compute stream); ``tp_overlap`` (per pair): the TP collectives of the stack's ``phases``
+    (first, last), pipeline transfer and the TP / PP names. ``overlap`` False: no TP collective hides (they
+    run on the compute stream; the cp and ep ones still hide where their ``hide`` says); ``tp_overlap`` (per pair): the TP collectives of the stack's ``phases``
     (``comm.tp_overlap_phases``) pipelined with the GEMMs over ``tp`` chunks; the other phase's stay as
     without it. ``shares``: phase -> op -> the share of each pipelined collective left exposed (its first or
     last chunk; None or missing: 1 / tp)."""
@@ -298,7 +298,9 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
         axis = "-".join(c.axes)
         totals = fwd if c.phase == "fwd" else bwd
         totals[axis] = totals.get(axis, 0.0) + t
-        alone = np.maximum(t - c.hide, 0.0) if overlap else t
+        # ``overlap`` (the stack's tp_backward_overlap) says whether TP collectives run beside the GEMMs; the
+        # cp ring exchanges and paired ep all-to-alls are asynchronous in every stack (their hide applies)
+        alone = np.maximum(t - c.hide, 0.0) if overlap or c.axes != ("tp",) else t
         if c.axes == ("tp",):
             tp_sum[c.phase] = tp_sum[c.phase] + t
             share = shares.get(c.phase, {}).get(c.op)

@@ -22,6 +22,11 @@ from ..model import LayerKind, ModelSpec
 from .keys import sorted_values
 
 
+def _activation_bytes(dtype: str) -> float:
+    from ..compute.roofline import activation_bytes
+    return float(activation_bytes(dtype))
+
+
 @dataclass(frozen=True)
 class LayerCost:
     """Seconds per layer and micro-batch, arrays over plans."""
@@ -44,6 +49,11 @@ class LayerCost:
     """ring context parallelism: forward attention time of the cp - 1 steps after the first (as long as the
     steps the K/V exchanges overlap: every step is half an n x n block)."""
     ring_bwd: np.ndarray | float = 0.0
+    """the same in backward."""
+    ring_first_fwd: np.ndarray | float = 0.0
+    """ring context parallelism: forward time of the first (local, causal) step, before any other rank's K/V
+    is needed (what an all-gather of the K/V hides behind)."""
+    ring_first_bwd: np.ndarray | float = 0.0
     """the same in backward."""
 
 
@@ -106,16 +116,26 @@ def _ones(n: int) -> np.ndarray:
 
 def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: ModelSpec, *, b: np.ndarray,
                     heads: np.ndarray, cp: np.ndarray, a2a: np.ndarray, window: int, d: float, dtype: str,
-                    attention: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    attention: str, kv_share: np.ndarray | float = 1.0,
+                    grad_bytes: float = 2.0) -> tuple[np.ndarray, ...]:
     """Attention core of one layer on one rank (forward into ``acc_f``, backward into ``acc_b``); returns the
-    forward and backward time of the ring steps after the first (what the ring's K/V exchange hides behind) and
-    the flash-attention kernels' time, forward + backward (the error band weighs its kernel data by it).
+    forward and backward time of the ring steps after the first (what the ring's K/V exchange hides behind),
+    the flash-attention kernels' time, forward + backward (the error band weighs its kernel data by it), and
+    the forward and backward time of the first (local, causal) ring step (what an all-gather of the K/V hides
+    behind).
 
     Flash attention over the rank's queries: without context parallelism ``b x heads`` heads of ``s`` causal
-    tokens. Ring (TransformerEngine p2p with DualChunkSwap): the first step is causal attention of the rank's
-    ``n = s / cp`` tokens on their own keys, each of the ``cp - 1`` further steps half a non-causal ``n x n``
-    block (both chunks' queries on the first chunk of a lower rank's keys, or the second chunk's queries on all
-    of a higher rank's). All-to-all (Ulysses): causal attention of ``heads / cp`` heads over the whole sequence.
+    tokens. Ring (TransformerEngine p2p with DualChunkSwap; torch ``_templated_ring_attention`` with its
+    round-robin load balancing, the same split): the first step is causal attention of the rank's ``n = s /
+    cp`` tokens on their own keys, each of the ``cp - 1`` further steps one SDPA call on half an ``n x n``
+    block: all ``n`` queries on the first ``n / 2`` keys of a lower rank (``i <= rank``), or the second ``n /
+    2`` queries on all ``n`` keys of a higher rank (``i > rank``), non-causal. Either shape is two non-causal
+    ``n/2 x n/2`` blocks per head, timed at the ``n / 2`` block length the kernel runs (flash efficiency falls
+    with short blocks). Each later step merges its partial output into the running one (log-sum-exp
+    correction, :data:`RING_MERGE_BYTES`); in backward each step's query gradient and its K/V gradients are
+    added to their accumulators (read the ``grad_bytes`` accumulator and the step's 16-bit gradient, write
+    the accumulator; ``kv_share``: the K/V heads SDPA sees over the query heads).
+    All-to-all (Ulysses): causal attention of ``heads / cp`` heads over the whole sequence.
     A sliding window ``w`` shorter than the attended sequence: ``(L - w) / w`` non-causal ``w x w`` blocks plus
     one causal block of ``w`` (each query sees ``w`` keys). Unfused attention materializes the ``s x s`` scores
     whatever the window (no context parallelism: a plan rule)."""
@@ -125,6 +145,7 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
     ring = (cp > 1) & ~a2a
     bh = np.where(a2a, b * heads / cpf, b * heads)
     seq = np.where(a2a, s, s / cpf)
+    zeros = np.zeros(n_plans)
     if attention != "flash":
         bh_u = b * heads
         scores = bh_u * s * s
@@ -137,7 +158,7 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
         acc_b.add(compute.gemm(s, s, d, dtype, batch=bh_u), 1.0)     # dP = dO V^T
         acc_b.add(compute.gemm(s, d, s, dtype, batch=bh_u), 3.0)     # dV = P^T dO, dQ = dS K, dK = dS^T Q
         acc_b.add(compute.memory("softmax", scores, dtype, True))
-        return np.zeros(n_plans), np.zeros(n_plans), np.zeros(n_plans)
+        return zeros, zeros, zeros, zeros, zeros
     if window and window < s:
         w = float(window)
         windowed = seq > w
@@ -149,20 +170,24 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
             diag = compute.attention(bh, w, d, True, dtype, backward)
             flash = flash + acc.add((np.where(windowed, band[0] + diag[0], full[0]),
                                      np.where(windowed, band[1] & diag[1], full[1])))
-        return np.zeros(n_plans), np.zeros(n_plans), flash
-    flash = acc_f.add(compute.attention(bh, seq, d, True, dtype, False))
-    flash = flash + acc_b.add(compute.attention(bh, seq, d, True, dtype, True))
+        return zeros, zeros, flash, zeros, zeros
+    first_f = acc_f.add(compute.attention(bh, seq, d, True, dtype, False))
+    first_b = acc_b.add(compute.attention(bh, seq, d, True, dtype, True))
+    flash = first_f + first_b
     if not np.any(ring):
-        return np.zeros(n_plans), np.zeros(n_plans), flash
-    steps = np.where(ring, (cpf - 1.0) / 2.0, 1.0)  # cp - 1 half blocks (1.0 where unused: no empty kernel)
+        return zeros, zeros, flash, zeros, zeros
+    blocks = np.where(ring, 2.0 * (cpf - 1.0), 1.0)  # two n/2 x n/2 blocks per step (1.0 unused: no empty kernel)
     n = s / cpf
-    hidden_f = acc_f.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, False)))
-    hidden_b = acc_b.add(_where(ring, compute.attention(bh * steps, n, d, False, dtype, True)))
+    hidden_f = acc_f.add(_where(ring, compute.attention(bh * blocks, n / 2.0, d, False, dtype, False)))
+    hidden_b = acc_b.add(_where(ring, compute.attention(bh * blocks, n / 2.0, d, False, dtype, True)))
     # each ring step after the first merges its partial output into the running one (log-sum-exp correction)
     merged = np.where(ring, (cpf - 1.0) * bh * n * d, 0.0)
     acc_f.add(streamed(compute, merged * RING_MERGE_BYTES, dtype))
     acc_b.add(streamed(compute, merged * RING_MERGE_BYTES, dtype))
-    return hidden_f, hidden_b, flash + hidden_f + hidden_b
+    # and in backward adds its dK and dV (the K/V heads SDPA sees) into their accumulators
+    acc_b.add(streamed(compute, merged * 2.0 * kv_share * (2.0 * grad_bytes + 2.0), dtype))
+    return (hidden_f, hidden_b, flash + hidden_f + hidden_b, np.where(ring, first_f, 0.0),
+            np.where(ring, first_b, 0.0))
 
 
 RING_MERGE_BYTES = 10.0
@@ -207,6 +232,16 @@ def _attention_linears(fwd: _Acc, bwd: _Acc, compute: ComputeModel, model: Model
     return dgrad, wgrad
 
 
+def kv_heads_seen(model: ModelSpec, t: np.ndarray, kv_repeat: bool) -> np.ndarray:
+    """K/V heads per rank as the attention kernel receives them (and as context parallelism exchanges them):
+    the query heads where grouped-query K/V are repeated before it (``kv_repeat``, torchtitan's repeat_kv),
+    else the local kv heads (at least one: kv heads < tp are replicated, Megatron). MLA: its query heads."""
+    heads = model.num_attention_heads / np.asarray(t, dtype=float)
+    if model.attention_kind == "mla" or kv_repeat:
+        return heads
+    return np.asarray(local_shapes(model, t).kv_heads, dtype=float) * np.ones_like(heads)
+
+
 def _kv_repeat_elements(model: ModelSpec, T: np.ndarray, t: np.ndarray) -> np.ndarray | None:
     """Element count that times grouped-query attention's K/V repeat on the ``residual_add`` kernel (3 elements
     moved per element): torchtitan's repeat_kv (torchtitan/models/llama3/model.py: ``x[:, :, :, None, :]
@@ -238,7 +273,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
                fused: bool = True, cp: np.ndarray | None = None, cp_kind: np.ndarray | None = None,
                ep: np.ndarray | None = None, etp: np.ndarray | None = None, kind: LayerKind | None = None,
                recompute_modules: frozenset = frozenset({"core_attn"}), per_op: bool = False,
-               fp8_cast: tuple[float, float] | None = None, kv_repeat: bool = False) -> LayerCost:
+               fp8_cast: tuple[float, float] | None = None, kv_repeat: bool = False,
+               cp_grad_bytes: float | None = None) -> LayerCost:
     """Cost of one layer for each plan (arrays of equal length; recompute coded 0/1/2, cp_kind 0 ring / 1
     a2a, etp 0 = tp). ``fused``: one QKV GEMM and one gate+up GEMM (Megatron); otherwise q, k, v (and w1, w3)
     are separate GEMMs (as ``tpsim validate`` runs DTensor's separate Linear layers). ``kind``: the layer's
@@ -251,7 +287,9 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     stack's (forward, backward) bytes per element of each linear's input and output-gradient casts
     (``compute.fp8_cast_bytes_per_element``); mxfp8 and nvfp4 GEMMs pay their formats' casts instead
     (:func:`tpsim.compute.quantize.linear_cast_bytes`). ``kv_repeat``: grouped-query K and V are copied to the
-    query heads before the attention kernel and summed back in backward (:func:`_kv_repeat_elements`)."""
+    query heads before the attention kernel and summed back in backward (:func:`_kv_repeat_elements`).
+    ``cp_grad_bytes``: bytes per element of the ring's dK/dV accumulators (``comm.cp_grad_exchange_dtype``;
+    None: the activation dtype's)."""
     n_plans = len(tp)
     kind = kind or LayerKind(moe=False, window=0)
     cp = _ones(n_plans) if cp is None else cp
@@ -271,9 +309,10 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     # attention block
     dg_a, wg_a = _attention_linears(fwd, bwd, compute, model, T, t, dtype, fused, fp8_cast)
     attn_f = _Acc(n_plans)
-    ring_f, ring_b, flash_t = _attention_core(attn_f, bwd, compute, model, b=b, heads=heads, cp=cp, a2a=a2a,
-                                              window=kind.window, d=(dqk + dv) / 2.0, dtype=dtype,
-                                              attention=attention)
+    ring_f, ring_b, flash_t, first_f, first_b = _attention_core(
+        attn_f, bwd, compute, model, b=b, heads=heads, cp=cp, a2a=a2a, window=kind.window, d=(dqk + dv) / 2.0,
+        dtype=dtype, attention=attention, kv_share=kv_heads_seen(model, t, kv_repeat) / heads,
+        grad_bytes=_activation_bytes(dtype) if cp_grad_bytes is None else cp_grad_bytes)
     fwd.absorb(attn_f)  # the attention core, kept apart too for selective recomputation
     if model.position == "rotary":
         shp = local_shapes(model, t)
@@ -327,7 +366,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     return LayerCost(fwd=fwd.t, bwd=bwd.t, recompute=re_t,
                      dgrad={"attention": dg_a, "feed_forward": dg_m},
                      wgrad={"attention": wg_a, "feed_forward": wg_m}, measured=measured, attention=flash_t,
-                     ring_fwd=ring_f, ring_bwd=ring_b)
+                     ring_fwd=ring_f, ring_bwd=ring_b, ring_first_fwd=first_f, ring_first_bwd=first_b)
 
 
 def _per_op_seconds(compute: ComputeModel, model: ModelSpec, *, T: np.ndarray, T_norm: np.ndarray, t: np.ndarray,

@@ -189,8 +189,11 @@ class TransformerSource(LayerSource):
     def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None,
                  fp8_dispatch: bool = False, node_dedup: bool = False,
                  fp8_cast: tuple[float, float] = (0.0, 0.0), edges: bool = True, p2p_split: bool = True,
-                 kv_repeat: bool = False):
+                 kv_repeat: bool = False, cp_ring=None):
+        from .stackterms import RingExchange
         self.model = model
+        self.cp_ring = cp_ring or RingExchange()
+        """how ring context parallelism exchanges K/V and dK/dV (StackTerms.cp_ring)."""
         self.edges = edges
         self.p2p_split = p2p_split
         """a pipeline stage sends its 1/tp slice of the activation (StackTerms.pp_send_split)."""
@@ -293,7 +296,7 @@ class TransformerSource(LayerSource):
         lc = layer_cost(model, compute, tp=tp, sp=sp, micro_batch=mb, recompute=rc, dtype=dtype,
                         attention=attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, kind=kind,
                         recompute_modules=self.storage.recompute_modules, per_op=self.storage.per_op_sac,
-                        fp8_cast=self.fp8_cast, kv_repeat=self.kv_repeat)
+                        fp8_cast=self.fp8_cast, kv_repeat=self.kv_repeat, cp_grad_bytes=self.cp_ring.grad_bytes)
         linear_bytes, attn_out_bytes = self.storage.cache_bytes(dtype, axes["act_bytes"])
         mem_kw = dict(tp=tp, sp=sp, micro_batch=mb, recompute=rc, attention=attention, act_bytes=axes["act_bytes"],
                       cp=cp, kind=kind, ep=ep, etp=etp, modules=self.storage.recompute_modules,
@@ -303,13 +306,14 @@ class TransformerSource(LayerSource):
         rebuilt = (rc == 2) | ((rc == 1) & self.storage.per_op_sac)
         working = np.where(rebuilt, full_layer_activations(model, **mem_kw), 0.0)
         tp_ops = self._tp_collectives(lc, kind, axes)
-        cp_ops = cp_layer_collectives(model, lc, axes, cp_kind)
+        cp_ops = cp_layer_collectives(model, lc, axes, cp_kind, ring=self.cp_ring, kv_repeat=self.kv_repeat)
         comm = [c for c, _ in tp_ops] + cp_ops
         # what makes two kinds' collectives the same: attention-block TP ops never differ, MLP-block ones only
         # between kinds with the same MLP; ring exchanges hide behind attention (same window), the rest are
         # exposed and sized by the attention or the experts alone
         tags = [("tp", who, kind.moe if who[1] == "feed_forward" else None) for _, who in tp_ops]
-        tags += [("cp", i, kind.window if c.op == "send_recv" else None) for i, c in enumerate(cp_ops)]
+        tags += [("cp", i, kind.window if c.op in ("send_recv", "all_gather") else None)
+                 for i, c in enumerate(cp_ops)]
         if kind.moe:
             pairs = axes["paired"]
             ep_ops = moe_layer_collectives(model, axes, paired=(np.where(pairs, lc.fwd, 0.0), np.where(pairs, lc.bwd, 0.0))
@@ -438,22 +442,44 @@ def _merged(comm: list[Collective], tags: list[tuple]) -> tuple[Collective, ...]
     return tuple(out)
 
 
-def cp_layer_collectives(model: ModelSpec, lc, axes: dict, cp_kind: np.ndarray) -> list[Collective]:
-    """Context-parallel collectives of one layer (:mod:`tpsim.comm_plan`): ring K/V exchanges, each hidden
-    behind one step's attention (exposed = max(0, exchange - step) per step), or the four exposed all-to-alls
-    of Ulysses each way; zero bytes where cp = 1 or the other kind is used."""
+def cp_layer_collectives(model: ModelSpec, lc, axes: dict, cp_kind: np.ndarray, ring=None,
+                         kv_repeat: bool = False) -> list[Collective]:
+    """Context-parallel collectives of one layer (:mod:`tpsim.comm_plan`, docs/MODEL.md CP): the ring's K/V and
+    dK/dV exchanges as the stack runs them (``ring``, :class:`~tpsim.estimator.stackterms.RingExchange`), or
+    the four exposed all-to-alls of Ulysses each way; zero bytes where cp = 1 or the other kind is used.
+
+    The K/V block is what the attention kernel receives: with ``kv_repeat`` (torchtitan's repeat_kv before
+    SDPA) it carries the query heads. The dK/dV messages carry ``ring.grad_bytes`` per element.
+    Per-step exchange (TE p2p): forward ``cp - 1`` sends, each hidden behind one later step (exposed =
+    max(0, exchange - step) per step); backward the first step sends K/V, the last dK/dV, the middle ones
+    both. All-gather (torch ALL_GATHER): one all-gather of the ``cp`` blocks per pass, hidden only behind the
+    first (local) step; in backward the dK/dV go round the ring, step i's send hidden behind step i + 1 and
+    the last one awaited after the loop (exposed)."""
+    from .layer import kv_heads_seen
+    from .stackterms import RingExchange
+    ring = ring or RingExchange()
     tp, cp, mb, act_bytes = axes["tp"], axes["cp"], axes["micro_batch"], axes["act_bytes"]
     cpf = cp.astype(float)
-    ring = (cp > 1) & (cp_kind == 0)
+    rings = (cp > 1) & (cp_kind == 0)
     a2a = (cp > 1) & (cp_kind == 1)
-    kv = np.where(ring, kv_block_bytes(model, tp=tp, cp=cp, micro_batch=mb, act_bytes=act_bytes), 0.0)
+    kv = np.where(rings, kv_block_bytes(model, tp=tp, cp=cp, micro_batch=mb, act_bytes=act_bytes), 0.0)
+    if kv_repeat:  # the repeated K/V: as many heads as the queries
+        kv = kv * kv_heads_seen(model, tp, True) / kv_heads_seen(model, tp, False)
+    dkv = kv if ring.grad_bytes is None else kv * (ring.grad_bytes / act_bytes)
     steps = np.maximum(cpf - 1.0, 1.0)
     per_step_f, per_step_b = lc.ring_fwd / steps, lc.ring_bwd / steps
-    middle = np.maximum(cpf - 2.0, 0.0)
-    # backward: the first step sends K/V, the last dK/dV (one block each), the middle ones both at once
-    ops = [Collective(("cp",), "send_recv", "fwd", kv, per_step_f * (cpf - 1.0), cpf - 1.0),
-           Collective(("cp",), "send_recv", "bwd", kv, 2.0 * per_step_b, 2.0),
-           Collective(("cp",), "send_recv", "bwd", np.where(middle > 0, 2.0 * kv, 0.0), per_step_b * middle, middle)]
+    if ring.allgather:
+        ops = [Collective(("cp",), "all_gather", "fwd", cpf * kv, lc.ring_first_fwd, 1.0),
+               Collective(("cp",), "all_gather", "bwd", cpf * kv, lc.ring_first_bwd, 1.0),
+               Collective(("cp",), "send_recv", "bwd", dkv, per_step_b * (cpf - 1.0), cpf - 1.0),
+               Collective(("cp",), "send_recv", "bwd", dkv, 0.0, 1.0)]
+    else:
+        middle = np.maximum(cpf - 2.0, 0.0)
+        ops = [Collective(("cp",), "send_recv", "fwd", kv, per_step_f * (cpf - 1.0), cpf - 1.0),
+               Collective(("cp",), "send_recv", "bwd", kv, per_step_b, 1.0),
+               Collective(("cp",), "send_recv", "bwd", dkv, per_step_b, 1.0),
+               Collective(("cp",), "send_recv", "bwd", np.where(middle > 0, kv + dkv, 0.0), per_step_b * middle,
+                          middle)]
     sizes = a2a_bytes(model, tp=tp, cp=cp, micro_batch=mb, act_bytes=act_bytes)
     for phase in ("fwd", "bwd"):  # q and o (and k and v) move the same bytes: all-to-all needs dqk == dv (no MLA)
         ops.append(Collective(("cp",), "all_to_all", phase, np.where(a2a, sizes["q"], 0.0), 0.0, 2.0))

@@ -69,6 +69,27 @@ class ActivationStorage:
         return lin, att
 
 
+RING_EXCHANGES = ("p2p", "allgather")
+"""``comm.cp_ring_exchange`` values (docs/MODEL.md, CP)."""
+
+
+@dataclass(frozen=True)
+class RingExchange:
+    """How a stack's ring context parallelism moves K/V and their gradients (docs/MODEL.md, CP).
+
+    ``allgather`` False (TransformerEngine ``AttnFuncWithCPAndKVP2P``, torchtitan ``rotate_method =
+    "alltoall"``): every step sends the K/V block to the ring neighbour while the step's attention runs.
+    True (torch ``_cp_options.rotate_method = ALL_GATHER``, torchtitan's default ``allgather``): one all-gather
+    of every rank's K/V per pass, started before the first (local) step and awaited by the second, forward and
+    backward alike; the gradients of K/V still travel around the ring (torch's backward ``dkv_rotater`` is an
+    ``_AllToAllRotater``), one send per step, the last one awaited after the loop. ``grad_bytes``: bytes per
+    element of the dK/dV messages and their accumulators (torch ``_cp_options.convert_to_f32``: fp32)."""
+
+    allgather: bool = False
+    grad_bytes: float | None = None
+    """None: the activation dtype's."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class StackTerms:
     """A stack profile's figures as the stages use them."""
@@ -145,6 +166,9 @@ class StackTerms:
     """fp8 plans send the dispatch all-to-all (and its backward twin, the gradients towards the experts) in fp8;
     the combine (and its twin) stay 16-bit (``comm.ep_dispatch_dtype``)."""
     ep_node_dedup: bool = False
+    cp_ring: RingExchange = RingExchange()
+    """how ring context parallelism exchanges K/V and dK/dV (``comm.cp_ring_exchange``,
+    ``comm.cp_grad_exchange_dtype``; :class:`RingExchange`)."""
     gqa_kv_repeat: bool = False
     """grouped-query attention's K and V are repeated to the query heads in HBM before the attention kernel
     (``compute.gqa_kv_repeat``: torchtitan's repeat_kv), forward and (summed back) backward."""
@@ -335,6 +359,10 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         pp_send_split=bool(_value(stack, "comm", "pp_send_split_over_tp", True)),
         model_edges=bool(_value(stack, "compute", "model_edges", True)),
         gqa_kv_repeat=bool(_value(stack, "compute", "gqa_kv_repeat", False)),
+        cp_ring=RingExchange(
+            allgather=_choice(stack, "comm", "cp_ring_exchange", "p2p", RING_EXCHANGES, where) == "allgather",
+            grad_bytes=None if _value(stack, "comm", "cp_grad_exchange_dtype", None) is None else _dtype_bytes(
+                _value(stack, "comm", "cp_grad_exchange_dtype", None), f"{where}: comm.cp_grad_exchange_dtype")),
         allocator_reserve_fraction=reserve,
         allocator_reserve_range=(reserve_fig.range if reserve_fig is not None and reserve_fig.range
                                  else (reserve, reserve)),
