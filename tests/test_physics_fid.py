@@ -478,3 +478,27 @@ def test_cp_exchanges_hide_where_the_stacks_tp_collectives_do_not():
     est = estimate(model, cluster, plan, stack="torchtitan-compile")
     assert est.breakdown["cp_comm"] > 0
     assert est.terms["cp_comm"] < 0.5 * est.breakdown["cp_comm"]
+
+
+def test_per_op_sac_runs_the_tp_all_gathers_again_in_backward():
+    """torchtitan's per-op selective checkpointing saves the reduce-scatters but not the all-gathers: with
+    recompute=selective each block's forward all-gather runs once more in backward (bytes of one activation),
+    with recompute=none it does not; Megatron's selective recomputation (the attention core) re-runs none."""
+    from tpsim.estimator.context import context_for
+
+    model = with_overrides(load_model("llama3-8b"), layers=2)
+    cluster = load_cluster("dgx-h100", gpus=8)
+
+    def backward_gathers(stack: str, rc: int) -> list[float]:
+        ctx = context_for(model, cluster, None, stack=stack)
+        keys = {k: np.array([v]) for k, v in dict(tp=8, sp=1, micro_batch=1, recompute=rc, cp=1, cp_kind=0,
+                                                   schedule=0).items()}
+        keys["sp"] = keys["sp"].astype(bool)
+        costs = ctx.source.costs(ctx.compute, keys, "bf16", "flash")
+        return [float(np.ravel(c.nbytes)[0]) for c in costs.comm
+                if c.axes == ("tp",) and c.phase == "bwd" and c.op == "all_gather" and np.ravel(c.nbytes)[0] > 0]
+
+    act = model.seq_len * model.hidden_size * 2.0
+    tt_none, tt_sel = backward_gathers("torchtitan-compile", 0), backward_gathers("torchtitan-compile", 1)
+    assert len(tt_sel) == len(tt_none) + 2 and sum(tt_sel) - sum(tt_none) == pytest.approx(2 * act)
+    assert backward_gathers("megatron", 1) == backward_gathers("megatron", 0)

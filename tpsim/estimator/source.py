@@ -305,7 +305,7 @@ class TransformerSource(LayerSource):
         # the layer rebuilt in backward: full recomputation, and per-op selective (its unsaved tensors)
         rebuilt = (rc == 2) | ((rc == 1) & self.storage.per_op_sac)
         working = np.where(rebuilt, full_layer_activations(model, **mem_kw), 0.0)
-        tp_ops = self._tp_collectives(lc, kind, axes)
+        tp_ops = self._tp_collectives(lc, kind, axes, rc)
         cp_ops = cp_layer_collectives(model, lc, axes, cp_kind, ring=self.cp_ring, kv_repeat=self.kv_repeat)
         comm = [c for c, _ in tp_ops] + cp_ops
         # what makes two kinds' collectives the same: attention-block TP ops never differ, MLP-block ones only
@@ -329,9 +329,17 @@ class TransformerSource(LayerSource):
                           activations=activation_bytes_per_layer(model, **mem_kw), working=working,
                           tags=tuple(tags), attention=lc.attention)
 
-    def _tp_collectives(self, lc, kind: LayerKind, axes: dict) -> list[tuple[Collective, tuple]]:
+    def _tp_collectives(self, lc, kind: LayerKind, axes: dict,
+                        rc: np.ndarray | None = None) -> list[tuple[Collective, tuple]]:
         """The block's TP collectives, each with what identifies it (sp, block, module, phase, op, overlap); a
-        mixture-of-experts layer without shared experts has no dense MLP, so no feed-forward ones."""
+        mixture-of-experts layer without shared experts has no dense MLP, so no feed-forward ones.
+
+        torchtitan's per-op selective checkpointing (``recompute=selective`` with ``per_op_sac``) saves the
+        reduce-scatters' outputs but not the all-gathers' (torchtitan/models/llama3/parallelize.py
+        ``_save_list``: mm, SDPA, ``_c10d_functional.reduce_scatter_tensor``, max): the recomputed matmuls of
+        a block (every second one, among them wk and w3) need the all-gathered norm output again, so each
+        block's forward all-gather runs once more in backward (exposed: the recomputed forward sits on the
+        backward's critical path)."""
         model, tp, sp = self.model, axes["tp"], axes["sp"]
         T = axes["micro_batch"] * float(model.seq_len) / axes["cp"]
         act = np.where(tp > 1, T * model.hidden_size * axes["act_bytes"], 0.0)
@@ -348,6 +356,10 @@ class TransformerSource(LayerSource):
                 comm.append((Collective(axes=("tp",), op=c.op, phase=c.phase, nbytes=np.where(mask, nbytes, 0.0),
                                         hide=np.broadcast_to(np.asarray(hide, dtype=float), tp.shape)),
                              (sp_value, block, c.module, c.phase, c.op, c.overlap)))
+                if self.storage.per_op_sac and rc is not None and c.phase == "fwd" and c.op == "all_gather":
+                    again = np.where(mask & (np.asarray(rc) == 1), nbytes, 0.0)
+                    comm.append((Collective(axes=("tp",), op=c.op, phase="bwd", nbytes=again, hide=0.0),
+                                 (sp_value, block, c.module, "recompute", c.op, c.overlap)))
         return comm
 
     def _edges(self, compute: ComputeModel, tp: np.ndarray, sp: np.ndarray, mb: np.ndarray, cp: np.ndarray,
