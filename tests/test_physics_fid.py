@@ -502,3 +502,18 @@ def test_per_op_sac_runs_the_tp_all_gathers_again_in_backward():
     tt_none, tt_sel = backward_gathers("torchtitan-compile", 0), backward_gathers("torchtitan-compile", 1)
     assert len(tt_sel) == len(tt_none) + 2 and sum(tt_sel) - sum(tt_none) == pytest.approx(2 * act)
     assert backward_gathers("megatron", 1) == backward_gathers("megatron", 0)
+
+
+def test_fp8_weight_casts_skip_the_embedding_and_the_output_head():
+    """The fp8 weight cast and transpose (2 x 1 B per parameter) are kept for the linears that run in fp8, not
+    for the embedding, the output head and the final norm (they stay 16-bit: DeepSeek-V3 report 3.3.1,
+    Megatron-Core's non-TE embedding and output layer)."""
+    model = with_overrides(load_model("llama3-8b"), layers=4)
+    cluster = load_cluster("dgx-h100", gpus=8)
+    kw = dict(tp=1, pp=1, sp=False, zero=0, global_batch=8, micro_batch=1)
+    bf16 = estimate(model, cluster, make_plan(model, 8, dtype="bf16", **kw), stack="megatron")
+    fp8 = estimate(model, cluster, make_plan(model, 8, dtype="fp8", **kw), stack="megatron")
+    params = bf16.memory_gib["weights"] * 2 ** 30 / 2.0
+    edges = 2 * model.padded_vocab(1) * model.hidden_size + model.hidden_size
+    cached = (fp8.memory_gib["weights"] - bf16.memory_gib["weights"]) * 2 ** 30
+    assert cached == pytest.approx(2.0 * (params - edges), rel=1e-9)

@@ -112,16 +112,19 @@ def test_llama3_405b_paper_plan_fits():
     assert e.fits and 0.85 <= e.peak_memory_gib * GIB / cluster.device.memory_bytes <= 1.0, e.memory_gib
 
 
-@pytest.mark.xfail(strict=True, reason="DeepSeek-V3 report section 3.2: TP1 PP16 EP64 ZeRO-1 on 2048 H800 80 GB "
-                   "(DualPipe, FP8); tpsim predicts ~83 GiB. Every saving the report publishes is modelled (BF16 "
-                   "moments, FP8/E5M6 activation caches, RMSNorm and MLA up-projection recomputation, EMA off the "
-                   "GPU, the MTP embedding and head shared on DualPipe's edge rank); what is left is the "
-                   "Transformer-Engine-style fp8 weight cast and transpose kept per step (2 B per parameter, "
-                   "~10 GiB): the report's online 128x128 weight quantization may cast per GEMM instead, but it "
-                   "does not say, and per-GEMM casts would cost time that tpsim does not model")
 def test_deepseek_v3_published_plan_fits():
+    """DeepSeek-V3 report section 3.2: TP1 PP16 EP64 ZeRO-1 on 2048 H800 80 GB (DualPipe, FP8). Every saving
+    the report publishes is modelled (BF16 moments, FP8/E5M6 activation caches, RMSNorm and MLA up-projection
+    recomputation, EMA off the GPU, the MTP embedding and head shared on DualPipe's edge rank), and the
+    embedding, output head and MTP embedding keep no fp8 weight cast (report section 3.3.1: they stay in
+    BF16/FP32). The edge rank is still the tightest (within 1% of the 80 GB): the Transformer-Engine-style fp8
+    weight cast and transpose kept per step (2 B per parameter of the fp8 linears) is what the report does not
+    describe."""
     m, cluster, stack, plan = _preset_plan("deepseek-v3")
-    assert estimate(m, cluster, plan, stack=stack).fits
+    e = estimate(m, cluster, plan, stack=stack)
+    assert e.fits, e.memory_gib
+    # the edge rank's weights: 16-bit parameters plus the fp8 cast and transpose of all but the edges' matrices
+    assert e.memory_gib["weights"] < e.memory_gib["grads"]
 
 
 def test_gb200_405b_fp8_recipe_is_accepted_and_costed():

@@ -324,7 +324,10 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     expert_shard = shard if edp is None else _state_bytes(zero, edp, full, w_bytes + weight_cache_bytes,
                                                           master_bytes + state_bytes, grad_bytes)
     expert = 0.0 if part.expert is None else part.expert
-    per_rank_states = (part.params - expert) * shard["total"] + expert * expert_shard["total"]
+    # the edges' embedding, output head and final norm keep no low-precision weight cast
+    uncached = _high_precision_on_positions(costs, pp, mirrored if any_mirror else None)
+    uncached_bytes = uncached * (weight_cache_bytes / np.where(zero == 3, group, 1.0))
+    per_rank_states = (part.params - expert) * shard["total"] + expert * expert_shard["total"] - uncached_bytes
     allocated = np.where(part.valid, per_rank_states + activations + other, -1.0)
     peak_position = np.argmax(allocated, axis=0)
     columns = np.arange(peak_position.size)
@@ -336,10 +339,27 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     fixed = np.broadcast_to(np.asarray(process, dtype=float), pp.shape)
     buffers = np.broadcast_to(np.asarray(nccl, dtype=float), pp.shape)
     terms = {k: dense * shard[k] + held_expert * expert_shard[k] for k in ("weights", "grads", "optimizer_states")}
+    terms["weights"] = terms["weights"] - pick(uncached_bytes)
     terms.update(activations=pick(activations), cuda_context=fixed, nccl_buffers=buffers,
                  allocator_reserve=reserve_fraction * peak_allocated, other=pick(other))
     peak = peak_allocated * (1.0 + reserve_fraction) + fixed + buffers
     return Memory(terms={k: terms[k] for k in MEMORY_TERMS}, peak=peak, peak_position=peak_position)
+
+
+def _high_precision_on_positions(costs, pp: np.ndarray, mirrored: np.ndarray | None) -> np.ndarray:
+    """(3, n) parameters of each position's edges that no low-precision GEMM reads (``Edge.
+    high_precision_params``, less a tied head, per plan): the first rank's embedding, the last rank's head and
+    final norm, both on one rank without pipelining or under a bidirectional schedule; middle ranks none. (A
+    tied head alone on the last rank is left cached: the small overcount of a rare layout.)"""
+    from .partition import on_positions
+
+    first = np.asarray(getattr(costs.first, "high_precision_params", 0.0), dtype=float)
+    alone = np.asarray(getattr(costs.last, "high_precision_params", 0.0), dtype=float)  # less the tied head
+    out = on_positions(first, alone, pp == 1, last_alone=alone)
+    if mirrored is not None:
+        both = first + alone
+        out = np.stack([np.where(mirrored, both, out[0]), np.where((pp > 1) & mirrored, both, out[1]), out[2]])
+    return np.broadcast_to(out, (3, pp.size))
 
 
 def _state_bytes(zero: np.ndarray, group: np.ndarray, grad_unsharded: np.ndarray, w_bytes: float,

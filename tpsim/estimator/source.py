@@ -70,6 +70,12 @@ class Edge:
     """working buffers of one micro-batch (embedding output, fp32 logits), bytes."""
     expert_params: np.ndarray | float = 0.0
     """of ``params``, routed experts' (the multi-token-prediction modules' MoE layers on the last rank)."""
+    high_precision_params: np.ndarray | float = 0.0
+    """of ``params``, those no low-precision GEMM reads: the embedding, the output head, the final norm (they
+    keep no fp8 weight cast; DeepSeek-V3 report section 3.3: "the embedding module, the output head, ...
+    normalization operators" stay in BF16/FP32; Megatron-Core's embedding and output layer are not TE
+    modules; torchtitan's float8 converter skips ``output``). In :meth:`LayerCosts.for_plans` less the
+    ``shared_params`` (a tied head is the embedding: counted once where both edges share a rank)."""
 
 
 
@@ -129,8 +135,10 @@ class LayerCosts:
         """The rows ``index`` of what the per-plan stages (schedule, memory, totals) read; the parts only
         partition and communication use (collectives, boundary bytes, edge parameters) are None."""
         def edge(e: Edge) -> Edge:
+            hp = np.broadcast_to(np.asarray(e.high_precision_params, dtype=float), e.fwd.shape)[index]
+            hp = hp - np.broadcast_to(np.asarray(e.shared_params, dtype=float), e.fwd.shape)[index]
             return Edge(fwd=e.fwd[index], bwd=e.bwd[index], comm=(), params=None, shared_params=None,
-                        buffer_bytes=e.buffer_bytes[index])
+                        buffer_bytes=e.buffer_bytes[index], high_precision_params=hp)
 
         return LayerCosts(fwd=self.fwd[index], bwd=self.bwd[index], recompute=self.recompute[index],
                           measured=self.measured[index], comm=(), params=self.params[index],
@@ -386,13 +394,15 @@ class TransformerSource(LayerSource):
                      comm=(c("reduce_scatter", "fwd", np.where(sp, act, 0.0)),
                            c("all_reduce", "fwd", np.where(sp, 0.0, act))),
                      params=emb_local + pos, shared_params=zero,
-                     buffer_bytes=np.where(sp, T * h * act_bytes / tp, T * h * act_bytes))
+                     buffer_bytes=np.where(sp, T * h * act_bytes / tp, T * h * act_bytes),
+                     high_precision_params=emb_local + pos)
         last = Edge(fwd=ec.last_fwd, bwd=ec.last_bwd,
                     comm=(c("all_gather", "fwd", np.where(sp, act, 0.0)), c("all_reduce", "fwd", small, 3.0),
                           c("reduce_scatter", "bwd", np.where(sp, act, 0.0)),
                           c("all_reduce", "bwd", np.where(sp, 0.0, act))),
                     params=emb_local + final_norm, shared_params=tied,
-                    buffer_bytes=self.storage.logits_bytes * T * emb_local / h)  # the rank's vocabulary shard
+                    buffer_bytes=self.storage.logits_bytes * T * emb_local / h,  # the rank's vocabulary shard
+                    high_precision_params=emb_local + final_norm)
         if model.mtp_layers:
             last = _mtp_edge(model, compute, last, ec, kinds[self.kind_of_layer[-1]], tp=tp, T=T, dtype=dtype, emb_local=emb_local)
         if not self.edges:  # a stack of layers alone (StackTerms.model_edges): no edge compute, traffic or state
@@ -568,4 +578,5 @@ def _mtp_edge(model: ModelSpec, compute: ComputeModel, last: Edge, ec, kind: "_K
     buffers = k * (kind.activations + T * h * 2.0 + 4.0 * T * emb_local / h)
     return Edge(fwd=last.fwd + fwd, bwd=last.bwd + bwd, comm=comm, params=last.params + params + embedding,
                 shared_params=last.shared_params + embedding, buffer_bytes=last.buffer_bytes + buffers,
-                expert_params=k * kind.expert_params)
+                expert_params=k * kind.expert_params,
+                high_precision_params=last.high_precision_params + embedding + k * 2 * h)
