@@ -517,3 +517,26 @@ def test_fp8_weight_casts_skip_the_embedding_and_the_output_head():
     edges = 2 * model.padded_vocab(1) * model.hidden_size + model.hidden_size
     cached = (fp8.memory_gib["weights"] - bf16.memory_gib["weights"]) * 2 ** 30
     assert cached == pytest.approx(2.0 * (params - edges), rel=1e-9)
+
+
+def test_eager_ring_merge_moves_the_unfused_fp32_passes():
+    """torchtitan without compile runs torch's _SDPAMerger as separate fp32 kernels: the forward merge moves
+    RING_MERGE_BYTES_EAGER instead of RING_MERGE_BYTES per output element and step, the rest is the same."""
+    from tpsim.compute.eager import EagerKernels
+    from tpsim.estimator.context import default_compute, resolve_stack
+    from tpsim.estimator.layer import RING_MERGE_BYTES, RING_MERGE_BYTES_EAGER, layer_cost, streamed
+
+    model = with_overrides(load_model("llama3-8b"), seq_len=16384)
+    fused, _ = default_compute(load_cluster("dgx-h100", gpus=8).device, resolve_stack("torchtitan-compile"))
+    eager = EagerKernels(fused)
+    one, cp = np.array([1]), 4
+    kw = dict(tp=one, sp=np.array([False]), micro_batch=one, recompute=np.array([0]), dtype="bf16",
+              attention="flash", cp=np.array([cp]), cp_kind=np.array([0]))
+    f, e = layer_cost(model, fused, **kw), layer_cost(model, eager, **kw)
+    merged = (cp - 1) * 32 * (model.seq_len / cp) * 128
+    extra = float(np.ravel(streamed(fused, merged * (RING_MERGE_BYTES_EAGER - RING_MERGE_BYTES), "bf16")[0])[0])
+    eager_kernels = e.fwd[0] - f.fwd[0] - extra  # what EagerKernels adds to the norms and activations
+    f1 = layer_cost(model, fused, **dict(kw, cp=np.array([1])))
+    e1 = layer_cost(model, eager, **dict(kw, cp=np.array([1])))
+    assert extra > 0
+    assert eager_kernels == pytest.approx((e1.fwd[0] - f1.fwd[0]) / cp, rel=1e-6)  # tokens / cp

@@ -49,6 +49,16 @@ def rotary_ratio(compute: ComputeModel, backward: bool) -> float:
     return 1.0
 
 
+def runs_eager(compute: ComputeModel) -> bool:
+    """Whether ``compute`` (or a model it wraps) runs eager PyTorch's unfused elementwise kernels."""
+    model = compute
+    while model is not None:
+        if isinstance(model, EagerKernels):
+            return True
+        model = model.__dict__.get("base")
+    return False
+
+
 class EagerKernels(ComputeModel):
     """``base`` with its memory-bound kernels costed as eager PyTorch's op chains (module docstring)."""
 

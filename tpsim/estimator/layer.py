@@ -181,11 +181,14 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
     hidden_f = acc_f.add(_where(ring, compute.attention(bh * blocks, n / 2.0, d, False, dtype, False)))
     hidden_b = acc_b.add(_where(ring, compute.attention(bh * blocks, n / 2.0, d, False, dtype, True)))
     # each ring step after the first merges its partial output into the running one (log-sum-exp correction)
+    from ..compute.eager import runs_eager
+    eager = runs_eager(compute)
     merged = np.where(ring, (cpf - 1.0) * bh * n * d, 0.0)
-    acc_f.add(streamed(compute, merged * RING_MERGE_BYTES, dtype))
+    acc_f.add(streamed(compute, merged * (RING_MERGE_BYTES_EAGER if eager else RING_MERGE_BYTES), dtype))
     acc_b.add(streamed(compute, merged * RING_MERGE_BYTES, dtype))
     # and in backward adds its dK and dV (the K/V heads SDPA sees) into their accumulators
-    acc_b.add(streamed(compute, merged * 2.0 * kv_share * (2.0 * grad_bytes + 2.0), dtype))
+    kv_add = 2.0 * grad_bytes + 2.0 + (RING_KV_GRAD_EAGER_COPIES * 2.0 * grad_bytes if eager else 0.0)
+    acc_b.add(streamed(compute, merged * 2.0 * kv_share * kv_add, dtype))
     return (hidden_f, hidden_b, flash + hidden_f + hidden_b, np.where(ring, first_f, 0.0),
             np.where(ring, first_b, 0.0))
 
@@ -196,6 +199,17 @@ the step's 16-bit partial output (2 B), write the corrected fp32 output (4 B) (T
 AttnFuncWithCPAndKVP2P flash_attn_fwd_out_correction; torch's ring _SDPAMerger does the same in more passes); in
 backward the same traffic accumulates the query gradient of every step."""
 
+
+RING_MERGE_BYTES_EAGER = 38.0
+"""the same merge as eager PyTorch runs it (torch ``_SDPAMerger._merge_one`` with ``convert_to_f32``, unfused
+outside torch.compile): ``block_out.to(float32)`` (read 2, write 4), ``out - block_out`` (8, 4),
+``sigmoid(lse diff) * (...)`` (4, 4), ``out - ...`` (8, 4): 38 B per output element of the step, on the rank that
+sets the pace (rank cp - 1 runs every later step on all its queries, no partial update)."""
+RING_KV_GRAD_EAGER_COPIES = 2.0
+"""eager backward, per K/V element and step, copies of the accumulator beyond the accumulation itself (each a
+read and a write of its ``grad_bytes``): the ``_partial_update`` (``torch.cat`` of the accumulator's chunks)
+and the ``torch.cat([grad_key.flatten(), grad_value.flatten()])`` that builds the next dK/dV message (torch
+``_templated_ring_attention_backward``; under torch.compile Inductor writes both in place)."""
 
 
 def _where(mask: np.ndarray, res: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
