@@ -134,7 +134,8 @@ def _attention_core(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, model: Mode
     with short blocks). Each later step merges its partial output into the running one (log-sum-exp
     correction, :data:`RING_MERGE_BYTES`); in backward each step's query gradient and its K/V gradients are
     added to their accumulators (read the ``grad_bytes`` accumulator and the step's 16-bit gradient, write
-    the accumulator; ``kv_share``: the K/V heads SDPA sees over the query heads).
+    the accumulator; ``kv_share``: the K/V heads SDPA sees over the query heads; TE ``AttnFuncWithCPAndKVP2P``
+    backward ``dkv.add_(dkv_)`` into the received 16-bit buffer, torch ``grad_key += grad_key_`` in fp32).
     All-to-all (Ulysses): causal attention of ``heads / cp`` heads over the whole sequence.
     A sliding window ``w`` shorter than the attended sequence: ``(L - w) / w`` non-causal ``w x w`` blocks plus
     one causal block of ``w`` (each query sees ``w`` keys). Unfused attention materializes the ``s x s`` scores
