@@ -224,13 +224,15 @@ def test_eager_stacks_cost_unfused_elementwise_traffic():
 
 def test_fp8_casts_cost_their_traffic_per_the_stack_recipe():
     """fp8 GEMMs pay the casts of each linear's input and output gradient (compute.fp8_cast_bytes_per_element:
-    Transformer Engine's delayed scaling 2/4 B, torchao's dynamic scaling 6/6 B); bf16 plans pay nothing."""
+    Transformer Engine's delayed scaling 2/4 B; torchao's dynamic scaling also recasts the saved 16-bit input in
+    backward, eager 5/10/5 B, compiled 3/4/3 B); bf16 plans pay nothing."""
     from tpsim.estimator.stackterms import stack_terms
     from tpsim.stacks import load_stack
 
-    assert stack_terms(load_stack("megatron")).fp8_cast_bytes == (2.0, 4.0)
-    assert stack_terms(load_stack("torchtitan")).fp8_cast_bytes == (6.0, 6.0)
-    assert stack_terms(load_stack("deepspeed")).fp8_cast_bytes == (0.0, 0.0)
+    assert stack_terms(load_stack("megatron")).fp8_cast_bytes == (2.0, 4.0, 0.0)
+    assert stack_terms(load_stack("torchtitan")).fp8_cast_bytes == (5.0, 10.0, 5.0)
+    assert stack_terms(load_stack("torchtitan-compile")).fp8_cast_bytes == (3.0, 4.0, 3.0)
+    assert stack_terms(load_stack("deepspeed")).fp8_cast_bytes == (0.0, 0.0, 0.0)
     model = with_overrides(load_model("llama3-8b"), layers=4)
     cluster = load_cluster("dgx-h100", gpus=8)
     plan = make_plan(model, 8, tp=1, pp=1, sp=False, zero=1, global_batch=8, dtype="fp8")
@@ -540,3 +542,13 @@ def test_eager_ring_merge_moves_the_unfused_fp32_passes():
     e1 = layer_cost(model, eager, **dict(kw, cp=np.array([1])))
     assert extra > 0
     assert eager_kernels == pytest.approx((e1.fwd[0] - f1.fwd[0]) / cp, rel=1e-6)  # tokens / cp
+
+
+def test_cast_traffic_recasts_the_input_in_backward_where_the_recipe_says():
+    """cast_traffic, the one formula of the linears' and experts' casts: input x forward figure; output
+    gradient x backward figure plus input x backward_input figure (torchao recasts its saved 16-bit input)."""
+    from tpsim.compute.quantize import cast_traffic
+
+    f, b = cast_traffic((3.0, 4.0, 3.0), 10.0, 7.0, 5.0)
+    assert (f, b) == (150.0, 10 * 7 * 4.0 + 150.0)
+    assert cast_traffic((2.0, 4.0), 10.0, 7.0, 5.0) == (100.0, 280.0)

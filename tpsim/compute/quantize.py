@@ -8,13 +8,18 @@ memory-bound rate, ``streamed``).
   column-wise copies with their block scales; NVFP4's per-tensor amax pass), the same for every stack that runs
   them (Transformer Engine is their implementation).
 
-Per micro-batch each linear quantizes its input (forward) and its output gradient (backward); the weights'
-casts are kept between micro-batches and are not costed per token.
+Per micro-batch each linear quantizes its input (forward) and its output gradient (backward), and where the
+recipe keeps only the 16-bit input for backward (torchao Float8Linear) quantizes the input again there for the
+weight-gradient GEMM (the optional third figure, ``backward_input``); :func:`cast_traffic` is the one formula
+the dense linears and the grouped expert GEMMs call. The weights' casts are kept between micro-batches and are
+not costed per token.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+
+import numpy as np
 
 from ..errors import InputError
 from ..hardware import DATA_DIR, is_low_precision
@@ -44,7 +49,16 @@ def block_cast_bytes(dtype: str) -> tuple[float, float]:
     return f, b
 
 
-def linear_cast_bytes(dtype: str, fp8_cast: tuple[float, float] | None) -> tuple[float, float] | None:
+def cast_traffic(cast: tuple[float, ...], m, n, k) -> tuple:
+    """(forward, backward) bytes of the low-precision casts of an (m x k) @ (k x n) linear: its input (m x k) at
+    ``cast[0]`` forward, its output gradient (m x n) at ``cast[1]`` and its input again at ``cast[2]`` (0 where
+    absent) backward."""
+    again = cast[2] if len(cast) > 2 else 0.0
+    inputs = np.asarray(m, dtype=float) * k
+    return inputs * cast[0], np.asarray(m, dtype=float) * n * cast[1] + inputs * again
+
+
+def linear_cast_bytes(dtype: str, fp8_cast: tuple[float, ...] | None) -> tuple[float, ...] | None:
     """The (forward, backward) cast bytes per element a linear of ``dtype`` pays, or None (16/32-bit GEMMs):
     fp8 the stack's ``fp8_cast`` (StackTerms.fp8_cast_bytes), mxfp8/nvfp4 :func:`block_cast_bytes`."""
     if not is_low_precision(dtype):

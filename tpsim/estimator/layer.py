@@ -16,7 +16,7 @@ import numpy as np
 
 from ..comm_plan import local_shapes
 from ..compute.base import ComputeModel
-from ..compute.quantize import linear_cast_bytes
+from ..compute.quantize import cast_traffic, linear_cast_bytes
 from ..hardware import is_low_precision
 from ..model import LayerKind, ModelSpec
 from .keys import sorted_values
@@ -79,14 +79,16 @@ class _Acc:
 
 def _linear(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, n, k, dtype: str, cast=None):
     """Forward and the two backward GEMMs of a linear; returns (dgrad, wgrad) times. ``cast`` (fp8 GEMMs):
-    (forward, backward) bytes per element of the fp8 cast of the input (m x k) and of the output gradient
-    (m x n) (the stack's ``compute.fp8_cast_bytes_per_element``)."""
+    bytes per element of the fp8 casts of the input (m x k) forward, of the output gradient (m x n) backward and
+    (optionally) of the input again backward (the stack's ``compute.fp8_cast_bytes_per_element``;
+    :func:`tpsim.compute.quantize.cast_traffic`)."""
     acc_f.add(compute.gemm(m, n, k, dtype))
     dgrad = acc_b.add(compute.gemm(m, k, n, dtype))
     wgrad = acc_b.add(compute.gemm(k, n, m, dtype))
     if cast is not None and is_low_precision(dtype):
-        acc_f.add(streamed(compute, np.asarray(m, dtype=float) * k * cast[0], dtype))
-        acc_b.add(streamed(compute, np.asarray(m, dtype=float) * n * cast[1], dtype))
+        fwd_bytes, bwd_bytes = cast_traffic(cast, m, n, k)
+        acc_f.add(streamed(compute, fwd_bytes, dtype))
+        acc_b.add(streamed(compute, bwd_bytes, dtype))
     return dgrad, wgrad
 
 
@@ -104,7 +106,7 @@ def _linears(acc_f: _Acc, acc_b: _Acc, compute: ComputeModel, m, widths, k, dtyp
     several, the shared input is cast once."""
     dgrad = wgrad = 0.0
     for i, n in enumerate(widths):
-        c = cast if cast is None or i == 0 else (0.0, cast[1])
+        c = cast if cast is None or i == 0 else (0.0, cast[1], 0.0)
         d, w = _linear(acc_f, acc_b, compute, m, n, k, dtype, c)
         dgrad, wgrad = dgrad + d, wgrad + w
     return dgrad, wgrad
@@ -288,7 +290,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
                fused: bool = True, cp: np.ndarray | None = None, cp_kind: np.ndarray | None = None,
                ep: np.ndarray | None = None, etp: np.ndarray | None = None, kind: LayerKind | None = None,
                recompute_modules: frozenset = frozenset({"core_attn"}), per_op: bool = False,
-               fp8_cast: tuple[float, float] | None = None, kv_repeat: bool = False,
+               fp8_cast: tuple[float, ...] | None = None, kv_repeat: bool = False,
                cp_grad_bytes: float | None = None) -> LayerCost:
     """Cost of one layer for each plan (arrays of equal length; recompute coded 0/1/2, cp_kind 0 ring / 1
     a2a, etp 0 = tp). ``fused``: one QKV GEMM and one gate+up GEMM (Megatron); otherwise q, k, v (and w1, w3)

@@ -106,7 +106,7 @@ def expert_shape(model: ModelSpec, *, tokens_total: np.ndarray, tp: np.ndarray, 
 
 def _grouped(acc_f, acc_b, compute: ComputeModel, m, n, k, groups, dtype: str, cast=None) -> None:
     """A grouped GEMM of ``groups`` experts, each (m x k) @ (k x n), forward and the two backward GEMMs. With
-    low-precision GEMMs and ``cast`` ((forward, backward) bytes per element, as the dense linears'), every
+    low-precision GEMMs and ``cast`` (bytes per element, as the dense linears'), every
     expert's input (m x k) is cast (with its amax / scale) before the forward GEMM and its output gradient
     (m x n) before the backward ones: Transformer Engine's GroupedLinear casts each expert's slice of the
     permuted tokens with its own scaling factor (transformer_engine/pytorch/module/grouped_linear.py, one
@@ -117,9 +117,11 @@ def _grouped(acc_f, acc_b, compute: ComputeModel, m, n, k, groups, dtype: str, c
     if cast is not None and is_low_precision(dtype):
         from .layer import streamed
 
-        elements = np.asarray(m, dtype=float) * groups
-        acc_f.add(streamed(compute, elements * k * cast[0], dtype))
-        acc_b.add(streamed(compute, elements * n * cast[1], dtype))
+        from ..compute.quantize import cast_traffic
+
+        fwd_bytes, bwd_bytes = cast_traffic(cast, np.asarray(m, dtype=float) * groups, n, k)
+        acc_f.add(streamed(compute, fwd_bytes, dtype))
+        acc_b.add(streamed(compute, bwd_bytes, dtype))
 
 
 def add_expert_compute(acc_f, acc_b, compute: ComputeModel, model: ModelSpec, shape: ExpertShape,

@@ -196,7 +196,7 @@ class TransformerSource(LayerSource):
 
     def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None,
                  fp8_dispatch: bool = False, node_dedup: bool = False,
-                 fp8_cast: tuple[float, float] = (0.0, 0.0), edges: bool = True, p2p_split: bool = True,
+                 fp8_cast: tuple[float, ...] = (0.0, 0.0), edges: bool = True, p2p_split: bool = True,
                  kv_repeat: bool = False, cp_ring=None):
         from .stackterms import RingExchange
         self.model = model

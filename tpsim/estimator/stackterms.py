@@ -127,9 +127,9 @@ class StackTerms:
     fp8_param_gather: bool = False
     """with fp8 GEMMs the ZeRO-3 weight all-gathers move fp8 (1 B per parameter; torchao
     enable_fsdp_float8_all_gather) instead of ``comm.param_gather_dtype`` (``comm.fp8_param_gather``)."""
-    fp8_cast_bytes: tuple[float, float] = (0.0, 0.0)
-    """with fp8 GEMMs, bytes per element the stack's fp8 recipe moves to cast each linear's input (forward) and
-    its output gradient (backward) (``compute.fp8_cast_bytes_per_element``)."""
+    fp8_cast_bytes: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """with fp8 GEMMs, bytes per element the stack's fp8 recipe moves to cast each linear's input (forward), its
+    output gradient (backward) and its input again in backward (``compute.fp8_cast_bytes_per_element``)."""
     zero3_regather_in_recompute: bool = False
     """ZeRO-3 with full recomputation gathers each layer's parameters a third time, for the recomputed forward
     (``comm.zero3_regather_in_recompute``: DeepSpeed 2021 releases them after the forward and again after the
@@ -446,14 +446,15 @@ def _exposed_share(stack: StackProfile, where: str) -> dict[str, dict[str, float
     return out
 
 
-def _fp8_cast(stack: StackProfile, where: str) -> tuple[float, float]:
+def _fp8_cast(stack: StackProfile, where: str) -> tuple[float, float, float]:
     value = _value(stack, "compute", "fp8_cast_bytes_per_element", {"forward": 0.0, "backward": 0.0})
-    ok = isinstance(value, Mapping) and set(value) == {"forward", "backward"} and all(
+    ok = isinstance(value, Mapping) and {"forward", "backward"} <= set(value) <= {
+        "forward", "backward", "backward_input"} and all(
         not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v <= 64 for v in value.values())
     if not ok:
-        raise InputError(f"{where}: compute.fp8_cast_bytes_per_element={value!r} must be {{forward: B, backward: B}} "
-                         "with bytes in [0, 64]")
-    return float(value["forward"]), float(value["backward"])
+        raise InputError(f"{where}: compute.fp8_cast_bytes_per_element={value!r} must be {{forward: B, backward: B"
+                         "[, backward_input: B]}} with bytes in [0, 64]")
+    return float(value["forward"]), float(value["backward"]), float(value.get("backward_input", 0.0))
 
 
 def _positive_or_none(stack: StackProfile, section: str, key: str, where: str) -> float | None:
