@@ -115,6 +115,9 @@ class LayerCosts:
     activations_by_kind: np.ndarray | None = None
     """(kinds, n) activation bytes one layer of each kind stores per micro-batch (the memory stage counts each
     pipeline rank's layers of each kind: a rank of MoE layers stores more than one of dense layers)."""
+    grad_sync_params: np.ndarray | None = None
+    """parameters per layer whose gradients are all-reduced over TP once per step (replicated parameters used
+    on a token / position split; None: the model's rule, :func:`tpsim.estimator.comm.tp_summed_grad_params`)."""
 
     def take(self, index: np.ndarray, with_comm: bool = True) -> "LayerCosts":
         """The rows ``index`` (gather); ``with_comm=False`` leaves the collectives out (the stages after

@@ -102,7 +102,7 @@ class GraphCosts:
         self.conv_times = conv_times
         """optional ConvProfile (tpsim.opgraph.convprofile) consulted before the implicit GEMM."""
         self._static: dict[tuple[int, bool], tuple[list[UnitStatic], list[str]]] = {}
-        self._needs_grad = [self._grad_flags(u, i) for i, u in enumerate(graph.units)]
+        self._needs_grad = [grad_flags(u, i) for i, u in enumerate(graph.units)]
 
     # ---- static per (tp, sp) ------------------------------------------------------------------------------
     def static(self, tp: int, sp: bool) -> tuple[list[UnitStatic], list[str]]:
@@ -128,20 +128,6 @@ class GraphCosts:
                           params=sum(seen.values()), param_local=dict(seen), grad_reduce_params=grads)
 
     # ---- gradients -------------------------------------------------------------------------------------
-    def _grad_flags(self, unit: Unit, index: int) -> list[bool]:
-        """Whether each op's output needs a gradient: it uses parameters or a tensor that does. The model's
-        inputs (first unit's external tensors) and integer tensors need none."""
-        flags: list[bool] = []
-        for op in unit.ops:
-            need = bool(op.params)
-            for t in op.inputs:
-                if t.src >= 0:
-                    need = need or flags[t.src]
-                elif t.src == SRC_EXTERNAL:
-                    need = need or (index > 0 and _floating(t.dtype))
-            flags.append(need)
-        return flags
-
     def _input_needs_grad(self, u: int, op: Op) -> bool:
         t = op.inputs[0]
         if t.src >= 0:
@@ -333,6 +319,21 @@ def split_k_gemm(c: ComputeModel, m: Any, n: Any, k: Any, dtype: str, groups: fl
         best_t = np.where(better, t, best_t)
         best_m = np.where(better, measured, best_m)
     return best_t, best_m
+
+
+def grad_flags(unit: Unit, index: int) -> list[bool]:
+    """Whether each op's output needs a gradient: it uses parameters or a tensor that does. The model's
+    inputs (first unit's external tensors) and integer tensors need none."""
+    flags: list[bool] = []
+    for op in unit.ops:
+        need = bool(op.params)
+        for t in op.inputs:
+            if t.src >= 0:
+                need = need or flags[t.src]
+            elif t.src == SRC_EXTERNAL:
+                need = need or (index > 0 and _floating(t.dtype))
+        flags.append(need)
+    return flags
 
 
 def _floating(dtype: str) -> bool:
