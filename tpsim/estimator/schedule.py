@@ -97,13 +97,16 @@ write 4 B per parameter: Megatron-LM optimizer.py _unscale_main_grads_and_check_
 torch._amp_foreach_non_finite_check_and_unscale_)."""
 TENSORS_PER_LAYER = 12.0
 """parameter tensors per layer for the optimizer's multi-tensor launch count (weights, biases, norms)."""
+EDGE_TENSORS = 4.0
+"""parameter tensors of the edges (embedding, final norm weight and bias, output layer)."""
 
 
 def optimizer_seconds(ctx: EstimationContext, params: np.ndarray, layers: np.ndarray, dtype: str) -> np.ndarray:
     """One optimizer step over ``params`` (the rank's share) at the achieved streaming bandwidth, in the
     parameter tensors of the rank's layers (the layer source's count where it has one) and the edges'."""
     per_layer = getattr(ctx.source, "tensors_per_layer", TENSORS_PER_LAYER)
-    return optimizer_step(ctx.terms, ctx.fixed.hbm, params, per_layer * layers + 4.0, dtype)
+    edges = getattr(ctx.source, "edge_tensors", EDGE_TENSORS)
+    return optimizer_step(ctx.terms, ctx.fixed.hbm, params, per_layer * layers + edges, dtype)
 
 
 def optimizer_step(terms, hbm: float, params: np.ndarray, tensors: np.ndarray, dtype: str) -> np.ndarray:

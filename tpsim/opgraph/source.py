@@ -20,6 +20,7 @@ import numpy as np
 
 from ..compute.base import ComputeModel
 from ..compute.roofline import activation_bytes
+from ..estimator.keys import distinct
 from ..estimator.source import Collective, Edge, LayerCosts, LayerSource
 from .cost import GraphCosts, UnitCost, forward_flops
 from .layout import Comm as UnitComm
@@ -125,7 +126,8 @@ class _GraphSource(LayerSource):
         return self._costs[key]
 
     def _fill(self, u: int, comms: tuple[UnitComm, ...], cost: UnitCost, mb: float, act_b: int,
-              nbytes: np.ndarray, hide: np.ndarray) -> None:
+              nbytes: np.ndarray, hide: np.ndarray, at: int = 0) -> None:
+        """One row's collective bytes and hiding compute (``cost`` at its micro-batch index ``at``)."""
         index = {s: k for k, s in enumerate(self.slots[u])}
         scale = mb / self.graph.batch
         for slot, c in _slots_of(comms).items():
@@ -133,7 +135,7 @@ class _GraphSource(LayerSource):
             nbytes[k] = c.numel * (scale if c.batched else 1.0) * (act_b if c.dtype == "act" else 4.0)
             if c.overlap and self.flavor == "megatron":
                 source = cost.wgrad if c.overlap == "wgrad" else cost.dgrad
-                hide[k] = sum(float(source[j][0]) for j in c.hide if j in source)
+                hide[k] = sum(float(np.asarray(source[j])[at]) for j in c.hide if j in source)
 
     def _collectives(self, u: int, nbytes: dict, hide: dict, count: float = 1.0) -> tuple[Collective, ...]:
         """Unit ``u``'s collectives (``hide``: the compute one run overlaps), ``count`` runs per layer."""
@@ -243,6 +245,8 @@ class UnitSource(_GraphSource):
         self._weights: dict[tuple, tuple[float, ...]] = {}
         self.tensors_per_layer = self._tensors(list(range(len(repeats))), list(self._share))
         """parameter tensors of the mean layer (the optimizer's multi-tensor launches)."""
+        self.edge_tensors = 0.0
+        """no edges: the glue's tensors are its layers'."""
 
     def kernels_per_layer(self) -> tuple[float, float]:
         """(forward, backward) kernels of the mean layer: one per op forward; in backward two per weight op whose
@@ -281,21 +285,26 @@ class UnitSource(_GraphSource):
         act = {r: z() for r in (0, 1, 2)}
         slot_bytes = {u: np.zeros((len(s), n)) for u, s in self.slots.items()}
         slot_hide = {u: np.zeros((len(s), n)) for u, s in self.slots.items()}
-        for i in range(n):
-            t, s, b = int(tp[i]), bool(sp[i]), float(mb[i])
-            statics, _ = gc.static(t, s)
+        pairs = distinct(tp, sp)  # per (tp, sp): every unit once, over the rows' micro-batches at once
+        for p, (t, s) in enumerate(pairs.rows.tolist()):
+            rows = np.flatnonzero(pairs.inverse == p)
+            mbs, at = np.unique(mb[rows].astype(float), return_inverse=True)
+            statics, _ = gc.static(t, bool(s))
             for u in range(n_units):
-                c = gc.unit_cost(u, t, s, np.array([b]), dtype)
-                fwd[u, i], bwd[u, i], rsel[u, i], meas[u, i] = (c.fwd[0], c.bwd[0], c.recompute_selective[0],
-                                                                c.measured[0])
+                c = gc.unit_cost(u, t, bool(s), mbs, dtype)
+                take = lambda a: np.asarray(a, dtype=float)[at]  # noqa: E731 - the rows' micro-batches
+                fwd[u, rows], bwd[u, rows] = take(c.fwd), take(c.bwd)
+                rsel[u, rows], meas[u, rows] = take(c.recompute_selective), take(c.measured)
                 for r in (0, 1, 2):
-                    act[r][u, i] = c.activation_bytes[r][0]
-                inb[u, i] = c.input_bytes[0] * (t if s else 1) / t  # the 1/tp slice (scatter/gather)
+                    act[r][u, rows] = take(c.activation_bytes[r])
+                inb[u, rows] = take(c.input_bytes) * (t if s else 1) / t  # the 1/tp slice (scatter/gather)
                 # a parameter used by several units (tied weights) is held with its first user
-                params[u, i] = sum(v for name, v in statics[u].param_local.items() if self._first_user[name] == u)
-                gred[u, i] = statics[u].grad_reduce_params
+                params[u, rows] = sum(v for name, v in statics[u].param_local.items() if self._first_user[name] == u)
+                gred[u, rows] = statics[u].grad_reduce_params
                 if t > 1:
-                    self._fill(u, statics[u].layout.comms, c, b, act_b, slot_bytes[u][:, i], slot_hide[u][:, i])
+                    for k, i in enumerate(rows):
+                        self._fill(u, statics[u].layout.comms, c, float(mb[i]), act_b, slot_bytes[u][:, i],
+                                   slot_hide[u][:, i], int(at[k]))
         full = (rc == 2)[None, :] & self._block[:, None]
         rec_u = np.where(full, fwd, np.where(rc == 1, rsel, 0.0))
         act_u = np.where(full, act[2], np.where(rc == 1, act[1], act[0]))
@@ -314,7 +323,7 @@ class UnitSource(_GraphSource):
                           boundary_bytes=inb[1:].max(axis=0) if n_units > 1 else np.zeros(n),
                           first=none, last=none, expert_params=None, params_by_kind=params,
                           expert_by_kind=np.zeros((n_units, n)), compute_by_kind=total, recompute_by_kind=rec_u,
-                          activations_by_kind=act_u, grad_sync_params=mean(gred))
+                          activations_by_kind=act_u, grad_sync_params=mean(gred), gathered_params=params.max(axis=0))
 
 
 def _first_users(graph: OpGraph) -> dict[str, int]:
