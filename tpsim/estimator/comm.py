@@ -205,6 +205,9 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
                               getattr(ctx.terms, "tp_overlap_phases", ("fwd", "bwd")),
                               getattr(ctx.terms, "tp_overlap_exposed_share", {}))
     fwd, bwd, f_exp, b_exp, edges, p2p, names, by_axis = take_rows(per_pair, pairs.inverse)
+    if part.cuts is not None and layer_costs.boundary_by_kind is not None:  # the plan's own boundaries
+        sent = np.where(part.cuts, layer_costs.boundary_by_kind[:, layer_index], 0.0).max(axis=0)
+        p2p, names["pp"] = AxisCurves(ctx, layouts, layout_index).timed_and_named(("pp",), "send_recv", sent)
     single = pp == 1
     edge = {axis: on_positions(first, last, single) for axis, (first, last) in edges.items()}
     groups = distinct(layout_index, *params_key)

@@ -45,6 +45,9 @@ class Partition:
     """(n,) the routed experts' parameters on the rank holding the most parameters."""
     kind_counts: np.ndarray | None = None
     """(kinds, 3, n) layers of each kind the rank holds (None: one kind, ``layers`` of it)."""
+    cuts: np.ndarray | None = None
+    """(kinds, n) bool: layers of that kind start a model chunk after the first (layers of different costs
+    only: the pipeline sends what is live there; None: every boundary sends the same)."""
 
     def for_plans(self, index: np.ndarray) -> "Partition":
         """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
@@ -141,7 +144,8 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCos
     return Partition(layers=layers, valid=valid, params=params, edge_params=edges, largest=held.max(axis=0),
                      largest_edge=np.where(valid, edges, 0.0).max(axis=0), expert=expert,
                      largest_expert=largest_expert,
-                     kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)))
+                     kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)),
+                     cuts=None if weights is None else chunk_starts(kind_of_layer, pp, vpp, weights))
 
 
 @dataclass(frozen=True)
@@ -331,6 +335,27 @@ def position_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndar
     vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
     return per_distinct(lambda p_, v_, *f: _kind_counts(key, kinds, p_, v_, edges_as_layers, *f, weights=weights),
                         pp, vpp, *_split_columns(pp, split))
+
+
+def chunk_starts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
+                 weights: tuple[float, ...]) -> np.ndarray:
+    """(kinds, n) bool: the kinds of the layers that start a model chunk after the first (the pipeline
+    boundaries of the balanced split)."""
+    kinds = int(kind_of_layer.max()) + 1
+    key = tuple(int(k) for k in kind_of_layer)
+    pp = np.asarray(pp, dtype=np.int64)
+    vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
+    return per_distinct(lambda p_, v_: _chunk_starts(key, kinds, p_, v_, weights), pp, vpp)
+
+
+@lru_cache(maxsize=256)
+def _chunk_starts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int,
+                  weights: tuple[float, ...]) -> np.ndarray:
+    out = np.zeros(kinds, dtype=bool)
+    if pp > 1:
+        sizes = layer_split(len(kind_of_layer), pp, vpp, weights=weights)
+        out[[kind_of_layer[s] for s in np.cumsum(sizes)[:-1]]] = True
+    return out
 
 
 @lru_cache(maxsize=256)

@@ -115,6 +115,9 @@ class LayerCosts:
     activations_by_kind: np.ndarray | None = None
     """(kinds, n) activation bytes one layer of each kind stores per micro-batch (the memory stage counts each
     pipeline rank's layers of each kind: a rank of MoE layers stores more than one of dense layers)."""
+    boundary_by_kind: np.ndarray | None = None
+    """(kinds, n) bytes a pipeline boundary before a layer of each kind sends (with the partition's ``cuts``:
+    the largest of the plan's boundaries replaces ``boundary_bytes``)."""
     gathered_params: np.ndarray | None = None
     """parameters of the largest layer (ZeRO-3's gather buffers hold two such layers; None: every layer holds
     ``params``)."""

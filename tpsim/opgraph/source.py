@@ -230,9 +230,9 @@ class UnitSource(_GraphSource):
     layers cut into contiguous chunks that balance their forward + backward time at tp = 1 and micro-batch 1
     (:meth:`layer_weights`). Full recomputation checkpoints the blocks; the glue (stem, pooling, classifier,
     loss) keeps its activations and is not run twice. The layer arrays are the means over the layers (what
-    the stages apply per layer: collectives, fixed costs, ZeRO-3 gathers); a stage boundary sends the largest
-    activation live at a unit boundary (skip connections included), split over the TP ranks. No edges: the
-    glue is layers."""
+    the stages apply per layer: collectives, fixed costs, ZeRO-3 gathers); a stage boundary sends the activations
+    live there (skip connections included), split over the TP ranks: the largest of the plan's boundaries
+    (``boundary_by_kind`` with the partition's ``cuts``). No edges: the glue is layers."""
 
     def __init__(self, graph: OpGraph, plan: TPPlan, flavor: str = "megatron", conv_times=None) -> None:
         super().__init__(graph, plan, flavor, conv_times)
@@ -323,7 +323,8 @@ class UnitSource(_GraphSource):
                           boundary_bytes=inb[1:].max(axis=0) if n_units > 1 else np.zeros(n),
                           first=none, last=none, expert_params=None, params_by_kind=params,
                           expert_by_kind=np.zeros((n_units, n)), compute_by_kind=total, recompute_by_kind=rec_u,
-                          activations_by_kind=act_u, grad_sync_params=mean(gred), gathered_params=params.max(axis=0))
+                          activations_by_kind=act_u, grad_sync_params=mean(gred), gathered_params=params.max(axis=0),
+                          boundary_by_kind=inb)
 
 
 def _first_users(graph: OpGraph) -> dict[str, int]:
