@@ -3,8 +3,9 @@
     python benchmarks/bench_trace.py
 
 * ``tpsim trace`` in process (meta device): ResNet-50, ViT-L/16, a 96-layer GPT-3 175B;
-* op-graph plan evaluations per second: a transformer-like graph (ViT-L/16, the estimator's stages) and a
-  heterogeneous one (ResNet-50, the per-unit assembly), on batches of plans enumerated by the planner.
+* op-graph plan evaluations per second: a transformer-like graph (ViT-L/16, ``OpGraphSource``) and a
+  heterogeneous one (ResNet-50, ``UnitSource``), both through the estimator's stages, on batches of plans
+  enumerated by the planner.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def main() -> None:
         estimate = partial(estimate_graph_batch, model, cluster)
         first = _median(lambda: estimate(plans), 1)
         warm = _median(lambda: estimate(plans))
-        path = "estimator stages" if name == "vit-l16" else "per-unit assembly"
+        path = "OpGraphSource" if name == "vit-l16" else "UnitSource"
         print(f"  {name:10s} {len(plans):6d} plans: first {first:5.2f} s, then {warm:5.2f} s "
               f"= {len(plans) / warm:,.0f} plans/s ({path})")
 

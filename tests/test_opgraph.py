@@ -340,3 +340,31 @@ def test_conv_profile_interpolates_measured_points(tmp_path):
     bad.write_text("# x\nkind,op\n")
     with pytest.raises(InputError, match="columns"):
         load_conv_profile(bad)
+
+
+def test_heterogeneous_graphs_run_the_estimators_stages_unit_by_unit():
+    """A ResNet (blocks of different shapes) is a UnitSource of the estimator's stages: without pipelining the
+    step's compute is the sum of its units' (each instance once per micro-batch), the stack's fixed costs and
+    process memory apply as for a preset, and a pipeline split balances the units' times."""
+    from tpsim.compute.roofline import RooflineModel
+    from tpsim.opgraph.cost import GraphCosts
+    from tpsim.opgraph.estimate import estimate_graph, graph_context
+    from tpsim.opgraph.source import UnitSource
+    from tpsim.topology import load_cluster
+
+    model = load_graph_model(DATA / "tiny-resnet.ops.json").with_gpus(8)
+    cluster = load_cluster("dgx-a100", gpus=8)
+    roof = RooflineModel(cluster.device)
+    assert isinstance(graph_context(model, cluster, roof).source, UnitSource)
+    plan = make_graph_plan(model, 8, global_batch=32, tp=1, micro_batch=2)
+    e = estimate_graph(model, cluster, plan, compute=roof)
+    costs = GraphCosts(model.graph, model.tp_plan, roof)
+    per_mb = sum(u.repeat * float((c.fwd + c.bwd)[0]) for u, c in
+                 zip(model.graph.units, (costs.unit_cost(i, 1, False, np.array([2.0]), "bf16")
+                                         for i in range(len(model.graph.units)))))
+    m = 32 // (2 * plan.dp)
+    assert e.breakdown["compute"] == pytest.approx(m * per_mb, rel=1e-9)
+    assert e.breakdown["overhead"] > 0 and e.memory_gib["cuda_context"] > 0
+    piped = estimate_graph(model, cluster, make_graph_plan(model, 8, global_batch=32, tp=1, pp=2), compute=roof)
+    split = piped.pipeline_split["layers_per_rank"]
+    assert sum(split) == model.num_layers and len(split) == 2

@@ -134,3 +134,50 @@ def test_json_states_the_split(capsys):
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["pipeline_split"]["layers_per_rank"] == [7, 7, 7, 3] and out["plan"]["pp_last"] == 3
+
+
+# ---- layers of different costs (a traced graph's units): the balanced split -----------------------------------
+def _max_chunk(weights, sizes):
+    out, start = 0.0, 0
+    for s in sizes:
+        out = max(out, sum(weights[start:start + s]))
+        start += s
+    return out
+
+
+def _best_max_chunk(weights, chunks):
+    """Brute force: the smallest largest-chunk sum over every contiguous split into ``chunks`` parts."""
+    from itertools import combinations
+
+    n = len(weights)
+    best = float("inf")
+    for cuts in combinations(range(1, n), chunks - 1):
+        bounds = (0,) + cuts + (n,)
+        best = min(best, max(sum(weights[a:b]) for a, b in zip(bounds, bounds[1:])))
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=2, max_size=9), st.integers(1, 4))
+def test_balanced_split_is_contiguous_complete_and_minimises_the_largest_chunk(raw, chunks):
+    from tpsim.estimator.partition import balanced_split
+
+    chunks = min(chunks, len(raw))
+    weights = tuple(float(w) for w in raw)
+    sizes = balanced_split(weights, chunks)
+    assert len(sizes) == chunks and sum(sizes) == len(weights) and min(sizes) >= 1
+    assert _max_chunk(weights, sizes) <= _best_max_chunk(weights, chunks) * (1 + 1e-9)
+
+
+def test_weighted_partition_counts_each_ranks_own_layer_kinds():
+    """With per-layer weights the partition holds each position's own layers of each kind: the heavy layer
+    alone on one rank, the middle position the heaviest middle rank."""
+    import numpy as np
+
+    from tpsim.estimator.partition import layer_split, position_kind_counts
+
+    weights = (1.0, 1.0, 1.0, 1.0, 8.0, 1.0, 1.0)
+    kinds = np.array([0, 0, 0, 0, 1, 0, 0])
+    assert layer_split(7, 3, 1, weights=weights) == (4, 1, 2)
+    counts = position_kind_counts(kinds, np.array([3]), np.array([1]), weights=weights)
+    assert counts[:, :, 0].tolist() == [[4.0, 0.0], [2.0, 0.0], [0.0, 1.0]]

@@ -694,45 +694,12 @@ def band_plan_dicts(plans: Sequence[dict], model: Any, cluster: Any, stack: str)
         d["band_basis"] = b.basis
 
 
-class _MemoCompute:
-    """The default compute model with its kernel times remembered by argument values: a fit evaluates each run
-    under a handful of factor sets, which change only the scaled-compute factors on top, never these times."""
-
-    def __init__(self, base: Any):
-        self.base = base
-        self._memo: dict = {}
-
-    def __getattr__(self, name: str) -> Any:  # everything else (source, in_situ, provenance, ...) is the base's
-        return getattr(self.base, name)
-
-    def _call(self, name: str, *args: Any) -> Any:
-        key = (name,) + tuple((np.asarray(a).tobytes(), np.shape(a), np.asarray(a).dtype.str)
-                              if isinstance(a, np.ndarray) else a for a in args)
-        hit = self._memo.get(key)
-        if hit is None:
-            if len(self._memo) > 200_000:
-                self._memo.clear()
-            hit = self._memo[key] = getattr(self.base, name)(*args)
-        return hit
-
-    def gemm(self, m, n, k, dtype, batch=1):
-        return self._call("gemm", m, n, k, dtype, batch)
-
-    def attention(self, batch_heads, seq, head_dim, causal, dtype, backward):
-        return self._call("attention", batch_heads, seq, head_dim, causal, dtype, backward)
-
-    def memory(self, kernel, numel, dtype, backward):
-        return self._call("memory", kernel, numel, dtype, backward)
-
-    def describe(self) -> str:
-        return self.base.describe()
-
-
 _COMPUTE: dict = {}
 
 
 def _fit_compute(run: Run) -> Any:
     """One memoized default compute model per (device, stack) for the fit's evaluations."""
+    from .compute.memo import MemoCompute
     from .estimator.context import stack_compute
     from .stacks import load_stack
 
@@ -741,5 +708,5 @@ def _fit_compute(run: Run) -> Any:
     key = (cluster.device.name, profile.name, id(profile))
     hit = _COMPUTE.get(key)
     if hit is None:
-        hit = _COMPUTE[key] = _MemoCompute(stack_compute(cluster.device, profile)[0])
+        hit = _COMPUTE[key] = MemoCompute(stack_compute(cluster.device, profile)[0])
     return hit

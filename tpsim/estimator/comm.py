@@ -205,6 +205,9 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
                               getattr(ctx.terms, "tp_overlap_phases", ("fwd", "bwd")),
                               getattr(ctx.terms, "tp_overlap_exposed_share", {}))
     fwd, bwd, f_exp, b_exp, edges, p2p, names, by_axis = take_rows(per_pair, pairs.inverse)
+    if part.cuts is not None and layer_costs.boundary_by_kind is not None:  # the plan's own boundaries
+        sent = np.where(part.cuts, layer_costs.boundary_by_kind[:, layer_index], 0.0).max(axis=0)
+        p2p, names["pp"] = AxisCurves(ctx, layouts, layout_index).timed_and_named(("pp",), "send_recv", sent)
     single = pp == 1
     edge = {axis: on_positions(first, last, single) for axis, (first, last) in edges.items()}
     groups = distinct(layout_index, *params_key)
@@ -219,7 +222,9 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
     names["dp"] = dp_name[groups.inverse]
     return Comm(layer_fwd=fwd, layer_bwd=bwd, layer_fwd_exposed=f_exp, layer_bwd_exposed=b_exp, edge=edge,
                 p2p=p2p, names=names, layer_exposed_axis=by_axis, **take_rows(dp_times, groups.inverse),
-                tp_grad_sync=_tp_grad_sync(ctx, layouts, layout_index, part, tp, sp, grad_bytes))
+                tp_grad_sync=_tp_grad_sync(ctx, layouts, layout_index, part, tp, sp, grad_bytes,
+                                           None if layer_costs.grad_sync_params is None
+                                           else layer_costs.grad_sync_params[layer_index]))
 
 
 def tp_summed_grad_params(model: Any, sp: np.ndarray) -> np.ndarray:
@@ -230,7 +235,7 @@ def tp_summed_grad_params(model: Any, sp: np.ndarray) -> np.ndarray:
     (formerly ``_allreduce_layernorm_grads``; params with ``sequence_parallel`` set: fused_layer_norm.py,
     tensor_parallel/layers.py RowParallelLinear bias, TE's duplicated params; ``q_layernorm`` / ``k_layernorm``)
     after ``finish_grad_sync``: one coalesced, synchronous all-reduce. (MoE routers' weights too: not counted.)
-    0 for models that do not say (traced graphs: their own rule in tpsim/opgraph/estimate.py)."""
+    0 for models that do not say (traced graphs: their layer source's ``grad_sync_params``)."""
     from ..model.counting import norm_params
 
     if not hasattr(model, "norms_per_layer"):
@@ -241,12 +246,15 @@ def tp_summed_grad_params(model: Any, sp: np.ndarray) -> np.ndarray:
 
 
 def _tp_grad_sync(ctx: EstimationContext, layouts: Layouts, layout_index: np.ndarray, part: Partition,
-                  tp: np.ndarray | None, sp: np.ndarray | None, grad_bytes: float) -> np.ndarray | None:
-    """(3, n) seconds of the per-step TP all-reduce of :func:`tp_summed_grad_params` of each position's
-    layers (None where no row has any)."""
+                  tp: np.ndarray | None, sp: np.ndarray | None, grad_bytes: float,
+                  per_layer: np.ndarray | None = None) -> np.ndarray | None:
+    """(3, n) seconds of the per-step TP all-reduce of each position's layers' ``per_layer`` parameters (the
+    layer source's, default :func:`tp_summed_grad_params` of the model) (None where no row has any)."""
     if tp is None or sp is None:
         return None
-    per_layer = np.where(np.asarray(tp) > 1, tp_summed_grad_params(ctx.model, sp), 0.0)
+    if per_layer is None:
+        per_layer = tp_summed_grad_params(ctx.model, sp)
+    per_layer = np.where(np.asarray(tp) > 1, per_layer, 0.0)
     if not np.any(per_layer > 0):
         return None
     nbytes = part.layers * per_layer * grad_bytes

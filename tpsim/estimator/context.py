@@ -116,7 +116,8 @@ class EstimationContext:
                 warnings.append(f"compute: {note}")
         else:
             effective = compute
-        fixed = FixedCosts.of(model, terms, achieved_hbm(effective, device))
+        counts = getattr(source, "kernels_per_layer", None)
+        fixed = FixedCosts.of(model, terms, achieved_hbm(effective, device), counts() if counts else None)
         from ..compute.training import default_in_situ
         band = band_inputs(effective, device, default_in_situ().loo_rms_pct)
         host = 0.0
@@ -293,9 +294,14 @@ class FixedCosts:
     """achieved streaming bytes/s."""
 
     @classmethod
-    def of(cls, model: ModelSpec, terms: StackTerms, hbm: float) -> "FixedCosts":
-        traits = LayerTraits.of(model, separate_qkv=terms.kernel_flavor == "eager")
-        fwd, bwd = layer_kernel_counts(terms.kernel_flavor, traits)
+    def of(cls, model: ModelSpec, terms: StackTerms, hbm: float,
+           kernels: tuple[float, float] | None = None) -> "FixedCosts":
+        """``kernels``: (forward, backward) kernels per layer when the layer source counts them (a traced
+        graph's ops); else the stack's count for the model's layer traits."""
+        if kernels is None:
+            traits = LayerTraits.of(model, separate_qkv=terms.kernel_flavor == "eager")
+            kernels = layer_kernel_counts(terms.kernel_flavor, traits)
+        fwd, bwd = kernels
         return cls(kernels_fwd=fwd, kernels_bwd=bwd, gap_s=fixed_data().launch.gpu_gap_s,
                    host_s_per_op=terms.host_s_per_op, hbm=hbm)
 

@@ -63,9 +63,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
         sub = plans.take(keys.first)
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
         layer_index = layer_keys.inverse[keys.first]
-        part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs.take(layer_index, with_comm=False),
-                         ctx.terms.pipeline_edges_as_layers, getattr(ctx.source, "kind_of_layer", None),
-                         mirrored=pipeline.mirrored(sub.schedule), split=SplitFields.of(sub))
+        part = partition_of(ctx, sub, costs.take(layer_index, with_comm=False))
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         wire = ctx.terms.state_bytes(plans.dtype)
@@ -79,6 +77,17 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
 
     part, comm = ctx.memo(("patterns", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention), build)
     return keys, part, comm
+
+
+def partition_of(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts) -> Partition:
+    """Stage 2 for the plans (``costs`` gathered to them): the source's layers (of one kind, of several kinds,
+    or of different costs: ``layer_weights``) split under the stack's rule, the plan's uneven split or the
+    schedule's mirrored stages."""
+    src = ctx.source
+    weights = src.layer_weights(ctx.compute, plans.dtype) if hasattr(src, "layer_weights") else None
+    return partition(src.num_layers, plans.pp, plans.vpp, costs, ctx.terms.pipeline_edges_as_layers,
+                     getattr(src, "kind_of_layer", None), mirrored=pipeline.mirrored(plans.schedule),
+                     split=SplitFields.of(plans), weights=weights)
 
 
 def _z3_collectives(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray | float:
@@ -157,9 +166,7 @@ def model_states_bytes(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray:
     keys = distinct(*fields)
     sub = plans.take(keys.first)
     costs = costs_u.take(layer_keys.inverse[keys.first], with_comm=False)
-    part = partition(ctx.source.num_layers, sub.pp, sub.vpp, costs, ctx.terms.pipeline_edges_as_layers,
-                     getattr(ctx.source, "kind_of_layer", None), mirrored=pipeline.mirrored(sub.schedule),
-                     split=SplitFields.of(sub))
+    part = partition_of(ctx, sub, costs)
     fig = _memory_figures(ctx, sub)
     # the stack's bytes per parameter; gradients as sharded as ZeRO allows (the stack may keep more of them
     # whole, which only raises the peak: this stays a lower bound)
@@ -220,7 +227,9 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
         step_time_s_low=step_low, step_time_s_high=step_high, tokens_per_s_low=tokens / step_high,
         tokens_per_s_high=tokens / step_low, mfu_low=mflops / (step_high * gpus * peak_flops),
         mfu_high=mflops / (step_low * gpus * peak_flops), num_layers=int(source.num_layers),
-        edges_as_layers=bool(ctx.terms.pipeline_edges_as_layers), flops_convention=source.flops_convention)
+        edges_as_layers=bool(ctx.terms.pipeline_edges_as_layers), flops_convention=source.flops_convention,
+        layer_weights=(source.layer_weights(ctx.compute, plans.dtype) if hasattr(source, "layer_weights")
+                       else None))
 
 
 def _term_sources(ctx: EstimationContext, dtype: str) -> dict[str, str]:

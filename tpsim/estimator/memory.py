@@ -311,7 +311,8 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
         stored = np.stack([np.where(two, edges, stored[0]), np.where(two, edges, stored[1]), stored[2]])
     flight = pipeline.in_flight(schedule, ranks, pp, vpp, m)
     activations = stored * flight + costs.working
-    zero3_buffers = np.where(zero == 3, 2.0 * costs.params * w_bytes, 0.0)  # this and the next layer gathered
+    gathered = costs.params if getattr(costs, "gathered_params", None) is None else costs.gathered_params
+    zero3_buffers = np.where(zero == 3, 2.0 * gathered * w_bytes, 0.0)  # this and the next layer gathered
     other = on_positions(costs.first.buffer_bytes + zero3_buffers, costs.last.buffer_bytes + zero3_buffers,
                          pp == 1, middle=zero3_buffers, last_alone=costs.last.buffer_bytes)
     if any_mirror:  # the first and the last stage on one rank: both edges' buffers

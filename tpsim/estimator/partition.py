@@ -45,6 +45,9 @@ class Partition:
     """(n,) the routed experts' parameters on the rank holding the most parameters."""
     kind_counts: np.ndarray | None = None
     """(kinds, 3, n) layers of each kind the rank holds (None: one kind, ``layers`` of it)."""
+    cuts: np.ndarray | None = None
+    """(kinds, n) bool: layers of that kind start a model chunk after the first (layers of different costs
+    only: the pipeline sends what is live there; None: every boundary sends the same)."""
 
     def for_plans(self, index: np.ndarray) -> "Partition":
         """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
@@ -100,21 +103,28 @@ def on_positions(first: np.ndarray, last: np.ndarray, single: np.ndarray, middle
 
 def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCosts",
               edges_as_layers: bool = False, kind_of_layer: np.ndarray | None = None,
-              mirrored: np.ndarray | None = None, split: "SplitFields | None" = None) -> Partition:
-    """Layers split over pp x vpp chunks (:func:`layer_split`: the stack's rule, or the plan's uneven split
-    ``split``); ``mirrored`` (n,) bool, the plans whose schedule puts stage pp - 1 - r on rank r too,
-    :func:`_mirror`; parameters per rank (``costs`` are gathered to the same rows as ``pp``). With layers of
-    several kinds (``costs.params_by_kind`` and the kind of every layer), each rank holds exactly its own
-    layers' parameters (:func:`position_kind_counts`)."""
-    s = stage_layers(num_layers, pp, vpp, edges_as_layers, split)
-    layers = np.stack([s.first, s.last, s.middle])
+              mirrored: np.ndarray | None = None, split: "SplitFields | None" = None,
+              weights: tuple[float, ...] | None = None) -> Partition:
+    """Layers split over pp x vpp chunks (:func:`layer_split`: the stack's rule, the plan's uneven split
+    ``split``, or with ``weights`` (one per layer: layers of different costs, a traced graph's units) the
+    contiguous chunks that balance them, :func:`balanced_split`); ``mirrored`` (n,) bool, the plans whose
+    schedule puts stage pp - 1 - r on rank r too, :func:`_mirror`; parameters per rank (``costs`` are gathered
+    to the same rows as ``pp``). With layers of several kinds (``costs.params_by_kind`` and the kind of every
+    layer), each rank holds exactly its own layers' parameters (:func:`position_kind_counts`)."""
     valid = positions(pp)
     single = pp == 1
     last_unshared = costs.last.params - costs.last.shared_params
     edges = on_positions(costs.first.params, costs.last.params, single, last_alone=last_unshared)
     counts = None
+    if weights is not None:  # the middle position is the busiest middle rank by weight: its layers' count
+        counts = position_kind_counts(kind_of_layer, pp, vpp, edges_as_layers, split, weights)
+        layers = counts.sum(axis=1)
+    else:
+        s = stage_layers(num_layers, pp, vpp, edges_as_layers, split)
+        layers = np.stack([s.first, s.last, s.middle])
     if costs.params_by_kind is not None and kind_of_layer is not None:
-        counts = position_kind_counts(kind_of_layer, pp, vpp, edges_as_layers, split)
+        if counts is None:
+            counts = position_kind_counts(kind_of_layer, pp, vpp, edges_as_layers, split)
         params = np.einsum("pkn,kn->pn", counts, costs.params_by_kind) + edges
         expert = np.einsum("pkn,kn->pn", counts, costs.expert_by_kind)
     else:
@@ -134,7 +144,8 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCos
     return Partition(layers=layers, valid=valid, params=params, edge_params=edges, largest=held.max(axis=0),
                      largest_edge=np.where(valid, edges, 0.0).max(axis=0), expert=expert,
                      largest_expert=largest_expert,
-                     kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)))
+                     kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)),
+                     cuts=None if weights is None else chunk_starts(kind_of_layer, pp, vpp, weights))
 
 
 @dataclass(frozen=True)
@@ -191,9 +202,13 @@ def stage_layers(num_layers: int, pp: np.ndarray, vpp: np.ndarray, edges_as_laye
 
 @lru_cache(maxsize=4096)
 def layer_split(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = False, first: int = 0,
-                last: int = 0, embedding: bool = False, loss: bool = False) -> tuple[int, ...]:
+                last: int = 0, embedding: bool = False, loss: bool = False,
+                weights: tuple[float, ...] | None = None) -> tuple[int, ...]:
     """Decoder layers of each model chunk in model order (chunk k on rank k mod pp): the one pipeline split
     every path uses (estimator, traced graphs, exporters).
+
+    * Layers of different costs (``weights``, one per layer: a traced graph's block instances and glue units):
+      the contiguous chunks that minimise the largest chunk's weight (:func:`balanced_split`).
 
     * The plan's uneven split (Megatron-Core ``get_num_layers_to_build``): ``first`` / ``last`` decoder layers
       on the first / last rank (``--decoder-first/last-pipeline-num-layers``), the other layers over the other
@@ -209,6 +224,8 @@ def layer_split(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = Fals
     chunks = pp * vpp
     if pp == 1:
         return (num_layers,)
+    if weights is not None:
+        return balanced_split(weights, chunks)
     if first or last:
         fixed = {0: first} if first else {}
         if last:
@@ -242,6 +259,41 @@ def layer_split(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = Fals
     return tuple(split[k % pp][k // pp] for k in range(chunks))
 
 
+def balanced_split(weights: tuple[float, ...], chunks: int) -> tuple[int, ...]:
+    """Layers of each of ``chunks`` contiguous chunks minimising the largest chunk's summed weight (binary
+    search on the capacity with greedy packing, then the largest chunks split until there are ``chunks``)."""
+    w = np.asarray(weights, dtype=float)
+    lo, hi = float(w.max()), float(w.sum())
+    for _ in range(60):
+        cap = (lo + hi) / 2
+        if len(_greedy(w, cap)) <= chunks:
+            hi = cap
+        else:
+            lo = cap
+    starts = _greedy(w, hi)
+    while len(starts) < chunks:  # split the largest splittable chunk
+        bounds = starts + [len(w)]
+        sizes = [(w[a:b].sum(), i) for i, (a, b) in enumerate(zip(bounds, bounds[1:])) if b - a > 1]
+        _, i = max(sizes)
+        a, b = bounds[i], bounds[i + 1]
+        c = np.cumsum(w[a:b])
+        cut = a + int(np.argmin(np.abs(c[:-1] - c[-1] / 2))) + 1
+        starts = sorted(starts + [cut])
+    bounds = starts + [len(w)]
+    return tuple(int(b - a) for a, b in zip(bounds, bounds[1:]))
+
+
+def _greedy(weights: np.ndarray, cap: float) -> list[int]:
+    """Chunk starts of the greedy packing of ``weights`` under ``cap``."""
+    starts, total = [0], 0.0
+    for i, w in enumerate(weights):
+        if total + w > cap * (1 + 1e-12) and total > 0:
+            starts.append(i)
+            total = 0.0
+        total += w
+    return starts
+
+
 def _even(n: int, parts: int) -> list[int]:
     """n split into ``parts`` near-equal counts, the larger first."""
     return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
@@ -271,25 +323,50 @@ def _default_rank_layers(num_layers: int, pp: int, vpp: int) -> list[int]:
 
 
 def position_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
-                         edges_as_layers: bool = False, split: SplitFields | None = None) -> np.ndarray:
+                         edges_as_layers: bool = False, split: SplitFields | None = None,
+                         weights: tuple[float, ...] | None = None) -> np.ndarray:
     """(3, kinds, n): layers of each kind on the first, last and busiest middle rank, with the layers in
     order over the model chunks of :func:`layer_split`. The busiest middle rank is the one whose layers
-    store the most (its MoE layers outweigh dense ones: the last kind index is never lighter)."""
+    store the most (its MoE layers outweigh dense ones: the last kind index is never lighter), or with
+    per-layer ``weights`` the one whose layers weigh the most."""
     kinds = int(kind_of_layer.max()) + 1
     key = tuple(int(k) for k in kind_of_layer)
     pp = np.asarray(pp, dtype=np.int64)
     vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
-    return per_distinct(lambda p_, v_, *f: _kind_counts(key, kinds, p_, v_, edges_as_layers, *f),
+    return per_distinct(lambda p_, v_, *f: _kind_counts(key, kinds, p_, v_, edges_as_layers, *f, weights=weights),
                         pp, vpp, *_split_columns(pp, split))
+
+
+def chunk_starts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
+                 weights: tuple[float, ...]) -> np.ndarray:
+    """(kinds, n) bool: the kinds of the layers that start a model chunk after the first (the pipeline
+    boundaries of the balanced split)."""
+    kinds = int(kind_of_layer.max()) + 1
+    key = tuple(int(k) for k in kind_of_layer)
+    pp = np.asarray(pp, dtype=np.int64)
+    vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
+    return per_distinct(lambda p_, v_: _chunk_starts(key, kinds, p_, v_, weights), pp, vpp)
+
+
+@lru_cache(maxsize=256)
+def _chunk_starts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int,
+                  weights: tuple[float, ...]) -> np.ndarray:
+    out = np.zeros(kinds, dtype=bool)
+    if pp > 1:
+        sizes = layer_split(len(kind_of_layer), pp, vpp, weights=weights)
+        out[[kind_of_layer[s] for s in np.cumsum(sizes)[:-1]]] = True
+    return out
 
 
 @lru_cache(maxsize=256)
 def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int, edges_as_layers: bool = False,
-                 first: int = 0, last: int = 0, embedding: int = 0, loss: int = 0) -> np.ndarray:
+                 first: int = 0, last: int = 0, embedding: int = 0, loss: int = 0,
+                 weights: tuple[float, ...] | None = None) -> np.ndarray:
     n = len(kind_of_layer)
     owner = np.zeros(n, dtype=np.int64)
     start = 0
-    for k, size in enumerate(layer_split(n, pp, vpp, edges_as_layers, first, last, bool(embedding), bool(loss))):
+    for k, size in enumerate(layer_split(n, pp, vpp, edges_as_layers, first, last, bool(embedding), bool(loss),
+                                         weights)):
         owner[start:start + size] = k % pp
         start += size
     kinds_arr = np.asarray(kind_of_layer)
@@ -300,7 +377,9 @@ def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int, 
         out[1] = per_rank[-1]
     if pp > 2:
         middle = per_rank[1:-1]
-        # the middle rank with the most layers, the later kinds (MoE after dense) breaking ties
-        weight = middle.sum(axis=1) * (n + 1) ** 2 + middle @ np.arange(kinds)
+        if weights is not None:  # the middle rank whose layers weigh the most
+            weight = np.array([np.asarray(weights)[owner == r].sum() for r in range(1, pp - 1)])
+        else:  # the middle rank with the most layers, the later kinds (MoE after dense) breaking ties
+            weight = middle.sum(axis=1) * (n + 1) ** 2 + middle @ np.arange(kinds)
         out[2] = middle[int(np.argmax(weight))]
     return out

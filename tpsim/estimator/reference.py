@@ -19,8 +19,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..compute.base import ComputeModel
 from ..compute.kernel_model import KernelModel
+from ..compute.memo import MemoCompute
 from ..compute.training import FITTED, TrainingCompute, default_in_situ
 from ..hardware import DATA_DIR
 from ..model import ModelSpec
@@ -84,39 +84,13 @@ def sc21_estimate(case: Sc21Case, constants: dict[str, float] | None = None):
     return estimate(case.model, cluster, case.plan, compute=compute, stack=sc21_stack())
 
 
-class _MemoKernels(ComputeModel):
-    """The kernel model with its results remembered by argument values: the fit's grid changes only the
-    in-situ division, not the kernel times."""
-
-    def __init__(self, base: KernelModel):
-        self.base, self.source, self.hbm, self.device = base, base.source, base.hbm, base.device
-        self._memo: dict = {}
-
-    def _call(self, name: str, *args):
-        key = (name,) + tuple(np.asarray(a).tobytes() + str(np.shape(a)).encode()
-                              if isinstance(a, np.ndarray) else a for a in args)
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._memo[key] = getattr(self.base, name)(*args)
-        return hit
-
-    def gemm(self, m, n, k, dtype, batch=1):
-        return self._call("gemm", m, n, k, dtype, batch)
-
-    def attention(self, batch_heads, seq, head_dim, causal, dtype, backward):
-        return self._call("attention", batch_heads, seq, head_dim, causal, dtype, backward)
-
-    def memory(self, kernel, numel, dtype, backward):
-        return self._call("memory", kernel, numel, dtype, backward)
+_KERNEL_MODELS: dict[str, MemoCompute] = {}
 
 
-_KERNEL_MODELS: dict[str, _MemoKernels] = {}
-
-
-def _kernel_model(device) -> _MemoKernels:
+def _kernel_model(device) -> MemoCompute:
     """One (memoized) kernel model per device name: the fit builds many compute models on it."""
     if device.name not in _KERNEL_MODELS:
-        _KERNEL_MODELS[device.name] = _MemoKernels(KernelModel(device, "unfused"))
+        _KERNEL_MODELS[device.name] = MemoCompute(KernelModel(device, "unfused"))
     return _KERNEL_MODELS[device.name]
 
 

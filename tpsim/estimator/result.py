@@ -165,6 +165,9 @@ class EstimateBatch:
     """the model's repeated layers (the pipeline split of :meth:`to_estimate`; 0: not stated)."""
     edges_as_layers: bool = False
     """the stack counts the embedding and the output layer as layers in its split."""
+    layer_weights: tuple[float, ...] | None = None
+    """per layer, what the split balances (layers of different costs: a traced graph's units; None: the
+    stack's rule)."""
     flops_convention: str = DEFAULT_FLOPS_CONVENTION
     """how the model FLOPs behind ``mfu`` are counted (the layer source's convention)."""
 
@@ -244,7 +247,8 @@ class EstimateBatch:
         if pp == 1 or not self.num_layers:
             return {}
         chunks = list(layer_split(self.num_layers, pp, vpp, self.edges_as_layers, int(p.pp_first[i]),
-                                  int(p.pp_last[i]), bool(p.pp_embedding[i]), bool(p.pp_loss[i])))
+                                  int(p.pp_last[i]), bool(p.pp_embedding[i]), bool(p.pp_loss[i]),
+                                  self.layer_weights))
         return {"layers_per_rank": [sum(chunks[r::pp]) for r in range(pp)], "layers_per_chunk": chunks}
 
     def columns(self) -> dict[str, np.ndarray]:

@@ -97,11 +97,16 @@ write 4 B per parameter: Megatron-LM optimizer.py _unscale_main_grads_and_check_
 torch._amp_foreach_non_finite_check_and_unscale_)."""
 TENSORS_PER_LAYER = 12.0
 """parameter tensors per layer for the optimizer's multi-tensor launch count (weights, biases, norms)."""
+EDGE_TENSORS = 4.0
+"""parameter tensors of the edges (embedding, final norm weight and bias, output layer)."""
 
 
 def optimizer_seconds(ctx: EstimationContext, params: np.ndarray, layers: np.ndarray, dtype: str) -> np.ndarray:
-    """One optimizer step over ``params`` (the rank's share) at the achieved streaming bandwidth."""
-    return optimizer_step(ctx.terms, ctx.fixed.hbm, params, TENSORS_PER_LAYER * layers + 4.0, dtype)
+    """One optimizer step over ``params`` (the rank's share) at the achieved streaming bandwidth, in the
+    parameter tensors of the rank's layers (the layer source's count where it has one) and the edges'."""
+    per_layer = getattr(ctx.source, "tensors_per_layer", TENSORS_PER_LAYER)
+    edges = getattr(ctx.source, "edge_tensors", EDGE_TENSORS)
+    return optimizer_step(ctx.terms, ctx.fixed.hbm, params, per_layer * layers + edges, dtype)
 
 
 def optimizer_step(terms, hbm: float, params: np.ndarray, tensors: np.ndarray, dtype: str) -> np.ndarray:
@@ -133,8 +138,7 @@ def _backward_fraction(costs: LayerCosts) -> np.ndarray:
     return backward_fraction(costs.bwd, costs.fwd + costs.bwd + costs.recompute)
 
 
-# ---- the rules every path runs on its own per-layer or per-stage arrays (transformer layers here, op-graph
-# units of any shape in tpsim/opgraph/estimate.py) ----------------------------------------------------------
+# ---- the rules of the schedule, on per-layer or per-rank arrays --------------------------------------------
 def backward_fraction(bwd: np.ndarray, total: np.ndarray) -> np.ndarray:
     """B / (F + B): the share of the stage's work the schedule's backward slots hold (0 where there is none)."""
     return np.where(total > 0, bwd / np.where(total > 0, total, 1.0), 0.0)

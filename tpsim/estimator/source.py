@@ -121,6 +121,15 @@ class LayerCosts:
     activations_by_kind: np.ndarray | None = None
     """(kinds, n) activation bytes one layer of each kind stores per micro-batch (the memory stage counts each
     pipeline rank's layers of each kind: a rank of MoE layers stores more than one of dense layers)."""
+    boundary_by_kind: np.ndarray | None = None
+    """(kinds, n) bytes a pipeline boundary before a layer of each kind sends (with the partition's ``cuts``:
+    the largest of the plan's boundaries replaces ``boundary_bytes``)."""
+    gathered_params: np.ndarray | None = None
+    """parameters of the largest layer (ZeRO-3's gather buffers hold two such layers; None: every layer holds
+    ``params``)."""
+    grad_sync_params: np.ndarray | None = None
+    """parameters per layer whose gradients are all-reduced over TP once per step (replicated parameters used
+    on a token / position split; None: the model's rule, :func:`tpsim.estimator.comm.tp_summed_grad_params`)."""
 
     def take(self, index: np.ndarray, with_comm: bool = True) -> "LayerCosts":
         """The rows ``index`` (gather); ``with_comm=False`` leaves the collectives out (the stages after
@@ -145,6 +154,7 @@ class LayerCosts:
                           activations=self.activations[index], working=self.working[index], boundary_bytes=None,
                           first=edge(self.first), last=edge(self.last),
                           attention=None if self.attention is None else self.attention[index],
+                          gathered_params=None if self.gathered_params is None else self.gathered_params[index],
                           expert_params=None if self.expert_params is None else self.expert_params[index],
                           **{f: (None if getattr(self, f) is None else getattr(self, f)[:, index])
                              for f in ("compute_by_kind", "recompute_by_kind", "activations_by_kind")})

@@ -102,7 +102,7 @@ class GraphCosts:
         self.conv_times = conv_times
         """optional ConvProfile (tpsim.opgraph.convprofile) consulted before the implicit GEMM."""
         self._static: dict[tuple[int, bool], tuple[list[UnitStatic], list[str]]] = {}
-        self._needs_grad = [self._grad_flags(u, i) for i, u in enumerate(graph.units)]
+        self._needs_grad = [grad_flags(u, i) for i, u in enumerate(graph.units)]
 
     # ---- static per (tp, sp) ------------------------------------------------------------------------------
     def static(self, tp: int, sp: bool) -> tuple[list[UnitStatic], list[str]]:
@@ -128,20 +128,6 @@ class GraphCosts:
                           params=sum(seen.values()), param_local=dict(seen), grad_reduce_params=grads)
 
     # ---- gradients -------------------------------------------------------------------------------------
-    def _grad_flags(self, unit: Unit, index: int) -> list[bool]:
-        """Whether each op's output needs a gradient: it uses parameters or a tensor that does. The model's
-        inputs (first unit's external tensors) and integer tensors need none."""
-        flags: list[bool] = []
-        for op in unit.ops:
-            need = bool(op.params)
-            for t in op.inputs:
-                if t.src >= 0:
-                    need = need or flags[t.src]
-                elif t.src == SRC_EXTERNAL:
-                    need = need or (index > 0 and _floating(t.dtype))
-            flags.append(need)
-        return flags
-
     def _input_needs_grad(self, u: int, op: Op) -> bool:
         t = op.inputs[0]
         if t.src >= 0:
@@ -321,18 +307,36 @@ def split_k_gemm(c: ComputeModel, m: Any, n: Any, k: Any, dtype: str, groups: fl
     batch's pixels, a few output tiles with a huge inner dim, which cuDNN / CUTLASS split along k into slices
     run as a batch and then sum (fp32 partials: one more memory-bound pass). Without splitting, the roofline's
     wave quantization would leave most of the device idle."""
-    k = np.asarray(k, dtype=float)
-    best_t, best_m = c.gemm(m, n, k, dtype, batch=groups)
-    for s in SPLIT_K[1:]:
-        slices = np.maximum(np.floor(k / s), 1.0)
-        t, measured = c.gemm(m, n, slices, dtype, batch=np.asarray(groups) * s)
-        reduce_t, _ = c.memory("residual_add", np.asarray(m, dtype=float) * n * groups * (s + 1) / 3.0, "fp32",
-                               False)
-        t = t + reduce_t
-        better = t < best_t
-        best_t = np.where(better, t, best_t)
-        best_m = np.where(better, measured, best_m)
-    return best_t, best_m
+    m, n, k, groups = np.broadcast_arrays(*(np.atleast_1d(np.asarray(x, dtype=float)) for x in (m, n, k, groups)))
+    s = np.asarray(SPLIT_K, dtype=float)[:, None]  # every split at once: one call per kernel
+    slices = np.where(s == 1.0, k, np.maximum(np.floor(k / s), 1.0))
+    full = lambda x: np.broadcast_to(x, slices.shape).ravel()  # noqa: E731
+    t, measured = c.gemm(full(m), full(n), slices.ravel(), dtype, batch=(groups * s).ravel())
+    t = np.array(t, dtype=float).reshape(slices.shape)
+    measured = np.asarray(measured)
+    measured = measured.reshape(t.shape) if measured.size == t.size else np.broadcast_to(measured, t.shape)
+    # the fp32 partial sums of a split added up: one more memory-bound pass
+    reduce_t, _ = c.memory("residual_add", np.broadcast_to(m * n * groups * (s[1:] + 1) / 3.0,
+                                                           (s.size - 1, m.size)).ravel(), "fp32", False)
+    t[1:] += np.asarray(reduce_t, dtype=float).reshape(s.size - 1, m.size)
+    best = np.argmin(t, axis=0)  # the first of equal times (no split before any split)
+    cols = np.arange(m.size)
+    return t[best, cols], measured[best, cols]
+
+
+def grad_flags(unit: Unit, index: int) -> list[bool]:
+    """Whether each op's output needs a gradient: it uses parameters or a tensor that does. The model's
+    inputs (first unit's external tensors) and integer tensors need none."""
+    flags: list[bool] = []
+    for op in unit.ops:
+        need = bool(op.params)
+        for t in op.inputs:
+            if t.src >= 0:
+                need = need or flags[t.src]
+            elif t.src == SRC_EXTERNAL:
+                need = need or (index > 0 and _floating(t.dtype))
+        flags.append(need)
+    return flags
 
 
 def _floating(dtype: str) -> bool:

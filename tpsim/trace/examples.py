@@ -164,8 +164,12 @@ def _markdown(name: str, ex: TracedExample, model: Any, cluster: Any, result: An
         note = f"{len(notes)} region(s) replicated: split dims not divisible by {t}" if notes else ""
         lines.append(f"| {t} | {e.plan.short()} | {e.step_time_s:.3f} | {e.tokens_per_s:,.0f} | {100 * e.mfu:.1f}% | "
                      f"{e.breakdown['tp_comm']:.3f} | {e.peak_memory_gib:.1f} | {'yes' if e.fits else 'no'} | {note} |")
-    lines += ["", "Compute model: the device roofline (`tpsim/data/efficiency.yaml`); convolutions as implicit "
-              "GEMMs. Collectives: the topology's collective model. Format and cost model: docs/OPGRAPH.md.", ""]
+    compute = ", ".join(dict.fromkeys(e.compute_model for e in estimates)) or "none"
+    stack = ", ".join(dict.fromkeys(str(e.stack) for e in estimates)) or "none"
+    lines += ["", f"Compute model: `{compute}` (the stack's default: measured kernels where the device has them, "
+              "the roofline priors elsewhere); convolutions as implicit GEMMs at their fastest split-K. Stack: "
+              f"`{stack}` (its fixed costs, optimizer step and process memory, as for presets). Collectives: the "
+              "topology's collective model. Format and cost model: docs/OPGRAPH.md.", ""]
     return "\n".join(lines)
 
 
