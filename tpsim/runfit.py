@@ -26,7 +26,8 @@ calibration is never worse than uncalibrated out of sample (:func:`fit_runs`).
 
 **Residuals for bands.** :func:`shipped_residuals` predicts every run of ``tpsim/data/runs/`` (development set and
 SC21 Table 1) with the current, uncalibrated estimator: computed at run time and cached on disk under a hash of the
-code and data (they move when the physics does; never written into the repository).
+code and data (they move when the physics does; never written into the repository). A band reads the errors of
+the few runs nearest its plan only: :func:`shipped_pool` predicts a run when its error is first read.
 """
 
 from __future__ import annotations
