@@ -455,7 +455,7 @@ def test_band_pool_predicts_only_the_runs_a_band_reads(tmp_path, monkeypatch):
     monkeypatch.setattr("tpsim.runs.shipped_runs", lambda: list(runs.values()))  # parsed once here
     predicted = []
 
-    def fake_predict(run, *a, **kw):  # a deterministic, run-dependent prediction (no estimator: fast)
+    def fake_predict(run):  # a deterministic, run-dependent prediction (no estimator: fast)
         predicted.append(run.run_id)
         return SimpleNamespace(step_time_s=run.measured * (1.0 + (sum(map(ord, run.run_id)) % 13) / 40.0))
 
