@@ -440,3 +440,38 @@ def test_calibrated_band_uses_its_groups_own_variogram():
     tight, loose, other = (vg.for_group(g, "s") for g in ("tight", "loose", "new"))
     assert tight.gamma(1.0) < other.gamma(1.0) < loose.gamma(1.0)
     assert other is vg
+
+
+def test_band_pool_predicts_only_the_runs_a_band_reads(tmp_path, monkeypatch):
+    """plan_band on the shipped pool: the band of the full residuals, with only the chosen runs predicted; the
+    errors it computed are kept on disk under the code hash and read back without predicting again."""
+    from types import SimpleNamespace
+
+    import tpsim.runfit as rf
+    from tpsim.runs import shipped_runs
+
+    monkeypatch.setenv("TPSIM_CACHE_DIR", str(tmp_path))
+    runs = {r.run_id: r for r in shipped_runs()}
+    monkeypatch.setattr("tpsim.runs.shipped_runs", lambda: list(runs.values()))  # parsed once here
+    predicted = []
+
+    def fake_predict(run):  # a deterministic, run-dependent prediction (no estimator: fast)
+        predicted.append(run.run_id)
+        return SimpleNamespace(step_time_s=run.measured * (1.0 + (sum(map(ord, run.run_id)) % 13) / 40.0))
+
+    monkeypatch.setattr(rf, "predict", fake_predict)
+    monkeypatch.setattr(rf, "_POOL", [])
+    full = [rf.residual_of(r, fake_predict(r).step_time_s) for r in runs.values()]
+    predicted.clear()
+    model, plan = runs[next(iter(runs))].model, SimpleNamespace(tp=8, cp=1, pp=16, dtype="bf16", recompute="none")
+    cluster = SimpleNamespace(device=SimpleNamespace(name="A100-SXM4-80GB"), num_gpus=1024)
+    lazy = rf.plan_band(None, model=model, cluster=cluster, plan=plan, stack="megatron")
+    want = rf.plan_band(full, model=model, cluster=cluster, plan=plan, stack="megatron")
+    assert (lazy.low_factor, lazy.high_factor, lazy.basis) == (want.low_factor, want.high_factor, want.basis)
+    assert sorted(set(predicted)) == sorted(lazy.basis["runs"]) and len(predicted) < len(runs)
+    monkeypatch.setattr(rf, "_POOL", [])  # a new process: the errors come from the disk file
+    first = list(predicted)
+    again = rf.plan_band(None, model=model, cluster=cluster, plan=plan, stack="megatron")
+    assert again == lazy and predicted == first
+    monkeypatch.setattr(rf, "_POOL", [])
+    assert rf.shipped_residuals() == tuple(full)  # every error, the ones on disk and the rest predicted now

@@ -26,7 +26,8 @@ calibration is never worse than uncalibrated out of sample (:func:`fit_runs`).
 
 **Residuals for bands.** :func:`shipped_residuals` predicts every run of ``tpsim/data/runs/`` (development set and
 SC21 Table 1) with the current, uncalibrated estimator: computed at run time and cached on disk under a hash of the
-code and data (they move when the physics does; never written into the repository).
+code and data (they move when the physics does; never written into the repository). A band reads the errors of
+the few runs nearest its plan only: :func:`shipped_pool` predicts a run when its error is first read.
 """
 
 from __future__ import annotations
@@ -535,38 +536,99 @@ def _cache_path() -> Path | None:
     return folder.parent / "residuals" / f"{package_hash(_NOT_KEYED)[:32]}.json"
 
 
-_MEMO: list = []
-"""the shipped residuals once computed or read in this process (the code does not change while it runs)."""
+class _ShippedResidual:
+    """One shipped run's residual whose ``error`` (one uncalibrated prediction of the run) is computed when first
+    read: a plan's band needs the errors of the few runs nearest the plan only (:func:`residual_band`), so a
+    cold ``tpsim plan`` predicts those runs, not all of them. Features as :class:`Residual` (its ``distance``)."""
+
+    __slots__ = ("pool", "index", "run_id", "device", "stack", "params", "gpus", "tp", "cp", "pp", "dtype",
+                 "recompute", "seq_len")
+    distance = Residual.distance
+    features = Residual.features
+
+    def __init__(self, pool: "_ShippedPool", index: int, features: Mapping[str, Any]):
+        self.pool, self.index = pool, index
+        for name in self.__slots__[2:]:
+            setattr(self, name, features[name])
+
+    @property
+    def error(self) -> float:
+        return self.pool.error(self.index)
+
+    def residual(self) -> Residual:
+        return Residual(**self.features(), error=self.error)
+
+
+class _ShippedPool:
+    """The shipped runs' residual features and the errors known so far, in this process and on disk (one JSON
+    file under the code hash, :func:`_cache_path`; rewritten as errors are added)."""
+
+    def __init__(self, use_cache: bool):
+        self.path = _cache_path() if use_cache else None
+        self.runs: list[Run] | None = None
+        features: list | None = None
+        self.errors: dict[int, float] = {}
+        if self.path is not None and self.path.is_file():
+            try:
+                data = json.loads(self.path.read_text())
+                features = [dict(f) for f in data["features"]]
+                self.errors = {int(k): float(v) for k, v in data["errors"].items()}
+                for f in features:  # every field present (a malformed file is ignored)
+                    for name in _ShippedResidual.__slots__[2:]:
+                        f[name]
+            except (OSError, ValueError, TypeError, KeyError, AttributeError):
+                features, self.errors = None, {}
+        if features is None:
+            features = [residual_of(r, r.measured).features() for r in self._runs()]
+            self._save(features)
+        self.features = features
+        self.items = tuple(_ShippedResidual(self, i, f) for i, f in enumerate(features))
+
+    def _runs(self) -> list[Run]:
+        if self.runs is None:
+            from .runs import shipped_runs
+
+            self.runs = list(shipped_runs())
+        return self.runs
+
+    def error(self, index: int) -> float:
+        hit = self.errors.get(index)
+        if hit is None:
+            run = self._runs()[index]
+            hit = self.errors[index] = residual_of(run, predict(run).step_time_s).error
+            self._save(self.features)
+        return hit
+
+    def _save(self, features: list) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"features": features,
+                                       "errors": {str(k): v for k, v in sorted(self.errors.items())}}))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
+_POOL: list = []
+"""the shipped runs' :class:`_ShippedPool` of this process (the code does not change while it runs)."""
+
+
+def shipped_pool() -> tuple[_ShippedResidual, ...]:
+    """The shipped runs' residuals with each error computed when first read (what a band of one plan needs);
+    cached on disk under the code hash like :func:`shipped_residuals`."""
+    if not _POOL:
+        _POOL[:] = [_ShippedPool(use_cache=True)]
+    return _POOL[0].items
 
 
 def shipped_residuals(use_cache: bool = True) -> tuple[Residual, ...]:
     """Residuals of every shipped run (development set and SC21) under the current uncalibrated estimator;
     cached on disk under the code hash (``TPSIM_CACHE_DIR=off`` disables the cache)."""
-    if use_cache and _MEMO:
-        return _MEMO[0]
-    path = _cache_path() if use_cache else None
-    if path is not None and path.is_file():
-        try:
-            data = json.loads(path.read_text())
-            out = tuple(Residual(**d) for d in data["residuals"])
-            _MEMO[:] = [out]
-            return out
-        except (OSError, ValueError, TypeError, KeyError):
-            pass
-    from .runs import shipped_runs
-
-    out = tuple(residual_of(r, predict(r).step_time_s) for r in shipped_runs())
-    if use_cache:
-        _MEMO[:] = [out]
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"residuals": [x.features() | {"error": x.error} for x in out]}))
-            os.replace(tmp, path)
-        except OSError:
-            pass
-    return out
+    items = shipped_pool() if use_cache else _ShippedPool(use_cache=False).items
+    return tuple(r.residual() for r in items)
 
 
 _SIGMA: list = []
@@ -653,7 +715,7 @@ def plan_band(residuals: Sequence[Residual] | None, *, model: Any, cluster: Any,
         return calibrated_band(own, variogram or shipped_variogram(), params=float(model.total_params()),
                                gpus=int(cluster.num_gpus), tp=plan.tp, cp=plan.cp, pp=plan.pp, dtype=plan.dtype,
                                recompute=plan.recompute, seq_len=int(model.seq_len), exclude=exclude)
-    pool = residuals if residuals is not None else shipped_residuals()
+    pool = residuals if residuals is not None else shipped_pool()
     return residual_band(pool, device=cluster.device.name, stack=stack, params=float(model.total_params()),
                          gpus=int(cluster.num_gpus), tp=plan.tp, cp=plan.cp, pp=plan.pp, dtype=plan.dtype,
                          recompute=plan.recompute, seq_len=int(model.seq_len), kind="residuals", exclude=exclude)
