@@ -548,6 +548,11 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
         candidates.append(_fit_set(runs, tuple(names[j] for j in keep), table, y, False,
                                    (uncal, base[1][:, keep])))
     if guard and 3 <= len(runs) < 10:
+        # one overall kernel factor with the achieved TP / DP overlap: what a family whose plans differ in
+        # exposed communication (tp 1-8, dp 2-96) identifies before it separates GEMM, memory-bound and host time
+        cols = [j for j, n in enumerate(names) if n in EXPOSED_FACTORS]
+        candidates.append(_fit_set(runs, ("compute_scale",) + tuple(names[j] for j in cols), table, y, False,
+                                   (uncal, np.c_[_compute_scale_column(base[1], names), base[1][:, cols]])))
         candidates.append(_fit_set(runs, ("compute_scale",), table, y, relinearize,
                                    (uncal, _compute_scale_column(base[1], names))))
     best = None
@@ -576,9 +581,11 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
                               residual_of(r, float(linear[i])))
                     for i, r in enumerate(runs))
     warnings = _warnings(runs, loo, factors)
-    if len(names) < len(factors_for(len(runs))):
-        warnings.append(f"{len(runs)} runs do not identify {', '.join(factors_for(len(runs)))} separately (their "
-                        "leave-one-out errors are smaller with one compute_scale): compute_scale is fitted")
+    full = candidates[0].names
+    if names != full:
+        warnings.append(f"{len(runs)} runs do not identify {', '.join(full)} separately (their leave-one-out "
+                        f"errors are smaller with {', '.join(names)}): {', '.join(names)} "
+                        f"{'is' if len(names) == 1 else 'are'} fitted")
     if w < 1.0:
         uncal_loo = float(np.median(np.abs((uncal - y) / y)))
         warnings.append(f"guard: the fitted factors are taken {100 * w:.0f}% of the way from their priors (the "
