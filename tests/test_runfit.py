@@ -494,3 +494,21 @@ def test_calibrated_band_uses_its_groups_own_variogram():
     tight, loose, other = (vg.for_group(g, "s") for g in ("tight", "loose", "new"))
     assert tight.gamma(1.0) < other.gamma(1.0) < loose.gamma(1.0)
     assert other is vg
+
+
+def test_group_variogram_levels_off_at_its_sill():
+    """A group whose close runs agree and whose far runs differ as independent residuals: its variogram rises
+    over the near pairs and levels off at the far pairs' mean (a line through every pair would keep rising or
+    flatten out, hiding how much the close runs agree)."""
+    from tpsim.estimator.band import fit_variogram
+
+    res = [Residual(run_id=f"r{i}", device="d", stack="s", params=1e9 * 4 ** (i / 3), gpus=8, tp=1, cp=1, pp=1,
+                    error=0.08 * math.sin(i * 0.45)) for i in range(12)]
+    vg = fit_variogram(res).for_group("d", "s")
+    assert math.isfinite(vg.sill) and vg.slope > 0
+    near, far = vg.gamma(0.33), vg.gamma(50.0)
+    assert near < 0.5 * far and far == pytest.approx(max(vg.sill, vg.nugget))
+    pairs = [(abs(math.log(a.params / b.params, 4)), 0.5 * (a.error - b.error) ** 2)
+             for i, a in enumerate(res) for b in res[i + 1:]]
+    far_pairs = np.mean([g for d, g in pairs if d >= np.median([d for d, _ in pairs])])
+    assert far == pytest.approx(far_pairs, rel=0.05)  # never above what the far pairs show

@@ -8,7 +8,10 @@ overlap of TP and DP communication, ``tp_exposed_scale`` and ``dp_exposed_scale`
 of those collectives, capped at their whole time: tpsim/estimator/schedule.py); ten or more add a separate
 ``attention_scale``. They are the ``compute:`` factors of a calibration file
 (:class:`tpsim.calibration.ComputeCalibration`) and act through the estimator's scaled-compute path, so every verb
-that takes ``--calibration`` applies them the same way.
+that takes ``--calibration`` applies them the same way. Six runs or more that span node counts also fit the link
+efficiency of each fabric level (``intra_link_scale``: NVLink inside a node, ``inter_link_scale``: the network;
+:data:`LINK_FACTORS`), factors on the efficiency the collective model gives those links, written as the file's
+link-type entries (``nvlink: {efficiency}``, ``ib: {efficiency}``) that every verb's collective model reads.
 
 **How.** A Bayesian linear-Gaussian fit (equivalently, ridge-regularized least squares): the step time of each
 run is linearized in the factors by forward differences of the estimator around the prior means (and re-linearized
@@ -19,8 +22,9 @@ Gaussian prior from the shipped data (band.yaml ``runs_fit``) so that few runs c
 maximum a-posteriori values are clipped to their bounds (an active-set pass), and each factor's uncertainty is
 its posterior standard deviation. Leave-one-out: the fit without run i predicts run i.
 
-**Guard.** With 3-9 runs the three-factor set competes with one ``compute_scale`` (whichever predicts the left-out
-runs better is kept: what the runs identify), and the chosen factors are blended with their priors by the weight
+**Guard.** The full set competes with the set without the link levels and, with 3-9 runs, with
+``compute_scale`` plus the TP / DP overlap factors and with one ``compute_scale`` (whichever predicts the
+left-out runs better is kept: what the runs identify), and the chosen factors are blended with their priors by the weight
 that minimizes the mean leave-one-out |error|; weight 0 is the uncalibrated model, so on the user's runs the
 calibration is never worse than uncalibrated out of sample (:func:`fit_runs`).
 
@@ -350,11 +354,10 @@ class RunsFit:
         """The calibration file's link-type entries of the fitted link levels (``nominal x factor``, at most
         1), with where they come from."""
         values = self.values
-        cal = fit_calibration(values, links=self.links)
         out = {}
         for level, (kind, eff) in self.links.items():
             name = LINK_FACTORS[level]
-            out[kind] = {"efficiency": round(cal.per_type[kind]["efficiency"], 6),
+            out[kind] = {"efficiency": round(min(1.0, eff * float(values[name])), 6),
                          "source": f"tpsim calibrate --from-runs: {name} {values[name]:.4f} x nominal "
                                    f"efficiency {eff:.4f} ({level}-node level)"}
         return out
