@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import sys
 import time
 from pathlib import Path
@@ -117,12 +116,14 @@ def _choices(n: int, k: int, limit: int, seed: int) -> list[tuple[int, ...]]:
     return [every[i] for i in sorted(pick)]
 
 
-def families(runs, limit: int = 20, seed: int = 0) -> None:
+def families(runs, limit: int = 20, seed: int = 0, only: str = "") -> None:
     print(f"\ncalibration from k runs of a family (every choice of k runs, or a seeded sample of {limit}; the "
           "family's other runs predicted)")
     print("family                       runs  k  choices  median|err| before  after   worse-than-before  band cov  "
           "half-width  (group left out of the variogram: cov, half-width)")
     for label, fam in family_groups(runs):
+        if only and not any(o.strip().lower() in label.lower() for o in only.split(",")):
+            continue
         if len(fam) < 4:
             print(f"{label:36s} {len(fam):4d}  (too few runs to hold 3 out)")
             continue
@@ -173,6 +174,8 @@ def main() -> int:
     ap.add_argument("--plain", action="store_true", help="the fit without its guard (for comparison)")
     ap.add_argument("--no-loo", action="store_true", help="skip the uncalibrated leave-one-out table")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sample of choices")
+    ap.add_argument("--only", default="", help="--families: only the families whose label contains one of these "
+                    "comma-separated words (e.g. 'megatron,compile')")
     args = ap.parse_args()
     started = time.perf_counter()
     global GUARD
@@ -181,7 +184,7 @@ def main() -> int:
     if not args.no_loo:
         uncalibrated(runs)
     if args.families:
-        families(runs, args.choices, args.seed)
+        families(runs, args.choices, args.seed, args.only)
     if args.split:
         split(runs)
     print(f"\n({time.perf_counter() - started:.1f} s)")

@@ -8,7 +8,10 @@ overlap of TP and DP communication, ``tp_exposed_scale`` and ``dp_exposed_scale`
 of those collectives, capped at their whole time: tpsim/estimator/schedule.py); ten or more add a separate
 ``attention_scale``. They are the ``compute:`` factors of a calibration file
 (:class:`tpsim.calibration.ComputeCalibration`) and act through the estimator's scaled-compute path, so every verb
-that takes ``--calibration`` applies them the same way.
+that takes ``--calibration`` applies them the same way. Six runs or more that span node counts also fit the link
+efficiency of each fabric level (``intra_link_scale``: NVLink inside a node, ``inter_link_scale``: the network;
+:data:`LINK_FACTORS`), factors on the efficiency the collective model gives those links, written as the file's
+link-type entries (``nvlink: {efficiency}``, ``ib: {efficiency}``) that every verb's collective model reads.
 
 **How.** A Bayesian linear-Gaussian fit (equivalently, ridge-regularized least squares): the step time of each
 run is linearized in the factors by forward differences of the estimator around the prior means (and re-linearized
@@ -19,8 +22,9 @@ Gaussian prior from the shipped data (band.yaml ``runs_fit``) so that few runs c
 maximum a-posteriori values are clipped to their bounds (an active-set pass), and each factor's uncertainty is
 its posterior standard deviation. Leave-one-out: the fit without run i predicts run i.
 
-**Guard.** With 3-9 runs the three-factor set competes with one ``compute_scale`` (whichever predicts the left-out
-runs better is kept: what the runs identify), and the chosen factors are blended with their priors by the weight
+**Guard.** The full set competes with the set without the link levels and, with 3-9 runs, with
+``compute_scale`` plus the TP / DP overlap factors and with one ``compute_scale`` (whichever predicts the
+left-out runs better is kept: what the runs identify), and the chosen factors are blended with their priors by the weight
 that minimizes the mean leave-one-out |error|; weight 0 is the uncalibrated model, so on the user's runs the
 calibration is never worse than uncalibrated out of sample (:func:`fit_runs`).
 
@@ -37,6 +41,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from dataclasses import field as dataclasses_field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -63,10 +68,12 @@ class Factor:
     source: str
 
 
-def factor_table(device: str, stack: str = "") -> dict[str, Factor]:
+def factor_table(device: str, stack: str = "",
+                 links: Mapping[str, tuple[str, float]] | None = None) -> dict[str, Factor]:
     """The factors and their priors (tpsim/data/band.yaml: the kernel-data and device-transfer sigmas, and the
     ``runs_fit`` priors); on the device and stack of the shipped fit (SC21, megatron-sc21) the GEMM prior is the
-    anchored one, elsewhere the in-situ fractions are transferred."""
+    anchored one, elsewhere the in-situ fractions are transferred. ``links``: the fabric levels of the runs'
+    cluster (:func:`link_levels`), whose efficiency factors are bounded above by the line rate."""
     from .estimator.reference import sc21_stack
 
     b = band_data()
@@ -94,6 +101,12 @@ def factor_table(device: str, stack: str = "") -> dict[str, Factor]:
         **{name: Factor(name, 1.0, exposed, *rf["exposed_scale_bounds"], 0.1,
                         "band.yaml runs_fit.exposed_scale_sigma (collective model and stack overlap shares)")
            for name in EXPOSED_FACTORS},
+        **{LINK_FACTORS[level]: Factor(
+            LINK_FACTORS[level], 1.0, float(rf["link_scale_sigma"]), float(rf["link_scale_bounds"][0]),
+            min(float(rf["link_scale_bounds"][1]), 1.0 / eff), 0.1,
+            f"band.yaml runs_fit.link_scale_sigma (collective model vs nccl-tests); on {kind} links of nominal "
+            f"efficiency {eff:.3f}, at most the line rate")
+           for level, (kind, eff) in (links or {}).items()},
     }
 
 
@@ -101,13 +114,85 @@ EXPOSED_FACTORS = ("tp_exposed_scale", "dp_exposed_scale")
 """the achieved overlap of TP / DP communication: factors on their exposed time (tpsim.calibration)."""
 
 
-def factors_for(n: int) -> tuple[str, ...]:
-    """Which factors ``n`` runs fit (module docstring)."""
+LINK_FACTORS = {"intra": "intra_link_scale", "inter": "inter_link_scale"}
+"""fabric level -> the factor on its links' efficiency (the achieved bus bandwidth of NVLink inside a node, of
+the network between nodes): written as the calibration's link-type entries, so every verb's collective model
+uses them (tpsim.calibration per_type)."""
+
+
+def factors_for(n: int, levels: Sequence[str] = ()) -> tuple[str, ...]:
+    """Which factors ``n`` runs fit (module docstring); ``levels``: the fabric levels the runs exercise
+    (:func:`runs_link_levels`), fitted with at least ``runs_fit.link_min_runs`` runs."""
     if n < 3:
         return ("compute_scale",)
+    links = tuple(LINK_FACTORS[lv] for lv in LINK_FACTORS if lv in levels) \
+        if n >= int(band_data().runs_fit["link_min_runs"]) else ()
     if n < 10:
-        return ("gemm_scale", "memory_scale", "host_overhead_per_layer_us") + EXPOSED_FACTORS
-    return ("gemm_scale", "attention_scale", "memory_scale", "host_overhead_per_layer_us") + EXPOSED_FACTORS
+        return ("gemm_scale", "memory_scale", "host_overhead_per_layer_us") + EXPOSED_FACTORS + links
+    return ("gemm_scale", "attention_scale", "memory_scale", "host_overhead_per_layer_us") + EXPOSED_FACTORS \
+        + links
+
+
+def link_levels(cluster: Any) -> dict[str, tuple[str, float]]:
+    """The fabric levels of ``cluster`` whose efficiency a runs fit can scale: ``intra`` (the node's GPU links:
+    NVLink, else PCIe) and ``inter`` (the network's NIC link type, on a fat-tree or rail fabric), each with its
+    link type and the efficiency the collective model gives it today (bandwidth it reaches / line rate: the
+    topology's efficiency under NCCL's caps, tpsim/data/nccl_model.yaml, or a calibration's). A level whose
+    links do not agree on it (mixed lane counts under the NVLink cap) is left out."""
+    from .collectives.links import GB
+    from .collectives.model import get_collective_model
+    from .topology.node import link_attrs
+
+    rules = get_collective_model(cluster).router.rules
+    out: dict[str, tuple[str, float]] = {}
+    edges = list(getattr(getattr(cluster, "layout", None), "edges", {}).values())
+    kinds = {a.type for a in edges}
+    intra = "nvlink" if "nvlink" in kinds else ("pcie" if "pcie" in kinds else None)
+    if intra is not None:
+        effs = {round(rules.capacity(a.type, float(a.bw_GBps), float(a.efficiency or 1.0), int(a.lanes or 1))
+                      / GB / float(a.bw_GBps), 4) for a in edges if a.type == intra and a.bw_GBps}
+        if len(effs) == 1:
+            out["intra"] = (intra, effs.pop())
+    spec = getattr(cluster, "spec", None)
+    nic = getattr(getattr(spec, "fabric", None), "nic_link", None)
+    if nic is not None and getattr(cluster, "num_nodes", 1) > 1:
+        a = link_attrs(nic, 1, spec.default_efficiency, spec.calibration)
+        if a.type != intra and a.bw_GBps:
+            out["inter"] = (a.type, round(rules.capacity(a.type, float(a.bw_GBps), float(a.efficiency or 1.0),
+                                                        int(a.lanes or 1)) / GB / float(a.bw_GBps), 4))
+    return out
+
+
+_LEVELS: dict = {}
+
+
+def _link_levels_of(cluster: Any) -> dict[str, tuple[str, float]]:
+    """:func:`link_levels` of a fit's cluster, remembered (the fit asks once per evaluation)."""
+    hit = _LEVELS.get(id(cluster))
+    if hit is None or hit[0] is not cluster:
+        if len(_LEVELS) > 256:
+            _LEVELS.clear()
+        hit = _LEVELS[id(cluster)] = (cluster, link_levels(cluster))
+    return hit[1]
+
+
+def runs_link_levels(runs: Sequence[Run]) -> dict[str, tuple[str, float]]:
+    """The fabric levels (:func:`link_levels`) a set of runs can identify: those the runs' clusters that have
+    them give one link type and efficiency; the intra-node level when some run communicates inside a node, the
+    inter-node level when the runs span more than one node count and some run spans nodes."""
+    seen: dict[str, set] = {}
+    nodes = set()
+    for r in runs:
+        c = _cluster(r)
+        for level, value in _link_levels_of(c).items():  # a one-node run has no inter-node level
+            seen.setdefault(level, set()).add(value)
+        nodes.add(-(-int(r.gpus) // max(int(getattr(c, "gpus_per_node", 1) or 1), 1)))
+    common = {level: next(iter(v)) for level, v in seen.items() if len(v) == 1}
+    if "inter" in common and (len(nodes) < 2 or max(nodes) < 2):
+        del common["inter"]
+    if "intra" in common and not any(r.gpus > 1 for r in runs):
+        del common["intra"]
+    return common
 
 
 def compute_calibration(values: Mapping[str, float], device: str | None = None,
@@ -135,6 +220,35 @@ def compute_calibration(values: Mapping[str, float], device: str | None = None,
                               device=device, stack=stack, **extra)
 
 
+def fit_calibration(values: Mapping[str, float], cluster: Any = None,
+                    links: Mapping[str, tuple[str, float]] | None = None) -> Calibration:
+    """The calibration of fitted factor ``values``: the kernel and overlap factors as its ``compute`` section
+    (:func:`compute_calibration`), the link-level factors (:data:`LINK_FACTORS`) as link-type efficiencies,
+    ``nominal x factor`` (at most 1), of ``links`` (default: ``cluster``'s :func:`link_levels`). One object per
+    distinct input (the estimator remembers contexts by identity)."""
+    # a factor at 1 leaves its links as they are (the cluster's own collective model and curves, shared)
+    lv = tuple(sorted((level, name) for level, name in LINK_FACTORS.items() if values.get(name, 1.0) != 1.0))
+    if lv and links is None:
+        links = _link_levels_of(cluster)
+    per_type = {}
+    for level, name in lv:
+        if level in (links or {}):
+            kind, eff = links[level]
+            per_type[kind] = {"efficiency": min(1.0, eff * float(values[name]))}
+    key = (tuple(sorted((k, float(v)) for k, v in values.items())), tuple(sorted(
+        (k, v["efficiency"]) for k, v in per_type.items())))
+    hit = _CALIBRATIONS.get(key)
+    if hit is None:
+        if len(_CALIBRATIONS) > 256:
+            _CALIBRATIONS.clear()
+        kernel = {k: v for k, v in values.items() if k not in LINK_FACTORS.values()}
+        hit = _CALIBRATIONS[key] = Calibration(compute=compute_calibration(kernel), per_type=per_type)
+    return hit
+
+
+_CALIBRATIONS: dict = {}
+
+
 def predict(run: Run, values: Mapping[str, float] | None = None, calibration: Calibration | None = None,
             *, memo: bool = False):
     """The estimate of a run (uncalibrated, with fitted factor ``values``, or with a calibration); ``memo``:
@@ -142,9 +256,9 @@ def predict(run: Run, values: Mapping[str, float] | None = None, calibration: Ca
     from .estimator import estimate
 
     cal = calibration
-    if values is not None:
-        cal = Calibration(compute=compute_calibration(values))
     cluster = _cluster(run) if memo else run.load_cluster()
+    if values is not None:
+        cal = fit_calibration(values, cluster)
     compute = _fit_compute(run) if memo else None
     if getattr(run.model, "family", "") == "opgraph":  # a traced graph, as `tpsim estimate --model X.ops.json`
         from .opgraph.estimate import estimate_graph
@@ -174,16 +288,16 @@ def _steps(runs: Sequence[Run], values: Mapping[str, float]) -> np.ndarray:
     from .estimator.core import run_stages
     from .plan import PlanBatch
 
-    cal = Calibration(compute=compute_calibration(values))
     out = np.empty(len(runs))
     groups: dict = {}
     for i, r in enumerate(runs):
         if getattr(r.model, "family", "") == "opgraph":  # a traced graph: its own estimator, one by one
-            out[i] = predict(r, calibration=cal, memo=True).step_time_s
+            out[i] = predict(r, calibration=fit_calibration(values, _cluster(r)), memo=True).step_time_s
             continue
         groups.setdefault((id(r.model), r.cluster, r.gpus, str(r.stack)), []).append(i)
     for idx in groups.values():
         first = runs[idx[0]]
+        cal = fit_calibration(values, _cluster(first))
         ctx = context_for(first.model, _cluster(first), _fit_compute(first), cal, first.stack)
         plans = [runs[i].plan for i in idx]
         for plan in dict.fromkeys(plans):
@@ -228,6 +342,8 @@ class RunsFit:
     runs_file: str = ""
     blend: float = 1.0
     """the guard's weight of the fitted factors against their priors (0: the uncalibrated model)."""
+    links: Mapping[str, tuple[str, float]] = dataclasses_field(default_factory=dict)
+    """fabric level -> (link type, nominal efficiency) of the fitted link-level factors (:func:`link_levels`)."""
     method: str = ("Bayesian linear-Gaussian (ridge-regularized least squares on relative step-time residuals, "
                    "Gaussian priors from tpsim/data/band.yaml, bounded by an active-set pass)")
 
@@ -235,9 +351,22 @@ class RunsFit:
     def values(self) -> dict[str, float]:
         return {f.name: f.value for f in self.factors}
 
+    def link_entries(self) -> dict[str, dict[str, Any]]:
+        """The calibration file's link-type entries of the fitted link levels (``nominal x factor``, at most
+        1), with where they come from."""
+        values = self.values
+        out = {}
+        for level, (kind, eff) in self.links.items():
+            name = LINK_FACTORS[level]
+            out[kind] = {"efficiency": round(min(1.0, eff * float(values[name])), 6),
+                         "source": f"tpsim calibrate --from-runs: {name} {values[name]:.4f} x nominal "
+                                   f"efficiency {eff:.4f} ({level}-node level)"}
+        return out
+
     def compute_section(self) -> ComputeCalibration:
         loo = np.array([abs(r.loo_error) for r in self.runs])
-        return compute_calibration(self.values, self.device, self.stack,
+        kernel = {k: v for k, v in self.values.items() if k not in LINK_FACTORS.values()}
+        return compute_calibration(kernel, self.device, self.stack,
                                    leave_one_out={"median_rel": round(float(np.median(loo)), 4),
                                                   "max_rel": round(float(loo.max()), 4), "runs": len(loo)},
                                    source="tpsim calibrate --from-runs")
@@ -248,6 +377,7 @@ class RunsFit:
         section = self.compute_section().to_section()
         section["source"] = "tpsim calibrate --from-runs"
         return {
+            **self.link_entries(),
             "compute": section,
             FIT_KIND: {
                 "tpsim_version": __version__,
@@ -386,7 +516,7 @@ def _fit_set(runs: Sequence[Run], names: tuple[str, ...], table: Mapping[str, Fa
 
 
 def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | None = None,
-             guard: bool = True) -> RunsFit:
+             guard: bool = True, links: bool = True) -> RunsFit:
     """Fit the factors of :func:`factors_for` to ``runs`` (all of one device and stack: a run of another is one
     InputError naming its row). ``relinearize``: one more linearization around the solution (default: when at
     most 30 runs).
@@ -396,7 +526,8 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     blended with their priors, ``prior + w (fitted - prior)``, ``w`` in :data:`BLEND_GRID` minimizing the mean
     leave-one-out |error|; ``w = 0`` is the uncalibrated model, so on the user's runs the calibration's
     leave-one-out error is never worse than uncalibrated (with one run nothing is left out: ``w = 1``).
-    ``guard=False``: the full set, unblended (the plain Bayesian fit)."""
+    ``guard=False``: the full set, unblended (the plain Bayesian fit). ``links=False``: no link-level factors
+    (a benchmark's comparison)."""
     started = time.perf_counter()
     if not runs:
         raise InputError("no runs to fit")
@@ -404,16 +535,28 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
         bad = next((r for r in runs if not isinstance(r, Run)), runs)
         raise InputError(f"runs: {type(bad).__name__} is not a Run (tpsim.runs.load_runs(path))")
     device, stack = runs_device_stack(list(runs))
-    table = factor_table(device, stack)
+    links = runs_link_levels(runs) if links else {}
+    table = factor_table(device, stack, links)
     rf = band_data().runs_fit
     y = np.array([r.measured for r in runs])
     if relinearize is None:
         relinearize = len(runs) <= 30
-    names = factors_for(len(runs))
+    names = factors_for(len(runs), tuple(links))
+    links = {lv: v for lv, v in links.items() if LINK_FACTORS[lv] in names}
     base = _linearize(runs, table, names, {n: table[n].prior for n in names})
     uncal = base[0]
     candidates = [_fit_set(runs, names, table, y, relinearize, base)]
+    if guard and links:  # the same without the link levels (what the runs identify, chosen below; on the
+        # first linearization: its relinearization would cost as many estimator passes as the full set's)
+        keep = [j for j, n in enumerate(names) if n not in LINK_FACTORS.values()]
+        candidates.append(_fit_set(runs, tuple(names[j] for j in keep), table, y, False,
+                                   (uncal, base[1][:, keep])))
     if guard and 3 <= len(runs) < 10:
+        # one overall kernel factor with the achieved TP / DP overlap: what a family whose plans differ in
+        # exposed communication (tp 1-8, dp 2-96) identifies before it separates GEMM, memory-bound and host time
+        cols = [j for j, n in enumerate(names) if n in EXPOSED_FACTORS]
+        candidates.append(_fit_set(runs, ("compute_scale",) + tuple(names[j] for j in cols), table, y, False,
+                                   (uncal, np.c_[_compute_scale_column(base[1], names), base[1][:, cols]])))
         candidates.append(_fit_set(runs, ("compute_scale",), table, y, relinearize,
                                    (uncal, _compute_scale_column(base[1], names))))
     best = None
@@ -442,9 +585,11 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
                               residual_of(r, float(linear[i])))
                     for i, r in enumerate(runs))
     warnings = _warnings(runs, loo, factors)
-    if len(names) < len(factors_for(len(runs))):
-        warnings.append(f"{len(runs)} runs do not identify {', '.join(factors_for(len(runs)))} separately (their "
-                        "leave-one-out errors are smaller with one compute_scale): compute_scale is fitted")
+    full = candidates[0].names
+    if names != full:
+        warnings.append(f"{len(runs)} runs do not identify {', '.join(full)} separately (their leave-one-out "
+                        f"errors are smaller with {', '.join(names)}): {', '.join(names)} "
+                        f"{'is' if len(names) == 1 else 'are'} fitted")
     if w < 1.0:
         uncal_loo = float(np.median(np.abs((uncal - y) / y)))
         warnings.append(f"guard: the fitted factors are taken {100 * w:.0f}% of the way from their priors (the "
@@ -461,7 +606,7 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
                             "(a physics gap the factor absorbs, or a wrong plan)")
     return RunsFit(device=device, stack=stack, factors=factors, runs=results, sigma=sigma,
                    warnings=tuple(warnings), seconds=time.perf_counter() - started, runs_file=runs_file,
-                   blend=w)
+                   blend=w, links={lv: v for lv, v in links.items() if LINK_FACTORS[lv] in names})
 
 
 def _compute_scale_column(jac: np.ndarray, names: Sequence[str]) -> np.ndarray:

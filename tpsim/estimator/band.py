@@ -285,19 +285,24 @@ class Variogram:
     nugget: float
     slope: float
     pairs: int
-    groups: Mapping[tuple[str, str], tuple[float, float]] = dataclasses_field(default_factory=dict)
-    """(device, stack) -> that group's own (nugget, slope), fitted on its own pairs: groups scatter
+    groups: Mapping[tuple[str, str], tuple[float, ...]] = dataclasses_field(default_factory=dict)
+    """(device, stack) -> that group's own (nugget, slope, sill), fitted on its own pairs: groups scatter
     differently, and a pooled fit reads a scattered group's distance dependence into every group's band."""
+    sill: float = math.inf
+    """the most ``gamma`` reaches: two runs far apart differ as two independent residuals (the group's far
+    pairs' mean half squared difference), not more the farther they are."""
 
     def gamma(self, d: float) -> float:
         """Between two different runs (a run with itself: 0; a new plan is never the same measurement)."""
-        return self.nugget + self.slope * d
+        return min(self.nugget + self.slope * d, max(self.sill, self.nugget))
 
     def for_group(self, device: str, stack: str) -> "Variogram":
         """The variogram of runs of ``device`` and ``stack``: its group's own where the shipped runs have
         enough of the group, else the pooled one."""
         own = self.groups.get((device, stack))
-        return self if own is None else Variogram(own[0], own[1], self.pairs)
+        if own is None:
+            return self
+        return Variogram(own[0], own[1], self.pairs, sill=own[2] if len(own) > 2 else math.inf)
 
 
 def fit_variogram(residuals: Sequence[Residual]) -> Variogram:
@@ -319,13 +324,20 @@ def fit_variogram(residuals: Sequence[Residual]) -> Variogram:
     # a group of at least GROUP_PAIRS pairs has its own (nugget, slope): groups scatter differently (a stack
     # whose overheads the model misses scatters more than SC21, and more the farther its plans are apart)
     groups: dict = {}
+    g_all, d_all = np.array(g), np.array(d)
     for key in dict.fromkeys(which):
-        idx = [i for i, k in enumerate(which) if k == key]
+        idx = np.array([i for i, k in enumerate(which) if k == key])
         if len(idx) >= GROUP_PAIRS:
-            n_g, s_g = np.linalg.lstsq(a_[idx], np.array(g)[idx], rcond=None)[0]
+            dg, gg = d_all[idx], g_all[idx]
+            # the rise over the near three quarters of the pairs, levelling off at the far half's mean (a
+            # line through every pair is pulled flat, or negative, by far pairs that differ no more than
+            # independent residuals do, and hides how much closer runs agree)
+            near = dg <= np.quantile(dg, 0.75)
+            sill = float(np.mean(gg[dg >= np.median(dg)]))
+            n_g, s_g = np.linalg.lstsq(a_[idx][near], gg[near], rcond=None)[0] if near.sum() >= 3 else (0, -1)
             if s_g < 0:  # no distance dependence: the group's mean half squared difference
-                n_g, s_g = float(np.mean(np.array(g)[idx])), 0.0
-            groups[key] = (max(float(n_g), floor), float(s_g))
+                n_g, s_g, sill = float(np.mean(gg)), 0.0, math.inf
+            groups[key] = (max(float(n_g), floor), float(s_g), max(sill, floor))
     return Variogram(max(float(nugget), floor), max(float(slope), 0.0), len(d), groups)
 
 

@@ -376,8 +376,11 @@ def context_for(model: ModelSpec, cluster: Any, compute: ComputeModel | None = N
 
 
 def _links_only_own(a: Calibration | None, b: Calibration | None) -> bool:
-    """Both calibrations leave the cluster's links as they are (none, or compute-only files)."""
-    return all(c is None or not c.link_overrides() for c in (a, b))
+    """Both calibrations give the cluster's links the same values: both leave them as they are (none, or
+    compute-only files), or both override the same link types with the same values (a runs fit evaluates
+    many factor sets on one set of link efficiencies: one collective model and its curves serve them)."""
+    over = lambda c: c.link_overrides() if c is not None else {}  # noqa: E731
+    return over(a) == over(b)
 
 
 def _collective_model(cluster: Any, calibration: Calibration | None, own: Calibration | None) -> Any:
