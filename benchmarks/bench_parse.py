@@ -1,12 +1,12 @@
 """Parsing is linear in the input's size (issue 26): time the bounded JSON reader on 10 MB documents of
 hostile shapes and on growing sizes of each, and print the figures.
 
-    python benchmarks/bench_parse.py [--mb 10]
+    python benchmarks/bench_parse.py [--mb 10] [--only SHAPE]
 
 Shapes: deep nesting (at the depth limit, repeated, deep then wide), quote-heavy strings (escaped quotes, an
 unterminated string, quote-heavy keys), long digit runs and big exponents, many small values, floats, strings,
 objects, mixed containers, colons inside strings, one huge string, non-ASCII text, whitespace, many keys (and a
-repeated one). Each is timed through
+repeated one), many small objects with a repeated key, commas and brackets inside strings. Each is timed through
 :func:`tpsim.boundedjson.loads` (what every JSON input goes through; refused documents count: the time to say
 no is what a hostile input costs), and the ratio of the 10 MB time to the 1 MB time shows the growth (10 for
 linear).
@@ -62,6 +62,8 @@ def shapes(size: int) -> dict[str, str]:
         "whitespace": "[" + " " * (size - 3) + "1]",
         "many keys": many_keys,
         "many keys, last repeated": many_keys[:-1] + ', "k0": 1}',
+        "many small objects, last repeated": _fill(size, '{"a": 1}')[:-1] + ', {"a": 1, "a": 2}]',
+        "commas and brackets in strings": _fill(size, '{"a": "x,[y]{", "b": [1]}'),
     }
 
 
@@ -103,12 +105,15 @@ def timed(text: str, repeat: int = 3) -> tuple[float, float, str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--mb", type=float, default=10.0)
+    p.add_argument("--only", default="", help="time only the shapes whose name contains this text")
     args = p.parse_args()
     big, small = int(args.mb * 2**20), int(args.mb * 2**20 / 10)
     small_shapes = shapes(small)
     print(f"{'shape':30s} {'MB':>6s} {'seconds':>8s} {'cpu s':>6s} {'json.loads':>10s} {'x vs 1/10 size':>14s}  outcome")
     worst = 0.0
     for name, text in shapes(big).items():
+        if args.only not in name:
+            continue
         t_big, cpu_big, outcome = timed(text)
         _, cpu_small, _ = timed(small_shapes[name])
         ratio = cpu_big / cpu_small if cpu_small > 0 else float("nan")

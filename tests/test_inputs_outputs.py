@@ -227,3 +227,46 @@ def test_profile_writer_keeps_rows_on_a_write_failure(tmp_path):
         writer.append(point)
     good.close()
     assert path.read_text().endswith("\n") and path.read_text().count("memory,add") == 1
+
+
+EXPORT_ALL = ["export", "--format", "all", "--model", "llama3-8b", "--cluster", "h100-pcie", "--gpus", "16",
+              "--tp", "2", "--zero", "3", "--no-predict"]
+
+
+def test_export_all_refuses_a_non_empty_folder_before_any_work(tmp_path, capsys, monkeypatch):
+    """Issue 26: `export --format all` into a folder that holds anything adds nothing without --force, and says
+    so before the model is built."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    import tpsim.cli.export as export
+
+    monkeypatch.setattr(export, "build_model", lambda _args: pytest.fail("work done before the refusal"))
+    assert main([*EXPORT_ALL, "--out", str(out)]) == 2
+    lines = _err(capsys)
+    assert len(lines) == 1 and "already holds notes.txt" in lines[0] and "--force" in lines[0]
+    assert sorted(os.listdir(out)) == ["notes.txt"]
+
+
+def test_export_all_is_all_or_nothing(tmp_path, capsys, monkeypatch):
+    """A write that fails part-way leaves no folder and no stage behind; a clean run makes every format."""
+    import tpsim.launch as launch
+
+    real, calls = launch.write_files, []
+
+    def failing(files, out_dir, force=False):
+        calls.append(out_dir)
+        if len(calls) == 3:
+            raise InputError(f"--out {out_dir}: disk full")
+        return real(files, out_dir, force=force)
+
+    monkeypatch.setattr(launch, "write_files", failing)
+    out = tmp_path / "run"
+    assert main([*EXPORT_ALL, "--out", str(out)]) == 2
+    assert "disk full" in _err(capsys)[0]
+    assert not out.exists() and os.listdir(tmp_path) == []
+    monkeypatch.setattr(launch, "write_files", real)
+    out.mkdir()  # an empty folder is fine
+    assert main([*EXPORT_ALL, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert len(os.listdir(out)) >= 4 and os.listdir(tmp_path) == ["run"]

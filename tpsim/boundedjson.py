@@ -106,36 +106,49 @@ def loads(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, max_items: int
     Fast path, linear and at C speed for every shape: a few byte counts and one table translation screen the
     value count, the digit runs, overflowing exponents and the nesting (each conservative: it sees inside
     strings too; when one fires, the exact :func:`scan` decides); the C decoder builds the document with plain
-    dicts (its recursion guard stops nesting the screen let through); one walk over the containers, level by
-    level with :func:`gc.get_referents` (C), measures the depth and the members; members fewer than the colons
-    outside strings mean a repeated key, found by a second decode with a pairs hook."""
+    dicts (its recursion guard stops nesting the screen let through), or, for a document of few objects with
+    many members each (at least :data:`_PAIRS_PER_OBJECT` colons per brace), with a hook per object that
+    refuses a repeated key at once. One walk over the containers, level by level with
+    :func:`gc.get_referents` (C; it never looks at the type of a leaf), measures the depth and counts the
+    values; values fewer than the text's upper bound (commas + brackets - empty containers) may mean a
+    repeated key: the members are then counted exactly against the colons outside strings, and a repeated
+    key is named by a second decode with a pairs hook."""
     if not isinstance(text, str):
         raise InputError(f"{where}: expected JSON text, got {type(text).__name__}")
     raw = text.encode("utf-8", "surrogatepass")
-    opens = raw.count(b"[") + raw.count(b"{")
+    braces = raw.count(b"{")
+    opens = raw.count(b"[") + braces
+    commas = raw.count(b",")
     colons = raw.count(b":")
     shape = raw.translate(_SHAPE)
-    if opens + raw.count(b",") + colons > max_items or _LONG_DIGITS in shape:
+    if opens + commas + colons > max_items or _LONG_DIGITS in shape:
         scan(text, where, max_depth, max_items)  # refuses, or the counts were inside strings
     big_exponent = any(e in shape for e in _BIG_EXPONENTS)
+    unique_keys = (lambda pairs: _unique_keys(pairs, where)) if braces and colons >= _PAIRS_PER_OBJECT * braces \
+        else None  # a few big objects: one hook call per object checks its keys (cheaper than a second decode)
     collecting = gc.isenabled()
     gc.disable()  # millions of new containers trigger full collections that make decoding superlinear
     try:
         try:
-            doc = json.loads(text, parse_constant=lambda c: _refuse_constant(c, text, where))
+            doc = json.loads(text, parse_constant=lambda c: _refuse_constant(c, text, where),
+                             object_pairs_hook=unique_keys)
         except RecursionError:
             raise InputError(f"{where}: JSON nested deeper than {max_depth} levels") from None
         if not big_exponent and opens <= max_depth and (
-                colons == 0 or (opens == 1 and isinstance(doc, dict) and len(doc) == colons)):
-            return doc  # no deeper than its brackets, and no colon (so no object) or one object with all of them
-        depth, members, infinite = _shape(doc, big_exponent)
+                unique_keys is not None or colons == 0
+                or (opens == 1 and isinstance(doc, dict) and len(doc) == colons)):
+            return doc  # no deeper than its brackets, and keys checked, or no colon, or one object with them all
+        depth, values, infinite = _walk(doc, max_depth, big_exponent)
         if depth > max_depth:
             raise InputError(f"{where}: JSON nested deeper than {max_depth} levels ({depth})")
-        if not infinite and (members == colons or members == _colons_outside(raw)):
-            return doc  # no key repeats (every colon outside strings made a member), every number finite
         if infinite:  # names the number
             json.loads(text, parse_constant=lambda c: _refuse_constant(c, text, where),
                        parse_float=lambda t: _finite_float(t, where))
+        if unique_keys is not None or colons == 0 or _all_values(raw, values, commas, opens, colons):
+            return doc
+        members = _members(doc)
+        if members == colons or members == _colons_outside(raw):
+            return doc  # no key repeats (every colon outside strings made a member)
         return json.loads(text, parse_constant=lambda c: _refuse_constant(c, text, where),
                           object_pairs_hook=lambda pairs: _unique_keys(pairs, where))  # names the repeated key
     except json.JSONDecodeError as exc:
@@ -150,6 +163,65 @@ def loads(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, max_items: int
             gc.enable()
 
 
+# Colons per brace from which the decoder checks keys with a hook per object (one Python call per object
+# costs about as much as decoding 64 members; below, a repeated key is found from the counts).
+_PAIRS_PER_OBJECT = 64
+_EMPTY = re.compile(rb"[\[{]\s*[\]}]")
+# What gc.get_referents gives for one member of a dict with string keys: its value (CPython 3.11 on), or its
+# key and its value.
+_REFS_PER_MEMBER = len(gc.get_referents({"k": 0}))
+
+
+def _all_values(raw: bytes, values: int, commas: int, opens: int, colons: int) -> bool:
+    """Whether the decoded document holds every value of the text, so that no key repeated (a repeated key
+    drops a member and its value's subtree). Every value but the root follows a comma or opens a non-empty
+    container, outside strings: the byte counts (commas + brackets - empty containers) bound that number from
+    above, equal when no comma or bracket sits inside a string; ``values`` (the walk's referents) bounds it
+    from below, equal when no key repeated. Equal bounds prove it; otherwise the exact count decides."""
+    extra = colons if _REFS_PER_MEMBER == 2 else 0  # older dicts also give their keys
+    bound = commas + opens + extra - raw.count(b"[]") - raw.count(b"{}")
+    if values == bound:
+        return True
+    return bound > values and values == commas + opens + extra - len(_EMPTY.findall(raw))
+
+
+def _walk(doc: Any, max_depth: int, floats: bool = False) -> tuple[int, int, bool]:
+    """(depth, values under the root, an infinite float?) of a decoded document, one level at a time: the next
+    level is :func:`gc.get_referents` of this one (C: a list's items, a dict's values; strings and numbers
+    have none, so a leaf's type is never looked at); ``floats``: look for infinite floats too (the decoder
+    turns 1e999 into inf). Each non-empty level of referents is one level of nesting; the last level's empty
+    containers add one, looked at only where that decides the bound."""
+    depth = values = 0
+    infinite = False
+    level = [doc]
+    while True:
+        if floats and not infinite:
+            infinite = math.inf in level or -math.inf in level
+        deeper = gc.get_referents(*level)
+        if not deeper:
+            if depth >= max_depth and not {list, dict}.isdisjoint(map(type, level)):
+                depth += 1  # empty containers one level deeper
+            return depth, values, infinite
+        depth += 1
+        values += len(deeper)
+        level = deeper
+
+
+def _members(doc: Any) -> int:
+    """Members of every object of a decoded document, one level at a time (the dicts of each level filtered
+    and their sizes summed at C speed)."""
+    members = 0
+    level = [doc]
+    while True:
+        kinds = set(map(type, level))  # one C pass; most levels hold one or two kinds
+        if dict not in kinds and list not in kinds:
+            return members
+        if dict in kinds:
+            members += sum(map(len, filter(dict.__instancecheck__, level))) if len(kinds) > 1 else \
+                sum(map(len, level))
+        level = gc.get_referents(*level)
+
+
 def _colons_outside(raw: bytes) -> int:
     """Colons outside strings of a valid JSON document: escapes dropped and everything but quotes and colons
     deleted at C speed, then the colons after an even number of quotes counted (one cumulative sum)."""
@@ -159,27 +231,6 @@ def _colons_outside(raw: bytes) -> int:
     codes = np.frombuffer(bare, dtype=np.uint8)
     inside = (np.cumsum(codes == 0x22, dtype=np.uint8) & 1).view(bool)  # parity survives the uint8 wrap-around
     return int(np.count_nonzero(codes == 0x3A)) - int(np.count_nonzero(inside & (codes == 0x3A)))
-
-
-def _shape(doc: Any, floats: bool = False) -> tuple[int, int, bool]:
-    """(depth, members of every object, an infinite float?) of a decoded document, one level at a time: the
-    next level is :func:`gc.get_referents` of this one (C: a JSON dict's referents are its values, a list's its
-    items; strings and numbers have none), the dicts among them filtered and their sizes summed at C speed;
-    ``floats``: look for infinite floats too (the decoder turns 1e999 into inf)."""
-    depth = members = 0
-    infinite = False
-    level = [doc]
-    while True:
-        if floats and not infinite:
-            infinite = math.inf in level or -math.inf in level
-        kinds = set(map(type, level))  # one C pass; most levels hold one or two kinds
-        if dict not in kinds and list not in kinds:
-            return depth, members, infinite
-        depth += 1
-        deeper = gc.get_referents(*level)
-        if dict in kinds:
-            members += len(deeper) if len(kinds) == 1 else sum(map(len, filter(dict.__instancecheck__, level)))
-        level = deeper
 
 
 def _refuse_constant(name: str, text: str, where: str) -> Any:
@@ -199,8 +250,8 @@ def _unique_keys(pairs: list[tuple[str, Any]], where: str) -> dict[str, Any]:
     out = dict(pairs)  # C speed; what follows runs only when a key repeats
     if len(out) != len(pairs):
         keys = list(map(itemgetter(0), pairs))
-        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # key -> its first position (C speed)
-        at = next(i for i, key in enumerate(keys) if first[key] != i)
+        last = dict(zip(keys, range(len(keys))))  # key -> its last position (C speed)
+        at = min(set(range(len(keys))).difference(last.values()))  # the first position that is not a key's last
         raise InputError(f"{where}: key {keys[at][:60]!r} appears twice in one object")
     return out
 

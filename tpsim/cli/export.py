@@ -13,9 +13,12 @@ Formats and keys: docs/EXPORT.md. ``tpsim estimate --from FILE`` reads them back
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from .common import (EXPORT_FORMATS, SHAPE_FLAGS, add_cluster_args, add_flops_arg, add_model_args, add_plan_args,
                      build_cluster, build_model, build_plan, cluster_ref, compute_model, in_convention, model_ref)
 
@@ -54,7 +57,12 @@ def run(args: argparse.Namespace) -> int:
 
     from ..io import check_output_dir
 
-    check_output_dir(args.out, "--out", force=True, protected=())  # a usable folder, before any work
+    out_dir = check_output_dir(args.out, "--out", force=True, protected=())  # a usable folder, before any work
+    held = sorted(os.listdir(out_dir)) if args.export_format == "all" and out_dir.is_dir() else []
+    if held and not args.force:  # `--format all` writes one folder per format: it owns the whole --out
+        names = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise InputError(f"--out {args.out} already holds {names}; --format all needs a new or empty folder "
+                         f"(pass --force to write into it)")
     model = build_model(args)
     cluster = build_cluster(args, model)
     formats = FORMATS if args.export_format == "all" else (args.export_format,)
@@ -81,15 +89,41 @@ def run(args: argparse.Namespace) -> int:
         files = export_plan(fmt, ctx, args.stack)
         check_output_dir(out, "--out", force=args.force, protected=tuple(files))
         jobs.append((fmt, out, files))
-    written = 0
+    if not jobs:
+        raise InputError(f"no format can run plan {plan.short()} (see the lines above)")
+    if len(formats) > 1 and not held:  # all or nothing: staged beside --out, renamed into place at the end
+        _write_staged(jobs, out_dir)
+        return 0
     for fmt, out, files in jobs:
         paths = write_files(files, out, force=args.force)
-        written += 1
         print(f"{fmt}: " + ", ".join(str(p) for p in paths))
-    if not written:
-        from ..errors import InputError
-        raise InputError(f"no format can run plan {plan.short()} (see the lines above)")
     return 0
+
+
+def _write_staged(jobs: list, out_dir: Path) -> None:
+    """Write every format's folder into a temporary folder beside ``out_dir`` (new or empty), then rename it
+    into place: an interruption or a full disk leaves no half of an export (the stage is removed)."""
+    import shutil
+    import tempfile
+
+    from ..io import make_output_dir
+    from ..launch import write_files
+
+    parent = make_output_dir(out_dir.parent if str(out_dir.parent) else Path("."), "--out")
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
+    try:
+        lines = []
+        for fmt, out, files in jobs:
+            paths = write_files(files, stage / Path(out).name, force=False)
+            lines.append(f"{fmt}: " + ", ".join(str(out_dir / Path(out).name / p.name) for p in paths))
+        if out_dir.is_dir():
+            out_dir.rmdir()  # empty (checked above); a file created there since is refused by rmdir
+        os.replace(stage, out_dir)
+    except OSError as exc:
+        raise InputError(f"--out {out_dir}: cannot write the export ({exc.strerror or exc})") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    print("\n".join(lines))
 
 
 def from_launch_file(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:

@@ -34,6 +34,13 @@ WEIGHT_KINDS = ("linear",) + CONV_KINDS
 NORM_TYPES = ("layernorm", "rmsnorm", "batchnorm", "groupnorm", "instancenorm")
 SAVED_DTYPES = {"act": 0, "fp32": 4, "bool": 1, "int64": 8}
 """bytes per element of a saved tensor class; "act" = the plan's activation dtype (2 B bf16, 4 B fp32)."""
+TORCH_DTYPES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "bool", "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "complex128", "complex32",
+                "complex64", "float4_e2m1fn_x2", "float8_e4m3fn", "float8_e4m3fnuz",
+                "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "int1", "int16", "int2", "int3", "int4",
+                "int5", "int6", "int7", "int8", "qint32", "qint8", "quint2x4", "quint4x2", "quint8", "uint1",
+                "uint16", "uint2", "uint3", "uint32", "uint4", "uint5", "uint6", "uint64", "uint7", "uint8")
+"""tensor dtypes a graph may name: every ``torch.dtype`` of torch 2.13 without the ``torch.`` prefix (what
+tpsim/trace/record.py writes); anything else in a file is refused, naming the field."""
 SRC_EXTERNAL = -1
 """``src`` of an input produced before this unit (an earlier unit, or the model's input)."""
 SRC_CONST = -2
@@ -259,7 +266,8 @@ class _Reader:
         if not isinstance(value, str):
             raise self.fail(where, f"{value!r} is not a string")
         if choices is not None and value not in choices:
-            raise self.fail(where, f"{value!r} is not one of {', '.join(choices)}")
+            known = ", ".join(choices) if len(choices) <= 12 else ", ".join(choices[:6]) + f", ... ({len(choices)} names)"
+            raise self.fail(where, f"{value[:40]!r} is not one of {known}")
         return value
 
     def boolean(self, value: Any, where: str) -> bool:
@@ -285,7 +293,7 @@ class _Reader:
 def _tensor(r: _Reader, raw: Any, where: str, n_ops: int | None) -> TensorMeta:
     obj = r.obj(raw, where)
     shape = r.shape(r.get(obj, "shape", where), f"{where}.shape")
-    dtype = r.text(r.get(obj, "dtype", where), f"{where}.dtype")
+    dtype = r.text(r.get(obj, "dtype", where), f"{where}.dtype", TORCH_DTYPES)
     src = SRC_EXTERNAL
     if n_ops is not None:
         src = r.integer(r.get(obj, "src", where), f"{where}.src", SRC_CONST, max(n_ops - 1, SRC_CONST))
@@ -434,7 +442,7 @@ def opgraph_from_dict(data: Any, source: str = "op graph") -> OpGraph:
         if not t.shape or t.shape[0] != batch:
             raise r.fail(f"inputs[{i}].shape", f"{list(t.shape)}: dim 0 must be the batch {batch}")
     return OpGraph(name=r.text(r.get(obj, "name", "top level"), "name"), units=units, params=params,
-                   batch=batch, inputs=inputs, dtype=r.text(obj.get("dtype", "float32"), "dtype"),
+                   batch=batch, inputs=inputs, dtype=r.text(obj.get("dtype", "float32"), "dtype", TORCH_DTYPES),
                    tokens_per_sample=r.integer(obj.get("tokens_per_sample", 1), "tokens_per_sample", 1, 1 << 24),
                    source=dict(r.obj(obj.get("source", {}), "source")))
 
