@@ -17,3 +17,17 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None or sys.dont_write
                                    os.path.join(tempfile.gettempdir(), f"tpsim-pycache-{os.getuid()}"))
     sys.pycache_prefix = sys.pycache_prefix or prefix
     sys.dont_write_bytecode = False
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def shared_ranks(tmp_path_factory):
+    """``shared_ranks(nproc)``: the results of the one launch of every case registered for ``nproc`` ranks
+    (``tests/shared_launches.py``), launched when a test first asks for them."""
+    import shared_launches
+
+    def get(nproc: int) -> dict:
+        return shared_launches.results(nproc, lambda: tmp_path_factory.mktemp(f"shared-{nproc}-ranks"))
+    return get

@@ -1,7 +1,8 @@
 """Context- and expert-parallel layers on gloo ranks on CPU: numerics (fp64) against the unsharded layer and every
 collective per axis against tpsim.comm_plan, on 2 ranks (ring, all-to-all, experts split, both at once, with multi-head latent attention) and on
-4 (ring with the K/V + dK/dV messages of cp > 2); the CLI end to end with timing. One launch per rank count
-serves the checks (tiny shapes, no timing)."""
+4 (ring with the K/V + dK/dV messages of cp > 2); the CLI end to end with timing. One launch per rank count,
+shared with the other distributed modules' rule checks (tests/shared_launches.py), serves the checks (tiny
+shapes, no timing)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import subprocess
 import sys
 
 import pytest
+import shared_launches
 
 pytest.importorskip("torch")
 
 from tpsim.model import PRESETS, with_overrides  # noqa: E402
-from tpsim.validate import LaunchConfig, launch  # noqa: E402
 from tpsim.validate.axis.case import AxisCase, moe_layer_model, with_expert_ffn  # noqa: E402
 from tpsim.validate.axis.report import summarize_axis  # noqa: E402
 
@@ -34,26 +35,28 @@ DEEPSEEK = dataclasses.replace(with_expert_ffn(moe_layer_model(with_overrides(
 KW = dict(micro_batch=2, reps=1, warmup=0, timed=False)
 
 
-def _run(cases: list[AxisCase], nproc: int, tmp) -> dict[str, list[dict]]:
-    result = launch(cases, LaunchConfig(nproc=nproc, timeout_s=30, run_timeout_s=110), tmp)
-    per_case: dict[str, list[dict]] = {}
-    for rank_results in result["ranks"]:
-        for r in rank_results:
-            per_case.setdefault(r["case"], []).append(r)
-    return per_case
+TWO = shared_launches.register(2, [
+    AxisCase(model=LLAMA, cp=2, **KW), AxisCase(model=GPT, cp=2, **KW),
+    AxisCase(model=LLAMA, cp=2, cp_kind="a2a", **KW), AxisCase(model=MIXTRAL, ep=2, dp=2, **KW),
+    AxisCase(model=SHARED, cp=2, ep=2, **KW), AxisCase(model=DEEPSEEK, cp=2, ep=2, **KW)])
+"""launched once with the other modules' 2-rank cases (tests/shared_launches.py)."""
+FOUR_MODEL = with_overrides(LLAMA, heads=8, kv_heads=4, seq_len=64)
+FOUR = shared_launches.register(4, [
+    AxisCase(model=FOUR_MODEL, cp=4, **KW), AxisCase(model=FOUR_MODEL, cp=4, cp_kind="a2a", **KW),
+    AxisCase(model=with_overrides(MIXTRAL, seq_len=64), cp=2, dp=2, ep=4, **KW)])
+"""launched once with the whole-plan 4-rank meshes of test_validate_plan_distributed."""
 
 
-TWO = [AxisCase(model=LLAMA, cp=2, **KW), AxisCase(model=GPT, cp=2, **KW),
-       AxisCase(model=LLAMA, cp=2, cp_kind="a2a", **KW), AxisCase(model=MIXTRAL, ep=2, dp=2, **KW),
-       AxisCase(model=SHARED, cp=2, ep=2, **KW), AxisCase(model=DEEPSEEK, cp=2, ep=2, **KW)]
+def _per_case(shared: dict, cases: list[AxisCase]) -> dict[str, list[dict]]:
+    return {c.name: shared["per_case"][c.name] for c in cases}
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    return _run(TWO, 2, tmp_path_factory.mktemp("two"))
+def two_ranks(shared_ranks):
+    return _per_case(shared_ranks(2), TWO)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
 def test_two_ranks_match_the_unsharded_layer(two_ranks):
     for case in TWO:
         ranks = two_ranks[case.name]
@@ -66,6 +69,7 @@ def test_two_ranks_match_the_unsharded_layer(two_ranks):
             assert {"output", "input_grad"} <= set(r["numerics"]) and sum(k.startswith("grad:") for k in r["numerics"]) > 8
 
 
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
 def test_two_ranks_communicate_what_the_cost_model_lists(two_ranks):
     for case in TWO:
         s = summarize_axis(case, two_ranks[case.name], None)
@@ -76,6 +80,7 @@ def test_two_ranks_communicate_what_the_cost_model_lists(two_ranks):
     assert sum(moe["loads"]) == 2 * moe["balanced_load"]  # every routed copy went out once and came back
 
 
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
 def test_a_wrong_expectation_is_caught(two_ranks):
     """The comparison can fail: a ring expected to exchange one message fewer in backward does not match."""
     case = TWO[0]
@@ -85,14 +90,12 @@ def test_a_wrong_expectation_is_caught(two_ranks):
     assert not summarize_axis(case, ranks, None)["collectives_match"]
 
 
-@pytest.mark.timeout(150)
-def test_four_ranks_ring_and_all_to_all(tmp_path):
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
+def test_four_ranks_ring_and_all_to_all(shared_ranks):
     """cp = 4: the middle backward steps send K/V with the accumulated dK/dV (twice the message); a2a over 4;
     experts over 4 ranks (2 each) with cp 2 x dp 2 for the dense part."""
-    model = with_overrides(LLAMA, heads=8, kv_heads=4, seq_len=64)
-    cases = [AxisCase(model=model, cp=4, **KW), AxisCase(model=model, cp=4, cp_kind="a2a", **KW),
-             AxisCase(model=with_overrides(MIXTRAL, seq_len=64), cp=2, dp=2, ep=4, **KW)]
-    per_case = _run(cases, 4, tmp_path)
+    model, cases = FOUR_MODEL, FOUR
+    per_case = _per_case(shared_ranks(4), cases)
     for case in cases:
         s = summarize_axis(case, per_case[case.name], None)
         assert s["numerics_ok"] and s["collectives_match"], (case.name, s["numerics_max_rel_err"], s["comm"]["per_rank"])

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import shared_launches
 
 pytest.importorskip("torch")
 
@@ -37,18 +38,18 @@ def _cases() -> list[Case]:
             for m in (GPT, LLAMA) for sp in (False, True) for fused in (False, True)]
 
 
+MATRIX = shared_launches.register(2, _cases())
+"""the rule checks' cases: launched once with the other modules' 2-rank cases (tests/shared_launches.py)."""
+
+
 @pytest.fixture(scope="module")
-def matrix_result():
-    cases = _cases()
-    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=55))
-    per_case: dict[str, list[dict]] = {}
-    for rank_results in result["ranks"]:
-        for r in rank_results:
-            per_case.setdefault(r["case"], []).append(r)
-    return cases, per_case, result
+def matrix_result(shared_ranks):
+    shared = shared_ranks(2)
+    per_case = {c.name: shared["per_case"][c.name] for c in MATRIX}
+    return MATRIX, per_case, shared["result"]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
 def test_numerics_match_unsharded_block(matrix_result):
     cases, per_case, _ = matrix_result
     assert len(per_case) == len(cases) == 8
@@ -63,6 +64,7 @@ def test_numerics_match_unsharded_block(matrix_result):
             assert sum(k.startswith("grad:") for k in r["numerics"]) >= n_params
 
 
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
 def test_collective_counts_and_bytes_equal_cost_model(matrix_result):
     cases, per_case, _ = matrix_result
     for case in cases:
@@ -78,6 +80,7 @@ def test_collective_counts_and_bytes_equal_cost_model(matrix_result):
     assert sp == {"fwd": {"all_gather": 2, "reduce_scatter": 2}, "bwd": {"all_gather": 2, "reduce_scatter": 2}}
 
 
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
 def test_summary_against_prediction(matrix_result):
     """The estimator's counts agree too, and every phase has a positive measured time."""
     from tpsim.compute.roofline import RooflineModel

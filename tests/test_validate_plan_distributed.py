@@ -1,6 +1,7 @@
 """Whole plans on 2 gloo ranks on CPU: DDP, tpsim's ZeRO-1, FSDP2 ZeRO-2/3, 1F1B and interleaved pipelining --
 numerics against the unsharded stack and every collective against the torch rules; the CLI end to end with a
-calibration file. One launch serves the rule checks (tiny shapes, no timing)."""
+calibration file. One launch, shared with the other distributed modules' rule checks (tests/shared_launches.py),
+serves the rule checks (tiny shapes, no timing)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import subprocess
 import sys
 
 import pytest
+import shared_launches
 
 pytest.importorskip("torch")
 
 from tpsim.model import PRESETS, with_overrides  # noqa: E402
-from tpsim.validate import LaunchConfig, launch  # noqa: E402
 from tpsim.validate.plan.case import PlanCase  # noqa: E402
 from tpsim.validate.plan.comm import expected_comm, normalize  # noqa: E402
 from tpsim.validate.plan.report import summarize_plan  # noqa: E402
@@ -43,20 +44,28 @@ def _cases() -> list[PlanCase]:
             PlanCase(model=GPT, pp=2, microbatches=2, micro_batch=2, reps=2, warmup=0, timed=True)]
 
 
+PLANS = shared_launches.register(2, _cases())
+"""launched once (with --trace-terms) with the other modules' 2-rank cases (tests/shared_launches.py)."""
+
+
+def _four_rank_cases() -> list[PlanCase]:
+    kw = dict(micro_batch=2, reps=1, warmup=0, timed=False)
+    return [PlanCase(model=LLAMA, tp=2, sp=True, dp=2, zero=3, microbatches=2, **kw),
+            PlanCase(model=GPT, tp=2, sp=True, dp=2, zero=0, microbatches=2, **kw),
+            PlanCase(model=with_overrides(LLAMA, layers=4), tp=2, sp=True, pp=2, microbatches=2, **kw)]
+
+
+FOUR = shared_launches.register(4, _four_rank_cases())
+"""launched once with the context- and expert-parallel 4-rank cases of test_validate_cp_distributed."""
+
+
 @pytest.fixture(scope="module")
-def plan_runs(tmp_path_factory):
-    cases = _cases()
-    traces = tmp_path_factory.mktemp("traces")
-    result = launch(cases, LaunchConfig(nproc=2, timeout_s=30, run_timeout_s=170, trace_terms=True,
-                                        trace_dir=str(traces)), tmp_path_factory.mktemp("run"))
-    per_case: dict[str, list[dict]] = {}
-    for rank_results in result["ranks"]:
-        for r in rank_results:
-            per_case.setdefault(r["case"], []).append(r)
-    return cases, per_case
+def plan_runs(shared_ranks):
+    shared = shared_ranks(2)
+    return PLANS, {c.name: shared["per_case"][c.name] for c in PLANS}
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
 def test_every_axis_matches_the_unsharded_stack(plan_runs):
     cases, per_case = plan_runs
     for case in cases:
@@ -67,6 +76,7 @@ def test_every_axis_matches_the_unsharded_stack(plan_runs):
             assert sum(k.startswith("step:") for k in r["numerics"]) == r["n_params"] > 0
 
 
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
 def test_every_collective_matches_the_torch_rules(plan_runs):
     cases, per_case = plan_runs
     for case in cases:
@@ -128,25 +138,19 @@ def test_cli_whole_plan_with_a_calibration_file_and_repeat(tmp_path):
                for line in _terms_lines({"repeats": rp}))
 
 
-@pytest.mark.timeout(150)
-def test_four_rank_meshes_tp_x_dp_and_pp_x_tp(tmp_path):
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
+def test_four_rank_meshes_tp_x_dp_and_pp_x_tp(shared_ranks):
     """The 4-rank meshes of the matrix (on 2 cores: numerics and communication only): tp x dp with FSDP2 and with
     DDP under SP (DDP's TP composition), pp x tp with SP."""
-    kw = dict(micro_batch=2, reps=1, warmup=0, timed=False)
-    cases = [PlanCase(model=LLAMA, tp=2, sp=True, dp=2, zero=3, microbatches=2, **kw),
-             PlanCase(model=GPT, tp=2, sp=True, dp=2, zero=0, microbatches=2, **kw),
-             PlanCase(model=with_overrides(LLAMA, layers=4), tp=2, sp=True, pp=2, microbatches=2, **kw)]
-    result = launch(cases, LaunchConfig(nproc=4, timeout_s=60, run_timeout_s=140), tmp_path)
-    per_case: dict[str, list[dict]] = {}
-    for rank_results in result["ranks"]:
-        for r in rank_results:
-            per_case.setdefault(r["case"], []).append(r)
+    cases = FOUR
+    per_case = {c.name: shared_ranks(4)["per_case"][c.name] for c in cases}
     for case in cases:
         s = summarize_plan(case, per_case[case.name], None)
         assert s["numerics_ok"] and s["collectives_match"], (case.name, s["numerics_max_rel_err"], s["comm_mismatches"])
         assert set(s["comm"]["measured"]) == ({"tp", "dp"} if case.dp > 1 else {"tp", "pp"})
 
 
+@pytest.mark.timeout(shared_launches.TEST_TIMEOUT_S)
 def test_timed_plan_has_terms_per_rank_steps_and_a_profiled_step_per_stage(plan_runs):
     """issue 22: the measured terms (T6 names) add up to the step (within the rank skew); every rank's step and
     the slowest rank with its host; --trace-terms: one torch.profiler step on each stage's first rank."""
