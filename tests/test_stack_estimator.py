@@ -193,3 +193,24 @@ def test_torchtitan_fsdp2_copies_are_exposed_and_cast_to_the_fp32_reduce_dtype(s
     assert float(ag_cast) == pytest.approx(float(ag))
     shard_fp32 = float(fsdp_copy_seconds(compute, unit, 1.0, "fp32")[0]) / 2.0  # one fp32 copy of the unit
     assert float(rs_cast) == pytest.approx(float(rs_same) / 2.0 * 1.5 + shard_fp32, rel=0.02)
+
+
+def test_fsdp_copies_of_fp8_plans_move_the_wire_bytes(small):
+    """fp8 plans under torchtitan: the float8 all-gather hands FSDP2 fp8 shards (1 B per element), so the copy-in
+    and copy-out of each gather move half a bf16 plan's bytes; the gradients stay bf16 and are cast to the fp32
+    reduce dtype as in a bf16 plan, so the reduce-scatter copies are the same (fp8 is not a 1-byte activation)."""
+    from tpsim.compute.training import training_compute
+    from tpsim.estimator.schedule import fsdp_copy_seconds
+
+    _, cluster = small
+    compute = training_compute(cluster.device, "fa2")[0]
+    unit, dp = 2.0e8, 8.0
+    ag_bf16, rs_bf16 = fsdp_copy_seconds(compute, unit, dp, "bf16", "fp32", "bf16", gather_bytes=2.0)
+    ag_fp8, rs_fp8 = fsdp_copy_seconds(compute, unit, dp, "fp8", "fp32", "bf16", gather_bytes=1.0)
+    assert float(ag_fp8) == pytest.approx(float(ag_bf16) / 2.0, rel=0.02)
+    assert float(rs_fp8) == pytest.approx(float(rs_bf16), rel=1e-9)
+    # without a wire figure an fp8 plan's copies move its 16-bit elements, as a bf16 plan's
+    assert float(fsdp_copy_seconds(compute, unit, dp, "fp8")[0]) == pytest.approx(
+        float(fsdp_copy_seconds(compute, unit, dp, "bf16")[0]), rel=1e-9)
+    terms = stack_terms(load_stack("torchtitan-compile"))
+    assert terms.state_bytes("fp8").wire_params == 1.0 and terms.state_bytes("bf16").wire_params == 2.0

@@ -236,7 +236,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     if ctx.terms.fsdp_copies:  # FSDP2's copies around its collectives, exposed (the runtime's stack profile)
         copy_ag, copy_rs = fsdp_copy_seconds(ctx.compute, costs.params, group, dtype,
                                              _REDUCE_DTYPE.get(ctx.terms.grad_reduce_bytes),
-                                             _GRAD_DTYPE.get(dtype, dtype))
+                                             _GRAD_DTYPE.get(dtype, dtype),
+                                             gather_bytes=ctx.terms.state_bytes(dtype).wire_params)
         fwd_gathers, bwd_gathers = _gathers(ctx.terms, zero, m, np.where(per_mb, m, 1))
         copies_rs = layers * np.where(zero >= 2, np.where(per_mb, m, 1), 0) * copy_rs
         dp_exposed = dp_exposed + layers * (fwd_gathers + bwd_gathers) * copy_ag + copies_rs
@@ -489,7 +490,8 @@ timed as that share of the compute model's residual-add kernel (measured where a
 
 def fsdp_copy_seconds(compute, unit_numel: np.ndarray | float, dp: np.ndarray | float,
                       dtype: str = "fp32", reduce_dtype: str | None = None,
-                      grad_dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+                      grad_dtype: str | None = None, gather_bytes: float | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
     """(per all-gather, per reduce-scatter) seconds of FSDP2's copies around one unit's collectives, on the
     compute stream (not hidden): before an all-gather each rank copies its shard into the send buffer and after
     it the gathered buffer into the unsharded parameters (``foreach_all_gather`` copy-in,
@@ -498,17 +500,28 @@ def fsdp_copy_seconds(compute, unit_numel: np.ndarray | float, dp: np.ndarray | 
     torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). The copies move ``dtype`` elements unless
     ``reduce_dtype`` (MixedPrecisionPolicy reduce_dtype) is given: the copy into the reduce-scatter input then
     reads the unsharded gradients (``grad_dtype``, default ``dtype``) and writes ``reduce_dtype``
-    (``torch._chunk_cat(..., out=reduce_scatter_input)`` casts), and the reduced shard is in ``reduce_dtype``."""
-    def copy(numel: np.ndarray | float, read: str = dtype, write: str = dtype) -> np.ndarray:
-        moved = (DTYPE_BYTES[read] + DTYPE_BYTES[write]) / (2.0 * DTYPE_BYTES[dtype])  # 1 for a same-dtype copy
+    (``torch._chunk_cat(..., out=reduce_scatter_input)`` casts), and the reduced shard is in ``reduce_dtype``.
+    ``gather_bytes``: bytes per element the all-gather moves when it is not ``dtype``'s (the stack's DP wire,
+    ``StateBytes.wire_params``): with float8 all-gather (torchao ``enable_fsdp_float8_all_gather``) the
+    ``fsdp_pre_all_gather`` extension hands FSDP2 the fp8 shard, the all-gather runs on bytes
+    (``_get_all_gather_input_metadatas``: uint8) and the copy-in and copy-out move 1 B per element.
+    Bytes are timed at the compute model's rate for ``dtype``'s kernels, whose elements carry
+    ``activation_bytes(dtype)`` (2 B for the low-precision GEMM dtypes, whose tensors are 16-bit)."""
+    elem = float(activation_bytes(dtype))   # bytes per element of the kernel timed (compute.memory)
+
+    def copy(numel: np.ndarray | float, read: float, write: float) -> np.ndarray:
+        moved = (read + write) / (2.0 * elem)  # 1 for a copy of dtype's elements
         return np.asarray(compute.memory("residual_add", np.asarray(numel, dtype=float) * COPY_OF_RESIDUAL_ADD
                                          * moved, dtype, False)[0], dtype=float)
 
+    own = elem if gather_bytes is None else float(gather_bytes)
     shard = np.asarray(unit_numel, dtype=float) / np.asarray(dp, dtype=float)
-    gather = copy(shard) + copy(unit_numel)
+    gather = copy(shard, own, own) + copy(unit_numel, own, own)
     if reduce_dtype is None:
-        return gather, gather
-    return gather, copy(shard, reduce_dtype, reduce_dtype) + copy(unit_numel, grad_dtype or dtype, reduce_dtype)
+        return gather, copy(shard, elem, elem) + copy(unit_numel, elem, elem)
+    red = float(DTYPE_BYTES[reduce_dtype])
+    grad = float(DTYPE_BYTES[grad_dtype]) if grad_dtype else elem
+    return gather, copy(shard, red, red) + copy(unit_numel, grad, red)
 
 
 def zero1_copy_seconds(compute, numel: np.ndarray | float, dp: np.ndarray | float,
