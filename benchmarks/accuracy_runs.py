@@ -19,7 +19,8 @@ architecture (``by_architecture``). Nothing else here is fitted.
 The torchtitan H100 rows (``tt_*``) ran on Meta's lower-TDP (500 W) H100 SXM boards with 96 GB HBM2e (torchtitan
 paper: "non-standard ... peak TFLOPs between SXM and NVL"); they run on the device ``H100-SXM-96GB``
 (tpsim/data/devices.yaml: H100 peaks and kernel data, 2.4 TB/s, its clock interpolated in power between the
-H100 NVL and SXM datasheet points, no fitted figure) and stay out of the Hopper fit (its constant describes the
+H100 NVL and SXM datasheet points, its fp8 GEMM anchor torchao's figure for that board in kernels/gemm.yaml, no
+fitted figure) and stay out of the Hopper fit (its constant describes the
 700 W part; with them it would be 0.870 instead of 0.861).
 """
 
