@@ -486,7 +486,8 @@ def cp_layer_collectives(model: ModelSpec, lc, axes: dict, cp_kind: np.ndarray, 
     max(0, exchange - step) per step); backward the first step sends K/V, the last dK/dV, the middle ones
     both. All-gather (torch ALL_GATHER): one all-gather of the ``cp`` blocks per pass, hidden only behind the
     first (local) step; in backward the dK/dV go round the ring, step i's send hidden behind step i + 1 and
-    the last one awaited after the loop (exposed)."""
+    the last one awaited after the loop (exposed). A stack whose exchanges are awaited where they are issued
+    (``ring.overlapped`` False: torch.compile) hides none of them."""
     from .layer import kv_heads_seen
     from .stackterms import RingExchange
     ring = ring or RingExchange()
@@ -512,6 +513,8 @@ def cp_layer_collectives(model: ModelSpec, lc, axes: dict, cp_kind: np.ndarray, 
                Collective(("cp",), "send_recv", "bwd", dkv, per_step_b, 1.0),
                Collective(("cp",), "send_recv", "bwd", np.where(middle > 0, kv + dkv, 0.0), per_step_b * middle,
                           middle)]
+    if not ring.overlapped:  # each awaited where it is issued (torch.compile): nothing hides
+        ops = [dataclasses.replace(c, hide=0.0) for c in ops]
     sizes = a2a_bytes(model, tp=tp, cp=cp, micro_batch=mb, act_bytes=act_bytes)
     for phase in ("fwd", "bwd"):  # q and o (and k and v) move the same bytes: all-to-all needs dqk == dv (no MLA)
         ops.append(Collective(("cp",), "all_to_all", phase, np.where(a2a, sizes["q"], 0.0), 0.0, 2.0))
