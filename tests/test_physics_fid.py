@@ -442,11 +442,11 @@ def test_torch_ring_all_gathers_kv_once_and_rotates_fp32_gradients():
     from tpsim.estimator.source import cp_layer_collectives
     from tpsim.estimator.stackterms import stack_terms
 
-    tt, meg = stack_terms(resolve_stack("torchtitan-compile")), stack_terms(resolve_stack("megatron"))
-    assert tt.cp_ring.allgather and tt.cp_ring.grad_bytes == 4.0
+    tt, meg = stack_terms(resolve_stack("torchtitan")), stack_terms(resolve_stack("megatron"))
+    assert tt.cp_ring.allgather and tt.cp_ring.grad_bytes == 4.0 and tt.cp_ring.overlapped
     assert not meg.cp_ring.allgather and meg.cp_ring.grad_bytes is None
     model = load_model("llama3-8b")
-    compute, _ = default_compute(load_cluster("dgx-h100", gpus=8).device, resolve_stack("torchtitan-compile"))
+    compute, _ = default_compute(load_cluster("dgx-h100", gpus=8).device, resolve_stack("torchtitan"))
     one, cp = np.array([1]), np.array([4])
     lc = layer_cost(model, compute, tp=one, sp=np.array([False]), micro_batch=one, recompute=np.array([0]),
                     dtype="bf16", attention="flash", cp=cp, cp_kind=np.array([0]), kv_repeat=True, cp_grad_bytes=4.0)
@@ -471,15 +471,108 @@ def test_torch_ring_all_gathers_kv_once_and_rotates_fp32_gradients():
 
 
 def test_cp_exchanges_hide_where_the_stacks_tp_collectives_do_not():
-    """torchtitan's TP collectives block (comm.tp_backward_overlap false) but its ring exchange is async: the
-    exposed cp time is below the cp traffic."""
+    """Eager torchtitan's TP collectives block (comm.tp_backward_overlap false) but its ring exchange is async:
+    the exposed cp time is below the cp traffic. Under torch.compile (comm.cp_exchange_overlap false) each
+    exchange is awaited where it is issued: all of it is exposed, the forward's twice under full
+    recomputation."""
     model = with_overrides(load_model("llama3-8b"), layers=2, seq_len=32768)
     cluster = load_cluster("dgx-h100", gpus=8)
     plan = make_plan(model, 8, tp=1, pp=1, sp=False, zero=3, recompute="full", micro_batch=1, global_batch=2,
                      cp=4)
-    est = estimate(model, cluster, plan, stack="torchtitan-compile")
+    est = estimate(model, cluster, plan, stack="torchtitan")
     assert est.breakdown["cp_comm"] > 0
     assert est.terms["cp_comm"] < 0.5 * est.breakdown["cp_comm"]
+    compiled = estimate(model, cluster, plan, stack="torchtitan-compile")
+    assert compiled.terms["cp_comm"] >= compiled.breakdown["cp_comm"] * (1.0 - 1e-9)
+
+
+def test_compiled_ring_exchanges_hide_nothing():
+    """comm.cp_exchange_overlap false (torchtitan-compile): every K/V all-gather and dK/dV send has hide 0, with
+    the same bytes and counts as the eager stack's."""
+    from tpsim.estimator.context import default_compute, resolve_stack
+    from tpsim.estimator.layer import layer_cost
+    from tpsim.estimator.source import cp_layer_collectives
+    from tpsim.estimator.stackterms import stack_terms
+
+    eager, compiled = (stack_terms(resolve_stack(n)).cp_ring for n in ("torchtitan", "torchtitan-compile"))
+    assert eager.overlapped and not compiled.overlapped
+    model = load_model("llama3-8b")
+    compute, _ = default_compute(load_cluster("dgx-h100", gpus=8).device, resolve_stack("torchtitan"))
+    one, cp = np.array([1]), np.array([4])
+    lc = layer_cost(model, compute, tp=one, sp=np.array([False]), micro_batch=one, recompute=np.array([0]),
+                    dtype="bf16", attention="flash", cp=cp, cp_kind=np.array([0]), kv_repeat=True, cp_grad_bytes=4.0)
+    axes = dict(tp=one, cp=cp, micro_batch=one, act_bytes=2.0)
+    ops = {r: [c for c in cp_layer_collectives(model, lc, axes, np.array([0]), ring=ring, kv_repeat=True)
+               if np.any(np.asarray(c.nbytes) > 0)] for r, ring in (("eager", eager), ("compiled", compiled))}
+    assert sum(float(np.ravel(c.hide)[0]) for c in ops["eager"]) > 0
+    assert all(float(np.ravel(c.hide)[0]) == 0.0 for c in ops["compiled"])
+    assert [(c.op, c.phase, float(np.ravel(c.nbytes)[0]), float(np.ravel(c.count)[0])) for c in ops["eager"]] == \
+        [(c.op, c.phase, float(np.ravel(c.nbytes)[0]), float(np.ravel(c.count)[0])) for c in ops["compiled"]]
+
+
+def test_cp_exchange_overlap_must_be_a_boolean(tmp_path):
+    """comm.cp_exchange_overlap takes true or false; anything else is a bad input naming the field."""
+    from tpsim.errors import InputError
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import STACKS_DIR, load_stack
+
+    text = (STACKS_DIR / "torchtitan-compile.yaml").read_text()
+    bad = text.replace("  cp_exchange_overlap:\n    value: false", "  cp_exchange_overlap:\n    value: 'no'")
+    assert bad != text
+    path = tmp_path / "bad.yaml"
+    path.write_text(bad)
+    with pytest.raises(InputError, match="cp_exchange_overlap"):
+        stack_terms(load_stack(str(path)))
+
+
+def test_ring_working_set_holds_the_gathered_kv_and_the_gradients_in_flight():
+    """The ring backward's transient bytes (source.ring_working_bytes): torch's all-gather holds cp K/V blocks
+    (repeated heads with repeat_kv), the fp32 dQ accumulator, three fp32 dK/dV (accumulator, next message,
+    received) and the step's 16-bit dQ, dK, dV; TE p2p two K/V blocks and two dK/dV; nothing without a ring
+    (cp 1, or all-to-all)."""
+    from tpsim.comm_plan import kv_block_bytes
+    from tpsim.estimator.source import ring_working_bytes
+    from tpsim.estimator.stackterms import RingExchange
+
+    model = load_model("llama3-8b")
+    one = np.array([1])
+    for cp in (2, 8):
+        cpa = np.array([cp])
+        axes = dict(tp=one, cp=cpa, micro_batch=one, act_bytes=2.0)
+        tokens = model.seq_len / cp
+        q = tokens * model.num_attention_heads * model.head_dim  # query elements
+        kv = float(kv_block_bytes(model, tp=one, cp=cpa, micro_batch=one, act_bytes=2.0)[0])
+        rep = model.num_attention_heads / model.num_kv_heads
+        torch_ring = RingExchange(allgather=True, grad_bytes=4.0)
+        got = float(ring_working_bytes(model, axes, np.array([0]), torch_ring, kv_repeat=True)[0])
+        krep = kv * rep
+        assert got == pytest.approx(cp * krep + 4.0 * q + 3.0 * 2.0 * krep + (2.0 * q + krep))
+        te = float(ring_working_bytes(model, axes, np.array([0]), RingExchange())[0])
+        assert te == pytest.approx(2.0 * kv + 2.0 * q + 2.0 * kv + (2.0 * q + kv))
+        assert float(ring_working_bytes(model, axes, np.array([1]), torch_ring)[0]) == 0.0
+    assert float(ring_working_bytes(model, dict(tp=one, cp=one, micro_batch=one, act_bytes=2.0), np.array([0]),
+                                    RingExchange())[0]) == 0.0
+
+
+def test_ring_buffers_enter_the_activation_memory_of_ring_plans():
+    """The ring's transient buffers enter the peak (the working set): a Megatron cp 8 ring plan holds exactly
+    ring_working_bytes more activation memory than the same plan with all-to-all context parallelism (same
+    stored activations per rank token, no ring buffers)."""
+    from tpsim.estimator.source import ring_working_bytes
+    from tpsim.estimator.stackterms import RingExchange
+    from tpsim.units import GiB
+
+    model = with_overrides(load_model("llama3-8b"), layers=2, seq_len=65536)
+    cluster = load_cluster("dgx-h100", gpus=8)
+    acts = {}
+    for kind in ("ring", "a2a"):
+        plan = make_plan(model, 8, tp=1, pp=1, sp=False, zero=1, recompute="full", micro_batch=1, global_batch=1,
+                         cp=8, cp_kind=kind)
+        acts[kind] = estimate(model, cluster, plan, stack="megatron").memory_gib["activations"]
+    axes = dict(tp=np.array([1]), cp=np.array([8]), micro_batch=np.array([1]), act_bytes=2.0)
+    ring = float(ring_working_bytes(model, axes, np.array([0]), RingExchange())[0]) / GiB
+    assert ring > 0
+    assert acts["ring"] - acts["a2a"] == pytest.approx(ring, rel=1e-6)
 
 
 def test_per_op_sac_runs_the_tp_all_gathers_again_in_backward():

@@ -233,7 +233,7 @@ def test_stacks_module_imports_nothing_above_the_plan():
 
 def test_torchtitan_compile_profile_differs_only_in_kernels():
     """torchtitan-compile.yaml is torchtitan.yaml with training.compile: fused kernels (and the float8 casts
-    fused with their amax: 3 / 4 / 3 B instead of 5 / 10 / 5) and async TP offered (it needs compile), every other figure the same (the two files are kept in step by hand; this catches a figure
+    fused with their amax: 3 / 4 / 3 B instead of 5 / 10 / 5), async TP offered (it needs compile) and the ring's exchanges awaited at issue, every other figure the same (the two files are kept in step by hand; this catches a figure
     changed in one of them only)."""
     from tpsim.stacks import stack_path
     from tpsim.topology.files import read_yaml
@@ -246,11 +246,15 @@ def test_torchtitan_compile_profile_differs_only_in_kernels():
                                                                         "backward_input": 5}
     assert compiled["compute"]["fp8_cast_bytes_per_element"]["value"] == {"forward": 3, "backward": 4,
                                                                            "backward_input": 3}
+    # compiled, the ring attention's exchanges are traced and awaited where they are issued
+    assert eager["comm"]["cp_exchange_overlap"]["value"] is True
+    assert compiled["comm"]["cp_exchange_overlap"]["value"] is False
     for data in (eager, compiled):
         data["compute"] = {k: v for k, v in data["compute"].items() if k not in ("kernels",
                                                                                    "fp8_cast_bytes_per_element")}
         for section in ("rules", "comm"):
-            data[section] = {k: v for k, v in data[section].items() if k != "tp_overlap"}
+            data[section] = {k: v for k, v in data[section].items() if k not in ("tp_overlap",
+                                                                                  "cp_exchange_overlap")}
         for key in ("name", "description"):
             data.pop(key)
     assert eager == compiled

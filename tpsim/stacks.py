@@ -61,7 +61,7 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
              "ep_dispatch_dtype", "ep_node_dedup", "zero3_regather_in_recompute", "zero3_overlap_fraction",
              "host_us_per_collective_rank", "fsdp_copy_in_out", "fsdp_reshard_after_backward",
              "zero1_in_optimizer_step", "zero1_flat_copies", "pp_send_split_over_tp", "fp8_param_gather",
-             "cp_ring_exchange", "cp_grad_exchange_dtype"),
+             "cp_ring_exchange", "cp_grad_exchange_dtype", "cp_exchange_overlap"),
     "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
                 "grad_accumulation_fusion", "optimizer_bytes_per_param", "optimizer_bytes_per_param_fp32",
                 "pipeline_edges_as_layers", "model_edges",

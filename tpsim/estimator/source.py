@@ -323,6 +323,7 @@ class TransformerSource(LayerSource):
         # the layer rebuilt in backward: full recomputation, and per-op selective (its unsaved tensors)
         rebuilt = (rc == 2) | ((rc == 1) & self.storage.per_op_sac)
         working = np.where(rebuilt, full_layer_activations(model, **mem_kw), 0.0)
+        working = working + ring_working_bytes(model, axes, cp_kind, self.cp_ring, self.kv_repeat)
         tp_ops = self._tp_collectives(lc, kind, axes, rc)
         cp_ops = cp_layer_collectives(model, lc, axes, cp_kind, ring=self.cp_ring, kv_repeat=self.kv_repeat)
         comm = [c for c, _ in tp_ops] + cp_ops
@@ -486,17 +487,14 @@ def cp_layer_collectives(model: ModelSpec, lc, axes: dict, cp_kind: np.ndarray, 
     max(0, exchange - step) per step); backward the first step sends K/V, the last dK/dV, the middle ones
     both. All-gather (torch ALL_GATHER): one all-gather of the ``cp`` blocks per pass, hidden only behind the
     first (local) step; in backward the dK/dV go round the ring, step i's send hidden behind step i + 1 and
-    the last one awaited after the loop (exposed)."""
-    from .layer import kv_heads_seen
+    the last one awaited after the loop (exposed). A stack whose exchanges are awaited where they are issued
+    (``ring.overlapped`` False: torch.compile) hides none of them."""
     from .stackterms import RingExchange
     ring = ring or RingExchange()
     tp, cp, mb, act_bytes = axes["tp"], axes["cp"], axes["micro_batch"], axes["act_bytes"]
     cpf = cp.astype(float)
-    rings = (cp > 1) & (cp_kind == 0)
     a2a = (cp > 1) & (cp_kind == 1)
-    kv = np.where(rings, kv_block_bytes(model, tp=tp, cp=cp, micro_batch=mb, act_bytes=act_bytes), 0.0)
-    if kv_repeat:  # the repeated K/V: as many heads as the queries
-        kv = kv * kv_heads_seen(model, tp, True) / kv_heads_seen(model, tp, False)
+    kv = ring_kv_bytes(model, axes, cp_kind, kv_repeat)
     dkv = kv if ring.grad_bytes is None else kv * (ring.grad_bytes / act_bytes)
     steps = np.maximum(cpf - 1.0, 1.0)
     per_step_f, per_step_b = lc.ring_fwd / steps, lc.ring_bwd / steps
@@ -512,11 +510,55 @@ def cp_layer_collectives(model: ModelSpec, lc, axes: dict, cp_kind: np.ndarray, 
                Collective(("cp",), "send_recv", "bwd", dkv, per_step_b, 1.0),
                Collective(("cp",), "send_recv", "bwd", np.where(middle > 0, kv + dkv, 0.0), per_step_b * middle,
                           middle)]
+    if not ring.overlapped:  # each awaited where it is issued (torch.compile): nothing hides
+        ops = [dataclasses.replace(c, hide=0.0) for c in ops]
     sizes = a2a_bytes(model, tp=tp, cp=cp, micro_batch=mb, act_bytes=act_bytes)
     for phase in ("fwd", "bwd"):  # q and o (and k and v) move the same bytes: all-to-all needs dqk == dv (no MLA)
         ops.append(Collective(("cp",), "all_to_all", phase, np.where(a2a, sizes["q"], 0.0), 0.0, 2.0))
         ops.append(Collective(("cp",), "all_to_all", phase, np.where(a2a, sizes["k"], 0.0), 0.0, 2.0))
     return ops
+
+
+def ring_kv_bytes(model: ModelSpec, axes: dict, cp_kind: np.ndarray, kv_repeat: bool = False) -> np.ndarray:
+    """One rank's K/V block as the ring moves it (activation dtype), 0 where the plan runs no ring: the K and V
+    the attention kernel receives, with ``kv_repeat`` (torchtitan's repeat_kv before SDPA) the query heads'."""
+    from .layer import kv_heads_seen
+    tp, cp = axes["tp"], axes["cp"]
+    rings = (cp > 1) & (cp_kind == 0)
+    kv = np.where(rings, kv_block_bytes(model, tp=tp, cp=cp, micro_batch=axes["micro_batch"],
+                                        act_bytes=axes["act_bytes"]), 0.0)
+    if kv_repeat:  # the repeated K/V: as many heads as the queries
+        kv = kv * kv_heads_seen(model, tp, True) / kv_heads_seen(model, tp, False)
+    return kv
+
+
+def ring_working_bytes(model: ModelSpec, axes: dict, cp_kind: np.ndarray, ring=None,
+                       kv_repeat: bool = False) -> np.ndarray:
+    """Transient bytes of one layer's ring attention backward on one rank (its peak: the backward holds more
+    than the forward), beside the layer's own activations; 0 where the plan runs no ring.
+
+    * the K/V blocks received: all ``cp`` of them with the all-gather rotation (torch
+      ``_AllGatherRotater._aggregated_buffer``, the backward's ``kv_rotater`` gathers again), two with the
+      per-step exchange (TE ``AttnFuncWithCPAndKVP2P.backward``: ``p2p_comm_buffers[i % 2]`` sent,
+      ``[(i + 1) % 2]`` received);
+    * the query-gradient accumulator (``grad_bytes`` per element; torch ``grad_query = torch.zeros_like(query,
+      dtype=accum_dtype)``);
+    * the dK/dV in flight: torch keeps the accumulator, the next message (``torch.cat([grad_key.flatten(),
+      grad_value.flatten()])``) and the one received (``dkv_rotater``'s ``permute_tensor`` output): three;
+      TE accumulates into the received buffer and sends the other: two (``p2p_comm_buffers[.][1]``);
+    * the step's 16-bit gradients out of the attention kernel (``grad_query_``, ``grad_key_``, ``grad_value_``).
+    """
+    from ..comm_plan import head_dims, local_shapes, cp_tokens
+    from .stackterms import RingExchange
+    ring = ring or RingExchange()
+    act = axes["act_bytes"]
+    kv = ring_kv_bytes(model, axes, cp_kind, kv_repeat)
+    gb = act if ring.grad_bytes is None else ring.grad_bytes
+    q = np.where(kv > 0, cp_tokens(model, axes["cp"], axes["micro_batch"])
+                 * local_shapes(model, axes["tp"]).q_heads * head_dims(model)[0], 0.0)  # query elements
+    received = (np.asarray(axes["cp"], dtype=float) if ring.allgather else 2.0) * kv
+    messages = (3.0 if ring.allgather else 2.0) * kv / act * gb
+    return received + q * gb + messages + (q * act + kv)
 
 
 def moe_layer_collectives(model: ModelSpec, axes: dict, paired: tuple[np.ndarray, np.ndarray] | None = None,

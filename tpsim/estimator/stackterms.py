@@ -88,6 +88,12 @@ class RingExchange:
     allgather: bool = False
     grad_bytes: float | None = None
     """None: the activation dtype's."""
+    overlapped: bool = True
+    """the exchanges run beside the attention steps (eager: torch's ``AsyncCollectiveTensor`` is awaited where
+    the next step needs it, TE's ``req.wait()`` one step later). False (``comm.cp_exchange_overlap``): each is
+    awaited where it is issued, so none hides (torch.compile traces the functional collectives with
+    ``wait_tensor`` right after them, torch/distributed/_functional_collectives.py ``_maybe_wrap_tensor``, and
+    Inductor keeps that order: ``reorder_for_compute_comm_overlap = False``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -362,7 +368,8 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         cp_ring=RingExchange(
             allgather=_choice(stack, "comm", "cp_ring_exchange", "p2p", RING_EXCHANGES, where) == "allgather",
             grad_bytes=None if _value(stack, "comm", "cp_grad_exchange_dtype", None) is None else _dtype_bytes(
-                _value(stack, "comm", "cp_grad_exchange_dtype", None), f"{where}: comm.cp_grad_exchange_dtype")),
+                _value(stack, "comm", "cp_grad_exchange_dtype", None), f"{where}: comm.cp_grad_exchange_dtype"),
+            overlapped=_flag(stack, "comm", "cp_exchange_overlap", True, where)),
         allocator_reserve_fraction=reserve,
         allocator_reserve_range=(reserve_fig.range if reserve_fig is not None and reserve_fig.range
                                  else (reserve, reserve)),
@@ -401,6 +408,14 @@ def _activation_storage(stack: StackProfile, where: str) -> ActivationStorage:
                              fp8_linear_input_bytes=None if cache is None else float(cache),
                              fp8_attention_output_bytes=None if attn is None else float(attn),
                              attention_output_shared=bool(_value(stack, "memory", "attention_output_shared", False)))
+
+
+def _flag(stack: StackProfile, section: str, key: str, default: bool, where: str) -> bool:
+    """A true/false figure (a YAML boolean)."""
+    value = _value(stack, section, key, default)
+    if not isinstance(value, bool):
+        raise InputError(f"{where}: {section}.{key}={value!r} is not true or false")
+    return value
 
 
 def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: tuple[str, ...],
