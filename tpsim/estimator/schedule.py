@@ -222,7 +222,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     t_stage = c_stage + r_stage + x_stage + o_stage
 
     m = plans.global_batch // (plans.micro_batch * dp)
-    dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp)
+    dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp,
+                         vpp=vpp)
     if ctx.exposed_scale.get("dp", 1.0) != 1.0:  # a calibration's achieved DP overlap
         dpt = scale_dp_exposure(dpt, ctx.exposed_scale["dp"])
     # the fill and drain run whole stages: ZeRO-3's gathers exposed inside each micro-batch's passes count
@@ -431,7 +432,8 @@ def _gathers(terms, zero: np.ndarray, m: np.ndarray, reductions: np.ndarray) -> 
 
 def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndarray, zero: np.ndarray,
                    overlap: np.ndarray, penalty: float, per_microbatch: np.ndarray | None = None,
-                   full: np.ndarray | None = None, terms=None, pp: np.ndarray | None = None) -> DataParallel:
+                   full: np.ndarray | None = None, terms=None, pp: np.ndarray | None = None,
+                   vpp: np.ndarray | None = None) -> DataParallel:
     """Data-parallel time per step. Gradients hide behind the backward of the last micro-batch (bucketed), the
     ZeRO parameter all-gather behind the forward of the first micro-batch of the next step. Where the stack
     reduces after every micro-batch (``per_microbatch``: ZeRO-2 keeping only a gradient shard, or a stack
@@ -440,7 +442,8 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     reduce-scatters its gradients, each hidden behind that layer's compute; its edge shards are gathered in
     forward and backward and reduced every micro-batch. Stack rules: FSDP2 under pipelining reduce-scatters
     after the last backward, exposed (``fsdp_reshard_after_backward``); ZeRO-1 reducing and gathering inside the
-    optimizer step, exposed (``zero1_in_optimizer``)."""
+    optimizer step, exposed (``zero1_in_optimizer``); interleaved plans of a stack that syncs each model chunk on
+    its own (``dp_sync_per_chunk``, Megatron-Core) reduce and gather chunk by chunk (:func:`chunked_exposure`)."""
     f_layer = costs.fwd + comm.layer_fwd_exposed
     b_layer = costs.bwd + costs.recompute + comm.layer_bwd_exposed
     per_mb = (zero >= 2) if per_microbatch is None else per_microbatch
@@ -465,10 +468,16 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     grad_end = np.where(at_end, comm.dp_reduce_scatter, 0.0)  # ZeRO-2's (ZeRO-3's are its edges' shards)
     gathers = np.where(zero == 3, 2 * m, np.where(zero == 2, fwd_g, 1))  # ZeRO-3: its edges' shards
     overlap = overlap & ~in_opt
+    chunks, slots = 1.0, 1.0
+    if terms is not None and getattr(terms, "dp_sync_per_chunk", False) and vpp is not None and pp is not None:
+        # once-per-step reductions (and the ZeRO-1 gather) chunk by chunk; ZeRO-2/3 traffic stays per unit
+        chunks = np.where((reductions == 1) & (zero <= 1), np.maximum(vpp, 1), 1).astype(float)
+        slots = np.minimum(m, pp).astype(float)
     total, exposed = dp_exposure(grad_t - grad_end, comm.dp_all_gather, reductions, gathers, layers * b_layer,
-                                 layers * f_layer, overlap, penalty, z3_total, z3_exposed)
+                                 layers * f_layer, overlap, penalty, z3_total, z3_exposed, chunks=chunks,
+                                 slots=slots)
     ends = reductions * grad_end + np.where(zero == 3, layers * reductions * z3_rs_end, 0.0)
-    forward = np.where(overlap, gathers * np.maximum(comm.dp_all_gather - layers * f_layer, 0.0),
+    forward = np.where(overlap, gathers * chunked_exposure(comm.dp_all_gather, layers * f_layer, chunks, slots),
                        gathers * comm.dp_all_gather) + z3_fwd
     return DataParallel(total=total + reductions * grad_end, exposed=exposed + reductions * grad_end,
                         forward=np.where(in_opt, 0.0, forward), after_backward=ends,
@@ -523,17 +532,39 @@ def zero1_copy_seconds(compute, numel: np.ndarray | float, dp: np.ndarray | floa
     return np.asarray(compute.memory("residual_add", moved * COPY_OF_RESIDUAL_ADD, dtype, False)[0], dtype=float)
 
 
+def chunked_exposure(comm_t: np.ndarray, window: np.ndarray, chunks: np.ndarray | float = 1.0,
+                     slots: np.ndarray | float = 1.0) -> np.ndarray:
+    """Exposed seconds of ``comm_t`` of data-parallel traffic (one NCCL stream, so serialized) that hides behind
+    one micro-batch's backward (or forward) ``window`` of the rank's layers, released in ``chunks`` equal model
+    chunks: ``max(0, comm_t - window)`` for one chunk. Megatron-Core's interleaved schedule
+    (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving: grad_sync_func
+    of a chunk launched once the chunk's last micro-batch has run its backward, param_sync_func of the next
+    chunk launched with a chunk's first forward) runs the chunks' passes in rounds of ``slots`` = min(m, pp)
+    micro-batches, so model chunk k from the end (k = 0 .. v-1) finishes its last backward k x slots chunk
+    backwards (each ``window / v``) before the step's last one, its buckets reduced from its own last backward
+    on (megatron/core/distributed/param_and_grad_buffer.py register_grad_ready). The queue drains at
+    ``max_k ((k + 1) c - k x slots x w) - w`` past the end (c = comm_t / v, w = window / v); linear in k, so
+    the larger of k = 0 and k = v - 1. The forward's parameter gathers mirror it (chunk k's gathered while
+    the k earlier chunks run their first round)."""
+    v = np.maximum(np.asarray(chunks, dtype=float), 1.0)
+    c, w = comm_t / v, window / v
+    return np.maximum(np.maximum(c - w, comm_t - (v - 1.0) * slots * w - w), 0.0)
+
+
 def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, gathers: np.ndarray,
                 bwd_window: np.ndarray, fwd_window: np.ndarray, overlap: np.ndarray, penalty: float,
-                z3_total: np.ndarray | float = 0.0, z3_exposed: np.ndarray | float = 0.0
+                z3_total: np.ndarray | float = 0.0, z3_exposed: np.ndarray | float = 0.0, *,
+                chunks: np.ndarray | float = 1.0, slots: np.ndarray | float = 1.0
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(total, exposed) data-parallel time per step, the rule every path uses (transformer stages, traced
     graphs): ``reductions`` gradient reductions of ``grad_t`` each hide behind the backward window,
     ``gathers`` ZeRO parameter all-gathers of ``t_ag`` behind the forward window (when ``overlap``; else all
-    exposed); per-layer ZeRO-3 traffic comes in as (``z3_total``, ``z3_exposed``); a fraction ``penalty`` of
-    whatever hides still counts (NCCL kernels hold SMs and memory bandwidth)."""
-    exposed = np.where(overlap, reductions * np.maximum(grad_t - bwd_window, 0.0)
-                       + gathers * np.maximum(t_ag - fwd_window, 0.0),
+    exposed), released in ``chunks`` model chunks spaced ``slots`` chunk passes apart (:func:`chunked_exposure`;
+    one chunk: ``max(0, comm - window)``); per-layer ZeRO-3 traffic comes in as (``z3_total``,
+    ``z3_exposed``); a fraction ``penalty`` of whatever hides still counts (NCCL kernels hold SMs and memory
+    bandwidth)."""
+    exposed = np.where(overlap, reductions * chunked_exposure(grad_t, bwd_window, chunks, slots)
+                       + gathers * chunked_exposure(t_ag, fwd_window, chunks, slots),
                        reductions * grad_t + gathers * t_ag) + z3_exposed
     total = reductions * grad_t + gathers * t_ag + z3_total
     return total, exposed + penalty * (total - exposed)

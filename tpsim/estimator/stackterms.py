@@ -112,6 +112,12 @@ class StackTerms:
     pp_overlap_interleaved: bool = False
     """interleaved plans (vpp > 1) overlap the pipeline sends with the next chunk's compute
     (``comm.pp_overlap_interleaved``: Megatron-LM --overlap-p2p-communication, on by default)."""
+    dp_sync_per_chunk: bool = False
+    """interleaved plans (vpp > 1) reducing once per step launch each model chunk's gradient reduction after that
+    chunk's last backward and gather each chunk's parameters before its first forward, so a chunk's traffic
+    overlaps the other chunks' passes (``comm.dp_sync_per_chunk``: Megatron-Core schedules.py
+    forward_backward_pipelining_with_interleaving, grad_sync_func / param_sync_func per chunk;
+    :func:`tpsim.estimator.schedule.chunked_exposure`)."""
     tp_overlap_exposed_share: Mapping[str, Mapping[str, float | None]] = dataclasses.field(default_factory=dict)
     """phase -> collective -> share of a pipelined TP collective left exposed (its chunk that nothing hides;
     None: 1 / tp) (``comm.tp_overlap_exposed_share``)."""
@@ -329,6 +335,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         tp_overlap_phases=_phases(stack, where),
         tp_overlap_exposed_share=_exposed_share(stack, where),
         pp_overlap_interleaved=bool(_value(stack, "comm", "pp_overlap_interleaved", False)),
+        dp_sync_per_chunk=bool(_value(stack, "comm", "dp_sync_per_chunk", False)),
         zero3_per_parameter=unit == "parameter",
         zero3_persistence_elements=float(_value(stack, "comm", "zero3_persistence_threshold_elements",
                                                 PERSISTENCE_DEFAULT)),
