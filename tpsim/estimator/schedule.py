@@ -222,8 +222,10 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     t_stage = c_stage + r_stage + x_stage + o_stage
 
     m = plans.global_batch // (plans.micro_batch * dp)
+    bucket = ctx.terms.dp_bucket(group)
+    share = None if bucket is None else np.minimum(bucket / np.maximum(part.largest, 1.0), 1.0)
     dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp,
-                         vpp=vpp)
+                         vpp=vpp, bucket_share=share)
     if ctx.exposed_scale.get("dp", 1.0) != 1.0:  # a calibration's achieved DP overlap
         dpt = scale_dp_exposure(dpt, ctx.exposed_scale["dp"])
     # the fill and drain run whole stages: ZeRO-3's gathers exposed inside each micro-batch's passes count
@@ -433,7 +435,7 @@ def _gathers(terms, zero: np.ndarray, m: np.ndarray, reductions: np.ndarray) -> 
 def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndarray, zero: np.ndarray,
                    overlap: np.ndarray, penalty: float, per_microbatch: np.ndarray | None = None,
                    full: np.ndarray | None = None, terms=None, pp: np.ndarray | None = None,
-                   vpp: np.ndarray | None = None) -> DataParallel:
+                   vpp: np.ndarray | None = None, bucket_share: np.ndarray | None = None) -> DataParallel:
     """Data-parallel time per step. Gradients hide behind the backward of the last micro-batch (bucketed), the
     ZeRO parameter all-gather behind the forward of the first micro-batch of the next step. Where the stack
     reduces after every micro-batch (``per_microbatch``: ZeRO-2 keeping only a gradient shard, or a stack
@@ -443,7 +445,8 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     forward and backward and reduced every micro-batch. Stack rules: FSDP2 under pipelining reduce-scatters
     after the last backward, exposed (``fsdp_reshard_after_backward``); ZeRO-1 reducing and gathering inside the
     optimizer step, exposed (``zero1_in_optimizer``); interleaved plans of a stack that syncs each model chunk on
-    its own (``dp_sync_per_chunk``, Megatron-Core) reduce and gather chunk by chunk (:func:`chunked_exposure`)."""
+    its own (``dp_sync_per_chunk``, Megatron-Core) reduce and gather chunk by chunk (:func:`chunked_exposure`);
+    ``bucket_share``: one DDP bucket over the rank's parameters (``comm.dp_bucket_elements``), exposed."""
     f_layer = costs.fwd + comm.layer_fwd_exposed
     b_layer = costs.bwd + costs.recompute + comm.layer_bwd_exposed
     per_mb = (zero >= 2) if per_microbatch is None else per_microbatch
@@ -473,11 +476,15 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
         # once-per-step reductions (and the ZeRO-1 gather) chunk by chunk; ZeRO-2/3 traffic stays per unit
         chunks = np.where((reductions == 1) & (zero <= 1), np.maximum(vpp, 1), 1).astype(float)
         slots = np.minimum(m, pp).astype(float)
+    # bucketed once-per-step reductions (ZeRO-0/1): the last bucket of the last chunk is exposed in any case
+    last = 0.0 if bucket_share is None else np.where((reductions == 1) & (zero <= 1),
+                                                     np.minimum(bucket_share, 1.0 / np.asarray(chunks)), 0.0)
     total, exposed = dp_exposure(grad_t - grad_end, comm.dp_all_gather, reductions, gathers, layers * b_layer,
                                  layers * f_layer, overlap, penalty, z3_total, z3_exposed, chunks=chunks,
-                                 slots=slots)
+                                 slots=slots, last_share=last)
     ends = reductions * grad_end + np.where(zero == 3, layers * reductions * z3_rs_end, 0.0)
-    forward = np.where(overlap, gathers * chunked_exposure(comm.dp_all_gather, layers * f_layer, chunks, slots),
+    forward = np.where(overlap, gathers * chunked_exposure(comm.dp_all_gather, layers * f_layer, chunks, slots,
+                                                           last),
                        gathers * comm.dp_all_gather) + z3_fwd
     return DataParallel(total=total + reductions * grad_end, exposed=exposed + reductions * grad_end,
                         forward=np.where(in_opt, 0.0, forward), after_backward=ends,
@@ -533,7 +540,7 @@ def zero1_copy_seconds(compute, numel: np.ndarray | float, dp: np.ndarray | floa
 
 
 def chunked_exposure(comm_t: np.ndarray, window: np.ndarray, chunks: np.ndarray | float = 1.0,
-                     slots: np.ndarray | float = 1.0) -> np.ndarray:
+                     slots: np.ndarray | float = 1.0, last_share: np.ndarray | float = 0.0) -> np.ndarray:
     """Exposed seconds of ``comm_t`` of data-parallel traffic (one NCCL stream, so serialized) that hides behind
     one micro-batch's backward (or forward) ``window`` of the rank's layers, released in ``chunks`` equal model
     chunks: ``max(0, comm_t - window)`` for one chunk. Megatron-Core's interleaved schedule
@@ -545,26 +552,30 @@ def chunked_exposure(comm_t: np.ndarray, window: np.ndarray, chunks: np.ndarray 
     on (megatron/core/distributed/param_and_grad_buffer.py register_grad_ready). The queue drains at
     ``max_k ((k + 1) c - k x slots x w) - w`` past the end (c = comm_t / v, w = window / v); linear in k, so
     the larger of k = 0 and k = v - 1. The forward's parameter gathers mirror it (chunk k's gathered while
-    the k earlier chunks run their first round)."""
+    the k earlier chunks run their first round). ``last_share``: the share of ``comm_t`` in the bucket that
+    nothing hides, whatever the window (the last gradient bucket is ready only when the backward ends; the
+    first parameter bucket is needed before the forward's first layer: Megatron-Core
+    distributed_data_parallel.py, buckets of max(4e7, 1e6 x dp) parameters in backward order)."""
     v = np.maximum(np.asarray(chunks, dtype=float), 1.0)
     c, w = comm_t / v, window / v
-    return np.maximum(np.maximum(c - w, comm_t - (v - 1.0) * slots * w - w), 0.0)
+    return np.maximum(np.maximum(c - w, comm_t - (v - 1.0) * slots * w - w), last_share * comm_t)
 
 
 def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, gathers: np.ndarray,
                 bwd_window: np.ndarray, fwd_window: np.ndarray, overlap: np.ndarray, penalty: float,
                 z3_total: np.ndarray | float = 0.0, z3_exposed: np.ndarray | float = 0.0, *,
-                chunks: np.ndarray | float = 1.0, slots: np.ndarray | float = 1.0
-                ) -> tuple[np.ndarray, np.ndarray]:
+                chunks: np.ndarray | float = 1.0, slots: np.ndarray | float = 1.0,
+                last_share: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """(total, exposed) data-parallel time per step, the rule every path uses (transformer stages, traced
     graphs): ``reductions`` gradient reductions of ``grad_t`` each hide behind the backward window,
     ``gathers`` ZeRO parameter all-gathers of ``t_ag`` behind the forward window (when ``overlap``; else all
     exposed), released in ``chunks`` model chunks spaced ``slots`` chunk passes apart (:func:`chunked_exposure`;
-    one chunk: ``max(0, comm - window)``); per-layer ZeRO-3 traffic comes in as (``z3_total``,
+    one chunk: ``max(0, comm - window)``), the bucket share ``last_share`` of each exposed in any case; per-layer
+    ZeRO-3 traffic comes in as (``z3_total``,
     ``z3_exposed``); a fraction ``penalty`` of whatever hides still counts (NCCL kernels hold SMs and memory
     bandwidth)."""
-    exposed = np.where(overlap, reductions * chunked_exposure(grad_t, bwd_window, chunks, slots)
-                       + gathers * chunked_exposure(t_ag, fwd_window, chunks, slots),
+    exposed = np.where(overlap, reductions * chunked_exposure(grad_t, bwd_window, chunks, slots, last_share)
+                       + gathers * chunked_exposure(t_ag, fwd_window, chunks, slots, last_share),
                        reductions * grad_t + gathers * t_ag) + z3_exposed
     total = reductions * grad_t + gathers * t_ag + z3_total
     return total, exposed + penalty * (total - exposed)
