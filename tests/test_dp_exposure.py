@@ -18,22 +18,25 @@ from tpsim.stacks import load_stack
 from tpsim.topology import load_cluster
 
 
-def _queue(comm: float, window: float, chunks: int, slots: int) -> float:
-    """Exposure by simulation: chunk k (from the end) released at -(k x slots + 1) x window / chunks (its own last
-    backward begins then; the step's last backward ends at 0), its share of comm queued on one stream."""
+def _queue(comm: float, window: float, chunks: int, slots: int, own: bool) -> float:
+    """Exposure by simulation: the step's last pass ends at 0; chunk k (from the end) ends its last pass at
+    -k x slots x window / chunks and is released then, or when that pass begins (``own``, and always for a single
+    chunk: its buckets go during the pass); each chunk's share of comm queues on one stream."""
     w, c = window / chunks, comm / chunks
     t = -np.inf
     for k in reversed(range(chunks)):  # the earliest release first
-        t = max(t, -(k * slots + 1) * w) + c
+        t = max(t, -(k * slots + (1 if own or chunks == 1 else 0)) * w) + c
     return max(t, 0.0)
 
 
 @settings(max_examples=80, deadline=None)
-@given(comm=st.floats(0, 10), window=st.floats(0, 10), chunks=st.integers(1, 12), slots=st.integers(1, 16))
-def test_chunked_exposure_is_the_queue_of_chunks_released_one_round_apart(comm, window, chunks, slots):
-    got = float(chunked_exposure(np.array([comm]), np.array([window]), np.array([chunks]), np.array([slots]))[0])
-    assert got == pytest.approx(_queue(comm, window, chunks, slots), abs=1e-9)
-    assert got <= max(comm - window / chunks, 0.0) + 1e-12  # never worse than one chunk's backward hiding it
+@given(comm=st.floats(0, 10), window=st.floats(0, 10), chunks=st.integers(1, 12), slots=st.integers(1, 16),
+       own=st.booleans())
+def test_chunked_exposure_is_the_queue_of_chunks_released_one_round_apart(comm, window, chunks, slots, own):
+    got = float(chunked_exposure(np.array([comm]), np.array([window]), np.array([chunks]), np.array([slots]),
+                                 own_window=own)[0])
+    assert got == pytest.approx(_queue(comm, window, chunks, slots, own), abs=1e-9)
+    assert got <= max(comm - (window / chunks if own or chunks == 1 else 0.0), 0.0) + 1e-12  # <= the last chunk alone
 
 
 @settings(max_examples=40, deadline=None)

@@ -484,7 +484,7 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
                                  slots=slots, last_share=last)
     ends = reductions * grad_end + np.where(zero == 3, layers * reductions * z3_rs_end, 0.0)
     forward = np.where(overlap, gathers * chunked_exposure(comm.dp_all_gather, layers * f_layer, chunks, slots,
-                                                           last),
+                                                           last, own_window=True),
                        gathers * comm.dp_all_gather) + z3_fwd
     return DataParallel(total=total + reductions * grad_end, exposed=exposed + reductions * grad_end,
                         forward=np.where(in_opt, 0.0, forward), after_backward=ends,
@@ -540,25 +540,31 @@ def zero1_copy_seconds(compute, numel: np.ndarray | float, dp: np.ndarray | floa
 
 
 def chunked_exposure(comm_t: np.ndarray, window: np.ndarray, chunks: np.ndarray | float = 1.0,
-                     slots: np.ndarray | float = 1.0, last_share: np.ndarray | float = 0.0) -> np.ndarray:
+                     slots: np.ndarray | float = 1.0, last_share: np.ndarray | float = 0.0,
+                     own_window: bool = False) -> np.ndarray:
     """Exposed seconds of ``comm_t`` of data-parallel traffic (one NCCL stream, so serialized) that hides behind
     one micro-batch's backward (or forward) ``window`` of the rank's layers, released in ``chunks`` equal model
-    chunks: ``max(0, comm_t - window)`` for one chunk. Megatron-Core's interleaved schedule
-    (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving: grad_sync_func
-    of a chunk launched once the chunk's last micro-batch has run its backward, param_sync_func of the next
-    chunk launched with a chunk's first forward) runs the chunks' passes in rounds of ``slots`` = min(m, pp)
-    micro-batches, so model chunk k from the end (k = 0 .. v-1) finishes its last backward k x slots chunk
-    backwards (each ``window / v``) before the step's last one, its buckets reduced from its own last backward
-    on (megatron/core/distributed/param_and_grad_buffer.py register_grad_ready). The queue drains at
-    ``max_k ((k + 1) c - k x slots x w) - w`` past the end (c = comm_t / v, w = window / v); linear in k, so
-    the larger of k = 0 and k = v - 1. The forward's parameter gathers mirror it (chunk k's gathered while
-    the k earlier chunks run their first round). ``last_share``: the share of ``comm_t`` in the bucket that
-    nothing hides, whatever the window (the last gradient bucket is ready only when the backward ends; the
-    first parameter bucket is needed before the forward's first layer: Megatron-Core
-    distributed_data_parallel.py, buckets of max(4e7, 1e6 x dp) parameters in backward order)."""
+    chunks: ``max(0, comm_t - window)`` for one chunk (its buckets go as the backward makes them ready:
+    param_and_grad_buffer.py register_grad_ready on the last micro-batch; with pp > 1 the first stage's, whose
+    end is the step's). Megatron-Core's interleaved schedule
+    (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving) runs the
+    chunks' passes in rounds of ``slots`` = min(m, pp) micro-batches; with grad_sync_func set (Megatron-LM
+    --overlap-grad-reduce with align_grad_reduce, r0.8's --delay-grad-reduce, both on by default; NeMo's
+    distributed Adam) a chunk's whole reduction is launched once its last micro-batch has run its backward
+    (backward_step_helper_postprocess; no bucket launches inside it), so model chunk k from the end
+    (k = 0 .. v-1) is released k x slots chunk passes (each ``w = window / v``) before the step's last backward
+    ends and the queue drains at ``max_k ((k + 1) c - k x slots x w)`` past the end (c = comm_t / v; linear in
+    k, so the larger of k = 0 and k = v - 1). ``own_window``: each chunk's buckets also overlap its own pass
+    (``- w``): the forward's gathers, where param_sync_func launches a chunk's all-gathers (chunks 0 and 1 at
+    the start, chunk k + 1 with chunk k's first forward) and the forward pre-hooks wait bucket by bucket.
+    ``last_share``: the share of ``comm_t`` in the bucket that nothing hides, whatever the window (the last
+    gradient bucket is ready only when the backward ends; the first parameter bucket is needed before the
+    forward's first layer: Megatron-Core distributed_data_parallel.py, buckets of max(4e7, 1e6 x dp)
+    parameters in backward order)."""
     v = np.maximum(np.asarray(chunks, dtype=float), 1.0)
     c, w = comm_t / v, window / v
-    return np.maximum(np.maximum(c - w, comm_t - (v - 1.0) * slots * w - w), last_share * comm_t)
+    own = np.where(v > 1.0, w if own_window else 0.0, w)
+    return np.maximum(np.maximum(c - own, comm_t - (v - 1.0) * slots * w - own), last_share * comm_t)
 
 
 def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, gathers: np.ndarray,
@@ -575,7 +581,7 @@ def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, ga
     ``z3_exposed``); a fraction ``penalty`` of whatever hides still counts (NCCL kernels hold SMs and memory
     bandwidth)."""
     exposed = np.where(overlap, reductions * chunked_exposure(grad_t, bwd_window, chunks, slots, last_share)
-                       + gathers * chunked_exposure(t_ag, fwd_window, chunks, slots, last_share),
+                       + gathers * chunked_exposure(t_ag, fwd_window, chunks, slots, last_share, own_window=True),
                        reductions * grad_t + gathers * t_ag) + z3_exposed
     total = reductions * grad_t + gathers * t_ag + z3_total
     return total, exposed + penalty * (total - exposed)
