@@ -577,9 +577,8 @@ def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, ga
     ``gathers`` ZeRO parameter all-gathers of ``t_ag`` behind the forward window (when ``overlap``; else all
     exposed), released in ``chunks`` model chunks spaced ``slots`` chunk passes apart (:func:`chunked_exposure`;
     one chunk: ``max(0, comm - window)``), the bucket share ``last_share`` of each exposed in any case; per-layer
-    ZeRO-3 traffic comes in as (``z3_total``,
-    ``z3_exposed``); a fraction ``penalty`` of whatever hides still counts (NCCL kernels hold SMs and memory
-    bandwidth)."""
+    ZeRO-3 traffic comes in as (``z3_total``, ``z3_exposed``); a fraction ``penalty`` of whatever hides still
+    counts (NCCL kernels hold SMs and memory bandwidth)."""
     exposed = np.where(overlap, reductions * chunked_exposure(grad_t, bwd_window, chunks, slots, last_share)
                        + gathers * chunked_exposure(t_ag, fwd_window, chunks, slots, last_share, own_window=True),
                        reductions * grad_t + gathers * t_ag) + z3_exposed
