@@ -57,7 +57,7 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
              "reshard_after_forward_default", "zero3_prefetch_elements", "zero3_persistence_threshold_elements",
              "zero3_max_live_elements", "reduce_bucket_elements", "allgather_bucket_elements",
              "overlap_dp_default", "tp_overlap", "tp_backward_overlap", "tp_overlap_phases",
-             "tp_overlap_exposed_share", "pp_overlap_interleaved", "host_us_per_collective",
+             "tp_overlap_exposed_share", "pp_overlap_interleaved", "dp_sync_per_chunk", "host_us_per_collective",
              "ep_dispatch_dtype", "ep_node_dedup", "zero3_regather_in_recompute", "zero3_overlap_fraction",
              "host_us_per_collective_rank", "fsdp_copy_in_out", "fsdp_reshard_after_backward",
              "zero1_in_optimizer_step", "zero1_flat_copies", "pp_send_split_over_tp", "fp8_param_gather",

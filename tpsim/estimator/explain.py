@@ -81,7 +81,12 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
         "pp_comm": f"pipeline send/receive per chunk and micro-batch (collective model on {ctx.cluster.name})",
         "dp_comm": f"exposed data-parallel reduction and ZeRO gathers (collective model on {ctx.cluster.name}); "
                    f"{name} {_figure(stack, 'comm', 'dp_reduction_timing')}, "
-                   f"{_figure(stack, 'comm', 'grad_reduce_dtype')}"
+                   f"{_figure(stack, 'comm', 'grad_reduce_dtype')}; hidden behind the last micro-batch's backward "
+                   "and the first's forward, chunk by chunk and past the last bucket "
+                   "(tpsim.estimator.schedule.chunked_exposure)"
+                   + (f", {_figure(stack, 'comm', 'dp_sync_per_chunk')}" if terms.dp_sync_per_chunk else "")
+                   + (f", {_figure(stack, 'comm', 'dp_bucket_elements')}"
+                      if terms.dp_bucket_elements is not None else "")
                    + (f", {_figure(stack, 'comm', 'zero3_overlap_fraction')}"
                       if terms.zero3_overlap_fraction is not None else ""),
     }

@@ -222,7 +222,10 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     t_stage = c_stage + r_stage + x_stage + o_stage
 
     m = plans.global_batch // (plans.micro_batch * dp)
-    dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp)
+    bucket = ctx.terms.dp_bucket(group)
+    share = None if bucket is None else np.minimum(bucket / np.maximum(part.largest, 1.0), 1.0)
+    dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp,
+                         vpp=vpp, bucket_share=share)
     if ctx.exposed_scale.get("dp", 1.0) != 1.0:  # a calibration's achieved DP overlap
         dpt = scale_dp_exposure(dpt, ctx.exposed_scale["dp"])
     # the fill and drain run whole stages: ZeRO-3's gathers exposed inside each micro-batch's passes count
@@ -432,7 +435,8 @@ def _gathers(terms, zero: np.ndarray, m: np.ndarray, reductions: np.ndarray) -> 
 
 def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndarray, zero: np.ndarray,
                    overlap: np.ndarray, penalty: float, per_microbatch: np.ndarray | None = None,
-                   full: np.ndarray | None = None, terms=None, pp: np.ndarray | None = None) -> DataParallel:
+                   full: np.ndarray | None = None, terms=None, pp: np.ndarray | None = None,
+                   vpp: np.ndarray | None = None, bucket_share: np.ndarray | None = None) -> DataParallel:
     """Data-parallel time per step. Gradients hide behind the backward of the last micro-batch (bucketed), the
     ZeRO parameter all-gather behind the forward of the first micro-batch of the next step. Where the stack
     reduces after every micro-batch (``per_microbatch``: ZeRO-2 keeping only a gradient shard, or a stack
@@ -441,7 +445,9 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     reduce-scatters its gradients, each hidden behind that layer's compute; its edge shards are gathered in
     forward and backward and reduced every micro-batch. Stack rules: FSDP2 under pipelining reduce-scatters
     after the last backward, exposed (``fsdp_reshard_after_backward``); ZeRO-1 reducing and gathering inside the
-    optimizer step, exposed (``zero1_in_optimizer``)."""
+    optimizer step, exposed (``zero1_in_optimizer``); interleaved plans of a stack that syncs each model chunk on
+    its own (``dp_sync_per_chunk``, Megatron-Core) reduce and gather chunk by chunk (:func:`chunked_exposure`);
+    ``bucket_share``: one DDP bucket over the rank's parameters (``comm.dp_bucket_elements``), exposed."""
     f_layer = costs.fwd + comm.layer_fwd_exposed
     b_layer = costs.bwd + costs.recompute + comm.layer_bwd_exposed
     per_mb = (zero >= 2) if per_microbatch is None else per_microbatch
@@ -466,10 +472,20 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     grad_end = np.where(at_end, comm.dp_reduce_scatter, 0.0)  # ZeRO-2's (ZeRO-3's are its edges' shards)
     gathers = np.where(zero == 3, 2 * m, np.where(zero == 2, fwd_g, 1))  # ZeRO-3: its edges' shards
     overlap = overlap & ~in_opt
+    chunks, slots = 1.0, 1.0
+    if terms is not None and getattr(terms, "dp_sync_per_chunk", False) and vpp is not None and pp is not None:
+        # once-per-step reductions (and the ZeRO-1 gather) chunk by chunk; ZeRO-2/3 traffic stays per unit
+        chunks = np.where((reductions == 1) & (zero <= 1), np.maximum(vpp, 1), 1).astype(float)
+        slots = np.minimum(m, pp).astype(float)
+    # bucketed once-per-step reductions (ZeRO-0/1): the last bucket of the last chunk is exposed in any case
+    last = 0.0 if bucket_share is None else np.where((reductions == 1) & (zero <= 1),
+                                                     np.minimum(bucket_share, 1.0 / np.asarray(chunks)), 0.0)
     total, exposed = dp_exposure(grad_t - grad_end, comm.dp_all_gather, reductions, gathers, layers * b_layer,
-                                 layers * f_layer, overlap, penalty, z3_total, z3_exposed)
+                                 layers * f_layer, overlap, penalty, z3_total, z3_exposed, chunks=chunks,
+                                 slots=slots, last_share=last)
     ends = reductions * grad_end + np.where(zero == 3, layers * reductions * z3_rs_end, 0.0)
-    forward = np.where(overlap, gathers * np.maximum(comm.dp_all_gather - layers * f_layer, 0.0),
+    forward = np.where(overlap, gathers * chunked_exposure(comm.dp_all_gather, layers * f_layer, chunks, slots,
+                                                           last, own_window=True),
                        gathers * comm.dp_all_gather) + z3_fwd
     return DataParallel(total=total + reductions * grad_end, exposed=exposed + reductions * grad_end,
                         forward=np.where(in_opt, 0.0, forward), after_backward=ends,
@@ -536,17 +552,48 @@ def zero1_copy_seconds(compute, numel: np.ndarray | float, dp: np.ndarray | floa
     return np.asarray(compute.memory("residual_add", moved * COPY_OF_RESIDUAL_ADD, dtype, False)[0], dtype=float)
 
 
+def chunked_exposure(comm_t: np.ndarray, window: np.ndarray, chunks: np.ndarray | float = 1.0,
+                     slots: np.ndarray | float = 1.0, last_share: np.ndarray | float = 0.0,
+                     own_window: bool = False) -> np.ndarray:
+    """Exposed seconds of ``comm_t`` of data-parallel traffic (one NCCL stream, so serialized) that hides behind
+    one micro-batch's backward (or forward) ``window`` of the rank's layers, released in ``chunks`` equal model
+    chunks: ``max(0, comm_t - window)`` for one chunk (its buckets go as the backward makes them ready:
+    param_and_grad_buffer.py register_grad_ready on the last micro-batch; with pp > 1 the first stage's, whose
+    end is the step's). Megatron-Core's interleaved schedule
+    (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving) runs the
+    chunks' passes in rounds of ``slots`` = min(m, pp) micro-batches; with grad_sync_func set (Megatron-LM
+    --overlap-grad-reduce with align_grad_reduce, r0.8's --delay-grad-reduce, both on by default; NeMo's
+    distributed Adam) a chunk's whole reduction is launched once its last micro-batch has run its backward
+    (backward_step_helper_postprocess; no bucket launches inside it), so model chunk k from the end
+    (k = 0 .. v-1) is released k x slots chunk passes (each ``w = window / v``) before the step's last backward
+    ends and the queue drains at ``max_k ((k + 1) c - k x slots x w)`` past the end (c = comm_t / v; linear in
+    k, so the larger of k = 0 and k = v - 1). ``own_window``: each chunk's buckets also overlap its own pass
+    (``- w``): the forward's gathers, where param_sync_func launches a chunk's all-gathers (chunks 0 and 1 at
+    the start, chunk k + 1 with chunk k's first forward) and the forward pre-hooks wait bucket by bucket.
+    ``last_share``: the share of ``comm_t`` in the bucket that nothing hides, whatever the window (the last
+    gradient bucket is ready only when the backward ends; the first parameter bucket is needed before the
+    forward's first layer: Megatron-Core distributed_data_parallel.py, buckets of max(4e7, 1e6 x dp)
+    parameters in backward order)."""
+    v = np.maximum(np.asarray(chunks, dtype=float), 1.0)
+    c, w = comm_t / v, window / v
+    own = np.where(v > 1.0, w if own_window else 0.0, w)
+    return np.maximum(np.maximum(c - own, comm_t - (v - 1.0) * slots * w - own), last_share * comm_t)
+
+
 def dp_exposure(grad_t: np.ndarray, t_ag: np.ndarray, reductions: np.ndarray, gathers: np.ndarray,
                 bwd_window: np.ndarray, fwd_window: np.ndarray, overlap: np.ndarray, penalty: float,
-                z3_total: np.ndarray | float = 0.0, z3_exposed: np.ndarray | float = 0.0
-                ) -> tuple[np.ndarray, np.ndarray]:
+                z3_total: np.ndarray | float = 0.0, z3_exposed: np.ndarray | float = 0.0, *,
+                chunks: np.ndarray | float = 1.0, slots: np.ndarray | float = 1.0,
+                last_share: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """(total, exposed) data-parallel time per step, the rule every path uses (transformer stages, traced
     graphs): ``reductions`` gradient reductions of ``grad_t`` each hide behind the backward window,
     ``gathers`` ZeRO parameter all-gathers of ``t_ag`` behind the forward window (when ``overlap``; else all
-    exposed); per-layer ZeRO-3 traffic comes in as (``z3_total``, ``z3_exposed``); a fraction ``penalty`` of
-    whatever hides still counts (NCCL kernels hold SMs and memory bandwidth)."""
-    exposed = np.where(overlap, reductions * np.maximum(grad_t - bwd_window, 0.0)
-                       + gathers * np.maximum(t_ag - fwd_window, 0.0),
+    exposed), released in ``chunks`` model chunks spaced ``slots`` chunk passes apart (:func:`chunked_exposure`;
+    one chunk: ``max(0, comm - window)``), the bucket share ``last_share`` of each exposed in any case; per-layer
+    ZeRO-3 traffic comes in as (``z3_total``, ``z3_exposed``); a fraction ``penalty`` of whatever hides still
+    counts (NCCL kernels hold SMs and memory bandwidth)."""
+    exposed = np.where(overlap, reductions * chunked_exposure(grad_t, bwd_window, chunks, slots, last_share)
+                       + gathers * chunked_exposure(t_ag, fwd_window, chunks, slots, last_share, own_window=True),
                        reductions * grad_t + gathers * t_ag) + z3_exposed
     total = reductions * grad_t + gathers * t_ag + z3_total
     return total, exposed + penalty * (total - exposed)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -118,6 +120,15 @@ class StackTerms:
     pp_overlap_interleaved: bool = False
     """interleaved plans (vpp > 1) overlap the pipeline sends with the next chunk's compute
     (``comm.pp_overlap_interleaved``: Megatron-LM --overlap-p2p-communication, on by default)."""
+    dp_bucket_elements: tuple[float, float] | None = None
+    """(floor, per DP rank) of the gradient bucket size in parameters, ``max(floor, per_rank x dp)``
+    (``comm.dp_bucket_elements``: a number, or Megatron-Core's ``max(4e7, 1e6 x dp)``); None: not bucketed."""
+    dp_sync_per_chunk: bool = False
+    """interleaved plans (vpp > 1) reducing once per step launch each model chunk's gradient reduction after that
+    chunk's last backward and gather each chunk's parameters before its first forward, so a chunk's traffic
+    overlaps the other chunks' passes (``comm.dp_sync_per_chunk``: Megatron-Core schedules.py
+    forward_backward_pipelining_with_interleaving, grad_sync_func / param_sync_func per chunk;
+    :func:`tpsim.estimator.schedule.chunked_exposure`)."""
     tp_overlap_exposed_share: Mapping[str, Mapping[str, float | None]] = dataclasses.field(default_factory=dict)
     """phase -> collective -> share of a pipelined TP collective left exposed (its chunk that nothing hides;
     None: 1 / tp) (``comm.tp_overlap_exposed_share``)."""
@@ -221,6 +232,13 @@ class StackTerms:
                            moment=self.optimizer_state_bytes / 2.0, wire_params=wire,
                            wire_grads=self.grad_reduce_bytes, fp8_weights_kept=self.fp8_weights_kept)
 
+    def dp_bucket(self, dp: np.ndarray) -> np.ndarray | None:
+        """Parameters per gradient bucket for DP groups of ``dp`` ranks (None: the stack names no buckets)."""
+        if self.dp_bucket_elements is None:
+            return None
+        floor, per_rank = self.dp_bucket_elements
+        return np.maximum(floor, per_rank * np.asarray(dp, dtype=float))
+
     def reduces_per_microbatch(self, zero: np.ndarray, pp: np.ndarray) -> np.ndarray:
         """Per plan: gradients reduced after every micro-batch (else once per step)."""
         return self.per_microbatch[(np.asarray(pp) > 1).astype(np.int64), np.asarray(zero, dtype=np.int64)]
@@ -266,6 +284,23 @@ class StackTerms:
 def _value(stack: StackProfile, section: str, key: str, default: Any = None) -> Any:
     fig = stack.figure(section, key)
     return default if fig is None or fig.value is None else fig.value
+
+
+_BUCKET_RULE = re.compile(r"^\s*max\(\s*([0-9.eE+]+)\s*,\s*([0-9.eE+]+)\s*x\s*dp\s*\)\s*$")
+
+
+def _bucket_rule(value: Any, where: str) -> tuple[float, float] | None:
+    """``comm.dp_bucket_elements``: a positive number of parameters, or ``max(A, B x dp)`` -> (floor, per rank)."""
+    if value is None:
+        return None
+    try:
+        match = _BUCKET_RULE.match(value) if isinstance(value, str) else None
+        pair = (float(match.group(1)), float(match.group(2))) if match else (float(value), 0.0)
+    except (TypeError, ValueError):
+        pair = None
+    if pair is None or not all(math.isfinite(x) for x in pair) or pair[0] <= 0 or pair[1] < 0:
+        raise InputError(f"{where}: {value!r} is not a positive number of parameters nor max(A, B x dp)")
+    return pair
 
 
 def _fig(stack: StackProfile, section: str, key: str) -> Figure | None:
@@ -335,6 +370,9 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         tp_overlap_phases=_phases(stack, where),
         tp_overlap_exposed_share=_exposed_share(stack, where),
         pp_overlap_interleaved=bool(_value(stack, "comm", "pp_overlap_interleaved", False)),
+        dp_sync_per_chunk=bool(_value(stack, "comm", "dp_sync_per_chunk", False)),
+        dp_bucket_elements=_bucket_rule(_value(stack, "comm", "dp_bucket_elements"),
+                                        f"{where}: comm.dp_bucket_elements"),
         zero3_per_parameter=unit == "parameter",
         zero3_persistence_elements=float(_value(stack, "comm", "zero3_persistence_threshold_elements",
                                                 PERSISTENCE_DEFAULT)),
