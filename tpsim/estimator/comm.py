@@ -70,8 +70,9 @@ class Comm:
     """axis -> (2, n): the forward and backward exposed parts of one layer's collectives on that axis (they sum
     over axes to ``layer_fwd_exposed`` / ``layer_bwd_exposed``: the per-axis step-time terms)."""
     tp_grad_sync: np.ndarray | None = None
-    """(3, n) once per step on the first / last / middle rank: the all-reduce over TP of the gradients of the
-    replicated parameters its layers hold (:func:`tp_summed_grad_params`; None: there are none)."""
+    """(ranks, n) once per step on each rank of :meth:`Partition.ranks` (first / last / middle, or every rank):
+    the all-reduce over TP of the gradients of the replicated parameters its layers hold
+    (:func:`tp_summed_grad_params`; None: there are none)."""
     by_kind: "KindComm | None" = None
     """one layer of each kind's own collectives (a source with ``LayerCosts.comm_by_kind``; None: every layer
     runs the mean layer's)."""
@@ -252,7 +253,9 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
                 **take_rows(dp_times, groups.inverse),
                 tp_grad_sync=_tp_grad_sync(ctx, layouts, layout_index, part, tp, sp, grad_bytes,
                                            None if layer_costs.grad_sync_params is None
-                                           else layer_costs.grad_sync_params[layer_index]))
+                                           else layer_costs.grad_sync_params[layer_index],
+                                           None if layer_costs.grad_sync_by_kind is None
+                                           else layer_costs.grad_sync_by_kind[:, layer_index]))
 
 
 def tp_summed_grad_params(model: Any, sp: np.ndarray) -> np.ndarray:
@@ -275,16 +278,23 @@ def tp_summed_grad_params(model: Any, sp: np.ndarray) -> np.ndarray:
 
 def _tp_grad_sync(ctx: EstimationContext, layouts: Layouts, layout_index: np.ndarray, part: Partition,
                   tp: np.ndarray | None, sp: np.ndarray | None, grad_bytes: float,
-                  per_layer: np.ndarray | None = None) -> np.ndarray | None:
-    """(3, n) seconds of the per-step TP all-reduce of each position's layers' ``per_layer`` parameters (the
-    layer source's, default :func:`tp_summed_grad_params` of the model) (None where no row has any)."""
+                  per_layer: np.ndarray | None = None, by_kind: np.ndarray | None = None) -> np.ndarray | None:
+    """(ranks, n) seconds of the per-step TP all-reduce of each rank's (:meth:`Partition.ranks`) layers'
+    ``per_layer`` parameters (the layer source's, default :func:`tp_summed_grad_params` of the model; with
+    ``by_kind`` (kinds, n) each rank's own layers'), None where no row has any."""
     if tp is None or sp is None:
         return None
     if per_layer is None:
         per_layer = tp_summed_grad_params(ctx.model, sp)
     per_layer = np.where(np.asarray(tp) > 1, per_layer, 0.0)
-    if not np.any(per_layer > 0):
+    if by_kind is not None:
+        by_kind = np.where(np.asarray(tp) > 1, by_kind, 0.0)
+    if not (np.any(per_layer > 0) or (by_kind is not None and np.any(by_kind > 0))):
         return None
+    if part.rank_counts is not None:  # every rank of layers of different costs: each row timed
+        curves = AxisCurves(ctx, layouts, layout_index)
+        return np.stack([curves.time(("tp",), "all_reduce", b)
+                         for b in part.ranks().layer_sum(per_layer, by_kind) * grad_bytes])
     nbytes = part.layers * per_layer * grad_bytes
     rows = distinct(layout_index, *nbytes)  # timed once per (layout, bytes of each position)
     curves = AxisCurves(ctx, layouts, layout_index[rows.first])

@@ -264,7 +264,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
                                                   + _zero3_hooks(ctx, costs, zero, full, h, dp)))
         for h in (lo, hi))
     # once per step, synchronous, after the gradient reductions (Megatron-Core finalize_model_grads)
-    tp_sync = 0.0 if comm.tp_grad_sync is None else _pick(slow, comm.tp_grad_sync)
+    tp_sync = 0.0 if comm.tp_grad_sync is None else _pick(slow_rank, comm.tp_grad_sync)
     exposed = m * x_stage + pp_exposed + dp_exposed + tp_sync
     exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed, on_slow, kinds)
     if comm.tp_grad_sync is not None:

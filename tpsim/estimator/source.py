@@ -130,6 +130,8 @@ class LayerCosts:
     grad_sync_params: np.ndarray | None = None
     """parameters per layer whose gradients are all-reduced over TP once per step (replicated parameters used
     on a token / position split; None: the model's rule, :func:`tpsim.estimator.comm.tp_summed_grad_params`)."""
+    grad_sync_by_kind: np.ndarray | None = None
+    """(kinds, n) ``grad_sync_params`` of one layer of each kind (with ``comm_by_kind``)."""
     comm_by_kind: tuple[tuple[Collective, ...], ...] | None = None
     """per layer kind, the collectives one layer of that kind runs per micro-batch (layers of different costs:
     each pipeline rank is charged its own layers' collectives and ZeRO-3 gathers, the schedule's

@@ -326,7 +326,7 @@ class UnitSource(_GraphSource):
                           first=none, last=none, expert_params=None, params_by_kind=params,
                           expert_by_kind=np.zeros((n_units, n)), compute_by_kind=total, recompute_by_kind=rec_u,
                           activations_by_kind=act_u, grad_sync_params=mean(gred), gathered_params=params.max(axis=0),
-                          boundary_by_kind=inb, fwd_by_kind=fwd,
+                          boundary_by_kind=inb, fwd_by_kind=fwd, grad_sync_by_kind=gred,
                           comm_by_kind=tuple(self._collectives(u, slot_bytes, slot_hide) for u in range(n_units)),
                           rerun_by_kind=np.repeat(self._block[:, None], n, axis=1))
 
