@@ -126,3 +126,17 @@ def test_the_slowest_of_every_rank_paces_the_pipeline(resnet, monkeypatch):
     three = estimate_graph_batch(model, cluster, plans, compute=roof).step_time_s
     assert np.all(every >= three * (1 - 1e-12))
     assert np.any(every > three * (1 + 1e-6))
+
+
+def test_full_recompute_relaunches_only_the_blocks_kernels(unet):
+    """The fixed costs of full recomputation: the re-run forward launches the blocks' kernels, not the glue's
+    (one kernel per op forward)."""
+    model, cluster, roof = unet
+    ctx = graph_context(model, cluster, roof)
+    units = model.graph.units
+    share = np.array([u.repeat for u in units], dtype=float) / model.num_layers
+    ops = np.array([len(u.ops) for u in units], dtype=float)
+    blocks = np.array([u.kind == "block" for u in units])
+    assert ops[~blocks].sum() > 0
+    assert ctx.fixed.kernels_fwd == pytest.approx((share * ops).sum(), rel=1e-12)
+    assert ctx.fixed.kernels_rerun == pytest.approx((share * ops)[blocks].sum(), rel=1e-12)

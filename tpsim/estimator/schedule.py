@@ -260,7 +260,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     lo, hi = ctx.terms.host_range
     device = costs.fwd + costs.bwd + costs.recompute
     overhead_low, overhead_high = (
-        m * layers * (ctx.host_overhead_s + _pick(slow, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
+        m * layers * (ctx.host_overhead_s + _pick(slow_rank, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
                                                   + _zero3_hooks(ctx, costs, zero, full, h, dp)))
         for h in (lo, hi))
     # once per step, synchronous, after the gradient reductions (Megatron-Core finalize_model_grads)
@@ -281,8 +281,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     comm_total["dp"] = dp_total
     # the forward passes: the layers' forward compute and exposed collectives, the forward kernels' share of the
     # fixed costs, the edges' forward compute, the gathers exposed before them
-    fixed_fwd = _pick(slow, np.broadcast_to(fixed, L.shape)) * ctx.fixed.kernels_fwd / (
-        ctx.fixed.kernels_fwd + ctx.fixed.kernels_bwd + np.where(full, ctx.fixed.kernels_fwd, 0.0))
+    fixed_fwd = _pick(slow_rank, np.broadcast_to(fixed, L.shape)) * ctx.fixed.kernels_fwd / (
+        ctx.fixed.kernels_fwd + ctx.fixed.kernels_bwd + np.where(full, ctx.fixed.kernels_rerun, 0.0))
     edge_f = _pick(slow, on_positions(costs.first.fwd, costs.last.fwd, single))
     forward = m * (on_slow(costs.fwd + f_exp, kinds.forward if kinds else None) + layers * fixed_fwd
                    + edge_f) + dp_forward
@@ -444,7 +444,7 @@ def _zero3_hooks(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, fu
     hooks = n * per_fetch * (2.0 + np.where(full, 1.0, 0.0))
     f = ctx.fixed
     per_op = f.host_s_per_op if host_s_per_op is None else host_s_per_op
-    kernels = f.kernels_fwd + f.kernels_bwd + np.where(full, f.kernels_fwd, 0.0)
+    kernels = f.kernels_fwd + f.kernels_bwd + np.where(full, f.kernels_rerun, 0.0)
     device = costs.fwd + costs.bwd + costs.recompute + kernels * f.gap_s
     before = np.maximum(kernels * per_op - device, 0.0)
     after = np.maximum(kernels * per_op + hooks - device, 0.0)

@@ -250,21 +250,23 @@ class UnitSource(_GraphSource):
         self.edge_tensors = 0.0
         """no edges: the glue's tensors are its layers'."""
 
-    def kernels_per_layer(self) -> tuple[float, float]:
-        """(forward, backward) kernels of the mean layer: one per op forward; in backward two per weight op whose
-        input needs a gradient (data and weight gradients), one per other op that needs a gradient."""
+    def kernels_per_layer(self) -> tuple[float, float, float]:
+        """(forward, backward, forward re-run under full recomputation) kernels of the mean layer: one per op
+        forward; in backward two per weight op whose input needs a gradient (data and weight gradients), one per
+        other op that needs a gradient; full recomputation re-runs the blocks' forward only."""
         from .cost import grad_flags
         from .schema import WEIGHT_KINDS
 
-        fwd = bwd = 0.0
+        fwd = bwd = rerun = 0.0
         for u, unit in enumerate(self.graph.units):
             share = float(self._share[u])
             fwd += share * len(unit.ops)
+            rerun += share * len(unit.ops) if self._block[u] else 0.0
             flags = grad_flags(unit, u)
             for j, op in enumerate(unit.ops):
                 if flags[j]:
                     bwd += share * (2.0 if op.kind in WEIGHT_KINDS and op.params else 1.0)
-        return fwd, bwd
+        return fwd, bwd, rerun
 
     def layer_weights(self, compute: ComputeModel, dtype: str) -> tuple[float, ...]:
         """Forward + backward seconds of every layer at tp = 1, micro-batch 1 (what the pipeline split balances)."""
