@@ -140,3 +140,27 @@ def test_full_recompute_relaunches_only_the_blocks_kernels(unet):
     assert ops[~blocks].sum() > 0
     assert ctx.fixed.kernels_fwd == pytest.approx((share * ops).sum(), rel=1e-12)
     assert ctx.fixed.kernels_rerun == pytest.approx((share * ops)[blocks].sum(), rel=1e-12)
+
+
+def test_a_pipeline_stage_sends_what_is_live_at_its_own_cut(unet):
+    """The pipeline send of a plan is the largest activation live at its own chunk boundaries (skip connections
+    of the U-Net included), timed once per plan on its layout."""
+    from tpsim.estimator.comm import AxisCurves, layouts_of
+    from tpsim.estimator.core import layer_costs
+    from tpsim.estimator.partition import layer_split
+
+    model, cluster, roof = unet
+    plans = _batch(model, tp=[1, 2], pp=[2, 4], vpp=[1, 2], micro_batch=[1])
+    ctx, costs, part, comm = _stages(model, cluster, roof, plans)
+    src = ctx.source
+    costs_u, keys = layer_costs(ctx, plans)
+    weights = src.layer_weights(ctx.compute, plans.dtype)
+    layouts, at = layouts_of(ctx, plans)
+    curves = AxisCurves(ctx, layouts, at)
+    sent = np.zeros(len(plans))
+    for i in range(len(plans)):
+        sizes = layer_split(src.num_layers, int(plans.pp[i]), int(plans.vpp[i]), weights=weights)
+        kinds = {int(src.kind_of_layer[s]) for s in np.cumsum(sizes)[:-1]}
+        sent[i] = max(costs_u.boundary_by_kind[k, keys.inverse[i]] for k in kinds)
+    assert len(set(sent.tolist())) > 1  # the cuts differ between plans
+    np.testing.assert_allclose(comm.p2p, curves.time(("pp",), "send_recv", sent), rtol=1e-12)
