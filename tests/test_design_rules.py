@@ -8,6 +8,7 @@ import ast
 import os
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -31,6 +32,12 @@ def _layer_of(path: Path) -> str:
     return rel.parts[0].removesuffix(".py")
 
 
+@lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """The parsed file (each file parsed once for every rule of this module)."""
+    return ast.parse(path.read_text())
+
+
 def imported_modules(path: Path) -> set[str]:
     """Absolute names of the tpsim modules a file imports (anywhere in it), relative imports resolved against
     the file's package: ``from ..x import y`` in tpsim/a/b.py is tpsim.x (or tpsim.x.y), ``from . import z``
@@ -38,7 +45,7 @@ def imported_modules(path: Path) -> set[str]:
     rel = path.relative_to(PKG.parent).with_suffix("")
     package = list(rel.parts[:-1])  # a module's package; for __init__ the package itself
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -53,6 +60,7 @@ def imported_modules(path: Path) -> set[str]:
     return {n for n in names if n == "tpsim" or n.startswith("tpsim.")}
 
 
+@lru_cache(maxsize=None)
 def _target_layer(module: str) -> str | None:
     """The layer a tpsim module belongs to; None for the package root (``from .. import __version__``)."""
     parts = module.split(".")
@@ -103,8 +111,7 @@ def test_torch_only_in_torch_side_tools_and_matplotlib_only_inside_functions():
     offenders = []
     for path in PKG.rglob("*.py"):
         rel = path.relative_to(PKG)
-        tree = ast.parse(path.read_text())
-        top = _module_level_imports(tree)
+        top = _module_level_imports(_tree(path))
         if any(m == "matplotlib" or m.startswith("matplotlib.") for m in top):
             offenders.append(f"{rel}: matplotlib at module level")
         if rel.parts[0] in TORCH_ALLOWED:

@@ -70,8 +70,12 @@ class Comm:
     """axis -> (2, n): the forward and backward exposed parts of one layer's collectives on that axis (they sum
     over axes to ``layer_fwd_exposed`` / ``layer_bwd_exposed``: the per-axis step-time terms)."""
     tp_grad_sync: np.ndarray | None = None
-    """(3, n) once per step on the first / last / middle rank: the all-reduce over TP of the gradients of the
-    replicated parameters its layers hold (:func:`tp_summed_grad_params`; None: there are none)."""
+    """(ranks, n) once per step on each rank of :meth:`Partition.ranks` (first / last / middle, or every rank):
+    the all-reduce over TP of the gradients of the replicated parameters its layers hold
+    (:func:`tp_summed_grad_params`; None: there are none)."""
+    by_kind: "KindComm | None" = None
+    """one layer of each kind's own collectives (a source with ``LayerCosts.comm_by_kind``; None: every layer
+    runs the mean layer's)."""
 
     def take(self, index: np.ndarray) -> "Comm":
         """Rows ``index`` (gather)."""
@@ -84,7 +88,22 @@ class Comm:
                     dp_all_gather=pick(self.dp_all_gather), z3_all_gather=pick(self.z3_all_gather),
                     z3_reduce_scatter=pick(self.z3_reduce_scatter), names={k: pick(v) for k, v in self.names.items()},
                     layer_exposed_axis={k: pick(v) for k, v in self.layer_exposed_axis.items()},
-                    tp_grad_sync=None if self.tp_grad_sync is None else pick(self.tp_grad_sync))
+                    tp_grad_sync=None if self.tp_grad_sync is None else pick(self.tp_grad_sync),
+                    by_kind=None if self.by_kind is None else take_rows(self.by_kind, index))
+
+
+@dataclass(frozen=True)
+class KindComm:
+    """The per-layer fields of :class:`Comm` for one layer of each kind: arrays (kinds, n), axis dicts of them,
+    ``exposed_axis`` values (2, kinds, n)."""
+
+    fwd: dict[str, np.ndarray]
+    bwd: dict[str, np.ndarray]
+    fwd_exposed: np.ndarray
+    bwd_exposed: np.ndarray
+    exposed_axis: dict
+    z3_all_gather: np.ndarray
+    z3_reduce_scatter: np.ndarray
 
 
 class AxisCurves:
@@ -199,13 +218,15 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
     field) pipelines every TP collective with the GEMMs (:func:`tp_overlap_exposed`)."""
     overlapped = np.zeros(layout_index.shape, dtype=bool) if tp_overlap is None else np.asarray(tp_overlap, bool)
     pairs = distinct(layout_index, overlapped, *traffic_key)
+    # the plan's own boundaries (layers of different costs): the send depends on the cuts, timed per row below
+    own_cuts = part.cuts is not None and layer_costs.boundary_by_kind is not None
     per_pair = _layer_traffic(AxisCurves(ctx, layouts, layout_index[pairs.first]),
                               layer_costs.take(layer_index[pairs.first]), ctx.terms.tp_backward_overlap,
                               overlapped[pairs.first], None if tp is None else np.asarray(tp)[pairs.first],
                               getattr(ctx.terms, "tp_overlap_phases", ("fwd", "bwd")),
-                              getattr(ctx.terms, "tp_overlap_exposed_share", {}))
-    fwd, bwd, f_exp, b_exp, edges, p2p, names, by_axis = take_rows(per_pair, pairs.inverse)
-    if part.cuts is not None and layer_costs.boundary_by_kind is not None:  # the plan's own boundaries
+                              getattr(ctx.terms, "tp_overlap_exposed_share", {}), sends=not own_cuts)
+    fwd, bwd, f_exp, b_exp, edges, p2p, names, by_axis, by_kind = take_rows(per_pair, pairs.inverse)
+    if own_cuts:
         sent = np.where(part.cuts, layer_costs.boundary_by_kind[:, layer_index], 0.0).max(axis=0)
         p2p, names["pp"] = AxisCurves(ctx, layouts, layout_index).timed_and_named(("pp",), "send_recv", sent)
     single = pp == 1
@@ -216,15 +237,25 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
     expert_params = None if layer_costs.expert_params is None else layer_costs.expert_params[layer_index[g]]
     ranks = dp[g] if cp is None else dp[g] * cp[g]
     expert_ranks = ranks if edp is None else edp[g]
-    dp_times, dp_name = _data_parallel(AxisCurves(ctx, layouts, layout_index[g]), take_rows(part, g), zero[g],
+    dp_curves = AxisCurves(ctx, layouts, layout_index[g])
+    dp_times, dp_name = _data_parallel(dp_curves, take_rows(part, g), zero[g],
                                        ranks, expert_ranks, layer_costs.params[layer_index[g]], w_bytes,
                                        expert_params, grad_bytes, z3[g])
     names["dp"] = dp_name[groups.inverse]
+    if by_kind is not None and layer_costs.params_by_kind is not None:  # each kind's ZeRO-3 gathers and reductions of its own parameters
+        per_kind = [_reductions(dp_curves, GRADIENT_AXES, part.largest[g], part.largest_edge[g], zero[g],
+                                ranks > 1, kind_params[layer_index[g]], w_bytes, grad_bytes, z3[g])[0]
+                    for kind_params in layer_costs.params_by_kind]
+        by_kind = dataclasses.replace(by_kind, **{f: np.stack([t[f] for t in per_kind])[:, groups.inverse]
+                                                  for f in ("z3_all_gather", "z3_reduce_scatter")})
     return Comm(layer_fwd=fwd, layer_bwd=bwd, layer_fwd_exposed=f_exp, layer_bwd_exposed=b_exp, edge=edge,
-                p2p=p2p, names=names, layer_exposed_axis=by_axis, **take_rows(dp_times, groups.inverse),
+                p2p=p2p, names=names, layer_exposed_axis=by_axis, by_kind=by_kind,
+                **take_rows(dp_times, groups.inverse),
                 tp_grad_sync=_tp_grad_sync(ctx, layouts, layout_index, part, tp, sp, grad_bytes,
                                            None if layer_costs.grad_sync_params is None
-                                           else layer_costs.grad_sync_params[layer_index]))
+                                           else layer_costs.grad_sync_params[layer_index],
+                                           None if layer_costs.grad_sync_by_kind is None
+                                           else layer_costs.grad_sync_by_kind[:, layer_index]))
 
 
 def tp_summed_grad_params(model: Any, sp: np.ndarray) -> np.ndarray:
@@ -247,16 +278,23 @@ def tp_summed_grad_params(model: Any, sp: np.ndarray) -> np.ndarray:
 
 def _tp_grad_sync(ctx: EstimationContext, layouts: Layouts, layout_index: np.ndarray, part: Partition,
                   tp: np.ndarray | None, sp: np.ndarray | None, grad_bytes: float,
-                  per_layer: np.ndarray | None = None) -> np.ndarray | None:
-    """(3, n) seconds of the per-step TP all-reduce of each position's layers' ``per_layer`` parameters (the
-    layer source's, default :func:`tp_summed_grad_params` of the model) (None where no row has any)."""
+                  per_layer: np.ndarray | None = None, by_kind: np.ndarray | None = None) -> np.ndarray | None:
+    """(ranks, n) seconds of the per-step TP all-reduce of each rank's (:meth:`Partition.ranks`) layers'
+    ``per_layer`` parameters (the layer source's, default :func:`tp_summed_grad_params` of the model; with
+    ``by_kind`` (kinds, n) each rank's own layers'), None where no row has any."""
     if tp is None or sp is None:
         return None
     if per_layer is None:
         per_layer = tp_summed_grad_params(ctx.model, sp)
     per_layer = np.where(np.asarray(tp) > 1, per_layer, 0.0)
-    if not np.any(per_layer > 0):
+    if by_kind is not None:
+        by_kind = np.where(np.asarray(tp) > 1, by_kind, 0.0)
+    if not (np.any(per_layer > 0) or (by_kind is not None and np.any(by_kind > 0))):
         return None
+    if part.rank_counts is not None:  # every rank of layers of different costs: each row timed
+        curves = AxisCurves(ctx, layouts, layout_index)
+        return np.stack([curves.time(("tp",), "all_reduce", b)
+                         for b in part.ranks().layer_sum(per_layer, by_kind) * grad_bytes])
     nbytes = part.layers * per_layer * grad_bytes
     rows = distinct(layout_index, *nbytes)  # timed once per (layout, bytes of each position)
     curves = AxisCurves(ctx, layouts, layout_index[rows.first])
@@ -281,26 +319,64 @@ def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray,
 
 def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
                    tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None,
-                   phases: tuple[str, ...] = ("fwd", "bwd"), shares: Any = None):
+                   phases: tuple[str, ...] = ("fwd", "bwd"), shares: Any = None, sends: bool = True):
     """Per (layout, layer key): layer totals per axis (fwd, bwd), exposed (fwd, bwd), edge totals per axis
-    (first, last), pipeline transfer and the TP / PP names. ``overlap`` False: no TP collective hides (they
-    run on the compute stream; the cp and ep ones still hide where their ``hide`` says); ``tp_overlap`` (per pair): the TP collectives of the stack's ``phases``
+    (first, last), pipeline transfer (None without ``sends``: the caller times the plan's own boundaries), the
+    TP / PP names, the exposed parts per axis and, for a source with ``comm_by_kind``, the same per layer kind
+    (:class:`KindComm`, each kind's collectives behind its own compute; ZeRO-3 fields filled by the caller).
+    ``overlap`` False: no TP collective hides (they run on the compute stream; the cp and ep ones still hide
+    where their ``hide`` says); ``tp_overlap`` (per pair): the TP collectives of the stack's ``phases``
     (``comm.tp_overlap_phases``) pipelined with the GEMMs over ``tp`` chunks; the other phase's stay as
     without it. ``shares``: phase -> op -> the share of each pipelined collective left exposed (its first or
     last chunk; None or missing: 1 / tp)."""
     n = costs.fwd.size
     pipelined = np.zeros(n, dtype=bool) if tp_overlap is None else np.asarray(tp_overlap, dtype=bool)
     by_phase = {p: (pipelined if p in phases else np.zeros(n, dtype=bool)) for p in ("fwd", "bwd")}
+    tp_size = np.ones(n) if tp is None else np.maximum(np.asarray(tp, dtype=float), 1.0)
+    rule = dict(overlap=overlap, by_phase=by_phase, tp_size=tp_size, shares=shares or {})
+    fwd, bwd, f_exp, b_exp, by_axis, named = _collective_traffic(curves, costs.comm, costs.fwd, costs.bwd, **rule)
+    by_kind = None
+    if costs.comm_by_kind is not None:
+        kinds = [_collective_traffic(curves, comm, f, c - f, **rule)
+                 for comm, f, c in zip(costs.comm_by_kind, costs.fwd_by_kind, costs.compute_by_kind)]
+        axes = sorted({a for k in kinds for d in (k[0], k[1], k[4]) for a in d})
+
+        def stacked(i: int, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+            return {a: np.stack([np.broadcast_to(k[i].get(a, 0.0), shape) for k in kinds], axis=-2)
+                    for a in axes if any(a in k[i] for k in kinds)}
+
+        zeros = np.zeros((len(kinds), n))
+        by_kind = KindComm(fwd=stacked(0, (n,)), bwd=stacked(1, (n,)), fwd_exposed=np.stack([k[2] for k in kinds]),
+                           bwd_exposed=np.stack([k[3] for k in kinds]), exposed_axis=stacked(4, (2, n)),
+                           z3_all_gather=zeros, z3_reduce_scatter=zeros)
+    edges: dict[str, tuple] = {}
+    for which, edge in ((0, costs.first), (1, costs.last)):
+        for c in edge.comm:
+            sums = list(edges.get("-".join(c.axes), (np.zeros(n), np.zeros(n))))
+            sums[which] = sums[which] + _timed(curves, c)
+            edges["-".join(c.axes)] = tuple(sums)
+    p2p, pp_name = (curves.timed_and_named(("pp",), "send_recv", costs.boundary_bytes) if sends
+                    else (None, np.full(n, -1, dtype=np.int32)))
+    names = {axis: code for axis, (_, code) in named.items()}
+    names["pp"] = pp_name
+    return fwd, bwd, f_exp, b_exp, edges, p2p, names, by_axis, by_kind
+
+
+def _collective_traffic(curves: AxisCurves, comm: tuple[Collective, ...], work_fwd: np.ndarray,
+                        work_bwd: np.ndarray, *, overlap: bool, by_phase: dict, tp_size: np.ndarray,
+                        shares: dict):
+    """(totals per axis fwd, bwd; exposed fwd, bwd; exposed per axis (2, n); axis -> (preference, name code))
+    of one layer's collectives ``comm`` behind its forward / backward compute ``work_*`` (the rules of
+    :func:`_layer_traffic`)."""
+    n = tp_size.size
     tp_sum = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
     tp_first = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
-    tp_size = np.ones(n) if tp is None else np.maximum(np.asarray(tp, dtype=float), 1.0)
-    shares = shares or {}
     by_axis: dict[str, np.ndarray] = {}
     fwd: dict[str, np.ndarray] = {}
     bwd: dict[str, np.ndarray] = {}
     exposed = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
     named: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # axis -> (preference, name code)
-    for c in costs.comm:
+    for c in comm:
         t, code = curves.timed_and_named(c.axes, c.op, c.nbytes)
         t = _times_count(t, c.count)
         axis = "-".join(c.axes)
@@ -322,22 +398,13 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
         best, name = named.get(axis, (np.full(n, 9), np.full(n, -1, dtype=np.int32)))
         better = (code >= 0) & (rank < best)
         named[axis] = (np.where(better, rank, best), np.where(better, code, name))
-    if pipelined.any():
-        for i, (phase, work) in enumerate((("fwd", costs.fwd), ("bwd", costs.bwd))):
+    if any(v.any() for v in by_phase.values()):
+        for i, (phase, work) in enumerate((("fwd", work_fwd), ("bwd", work_bwd))):
             part = np.where(by_phase[phase], tp_overlap_exposed(tp_sum[phase], work, tp_size, tp_first[phase]),
                             0.0)
             exposed[phase] = exposed[phase] + part
             by_axis.setdefault("tp", np.zeros((2, n)))[i] += part
-    edges: dict[str, tuple] = {}
-    for which, edge in ((0, costs.first), (1, costs.last)):
-        for c in edge.comm:
-            sums = list(edges.get("-".join(c.axes), (np.zeros(n), np.zeros(n))))
-            sums[which] = sums[which] + _timed(curves, c)
-            edges["-".join(c.axes)] = tuple(sums)
-    p2p, pp_name = curves.timed_and_named(("pp",), "send_recv", costs.boundary_bytes)
-    names = {axis: code for axis, (_, code) in named.items()}
-    names["pp"] = pp_name
-    return fwd, bwd, exposed["fwd"], exposed["bwd"], edges, p2p, names, by_axis
+    return fwd, bwd, exposed["fwd"], exposed["bwd"], by_axis, named
 
 
 def _timed(curves: AxisCurves, c: Collective) -> np.ndarray:

@@ -287,6 +287,9 @@ class FixedCosts:
 
     kernels_fwd: float
     kernels_bwd: float
+    kernels_rerun: float = -1.0
+    """forward kernels full recomputation launches again (the checkpointed layers'; negative: ``kernels_fwd``,
+    every layer's forward)."""
     gap_s: float
     """GPU-side gap per kernel (fixed.yaml launch.gpu_gap_us)."""
     host_s_per_op: float
@@ -295,22 +298,28 @@ class FixedCosts:
 
     @classmethod
     def of(cls, model: ModelSpec, terms: StackTerms, hbm: float,
-           kernels: tuple[float, float] | None = None) -> "FixedCosts":
-        """``kernels``: (forward, backward) kernels per layer when the layer source counts them (a traced
-        graph's ops); else the stack's count for the model's layer traits."""
+           kernels: tuple[float, ...] | None = None) -> "FixedCosts":
+        """``kernels``: (forward, backward[, forward re-run under full recomputation]) kernels per layer when
+        the layer source counts them (a traced graph's ops); else the stack's count for the model's layer
+        traits (full recomputation re-runs every layer's forward)."""
         if kernels is None:
             traits = LayerTraits.of(model, separate_qkv=terms.kernel_flavor == "eager")
             kernels = layer_kernel_counts(terms.kernel_flavor, traits)
-        fwd, bwd = kernels
-        return cls(kernels_fwd=fwd, kernels_bwd=bwd, gap_s=fixed_data().launch.gpu_gap_s,
+        fwd, bwd = kernels[0], kernels[1]
+        rerun = kernels[2] if len(kernels) > 2 else fwd
+        return cls(kernels_fwd=fwd, kernels_bwd=bwd, kernels_rerun=rerun, gap_s=fixed_data().launch.gpu_gap_s,
                    host_s_per_op=terms.host_s_per_op, hbm=hbm)
+
+    def __post_init__(self) -> None:
+        if self.kernels_rerun < 0:
+            object.__setattr__(self, "kernels_rerun", self.kernels_fwd)
 
     def layer(self, device_s: np.ndarray, forward_again: np.ndarray, host_s_per_op: float | None = None
               ) -> np.ndarray:
         """Seconds one layer adds per micro-batch beyond its kernels' execution ``device_s``: the GPU gap of
         every kernel (the forward's again where ``forward_again``: full recomputation) plus the host time the
         GPU waits for (issue time beyond the device time, :func:`tpsim.compute.fixed.exposed_host_time`)."""
-        kernels = self.kernels_fwd + self.kernels_bwd + np.where(forward_again, self.kernels_fwd, 0.0)
+        kernels = self.kernels_fwd + self.kernels_bwd + np.where(forward_again, self.kernels_rerun, 0.0)
         gaps = kernels * self.gap_s
         host = kernels * (self.host_s_per_op if host_s_per_op is None else host_s_per_op)
         return gaps + np.maximum(host - (device_s + gaps), 0.0)

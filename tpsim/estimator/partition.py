@@ -48,6 +48,12 @@ class Partition:
     cuts: np.ndarray | None = None
     """(kinds, n) bool: layers of that kind start a model chunk after the first (layers of different costs
     only: the pipeline sends what is live there; None: every boundary sends the same)."""
+    rank_counts: np.ndarray | None = None
+    """(kinds, R, n) layers of each kind on every pipeline rank 0 .. R - 1 (R the batch's largest pp, zeros
+    past a plan's own; layers of different costs only: the schedule finds the slowest rank among all of them,
+    :meth:`ranks`)."""
+    pp: np.ndarray | None = None
+    """(n,) pipeline ranks of each plan (with ``rank_counts``)."""
 
     def for_plans(self, index: np.ndarray) -> "Partition":
         """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
@@ -57,18 +63,85 @@ class Partition:
         return Partition(layers=self.layers[:, index], valid=self.valid[:, index], params=self.params[:, index],
                          edge_params=None, largest=self.largest[index], largest_edge=None, expert=expert,
                          largest_expert=largest_expert,
-                         kind_counts=None if self.kind_counts is None else self.kind_counts[:, :, index])
+                         kind_counts=None if self.kind_counts is None else self.kind_counts[:, :, index],
+                         rank_counts=None if self.rank_counts is None else self.rank_counts[:, :, index],
+                         pp=None if self.pp is None else self.pp[index])
 
     def layer_sum(self, per_layer: np.ndarray, by_kind: np.ndarray | None = None) -> np.ndarray:
         """(3, n) sum of a per-layer quantity over each rank's layers: ``layers x per_layer``, or with layer
         kinds (``by_kind`` (kinds, n) and :attr:`kind_counts`) each rank's own layers of each kind."""
-        if by_kind is None or self.kind_counts is None:
+        return _layer_sum(self.layers, self.kind_counts, per_layer, by_kind)
+
+    def ranks(self) -> "Ranks":
+        """The pipeline ranks the schedule compares: the three positions, or with :attr:`rank_counts` (layers of
+        different costs, where the busiest middle rank by the split's weights need not be the slowest for a
+        plan's micro-batch, TP degree, recomputation and collectives) every rank."""
+        if self.rank_counts is None:
+            return Ranks(layers=self.layers, valid=self.valid, kind_counts=self.kind_counts)
+        r = np.arange(self.rank_counts.shape[1])[:, None]
+        position = np.where(r == 0, FIRST, np.where(r == self.pp - 1, LAST, MIDDLE))
+        return Ranks(layers=self.rank_counts.sum(axis=0), valid=r < self.pp, kind_counts=self.rank_counts,
+                     position=position)
+
+
+def _layer_sum(layers: np.ndarray, counts: np.ndarray | None, per_layer: np.ndarray,
+               by_kind: np.ndarray | None) -> np.ndarray:
+    """(ranks, n): ``layers x per_layer``, or with kinds each rank's own layers of each kind (``counts``
+    (kinds, ranks, n), ``by_kind`` (kinds, n))."""
+    if by_kind is None or counts is None:
+        return layers * per_layer
+    out = counts[0] * by_kind[0]
+    for k in range(1, counts.shape[0]):  # a handful of kinds: contiguous multiply-adds beat einsum
+        out += counts[k] * by_kind[k]
+    return out
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Pipeline ranks the schedule compares, arrays (ranks, n): the three :data:`POSITIONS`, or every rank
+    (:meth:`Partition.ranks`)."""
+
+    layers: np.ndarray
+    valid: np.ndarray
+    kind_counts: np.ndarray | None = None
+    """(kinds, ranks, n) layers of each kind (None: one kind)."""
+    position: np.ndarray | None = None
+    """(ranks, n) the :data:`POSITIONS` index of each rank (what its edges are); None: the ranks are the
+    positions."""
+
+    def layer_sum(self, per_layer: np.ndarray, by_kind: np.ndarray | None = None) -> np.ndarray:
+        """(ranks, n) sum of a per-layer quantity over each rank's layers (:meth:`Partition.layer_sum`)."""
+        return _layer_sum(self.layers, self.kind_counts, per_layer, by_kind)
+
+    def of_positions(self, values: np.ndarray) -> np.ndarray:
+        """(ranks, n) of a (3, n) position quantity (edges): each rank its position's."""
+        if self.position is None:
+            return values
+        return np.take_along_axis(np.broadcast_to(values, (3,) + self.position.shape[1:]), self.position, axis=0)
+
+    def position_of(self, rank: np.ndarray) -> np.ndarray:
+        """(n,) the position of rank ``rank[i]`` of plan i."""
+        return rank if self.position is None else self.position[rank, np.arange(rank.size)]
+
+    def rank_sum(self, rank: np.ndarray) -> "RankSum":
+        """The sums over the layers of rank ``rank[i]`` of plan i."""
+        layers = self.layers[rank, np.arange(rank.size)]
+        counts = None if self.kind_counts is None else self.kind_counts[:, rank, np.arange(rank.size)]
+        return RankSum(layers=layers, counts=counts)
+
+
+@dataclass(frozen=True)
+class RankSum:
+    """Sums over the layers of one rank per plan: ``layers`` (n,), ``counts`` (kinds, n) of each kind."""
+
+    layers: np.ndarray
+    counts: np.ndarray | None = None
+
+    def __call__(self, per_layer: np.ndarray | float, by_kind: np.ndarray | None = None) -> np.ndarray:
+        """(n,) ``layers x per_layer``, or with ``by_kind`` (kinds, n) the rank's own layers of each kind."""
+        if by_kind is None or self.counts is None:
             return self.layers * per_layer
-        counts = self.kind_counts
-        out = counts[0] * by_kind[0]
-        for k in range(1, counts.shape[0]):  # a handful of kinds: contiguous multiply-adds beat einsum
-            out += counts[k] * by_kind[k]
-        return out
+        return (self.counts * by_kind).sum(axis=0)
 
 
 def _mirror(params: np.ndarray, expert: np.ndarray | None, last_shared: np.ndarray,
@@ -141,11 +214,13 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCos
     if expert is not None:
         at = np.argmax(held, axis=0)
         largest_expert = expert[at, np.arange(at.size)]
+    every = None if weights is None else every_rank_kind_counts(kind_of_layer, pp, vpp, weights)
     return Partition(layers=layers, valid=valid, params=params, edge_params=edges, largest=held.max(axis=0),
                      largest_edge=np.where(valid, edges, 0.0).max(axis=0), expert=expert,
                      largest_expert=largest_expert,
                      kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)),
-                     cuts=None if weights is None else chunk_starts(kind_of_layer, pp, vpp, weights))
+                     cuts=None if weights is None else chunk_starts(kind_of_layer, pp, vpp, weights),
+                     rank_counts=every, pp=None if weights is None else np.asarray(pp, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -358,10 +433,30 @@ def _chunk_starts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int,
     return out
 
 
+def every_rank_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
+                           weights: tuple[float, ...]) -> np.ndarray:
+    """(kinds, R, n): layers of each kind on every pipeline rank of the balanced split (R the largest pp; zeros
+    past a plan's own ranks)."""
+    kinds = int(kind_of_layer.max()) + 1
+    key = tuple(int(k) for k in kind_of_layer)
+    pp = np.asarray(pp, dtype=np.int64)
+    vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
+    ranks = int(pp.max())
+
+    def padded(p_: int, v_: int) -> np.ndarray:
+        out = np.zeros((kinds, ranks))
+        out[:, :p_] = _rank_kind_counts(key, kinds, p_, v_, weights=weights)[0].T
+        return out
+
+    return per_distinct(padded, pp, vpp)
+
+
 @lru_cache(maxsize=256)
-def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int, edges_as_layers: bool = False,
-                 first: int = 0, last: int = 0, embedding: int = 0, loss: int = 0,
-                 weights: tuple[float, ...] | None = None) -> np.ndarray:
+def _rank_kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int, edges_as_layers: bool = False,
+                      first: int = 0, last: int = 0, embedding: int = 0, loss: int = 0,
+                      weights: tuple[float, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """((pp, kinds) layers of each kind on every rank of :func:`layer_split`, (layers,) the rank owning each
+    layer); read-only."""
     n = len(kind_of_layer)
     owner = np.zeros(n, dtype=np.int64)
     start = 0
@@ -371,6 +466,18 @@ def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int, 
         start += size
     kinds_arr = np.asarray(kind_of_layer)
     per_rank = np.stack([np.bincount(kinds_arr[owner == r], minlength=kinds) for r in range(pp)])
+    per_rank.setflags(write=False)
+    owner.setflags(write=False)
+    return per_rank, owner
+
+
+@lru_cache(maxsize=256)
+def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int, edges_as_layers: bool = False,
+                 first: int = 0, last: int = 0, embedding: int = 0, loss: int = 0,
+                 weights: tuple[float, ...] | None = None) -> np.ndarray:
+    per_rank, owner = _rank_kind_counts(kind_of_layer, kinds, pp, vpp, edges_as_layers, first, last, embedding,
+                                        loss, weights)
+    n = len(kind_of_layer)
     out = np.zeros((3, kinds))
     out[0] = per_rank[0]
     if pp > 1:

@@ -33,7 +33,7 @@ from ..plan import PlanBatch
 from ..precision import activation_bytes, wide
 from .comm import Comm
 from .context import EstimationContext
-from .partition import Partition, on_positions
+from .partition import Partition, RankSum, on_positions
 from .source import LayerCosts
 
 
@@ -197,10 +197,15 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     bwd_total = _sum(comm.layer_bwd.values(), pp.shape)
     f_exp, b_exp = comm.layer_fwd_exposed, comm.layer_bwd_exposed
     x_layer = layer_exposed(fwd_total, bwd_total, f_exp, b_exp, full, penalty)
+    # a source whose layers differ (traced units): each kind's own collectives, re-run under full recomputation
+    # only where the kind is checkpointed
+    kinds = _KindTimes.of(costs, comm, full, penalty)
     single = pp == 1
-    edge_c = on_positions(costs.first.fwd + costs.first.bwd, costs.last.fwd + costs.last.bwd, single)
-    edge_x = _sum(comm.edge.values(), (3, pp.size))
-    L = part.layers
+    ranks = part.ranks()  # the three positions, or every rank (layers of different costs)
+    edge_c = ranks.of_positions(on_positions(costs.first.fwd + costs.first.bwd, costs.last.fwd + costs.last.bwd,
+                                             single))
+    edge_x = ranks.of_positions(_sum(comm.edge.values(), (3, pp.size)))
+    L = ranks.layers
     per_mb = ctx.terms.reduces_per_microbatch(zero, pp)
     sharded = (zero >= 2) & per_mb
     # ZeRO's gradient shards span the dp x cp group (Megatron's distributed optimizer); the routed experts'
@@ -211,21 +216,23 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     if costs.expert_params is not None and edp is not None:
         accum = accum + grad_accumulation_seconds(ctx, experts, sharded, edp, dtype)
     # each rank's own layers of each kind (dense first layers and MoE layers take different times)
-    rank_c = part.layer_sum(costs.fwd + costs.bwd, getattr(costs, "compute_by_kind", None)) + L * accum + edge_c
-    rank_r = part.layer_sum(costs.recompute, getattr(costs, "recompute_by_kind", None))
-    rank_x = L * x_layer + edge_x
+    rank_c = ranks.layer_sum(costs.fwd + costs.bwd, getattr(costs, "compute_by_kind", None)) + L * accum + edge_c
+    rank_r = ranks.layer_sum(costs.recompute, getattr(costs, "recompute_by_kind", None))
+    rank_x = ranks.layer_sum(x_layer, kinds.exposed if kinds else None) + edge_x
     fixed = ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, full, host_s_per_op)
     fixed = fixed + _zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp)
     rank_o = L * (ctx.host_overhead_s + fixed)
-    slow, (c_stage, r_stage, x_stage, o_stage) = slowest(part.valid, rank_c, rank_r, rank_x, rank_o)
-    layers = _pick(slow, L)
+    slow_rank, (c_stage, r_stage, x_stage, o_stage) = slowest(ranks.valid, rank_c, rank_r, rank_x, rank_o)
+    slow = ranks.position_of(slow_rank)  # the slowest rank's position (its edges)
+    on_slow = ranks.rank_sum(slow_rank)
+    layers = on_slow.layers
     t_stage = c_stage + r_stage + x_stage + o_stage
 
     m = plans.global_batch // (plans.micro_batch * dp)
     bucket = ctx.terms.dp_bucket(group)
     share = None if bucket is None else np.minimum(bucket / np.maximum(part.largest, 1.0), 1.0)
     dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp,
-                         vpp=vpp, bucket_share=share)
+                         vpp=vpp, bucket_share=share, on_rank=on_slow, kinds=kinds)
     if ctx.exposed_scale.get("dp", 1.0) != 1.0:  # a calibration's achieved DP overlap
         dpt = scale_dp_exposure(dpt, ctx.exposed_scale["dp"])
     # the fill and drain run whole stages: ZeRO-3's gathers exposed inside each micro-batch's passes count
@@ -256,18 +263,19 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     lo, hi = ctx.terms.host_range
     device = costs.fwd + costs.bwd + costs.recompute
     overhead_low, overhead_high = (
-        m * layers * (ctx.host_overhead_s + _pick(slow, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
+        m * layers * (ctx.host_overhead_s + _pick(slow_rank, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
                                                   + _zero3_hooks(ctx, costs, zero, full, h, dp)))
         for h in (lo, hi))
     # once per step, synchronous, after the gradient reductions (Megatron-Core finalize_model_grads)
-    tp_sync = 0.0 if comm.tp_grad_sync is None else _pick(slow, comm.tp_grad_sync)
+    tp_sync = 0.0 if comm.tp_grad_sync is None else _pick(slow_rank, comm.tp_grad_sync)
     exposed = m * x_stage + pp_exposed + dp_exposed + tp_sync
-    exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed)
+    exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed, on_slow, kinds)
     if comm.tp_grad_sync is not None:
         exposed_axis["tp"] = exposed_axis.get("tp", 0.0) + tp_sync
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
-    comm_total = {axis: m * (layers * (comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
-                                       + np.where(full, comm.layer_fwd.get(axis, 0.0), 0.0))
+    comm_total = {axis: m * (on_slow(comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
+                                     + np.where(full, comm.layer_fwd.get(axis, 0.0), 0.0),
+                                     kinds.total(axis) if kinds else None)
                              + _pick(slow, comm.edge.get(axis, np.zeros((3, pp.size)))))
                   for axis in sorted(set(comm.layer_fwd) | set(comm.layer_bwd) | set(comm.edge))}
     comm_total["pp"] = pp_total
@@ -276,10 +284,11 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     comm_total["dp"] = dp_total
     # the forward passes: the layers' forward compute and exposed collectives, the forward kernels' share of the
     # fixed costs, the edges' forward compute, the gathers exposed before them
-    fixed_fwd = _pick(slow, np.broadcast_to(fixed, L.shape)) * ctx.fixed.kernels_fwd / (
-        ctx.fixed.kernels_fwd + ctx.fixed.kernels_bwd + np.where(full, ctx.fixed.kernels_fwd, 0.0))
+    fixed_fwd = _pick(slow_rank, np.broadcast_to(fixed, L.shape)) * ctx.fixed.kernels_fwd / (
+        ctx.fixed.kernels_fwd + ctx.fixed.kernels_bwd + np.where(full, ctx.fixed.kernels_rerun, 0.0))
     edge_f = _pick(slow, on_positions(costs.first.fwd, costs.last.fwd, single))
-    forward = m * (layers * (costs.fwd + f_exp + fixed_fwd) + edge_f) + dp_forward
+    forward = m * (on_slow(costs.fwd + f_exp, kinds.forward if kinds else None) + layers * fixed_fwd
+                   + edge_f) + dp_forward
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
                     exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
                     overhead_high=np.maximum(overhead_high, overhead), comm_total=comm_total, step=step,
@@ -295,13 +304,24 @@ def scale_tp_exposure(comm: Comm, scale: float) -> Comm:
     exp = comm.layer_exposed_axis.get("tp")
     if exp is None:
         return comm
-    whole = np.stack([np.broadcast_to(comm.layer_fwd.get("tp", 0.0), exp[0].shape),
-                      np.broadcast_to(comm.layer_bwd.get("tp", 0.0), exp[1].shape)])
-    new = np.clip(exp * scale, 0.0, np.maximum(whole, exp))
+    new = _scaled(exp, comm.layer_fwd.get("tp", 0.0), comm.layer_bwd.get("tp", 0.0), scale)
     delta = new - exp
+    by = comm.by_kind
+    if by is not None and "tp" in by.exposed_axis:  # each kind's alike
+        k_exp = by.exposed_axis["tp"]
+        k_new = _scaled(k_exp, by.fwd.get("tp", 0.0), by.bwd.get("tp", 0.0), scale)
+        k_delta = k_new - k_exp
+        by = dataclasses.replace(by, fwd_exposed=by.fwd_exposed + k_delta[0], bwd_exposed=by.bwd_exposed + k_delta[1],
+                                 exposed_axis={**by.exposed_axis, "tp": k_new})
     return dataclasses.replace(comm, layer_fwd_exposed=comm.layer_fwd_exposed + delta[0],
                                layer_bwd_exposed=comm.layer_bwd_exposed + delta[1],
-                               layer_exposed_axis={**comm.layer_exposed_axis, "tp": new})
+                               layer_exposed_axis={**comm.layer_exposed_axis, "tp": new}, by_kind=by)
+
+
+def _scaled(exp: np.ndarray, fwd: np.ndarray | float, bwd: np.ndarray | float, scale: float) -> np.ndarray:
+    """(2, ...) exposed forward and backward parts times ``scale``, within [0, their whole time]."""
+    whole = np.stack([np.broadcast_to(fwd, exp[0].shape), np.broadcast_to(bwd, exp[1].shape)])
+    return np.clip(exp * scale, 0.0, np.maximum(whole, exp))
 
 
 def scale_dp_exposure(dpt: "DataParallel", scale: float) -> "DataParallel":
@@ -316,7 +336,8 @@ def scale_dp_exposure(dpt: "DataParallel", scale: float) -> "DataParallel":
 
 
 def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
-                     penalty: float, pp_exposed: np.ndarray, dp_exposed: np.ndarray) -> dict:
+                     penalty: float, pp_exposed: np.ndarray, dp_exposed: np.ndarray,
+                     on_rank: "RankSum | None" = None, kinds: "_KindTimes | None" = None) -> dict:
     """The exposed communication per step split by plan axis (the ``terms`` of docs/SCHEMAS.md T6): each axis's
     exposed layer collectives (the forward ones again under full recomputation) and the overlap penalty of its
     hidden ones, times the slowest rank's layers, plus its edge collectives, per micro-batch; the pipeline's
@@ -325,11 +346,11 @@ def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.nda
     for axis in sorted(set(comm.layer_fwd) | set(comm.layer_bwd) | set(comm.edge)):
         exp = comm.layer_exposed_axis.get(axis)
         total = comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
-        if exp is None:  # nothing of this axis in the layers (edge collectives only)
-            per_layer = penalty * total
+        per_layer = _axis_exposed(exp, total, full, penalty)
+        if on_rank is None:
+            value = layers * per_layer
         else:
-            per_layer = exp[0] + exp[1] + np.where(full, exp[0], 0.0) + penalty * (total - exp[0] - exp[1])
-        value = layers * per_layer
+            value = on_rank(per_layer, kinds.axis_exposed(axis) if kinds else None)
         edge = comm.edge.get(axis)
         if edge is not None:
             value = value + _pick(slow, edge)
@@ -338,6 +359,57 @@ def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.nda
     out["pp"] = out.get("pp", 0.0) + pp_exposed
     out["dp"] = out.get("dp", 0.0) + dp_exposed
     return out
+
+
+def _axis_exposed(exp: np.ndarray | None, total: np.ndarray, full: np.ndarray, penalty: float) -> np.ndarray:
+    """Exposed seconds of one layer's collectives on one axis: the exposed (forward, backward) parts ``exp`` (the
+    forward ones again under ``full`` recomputation) and the overlap penalty of the hidden rest of ``total``."""
+    if exp is None:  # nothing of this axis in the layers (edge collectives only)
+        return penalty * total
+    return exp[0] + exp[1] + np.where(full, exp[0], 0.0) + penalty * (total - exp[0] - exp[1])
+
+
+@dataclass(frozen=True)
+class _KindTimes:
+    """Per layer kind (kinds, n), for a source whose kinds run their own collectives (``Comm.by_kind``): the
+    schedule's per-layer rules on each kind's collectives; ``full`` (kinds, n) where the kind re-runs its
+    forward (full recomputation of a checkpointed kind)."""
+
+    comm: "object"
+    full: np.ndarray
+    penalty: float
+    exposed: np.ndarray
+    """exposed collective seconds of one layer per micro-batch (:func:`layer_exposed`)."""
+    forward: np.ndarray
+    """forward compute and exposed forward collectives of one layer."""
+    f_window: np.ndarray
+    b_window: np.ndarray
+    """what one layer's data-parallel traffic hides behind in forward / backward (compute and exposed
+    collectives; backward with recomputation)."""
+
+    @classmethod
+    def of(cls, costs: LayerCosts, comm: Comm, full: np.ndarray, penalty: float) -> "_KindTimes | None":
+        by = comm.by_kind
+        if by is None:
+            return None
+        shape = by.fwd_exposed.shape
+        rerun = costs.rerun_by_kind if costs.rerun_by_kind is not None else np.ones(shape, dtype=bool)
+        k_full = full & rerun
+        exposed = layer_exposed(_sum(by.fwd.values(), shape), _sum(by.bwd.values(), shape), by.fwd_exposed,
+                                by.bwd_exposed, k_full, penalty)
+        forward = costs.fwd_by_kind + by.fwd_exposed
+        backward = costs.compute_by_kind - costs.fwd_by_kind + costs.recompute_by_kind + by.bwd_exposed
+        return cls(comm=by, full=k_full, penalty=penalty, exposed=exposed, forward=forward, f_window=forward,
+                   b_window=backward)
+
+    def total(self, axis: str) -> np.ndarray:
+        """All collective seconds of one layer on ``axis`` per micro-batch (the forward ones twice where re-run)."""
+        f, b = self.comm.fwd.get(axis, 0.0), self.comm.bwd.get(axis, 0.0)
+        return np.broadcast_to(f + b + np.where(self.full, f, 0.0), self.full.shape)
+
+    def axis_exposed(self, axis: str) -> np.ndarray:
+        total = np.broadcast_to(self.comm.fwd.get(axis, 0.0) + self.comm.bwd.get(axis, 0.0), self.full.shape)
+        return _axis_exposed(self.comm.exposed_axis.get(axis), total, self.full, self.penalty)
 
 
 _TERM_AXIS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp"}
@@ -375,7 +447,7 @@ def _zero3_hooks(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, fu
     hooks = n * per_fetch * (2.0 + np.where(full, 1.0, 0.0))
     f = ctx.fixed
     per_op = f.host_s_per_op if host_s_per_op is None else host_s_per_op
-    kernels = f.kernels_fwd + f.kernels_bwd + np.where(full, f.kernels_fwd, 0.0)
+    kernels = f.kernels_fwd + f.kernels_bwd + np.where(full, f.kernels_rerun, 0.0)
     device = costs.fwd + costs.bwd + costs.recompute + kernels * f.gap_s
     before = np.maximum(kernels * per_op - device, 0.0)
     after = np.maximum(kernels * per_op + hooks - device, 0.0)
@@ -436,7 +508,8 @@ def _gathers(terms, zero: np.ndarray, m: np.ndarray, reductions: np.ndarray) -> 
 def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndarray, zero: np.ndarray,
                    overlap: np.ndarray, penalty: float, per_microbatch: np.ndarray | None = None,
                    full: np.ndarray | None = None, terms=None, pp: np.ndarray | None = None,
-                   vpp: np.ndarray | None = None, bucket_share: np.ndarray | None = None) -> DataParallel:
+                   vpp: np.ndarray | None = None, bucket_share: np.ndarray | None = None,
+                   on_rank: "RankSum | None" = None, kinds: "_KindTimes | None" = None) -> DataParallel:
     """Data-parallel time per step. Gradients hide behind the backward of the last micro-batch (bucketed), the
     ZeRO parameter all-gather behind the forward of the first micro-batch of the next step. Where the stack
     reduces after every micro-batch (``per_microbatch``: ZeRO-2 keeping only a gradient shard, or a stack
@@ -447,9 +520,15 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     after the last backward, exposed (``fsdp_reshard_after_backward``); ZeRO-1 reducing and gathering inside the
     optimizer step, exposed (``zero1_in_optimizer``); interleaved plans of a stack that syncs each model chunk on
     its own (``dp_sync_per_chunk``, Megatron-Core) reduce and gather chunk by chunk (:func:`chunked_exposure`);
-    ``bucket_share``: one DDP bucket over the rank's parameters (``comm.dp_bucket_elements``), exposed."""
+    ``bucket_share``: one DDP bucket over the rank's parameters (``comm.dp_bucket_elements``), exposed.
+    ``on_rank`` sums per-layer values over the rank's layers (default ``layers x``); with ``kinds`` each kind's
+    own ZeRO-3 traffic hides behind its own compute."""
     f_layer = costs.fwd + comm.layer_fwd_exposed
     b_layer = costs.bwd + costs.recompute + comm.layer_bwd_exposed
+    if on_rank is None:
+        on_rank = RankSum(layers=layers)
+    by = None if kinds is None else kinds.comm
+    k_f, k_b = (None, None) if kinds is None else (kinds.f_window, kinds.b_window)
     per_mb = (zero >= 2) if per_microbatch is None else per_microbatch
     reductions = np.where(per_mb, m, 1)
     fwd_g, bwd_g = _gathers(terms, zero, m, reductions)
@@ -460,13 +539,17 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     if terms is not None and terms.zero1_in_optimizer:
         in_opt = zero == 1
     z3_ag, z3_rs = comm.z3_all_gather, comm.z3_reduce_scatter
+    k_ag, k_rs = (None, None) if by is None else (by.z3_all_gather, by.z3_reduce_scatter)
     z3_rs_end = np.where(at_end, z3_rs, 0.0)
-    z3_total, z3_exposed, z3_fwd = (layers * v for v in zero3_layer(z3_ag, z3_rs, f_layer, b_layer, fwd_g, bwd_g,
-                                                                      reductions, at_end))
+    per_layer = zero3_layer(z3_ag, z3_rs, f_layer, b_layer, fwd_g, bwd_g, reductions, at_end)
+    per_kind = (None,) * 3 if by is None else zero3_layer(k_ag, k_rs, k_f, k_b, fwd_g, bwd_g, reductions, at_end)
+    z3_total, z3_exposed, z3_fwd = (on_rank(v, k) for v, k in zip(per_layer, per_kind))
     if terms is not None and (terms.zero3_regather_in_recompute or terms.zero3_overlap_fraction is not None):
-        z3_total, z3_exposed = _zero3_serialized(terms, z3_total, z3_exposed, layers * m * z3_ag,
-                                                 layers * m * np.maximum(z3_ag - f_layer, 0.0),
-                                                 layers * m * (f_layer + b_layer), full)
+        kind = by is not None  # the same figures on each kind's gathers and windows
+        z3_total, z3_exposed = _zero3_serialized(
+            terms, z3_total, z3_exposed, m * on_rank(z3_ag, k_ag if kind else None),
+            m * on_rank(np.maximum(z3_ag - f_layer, 0.0), np.maximum(k_ag - k_f, 0.0) if kind else None),
+            m * on_rank(f_layer + b_layer, k_f + k_b if kind else None), full)
         z3_fwd = 0.0
     grad_t = comm.dp_all_reduce + comm.dp_reduce_scatter
     grad_end = np.where(at_end, comm.dp_reduce_scatter, 0.0)  # ZeRO-2's (ZeRO-3's are its edges' shards)
@@ -480,17 +563,19 @@ def _data_parallel(costs: LayerCosts, comm: Comm, layers: np.ndarray, m: np.ndar
     # bucketed once-per-step reductions (ZeRO-0/1): the last bucket of the last chunk is exposed in any case
     last = 0.0 if bucket_share is None else np.where((reductions == 1) & (zero <= 1),
                                                      np.minimum(bucket_share, 1.0 / np.asarray(chunks)), 0.0)
-    total, exposed = dp_exposure(grad_t - grad_end, comm.dp_all_gather, reductions, gathers, layers * b_layer,
-                                 layers * f_layer, overlap, penalty, z3_total, z3_exposed, chunks=chunks,
+    b_window, f_window = on_rank(b_layer, k_b), on_rank(f_layer, k_f)
+    total, exposed = dp_exposure(grad_t - grad_end, comm.dp_all_gather, reductions, gathers, b_window,
+                                 f_window, overlap, penalty, z3_total, z3_exposed, chunks=chunks,
                                  slots=slots, last_share=last)
-    ends = reductions * grad_end + np.where(zero == 3, layers * reductions * z3_rs_end, 0.0)
-    forward = np.where(overlap, gathers * chunked_exposure(comm.dp_all_gather, layers * f_layer, chunks, slots,
+    z3_ends = reductions * on_rank(z3_rs_end, None if by is None else np.where(at_end, k_rs, 0.0))
+    ends = reductions * grad_end + np.where(zero == 3, z3_ends, 0.0)
+    forward = np.where(overlap, gathers * chunked_exposure(comm.dp_all_gather, f_window, chunks, slots,
                                                            last, own_window=True),
                        gathers * comm.dp_all_gather) + z3_fwd
     return DataParallel(total=total + reductions * grad_end, exposed=exposed + reductions * grad_end,
                         forward=np.where(in_opt, 0.0, forward), after_backward=ends,
                         in_optimizer=np.where(in_opt, exposed, 0.0), at_end=at_end,
-                        in_passes=z3_exposed - layers * reductions * z3_rs_end)
+                        in_passes=z3_exposed - z3_ends)
 
 
 _GRAD_DTYPE = {"fp8": "bf16", "mxfp8": "bf16", "nvfp4": "bf16"}

@@ -130,13 +130,25 @@ class LayerCosts:
     grad_sync_params: np.ndarray | None = None
     """parameters per layer whose gradients are all-reduced over TP once per step (replicated parameters used
     on a token / position split; None: the model's rule, :func:`tpsim.estimator.comm.tp_summed_grad_params`)."""
+    grad_sync_by_kind: np.ndarray | None = None
+    """(kinds, n) ``grad_sync_params`` of one layer of each kind (with ``comm_by_kind``)."""
+    comm_by_kind: tuple[tuple[Collective, ...], ...] | None = None
+    """per layer kind, the collectives one layer of that kind runs per micro-batch (layers of different costs:
+    each pipeline rank is charged its own layers' collectives and ZeRO-3 gathers, the schedule's
+    :meth:`~tpsim.estimator.partition.Ranks.layer_sum`); None: every layer runs ``comm``."""
+    fwd_by_kind: np.ndarray | None = None
+    """(kinds, n) forward seconds of one layer of each kind (of ``compute_by_kind``; set with ``comm_by_kind``:
+    the windows its collectives hide behind)."""
+    rerun_by_kind: np.ndarray | None = None
+    """(kinds, n) bool: under full recomputation the layers of this kind re-run their forward and its
+    collectives (checkpointed; set with ``comm_by_kind``; None: every layer)."""
 
     def take(self, index: np.ndarray, with_comm: bool = True) -> "LayerCosts":
         """The rows ``index`` (gather); ``with_comm=False`` leaves the collectives out (the stages after
         communication use their times, not their sizes)."""
         if with_comm:
             return take_rows(self, index)
-        bare = dataclasses.replace(self, comm=(), first=dataclasses.replace(self.first, comm=()),
+        bare = dataclasses.replace(self, comm=(), comm_by_kind=None, first=dataclasses.replace(self.first, comm=()),
                                    last=dataclasses.replace(self.last, comm=()))
         return take_rows(bare, index)
 
@@ -157,7 +169,8 @@ class LayerCosts:
                           gathered_params=None if self.gathered_params is None else self.gathered_params[index],
                           expert_params=None if self.expert_params is None else self.expert_params[index],
                           **{f: (None if getattr(self, f) is None else getattr(self, f)[:, index])
-                             for f in ("compute_by_kind", "recompute_by_kind", "activations_by_kind")})
+                             for f in ("compute_by_kind", "recompute_by_kind", "activations_by_kind",
+                                       "fwd_by_kind", "rerun_by_kind")})
 
 
 class LayerSource(ABC):

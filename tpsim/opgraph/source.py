@@ -229,10 +229,12 @@ class UnitSource(_GraphSource):
     (the partition holds each pipeline rank's own units: ``kind_of_layer``, the ``*_by_kind`` arrays), the
     layers cut into contiguous chunks that balance their forward + backward time at tp = 1 and micro-batch 1
     (:meth:`layer_weights`). Full recomputation checkpoints the blocks; the glue (stem, pooling, classifier,
-    loss) keeps its activations and is not run twice. The layer arrays are the means over the layers (what
-    the stages apply per layer: collectives, fixed costs, ZeRO-3 gathers); a stage boundary sends the activations
-    live there (skip connections included), split over the TP ranks: the largest of the plan's boundaries
-    (``boundary_by_kind`` with the partition's ``cuts``). No edges: the glue is layers."""
+    loss) keeps its activations and is not run twice, nor are its collectives (``rerun_by_kind``; torchtitan
+    ``apply_ac`` wraps only ``model.layers``' blocks in ``checkpoint_wrapper``). Each kind's collectives and
+    ZeRO-3 gathers are its own (``comm_by_kind``: a pipeline rank pays its units'); the layer arrays are the means
+    over the layers (fixed costs per layer); a stage boundary sends the activations live there (skip
+    connections included), split over the TP ranks: the largest of the plan's boundaries (``boundary_by_kind``
+    with the partition's ``cuts``). No edges: the glue is layers."""
 
     def __init__(self, graph: OpGraph, plan: TPPlan, flavor: str = "megatron", conv_times=None) -> None:
         super().__init__(graph, plan, flavor, conv_times)
@@ -248,21 +250,23 @@ class UnitSource(_GraphSource):
         self.edge_tensors = 0.0
         """no edges: the glue's tensors are its layers'."""
 
-    def kernels_per_layer(self) -> tuple[float, float]:
-        """(forward, backward) kernels of the mean layer: one per op forward; in backward two per weight op whose
-        input needs a gradient (data and weight gradients), one per other op that needs a gradient."""
+    def kernels_per_layer(self) -> tuple[float, float, float]:
+        """(forward, backward, forward re-run under full recomputation) kernels of the mean layer: one per op
+        forward; in backward two per weight op whose input needs a gradient (data and weight gradients), one per
+        other op that needs a gradient; full recomputation re-runs the blocks' forward only."""
         from .cost import grad_flags
         from .schema import WEIGHT_KINDS
 
-        fwd = bwd = 0.0
+        fwd = bwd = rerun = 0.0
         for u, unit in enumerate(self.graph.units):
             share = float(self._share[u])
             fwd += share * len(unit.ops)
+            rerun += share * len(unit.ops) if self._block[u] else 0.0
             flags = grad_flags(unit, u)
             for j, op in enumerate(unit.ops):
                 if flags[j]:
                     bwd += share * (2.0 if op.kind in WEIGHT_KINDS and op.params else 1.0)
-        return fwd, bwd
+        return fwd, bwd, rerun
 
     def layer_weights(self, compute: ComputeModel, dtype: str) -> tuple[float, ...]:
         """Forward + backward seconds of every layer at tp = 1, micro-batch 1 (what the pipeline split balances)."""
@@ -324,7 +328,9 @@ class UnitSource(_GraphSource):
                           first=none, last=none, expert_params=None, params_by_kind=params,
                           expert_by_kind=np.zeros((n_units, n)), compute_by_kind=total, recompute_by_kind=rec_u,
                           activations_by_kind=act_u, grad_sync_params=mean(gred), gathered_params=params.max(axis=0),
-                          boundary_by_kind=inb)
+                          boundary_by_kind=inb, fwd_by_kind=fwd, grad_sync_by_kind=gred,
+                          comm_by_kind=tuple(self._collectives(u, slot_bytes, slot_hide) for u in range(n_units)),
+                          rerun_by_kind=np.repeat(self._block[:, None], n, axis=1))
 
 
 def _first_users(graph: OpGraph) -> dict[str, int]:

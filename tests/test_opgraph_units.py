@@ -1,0 +1,166 @@
+"""Traced graphs of different units (UnitSource) in the estimator's one step model: each pipeline rank pays its
+own units' collectives and ZeRO-3 traffic, full recomputation re-runs only the checkpointed blocks (and their
+collectives), and the slowest rank is found among every pipeline rank."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tpsim.opgraph.estimate import estimate_graph_batch, graph_context
+from tpsim.opgraph.model import graph_violation, load_graph_model
+from tpsim.plan import Plan, PlanBatch
+
+DATA = Path(__file__).parent / "data" / "opgraph"
+
+
+def _setup(name: str):
+    from tpsim.compute.roofline import RooflineModel
+    from tpsim.topology import load_cluster
+
+    model = load_graph_model(DATA / f"{name}.ops.json").with_gpus(8)
+    cluster = load_cluster("dgx-a100", gpus=8)
+    return model, cluster, RooflineModel(cluster.device)
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return _setup("tiny-resnet")
+
+
+@pytest.fixture(scope="module")
+def unet():
+    """a U-Net: units without parameters (concatenations, interpolation) among its glue and blocks."""
+    return _setup("tiny-unet")
+
+
+def _batch(model, **grid) -> PlanBatch:
+    plans = []
+    for values in itertools.product(*grid.values()):
+        f = dict(zip(grid, values))
+        plan = Plan(dp=8 // (f["tp"] * f["pp"]), global_batch=32, **f)
+        if graph_violation(model, plan, 8) is None:
+            plans.append(plan)
+    return PlanBatch.from_plans(plans)
+
+
+def _stages(model, cluster, roof, plans: PlanBatch):
+    """The context, per-plan layer costs, partition and communication of the estimator's stages."""
+    from tpsim.estimator.core import _patterns, layer_costs
+
+    ctx = graph_context(model, cluster, roof)
+    costs_u, layer_keys = layer_costs(ctx, plans)
+    keys, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
+    return ctx, costs_u.for_plans(layer_keys.inverse), part_u.for_plans(keys.inverse), comm_u.take(keys.inverse)
+
+
+def test_a_rank_pays_its_own_units_collectives(resnet):
+    """pp = 2 at tp = 2: the slowest rank's TP time is its own units' (each unit's collectives times the rank's
+    instances of it), not its layer count times the model's mean layer."""
+    model, cluster, roof = resnet
+    plans = _batch(model, tp=[2], pp=[2], micro_batch=[1, 4], sp=[False, True])
+    e = estimate_graph_batch(model, cluster, plans, compute=roof)
+    ctx, costs, part, comm = _stages(model, cluster, roof, plans)
+    per_unit = comm.by_kind.fwd["tp"] + comm.by_kind.bwd["tp"]  # (units, plans)
+    assert np.ptp(per_unit, axis=0).min() > 0  # the units' collectives differ
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    ranks = part.ranks()
+    own = np.einsum("krn,kn->rn", ranks.kind_counts, per_unit)
+    mean = ranks.layers * (comm.layer_fwd["tp"] + comm.layer_bwd["tp"])
+    sync = 0.0 if comm.tp_grad_sync is None else comm.tp_grad_sync  # once per step: each rank its own layers'
+    expected = m * own + sync
+    slow = np.where(np.isclose(e.tp_comm_s, expected[0], rtol=1e-12), 0, 1)
+    n = np.arange(len(plans))
+    np.testing.assert_allclose(e.tp_comm_s, expected[slow, n], rtol=1e-12)
+    assert np.all(np.abs(own[slow, n] / mean[slow, n] - 1) > 1e-3)
+
+
+def test_zero3_gathers_each_units_own_parameters(unet):
+    """ZeRO-3 without pipelining: the data-parallel time is the sum over the units of their own gathers (forward
+    and backward of every micro-batch) and reduce-scatters; a unit without parameters gathers nothing."""
+    model, cluster, roof = unet
+    plans = _batch(model, tp=[1, 2], pp=[1], zero=[3], micro_batch=[1, 4])
+    e = estimate_graph_batch(model, cluster, plans, compute=roof)
+    ctx, costs, part, comm = _stages(model, cluster, roof, plans)
+    by = comm.by_kind
+    bare = np.array([not any(op.params for op in u.ops) for u in model.graph.units])
+    assert bare.any() and np.all(by.z3_all_gather[bare] == 0) and np.all(by.z3_all_gather[~bare] > 0)
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    counts = part.ranks().kind_counts[:, 0]  # the one rank's instances of each unit
+    expected = (counts * (2 * m * by.z3_all_gather + m * by.z3_reduce_scatter)).sum(axis=0)
+    np.testing.assert_allclose(e.dp_comm_s, expected, rtol=1e-12)
+    assert np.all(np.abs(expected / (model.num_layers * (2 * m * comm.z3_all_gather + m * comm.z3_reduce_scatter))
+                         - 1) > 1e-3)
+
+
+def test_full_recompute_reruns_only_the_checkpointed_blocks(resnet):
+    """Full recomputation checkpoints the blocks: their forward collectives run again in backward, the glue's
+    (stem, pooling, classifier: not checkpointed, torchtitan apply_ac) do not."""
+    model, cluster, roof = resnet
+    none, full = (_batch(model, tp=[2], pp=[1], micro_batch=[2], recompute=[rc]) for rc in ("none", "full"))
+    e_none, e_full = (estimate_graph_batch(model, cluster, p, compute=roof) for p in (none, full))
+    ctx, costs, part, comm = _stages(model, cluster, roof, full)
+    fwd = comm.by_kind.fwd["tp"][:, 0]
+    blocks = np.array([u.kind == "block" for u in model.graph.units])
+    repeats = np.array([u.repeat for u in model.graph.units], dtype=float)
+    assert fwd[~blocks].sum() > 0  # the glue runs TP collectives too
+    m = int(full.global_batch[0] // (full.micro_batch[0] * full.dp[0]))
+    rerun = m * (repeats * fwd)[blocks].sum()
+    assert e_full.tp_comm_s[0] - e_none.tp_comm_s[0] == pytest.approx(rerun, rel=1e-9)
+
+
+def test_the_slowest_of_every_rank_paces_the_pipeline(resnet, monkeypatch):
+    """pp = 4: every rank's stage time is compared. Against the three positions alone (first, last and the middle
+    rank the split weighs heaviest at tp = 1, micro-batch 1) the step is never shorter, and longer where a plan's
+    TP collectives, micro-batch or recomputation make another middle rank the slowest."""
+    from tpsim.estimator.partition import Partition, Ranks
+
+    model, cluster, roof = resnet
+    plans = _batch(model, tp=[1, 2], pp=[4], micro_batch=[1, 4], recompute=["none", "full"], sp=[False, True])
+    every = estimate_graph_batch(model, cluster, plans, compute=roof).step_time_s
+    monkeypatch.setattr(Partition, "ranks", lambda self: Ranks(layers=self.layers, valid=self.valid,
+                                                               kind_counts=self.kind_counts))
+    three = estimate_graph_batch(model, cluster, plans, compute=roof).step_time_s
+    assert np.all(every >= three * (1 - 1e-12))
+    assert np.any(every > three * (1 + 1e-6))
+
+
+def test_full_recompute_relaunches_only_the_blocks_kernels(unet):
+    """The fixed costs of full recomputation: the re-run forward launches the blocks' kernels, not the glue's
+    (one kernel per op forward)."""
+    model, cluster, roof = unet
+    ctx = graph_context(model, cluster, roof)
+    units = model.graph.units
+    share = np.array([u.repeat for u in units], dtype=float) / model.num_layers
+    ops = np.array([len(u.ops) for u in units], dtype=float)
+    blocks = np.array([u.kind == "block" for u in units])
+    assert ops[~blocks].sum() > 0
+    assert ctx.fixed.kernels_fwd == pytest.approx((share * ops).sum(), rel=1e-12)
+    assert ctx.fixed.kernels_rerun == pytest.approx((share * ops)[blocks].sum(), rel=1e-12)
+
+
+def test_a_pipeline_stage_sends_what_is_live_at_its_own_cut(unet):
+    """The pipeline send of a plan is the largest activation live at its own chunk boundaries (skip connections
+    of the U-Net included), timed once per plan on its layout."""
+    from tpsim.estimator.comm import AxisCurves, layouts_of
+    from tpsim.estimator.core import layer_costs
+    from tpsim.estimator.partition import layer_split
+
+    model, cluster, roof = unet
+    plans = _batch(model, tp=[1, 2], pp=[2, 4], vpp=[1, 2], micro_batch=[1])
+    ctx, costs, part, comm = _stages(model, cluster, roof, plans)
+    src = ctx.source
+    costs_u, keys = layer_costs(ctx, plans)
+    weights = src.layer_weights(ctx.compute, plans.dtype)
+    layouts, at = layouts_of(ctx, plans)
+    curves = AxisCurves(ctx, layouts, at)
+    sent = np.zeros(len(plans))
+    for i in range(len(plans)):
+        sizes = layer_split(src.num_layers, int(plans.pp[i]), int(plans.vpp[i]), weights=weights)
+        kinds = {int(src.kind_of_layer[s]) for s in np.cumsum(sizes)[:-1]}
+        sent[i] = max(costs_u.boundary_by_kind[k, keys.inverse[i]] for k in kinds)
+    assert len(set(sent.tolist())) > 1  # the cuts differ between plans
+    np.testing.assert_allclose(comm.p2p, curves.time(("pp",), "send_recv", sent), rtol=1e-12)
