@@ -230,8 +230,9 @@ def print_groups(results: list[GroupResult], title: str) -> None:
                   + ("" if it.fits else "  (judged not to fit)"))
         if r.worst:
             a, b = r.worst
-            verdict = ("ordered wrong" if a.measured != b.measured and (a.predicted < b.predicted)
-                       else "predicted tied" if a.predicted == b.predicted else "ordered right")
+            verdict = ("published tied" if a.measured == b.measured else "predicted tied"
+                       if a.predicted == b.predicted else "ordered wrong" if a.predicted < b.predicted
+                       else "ordered right")
             print(f"  worst pair: {a.run_id} vs {b.run_id}: published {a.measured:.1f} vs {b.measured:.1f} "
                   f"({100 * (a.measured / b.measured - 1):+.1f}%), tpsim {a.predicted:.1f} vs {b.predicted:.1f} "
                   f"({100 * (a.predicted / b.predicted - 1):+.1f}%), {verdict}")
