@@ -611,12 +611,12 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     if evidence is not None and not order:
         warnings.append(f"guard: the runs' differences from the uncalibrated model are within the per-run scatter "
                         f"of the shipped runs ({100 * model_sigma():.1f}%): no factor is fitted (log evidence of "
-                        f"{', '.join(full)}: {max(evidence) - none:+.2f} against none)")
+                        f"{', '.join(candidates[top].names)}: {evidence[top] - none:+.2f} against none)")
     elif names != full:
         warnings.append(f"{len(runs)} runs do not identify {', '.join(full)} separately (their leave-one-out "
                         f"errors are smaller with {', '.join(names)}): {', '.join(names)} "
                         f"{'is' if len(names) == 1 else 'are'} fitted")
-    if w < 1.0:
+    if w < 1.0 and (evidence is None or order):
         uncal_loo = float(np.median(np.abs((uncal - y) / y)))
         warnings.append(f"guard: the fitted factors are taken {100 * w:.0f}% of the way from their priors (the "
                         f"leave-one-out error is smallest there; uncalibrated median |error| {100 * uncal_loo:.1f}%)"
