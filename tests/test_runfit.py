@@ -141,6 +141,32 @@ def test_guard_never_worse_than_uncalibrated_leave_one_out(h100_torchtitan):
     assert fit.blend == 1.0 and max(abs(r.loo_error) for r in fit.runs) < 0.03
 
 
+def test_guard_falls_back_where_three_agreeing_runs_would_hurt_the_others(h100_torchtitan):
+    """Three runs that happen to agree on a +5% error (as three plans of a family whose errors scatter by 10%
+    do) and other plans of the family off by -9% to +9%: the plain fit takes the apparent bias and makes the
+    other plans worse; the guard weighs the bias against the per-run scatter of the shipped runs
+    (runfit.log_evidence), finds no factor needed and keeps the uncalibrated model (factors at their priors)."""
+    base = [r for r in h100_torchtitan if r.plan.cp == 1]
+    errors = (0.01, 0.07, 0.075, -0.09, 0.02, -0.08, 0.09, -0.06)  # predicted / measured - 1
+    runs = [dataclasses.replace(r, measured=predict(r).step_time_s / (1 + e)) for r, e in zip(base, errors)]
+    given, others = runs[:3], runs[3:]
+    median = lambda values: np.median([abs(predict(r, values).step_time_s / r.measured - 1)  # noqa: E731
+                                       for r in others])
+    plain = fit_runs(given, guard=False)
+    assert median(plain.values) > median(None) + 0.005
+    fit = fit_runs(given)
+    assert fit.blend == 0.0 and all(f.value == f.prior for f in fit.factors)
+    assert any(w.startswith("guard:") and "no factor is fitted" in w for w in fit.warnings)
+    assert median(fit.values) == pytest.approx(median(None), abs=1e-12)
+    # the same three runs 20% off (a bias well beyond the scatter) are calibrated, and the other plans, off by
+    # the same 20% and their own scatter, come closer
+    biased = [dataclasses.replace(r, measured=r.measured / 1.2) for r in runs]
+    fit = fit_runs(biased[:3])
+    assert fit.blend > 0.0
+    assert np.median([abs(predict(r, fit.values).step_time_s / r.measured - 1) for r in biased[3:]]) \
+        < np.median([abs(predict(r).step_time_s / r.measured - 1) for r in biased[3:]]) - 0.03  # 12.8% -> 8.8%
+
+
 def test_one_run_fits_one_overall_factor(h100_torchtitan):
     (run,) = _synthetic(h100_torchtitan[:1], {"compute_scale": 1.2})
     fit = fit_runs([run])

@@ -23,10 +23,13 @@ maximum a-posteriori values are clipped to their bounds (an active-set pass), an
 its posterior standard deviation. Leave-one-out: the fit without run i predicts run i.
 
 **Guard.** The full set competes with the set without the link levels and, with 3-9 runs, with
-``compute_scale`` plus the TP / DP overlap factors and with one ``compute_scale`` (whichever predicts the
-left-out runs better is kept: what the runs identify), and the chosen factors are blended with their priors by the weight
-that minimizes the mean leave-one-out |error|; weight 0 is the uncalibrated model, so on the user's runs the
-calibration is never worse than uncalibrated out of sample (:func:`fit_runs`).
+``compute_scale`` plus the TP / DP overlap factors and with one ``compute_scale``, and all of them with no factor
+(the uncalibrated model): the one of largest Bayesian evidence (:func:`log_evidence`: the runs' residuals under
+each set's prior, against a per-run scatter whose prior is the shipped runs', :func:`model_sigma`) is kept, so a
+few runs that happen to agree on a bias smaller than the scatter the shipped families show are not taken as one;
+the chosen factors are then blended with their priors by the weight that minimizes the mean leave-one-out
+|error|; weight 0 is the uncalibrated model, so on the user's runs the calibration is never worse than
+uncalibrated out of sample (:func:`fit_runs`). Both are decided from the given runs only.
 
 **Residuals for bands.** :func:`shipped_residuals` predicts every run of ``tpsim/data/runs/`` (development set and
 SC21 Table 1) with the current, uncalibrated estimator: computed at run time and cached on disk under a hash of the
@@ -521,9 +524,10 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     InputError naming its row). ``relinearize``: one more linearization around the solution (default: when at
     most 30 runs).
 
-    With 3-9 runs the three-factor set competes with the single ``compute_scale``: the set whose leave-one-out
-    errors are smaller is kept (what the runs can identify). ``guard`` (default): the chosen factors are then
-    blended with their priors, ``prior + w (fitted - prior)``, ``w`` in :data:`BLEND_GRID` minimizing the mean
+    ``guard`` (default): the candidate sets (the full one, without its link levels, and with 3-9 runs
+    ``compute_scale`` with the TP / DP overlap factors and one ``compute_scale``) and no factor at all compete by
+    their :func:`log_evidence` on the runs (what the runs identify; no factor: the uncalibrated model, factors
+    at their priors, ``w = 0``); the chosen factors are then blended with their priors, ``prior + w (fitted - prior)``, ``w`` in :data:`BLEND_GRID` minimizing the mean
     leave-one-out |error|; ``w = 0`` is the uncalibrated model, so on the user's runs the calibration's
     leave-one-out error is never worse than uncalibrated (with one run nothing is left out: ``w = 1``).
     ``guard=False``: the full set, unblended (the plain Bayesian fit). ``links=False``: no link-level factors
@@ -559,16 +563,34 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
                                    (uncal, np.c_[_compute_scale_column(base[1], names), base[1][:, cols]])))
         candidates.append(_fit_set(runs, ("compute_scale",), table, y, relinearize,
                                    (uncal, _compute_scale_column(base[1], names))))
+    evidence = None
+    if guard:
+        # which set the runs identify, and whether they ask for a calibration at all: the Bayesian evidence of
+        # each set against the uncalibrated model (no factor), on the first linearization (Occam: a factor is
+        # kept only when the runs' differences from the model need it beyond the per-run scatter the shipped
+        # runs show, not when a few runs happen to agree)
+        b = (y - uncal) / y
+        cols = {n: base[1][:, j] for j, n in enumerate(names)}
+        cols["compute_scale"] = _compute_scale_column(base[1], names)[:, 0]
+        evidence = [log_evidence(np.c_[[cols[n] for n in c.names]].T / y[:, None], b,
+                                 np.array([table[n].sigma for n in c.names])) for c in candidates]
+        none = log_evidence(np.zeros((len(runs), 0)), b, np.zeros(0))
+        top = int(np.argmax(evidence))
+        order = [candidates[top]] if evidence[top] > none else []
+    else:
+        order = candidates
     best = None
-    for cand in candidates:
+    for cand in order:
         p0 = np.array([table[n].prior for n in cand.names])
         for w in (BLEND_GRID[::-1] if guard and len(runs) >= 2 else (1.0,)):
-            if w == 0.0 and cand is not candidates[0]:
+            if w == 0.0 and cand is not order[0]:
                 continue
             score = float(np.mean(np.abs(cand.loo_errors(w, p0, uncal, y))))
             # ties: the fuller fit (more factors, then the larger weight)
             if best is None or score < best[0] - 1e-12:
                 best = (score, cand, w)
+    if best is None:  # the evidence prefers no factor: the uncalibrated model
+        best = (0.0, candidates[0], 0.0)
     _, chosen, w = best
     names = chosen.names
     p0 = np.array([table[n].prior for n in names])
@@ -586,11 +608,15 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
                     for i, r in enumerate(runs))
     warnings = _warnings(runs, loo, factors)
     full = candidates[0].names
-    if names != full:
+    if evidence is not None and not order:
+        warnings.append(f"guard: the runs' differences from the uncalibrated model are within the per-run scatter "
+                        f"of the shipped runs ({100 * model_sigma():.1f}%): no factor is fitted (log evidence of "
+                        f"{', '.join(candidates[top].names)}: {evidence[top] - none:+.2f} against none)")
+    elif names != full:
         warnings.append(f"{len(runs)} runs do not identify {', '.join(full)} separately (their leave-one-out "
                         f"errors are smaller with {', '.join(names)}): {', '.join(names)} "
                         f"{'is' if len(names) == 1 else 'are'} fitted")
-    if w < 1.0:
+    if w < 1.0 and (evidence is None or order):
         uncal_loo = float(np.median(np.abs((uncal - y) / y)))
         warnings.append(f"guard: the fitted factors are taken {100 * w:.0f}% of the way from their priors (the "
                         f"leave-one-out error is smallest there; uncalibrated median |error| {100 * uncal_loo:.1f}%)"
@@ -607,6 +633,22 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     return RunsFit(device=device, stack=stack, factors=factors, runs=results, sigma=sigma,
                    warnings=tuple(warnings), seconds=time.perf_counter() - started, runs_file=runs_file,
                    blend=w, links={lv: v for lv, v in links.items() if LINK_FACTORS[lv] in names})
+
+
+def log_evidence(a: np.ndarray, b: np.ndarray, prior_sigma: np.ndarray, sigma: float | None = None,
+                 dof: float | None = None) -> float:
+    """Log marginal likelihood (up to a constant of the runs alone) of relative residuals ``b = a d + noise``
+    with factor offsets ``d ~ N(0, diag(prior_sigma^2))`` and per-run noise of unknown scale whose prior is
+    ``sigma`` (default :func:`model_sigma`) worth ``dof`` runs (default band.yaml
+    ``residual_bands.calibrated_prior_dof``): the multivariate Student-t of scale matrix ``sigma^2 I + a S
+    a^T``. ``a`` with no column: the model without factors (the uncalibrated one)."""
+    s = model_sigma() if sigma is None else float(sigma)
+    nu = float(band_data().residual["calibrated_prior_dof"]) if dof is None else float(dof)
+    n = len(b)
+    cov = s * s * np.eye(n) + (a * prior_sigma ** 2) @ a.T
+    _, logdet = np.linalg.slogdet(cov)
+    q = float(b @ np.linalg.solve(cov, b))
+    return float(-0.5 * logdet - 0.5 * (nu + n) * math.log1p(q / nu))
 
 
 def _compute_scale_column(jac: np.ndarray, names: Sequence[str]) -> np.ndarray:
