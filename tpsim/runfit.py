@@ -43,14 +43,16 @@ import time
 from dataclasses import dataclass
 from dataclasses import field as dataclasses_field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from .calibration import Calibration, ComputeCalibration
 from .errors import InputError
 from .estimator.band import Residual, band_data
-from .runs import Run, runs_device_stack, stack_name
+
+if TYPE_CHECKING:  # tpsim.runs (the CSV reader) is imported where runs are read: a cold band does not read them
+    from .runs import Run
 
 FIT_KIND = "runs_fit"
 """the top-level key that marks a calibration written by ``calibrate --from-runs``."""
@@ -531,6 +533,8 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     started = time.perf_counter()
     if not runs:
         raise InputError("no runs to fit")
+    from .runs import Run, runs_device_stack
+
     if isinstance(runs, (str, bytes)) or not all(isinstance(r, Run) for r in runs):
         bad = next((r for r in runs if not isinstance(r, Run)), runs)
         raise InputError(f"runs: {type(bad).__name__} is not a Run (tpsim.runs.load_runs(path))")
@@ -660,6 +664,8 @@ def _span_features(r: Run) -> tuple[float, ...]:
 
 def residual_of(run: Run, predicted: float) -> Residual:
     """The band residual of a run: log(measured / predicted) with the features that group it."""
+    from .runs import stack_name
+
     return Residual(run_id=run.run_id, device=run.device, stack=stack_name(run.stack),
                     params=float(run.model.total_params()), gpus=run.gpus, tp=run.plan.tp, cp=run.plan.cp,
                     pp=run.plan.pp, error=math.log(run.measured / predicted), dtype=run.plan.dtype,
