@@ -173,3 +173,18 @@ def test_chunks_in_any_order_give_the_rows_of_the_whole_batch(problem):
         for j in range(0, len(chunk), 7):
             assert part.to_estimate(j).to_dict() == whole.to_estimate(int(chunk[j])).to_dict()
     assert len(ctx.pattern_store(plans.dtype, plans.attention).keys) > 0
+
+
+def test_distinct_rows_whose_packed_key_would_overflow():
+    """Columns of byte counts (about 1e9 each: their packed key passes 2**63) are grouped by sorting the rows,
+    and give the distinct rows of np.unique; small columns keep the packed key (same result)."""
+    from tpsim.estimator.keys import distinct
+
+    rng = np.random.default_rng(3)
+    big = [rng.choice([3e9, 5e9, 7e9], size=40) for _ in range(3)]
+    small = [rng.integers(0, 4, size=40) for _ in range(3)]
+    for cols in (big, small):
+        keys = distinct(*cols)
+        rows = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
+        assert keys.rows.tolist() == np.unique(rows, axis=0).tolist()
+        assert (keys.rows[keys.inverse] == rows).all() and (rows[keys.first] == keys.rows).all()

@@ -4,6 +4,7 @@ key and gathers back to the plans."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +31,14 @@ def distinct(*cols: np.ndarray) -> Keys:
     if n == 1:  # one plan: nothing to sort
         zero = np.zeros(1, dtype=np.int64)
         return Keys(rows=np.stack(ints, axis=1), first=zero, inverse=zero)
+    radix = [int(c.max()) + 1 for c in ints]
+    if math.prod(radix) >= 1 << 63:  # the packed key would overflow (byte counts as columns): sort the rows
+        rows = np.stack(ints, axis=1)
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        return Keys(rows=rows[first], first=first, inverse=inverse.reshape(-1))
     key = np.zeros(n, dtype=np.int64)
-    for c in ints:
-        key = key * (int(c.max()) + 1) + c
+    for c, r in zip(ints, radix):
+        key = key * r + c
     first, inverse = _group(key)
     return Keys(rows=np.stack([c[first] for c in ints], axis=1), first=first, inverse=inverse)
 
