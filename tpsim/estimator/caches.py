@@ -11,6 +11,8 @@ import numpy as np
 
 from .keys import concat_rows, distinct, field_names, sorted_values
 
+RECENT_BATCHES = 32
+"""batches whose key rows a :class:`PatternStore` remembers whole."""
 MEMO_BYTES = 64 << 20
 """array bytes of stage results a context keeps (a repeated plan or search chunk reuses them)."""
 ENVELOPE_BYTES = np.logspace(0, 13, 131)
@@ -167,10 +169,16 @@ class PatternStore:
     value: Any = None
     signature: Any = None
     nbytes: int = 0
+    recent: dict = field(default_factory=dict)
+    """the key rows' bytes of the last few batches -> their rows (a repeated plan or chunk: one lookup)."""
 
     def rows(self, keys: np.ndarray, build: Callable[[np.ndarray], Any]) -> np.ndarray:
         """Row of each key (distinct rows of small non-negative integers) in ``value``; ``build(positions)``
         computes the rows of the keys at those positions of ``keys`` (the missing ones, in one call)."""
+        asked = (keys.shape, keys.tobytes())
+        hit = self.recent.get(asked)
+        if hit is not None:
+            return hit
         found = self._find(keys)
         missing = np.flatnonzero(found < 0)
         if missing.size:
@@ -179,6 +187,7 @@ class PatternStore:
             if self.value is not None and (signature != self.signature or self.nbytes + size > MEMO_BYTES):
                 self.keys = self.value = None  # start again: this batch's rows only
                 self.nbytes = 0
+                self.recent.clear()
                 if missing.size < len(keys):
                     missing = np.arange(len(keys))
                     new = build(missing)
@@ -189,6 +198,9 @@ class PatternStore:
             self.keys = keys[missing] if self.keys is None else np.concatenate([self.keys, keys[missing]])
             self.signature, self.nbytes = signature, self.nbytes + size
             found[missing] = start + np.arange(missing.size)
+        if len(self.recent) >= RECENT_BATCHES:
+            self.recent.pop(next(iter(self.recent)))
+        self.recent[asked] = found
         return found
 
     def _find(self, keys: np.ndarray) -> np.ndarray:
