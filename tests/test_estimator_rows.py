@@ -122,3 +122,69 @@ def test_a_collective_nothing_uses_builds_no_curve():
     assert (("dp", "cp"), "all_reduce") in context_for(model, cluster).caches.curves.tables
     assert both.to_estimate(1).to_dict() == alone.to_dict()
     assert both.to_estimate(0).collectives["dp"].startswith("all_reduce")
+
+
+def test_pattern_store_keeps_rows_across_batches_and_restarts_when_they_differ(monkeypatch):
+    """Rows asked again are not built again; new rows of another structure (or past the byte bound) start
+    the store again from the batch's own rows; every returned row holds its key's result."""
+    from tpsim.estimator import caches
+
+    built = []
+
+    def build_for(keys, extra=False):
+        def build(which):
+            built.append(keys[which, 0].tolist())
+            out = {"v": keys[which, 0] * 10.0 + keys[which, 1]}
+            if extra:
+                out["w"] = keys[which, 0] * 1.0
+            return out
+        return build
+
+    def check(store, keys, rows):
+        assert store.value["v"][rows].tolist() == (keys[:, 0] * 10.0 + keys[:, 1]).tolist()
+
+    store = caches.PatternStore()
+    a = np.array([[1, 2], [3, 4], [5, 6]])
+    check(store, a, store.rows(a, build_for(a)))
+    b = np.array([[5, 6], [7, 8], [1, 2]])
+    check(store, b, store.rows(b, build_for(b)))
+    assert built == [[1, 3, 5], [7]] and len(store.keys) == 4
+    c = np.array([[7, 8], [9, 9]])
+    rows = store.rows(c, build_for(c, extra=True))  # another structure: only c's rows, built again
+    check(store, c, rows)
+    assert built[2:] == [[9], [7, 9]] and len(store.keys) == 2 and set(store.value) == {"v", "w"}
+    monkeypatch.setattr(caches, "MEMO_BYTES", store.nbytes + 8)
+    d = np.array([[2, 2], [9, 9], [4, 4]])
+    rows = store.rows(d, build_for(d, extra=True))  # past the bound: only d's rows
+    check(store, d, rows)
+    assert built[4:] == [[2, 4], [2, 9, 4]] and len(store.keys) == 3
+
+
+def test_chunks_in_any_order_give_the_rows_of_the_whole_batch(problem):
+    """The kept communication patterns of earlier chunks give the same rows as the whole batch."""
+    model, cluster, plans = problem
+    ctx = context_for(model, cluster)
+    ctx.clear_results()
+    whole = estimate_batch(model, cluster, plans)
+    ctx.clear_results()
+    order = np.random.default_rng(2).permutation(len(plans))
+    for chunk in np.array_split(order, 5):
+        part = estimate_batch(model, cluster, plans.take(chunk))
+        for j in range(0, len(chunk), 7):
+            assert part.to_estimate(j).to_dict() == whole.to_estimate(int(chunk[j])).to_dict()
+    assert len(ctx.pattern_store(plans.dtype, plans.attention).keys) > 0
+
+
+def test_distinct_rows_whose_packed_key_would_overflow():
+    """Columns of byte counts (about 1e9 each: their packed key passes 2**63) are grouped by sorting the rows,
+    and give the distinct rows of np.unique; small columns keep the packed key (same result)."""
+    from tpsim.estimator.keys import distinct
+
+    rng = np.random.default_rng(3)
+    big = [rng.choice([3e9, 5e9, 7e9], size=40) for _ in range(3)]
+    small = [rng.integers(0, 4, size=40) for _ in range(3)]
+    for cols in (big, small):
+        keys = distinct(*cols)
+        rows = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
+        assert keys.rows.tolist() == np.unique(rows, axis=0).tolist()
+        assert (keys.rows[keys.inverse] == rows).all() and (rows[keys.first] == keys.rows).all()

@@ -541,6 +541,7 @@ def test_band_pool_predicts_only_the_runs_a_band_reads(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rf, "predict", fake_predict)
     monkeypatch.setattr(rf, "_POOL", [])
+    monkeypatch.setattr(rf, "SHIPPED_FILE", tmp_path / "none.json")  # not the shipped errors: the fake ones
     full = [rf.residual_of(r, fake_predict(r).step_time_s) for r in runs.values()]
     predicted.clear()
     model, plan = runs[next(iter(runs))].model, SimpleNamespace(tp=8, cp=1, pp=16, dtype="bf16", recompute="none")

@@ -282,3 +282,8 @@ def fallback_path(stem: str, suffix: str) -> Path:
 
 __all__ = ["read_text", "read_bytes", "input_path", "check_output_file", "check_output_dir", "make_output_dir",
            "atomic_writer", "atomic_write_bytes", "atomic_write_text", "fallback_path"]
+
+
+def is_opgraph_path(name: str) -> bool:
+    """True for a ``--model`` value that names an op graph file (``*.ops.json``, :mod:`tpsim.opgraph.schema`)."""
+    return str(name).endswith(".ops.json")

@@ -49,15 +49,28 @@ def cache_dir() -> Path | None:
 def package_hash(skip: tuple[str, ...]) -> str:
     """SHA-256 over tpsim's source and data files (relative paths and bytes), leaving out the packages in
     ``skip``: the key of on-disk results that are a function of the code (plan search results, run residuals)."""
-    package = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for path in sorted(package.rglob("*")):
-        rel = path.relative_to(package)
-        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".csv", ".json") \
-                and not set(rel.parts) & set(skip):
-            h.update(str(rel).encode())
-            h.update(path.read_bytes())
+    skipped = set(skip)
+    for rel, parts, data in _package_files():
+        if not parts & skipped:
+            h.update(rel)
+            h.update(data)
     return h.hexdigest()
+
+
+_FILES: list = []
+
+
+def _package_files() -> list[tuple[bytes, frozenset, bytes]]:
+    """(relative path, its parts, bytes) of tpsim's source and data files, read once per process (the code
+    does not change while it runs; a process hashes them for several keys)."""
+    if not _FILES:
+        package = Path(__file__).resolve().parent
+        for path in sorted(package.rglob("*")):
+            rel = path.relative_to(package)
+            if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".csv", ".json"):
+                _FILES.append((str(rel).encode(), frozenset(rel.parts), path.read_bytes()))
+    return _FILES
 
 
 def entry_key(text: str, reader: str) -> str:

@@ -306,7 +306,7 @@ def _run(row: Mapping[str, str], line: int, p: Path, check_stack: bool) -> Run:
     try:
         model_ref = _resolve_path(row["model"], p)
         overrides = {k: _int(row[k], where, k) for k in MODEL_OVERRIDES if row.get(k)}
-        from .opgraph.schema import is_opgraph_path
+        from .io import is_opgraph_path
 
         traced = is_opgraph_path(model_ref)
         gpus = _int(row["gpus"], where, "gpus")

@@ -51,7 +51,7 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..estimator import estimate
-    from ..opgraph.schema import is_opgraph_path
+    from ..io import is_opgraph_path
 
     if args.model and is_opgraph_path(args.model):  # a traced model (tpsim trace)
         from .graph import run_estimate

@@ -177,7 +177,7 @@ def plan_space_work(args: argparse.Namespace, objective: str | None = None) -> l
     the objective searches, counted without building one (a mixture-of-experts default space as pruned);
     ``--allow-large-space`` (or ``--allow-large-work``) lifts the bound (tpsim.limits.MAX_PLANS)."""
     from ..limits import PLAN_SEARCH_RATE
-    from ..opgraph.schema import is_opgraph_path
+    from ..io import is_opgraph_path
     from ..search.explain import _duration
     from ..search.space import space_size
     from ..work import Amount
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     from ..search.cache import cached_search, compute_key_of, save_memo
     from ..search.explain import check_found
 
-    from ..opgraph.schema import is_opgraph_path
+    from ..io import is_opgraph_path
 
     if args.csv is not None:
         check_output_file(args.csv, "--csv", force=args.force)

@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tp is None:
         args.tp = 1 if args.cp > 1 or args.ep > 1 else 2
 
-    from ..opgraph.schema import is_opgraph_path
+    from ..io import is_opgraph_path
     if is_opgraph_path(args.model):  # a traced model (tpsim trace)
         from ..validate.launchers import detect
         if args.print_launch or detect() is not None:

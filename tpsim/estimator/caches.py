@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from .keys import concat_rows, field_names, sorted_values
+from .keys import concat_rows, distinct, field_names, sorted_values
 
+RECENT_BATCHES = 32
+"""batches whose key rows a :class:`PatternStore` remembers whole."""
 MEMO_BYTES = 64 << 20
 """array bytes of stage results a context keeps (a repeated plan or search chunk reuses them)."""
 ENVELOPE_BYTES = np.logspace(0, 13, 131)
@@ -74,6 +77,8 @@ class ContextCaches:
     """(dtype, attention) -> RowStore of layer costs."""
     stack_checks: OrderedDict = field(default_factory=OrderedDict)
     """plan -> the stack rule it breaks (None: runnable); the last few thousand plans checked."""
+    patterns: dict = field(default_factory=dict)
+    """(dtype, attention) -> PatternStore of the partition and communication stages."""
 
 
 @dataclass
@@ -151,6 +156,82 @@ class RowStore:
             for i in missing:
                 self.index[wanted[i]] = len(self.index)
         return np.fromiter((self.index[k] for k in wanted), dtype=np.int64, count=len(wanted))
+
+
+@dataclass
+class PatternStore:
+    """Stage results per key row, kept across batches (a search's chunks share most communication patterns):
+    ``keys[r]`` is the key row of row r of ``value``. Rows are appended while the new ones have the structure
+    of the kept ones (the same dict keys, the same optional parts present) and the arrays stay under
+    :data:`MEMO_BYTES`; otherwise the store starts again from the batch's own rows."""
+
+    keys: np.ndarray | None = None
+    value: Any = None
+    signature: Any = None
+    nbytes: int = 0
+    recent: dict = field(default_factory=dict)
+    """the key rows' bytes of the last few batches -> their rows (a repeated plan or chunk: one lookup)."""
+
+    def rows(self, keys: np.ndarray, build: Callable[[np.ndarray], Any]) -> np.ndarray:
+        """Row of each key (distinct rows of small non-negative integers) in ``value``; ``build(positions)``
+        computes the rows of the keys at those positions of ``keys`` (the missing ones, in one call)."""
+        asked = (keys.shape, keys.tobytes())
+        hit = self.recent.get(asked)
+        if hit is not None:
+            return hit
+        found = self._find(keys)
+        missing = np.flatnonzero(found < 0)
+        if missing.size:
+            new = build(missing)
+            signature, size = structure(new), array_bytes(new)
+            if self.value is not None and (signature != self.signature or self.nbytes + size > MEMO_BYTES):
+                self.keys = self.value = None  # start again: this batch's rows only
+                self.nbytes = 0
+                self.recent.clear()
+                if missing.size < len(keys):
+                    missing = np.arange(len(keys))
+                    new = build(missing)
+                    signature, size = structure(new), array_bytes(new)
+                found = np.full(len(keys), -1, dtype=np.int64)
+            start = 0 if self.keys is None else len(self.keys)
+            self.value = new if self.value is None else concat_rows(self.value, new)
+            self.keys = keys[missing] if self.keys is None else np.concatenate([self.keys, keys[missing]])
+            self.signature, self.nbytes = signature, self.nbytes + size
+            found[missing] = start + np.arange(missing.size)
+        if len(self.recent) >= RECENT_BATCHES:
+            self.recent.pop(next(iter(self.recent)))
+        self.recent[asked] = found
+        return found
+
+    def _find(self, keys: np.ndarray) -> np.ndarray:
+        """Row of each key in the store (-1: not kept): one grouping of the kept and the asked rows."""
+        kept = self.keys
+        if kept is None or not len(kept):
+            return np.full(len(keys), -1, dtype=np.int64)
+        both = np.concatenate([kept, keys])
+        if both.min(initial=0) < 0 or math.prod(int(c) + 1 for c in both.max(axis=0)) >= 1 << 62:
+            # not packable into one int64 key: a dict of the rows
+            at = {tuple(r): i for i, r in enumerate(kept.tolist())}
+            return np.array([at.get(tuple(r), -1) for r in keys.tolist()], dtype=np.int64)
+        groups = distinct(*both.T).inverse
+        row_of = np.full(len(both), -1, dtype=np.int64)
+        row_of[groups[:len(kept)]] = np.arange(len(kept))
+        return row_of[groups[len(kept):]]
+
+
+def structure(value: Any) -> Any:
+    """What must match for two stage results' rows to be concatenated: the dict keys, which optional parts
+    are arrays, the arrays' leading shapes and dtypes."""
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape[:-1], value.dtype.str)
+    if isinstance(value, dict):
+        return tuple((k, structure(v)) for k, v in value.items())
+    if isinstance(value, (tuple, list)):
+        return tuple(structure(v) for v in value)
+    names = field_names(type(value))
+    if names:
+        return (type(value).__name__,) + tuple(structure(getattr(value, f)) for f in names)
+    return ("value", value if isinstance(value, (int, float, str, type(None))) else type(value).__name__)
 
 
 def array_bytes(value: Any) -> int:

@@ -9,8 +9,12 @@ Caches and their keys:
   share it). Curves come only from ``CollectiveModel.axis_curve`` (the estimator never builds rank groups).
 * **layer costs** (:meth:`EstimationContext.layer_rows`): the layer source's costs per key row (tp, sp,
   micro-batch, recompute), computed once per row; key = the row, the batch's dtype and attention.
-* **stage results** (:meth:`EstimationContext.memo`): partition and collective times of a set of distinct
-  communication patterns; key = the stage name, the key rows' bytes and the batch's dtype and attention;
+* **communication patterns** (:meth:`EstimationContext.pattern_store`, a :class:`PatternStore`): the partition
+  and collective times of each distinct communication pattern, kept across batches (a search's chunks share
+  most patterns); key = the pattern's row, the batch's dtype and attention; started again beyond
+  :data:`MEMO_BYTES` of arrays.
+* **stage results** (:meth:`EstimationContext.memo`): layer costs of a set of layer keys and other per-context
+  figures; key = the stage name, the key rows' bytes and the batch's dtype and attention;
   least recently used entries are dropped beyond :data:`MEMO_BYTES` of arrays.
 
 Invalidation: a context never changes. Its inputs are immutable objects, and the loaders return a *new* object
@@ -40,7 +44,8 @@ from ..compute.scaled import ScaledCompute
 from ..compute.training import achieved_hbm, training_compute
 from ..model import ModelSpec
 from ..stacks import StackProfile, load_stack
-from .caches import MEMO_BYTES, ContextCaches, CurveCache, Envelope, EnvelopeTable, RowStore, array_bytes
+from .caches import (MEMO_BYTES, ContextCaches, CurveCache, Envelope, EnvelopeTable, PatternStore, RowStore,
+                     array_bytes)
 from .keys import take_rows
 from .source import LayerSource, TransformerSource
 from .band import BandInputs, band_inputs
@@ -246,6 +251,10 @@ class EstimationContext:
             caches.memo_bytes -= dropped
         return value
 
+    def pattern_store(self, dtype: str, attention: str) -> PatternStore:
+        """The kept partition and communication results of the plans of one dtype and attention."""
+        return self.caches.patterns.setdefault((dtype, attention), PatternStore())
+
     def check_stack(self, plan: Any) -> None:
         """Raise the stack's rule line if it cannot run ``plan`` (remembered per plan: estimate's hot path)."""
         checks = self.caches.stack_checks
@@ -262,6 +271,7 @@ class EstimationContext:
         """Forget the stage results (the collective curves stay): what a benchmark of fresh plans needs."""
         self.caches.memo.clear()
         self.caches.memo_bytes = 0
+        self.caches.patterns.clear()
 
     # ---- identity ----------------------------------------------------------------------------------------
     def fingerprint(self) -> str:

@@ -52,17 +52,19 @@ def layer_costs(ctx: EstimationContext, plans: PlanBatch) -> tuple[LayerCosts, K
 
 # ---- the pipeline ----------------------------------------------------------------------------------------
 def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
-              layer_keys: Keys) -> tuple[Keys, Partition, Comm]:
-    """Stages 2 and 3 on the distinct communication patterns of the batch: the rank layout, the pipeline split,
-    ZeRO and what the layer's traffic depends on."""
+              layer_keys: Keys) -> tuple[np.ndarray, Partition, Comm]:
+    """Stages 2 and 3 on the distinct communication patterns of the batch (the rank layout, the pipeline split,
+    ZeRO and what the layer's traffic depends on), each pattern computed once per context and kept across
+    batches (:class:`~tpsim.estimator.caches.PatternStore`): each plan's row in the kept results and them."""
     fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero", "schedule", "tp_overlap") + SPLIT_FIELDS + _EXPERT_FIELDS
                            + ctx.source.comm_fields)
     keys = distinct(*(getattr(plans, f) for f in fields))
 
-    def build() -> tuple[Partition, Comm]:
-        sub = plans.take(keys.first)
+    def build(which: np.ndarray) -> tuple[Partition, Comm]:
+        first = keys.first[which]
+        sub = plans.take(first)
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
-        layer_index = layer_keys.inverse[keys.first]
+        layer_index = layer_keys.inverse[first]
         part = partition_of(ctx, sub, costs.take(layer_index, with_comm=False))
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
@@ -75,8 +77,10 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
                              tp_overlap=sub.tp_overlap, tp=sub.tp, sp=sub.sp)
         return part, comm
 
-    part, comm = ctx.memo(("patterns", keys.rows.tobytes(), keys.rows.shape, plans.dtype, plans.attention), build)
-    return keys, part, comm
+    store = ctx.pattern_store(plans.dtype, plans.attention)
+    rows = store.rows(keys.rows, build)
+    part, comm = store.value
+    return rows[keys.inverse], part, comm
 
 
 def partition_of(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts) -> Partition:
@@ -137,10 +141,10 @@ def expert_dp(plans: PlanBatch) -> np.ndarray:
 def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     """Every stage on a batch of valid plans for ``ctx``."""
     costs_u, layer_keys = layer_costs(ctx, plans)
-    keys, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
+    pattern_of, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
     costs = costs_u.for_plans(layer_keys.inverse)
-    part = part_u.for_plans(keys.inverse)
-    comm = comm_u.take(keys.inverse)
+    part = part_u.for_plans(pattern_of)
+    comm = comm_u.take(pattern_of)
     p = plans
     edp = expert_dp(p)
     sched = schedule(ctx, p, costs, comm, part, edp=edp)

@@ -4,6 +4,7 @@ key and gathers back to the plans."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +31,14 @@ def distinct(*cols: np.ndarray) -> Keys:
     if n == 1:  # one plan: nothing to sort
         zero = np.zeros(1, dtype=np.int64)
         return Keys(rows=np.stack(ints, axis=1), first=zero, inverse=zero)
+    radix = [int(c.max()) + 1 for c in ints]
+    if math.prod(radix) >= 1 << 63:  # the packed key would overflow (byte counts as columns): sort the rows
+        rows = np.stack(ints, axis=1)
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        return Keys(rows=rows[first], first=first, inverse=inverse.reshape(-1))
     key = np.zeros(n, dtype=np.int64)
-    for c in ints:
-        key = key * (int(c.max()) + 1) + c
+    for c, r in zip(ints, radix):
+        key = key * r + c
     first, inverse = _group(key)
     return Keys(rows=np.stack([c[first] for c in ints], axis=1), first=first, inverse=inverse)
 
@@ -68,18 +74,44 @@ def sorted_values(values: Any) -> np.ndarray:
 def take_rows(tree: Any, index: np.ndarray) -> Any:
     """Rows ``index`` of every array in a stage result (frozen dataclasses, dicts, tuples of them); arrays are
     indexed on their last axis (rows), anything else (None, numbers, names) is kept."""
+    kind = type(tree)
+    if kind is np.ndarray:
+        return tree[..., index]
+    if kind in _LEAVES:  # the common leaves first (a layer-cost tree holds about a hundred names and numbers)
+        return tree
+    if kind is tuple:
+        return tuple([take_rows(v, index) for v in tree])
     if isinstance(tree, np.ndarray):
         return tree[..., index]
     if isinstance(tree, dict):
         return {k: take_rows(v, index) for k, v in tree.items()}
     if isinstance(tree, tuple):
         return tuple(take_rows(v, index) for v in tree)
-    names = field_names(type(tree))
+    names = field_names(kind)
     if names:
-        return type(tree)(**{f: take_rows(getattr(tree, f), index) for f in names})
+        return _rebuilt(kind, {f: take_rows(getattr(tree, f), index) for f in names})
     return tree
 
 
+def _rebuilt(cls: type, values: dict) -> Any:
+    """``cls(**values)`` for a dataclass given every field: its instance dict filled directly where the class
+    has no ``__post_init__`` and no slots (what its ``__init__`` would store, without the per-field frozen
+    ``object.__setattr__`` calls)."""
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        params = getattr(cls, "__dataclass_params__", None)
+        plain = _PLAIN[cls] = bool(params is not None and params.init) and not hasattr(cls, "__post_init__") \
+            and "__slots__" not in cls.__dict__ and all(f.init for f in dataclasses.fields(cls))
+    if not plain:
+        return cls(**values)
+    obj = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj
+
+
+_PLAIN: dict[type, bool] = {}
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+"""types :func:`take_rows` keeps as they are without asking further."""
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 

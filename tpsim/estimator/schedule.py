@@ -88,7 +88,10 @@ class Schedule:
 
 def _pick(position: np.ndarray, values: np.ndarray) -> np.ndarray:
     """values[position[i], i] for (3, n) values."""
-    return values[position, np.arange(position.size)]
+    n = position.size
+    if values.ndim == 2 and values.shape[1] == n:  # one flat gather: half the time of the 2-D fancy index
+        return np.take(values, position * n + np.arange(n))
+    return values[position, np.arange(n)]
 
 
 FP16_UNSCALE_BYTES = 8.0

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import InputError
+from ..io import is_opgraph_path as is_opgraph_path  # re-exported: the CLI asks tpsim.io, without this module
 from ..limits import FLOAT_LIMITS, LIMITS
 
 FORMAT = "tpsim-opgraph"
@@ -486,7 +487,3 @@ def load_opgraph(path: str | Path) -> OpGraph:
     text = read_text(path, "op graph", MAX_OPGRAPH_BYTES)  # a regular file of bounded size, never read whole first
     return parse_opgraph(text, str(path))
 
-
-def is_opgraph_path(name: str) -> bool:
-    """True for a ``--model`` value that names an op graph file (``*.ops.json``)."""
-    return str(name).endswith(".ops.json")

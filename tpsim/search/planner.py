@@ -548,13 +548,15 @@ class SearchResult:
     def _variant_columns(self, idx: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
         """Per ranked row of ``idx``: overlap ("y", "-", or "y,-" when its twins have both), order (the row's,
         with "+k" when its twins have k other orders) and the number of plans the row stands for."""
+        from ..estimator.keys import sorted_values
+
         c = self.columns
         n = c["tp"].size
         twin_of = c.get("twin_of", np.arange(n))
         on = np.bincount(twin_of, weights=c["overlap"].astype(float), minlength=n)[idx]
         count = np.bincount(twin_of, minlength=n)[idx]
         kinds = int(np.max(c["order"], initial=0)) + 1
-        pairs = np.unique(twin_of * kinds + np.asarray(c["order"], dtype=np.int64))  # (set, order) pairs
+        pairs = sorted_values(twin_of * kinds + np.asarray(c["order"], dtype=np.int64))  # (set, order) pairs
         orders = np.bincount(pairs // kinds, minlength=n)[idx]
         overlap_text = ["y,-" if 0 < k < m else "y" if k else "-" for k, m in zip(on, count)]
         order_text = [ORDERS[int(c["order"][i])] + (f"+{k - 1}" if k > 1 else "") for i, k in zip(idx, orders)]
@@ -710,11 +712,11 @@ def search(model: ModelSpec, clusters: Any, global_batch: int, *, space: SearchS
     evaluated = sum(len(v) for v in valid)
     rejected = reasons_from_counts(counts)
 
-    from tqdm import tqdm
+    from ..topology.progress import bar_or_silent
 
     parts, col_parts, offset = [], [], 0
-    with tqdm(total=evaluated, desc="evaluating plans", unit="plan", unit_scale=True, delay=1.0,
-              disable=not progress, leave=False) as bar:
+    with bar_or_silent(progress, total=evaluated, desc="evaluating plans", unit="plan", unit_scale=True, delay=1.0,
+                       leave=False) as bar:
         for p, (cluster, plans) in enumerate(zip(clusters, valid)):
             if not len(plans):
                 continue
