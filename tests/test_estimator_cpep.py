@@ -183,12 +183,12 @@ def test_deepseek_v3_layers_and_parameters_per_rank(h100):
     batch = estimate_batch(m, h100[8], PlanBatch.from_plans([plan]))
     assert batch.ep_comm_s[0] > 0
     from tpsim.estimator.context import context_for
-    from tpsim.estimator.core import _patterns, layer_costs
+    from tpsim.estimator.core import layer_costs, plan_patterns
 
     ctx = context_for(m, h100[8])
     b = PlanBatch.from_plans([plan])
     costs, keys = layer_costs(ctx, b)
-    _, part, _ = _patterns(ctx, b, costs, keys)
+    part, _ = plan_patterns(ctx, b, costs, keys)
     dense, moe = costs.params_by_kind[:, 0]
     emb = m.padded_vocab(1) * m.hidden_size
     assert part.params[0, 0] == pytest.approx(3 * dense + moe + emb)  # layers 0-3: 3 dense + 1 MoE

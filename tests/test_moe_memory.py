@@ -109,13 +109,13 @@ def _deepseek(layers: int = 8):
 
 def _parts(model, cluster, plan, stack=None):
     from tpsim.estimator.context import context_for
-    from tpsim.estimator.core import _patterns, layer_costs
+    from tpsim.estimator.core import layer_costs, plan_patterns
     from tpsim.plan import PlanBatch
 
     ctx = context_for(model, cluster, stack=stack)
     b = PlanBatch.from_plans([plan])
     costs, keys = layer_costs(ctx, b)
-    _, part, _ = _patterns(ctx, b, costs, keys)
+    part, _ = plan_patterns(ctx, b, costs, keys)
     return ctx, costs, part
 
 

@@ -90,7 +90,7 @@ def test_dualpipe_mirrored_stages_hold_both_ends():
     embedding, the first layers, the last layers, the output layer and the MTP module (which uses the rank's
     own embedding: no copy), a middle rank two middle stages."""
     from tpsim.estimator.context import context_for
-    from tpsim.estimator.core import _patterns, layer_costs
+    from tpsim.estimator.core import layer_costs, plan_patterns
     from tpsim.plan import PlanBatch
 
     m = with_overrides(get_preset("deepseek-v3"), layers=8, seq_len=1024)
@@ -101,7 +101,7 @@ def test_dualpipe_mirrored_stages_hold_both_ends():
         ctx = context_for(m, c, stack=stack)
         b = PlanBatch.from_plans([dataclasses.replace(plan, schedule=ctx.stack.rules.default_schedule)])
         costs, keys = layer_costs(ctx, b)
-        parts[stack] = (_patterns(ctx, b, costs, keys)[1], costs)
+        parts[stack] = (plan_patterns(ctx, b, costs, keys)[0], costs)
     (one_f, costs), (two, _) = parts["megatron"], parts["hai-llm"]
     emb = m.padded_vocab(1) * m.hidden_size
     # 1F1B: the last rank holds an embedding copy for the MTP module; DualPipe's rank holds the real one
@@ -137,7 +137,7 @@ def test_deepseek_v3_preset_memory_terms_by_hand(deepseek):
     stage's, held once on DualPipe's edge rank), fp32 gradients 4 B, master 4 B + BF16 moments 4 B sharded
     (ZeRO-1) over dp = 128 for dense and edp = 2 for routed-expert parameters."""
     from tpsim.estimator.context import context_for
-    from tpsim.estimator.core import _patterns, layer_costs
+    from tpsim.estimator.core import layer_costs, plan_patterns
     from tpsim.plan import PlanBatch
 
     m, cluster, stack, plan = deepseek
@@ -145,7 +145,7 @@ def test_deepseek_v3_preset_memory_terms_by_hand(deepseek):
     ctx = context_for(m, cluster, stack=stack)
     b = PlanBatch.from_plans([plan])
     costs, keys = layer_costs(ctx, b)
-    part = _patterns(ctx, b, costs, keys)[1]
+    part = plan_patterns(ctx, b, costs, keys)[0]
     pos = int(np.argmax(part.params[:, 0]))  # the edge ranks (both ends) hold the most
     params, experts = part.params[pos, 0], part.expert[pos, 0]
     h = m.hidden_size

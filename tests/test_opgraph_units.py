@@ -49,12 +49,12 @@ def _batch(model, **grid) -> PlanBatch:
 
 def _stages(model, cluster, roof, plans: PlanBatch):
     """The context, per-plan layer costs, partition and communication of the estimator's stages."""
-    from tpsim.estimator.core import _patterns, layer_costs
+    from tpsim.estimator.core import layer_costs, plan_patterns
 
     ctx = graph_context(model, cluster, roof)
     costs_u, layer_keys = layer_costs(ctx, plans)
-    keys, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
-    return ctx, costs_u.for_plans(layer_keys.inverse), part_u.for_plans(keys.inverse), comm_u.take(keys.inverse)
+    part, comm = plan_patterns(ctx, plans, costs_u, layer_keys)
+    return ctx, costs_u.for_plans(layer_keys.inverse), part, comm
 
 
 def test_a_rank_pays_its_own_units_collectives(resnet):

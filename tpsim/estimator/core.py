@@ -83,6 +83,13 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
     return rows[keys.inverse], part, comm
 
 
+def plan_patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
+                  layer_keys: Keys) -> tuple[Partition, Comm]:
+    """Stages 2 and 3 for each plan of the batch: :func:`_patterns`' kept results gathered to the plans."""
+    pattern_of, part, comm = _patterns(ctx, plans, costs, layer_keys)
+    return part.for_plans(pattern_of), comm.take(pattern_of)
+
+
 def partition_of(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts) -> Partition:
     """Stage 2 for the plans (``costs`` gathered to them): the source's layers (of one kind, of several kinds,
     or of different costs: ``layer_weights``) split under the stack's rule, the plan's uneven split or the
@@ -141,10 +148,8 @@ def expert_dp(plans: PlanBatch) -> np.ndarray:
 def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     """Every stage on a batch of valid plans for ``ctx``."""
     costs_u, layer_keys = layer_costs(ctx, plans)
-    pattern_of, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
+    part, comm = plan_patterns(ctx, plans, costs_u, layer_keys)
     costs = costs_u.for_plans(layer_keys.inverse)
-    part = part_u.for_plans(pattern_of)
-    comm = comm_u.take(pattern_of)
     p = plans
     edp = expert_dp(p)
     sched = schedule(ctx, p, costs, comm, part, edp=edp)
