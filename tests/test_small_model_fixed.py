@@ -75,3 +75,33 @@ def test_embedding_gradient_adds_to_the_first_stage_only(small):
 
     hbm = context_for(model, cluster, stack="megatron").fixed.hbm
     assert base.terms["compute"] - without.terms["compute"] == pytest.approx(m * table * 12.0 / hbm, rel=1e-6)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_megatron_passes_over_the_whole_gradient_buffer_once_per_step(small, monkeypatch, zero):
+    """Megatron-Core DDP zeroes, NaN-checks and scales the rank's full fp32 gradient buffer every step (4 passes
+    of 4 B per parameter), the distributed optimizer's shard notwithstanding: the optimizer term holds
+    params x 16 B / HBM beyond the shard's fused-Adam step."""
+    model, cluster = small
+    calls = _spy(monkeypatch, "grad_buffer_seconds")
+    plan = make_plan(model, 16, tp=2, pp=1, micro_batch=1, global_batch=32, zero=zero)
+    e = estimate(model, cluster, plan, stack="megatron")
+    (ctx, params, dtype), seconds = calls[-1]
+    assert ctx.terms.grad_buffer_passes == 4.0
+    full = float(np.ravel(params)[0])
+    assert float(seconds[0]) == pytest.approx(full * 16.0 / ctx.fixed.hbm)
+    from tpsim.estimator.schedule import optimizer_step
+
+    shard = full / (plan.dp if zero else 1)  # (the launch count is the rank's tensors either way)
+    step = float(np.ravel(optimizer_step(ctx.terms, ctx.fixed.hbm, np.array([shard]), np.array([4 * 12 + 4.0]),
+                                         "bf16"))[0])
+    assert e.terms["optimizer"] == pytest.approx(step + float(seconds[0]), rel=1e-6)
+
+
+def test_stacks_without_the_rule_pay_no_gradient_buffer_pass(small, monkeypatch):
+    model, cluster = small
+    calls = _spy(monkeypatch, "grad_buffer_seconds")
+    plan = make_plan(model, 16, tp=2, pp=1, micro_batch=1, global_batch=32, zero=1)
+    estimate(model, cluster, plan, stack="nemo")
+    (ctx, _, _), seconds = calls[-1]
+    assert ctx.terms.grad_buffer_passes == 0.0 and float(seconds[0]) == 0.0

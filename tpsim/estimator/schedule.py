@@ -125,6 +125,16 @@ def optimizer_step(terms, hbm: float, params: np.ndarray, tensors: np.ndarray, d
     return optimizer_step_time(params, tensors, hbm, per)
 
 
+def grad_buffer_seconds(ctx: EstimationContext, params: np.ndarray, dtype: str) -> np.ndarray:
+    """Once per step: the stack's passes over the rank's gradient buffer outside the optimizer step
+    (``StackTerms.grad_buffer_passes``), one buffer element per parameter each, at the achieved streaming
+    bandwidth. ``params``: the buffer's parameters (the rank's, or its shard where ZeRO-2/3 keep only that)."""
+    passes = ctx.terms.grad_buffer_passes
+    if not passes:
+        return np.zeros(np.shape(params))
+    return params * passes * ctx.terms.state_bytes(dtype).grads / ctx.fixed.hbm
+
+
 def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharded: np.ndarray,
                               dp: np.ndarray, dtype: str) -> np.ndarray:
     """Per micro-batch: adding the layer weight gradients (16-bit GEMM output) into the gradient buffer where
@@ -281,6 +291,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
         dp_exposed, dp_in_opt = dp_exposed + z1, dp_in_opt + z1
     params = np.where(zero >= 1, _sharded(part, dp * cp, edp), part.largest)
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
+    # the gradient buffer's own passes: the full buffer where it holds the unreduced gradient (zero <= 1)
+    optimizer = optimizer + grad_buffer_seconds(ctx, np.where(zero >= 2, params, part.largest), dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
     lo, hi = ctx.terms.host_range
     device = costs.fwd + costs.bwd + costs.recompute
