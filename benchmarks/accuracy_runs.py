@@ -21,7 +21,7 @@ paper: "non-standard ... peak TFLOPs between SXM and NVL"); they run on the devi
 (tpsim/data/devices.yaml: H100 peaks and kernel data, 2.4 TB/s, its clock interpolated in power between the
 H100 NVL and SXM datasheet points, its fp8 GEMM anchor torchao's figure for that board in kernels/gemm.yaml, no
 fitted figure) and stay out of the Hopper fit (its constant describes the
-700 W part; with them it would be 0.870 instead of 0.861).
+700 W part).
 """
 
 from __future__ import annotations

@@ -267,6 +267,7 @@ _STACK_FIGURES: dict[str, dict[str, Any]] = {
     "compute": {"host_us_per_layer": _HOST_US, "host_us_per_microbatch": _HOST_US, "host_us_per_op": _HOST_US,
                 "optimizer_bytes_per_param": Float("bytes_per_param", also=OPTIONAL),
                 "optimizer_bytes_per_param_fp32": Float("bytes_per_param", also=OPTIONAL),
+                "grad_buffer_passes_per_step": Float(minimum=0.0, inclusive=True, maximum=100.0, also=OPTIONAL),
                 "grad_accumulation_fusion": Bool(also=OPTIONAL), "pipeline_edges_as_layers": Bool(also=OPTIONAL),
                 "model_edges": Bool(also=OPTIONAL)},
     "memory": {"allocator_reserve_fraction": Float(minimum=0.0, inclusive=True, maximum=0.9, also=OPTIONAL),

@@ -64,6 +64,7 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
              "cp_ring_exchange", "cp_grad_exchange_dtype", "cp_exchange_overlap"),
     "compute": ("host_us_per_layer", "host_us_per_microbatch", "host_us_per_op", "kernels", "default_attention",
                 "grad_accumulation_fusion", "optimizer_bytes_per_param", "optimizer_bytes_per_param_fp32",
+                "grad_buffer_passes_per_step",
                 "pipeline_edges_as_layers", "model_edges",
                 "fp8_cast_bytes_per_element", "gqa_kv_repeat"),
     "memory": ("grad_buffer_dtype", "grad_accumulation_buffer", "main_params_dtype", "optimizer_state_dtype",

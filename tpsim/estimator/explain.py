@@ -66,7 +66,9 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
                      f"selective_recompute_modules {sorted(terms.activation_storage.recompute_modules)}): {compute}",
         "bubble": "pipeline fill and drain of the plan's schedule (tpsim/pipeline.py registry)",
         "optimizer": f"optimizer step over the rank's parameter shard: {name} "
-                     f"{_figure(stack, 'compute', 'optimizer_bytes_per_param')} at the achieved HBM bandwidth",
+                     f"{_figure(stack, 'compute', 'optimizer_bytes_per_param')} at the achieved HBM bandwidth"
+                     + (f", plus {_figure(stack, 'compute', 'grad_buffer_passes_per_step')} (whole buffer, "
+                        "not the shard)" if terms.grad_buffer_passes else ""),
         "overhead": f"host time not hidden by the kernels: {name} {_figure(stack, 'compute', 'host_us_per_op')}, "
                     "launch gaps of tpsim/data/kernels/fixed.yaml"
                     + (f", ZeRO-3 fetches {_figure(stack, 'comm', 'host_us_per_collective')}"

@@ -125,6 +125,16 @@ def optimizer_step(terms, hbm: float, params: np.ndarray, tensors: np.ndarray, d
     return optimizer_step_time(params, tensors, hbm, per)
 
 
+def grad_buffer_seconds(ctx: EstimationContext, params: np.ndarray, dtype: str) -> np.ndarray:
+    """Once per step: the stack's passes over the rank's gradient buffer outside the optimizer step
+    (``StackTerms.grad_buffer_passes``), one buffer element per parameter each, at the achieved streaming
+    bandwidth. ``params``: the buffer's parameters (the rank's, or its shard where ZeRO-2/3 keep only that)."""
+    passes = ctx.terms.grad_buffer_passes
+    if not passes:
+        return np.zeros(np.shape(params))
+    return params * passes * ctx.terms.state_bytes(dtype).grads / ctx.fixed.hbm
+
+
 def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharded: np.ndarray,
                               dp: np.ndarray, dtype: str) -> np.ndarray:
     """Per micro-batch: adding the layer weight gradients (16-bit GEMM output) into the gradient buffer where
@@ -132,8 +142,25 @@ def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharde
     shard only 1/dp of it."""
     if ctx.terms.grad_accumulation_fusion:
         return np.zeros(np.shape(params))
-    per = activation_bytes(dtype) + 2.0 * ctx.terms.state_bytes(dtype).grads
-    return params * per / np.where(sharded, dp, 1.0) / ctx.fixed.hbm
+    return params * grad_add_bytes(ctx, dtype) / np.where(sharded, dp, 1.0) / ctx.fixed.hbm
+
+
+def grad_add_bytes(ctx: EstimationContext, dtype: str) -> float:
+    """HBM bytes per parameter of adding one micro-batch's 16-bit gradient into the gradient buffer: read the
+    gradient, read and write the buffer element (Megatron-Core DDP ``param.main_grad.add_(param.grad)``)."""
+    return activation_bytes(dtype) + 2.0 * ctx.terms.state_bytes(dtype).grads
+
+
+def embedding_grad_seconds(ctx: EstimationContext, params: np.ndarray, sharded: np.ndarray, dp: np.ndarray,
+                           dtype: str) -> np.ndarray:
+    """Per micro-batch on the first rank: the embedding table's dense weight gradient. torch's
+    ``embedding_dense_backward`` (aten/src/ATen/native/cuda/Embedding.cu: ``at::zeros({num_weights, ...})``,
+    then the rows' scatter-add, which the edge's compute already counts) writes a zeroed table-sized gradient
+    in the parameter dtype, and no GEMM fuses its accumulation: it is added into the gradient buffer
+    (:func:`grad_add_bytes`; Megatron-Core DDP's backward hook, fused wgrad accumulation or not), on the
+    rank's shard where ZeRO-2/3 reduce-scatter every micro-batch. ``params``: the rank's embedding elements."""
+    zero_fill = activation_bytes(dtype)
+    return params * (zero_fill + grad_add_bytes(ctx, dtype) / np.where(sharded, dp, 1.0)) / ctx.fixed.hbm
 
 
 def _backward_fraction(costs: LayerCosts) -> np.ndarray:
@@ -205,15 +232,17 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     kinds = _KindTimes.of(costs, comm, full, penalty)
     single = pp == 1
     ranks = part.ranks()  # the three positions, or every rank (layers of different costs)
-    edge_c = ranks.of_positions(on_positions(costs.first.fwd + costs.first.bwd, costs.last.fwd + costs.last.bwd,
-                                             single))
-    edge_x = ranks.of_positions(_sum(comm.edge.values(), (3, pp.size)))
-    L = ranks.layers
     per_mb = ctx.terms.reduces_per_microbatch(zero, pp)
     sharded = (zero >= 2) & per_mb
     # ZeRO's gradient shards span the dp x cp group (Megatron's distributed optimizer); the routed experts'
     # span the expert data-parallel group edp
     group = dp * cp
+    emb_grad = (0.0 if costs.first.params is None
+                else embedding_grad_seconds(ctx, costs.first.params, sharded, group, dtype))
+    edge_c = ranks.of_positions(on_positions(costs.first.fwd + costs.first.bwd + emb_grad,
+                                             costs.last.fwd + costs.last.bwd, single))
+    edge_x = ranks.of_positions(_sum(comm.edge.values(), (3, pp.size)))
+    L = ranks.layers
     experts = 0.0 if costs.expert_params is None or edp is None else costs.expert_params
     accum = grad_accumulation_seconds(ctx, costs.params - experts, sharded, group, dtype)
     if costs.expert_params is not None and edp is not None:
@@ -262,6 +291,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
         dp_exposed, dp_in_opt = dp_exposed + z1, dp_in_opt + z1
     params = np.where(zero >= 1, _sharded(part, dp * cp, edp), part.largest)
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
+    # the gradient buffer's own passes: the full buffer where it holds the unreduced gradient (zero <= 1)
+    optimizer = optimizer + grad_buffer_seconds(ctx, np.where(zero >= 2, params, part.largest), dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
     lo, hi = ctx.terms.host_range
     device = costs.fwd + costs.bwd + costs.recompute

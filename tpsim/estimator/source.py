@@ -158,7 +158,8 @@ class LayerCosts:
         def edge(e: Edge) -> Edge:
             hp = np.broadcast_to(np.asarray(e.high_precision_params, dtype=float), e.fwd.shape)[index]
             hp = hp - np.broadcast_to(np.asarray(e.shared_params, dtype=float), e.fwd.shape)[index]
-            return Edge(fwd=e.fwd[index], bwd=e.bwd[index], comm=(), params=None, shared_params=None,
+            params = None if e.params is None else np.broadcast_to(np.asarray(e.params, dtype=float), e.fwd.shape)[index]
+            return Edge(fwd=e.fwd[index], bwd=e.bwd[index], comm=(), params=params, shared_params=None,
                         buffer_bytes=e.buffer_bytes[index], high_precision_params=hp)
 
         return LayerCosts(fwd=self.fwd[index], bwd=self.bwd[index], recompute=self.recompute[index],

@@ -171,6 +171,10 @@ class StackTerms:
     optimizer_bytes_per_param_fp32: float | None = None
     """bytes per parameter of the optimizer step when the model trains in fp32/tf32 (no master copy); None: the
     fused-Adam formula (tpsim/compute/fixed.py optimizer_bytes_per_param, 36 B)"""
+    grad_buffer_passes: float = 0.0
+    """passes over the rank's whole gradient buffer per step outside the optimizer's shard, each moving one
+    buffer element per parameter (``compute.grad_buffer_passes_per_step``: Megatron-Core DDP zeroes it, checks
+    its norm for NaN and scales it by 1/dp before the reduction)."""
     grad_buffer_bytes: float
     """bytes per element of the gradient accumulation buffer (full while gradients are reduced once per step;
     the rank's shard when ZeRO-2/3 reduces them after every micro-batch)."""
@@ -386,6 +390,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         pipeline_edges_as_layers=bool(_value(stack, "compute", "pipeline_edges_as_layers", False)),
         optimizer_bytes_per_param=float(_value(stack, "compute", "optimizer_bytes_per_param", 42.0)),
         optimizer_bytes_per_param_fp32=_positive_or_none(stack, "compute", "optimizer_bytes_per_param_fp32", where),
+        grad_buffer_passes=float(_value(stack, "compute", "grad_buffer_passes_per_step", 0.0)),
         grad_buffer_bytes=_dtype_bytes(_value(stack, "memory", "grad_buffer_dtype", "fp32"),
                                        f"{where}: memory.grad_buffer_dtype"),
         main_params_bytes=_master_bytes(_value(stack, "memory", "main_params_dtype", "fp32"),
