@@ -170,8 +170,17 @@ def on_positions(first: np.ndarray, last: np.ndarray, single: np.ndarray, middle
     too: ``last_alone`` if given, else ``last``), the last rank the last edge, middle ranks ``middle``."""
     with_last = last if last_alone is None else last_alone
     first_rank = first + np.where(single, with_last, 0.0)
-    return np.stack([first_rank, np.broadcast_to(last, first_rank.shape),
-                     np.broadcast_to(middle, first_rank.shape)])
+    return stack_rows((first_rank, last, middle), first_rank.shape)
+
+
+def stack_rows(rows: tuple, shape: tuple[int, ...]) -> np.ndarray:
+    """``np.stack([np.broadcast_to(r, shape) for r in rows])``: one array filled row by row (the same values
+    and dtype, without a broadcast view per row; the stages call it a few times per batch)."""
+    arrays = [np.asarray(r) for r in rows]
+    out = np.empty((len(arrays),) + tuple(shape), dtype=np.result_type(*arrays))
+    for k, a in enumerate(arrays):
+        out[k] = a
+    return out
 
 
 def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCosts",
