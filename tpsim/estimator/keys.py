@@ -89,7 +89,18 @@ def take_rows(tree: Any, index: np.ndarray) -> Any:
         return tuple(take_rows(v, index) for v in tree)
     names = field_names(kind)
     if names:
-        return _rebuilt(kind, {f: take_rows(getattr(tree, f), index) for f in names})
+        values = {}
+        flat = type(index) is np.ndarray and index.ndim == 1  # v[index] is v[..., index] on 1-D arrays
+        for f in names:  # the leaves here, without a call each
+            v = getattr(tree, f)
+            t = type(v)
+            if t is np.ndarray:
+                values[f] = v[index] if flat and v.ndim == 1 else v[..., index]
+            elif t in _LEAVES:
+                values[f] = v
+            else:
+                values[f] = take_rows(v, index)
+        return _rebuilt(kind, values)
     return tree
 
 
