@@ -30,7 +30,7 @@ import numpy as np
 
 from ..plan import FULL_ORDERS
 from .context import EstimationContext
-from .keys import distinct, take_rows
+from .keys import distinct, gather, take_rows
 from .partition import Partition, on_positions
 from .source import Collective, LayerCosts
 
@@ -79,7 +79,7 @@ class Comm:
 
     def take(self, index: np.ndarray) -> "Comm":
         """Rows ``index`` (gather)."""
-        pick = lambda a: a[..., index]  # noqa: E731 - (3, n) and (n,) arrays alike
+        pick = lambda a: gather(a, index)  # noqa: E731 - (3, n) and (n,) arrays alike
         return Comm(layer_fwd={k: pick(v) for k, v in self.layer_fwd.items()},
                     layer_bwd={k: pick(v) for k, v in self.layer_bwd.items()},
                     layer_fwd_exposed=pick(self.layer_fwd_exposed), layer_bwd_exposed=pick(self.layer_bwd_exposed),

@@ -12,7 +12,7 @@ import numpy as np
 
 from typing import TYPE_CHECKING
 
-from .keys import per_distinct
+from .keys import gather, per_distinct
 
 if TYPE_CHECKING:  # annotations only: the partition does not import the layer sources at run time
     from .source import LayerCosts
@@ -58,14 +58,16 @@ class Partition:
     def for_plans(self, index: np.ndarray) -> "Partition":
         """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
         communication only, are None)."""
-        expert = None if self.expert is None else self.expert[:, index]
-        largest_expert = self.largest_expert if np.isscalar(self.largest_expert) else self.largest_expert[index]
-        return Partition(layers=self.layers[:, index], valid=self.valid[:, index], params=self.params[:, index],
-                         edge_params=None, largest=self.largest[index], largest_edge=None, expert=expert,
+        expert = None if self.expert is None else gather(self.expert, index, 1)
+        largest_expert = (self.largest_expert if np.isscalar(self.largest_expert)
+                          else gather(self.largest_expert, index, 0))
+        return Partition(layers=gather(self.layers, index, 1), valid=gather(self.valid, index, 1),
+                         params=gather(self.params, index, 1), edge_params=None,
+                         largest=gather(self.largest, index, 0), largest_edge=None, expert=expert,
                          largest_expert=largest_expert,
-                         kind_counts=None if self.kind_counts is None else self.kind_counts[:, :, index],
-                         rank_counts=None if self.rank_counts is None else self.rank_counts[:, :, index],
-                         pp=None if self.pp is None else self.pp[index])
+                         kind_counts=None if self.kind_counts is None else gather(self.kind_counts, index, 2),
+                         rank_counts=None if self.rank_counts is None else gather(self.rank_counts, index, 2),
+                         pp=None if self.pp is None else gather(self.pp, index, 0))
 
     def layer_sum(self, per_layer: np.ndarray, by_kind: np.ndarray | None = None) -> np.ndarray:
         """(3, n) sum of a per-layer quantity over each rank's layers: ``layers x per_layer``, or with layer
