@@ -120,6 +120,8 @@ def codes_of(schedule, n: int) -> np.ndarray:
     if schedule is None:
         return np.zeros(n, dtype=np.int64)
     c = code(schedule)
+    if type(c) is np.ndarray and c.dtype == np.int64 and c.shape == (n,):  # a batch's column as it is
+        return c
     return np.broadcast_to(np.asarray(c, dtype=np.int64), (n,))
 
 

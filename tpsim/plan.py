@@ -638,8 +638,12 @@ class PlanBatch:
 
     def take(self, index: np.ndarray) -> "PlanBatch":
         """Sub-batch of the rows ``index`` (boolean mask or integer indices)."""
-        fields = {f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)
-                  if f.name not in ("dtype", "attention")}
+        if type(index) is np.ndarray and index.dtype.kind in "iu":  # ndarray.take: the same rows, faster
+            fields = {f.name: getattr(self, f.name).take(index, axis=0) for f in dataclasses.fields(self)
+                      if f.name not in ("dtype", "attention")}
+        else:
+            fields = {f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)
+                      if f.name not in ("dtype", "attention")}
         return PlanBatch(**fields, dtype=self.dtype, attention=self.attention)
 
     @property

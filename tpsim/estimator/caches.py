@@ -79,6 +79,9 @@ class ContextCaches:
     """plan -> the stack rule it breaks (None: runnable); the last few thousand plans checked."""
     patterns: dict = field(default_factory=dict)
     """(dtype, attention) -> PatternStore of the partition and communication stages."""
+    constants: dict = field(default_factory=dict)
+    """key -> what depends on the context (and a dtype) alone, not on any plan: the FLOPs per sequence, the
+    term sources (kept by :meth:`EstimationContext.clear_results`)."""
 
 
 @dataclass
@@ -222,24 +225,46 @@ class PatternStore:
 def structure(value: Any) -> Any:
     """What must match for two stage results' rows to be concatenated: the dict keys, which optional parts
     are arrays, the arrays' leading shapes and dtypes."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return ("array", value.shape[:-1], value.dtype.str)
+    if kind in _LEAVES:  # the common leaves first (a layer-cost tree holds about a hundred names and numbers)
+        return ("value", value)
     if isinstance(value, np.ndarray):
         return ("array", value.shape[:-1], value.dtype.str)
     if isinstance(value, dict):
         return tuple((k, structure(v)) for k, v in value.items())
     if isinstance(value, (tuple, list)):
-        return tuple(structure(v) for v in value)
-    names = field_names(type(value))
+        return tuple([structure(v) for v in value])
+    names = field_names(kind)
     if names:
-        return (type(value).__name__,) + tuple(structure(getattr(value, f)) for f in names)
-    return ("value", value if isinstance(value, (int, float, str, type(None))) else type(value).__name__)
+        return (kind.__name__,) + tuple([structure(getattr(value, f)) for f in names])
+    return ("value", value if isinstance(value, (int, float, str, type(None))) else kind.__name__)
 
 
 def array_bytes(value: Any) -> int:
     """Bytes of the numpy arrays inside a stage result (dataclasses, dicts, tuples)."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return int(value.nbytes)
+    if kind in _LEAVES:
+        return 0
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
     if isinstance(value, dict):
-        return sum(array_bytes(v) for v in value.values())
+        return sum([array_bytes(v) for v in value.values()])
     if isinstance(value, (tuple, list)):
-        return sum(array_bytes(v) for v in value)
-    return sum(array_bytes(getattr(value, f)) for f in field_names(type(value)))
+        return sum([array_bytes(v) for v in value])
+    total = 0
+    for f in field_names(kind):  # the leaves here, without a call each
+        v = getattr(value, f)
+        t = type(v)
+        if t is np.ndarray:
+            total += int(v.nbytes)
+        elif t not in _LEAVES:
+            total += array_bytes(v)
+    return total
+
+
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+"""types :func:`structure` and :func:`array_bytes` answer for without asking further."""

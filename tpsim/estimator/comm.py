@@ -30,7 +30,7 @@ import numpy as np
 
 from ..plan import FULL_ORDERS
 from .context import EstimationContext
-from .keys import distinct, take_rows
+from .keys import distinct, gather, take_rows
 from .partition import Partition, on_positions
 from .source import Collective, LayerCosts
 
@@ -79,7 +79,7 @@ class Comm:
 
     def take(self, index: np.ndarray) -> "Comm":
         """Rows ``index`` (gather)."""
-        pick = lambda a: a[..., index]  # noqa: E731 - (3, n) and (n,) arrays alike
+        pick = lambda a: gather(a, index)  # noqa: E731 - (3, n) and (n,) arrays alike
         return Comm(layer_fwd={k: pick(v) for k, v in self.layer_fwd.items()},
                     layer_bwd={k: pick(v) for k, v in self.layer_bwd.items()},
                     layer_fwd_exposed=pick(self.layer_fwd_exposed), layer_bwd_exposed=pick(self.layer_bwd_exposed),
@@ -296,7 +296,14 @@ def _tp_grad_sync(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
         return np.stack([curves.time(("tp",), "all_reduce", b)
                          for b in part.ranks().layer_sum(per_layer, by_kind) * grad_bytes])
     nbytes = part.layers * per_layer * grad_bytes
-    rows = distinct(layout_index, *nbytes)  # timed once per (layout, bytes of each position)
+    layers = np.asarray(part.layers)
+    if layers.dtype.kind in "iu" and layers.size and int(layers.min()) >= 0:
+        # timed once per (layout, layers of each position, parameters per layer): the same rows as per
+        # (layout, bytes of each position) up to a split of equal byte counts, without sorting float rows
+        codes = np.unique(per_layer, return_index=True, return_inverse=True)[2].reshape(-1)
+        rows = distinct(layout_index, *np.where(per_layer > 0, layers, 0), codes)
+    else:
+        rows = distinct(layout_index, *nbytes)  # timed once per (layout, bytes of each position)
     curves = AxisCurves(ctx, layouts, layout_index[rows.first])
     return np.stack([curves.time(("tp",), "all_reduce", b[rows.first]) for b in nbytes])[:, rows.inverse]
 

@@ -251,6 +251,15 @@ class EstimationContext:
             caches.memo_bytes -= dropped
         return value
 
+    def constant(self, key: tuple, build: Callable[[], Any]) -> Any:
+        """``build()`` once per ``key`` for what depends on the context alone (no plan): kept for the
+        context's life."""
+        constants = self.caches.constants
+        hit = constants.get(key)
+        if hit is None:
+            hit = constants[key] = build()
+        return hit
+
     def pattern_store(self, dtype: str, attention: str) -> PatternStore:
         """The kept partition and communication results of the plans of one dtype and attention."""
         return self.caches.patterns.setdefault((dtype, attention), PatternStore())

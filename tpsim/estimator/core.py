@@ -198,7 +198,7 @@ def totals(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, sched: S
     step = sched.step
     tokens = plans.global_batch * float(source.tokens_per_sequence)
     # per sample, once per context: the model FLOPs and what each recompute code (0 / 1 / 2) adds
-    per_sequence, per_recompute = ctx.memo(("flops_per_sequence",), lambda: (
+    per_sequence, per_recompute = ctx.constant(("flops_per_sequence",), lambda: (
         source.model_flops_per_sequence(), np.asarray(source.recompute_flops_per_sequence(np.arange(3)))))
     mflops = plans.global_batch * per_sequence
     hflops = mflops + per_recompute[plans.recompute] * plans.global_batch
@@ -245,7 +245,7 @@ def _term_sources(ctx: EstimationContext, dtype: str) -> dict[str, str]:
     """Where each step-time term comes from, once per context and dtype (tpsim.estimator.explain)."""
     from .explain import term_sources
 
-    return ctx.memo(("term_sources", dtype), lambda: term_sources(ctx, dtype))
+    return ctx.constant(("term_sources", dtype), lambda: term_sources(ctx, dtype))
 
 
 # ---- entry points ----------------------------------------------------------------------------------------

@@ -332,7 +332,10 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     allocated = np.where(part.valid, per_rank_states + activations + other, -1.0)
     peak_position = np.argmax(allocated, axis=0)
     columns = np.arange(peak_position.size)
-    pick = lambda v: v[peak_position, columns]  # noqa: E731
+    flat = peak_position * peak_position.size + columns
+
+    def pick(v: np.ndarray) -> np.ndarray:  # v[peak_position, columns]; one flat gather for (3, n) arrays
+        return np.take(v, flat) if v.ndim == 2 and v.shape[1] == peak_position.size else v[peak_position, columns]
     held = pick(part.params)
     held_expert = 0.0 if part.expert is None else pick(part.expert)
     dense = held - held_expert

@@ -12,7 +12,7 @@ import numpy as np
 
 from typing import TYPE_CHECKING
 
-from .keys import per_distinct
+from .keys import gather, per_distinct
 
 if TYPE_CHECKING:  # annotations only: the partition does not import the layer sources at run time
     from .source import LayerCosts
@@ -58,14 +58,16 @@ class Partition:
     def for_plans(self, index: np.ndarray) -> "Partition":
         """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
         communication only, are None)."""
-        expert = None if self.expert is None else self.expert[:, index]
-        largest_expert = self.largest_expert if np.isscalar(self.largest_expert) else self.largest_expert[index]
-        return Partition(layers=self.layers[:, index], valid=self.valid[:, index], params=self.params[:, index],
-                         edge_params=None, largest=self.largest[index], largest_edge=None, expert=expert,
+        expert = None if self.expert is None else gather(self.expert, index, 1)
+        largest_expert = (self.largest_expert if np.isscalar(self.largest_expert)
+                          else gather(self.largest_expert, index, 0))
+        return Partition(layers=gather(self.layers, index, 1), valid=gather(self.valid, index, 1),
+                         params=gather(self.params, index, 1), edge_params=None,
+                         largest=gather(self.largest, index, 0), largest_edge=None, expert=expert,
                          largest_expert=largest_expert,
-                         kind_counts=None if self.kind_counts is None else self.kind_counts[:, :, index],
-                         rank_counts=None if self.rank_counts is None else self.rank_counts[:, :, index],
-                         pp=None if self.pp is None else self.pp[index])
+                         kind_counts=None if self.kind_counts is None else gather(self.kind_counts, index, 2),
+                         rank_counts=None if self.rank_counts is None else gather(self.rank_counts, index, 2),
+                         pp=None if self.pp is None else gather(self.pp, index, 0))
 
     def layer_sum(self, per_layer: np.ndarray, by_kind: np.ndarray | None = None) -> np.ndarray:
         """(3, n) sum of a per-layer quantity over each rank's layers: ``layers x per_layer``, or with layer
@@ -170,8 +172,17 @@ def on_positions(first: np.ndarray, last: np.ndarray, single: np.ndarray, middle
     too: ``last_alone`` if given, else ``last``), the last rank the last edge, middle ranks ``middle``."""
     with_last = last if last_alone is None else last_alone
     first_rank = first + np.where(single, with_last, 0.0)
-    return np.stack([first_rank, np.broadcast_to(last, first_rank.shape),
-                     np.broadcast_to(middle, first_rank.shape)])
+    return stack_rows((first_rank, last, middle), first_rank.shape)
+
+
+def stack_rows(rows: tuple, shape: tuple[int, ...]) -> np.ndarray:
+    """``np.stack([np.broadcast_to(r, shape) for r in rows])``: one array filled row by row (the same values
+    and dtype, without a broadcast view per row; the stages call it a few times per batch)."""
+    arrays = [np.asarray(r) for r in rows]
+    out = np.empty((len(arrays),) + tuple(shape), dtype=np.result_type(*arrays))
+    for k, a in enumerate(arrays):
+        out[k] = a
+    return out
 
 
 def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCosts",

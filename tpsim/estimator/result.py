@@ -188,9 +188,11 @@ class EstimateBatch:
         return {axis: self.collective_names[int(codes[i])] for axis, codes in self.collective_codes.items()
                 if codes[i] >= 0}
 
-    def warnings(self, i: int) -> tuple[str, ...]:
-        """What ``tpsim estimate`` warns about for plan ``i``, computed from the batch's own arrays."""
-        out = list(_placement_warnings(self.plans.plan(i), int(self.cluster_info.get("gpus_per_node", 0))))
+    def warnings(self, i: int, plan: Plan | None = None) -> tuple[str, ...]:
+        """What ``tpsim estimate`` warns about for plan ``i`` (``plan``: its :class:`Plan` where the caller has
+        it), computed from the batch's own arrays."""
+        plan = self.plans.plan(i) if plan is None else plan
+        out = list(_placement_warnings(plan, int(self.cluster_info.get("gpus_per_node", 0))))
         out += self.context_warnings
         high = mfu_warning(float(self.mfu[i]), self.flops_convention)
         if high:
@@ -211,16 +213,17 @@ class EstimateBatch:
         memory = {k: f(getattr(self, f"mem_{k}_gib")) for k in MEMORY_KEYS}
         terms = self.terms(i)
         collectives = self.collectives(i)
+        plan = self.plans.plan(i)
         return Estimate(
             step_time_s=f(self.step_time_s), tokens_per_s=f(self.tokens_per_s),
             model_tflops_per_gpu=f(self.model_tflops_per_gpu),
             hardware_tflops_per_gpu=f(self.hardware_tflops_per_gpu), mfu=f(self.mfu), hfu=f(self.hfu),
             peak_memory_gib=f(self.peak_memory_gib), fits=bool(self.fits[i]), breakdown=breakdown,
-            memory_gib=memory, plan=self.plans.plan(i), model=self.model_name, cluster=dict(self.cluster_info),
+            memory_gib=memory, plan=plan, model=self.model_name, cluster=dict(self.cluster_info),
             compute_model=self.compute_model, measured_compute_fraction=f(self.measured_compute_fraction),
-            collectives=collectives, warnings=self.warnings(i) if warnings is None else tuple(warnings),
+            collectives=collectives, warnings=self.warnings(i, plan) if warnings is None else tuple(warnings),
             stack=self.stack, terms=terms, pipeline_split=self.pipeline_split(i), term_sources=_plan_sources(self.term_sources, collectives, terms,
-                                                     self.plans.plan(i).schedule),
+                                                     plan.schedule),
             **{k: f(getattr(self, k)) for k in BAND_KEYS},
             tokens_per_s_per_gpu=f(self.tokens_per_s) / float(self.cluster_info.get("gpus") or 1),
             flops_convention=self.flops_convention,

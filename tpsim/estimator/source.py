@@ -27,7 +27,7 @@ from ..hardware import is_low_precision
 from ..model import LayerKind, ModelSpec
 from ..tp_plan import layer_collectives
 from .flops import DEFAULT_FLOPS_CONVENTION, layer_forward_flops, model_flops_per_sequence_as
-from .keys import sorted_values, take_rows
+from .keys import gather, sorted_values, take_rows
 from .layer import edge_cost, layer_cost
 from .stackterms import ActivationStorage
 from .memory import (activation_bytes_per_layer, full_layer_activations, layer_expert_params_local,
@@ -156,20 +156,22 @@ class LayerCosts:
         """The rows ``index`` of what the per-plan stages (schedule, memory, totals) read; the parts only
         partition and communication use (collectives, boundary bytes, edge parameters) are None."""
         def edge(e: Edge) -> Edge:
-            hp = np.broadcast_to(np.asarray(e.high_precision_params, dtype=float), e.fwd.shape)[index]
-            hp = hp - np.broadcast_to(np.asarray(e.shared_params, dtype=float), e.fwd.shape)[index]
-            params = None if e.params is None else np.broadcast_to(np.asarray(e.params, dtype=float), e.fwd.shape)[index]
-            return Edge(fwd=e.fwd[index], bwd=e.bwd[index], comm=(), params=params, shared_params=None,
-                        buffer_bytes=e.buffer_bytes[index], high_precision_params=hp)
+            hp = gather(np.broadcast_to(np.asarray(e.high_precision_params, dtype=float), e.fwd.shape), index, 0)
+            hp = hp - gather(np.broadcast_to(np.asarray(e.shared_params, dtype=float), e.fwd.shape), index, 0)
+            params = None if e.params is None else gather(
+                np.broadcast_to(np.asarray(e.params, dtype=float), e.fwd.shape), index, 0)
+            return Edge(fwd=gather(e.fwd, index, 0), bwd=gather(e.bwd, index, 0), comm=(), params=params,
+                        shared_params=None, buffer_bytes=gather(e.buffer_bytes, index, 0), high_precision_params=hp)
 
-        return LayerCosts(fwd=self.fwd[index], bwd=self.bwd[index], recompute=self.recompute[index],
-                          measured=self.measured[index], comm=(), params=self.params[index],
-                          activations=self.activations[index], working=self.working[index], boundary_bytes=None,
-                          first=edge(self.first), last=edge(self.last),
-                          attention=None if self.attention is None else self.attention[index],
-                          gathered_params=None if self.gathered_params is None else self.gathered_params[index],
-                          expert_params=None if self.expert_params is None else self.expert_params[index],
-                          **{f: (None if getattr(self, f) is None else getattr(self, f)[:, index])
+        def rows(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else gather(a, index, 0)
+
+        return LayerCosts(fwd=rows(self.fwd), bwd=rows(self.bwd), recompute=rows(self.recompute),
+                          measured=rows(self.measured), comm=(), params=rows(self.params),
+                          activations=rows(self.activations), working=rows(self.working), boundary_bytes=None,
+                          first=edge(self.first), last=edge(self.last), attention=rows(self.attention),
+                          gathered_params=rows(self.gathered_params), expert_params=rows(self.expert_params),
+                          **{f: (None if getattr(self, f) is None else gather(getattr(self, f), index, 1))
                              for f in ("compute_by_kind", "recompute_by_kind", "activations_by_kind",
                                        "fwd_by_kind", "rerun_by_kind")})
 
