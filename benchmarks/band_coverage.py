@@ -9,6 +9,9 @@ Prints, on the development set and SC21 Table 1 (tpsim/data/runs/):
   ((high - low) / 2 / prediction); the input-uncertainty band of the estimator alongside for comparison;
 * ``--families``: calibration from 1 and from 3 runs of a family (a source's runs on one device and stack): the
   other runs' median |error| before and after, and the coverage and half-width of their calibrated bands;
+* ``--spread``: each device and stack's uncalibrated residuals, their mean (the bias a calibration can remove)
+  against their standard deviation (the scatter it cannot; runfit.model_sigma pools it): a bias below the
+  standard error of a 3-run mean (sd / sqrt 3: the printed ratio under 1) is not identified by 3 runs alone;
 * ``--split``: the development set split in halves (alternate runs of each device and stack), fitted on one
   half and predicting the other, both ways.
 
@@ -157,6 +160,21 @@ def families(runs, limit: int = 20, seed: int = 0, only: str = "") -> None:
     print("(targets: 3 runs <= 5% and never worse than uncalibrated; 1 run <= 8%; calibrated half-width <= 8%)")
 
 
+def spread() -> None:
+    from tpsim.runfit import model_sigma
+
+    print(f"\nuncalibrated residuals (log measured / predicted) per device and stack; pooled scatter "
+          f"(runfit.model_sigma) {100 * model_sigma():.1f}%")
+    groups: dict = {}
+    for x in shipped_residuals():
+        groups.setdefault((x.device, x.stack), []).append(x.error)
+    for (device, stack), e in sorted(groups.items()):
+        e = np.array(e)
+        sd = float(e.std(ddof=1)) if len(e) > 1 else float("nan")
+        print(f"  {device:16s} {stack:20s} {len(e):3d} runs: mean {100 * e.mean():+5.1f}%, sd {100 * sd:4.1f}%, "
+              f"|mean| / (sd / sqrt 3) {abs(e.mean()) / (sd / np.sqrt(3)):.2f}")
+
+
 def split(runs) -> None:
     print("\nsplit-half: fit on one half of each device+stack group, predict the other half")
     groups: dict = {}
@@ -180,6 +198,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", action="store_true", help="calibration from 1 and 3 runs of each family")
     ap.add_argument("--split", action="store_true", help="split-half fit and prediction")
+    ap.add_argument("--spread", action="store_true", help="each device and stack's residual bias and scatter")
     ap.add_argument("--choices", type=int, default=20, help="at most this many choices of runs per family")
     ap.add_argument("--plain", action="store_true", help="the fit without its guard (for comparison)")
     ap.add_argument("--no-loo", action="store_true", help="skip the uncalibrated leave-one-out table")
@@ -195,6 +214,8 @@ def main() -> int:
         uncalibrated(runs)
     if args.families:
         families(runs, args.choices, args.seed, args.only)
+    if args.spread:
+        spread()
     if args.split:
         split(runs)
     print(f"\n({time.perf_counter() - started:.1f} s)")

@@ -483,6 +483,31 @@ def test_calibrated_band_narrows_near_the_runs_and_with_consistent_runs():
     assert calibrated_band(runs, vg, params=8e9, gpus=64, tp=4, cp=1, pp=1, exclude="c1").basis["n"] == 2
 
 
+def test_band_of_a_calibration_without_fitted_factors_is_the_plans_own_residual():
+    """A calibration whose guard kept no factor (blend 0) predicts as the uncalibrated model: its band is the
+    variance of the plan's own residual (the variogram at the plan's farthest run, scaled by the runs' errors),
+    not that of the plan's residual less the runs' mean (twice the scatter for one run); a bad blend is one line."""
+    from tpsim.calibration import Calibration
+    from tpsim.estimator.band import Variogram, calibrated_band, t_quantile_95
+    from tpsim.runfit import calibrated_blend
+
+    vg = Variogram(nugget=0.0025, slope=0.0, pairs=100)
+    run = [Residual(run_id="c0", device="H100-SXM", stack="megatron", params=8e9, gpus=64, tp=2, cp=1, pp=1,
+                    error=0.03)]
+    at = dict(params=8e9, gpus=64, tp=4, cp=1, pp=1)
+    corrected = calibrated_band(run, vg, **at)
+    plain = calibrated_band(run, vg, **at, corrected=False)
+    assert math.log(corrected.high_factor) == pytest.approx(t_quantile_95(4) * math.sqrt(2 * 0.0025))
+    assert math.log(plain.high_factor) == pytest.approx(t_quantile_95(5) * math.sqrt((4 + 0.03 ** 2 / 0.0025) / 5
+                                                                                     * 0.0025))
+    assert 1.0 < plain.high_factor < corrected.high_factor and "no factor fitted" in plain.basis["group"]
+    fit = lambda blend: Calibration(provenance={"runs_fit": {"blend": blend}})  # noqa: E731
+    assert calibrated_blend(fit(0.0)) == 0.0 and calibrated_blend(fit(0.5)) == 0.5
+    assert calibrated_blend(Calibration(provenance={"runs_fit": {}})) == 1.0 and calibrated_blend(None) is None
+    with pytest.raises(InputError, match="blend"):
+        calibrated_blend(fit(2.0))
+
+
 def test_overlap_factors_move_only_the_exposed_tp_and_dp_time(tmp_path):
     """tp_exposed_scale / dp_exposed_scale (the achieved overlap a runs fit calibrates): 1 is the model as it
     is, 0 hides the axis's exposed time, a large factor exposes at most the collectives' whole time; a bad value

@@ -902,6 +902,21 @@ def calibrated_sigma(calibration: Calibration | None) -> float | None:
     return value
 
 
+def calibrated_blend(calibration: Calibration | None) -> float | None:
+    """The guard's blend weight a runs-fit calibration was written with (0: every factor at its prior, the
+    uncalibrated model; None for other calibrations; a file without it: 1, the plain fit)."""
+    data = calibration.provenance.get(FIT_KIND) if calibration is not None else None
+    if not isinstance(data, Mapping):
+        return None
+    try:
+        value = float(data.get("blend", 1.0))
+    except (TypeError, ValueError):
+        raise InputError(f"{calibration.path}: {FIT_KIND}.blend must be a number") from None
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise InputError(f"{calibration.path}: {FIT_KIND}.blend={value!r} must be between 0 and 1")
+    return value
+
+
 def calibrated_residuals(calibration: Calibration | None) -> tuple[Residual, ...] | None:
     """The leave-one-out residuals a runs-fit calibration carries (None for another kind of calibration)."""
     if calibration is None:
@@ -952,7 +967,8 @@ def plan_band(residuals: Sequence[Residual] | None, *, model: Any, cluster: Any,
     if own:
         return calibrated_band(own, variogram or shipped_variogram(), params=float(model.total_params()),
                                gpus=int(cluster.num_gpus), tp=plan.tp, cp=plan.cp, pp=plan.pp, dtype=plan.dtype,
-                               recompute=plan.recompute, seq_len=int(model.seq_len), exclude=exclude)
+                               recompute=plan.recompute, seq_len=int(model.seq_len), exclude=exclude,
+                               corrected=calibrated_blend(calibration) != 0.0)
     pool = residuals if residuals is not None else shipped_pool()
     return residual_band(pool, device=cluster.device.name, stack=stack, params=float(model.total_params()),
                          gpus=int(cluster.num_gpus), tp=plan.tp, cp=plan.cp, pp=plan.pp, dtype=plan.dtype,

@@ -356,12 +356,17 @@ def _kriging_var(vg: Variogram, to_plan: Sequence[float], among: np.ndarray) -> 
 
 def calibrated_band(residuals: Sequence[Residual], vg: Variogram, *, params: float, gpus: int, tp: int, cp: int,
                     pp: int, dtype: str = "", recompute: str = "", seq_len: int = 0,
-                    exclude: str | None = None) -> ResidualBand:
+                    exclude: str | None = None, corrected: bool = True) -> ResidualBand:
     """The band of a prediction calibrated on ``residuals`` (the calibration's runs, ``error`` their
     leave-one-out residuals): the variance the shipped runs' :class:`Variogram` gives for a plan at its
     distances from the runs (narrow next to them, wide far away), scaled by how well that variance predicted the
     runs' own leave-one-out errors (pooled with a prior worth ``calibrated_prior_dof`` runs), a 90% t interval
-    on those degrees of freedom: few runs do not claim a tight band."""
+    on those degrees of freedom: few runs do not claim a tight band.
+
+    ``corrected=False``: the calibration applies no correction (its guard kept no factor), so the prediction's
+    error is the plan's own residual, not the plan's residual less the runs' mean: the variance is the
+    variogram's at the plan's farthest run (at most the group's sill), scaled by the runs' own mean squared
+    errors against it (pooled with the same prior)."""
     cfg = band_data().residual
     pool = [r for r in residuals if r.run_id != exclude]
     if not pool:
@@ -372,19 +377,25 @@ def calibrated_band(residuals: Sequence[Residual], vg: Variogram, *, params: flo
     among = np.array([[a.distance(*feats(b)) for b in pool] for a in pool])
     nu = float(cfg["calibrated_prior_dof"])
     ratio_ss, used = nu, 0
-    if n >= 2:  # each run's leave-one-out error against the variance the others predict for it
+    if corrected and n >= 2:  # each run's leave-one-out error against the variance the others predict for it
         for i, r in enumerate(pool):
             rest = [j for j in range(n) if j != i]
             v = _kriging_var(vg, [float(among[i, j]) for j in rest], among[np.ix_(rest, rest)])
             ratio_ss += r.error ** 2 / v
             used += 1
-    scale2 = ratio_ss / (nu + used)
     to_plan = [r.distance(params, gpus, tp, cp, pp, dtype, recompute, seq_len) for r in pool]
-    var = scale2 * _kriging_var(vg, to_plan, among)
+    if corrected:
+        base = _kriging_var(vg, to_plan, among)
+    else:  # the runs' own errors (uncorrected, as the plan's) against the plan's residual variance
+        base = max(vg.gamma(d) for d in to_plan)
+        ratio_ss, used = nu + sum(r.error ** 2 for r in pool) / base, n
+    scale2 = ratio_ss / (nu + used)
+    var = scale2 * base
     half = t_quantile_95(int(nu) + used) * math.sqrt(var)
     low = max(math.exp(-half), MIN_LOW_FRACTION)
     nearest = min(to_plan)
     group = (f"calibration runs, nearest at distance {nearest:.1f} (variogram of {vg.pairs} shipped run pairs, "
-             f"spread x{math.sqrt(scale2):.2f} from the runs' leave-one-out errors)")
+             f"spread x{math.sqrt(scale2):.2f} from the runs' leave-one-out errors"
+             + ("; no factor fitted: the plan's own residual" if not corrected else "") + ")")
     return ResidualBand(low, math.exp(half), {"kind": "calibrated", "runs": [r.run_id for r in pool], "n": n,
                                                "group": group})
