@@ -53,8 +53,8 @@ def _stages(model, cluster, roof, plans: PlanBatch):
 
     ctx = graph_context(model, cluster, roof)
     costs_u, layer_keys = layer_costs(ctx, plans)
-    keys, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
-    return ctx, costs_u.for_plans(layer_keys.inverse), part_u.for_plans(keys.inverse), comm_u.take(keys.inverse)
+    pattern_of, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
+    return ctx, costs_u.for_plans(layer_keys.inverse), part_u.for_plans(pattern_of), comm_u.take(pattern_of)
 
 
 def test_a_rank_pays_its_own_units_collectives(resnet):
@@ -121,11 +121,35 @@ def test_the_slowest_of_every_rank_paces_the_pipeline(resnet, monkeypatch):
     model, cluster, roof = resnet
     plans = _batch(model, tp=[1, 2], pp=[4], micro_batch=[1, 4], recompute=["none", "full"], sp=[False, True])
     every = estimate_graph_batch(model, cluster, plans, compute=roof).step_time_s
-    monkeypatch.setattr(Partition, "ranks", lambda self: Ranks(layers=self.layers, valid=self.valid,
-                                                               kind_counts=self.kind_counts))
+    monkeypatch.setattr(Partition, "ranks", lambda self, for_memory=False: Ranks(
+        layers=self.layers, valid=self.valid, kind_counts=self.kind_counts))
     three = estimate_graph_batch(model, cluster, plans, compute=roof).step_time_s
     assert np.all(every >= three * (1 - 1e-12))
     assert np.any(every > three * (1 + 1e-6))
+
+
+def test_memory_peaks_on_a_rank_of_its_own_units(unet):
+    """pp = 4 (two chunks each): every rank's peak is compared, each with its own units' activations times its
+    own micro-batches in flight; the peak is the highest of them (not the split's heaviest middle rank with
+    rank 1's in-flight count)."""
+    from tpsim.estimator.memory import memory
+    from tpsim.pipeline import in_flight
+
+    model, cluster, roof = unet
+    plans = _batch(model, tp=[1], pp=[4], vpp=[2], micro_batch=[1, 4], recompute=["none", "full"])
+    _, costs, part, _ = _stages(model, cluster, roof, plans)
+    ranks = part.ranks(for_memory=True)
+    assert ranks.layers.shape[0] == 4
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    stored = ranks.layer_sum(costs.activations, costs.activations_by_kind)
+    own = stored * in_flight(plans.schedule, ranks.rank_of(plans.pp), plans.pp, plans.vpp, m) + costs.working
+    mem = memory(costs, part, pp=plans.pp, vpp=plans.vpp, dp=plans.dp, zero=plans.zero, m=m, w_bytes=2.0,
+                 master_bytes=4.0, grad_bytes=4.0)
+    got = mem.terms["activations"]
+    assert got == pytest.approx(own[mem.peak_position, np.arange(m.size)], rel=1e-12)
+    # the split's heaviest middle rank is not rank 1 here: its units with rank 1's micro-batches is no rank's
+    heaviest = part.layer_sum(costs.activations, costs.activations_by_kind)[2]
+    assert np.any(np.abs(heaviest - stored[1]) > 1e-6 * heaviest)
 
 
 def test_full_recompute_relaunches_only_the_blocks_kernels(unet):
