@@ -50,7 +50,8 @@ def test_a_middle_rank_with_more_moe_layers_than_rank_1_is_a_rank_of_its_own(h10
     with rank 1's in-flight count (a rank that does not exist)."""
     m = _deepseek(16)
     costs, part = _pattern(m, h100_64, PLAN)
-    assert part.peak_counts is not None and part.rank_counts is None  # memory only: the timing keeps its ranks
+    assert not part.middle_exact[0] and part.rank_counts is None  # memory only: the timing keeps its ranks
+    assert part.ranks(for_memory=True).layers.shape[0] == 8 and part.ranks().layers.shape[0] == 3
     assert part.peak_counts[:, 1:3, 0].tolist() == [[1, 0], [1, 2]]
     dense, moe = costs.activations_by_kind[:, 0]
     m_count = np.array([PLAN.global_batch // (PLAN.dp * PLAN.micro_batch)])
@@ -70,10 +71,10 @@ def test_where_rank_1_dominates_the_three_positions_are_every_ranks_peak(h100_64
     plan = dataclasses.replace(PLAN, **fields)
     positions = estimate(m, h100_64, plan)
     _, part = _pattern(m, h100_64, plan)
-    assert part.peak_counts is None
-    monkeypatch.setattr(partition_module, "middle_dominated", lambda *a, **k: np.zeros(1, dtype=bool))
+    assert part.middle_exact[0] and part.ranks(for_memory=True).position is None
+    monkeypatch.setattr(partition_module, "middle_dominated", lambda *_, **__: np.zeros(1, dtype=bool))
     m2 = dataclasses.replace(m)  # a context of its own (no kept partition)
-    assert _pattern(m2, h100_64, plan)[1].peak_counts is not None
+    assert _pattern(m2, h100_64, plan)[1].ranks(for_memory=True).layers.shape[0] == 8
     every = estimate(m2, h100_64, plan)
     assert every.peak_memory_gib == pytest.approx(positions.peak_memory_gib, rel=1e-12)
     assert every.memory_gib == pytest.approx(positions.memory_gib, rel=1e-12)
@@ -84,3 +85,16 @@ def test_middle_dominated_by_rank_1():
     pp, vpp = np.array([8, 4, 3]), np.array([1, 1, 1])
     # pp 8: rank 1 holds layers 2 (dense) and 3; pp 4: rank 1 four MoE layers; pp 3: one middle rank
     assert partition_module.middle_dominated(kinds, pp, vpp).tolist() == [False, True, True]
+
+
+def test_batches_of_different_pipeline_sizes_keep_every_ranks_layers(h100_64):
+    """The kept partitions of one context: a batch of pp 4 plans, then one of pp 8 (more ranks): the rows of both
+    give the same figures as each estimated alone."""
+    from tpsim.estimator import estimate_batch
+
+    m = _deepseek(16)
+    small = dataclasses.replace(PLAN, pp=4, dp=16, global_batch=512)
+    alone = [estimate(dataclasses.replace(m), h100_64, p).peak_memory_gib for p in (small, PLAN)]
+    estimate_batch(m, h100_64, PlanBatch.from_plans([small]))
+    both = estimate_batch(m, h100_64, PlanBatch.from_plans([PLAN, small])).peak_memory_gib
+    assert both == pytest.approx([alone[1], alone[0]], rel=1e-12)

@@ -55,9 +55,12 @@ class Partition:
     pp: np.ndarray | None = None
     """(n,) pipeline ranks of each plan (with ``rank_counts`` or ``peak_counts``)."""
     peak_counts: np.ndarray | None = None
-    """(kinds, R, n) as :attr:`rank_counts`, for the memory peak only, where the three positions do not bound it:
-    layers of several kinds whose rank 1 does not hold at least every other middle rank's layers of each kind
-    (:func:`middle_dominated`); None: the positions are exact (or :attr:`rank_counts` gives every rank)."""
+    """(kinds, R, n) as :attr:`rank_counts`, for the memory peak only (layers of several kinds; None: one kind,
+    or :attr:`rank_counts` gives every rank)."""
+    middle_exact: np.ndarray | None = None
+    """(n,) bool with ``peak_counts``: the three positions bound every rank's memory peak (rank 1 holds at least
+    every other middle rank's layers of each kind, :func:`middle_dominated`); the memory stage compares every
+    rank only for a batch with a plan where they do not."""
     every_params: np.ndarray | None = None
     """(R, n) parameters held by every rank (with ``rank_counts`` or ``peak_counts``; :func:`_rank_params`)."""
     every_expert: np.ndarray | None = None
@@ -75,6 +78,7 @@ class Partition:
                          rank_counts=None if self.rank_counts is None else self.rank_counts[:, :, index],
                          pp=None if self.pp is None else self.pp[index],
                          peak_counts=None if self.peak_counts is None else self.peak_counts[:, :, index],
+                         middle_exact=None if self.middle_exact is None else self.middle_exact[index],
                          every_params=None if self.every_params is None else self.every_params[:, index],
                          every_expert=None if self.every_expert is None else self.every_expert[:, index])
 
@@ -87,9 +91,10 @@ class Partition:
         """The pipeline ranks the schedule compares: the three positions, or with :attr:`rank_counts` (layers of
         different costs, where the busiest middle rank by the split's weights need not be the slowest for a
         plan's micro-batch, TP degree, recomputation and collectives) every rank. ``for_memory``: the ranks
-        whose peaks the memory stage compares (also every rank with :attr:`peak_counts`)."""
+        whose peaks the memory stage compares (also every rank with :attr:`peak_counts` where a plan's three
+        positions do not bound its peak, :attr:`middle_exact`)."""
         counts = self.rank_counts
-        if counts is None and for_memory:
+        if counts is None and for_memory and self.peak_counts is not None and not np.all(self.middle_exact):
             counts = self.peak_counts
         if counts is None:
             return Ranks(layers=self.layers, valid=self.valid, kind_counts=self.kind_counts)
@@ -290,9 +295,9 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCos
         at = np.argmax(held, axis=0)
         largest_expert = expert[at, np.arange(at.size)]
     every = None if weights is None else every_rank_kind_counts(kind_of_layer, pp, vpp, weights)
-    peak = None
-    if weights is None and counts is not None and not np.all(
-            middle_dominated(kind_of_layer, pp, vpp, edges_as_layers, split)):
+    peak = exact = None
+    if weights is None and counts is not None:  # layers of several kinds: rank 1 may not hold the most of each
+        exact = middle_dominated(kind_of_layer, pp, vpp, edges_as_layers, split)
         peak = every_rank_kind_counts(kind_of_layer, pp, vpp, None, edges_as_layers, split)
     every_params = every_expert = None
     if every is not None or peak is not None:
@@ -304,7 +309,8 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCos
                      largest_expert=largest_expert,
                      kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)),
                      cuts=None if weights is None else chunk_starts(kind_of_layer, pp, vpp, weights),
-                     rank_counts=every, peak_counts=peak, every_params=every_params, every_expert=every_expert,
+                     rank_counts=every, peak_counts=peak, middle_exact=exact, every_params=every_params,
+                     every_expert=every_expert,
                      pp=None if every is None and peak is None else np.asarray(pp, dtype=np.int64))
 
 
