@@ -152,6 +152,36 @@ def test_memory_peaks_on_a_rank_of_its_own_units(unet):
     assert np.any(np.abs(heaviest - stored[1]) > 1e-6 * heaviest)
 
 
+def test_fixed_costs_are_each_units_own(resnet):
+    """Per micro-batch, a rank's fixed costs are the sum over its own units of each unit's kernel gaps and the
+    host time its own kernels leave exposed beyond its own device time (not its unit count times the mean
+    unit's: host time exposed is convex in the kernels, so a host-bound unit is not averaged away)."""
+    model, cluster, roof = resnet
+    plans = _batch(model, tp=[1], pp=[1, 4], micro_batch=[1], recompute=["none", "full"])
+    ctx, costs, part, _ = _stages(model, cluster, roof, plans)
+    est = estimate_graph_batch(model, cluster, plans, compute=roof)
+    k = ctx.fixed.kernels_by_kind
+    assert k is not None and k.shape == (3, len(model.graph.units))
+    share = np.array([u.repeat for u in model.graph.units]) / model.num_layers
+    assert ctx.fixed.kernels_fwd == pytest.approx(k[0] @ share, rel=1e-12)  # the mean unit's: the same counts
+    full = (plans.recompute == 2)[None, :] & costs.rerun_by_kind
+    device = costs.compute_by_kind + costs.recompute_by_kind
+    kernels = k[0][:, None] + k[1][:, None] + np.where(full, k[2][:, None], 0.0)
+    gaps = kernels * ctx.fixed.gap_s
+    own = gaps + np.maximum(kernels * ctx.fixed.host_s_per_op - device - gaps, 0.0)
+    ranks = part.ranks()
+    per_rank = ranks.layer_sum(0.0, own) + ranks.layers * ctx.host_overhead_s
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    for i in range(len(plans.pp)):
+        got = est.overhead_s[i] / m[i]
+        assert any(got == pytest.approx(v, rel=1e-9) for v in per_rank[: plans.pp[i], i])
+    # pp 4: the slowest rank's own units are not its unit count times the mean unit
+    mean = ranks.layers * (ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, plans.recompute == 2)
+                           + ctx.host_overhead_s)
+    four = np.flatnonzero(plans.pp == 4)
+    assert not np.any(np.isclose(est.overhead_s[four] / m[four], mean[:4, four], rtol=1e-3))
+
+
 def test_full_recompute_relaunches_only_the_blocks_kernels(unet):
     """The fixed costs of full recomputation: the re-run forward launches the blocks' kernels, not the glue's
     (one kernel per op forward)."""
