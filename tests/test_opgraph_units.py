@@ -182,6 +182,47 @@ def test_fixed_costs_are_each_units_own(resnet):
     assert not np.any(np.isclose(est.overhead_s[four] / m[four], mean[:4, four], rtol=1e-3))
 
 
+def test_fsdp2_copies_move_the_slowest_ranks_own_units_parameters(unet):
+    """FSDP2's copy-in/copy-out around each unit's collectives (torchtitan's stack): on the slowest rank, the sum
+    over its own units of the copies of each unit's own parameters, none for a unit without parameters."""
+    import dataclasses
+
+    from tpsim.estimator.context import load_stack
+    from tpsim.estimator.core import _patterns, layer_costs
+    from tpsim.estimator.schedule import _GRAD_DTYPE, _REDUCE_DTYPE, _gathers, fsdp_copy_seconds, schedule
+
+    model, cluster, roof = unet
+    plans = _batch(model, tp=[1], pp=[2, 4], zero=[2, 3], micro_batch=[1, 4])
+    ctx = graph_context(model, cluster, roof, stack=load_stack("torchtitan"))
+    assert ctx.terms.fsdp_copies
+    costs_u, layer_keys = layer_costs(ctx, plans)
+    pattern_of, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
+    costs, part, comm = costs_u.for_plans(layer_keys.inverse), part_u.for_plans(pattern_of), comm_u.take(pattern_of)
+    with_copies = schedule(ctx, plans, costs, comm, part).exposed_comm
+    off = dataclasses.replace(ctx, terms=dataclasses.replace(ctx.terms, fsdp_copies=False))
+    copies = with_copies - schedule(off, plans, costs, comm, part).exposed_comm
+    assert np.all(copies > 0)
+    dtype = str(plans.dtype)
+
+    def copy(numel):
+        return fsdp_copy_seconds(ctx.compute, numel, plans.dp * plans.cp, dtype,
+                                 _REDUCE_DTYPE.get(ctx.terms.grad_reduce_bytes), _GRAD_DTYPE.get(dtype, dtype),
+                                 gather_bytes=ctx.terms.state_bytes(dtype).wire_params)
+
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    reductions = np.where(ctx.terms.reduces_per_microbatch(plans.zero, plans.pp), m, 1)
+    fwd_g, bwd_g = _gathers(ctx.terms, plans.zero, m, reductions)
+    ranks = part.ranks()
+    unit = costs.params_by_kind > 0
+    ag, rs = (np.where(unit, c, 0.0) for c in copy(costs.params_by_kind))
+    own = (fwd_g + bwd_g) * ranks.layer_sum(0.0, ag) + reductions * ranks.layer_sum(0.0, rs)
+    mean_ag, mean_rs = copy(costs.params)
+    mean = ranks.layers * ((fwd_g + bwd_g) * mean_ag + reductions * mean_rs)  # the unit count x the mean unit
+    for i in range(len(plans.pp)):
+        assert any(copies[i] == pytest.approx(v, rel=1e-9) for v in own[: plans.pp[i], i])
+    assert any(not np.any(np.isclose(copies[i], mean[: plans.pp[i], i], rtol=1e-6)) for i in range(len(plans.pp)))
+
+
 def test_full_recompute_relaunches_only_the_blocks_kernels(unet):
     """The fixed costs of full recomputation: the re-run forward launches the blocks' kernels, not the glue's
     (one kernel per op forward)."""

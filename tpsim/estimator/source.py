@@ -170,7 +170,7 @@ class LayerCosts:
                           expert_params=None if self.expert_params is None else self.expert_params[index],
                           **{f: (None if getattr(self, f) is None else getattr(self, f)[:, index])
                              for f in ("compute_by_kind", "recompute_by_kind", "activations_by_kind",
-                                       "fwd_by_kind", "rerun_by_kind")})
+                                       "fwd_by_kind", "rerun_by_kind", "params_by_kind")})
 
 
 class LayerSource(ABC):
