@@ -122,7 +122,9 @@ class EstimationContext:
         else:
             effective = compute
         counts = getattr(source, "kernels_per_layer", None)
-        fixed = FixedCosts.of(model, terms, achieved_hbm(effective, device), counts() if counts else None)
+        per_kind = getattr(source, "kernels_per_unit", None)
+        fixed = FixedCosts.of(model, terms, achieved_hbm(effective, device), counts() if counts else None,
+                              per_kind() if per_kind else None)
         from ..compute.training import default_in_situ
         band = band_inputs(effective, device, default_in_situ().loo_rms_pct)
         host = 0.0
@@ -314,34 +316,52 @@ class FixedCosts:
     host_s_per_op: float
     hbm: float
     """achieved streaming bytes/s."""
+    kernels_by_kind: np.ndarray | None = None
+    """(3, kinds) forward, backward and re-run kernels of one layer of each kind (a traced graph's units; None:
+    every layer launches the mean layer's)."""
 
     @classmethod
     def of(cls, model: ModelSpec, terms: StackTerms, hbm: float,
-           kernels: tuple[float, ...] | None = None) -> "FixedCosts":
+           kernels: tuple[float, ...] | None = None, by_kind: np.ndarray | None = None) -> "FixedCosts":
         """``kernels``: (forward, backward[, forward re-run under full recomputation]) kernels per layer when
         the layer source counts them (a traced graph's ops); else the stack's count for the model's layer
-        traits (full recomputation re-runs every layer's forward)."""
+        traits (full recomputation re-runs every layer's forward). ``by_kind``: (3, kinds) the same per layer
+        kind (:attr:`kernels_by_kind`)."""
         if kernels is None:
             traits = LayerTraits.of(model, separate_qkv=terms.kernel_flavor == "eager")
             kernels = layer_kernel_counts(terms.kernel_flavor, traits)
         fwd, bwd = kernels[0], kernels[1]
         rerun = kernels[2] if len(kernels) > 2 else fwd
         return cls(kernels_fwd=fwd, kernels_bwd=bwd, kernels_rerun=rerun, gap_s=fixed_data().launch.gpu_gap_s,
-                   host_s_per_op=terms.host_s_per_op, hbm=hbm)
+                   host_s_per_op=terms.host_s_per_op, hbm=hbm,
+                   kernels_by_kind=None if by_kind is None else np.asarray(by_kind, dtype=float))
 
     def __post_init__(self) -> None:
         if self.kernels_rerun < 0:
             object.__setattr__(self, "kernels_rerun", self.kernels_fwd)
 
-    def layer(self, device_s: np.ndarray, forward_again: np.ndarray, host_s_per_op: float | None = None
-              ) -> np.ndarray:
+    def layer(self, device_s: np.ndarray, forward_again: np.ndarray, host_s_per_op: float | None = None,
+              by_kind: bool = False) -> np.ndarray:
         """Seconds one layer adds per micro-batch beyond its kernels' execution ``device_s``: the GPU gap of
         every kernel (the forward's again where ``forward_again``: full recomputation) plus the host time the
-        GPU waits for (issue time beyond the device time, :func:`tpsim.compute.fixed.exposed_host_time`)."""
-        kernels = self.kernels_fwd + self.kernels_bwd + np.where(forward_again, self.kernels_rerun, 0.0)
+        GPU waits for (issue time beyond the device time, :func:`tpsim.compute.fixed.exposed_host_time`).
+        ``by_kind``: one layer of each kind, its own kernels (``device_s`` and ``forward_again`` (kinds, n))."""
+        kernels = self.kernels(forward_again, by_kind)
         gaps = kernels * self.gap_s
         host = kernels * (self.host_s_per_op if host_s_per_op is None else host_s_per_op)
         return gaps + np.maximum(host - (device_s + gaps), 0.0)
+
+    def kernels(self, forward_again: np.ndarray, by_kind: bool = False, forward_only: bool = False) -> np.ndarray:
+        """Kernels one layer launches per micro-batch (the forward's again where ``forward_again``), or of them
+        the forward's (``forward_only``); ``by_kind``: (kinds, n) one layer of each kind."""
+        if by_kind:
+            k = self.kernels_by_kind
+            fwd, bwd, rerun = k[0][:, None], k[1][:, None], k[2][:, None]
+        else:
+            fwd, bwd, rerun = self.kernels_fwd, self.kernels_bwd, self.kernels_rerun
+        if forward_only:
+            return np.broadcast_to(fwd, np.shape(forward_again)) if by_kind else fwd
+        return fwd + bwd + np.where(forward_again, rerun, 0.0)
 
 
 def resolve_stack(stack: Any) -> StackProfile:

@@ -278,7 +278,8 @@ class Memory:
     """term (MEMORY_TERMS) -> bytes."""
     peak: np.ndarray
     peak_position: np.ndarray
-    """position (POSITIONS index) of the rank with the highest peak."""
+    """row of the rank with the highest peak: its POSITIONS index, or its pipeline rank where the memory stage
+    compares every rank (:meth:`~tpsim.estimator.partition.Partition.ranks`)."""
 
 
 def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero: np.ndarray, m: np.ndarray,
@@ -287,7 +288,9 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
            nccl: np.ndarray | float = 0.0, reserve_fraction: float = 0.0, cp: np.ndarray | None = None,
            edp: np.ndarray | None = None, schedule: np.ndarray | None = None) -> Memory:
     """Model states (ZeRO-sharded), stored activations of the micro-batches in flight, and buffers, for the
-    first, last and busiest middle pipeline rank at once ((position, plan) arrays); the peak rank's terms.
+    first, last and busiest middle pipeline rank at once ((position, plan) arrays), or for every pipeline rank
+    where those three do not bound the peak (layers of different costs, or of several kinds whose rank 1 does not
+    hold the most of each: :func:`~tpsim.estimator.partition.middle_dominated`); the peak rank's terms.
     ``costs`` (:class:`~tpsim.estimator.source.LayerCosts`) and ``part`` (a Partition) are gathered to plans.
     ``grad_unsharded``: the fraction of the rank's gradients held unsharded (default: all but ZeRO-2/3's);
     ``state_bytes``: optimizer moments per parameter (Adam: 2 x 4 B fp32); ``weight_cache_bytes``: per
@@ -303,13 +306,12 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     mirrored = pipeline.mirrored(schedule)
     any_mirror = bool(np.any(mirrored))
 
-    ranks = np.stack([np.zeros_like(pp), pp - 1, np.ones_like(pp)])  # pipeline rank of each position
-    stored = part.layer_sum(costs.activations, getattr(costs, "activations_by_kind", None))
-    if any_mirror:  # the first and the last stage share a rank: half the micro-batches in flight of each
-        edges = (stored[0] + stored[1]) / 2.0
-        two = (pp > 1) & mirrored
-        stored = np.stack([np.where(two, edges, stored[0]), np.where(two, edges, stored[1]), stored[2]])
-    flight = pipeline.in_flight(schedule, ranks, pp, vpp, m)
+    ranks = part.ranks(for_memory=True)  # the three positions, or every rank where they do not bound the peak
+    held, held_expert = part.rank_params(ranks)
+    stored = ranks.layer_sum(costs.activations, getattr(costs, "activations_by_kind", None))
+    if any_mirror:  # stages r and pp - 1 - r share rank r: half the micro-batches in flight of each
+        stored = np.where((pp > 1) & mirrored, (stored + ranks.partner(stored)) / 2.0, stored)
+    flight = pipeline.in_flight(schedule, ranks.rank_of(pp), pp, vpp, m)
     activations = stored * flight + costs.working
     gathered = costs.params if getattr(costs, "gathered_params", None) is None else costs.gathered_params
     zero3_buffers = np.where(zero == 3, 2.0 * gathered * w_bytes, 0.0)  # this and the next layer gathered
@@ -319,25 +321,26 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
         both = costs.first.buffer_bytes + costs.last.buffer_bytes + zero3_buffers
         other = np.stack([np.where(mirrored, both, other[0]), np.where((pp > 1) & mirrored, both, other[1]),
                           other[2]])
+    other = ranks.of_positions(other)
     full = np.where(zero >= 2, 0.0, 1.0) if grad_unsharded is None else grad_unsharded
     group = dp if cp is None else dp * cp
     shard = _state_bytes(zero, group, full, w_bytes + weight_cache_bytes, master_bytes + state_bytes, grad_bytes)
     expert_shard = shard if edp is None else _state_bytes(zero, edp, full, w_bytes + weight_cache_bytes,
                                                           master_bytes + state_bytes, grad_bytes)
-    expert = 0.0 if part.expert is None else part.expert
+    expert = 0.0 if held_expert is None else held_expert
     # the edges' embedding, output head and final norm keep no low-precision weight cast
-    uncached = _high_precision_on_positions(costs, pp, mirrored if any_mirror else None)
+    uncached = ranks.of_positions(_high_precision_on_positions(costs, pp, mirrored if any_mirror else None))
     uncached_bytes = uncached * (weight_cache_bytes / np.where(zero == 3, group, 1.0))
-    per_rank_states = (part.params - expert) * shard["total"] + expert * expert_shard["total"] - uncached_bytes
-    allocated = np.where(part.valid, per_rank_states + activations + other, -1.0)
+    per_rank_states = (held - expert) * shard["total"] + expert * expert_shard["total"] - uncached_bytes
+    allocated = np.where(ranks.valid, per_rank_states + activations + other, -1.0)
     peak_position = np.argmax(allocated, axis=0)
     columns = np.arange(peak_position.size)
     flat = peak_position * peak_position.size + columns
 
-    def pick(v: np.ndarray) -> np.ndarray:  # v[peak_position, columns]; one flat gather for (3, n) arrays
+    def pick(v: np.ndarray) -> np.ndarray:  # v[peak_position, columns]; one flat gather for (ranks, n) arrays
         return np.take(v, flat) if v.ndim == 2 and v.shape[1] == peak_position.size else v[peak_position, columns]
-    held = pick(part.params)
-    held_expert = 0.0 if part.expert is None else pick(part.expert)
+    held_expert = 0.0 if held_expert is None else pick(held_expert)
+    held = pick(held)
     dense = held - held_expert
     peak_allocated = allocated.max(axis=0)
     fixed = np.broadcast_to(np.asarray(process, dtype=float), pp.shape)

@@ -53,7 +53,18 @@ class Partition:
     past a plan's own; layers of different costs only: the schedule finds the slowest rank among all of them,
     :meth:`ranks`)."""
     pp: np.ndarray | None = None
-    """(n,) pipeline ranks of each plan (with ``rank_counts``)."""
+    """(n,) pipeline ranks of each plan (with ``rank_counts`` or ``peak_counts``)."""
+    peak_counts: np.ndarray | None = None
+    """(kinds, R, n) as :attr:`rank_counts`, for the memory peak only (layers of several kinds; None: one kind,
+    or :attr:`rank_counts` gives every rank)."""
+    middle_exact: np.ndarray | None = None
+    """(n,) bool with ``peak_counts``: the three positions bound every rank's memory peak (rank 1 holds at least
+    every other middle rank's layers of each kind, :func:`middle_dominated`); the memory stage compares every
+    rank only for a batch with a plan where they do not."""
+    every_params: np.ndarray | None = None
+    """(R, n) parameters held by every rank (with ``rank_counts`` or ``peak_counts``; :func:`_rank_params`)."""
+    every_expert: np.ndarray | None = None
+    """(R, n) of ``every_params``, the routed experts' (None: a dense model)."""
 
     def for_plans(self, index: np.ndarray) -> "Partition":
         """Plans ``index`` of what the per-plan stages read (``edge_params`` and ``largest_edge``, used by
@@ -67,23 +78,68 @@ class Partition:
                          largest_expert=largest_expert,
                          kind_counts=None if self.kind_counts is None else gather(self.kind_counts, index, 2),
                          rank_counts=None if self.rank_counts is None else gather(self.rank_counts, index, 2),
-                         pp=None if self.pp is None else gather(self.pp, index, 0))
+                         pp=None if self.pp is None else gather(self.pp, index, 0),
+                         peak_counts=None if self.peak_counts is None else gather(self.peak_counts, index, 2),
+                         middle_exact=None if self.middle_exact is None else gather(self.middle_exact, index, 0),
+                         every_params=None if self.every_params is None else gather(self.every_params, index, 1),
+                         every_expert=None if self.every_expert is None else gather(self.every_expert, index, 1))
 
     def layer_sum(self, per_layer: np.ndarray, by_kind: np.ndarray | None = None) -> np.ndarray:
         """(3, n) sum of a per-layer quantity over each rank's layers: ``layers x per_layer``, or with layer
         kinds (``by_kind`` (kinds, n) and :attr:`kind_counts`) each rank's own layers of each kind."""
         return _layer_sum(self.layers, self.kind_counts, per_layer, by_kind)
 
-    def ranks(self) -> "Ranks":
+    def ranks(self, for_memory: bool = False) -> "Ranks":
         """The pipeline ranks the schedule compares: the three positions, or with :attr:`rank_counts` (layers of
         different costs, where the busiest middle rank by the split's weights need not be the slowest for a
-        plan's micro-batch, TP degree, recomputation and collectives) every rank."""
-        if self.rank_counts is None:
+        plan's micro-batch, TP degree, recomputation and collectives) every rank. ``for_memory``: the ranks
+        whose peaks the memory stage compares (also every rank with :attr:`peak_counts` where a plan's three
+        positions do not bound its peak, :attr:`middle_exact`)."""
+        counts = self.rank_counts
+        if counts is None and for_memory and self.peak_counts is not None and not np.all(self.middle_exact):
+            counts = self.peak_counts
+        if counts is None:
             return Ranks(layers=self.layers, valid=self.valid, kind_counts=self.kind_counts)
-        r = np.arange(self.rank_counts.shape[1])[:, None]
-        position = np.where(r == 0, FIRST, np.where(r == self.pp - 1, LAST, MIDDLE))
-        return Ranks(layers=self.rank_counts.sum(axis=0), valid=r < self.pp, kind_counts=self.rank_counts,
-                     position=position)
+        return _every_rank(counts, self.pp)
+
+    def rank_params(self, ranks: "Ranks") -> tuple[np.ndarray, np.ndarray | None]:
+        """(ranks, n) parameters, and of them the routed experts' (None: a dense model), held by each of
+        ``ranks`` (:meth:`ranks`): :attr:`params` / :attr:`expert` for the three positions, else
+        :attr:`every_params` / :attr:`every_expert`."""
+        if ranks.position is None:
+            return self.params, self.expert
+        return self.every_params, self.every_expert
+
+
+def _every_rank(counts: np.ndarray, pp: np.ndarray) -> "Ranks":
+    """Every pipeline rank 0 .. R - 1 of ``counts`` (kinds, R, n) as :class:`Ranks` (valid below each plan's pp)."""
+    r = np.arange(counts.shape[1])[:, None]
+    position = np.where(r == 0, FIRST, np.where(r == pp - 1, LAST, MIDDLE))
+    return Ranks(layers=counts.sum(axis=0), valid=r < pp, kind_counts=counts, position=position,
+                 rank=np.broadcast_to(r, position.shape))
+
+
+def _rank_params(ranks: "Ranks", costs: "LayerCosts", pp: np.ndarray, edges: np.ndarray,
+                 mirrored: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(ranks, n) parameters held by every rank, and of them the routed experts' (None: a dense model): its own
+    layers of each kind and its position's edges ``edges`` (:func:`edge_params`), with ``mirrored`` plans'
+    stage pp - 1 - r on rank r too (what the last edge shares with the first once, :func:`_mirror`)."""
+    by_kind = costs.params_by_kind is not None and ranks.kind_counts is not None
+    params = ranks.layer_sum(costs.params, costs.params_by_kind if by_kind else None) + ranks.of_positions(edges)
+    expert = None
+    if (costs.expert_by_kind if by_kind else costs.expert_params) is not None:
+        expert = ranks.layer_sum(0.0 if costs.expert_params is None else costs.expert_params,
+                                 costs.expert_by_kind if by_kind else None)
+        ex_first, ex_last = (np.broadcast_to(np.asarray(e.expert_params, dtype=float), pp.shape)
+                             for e in (costs.first, costs.last))
+        expert = expert + ranks.of_positions(on_positions(ex_first, ex_last, pp == 1))
+    if mirrored is not None and np.any(mirrored):
+        multi = (pp > 1) & mirrored
+        shared = np.where(ranks.position == MIDDLE, 0.0, costs.last.shared_params)
+        params = np.where(multi, params + ranks.partner(params) - shared, params)
+        if expert is not None:
+            expert = np.where(multi, expert + ranks.partner(expert), expert)
+    return params, expert
 
 
 def _layer_sum(layers: np.ndarray, counts: np.ndarray | None, per_layer: np.ndarray,
@@ -110,6 +166,24 @@ class Ranks:
     position: np.ndarray | None = None
     """(ranks, n) the :data:`POSITIONS` index of each rank (what its edges are); None: the ranks are the
     positions."""
+    rank: np.ndarray | None = None
+    """(ranks, n) the pipeline rank of each row (with ``position``; None: the positions' ranks 0, pp - 1, 1)."""
+
+    def rank_of(self, pp: np.ndarray) -> np.ndarray:
+        """(ranks, n) the pipeline rank of each row: the positions' ranks 0, pp - 1 and 1 (the busiest middle
+        rank holds rank 1's micro-batches in flight), or every rank's own."""
+        if self.rank is None:
+            return np.stack([np.zeros_like(pp), pp - 1, np.ones_like(pp)])
+        return self.rank
+
+    def partner(self, values: np.ndarray) -> np.ndarray:
+        """(ranks, n) of a per-row quantity, the row of rank pp - 1 - r (a bidirectional schedule's second stage
+        on rank r): the positions first <-> last, middle itself, or every rank's mirror."""
+        if self.position is None:
+            return values[[LAST, FIRST, MIDDLE]]
+        pp = self.valid.sum(axis=0)  # every rank below the plan's pp is valid
+        other = np.clip(pp - 1 - self.rank, 0, self.rank.shape[0] - 1)
+        return np.take_along_axis(values, other, axis=0)
 
     def layer_sum(self, per_layer: np.ndarray, by_kind: np.ndarray | None = None) -> np.ndarray:
         """(ranks, n) sum of a per-layer quantity over each rank's layers (:meth:`Partition.layer_sum`)."""
@@ -185,6 +259,13 @@ def stack_rows(rows: tuple, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def edge_params(costs: "LayerCosts", pp: np.ndarray) -> np.ndarray:
+    """(3, n) parameters of each position's edges: the first rank the embedding (without pipelining the last
+    edge too, less what it shares with the first), the last rank the output layer and final norm."""
+    last_unshared = costs.last.params - costs.last.shared_params
+    return on_positions(costs.first.params, costs.last.params, pp == 1, last_alone=last_unshared)
+
+
 def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCosts",
               edges_as_layers: bool = False, kind_of_layer: np.ndarray | None = None,
               mirrored: np.ndarray | None = None, split: "SplitFields | None" = None,
@@ -197,8 +278,7 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCos
     layer), each rank holds exactly its own layers' parameters (:func:`position_kind_counts`)."""
     valid = positions(pp)
     single = pp == 1
-    last_unshared = costs.last.params - costs.last.shared_params
-    edges = on_positions(costs.first.params, costs.last.params, single, last_alone=last_unshared)
+    edges = edge_params(costs, pp)
     counts = None
     if weights is not None:  # the middle position is the busiest middle rank by weight: its layers' count
         counts = position_kind_counts(kind_of_layer, pp, vpp, edges_as_layers, split, weights)
@@ -226,12 +306,23 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCos
         at = np.argmax(held, axis=0)
         largest_expert = expert[at, np.arange(at.size)]
     every = None if weights is None else every_rank_kind_counts(kind_of_layer, pp, vpp, weights)
+    peak = exact = None
+    if weights is None and counts is not None:  # layers of several kinds: rank 1 may not hold the most of each
+        exact = middle_dominated(kind_of_layer, pp, vpp, edges_as_layers, split)
+        peak = every_rank_kind_counts(kind_of_layer, pp, vpp, None, edges_as_layers, split)
+    every_params = every_expert = None
+    if every is not None or peak is not None:
+        pp_ = np.asarray(pp, dtype=np.int64)
+        every_params, every_expert = _rank_params(_every_rank(every if every is not None else peak, pp_), costs,
+                                                  pp_, edges, mirrored)
     return Partition(layers=layers, valid=valid, params=params, edge_params=edges, largest=held.max(axis=0),
                      largest_edge=np.where(valid, edges, 0.0).max(axis=0), expert=expert,
                      largest_expert=largest_expert,
                      kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)),
                      cuts=None if weights is None else chunk_starts(kind_of_layer, pp, vpp, weights),
-                     rank_counts=every, pp=None if weights is None else np.asarray(pp, dtype=np.int64))
+                     rank_counts=every, peak_counts=peak, middle_exact=exact, every_params=every_params,
+                     every_expert=every_expert,
+                     pp=None if every is None and peak is None else np.asarray(pp, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -445,21 +536,46 @@ def _chunk_starts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int,
 
 
 def every_rank_kind_counts(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
-                           weights: tuple[float, ...]) -> np.ndarray:
-    """(kinds, R, n): layers of each kind on every pipeline rank of the balanced split (R the largest pp; zeros
-    past a plan's own ranks)."""
+                           weights: tuple[float, ...] | None, edges_as_layers: bool = False,
+                           split: SplitFields | None = None) -> np.ndarray:
+    """(kinds, R, n): layers of each kind on every pipeline rank of :func:`layer_split` (the balanced split
+    with ``weights``; R the largest pp; zeros past a plan's own ranks)."""
     kinds = int(kind_of_layer.max()) + 1
     key = tuple(int(k) for k in kind_of_layer)
     pp = np.asarray(pp, dtype=np.int64)
     vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
     ranks = int(pp.max())
 
-    def padded(p_: int, v_: int) -> np.ndarray:
+    def padded(p_: int, v_: int, *fields: int) -> np.ndarray:
         out = np.zeros((kinds, ranks))
-        out[:, :p_] = _rank_kind_counts(key, kinds, p_, v_, weights=weights)[0].T
+        out[:, :p_] = _rank_kind_counts(key, kinds, p_, v_, edges_as_layers, *fields, weights=weights)[0].T
         return out
 
-    return per_distinct(padded, pp, vpp)
+    if weights is not None:
+        return per_distinct(padded, pp, vpp)
+    return per_distinct(padded, pp, vpp, *_split_columns(pp, split))
+
+
+def middle_dominated(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray, edges_as_layers: bool = False,
+                     split: SplitFields | None = None) -> np.ndarray:
+    """(n,) bool: rank 1 holds at least as many layers of each kind as every other middle rank (or pp <= 3).
+    Then the three positions bound every rank's memory peak exactly: a middle rank's states and stored
+    activations grow with its layers of each kind, its edges' buffers are alike, and the micro-batches it
+    holds in flight never grow with the rank (:func:`tpsim.pipeline.in_flight`), so rank 1 (the middle
+    position, :func:`position_kind_counts`) peaks highest among them. With one kind of layer this always holds
+    (every split of :func:`layer_split` gives rank 1 the most middle layers)."""
+    kinds = int(kind_of_layer.max()) + 1
+    key = tuple(int(k) for k in kind_of_layer)
+    pp = np.asarray(pp, dtype=np.int64)
+    vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
+
+    def one(p_: int, v_: int, *fields: int) -> bool:
+        if p_ <= 3:
+            return True
+        per_rank = _rank_kind_counts(key, kinds, p_, v_, edges_as_layers, *fields)[0]
+        return bool(np.all(per_rank[1] >= per_rank[2:-1]))
+
+    return per_distinct(one, pp, vpp, *_split_columns(pp, split)).astype(bool)
 
 
 @lru_cache(maxsize=256)

@@ -251,9 +251,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     rank_c = ranks.layer_sum(costs.fwd + costs.bwd, getattr(costs, "compute_by_kind", None)) + L * accum + edge_c
     rank_r = ranks.layer_sum(costs.recompute, getattr(costs, "recompute_by_kind", None))
     rank_x = ranks.layer_sum(x_layer, kinds.exposed if kinds else None) + edge_x
-    fixed = ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, full, host_s_per_op)
-    fixed = fixed + _zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp)
-    rank_o = L * (ctx.host_overhead_s + fixed)
+    fixed, fixed_kinds = _fixed_per_layer(ctx, costs, zero, full, host_s_per_op, dp, kinds)
+    rank_o = L * ctx.host_overhead_s + ranks.layer_sum(fixed, fixed_kinds)
     slow_rank, (c_stage, r_stage, x_stage, o_stage) = slowest(ranks.valid, rank_c, rank_r, rank_x, rank_o)
     slow = ranks.position_of(slow_rank)  # the slowest rank's position (its edges)
     on_slow = ranks.rank_sum(slow_rank)
@@ -280,10 +279,20 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
                                              _REDUCE_DTYPE.get(ctx.terms.grad_reduce_bytes),
                                              _GRAD_DTYPE.get(dtype, dtype),
                                              gather_bytes=ctx.terms.state_bytes(dtype).wire_params)
+        if kinds is not None and costs.params_by_kind is not None:  # each unit its own parameters' copies
+            by_ag, by_rs = fsdp_copy_seconds(ctx.compute, costs.params_by_kind, group, dtype,
+                                             _REDUCE_DTYPE.get(ctx.terms.grad_reduce_bytes),
+                                             _GRAD_DTYPE.get(dtype, dtype),
+                                             gather_bytes=ctx.terms.state_bytes(dtype).wire_params)
+            unit = costs.params_by_kind > 0  # a unit without parameters has no FSDP collectives
+            copy_ag = on_slow(copy_ag, np.where(unit, by_ag, 0.0))
+            copy_rs = on_slow(copy_rs, np.where(unit, by_rs, 0.0))
+        else:
+            copy_ag, copy_rs = layers * copy_ag, layers * copy_rs
         fwd_gathers, bwd_gathers = _gathers(ctx.terms, zero, m, np.where(per_mb, m, 1))
-        copies_rs = layers * np.where(zero >= 2, np.where(per_mb, m, 1), 0) * copy_rs
-        dp_exposed = dp_exposed + layers * (fwd_gathers + bwd_gathers) * copy_ag + copies_rs
-        dp_forward = dp_forward + layers * fwd_gathers * copy_ag
+        copies_rs = np.where(zero >= 2, np.where(per_mb, m, 1), 0) * copy_rs
+        dp_exposed = dp_exposed + (fwd_gathers + bwd_gathers) * copy_ag + copies_rs
+        dp_forward = dp_forward + fwd_gathers * copy_ag
         dp_after = dp_after + np.where(dpt.at_end, copies_rs, 0.0)
     dp_in_opt = dpt.in_optimizer
     if ctx.terms.zero1_copies:  # ZeRO-1's flat-buffer copies in the optimizer step (the runtime's stack profile)
@@ -295,10 +304,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     optimizer = optimizer + grad_buffer_seconds(ctx, np.where(zero >= 2, params, part.largest), dtype)
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
     lo, hi = ctx.terms.host_range
-    device = costs.fwd + costs.bwd + costs.recompute
     overhead_low, overhead_high = (
-        m * layers * (ctx.host_overhead_s + _pick(slow_rank, ctx.fixed.layer(np.broadcast_to(device, L.shape), full, h)
-                                                  + _zero3_hooks(ctx, costs, zero, full, h, dp)))
+        m * (layers * ctx.host_overhead_s + on_slow(*_fixed_per_layer(ctx, costs, zero, full, h, dp, kinds)))
         for h in (lo, hi))
     # once per step, synchronous, after the gradient reductions (Megatron-Core finalize_model_grads)
     tp_sync = 0.0 if comm.tp_grad_sync is None else _pick(slow_rank, comm.tp_grad_sync)
@@ -318,10 +325,10 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     comm_total["dp"] = dp_total
     # the forward passes: the layers' forward compute and exposed collectives, the forward kernels' share of the
     # fixed costs, the edges' forward compute, the gathers exposed before them
-    fixed_fwd = _pick(slow_rank, np.broadcast_to(fixed, L.shape)) * ctx.fixed.kernels_fwd / (
-        ctx.fixed.kernels_fwd + ctx.fixed.kernels_bwd + np.where(full, ctx.fixed.kernels_rerun, 0.0))
+    fixed_fwd = on_slow(fixed * _forward_share(ctx.fixed, full),
+                        None if fixed_kinds is None else fixed_kinds * _forward_share(ctx.fixed, kinds.full, True))
     edge_f = _pick(slow, on_positions(costs.first.fwd, costs.last.fwd, single))
-    forward = m * (on_slow(costs.fwd + f_exp, kinds.forward if kinds else None) + layers * fixed_fwd
+    forward = m * (on_slow(costs.fwd + f_exp, kinds.forward if kinds else None) + fixed_fwd
                    + edge_f) + dp_forward
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
                     exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
@@ -466,6 +473,28 @@ def _sum(arrays, shape: tuple[int, ...]) -> np.ndarray:
     for a in arrays[1:]:
         total = total + a
     return total
+
+
+def _fixed_per_layer(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, full: np.ndarray,
+                     host_s_per_op: float | None, dp: np.ndarray, kinds: "_KindTimes | None"
+                     ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Fixed seconds per micro-batch of the mean layer (its kernels' gaps and exposed host time,
+    :meth:`FixedCosts.layer`, and ZeRO-3's hooks), and where the layers differ (traced units: ``kinds`` and the
+    source's kernels per kind) the same for one layer of each kind, (kinds, n), each with its own kernels and
+    device time (the rank sums them over its own layers: :meth:`Ranks.layer_sum`, :class:`RankSum`)."""
+    hooks = _zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp)
+    mean = ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, full, host_s_per_op) + hooks
+    if kinds is None or ctx.fixed.kernels_by_kind is None or costs.compute_by_kind is None:
+        return mean, None
+    device = costs.compute_by_kind + costs.recompute_by_kind
+    return mean, ctx.fixed.layer(device, kinds.full, host_s_per_op, by_kind=True) + hooks
+
+
+def _forward_share(fixed, forward_again: np.ndarray, by_kind: bool = False) -> np.ndarray:
+    """Of a layer's fixed costs, the forward kernels' share (per kind with ``by_kind``; 0 without kernels)."""
+    total = fixed.kernels(forward_again, by_kind)
+    fwd = fixed.kernels(forward_again, by_kind, forward_only=True)
+    return np.where(total > 0, fwd / np.where(total > 0, total, 1.0), 0.0)
 
 
 def _zero3_hooks(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, full: np.ndarray,

@@ -173,7 +173,7 @@ class LayerCosts:
                           gathered_params=rows(self.gathered_params), expert_params=rows(self.expert_params),
                           **{f: (None if getattr(self, f) is None else gather(getattr(self, f), index, 1))
                              for f in ("compute_by_kind", "recompute_by_kind", "activations_by_kind",
-                                       "fwd_by_kind", "rerun_by_kind")})
+                                       "fwd_by_kind", "rerun_by_kind", "params_by_kind")})
 
 
 class LayerSource(ABC):

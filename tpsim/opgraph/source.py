@@ -251,22 +251,26 @@ class UnitSource(_GraphSource):
         """no edges: the glue's tensors are its layers'."""
 
     def kernels_per_layer(self) -> tuple[float, float, float]:
-        """(forward, backward, forward re-run under full recomputation) kernels of the mean layer: one per op
+        """(forward, backward, forward re-run under full recomputation) kernels of the mean layer (the units'
+        :meth:`kernels_per_unit` weighted by their repeats)."""
+        mean = self.kernels_per_unit() @ self._share
+        return float(mean[0]), float(mean[1]), float(mean[2])
+
+    def kernels_per_unit(self) -> np.ndarray:
+        """(3, units) forward, backward and re-run kernels of one instance of each unit (a layer kind): one per op
         forward; in backward two per weight op whose input needs a gradient (data and weight gradients), one per
         other op that needs a gradient; full recomputation re-runs the blocks' forward only."""
         from .cost import grad_flags
         from .schema import WEIGHT_KINDS
 
-        fwd = bwd = rerun = 0.0
+        out = np.zeros((3, len(self.graph.units)))
         for u, unit in enumerate(self.graph.units):
-            share = float(self._share[u])
-            fwd += share * len(unit.ops)
-            rerun += share * len(unit.ops) if self._block[u] else 0.0
+            out[0, u] = len(unit.ops)
+            out[2, u] = len(unit.ops) if self._block[u] else 0.0
             flags = grad_flags(unit, u)
-            for j, op in enumerate(unit.ops):
-                if flags[j]:
-                    bwd += share * (2.0 if op.kind in WEIGHT_KINDS and op.params else 1.0)
-        return fwd, bwd, rerun
+            out[1, u] = sum(2.0 if op.kind in WEIGHT_KINDS and op.params else 1.0
+                            for j, op in enumerate(unit.ops) if flags[j])
+        return out
 
     def layer_weights(self, compute: ComputeModel, dtype: str) -> tuple[float, ...]:
         """Forward + backward seconds of every layer at tp = 1, micro-batch 1 (what the pipeline split balances)."""
