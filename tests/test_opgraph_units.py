@@ -49,12 +49,12 @@ def _batch(model, **grid) -> PlanBatch:
 
 def _stages(model, cluster, roof, plans: PlanBatch):
     """The context, per-plan layer costs, partition and communication of the estimator's stages."""
-    from tpsim.estimator.core import layer_costs, plan_patterns
+    from tpsim.estimator.core import _patterns, layer_costs
 
     ctx = graph_context(model, cluster, roof)
     costs_u, layer_keys = layer_costs(ctx, plans)
-    part, comm = plan_patterns(ctx, plans, costs_u, layer_keys)
-    return ctx, costs_u.for_plans(layer_keys.inverse), part, comm
+    pattern_of, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
+    return ctx, costs_u.for_plans(layer_keys.inverse), part_u.for_plans(pattern_of), comm_u.take(pattern_of)
 
 
 def test_a_rank_pays_its_own_units_collectives(resnet):
@@ -121,11 +121,106 @@ def test_the_slowest_of_every_rank_paces_the_pipeline(resnet, monkeypatch):
     model, cluster, roof = resnet
     plans = _batch(model, tp=[1, 2], pp=[4], micro_batch=[1, 4], recompute=["none", "full"], sp=[False, True])
     every = estimate_graph_batch(model, cluster, plans, compute=roof).step_time_s
-    monkeypatch.setattr(Partition, "ranks", lambda self: Ranks(layers=self.layers, valid=self.valid,
-                                                               kind_counts=self.kind_counts))
+    monkeypatch.setattr(Partition, "ranks", lambda self, for_memory=False: Ranks(
+        layers=self.layers, valid=self.valid, kind_counts=self.kind_counts))
     three = estimate_graph_batch(model, cluster, plans, compute=roof).step_time_s
     assert np.all(every >= three * (1 - 1e-12))
     assert np.any(every > three * (1 + 1e-6))
+
+
+def test_memory_peaks_on_a_rank_of_its_own_units(unet):
+    """pp = 4 (two chunks each): every rank's peak is compared, each with its own units' activations times its
+    own micro-batches in flight; the peak is the highest of them (not the split's heaviest middle rank with
+    rank 1's in-flight count)."""
+    from tpsim.estimator.memory import memory
+    from tpsim.pipeline import in_flight
+
+    model, cluster, roof = unet
+    plans = _batch(model, tp=[1], pp=[4], vpp=[2], micro_batch=[1, 4], recompute=["none", "full"])
+    _, costs, part, _ = _stages(model, cluster, roof, plans)
+    ranks = part.ranks(for_memory=True)
+    assert ranks.layers.shape[0] == 4
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    stored = ranks.layer_sum(costs.activations, costs.activations_by_kind)
+    own = stored * in_flight(plans.schedule, ranks.rank_of(plans.pp), plans.pp, plans.vpp, m) + costs.working
+    mem = memory(costs, part, pp=plans.pp, vpp=plans.vpp, dp=plans.dp, zero=plans.zero, m=m, w_bytes=2.0,
+                 master_bytes=4.0, grad_bytes=4.0)
+    got = mem.terms["activations"]
+    assert got == pytest.approx(own[mem.peak_position, np.arange(m.size)], rel=1e-12)
+    # the split's heaviest middle rank is not rank 1 here: its units with rank 1's micro-batches is no rank's
+    heaviest = part.layer_sum(costs.activations, costs.activations_by_kind)[2]
+    assert np.any(np.abs(heaviest - stored[1]) > 1e-6 * heaviest)
+
+
+def test_fixed_costs_are_each_units_own(resnet):
+    """Per micro-batch, a rank's fixed costs are the sum over its own units of each unit's kernel gaps and the
+    host time its own kernels leave exposed beyond its own device time (not its unit count times the mean
+    unit's: host time exposed is convex in the kernels, so a host-bound unit is not averaged away)."""
+    model, cluster, roof = resnet
+    plans = _batch(model, tp=[1], pp=[1, 4], micro_batch=[1], recompute=["none", "full"])
+    ctx, costs, part, _ = _stages(model, cluster, roof, plans)
+    est = estimate_graph_batch(model, cluster, plans, compute=roof)
+    k = ctx.fixed.kernels_by_kind
+    assert k is not None and k.shape == (3, len(model.graph.units))
+    share = np.array([u.repeat for u in model.graph.units]) / model.num_layers
+    assert ctx.fixed.kernels_fwd == pytest.approx(k[0] @ share, rel=1e-12)  # the mean unit's: the same counts
+    full = (plans.recompute == 2)[None, :] & costs.rerun_by_kind
+    device = costs.compute_by_kind + costs.recompute_by_kind
+    kernels = k[0][:, None] + k[1][:, None] + np.where(full, k[2][:, None], 0.0)
+    gaps = kernels * ctx.fixed.gap_s
+    own = gaps + np.maximum(kernels * ctx.fixed.host_s_per_op - device - gaps, 0.0)
+    ranks = part.ranks()
+    per_rank = ranks.layer_sum(0.0, own) + ranks.layers * ctx.host_overhead_s
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    for i in range(len(plans.pp)):
+        got = est.overhead_s[i] / m[i]
+        assert any(got == pytest.approx(v, rel=1e-9) for v in per_rank[: plans.pp[i], i])
+    # pp 4: the slowest rank's own units are not its unit count times the mean unit
+    mean = ranks.layers * (ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, plans.recompute == 2)
+                           + ctx.host_overhead_s)
+    four = np.flatnonzero(plans.pp == 4)
+    assert not np.any(np.isclose(est.overhead_s[four] / m[four], mean[:4, four], rtol=1e-3))
+
+
+def test_fsdp2_copies_move_the_slowest_ranks_own_units_parameters(unet):
+    """FSDP2's copy-in/copy-out around each unit's collectives (torchtitan's stack): on the slowest rank, the sum
+    over its own units of the copies of each unit's own parameters, none for a unit without parameters."""
+    import dataclasses
+
+    from tpsim.estimator.context import load_stack
+    from tpsim.estimator.core import _patterns, layer_costs
+    from tpsim.estimator.schedule import _GRAD_DTYPE, _REDUCE_DTYPE, _gathers, fsdp_copy_seconds, schedule
+
+    model, cluster, roof = unet
+    plans = _batch(model, tp=[1], pp=[2, 4], zero=[2, 3], micro_batch=[1, 4])
+    ctx = graph_context(model, cluster, roof, stack=load_stack("torchtitan"))
+    assert ctx.terms.fsdp_copies
+    costs_u, layer_keys = layer_costs(ctx, plans)
+    pattern_of, part_u, comm_u = _patterns(ctx, plans, costs_u, layer_keys)
+    costs, part, comm = costs_u.for_plans(layer_keys.inverse), part_u.for_plans(pattern_of), comm_u.take(pattern_of)
+    with_copies = schedule(ctx, plans, costs, comm, part).exposed_comm
+    off = dataclasses.replace(ctx, terms=dataclasses.replace(ctx.terms, fsdp_copies=False))
+    copies = with_copies - schedule(off, plans, costs, comm, part).exposed_comm
+    assert np.all(copies > 0)
+    dtype = str(plans.dtype)
+
+    def copy(numel):
+        return fsdp_copy_seconds(ctx.compute, numel, plans.dp * plans.cp, dtype,
+                                 _REDUCE_DTYPE.get(ctx.terms.grad_reduce_bytes), _GRAD_DTYPE.get(dtype, dtype),
+                                 gather_bytes=ctx.terms.state_bytes(dtype).wire_params)
+
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    reductions = np.where(ctx.terms.reduces_per_microbatch(plans.zero, plans.pp), m, 1)
+    fwd_g, bwd_g = _gathers(ctx.terms, plans.zero, m, reductions)
+    ranks = part.ranks()
+    unit = costs.params_by_kind > 0
+    ag, rs = (np.where(unit, c, 0.0) for c in copy(costs.params_by_kind))
+    own = (fwd_g + bwd_g) * ranks.layer_sum(0.0, ag) + reductions * ranks.layer_sum(0.0, rs)
+    mean_ag, mean_rs = copy(costs.params)
+    mean = ranks.layers * ((fwd_g + bwd_g) * mean_ag + reductions * mean_rs)  # the unit count x the mean unit
+    for i in range(len(plans.pp)):
+        assert any(copies[i] == pytest.approx(v, rel=1e-9) for v in own[: plans.pp[i], i])
+    assert any(not np.any(np.isclose(copies[i], mean[: plans.pp[i], i], rtol=1e-6)) for i in range(len(plans.pp)))
 
 
 def test_full_recompute_relaunches_only_the_blocks_kernels(unet):
