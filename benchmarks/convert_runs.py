@@ -49,10 +49,12 @@ source: >-
   500 W, NVLink/NVSwitch within the host, 400 Gb/s per GPU RDMA backend; the DGX H100 node and rail-optimized NDR
   fabric stand in for the host and network (same link rates).
 """
-MCORE_RECIPE = ("plan fields the README leaves open follow Megatron-LM's published GPT-3 recipe "
-                "(examples/gpt3/train_gpt3_175b_distributed.sh, as tpsim's gpt3-175b preset): micro-batch 1, "
-                "sequence parallel with tp > 1 (--tp-comm-overlap requires it), distributed optimizer (zero 1; "
-                "--overlap-param-gather requires it), selective recomputation, no interleaving")
+MCORE_RECIPE = ("plan fields the README leaves open: sequence parallel with tp > 1 (the stated --tp-comm-overlap "
+                "requires it) and the distributed optimizer (zero 1; the stated --overlap-param-gather requires "
+                "it); micro-batch 1, selective recomputation and no interleaving are assumptions, tpsim's "
+                "gpt3-175b preset plan (Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh states "
+                "micro-batch 1 but no recomputation; the fastest plan under the stated fields instead moves "
+                "this family's errors both ways and its Hopper refit to 0.808: not adopted)")
 NEMO_RECIPE = ("NeMo 24.07 performance recipes: sequence parallel and TP-communication overlap with tp > 1, "
                "distributed optimizer (zero 1), no activation recomputation; shape from the NeMo launcher config "
                "of the model (not in the table)")
