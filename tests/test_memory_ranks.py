@@ -98,3 +98,15 @@ def test_batches_of_different_pipeline_sizes_keep_every_ranks_layers(h100_64):
     estimate_batch(m, h100_64, PlanBatch.from_plans([small]))
     both = estimate_batch(m, h100_64, PlanBatch.from_plans([PLAN, small])).peak_memory_gib
     assert both == pytest.approx([alone[1], alone[0]], rel=1e-12)
+
+
+def test_the_largest_rank_is_every_ranks_where_the_positions_miss_it(h100_64):
+    """15 layers, one on each edge rank: rank 1 (the middle position, the most layers) holds two dense and one
+    MoE layer, rank 2 two MoE layers and more parameters. The data-parallel traffic and the planner's bound
+    on model states take rank 2's parameters (and its experts'), not the three positions' largest."""
+    plan = dataclasses.replace(PLAN, pp_first=1, pp_last=1)
+    _, part = _pattern(_deepseek(15), h100_64, plan)
+    assert not part.middle_exact[0]
+    positions = np.where(part.valid, part.params, 0.0).max(axis=0)
+    assert part.largest[0] == part.every_params[2, 0] > positions[0] * 1.1
+    assert part.largest_expert[0] == part.every_expert[2, 0]

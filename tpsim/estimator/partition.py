@@ -142,6 +142,17 @@ def _rank_params(ranks: "Ranks", costs: "LayerCosts", pp: np.ndarray, edges: np.
     return params, expert
 
 
+def _holding_most(valid: np.ndarray, params: np.ndarray, expert: np.ndarray | None
+                  ) -> tuple[np.ndarray, np.ndarray | float]:
+    """(n,) parameters of the rank holding the most among ``valid`` rows of ``params`` (ranks, n), and of them
+    the routed experts' (``expert`` (ranks, n); 0 for a dense model)."""
+    held = np.where(valid, params, 0.0)
+    if expert is None:
+        return held.max(axis=0), 0.0
+    at = np.argmax(held, axis=0)
+    return held[at, np.arange(at.size)], expert[at, np.arange(at.size)]
+
+
 def _layer_sum(layers: np.ndarray, counts: np.ndarray | None, per_layer: np.ndarray,
                by_kind: np.ndarray | None) -> np.ndarray:
     """(ranks, n): ``layers x per_layer``, or with kinds each rank's own layers of each kind (``counts``
@@ -300,11 +311,7 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCos
         expert = expert + on_positions(ex_first, ex_last, single)
     if mirrored is not None and np.any(mirrored):
         params, expert = _mirror(params, expert, costs.last.shared_params, pp, mirrored)
-    held = np.where(valid, params, 0.0)
-    largest_expert = 0.0
-    if expert is not None:
-        at = np.argmax(held, axis=0)
-        largest_expert = expert[at, np.arange(at.size)]
+    largest, largest_expert = _holding_most(valid, params, expert)
     every = None if weights is None else every_rank_kind_counts(kind_of_layer, pp, vpp, weights)
     peak = exact = None
     if weights is None and counts is not None:  # layers of several kinds: rank 1 may not hold the most of each
@@ -313,9 +320,15 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCos
     every_params = every_expert = None
     if every is not None or peak is not None:
         pp_ = np.asarray(pp, dtype=np.int64)
-        every_params, every_expert = _rank_params(_every_rank(every if every is not None else peak, pp_), costs,
-                                                  pp_, edges, mirrored)
-    return Partition(layers=layers, valid=valid, params=params, edge_params=edges, largest=held.max(axis=0),
+        ranks = _every_rank(every if every is not None else peak, pp_)
+        every_params, every_expert = _rank_params(ranks, costs, pp_, edges, mirrored)
+        # the three positions need not hold the most (traced units; a middle rank past rank 1, middle_exact)
+        every_rank = np.ones(pp_.shape, dtype=bool) if every is not None else ~exact
+        most, most_expert = _holding_most(ranks.valid, every_params, every_expert)
+        largest = np.where(every_rank, most, largest)
+        if every_expert is not None:
+            largest_expert = np.where(every_rank, most_expert, largest_expert)
+    return Partition(layers=layers, valid=valid, params=params, edge_params=edges, largest=largest,
                      largest_edge=np.where(valid, edges, 0.0).max(axis=0), expert=expert,
                      largest_expert=largest_expert,
                      kind_counts=None if counts is None else np.ascontiguousarray(counts.transpose(1, 0, 2)),
