@@ -259,3 +259,55 @@ def test_a_pipeline_stage_sends_what_is_live_at_its_own_cut(unet):
         sent[i] = max(costs_u.boundary_by_kind[k, keys.inverse[i]] for k in kinds)
     assert len(set(sent.tolist())) > 1  # the cuts differ between plans
     np.testing.assert_allclose(comm.p2p, curves.time(("pp",), "send_recv", sent), rtol=1e-12)
+
+
+def test_zero3_hooks_are_each_units_own_tensors(resnet):
+    """Per-parameter ZeRO-3 (DeepSpeed's stack): a rank's module-hook host time is the sum over its own units of
+    each unit's fetches (one per parameter tensor at or above the persistence threshold, none for a unit
+    without one), beyond what that unit's own kernels leave exposed; not its unit count times the mean
+    layer's (before: the mean layer's count, of a transformer's tensors, which a traced graph has not)."""
+    import dataclasses
+
+    from tpsim.estimator.context import load_stack
+    from tpsim.estimator.core import _patterns, layer_costs, run_stages
+
+    model, cluster, roof = resnet
+    plans = _batch(model, tp=[1], pp=[1, 4], zero=[3], micro_batch=[1], recompute=["none", "full"])
+    ctx = graph_context(model, cluster, roof, stack=load_stack("deepspeed"))
+    assert ctx.terms.zero3_per_parameter and ctx.terms.host_s_per_collective > 0
+    # the tiny graph's tensors are all below DeepSpeed's threshold (1e5 elements): a lower one fetches some
+    terms = dataclasses.replace(ctx.terms, zero3_persistence_elements=1000.0)
+    ctx = dataclasses.replace(ctx, terms=terms)
+    costs_u, layer_keys = layer_costs(ctx, plans)
+    pattern_of, part_u, _ = _patterns(ctx, plans, costs_u, layer_keys)
+    costs, part = costs_u.for_plans(layer_keys.inverse), part_u.for_plans(pattern_of)
+    est = run_stages(ctx, plans)
+    graph = model.graph
+    fetches = np.zeros(len(graph.units))
+    seen: set = set()
+    for u, unit in enumerate(graph.units):
+        for name in dict.fromkeys(p for op in unit.ops for p in op.params):
+            if name not in seen:
+                seen.add(name)
+                fetches[u] += float(np.prod(graph.params[name])) >= terms.zero3_persistence_elements
+    assert fetches.min() == 0 and fetches.max() > fetches.min()  # units differ
+    f = ctx.fixed
+    full = (plans.recompute == 2)[None, :] & costs.rerun_by_kind
+    kernels = f.kernels(full, by_kind=True)
+    device = costs.compute_by_kind + costs.recompute_by_kind + kernels * f.gap_s
+    per_fetch = terms.host_s_per_collective + terms.host_s_per_collective_rank * plans.dp
+    hooks = fetches[:, None] * per_fetch * (2.0 + full)
+    host = kernels * f.host_s_per_op
+    own = kernels * f.gap_s + np.maximum(host - device, 0.0) + np.maximum(host + hooks - device, 0.0) \
+        - np.maximum(host - device, 0.0)
+    ranks = part.ranks()
+    per_rank = ranks.layer_sum(0.0, own) + ranks.layers * ctx.host_overhead_s
+    m = plans.global_batch // (plans.micro_batch * plans.dp)
+    got = est.overhead_s / m
+    for i in range(len(plans.pp)):
+        assert any(got[i] == pytest.approx(v, rel=1e-9) for v in per_rank[: plans.pp[i], i])
+    # pp 4: not the slowest rank's unit count times the mean layer's fetches
+    mean_hooks = ranks.layers * terms.zero3_fetches(ctx.model, ctx.source, 1) * per_fetch * (2.0 + (plans.recompute == 2))
+    four = np.flatnonzero(plans.pp == 4)
+    base = ranks.layer_sum(0.0, kernels * f.gap_s + np.maximum(host - device, 0.0)) + ranks.layers * ctx.host_overhead_s
+    assert not np.any(np.isclose(got[four], (base + mean_hooks)[:4, four], rtol=1e-3))

@@ -105,7 +105,7 @@ def _z3_collectives(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray | fl
     """ZeRO-3 gathers per layer and pass of each row (per-parameter ZeRO-3: one per weight tensor)."""
     if not ctx.terms.zero3_per_parameter:
         return 1.0
-    per_tp = {int(t): ctx.terms.zero3_collectives_per_layer(ctx.model, int(t)) for t in sorted_values(plans.tp)}
+    per_tp = {int(t): ctx.terms.zero3_fetches(ctx.model, ctx.source, int(t)) for t in sorted_values(plans.tp)}
     return np.array([per_tp[int(t)] for t in plans.tp])
 
 

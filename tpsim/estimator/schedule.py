@@ -487,7 +487,9 @@ def _fixed_per_layer(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray
     if kinds is None or ctx.fixed.kernels_by_kind is None or costs.compute_by_kind is None:
         return mean, None
     device = costs.compute_by_kind + costs.recompute_by_kind
-    return mean, ctx.fixed.layer(device, kinds.full, host_s_per_op, by_kind=True) + hooks
+    own = (_zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp, kinds)  # each kind its own tensors' hooks
+           if ctx.terms.zero3_fetches(ctx.model, ctx.source, 1, by_kind=True) is not None else hooks)
+    return mean, ctx.fixed.layer(device, kinds.full, host_s_per_op, by_kind=True) + own
 
 
 def _forward_share(fixed, forward_again: np.ndarray, by_kind: bool = False) -> np.ndarray:
@@ -498,20 +500,26 @@ def _forward_share(fixed, forward_again: np.ndarray, by_kind: bool = False) -> n
 
 
 def _zero3_hooks(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, full: np.ndarray,
-                 host_s_per_op: float | None, ranks: np.ndarray | None = None) -> np.ndarray:
+                 host_s_per_op: float | None, ranks: np.ndarray | None = None,
+                 kinds: "_KindTimes | None" = None) -> np.ndarray:
     """Per layer and micro-batch: the host time of per-parameter ZeRO-3's module hooks the GPU waits for (one
     fetch per gathered weight tensor in forward, in backward and in a recomputed forward), beyond what the
-    layer's own ops already leave exposed."""
+    layer's own ops already leave exposed. With ``kinds`` (a traced graph's units, the source's
+    ``tensor_numels``): (kinds, n) one layer of each kind, its own tensors, kernels and device time."""
     terms = ctx.terms
     if not terms.zero3_per_parameter or terms.host_s_per_collective <= 0:
-        return np.zeros(np.shape(zero))
-    n = terms.zero3_collectives_per_layer(ctx.model, 1)
-    per_fetch = terms.host_s_per_collective + (0.0 if ranks is None else terms.host_s_per_collective_rank * ranks)
-    hooks = n * per_fetch * (2.0 + np.where(full, 1.0, 0.0))
+        return np.zeros(np.shape(zero) if kinds is None else np.shape(kinds.full))
     f = ctx.fixed
+    n = terms.zero3_fetches(ctx.model, ctx.source, 1, by_kind=kinds is not None)
+    if kinds is None:
+        again, device_s = full, costs.fwd + costs.bwd + costs.recompute
+    else:
+        n, again, device_s = n[:, None], kinds.full, costs.compute_by_kind + costs.recompute_by_kind
+    per_fetch = terms.host_s_per_collective + (0.0 if ranks is None else terms.host_s_per_collective_rank * ranks)
+    hooks = n * per_fetch * (2.0 + np.where(again, 1.0, 0.0))
     per_op = f.host_s_per_op if host_s_per_op is None else host_s_per_op
-    kernels = f.kernels_fwd + f.kernels_bwd + np.where(full, f.kernels_rerun, 0.0)
-    device = costs.fwd + costs.bwd + costs.recompute + kernels * f.gap_s
+    kernels = f.kernels(again, by_kind=kinds is not None)
+    device = device_s + kernels * f.gap_s
     before = np.maximum(kernels * per_op - device, 0.0)
     after = np.maximum(kernels * per_op + hooks - device, 0.0)
     if terms.zero3_overlap_fraction is not None:  # serialized fetches (deepspeed-2021): every hook waits

@@ -282,7 +282,27 @@ class StackTerms:
         q = model.num_attention_heads * model.head_dim
         kv = model.num_kv_heads * model.head_dim
         weights = (h * (q + 2 * kv), q * h, h * f * (2 if model.gated else 1), f * h)
-        return float(max(1, sum(1 for w in weights if w / tp >= self.zero3_persistence_elements)))
+        return float(max(1, int(self.zero3_fetched(np.array(weights), tp).sum())))
+
+    def zero3_fetches(self, model: Any, source: Any, tp: int, by_kind: bool = False) -> Any:
+        """Fetches per layer and pass under ZeRO-3 (:meth:`zero3_collectives_per_layer`); for a traced graph's
+        units (a source with ``tensor_numels``), each unit's own parameter tensors (:meth:`zero3_fetched`):
+        ``by_kind`` (kinds,) one layer of each kind (0 for a unit without one fetched), else the mean layer's
+        (at least one). ``by_kind`` for a source without them: None."""
+        numels = getattr(source, "tensor_numels", None)
+        if numels is None:
+            return None if by_kind else self.zero3_collectives_per_layer(model, tp)
+        share = source.kind_share
+        if not self.zero3_per_parameter:
+            return np.ones(share.shape) if by_kind else 1.0
+        per_kind = np.bincount(source.tensor_kinds, weights=self.zero3_fetched(numels, tp).astype(float),
+                               minlength=share.size)
+        return per_kind if by_kind else float(max(1.0, per_kind @ share))
+
+    def zero3_fetched(self, numel: np.ndarray, tp: int) -> np.ndarray:
+        """bool per weight tensor of ``numel`` elements: per-parameter ZeRO-3 partitions and gathers it (one
+        fetch per pass), at or above the persistence threshold once split over ``tp``."""
+        return np.asarray(numel, dtype=float) / tp >= self.zero3_persistence_elements
 
 
 def _value(stack: StackProfile, section: str, key: str, default: Any = None) -> Any:

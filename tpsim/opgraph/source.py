@@ -242,6 +242,8 @@ class UnitSource(_GraphSource):
         self.num_layers = int(sum(repeats))
         self.kind_of_layer = np.repeat(np.arange(len(repeats)), repeats)
         self._share = np.array(repeats, dtype=float) / self.num_layers
+        self.kind_share = self._share
+        """(kinds,) each unit's share of the layers (the mean layer's weights)."""
         self._block = np.array([u.kind == "block" for u in graph.units])
         self._first_user = _first_users(graph)
         self._weights: dict[tuple, tuple[float, ...]] = {}
@@ -249,6 +251,11 @@ class UnitSource(_GraphSource):
         """parameter tensors of the mean layer (the optimizer's multi-tensor launches)."""
         self.edge_tensors = 0.0
         """no edges: the glue's tensors are its layers'."""
+        owned = [(u, self.graph.params[name]) for name, u in self._first_user.items()]
+        self.tensor_numels = np.array([float(np.prod(shape)) for _, shape in owned])
+        """elements of every parameter tensor (unsplit; per-parameter ZeRO-3 fetches each one, its hooks)."""
+        self.tensor_kinds = np.array([u for u, _ in owned], dtype=np.int64)
+        """the unit (layer kind) holding each of :attr:`tensor_numels` (a shared tensor: its first user)."""
 
     def kernels_per_layer(self) -> tuple[float, float, float]:
         """(forward, backward, forward re-run under full recomputation) kernels of the mean layer (the units'
