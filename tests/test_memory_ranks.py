@@ -110,3 +110,19 @@ def test_the_largest_rank_is_every_ranks_where_the_positions_miss_it(h100_64):
     positions = np.where(part.valid, part.params, 0.0).max(axis=0)
     assert part.largest[0] == part.every_params[2, 0] > positions[0] * 1.1
     assert part.largest_expert[0] == part.every_expert[2, 0]
+
+
+def test_the_planners_states_bound_is_the_rank_holding_the_most(h100_64, monkeypatch):
+    """The planner's bound on model states (the 15-layer split above): rank 2's states, above the three
+    positions' largest, and still at most the estimated peak."""
+    from tpsim.estimator.context import context_for
+    from tpsim.estimator.core import model_states_bytes
+
+    m = _deepseek(15)
+    plan = dataclasses.replace(PLAN, pp_first=1, pp_last=1)
+    b = PlanBatch.from_plans([plan])
+    every = model_states_bytes(context_for(m, h100_64), b)[0]
+    peak = estimate(m, h100_64, plan).peak_memory_gib * GIB
+    monkeypatch.setattr(partition_module, "middle_dominated", lambda *_, **__: np.ones(1, dtype=bool))
+    positions = model_states_bytes(context_for(dataclasses.replace(m), h100_64), b)[0]
+    assert positions * 1.1 < every < peak

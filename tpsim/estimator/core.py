@@ -162,7 +162,8 @@ def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
 
 
 def model_states_bytes(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray:
-    """Per plan, the weights, gradients and optimizer states (bytes) of the pipeline rank holding the most:
+    """Per plan, the weights, gradients and optimizer states (bytes) of the pipeline rank holding the most (of
+    every rank where the three positions are not exact, :meth:`Partition.ranks`):
     a lower bound of its peak memory that needs neither collective curves nor activations (the planner drops
     plans whose states alone exceed the device). Computed per distinct (parameter, pipeline and ZeRO) pattern
     with the partition and memory stages' own rules."""
@@ -184,8 +185,10 @@ def model_states_bytes(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray:
                state_bytes=fig["master_bytes"] + fig["state_bytes"], grad_bytes=fig["grad_bytes"])
     dense = _state_bytes(sub.zero, sub.dp * sub.cp, full, **per)["total"]
     expert = _state_bytes(sub.zero, edp_all[keys.first], full, **per)["total"]
-    held_expert = 0.0 if part.expert is None else part.expert
-    states = np.where(part.valid, (part.params - held_expert) * dense + held_expert * expert, 0.0).max(axis=0)
+    ranks = part.ranks(for_memory=True)  # every rank where the three positions do not hold the most
+    params, held_expert = part.rank_params(ranks)
+    held_expert = 0.0 if held_expert is None else held_expert
+    states = np.where(ranks.valid, (params - held_expert) * dense + held_expert * expert, 0.0).max(axis=0)
     return states[keys.inverse]
 
 
