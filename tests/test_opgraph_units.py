@@ -277,11 +277,16 @@ def test_zero3_hooks_are_each_units_own_tensors(resnet):
     assert ctx.terms.zero3_per_parameter and ctx.terms.host_s_per_collective > 0
     # the tiny graph's tensors are all below DeepSpeed's threshold (1e5 elements): a lower one fetches some
     terms = dataclasses.replace(ctx.terms, zero3_persistence_elements=1000.0)
-    ctx = dataclasses.replace(ctx, terms=terms)
-    costs_u, layer_keys = layer_costs(ctx, plans)
-    pattern_of, part_u, _ = _patterns(ctx, plans, costs_u, layer_keys)
-    costs, part = costs_u.for_plans(layer_keys.inverse), part_u.for_plans(pattern_of)
-    est = run_stages(ctx, plans)
+    shared = ctx
+    ctx = dataclasses.replace(ctx, terms=terms)  # shares the remembered context's caches: cleared around its use
+    shared.clear_results()
+    try:
+        costs_u, layer_keys = layer_costs(ctx, plans)
+        pattern_of, part_u, _ = _patterns(ctx, plans, costs_u, layer_keys)
+        costs, part = costs_u.for_plans(layer_keys.inverse), part_u.for_plans(pattern_of)
+        est = run_stages(ctx, plans)
+    finally:
+        shared.clear_results()
     graph = model.graph
     fetches = np.zeros(len(graph.units))
     seen: set = set()
