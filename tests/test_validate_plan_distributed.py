@@ -174,4 +174,9 @@ def test_timed_plan_has_terms_per_rank_steps_and_a_profiled_step_per_stage(plan_
         assert p["overhead_pct"] is not None and json.loads(open(p["trace"]).read())["traceEvents"]
     assert s["terms_source"] in ("trace", "timers") and s["terms_timers"]
     if s["terms_source"] == "trace":
-        assert abs(s["terms_sum_error_pct"]) <= 5.0 + 1e-6
+        # the profiled step is within TRACE_MAX_OVERHEAD_PCT of its own rank's timed step; the step it is
+        # compared with is the slowest rank's median, off by up to the rank skew and the step-to-step spread
+        from tpsim.validate.plan.terms import TRACE_MAX_OVERHEAD_PCT
+
+        slack = TRACE_MAX_OVERHEAD_PCT + (pr["rank_spread_pct"] or 0.0) + (pr["step_spread_pct"] or 0.0)
+        assert abs(s["terms_sum_error_pct"]) <= slack + 1e-6, (s["terms_sum_error_pct"], pr)
