@@ -437,20 +437,14 @@ def test_torch_ring_all_gathers_kv_once_and_rotates_fp32_gradients():
     blocks per pass, hidden behind the first step only; the fp32 dK/dV (twice the 16-bit bytes) go round the
     ring, all but the last hidden behind the next step. TE p2p keeps the per-step sends."""
     from tpsim.comm_plan import kv_block_bytes
-    from tpsim.estimator.context import default_compute, resolve_stack
-    from tpsim.estimator.layer import layer_cost
+    from tpsim.estimator.context import resolve_stack
     from tpsim.estimator.source import cp_layer_collectives
     from tpsim.estimator.stackterms import stack_terms
 
     tt, meg = stack_terms(resolve_stack("torchtitan")), stack_terms(resolve_stack("megatron"))
     assert tt.cp_ring.allgather and tt.cp_ring.grad_bytes == 4.0 and tt.cp_ring.overlapped
     assert not meg.cp_ring.allgather and meg.cp_ring.grad_bytes is None
-    model = load_model("llama3-8b")
-    compute, _ = default_compute(load_cluster("dgx-h100", gpus=8).device, resolve_stack("torchtitan"))
-    one, cp = np.array([1]), np.array([4])
-    lc = layer_cost(model, compute, tp=one, sp=np.array([False]), micro_batch=one, recompute=np.array([0]),
-                    dtype="bf16", attention="flash", cp=cp, cp_kind=np.array([0]), kv_repeat=True, cp_grad_bytes=4.0)
-    axes = dict(tp=one, cp=cp, micro_batch=one, act_bytes=2.0)
+    model, one, cp, lc, axes = _llama8b_ring_cp4_layer()
     kv = float(kv_block_bytes(model, tp=one, cp=cp, micro_batch=one, act_bytes=2.0)[0])
     rep = model.num_attention_heads / model.num_kv_heads
     ops = [c for c in cp_layer_collectives(model, lc, axes, np.array([0]), ring=tt.cp_ring, kv_repeat=True)
@@ -489,19 +483,13 @@ def test_cp_exchanges_hide_where_the_stacks_tp_collectives_do_not():
 def test_compiled_ring_exchanges_hide_nothing():
     """comm.cp_exchange_overlap false (torchtitan-compile): every K/V all-gather and dK/dV send has hide 0, with
     the same bytes and counts as the eager stack's."""
-    from tpsim.estimator.context import default_compute, resolve_stack
-    from tpsim.estimator.layer import layer_cost
+    from tpsim.estimator.context import resolve_stack
     from tpsim.estimator.source import cp_layer_collectives
     from tpsim.estimator.stackterms import stack_terms
 
     eager, compiled = (stack_terms(resolve_stack(n)).cp_ring for n in ("torchtitan", "torchtitan-compile"))
     assert eager.overlapped and not compiled.overlapped
-    model = load_model("llama3-8b")
-    compute, _ = default_compute(load_cluster("dgx-h100", gpus=8).device, resolve_stack("torchtitan"))
-    one, cp = np.array([1]), np.array([4])
-    lc = layer_cost(model, compute, tp=one, sp=np.array([False]), micro_batch=one, recompute=np.array([0]),
-                    dtype="bf16", attention="flash", cp=cp, cp_kind=np.array([0]), kv_repeat=True, cp_grad_bytes=4.0)
-    axes = dict(tp=one, cp=cp, micro_batch=one, act_bytes=2.0)
+    model, one, cp, lc, axes = _llama8b_ring_cp4_layer()
     ops = {r: [c for c in cp_layer_collectives(model, lc, axes, np.array([0]), ring=ring, kv_repeat=True)
                if np.any(np.asarray(c.nbytes) > 0)] for r, ring in (("eager", eager), ("compiled", compiled))}
     assert sum(float(np.ravel(c.hide)[0]) for c in ops["eager"]) > 0
@@ -645,3 +633,17 @@ def test_cast_traffic_recasts_the_input_in_backward_where_the_recipe_says():
     f, b = cast_traffic((3.0, 4.0, 3.0), 10.0, 7.0, 5.0)
     assert (f, b) == (150.0, 10 * 7 * 4.0 + 150.0)
     assert cast_traffic((2.0, 4.0), 10.0, 7.0, 5.0) == (100.0, 280.0)
+
+
+def _llama8b_ring_cp4_layer():
+    """Llama-3 8B's layer at cp 4 (ring, repeated K/V heads, fp32 dK/dV) under torchtitan's compute model:
+    (model, one, cp, layer cost, collective axes)."""
+    from tpsim.estimator.context import default_compute, resolve_stack
+    from tpsim.estimator.layer import layer_cost
+
+    model = load_model("llama3-8b")
+    compute, _ = default_compute(load_cluster("dgx-h100", gpus=8).device, resolve_stack("torchtitan"))
+    one, cp = np.array([1]), np.array([4])
+    lc = layer_cost(model, compute, tp=one, sp=np.array([False]), micro_batch=one, recompute=np.array([0]),
+                    dtype="bf16", attention="flash", cp=cp, cp_kind=np.array([0]), kv_repeat=True, cp_grad_bytes=4.0)
+    return model, one, cp, lc, dict(tp=one, cp=cp, micro_batch=one, act_bytes=2.0)
