@@ -40,7 +40,7 @@ def distinct(*cols: np.ndarray) -> Keys:
     for c, r in zip(ints, radix):
         key = key * r + c
     first, inverse = _group(key)
-    return Keys(rows=np.stack([c[first] for c in ints], axis=1), first=first, inverse=inverse)
+    return Keys(rows=np.stack([c.take(first) for c in ints], axis=1), first=first, inverse=inverse)
 
 
 def _group(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
