@@ -80,7 +80,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
     store = ctx.pattern_store(plans.dtype, plans.attention)
     rows = store.rows(keys.rows, build)
     part, comm = store.value
-    return rows[keys.inverse], part, comm
+    return rows.take(keys.inverse), part, comm
 
 
 def plan_patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
@@ -120,17 +120,20 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
     context's stack; the CUDA context and NCCL buffers of each plan; the allocator reserve fraction."""
     from .memory import communicators, process_memory
 
-    terms, dtype = ctx.terms, plans.dtype
-    sb = terms.state_bytes(dtype)
-    # the quantized weight copies at the dtype's bytes, block scales included (DTYPE_BYTES: 1 for fp8,
-    # 1 + 1/32 for mxfp8, 0.5 + 1/16 for nvfp4): the copy and its transpose / column-wise copy
-    cache = 0.0 if not is_low_precision(dtype) else \
-        DTYPE_BYTES[dtype] * (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
-    proc = process_memory()
-    return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads, master_bytes=sb.master,
-                state_bytes=sb.moments, process=proc.cuda_context,
-                nccl=communicators(plans.tp, plans.dp, plans.pp, plans.cp, plans.ep) * proc.nccl_per_communicator,
-                reserve_fraction=terms.allocator_reserve_fraction)
+    def per_dtype() -> dict:  # what depends on the context and the dtype alone: once per context
+        terms, dtype = ctx.terms, plans.dtype
+        sb = terms.state_bytes(dtype)
+        # the quantized weight copies at the dtype's bytes, block scales included (DTYPE_BYTES: 1 for fp8,
+        # 1 + 1/32 for mxfp8, 0.5 + 1/16 for nvfp4): the copy and its transpose / column-wise copy
+        cache = 0.0 if not is_low_precision(dtype) else \
+            DTYPE_BYTES[dtype] * (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
+        return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads, master_bytes=sb.master,
+                    state_bytes=sb.moments, process=process_memory().cuda_context,
+                    reserve_fraction=terms.allocator_reserve_fraction)
+
+    fixed = ctx.constant(("memory_figures", plans.dtype), per_dtype)
+    nccl = communicators(plans.tp, plans.dp, plans.pp, plans.cp, plans.ep) * process_memory().nccl_per_communicator
+    return dict(fixed, nccl=nccl)
 
 
 SPLIT_FIELDS = ("pp_first", "pp_last", "pp_embedding", "pp_loss")

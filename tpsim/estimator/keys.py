@@ -36,9 +36,10 @@ def distinct(*cols: np.ndarray) -> Keys:
         rows = np.stack(ints, axis=1)
         _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
         return Keys(rows=rows[first], first=first, inverse=inverse.reshape(-1))
-    key = np.zeros(n, dtype=np.int64)
-    for c, r in zip(ints, radix):
-        key = key * r + c
+    key = ints[0].copy()
+    for c, r in zip(ints[1:], radix[1:]):  # in place: no array per column
+        key *= r
+        key += c
     first, inverse = _group(key)
     return Keys(rows=np.stack([c.take(first) for c in ints], axis=1), first=first, inverse=inverse)
 
