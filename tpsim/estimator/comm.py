@@ -148,11 +148,11 @@ class AxisCurves:
             names = np.full(b.size, -1, dtype=np.int32)
             if runs.size:  # nothing runs (a ZeRO plan's all-reduce, ...): zeros, and no envelope table built
                 lat, spb, codes = self._table(axes, op)
-                at = self.inverse[runs]
-                lines = lat[at] + b[runs, None] * spb[at]
+                at = self.inverse.take(runs)
+                lines = lat.take(at, axis=0) + b.take(runs)[:, None] * spb.take(at, axis=0)
                 best = np.argmin(lines, axis=1)
-                seconds[runs] = lines[np.arange(runs.size), best]
-                names[runs] = codes[at, best]
+                seconds[runs] = lines.min(axis=1)  # the line argmin picks: its value
+                names[runs] = codes.take(at * codes.shape[1] + best)
             hit = self._done[key] = (seconds, names)
         return hit
 

@@ -227,6 +227,11 @@ class EstimationContext:
     def layer_rows(self, keys: np.ndarray, dtype: str, attention: str) -> Any:
         """The layer source's costs for the key rows (columns: the source's ``key_fields``), each row computed
         once per context."""
+        return take_rows(*self.kept_layer_rows(keys, dtype, attention))
+
+    def kept_layer_rows(self, keys: np.ndarray, dtype: str, attention: str) -> tuple[Any, np.ndarray]:
+        """(the layer costs of every key row the context keeps for ``dtype`` and ``attention``, the row of each
+        of ``keys`` in them): the missing rows computed first, nothing gathered."""
         store = self.caches.layers.setdefault((dtype, attention), RowStore())
         fields = self.source.key_fields
 
@@ -235,7 +240,7 @@ class EstimationContext:
             return self.source.costs(self.compute, columns, dtype, attention)
 
         rows = store.rows(keys, build)
-        return take_rows(store.value, rows)
+        return store.value, rows
 
     def memo(self, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()`` once per ``key`` (least recently used entries beyond MEMO_BYTES are dropped)."""

@@ -50,12 +50,23 @@ def layer_costs(ctx: EstimationContext, plans: PlanBatch) -> tuple[LayerCosts, K
     return ctx.memo(memo_key, lambda: ctx.layer_rows(keys.rows, plans.dtype, plans.attention)), keys
 
 
+def kept_layer_costs(ctx: EstimationContext, plans: PlanBatch) -> tuple[LayerCosts, np.ndarray]:
+    """(the costs of every layer key the context keeps for the batch's dtype and attention, each plan's row in
+    them): :func:`layer_costs` without gathering the batch's keys first (the stages gather per plan, pattern or
+    group from them)."""
+    keys = distinct(*(getattr(plans, f) for f in ctx.source.key_fields))
+    kept, rows = ctx.kept_layer_rows(keys.rows, plans.dtype, plans.attention)
+    return kept, rows.take(keys.inverse)
+
+
 # ---- the pipeline ----------------------------------------------------------------------------------------
 def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
-              layer_keys: Keys) -> tuple[np.ndarray, Partition, Comm]:
+              layer_keys: Keys | np.ndarray) -> tuple[np.ndarray, Partition, Comm]:
     """Stages 2 and 3 on the distinct communication patterns of the batch (the rank layout, the pipeline split,
     ZeRO and what the layer's traffic depends on), each pattern computed once per context and kept across
-    batches (:class:`~tpsim.estimator.caches.PatternStore`): each plan's row in the kept results and them."""
+    batches (:class:`~tpsim.estimator.caches.PatternStore`): each plan's row in the kept results and them.
+    ``layer_keys``: each plan's row in ``costs`` (:func:`kept_layer_costs`), or the Keys of :func:`layer_costs`."""
+    layer_index = layer_keys.inverse if isinstance(layer_keys, Keys) else layer_keys
     fields = dict.fromkeys(LAYOUT_AXES + ("order", "vpp", "zero", "schedule", "tp_overlap") + SPLIT_FIELDS + _EXPERT_FIELDS
                            + ctx.source.comm_fields)
     keys = distinct(*(getattr(plans, f) for f in fields))
@@ -64,12 +75,12 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
         first = keys.first[which]
         sub = plans.take(first)
         # the layer-cost fields these stages use do not depend on recomputation: any plan of a pattern will do
-        layer_index = layer_keys.inverse[first]
-        part = partition_of(ctx, sub, costs.take(layer_index, with_comm=False))
+        index = layer_index.take(first)
+        part = partition_of(ctx, sub, costs.take(index, with_comm=False))
         layouts, layout_index = layouts_of(ctx, sub)
         src = ctx.source
         wire = ctx.terms.state_bytes(plans.dtype)
-        comm = communication(ctx, layouts, layout_index, layer_index, costs, part,
+        comm = communication(ctx, layouts, layout_index, index, costs, part,
                              traffic_key=[getattr(sub, f) for f in src.comm_fields],
                              params_key=[sub.vpp, sub.zero, sub.cp] + [getattr(sub, f) for f in src.param_fields],
                              pp=sub.pp, zero=sub.zero, dp=sub.dp, w_bytes=wire.wire_params, grad_bytes=wire.wire_grads,
@@ -80,11 +91,11 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
     store = ctx.pattern_store(plans.dtype, plans.attention)
     rows = store.rows(keys.rows, build)
     part, comm = store.value
-    return rows[keys.inverse], part, comm
+    return rows.take(keys.inverse), part, comm
 
 
 def plan_patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
-                  layer_keys: Keys) -> tuple[Partition, Comm]:
+                  layer_keys: Keys | np.ndarray) -> tuple[Partition, Comm]:
     """Stages 2 and 3 for each plan of the batch: :func:`_patterns`' kept results gathered to the plans."""
     pattern_of, part, comm = _patterns(ctx, plans, costs, layer_keys)
     return part.for_plans(pattern_of), comm.take(pattern_of)
@@ -120,17 +131,20 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
     context's stack; the CUDA context and NCCL buffers of each plan; the allocator reserve fraction."""
     from .memory import communicators, process_memory
 
-    terms, dtype = ctx.terms, plans.dtype
-    sb = terms.state_bytes(dtype)
-    # the quantized weight copies at the dtype's bytes, block scales included (DTYPE_BYTES: 1 for fp8,
-    # 1 + 1/32 for mxfp8, 0.5 + 1/16 for nvfp4): the copy and its transpose / column-wise copy
-    cache = 0.0 if not is_low_precision(dtype) else \
-        DTYPE_BYTES[dtype] * (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
-    proc = process_memory()
-    return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads, master_bytes=sb.master,
-                state_bytes=sb.moments, process=proc.cuda_context,
-                nccl=communicators(plans.tp, plans.dp, plans.pp, plans.cp, plans.ep) * proc.nccl_per_communicator,
-                reserve_fraction=terms.allocator_reserve_fraction)
+    def per_dtype() -> dict:  # what depends on the context and the dtype alone: once per context
+        terms, dtype = ctx.terms, plans.dtype
+        sb = terms.state_bytes(dtype)
+        # the quantized weight copies at the dtype's bytes, block scales included (DTYPE_BYTES: 1 for fp8,
+        # 1 + 1/32 for mxfp8, 0.5 + 1/16 for nvfp4): the copy and its transpose / column-wise copy
+        cache = 0.0 if not is_low_precision(dtype) else \
+            DTYPE_BYTES[dtype] * (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
+        return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads, master_bytes=sb.master,
+                    state_bytes=sb.moments, process=process_memory().cuda_context,
+                    reserve_fraction=terms.allocator_reserve_fraction)
+
+    fixed = ctx.constant(("memory_figures", plans.dtype), per_dtype)
+    nccl = communicators(plans.tp, plans.dp, plans.pp, plans.cp, plans.ep) * process_memory().nccl_per_communicator
+    return dict(fixed, nccl=nccl)
 
 
 SPLIT_FIELDS = ("pp_first", "pp_last", "pp_embedding", "pp_loss")
@@ -147,9 +161,9 @@ def expert_dp(plans: PlanBatch) -> np.ndarray:
 
 def run_stages(ctx: EstimationContext, plans: PlanBatch) -> EstimateBatch:
     """Every stage on a batch of valid plans for ``ctx``."""
-    costs_u, layer_keys = layer_costs(ctx, plans)
-    part, comm = plan_patterns(ctx, plans, costs_u, layer_keys)
-    costs = costs_u.for_plans(layer_keys.inverse)
+    kept, layer_index = kept_layer_costs(ctx, plans)
+    part, comm = plan_patterns(ctx, plans, kept, layer_index)
+    costs = kept.for_plans(layer_index)
     p = plans
     edp = expert_dp(p)
     sched = schedule(ctx, p, costs, comm, part, edp=edp)

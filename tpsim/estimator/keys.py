@@ -36,18 +36,19 @@ def distinct(*cols: np.ndarray) -> Keys:
         rows = np.stack(ints, axis=1)
         _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
         return Keys(rows=rows[first], first=first, inverse=inverse.reshape(-1))
-    key = np.zeros(n, dtype=np.int64)
-    for c, r in zip(ints, radix):
-        key = key * r + c
+    key = ints[0].copy()
+    for c, r in zip(ints[1:], radix[1:]):  # in place: no array per column
+        key *= r
+        key += c
     first, inverse = _group(key)
-    return Keys(rows=np.stack([c[first] for c in ints], axis=1), first=first, inverse=inverse)
+    return Keys(rows=np.stack([c.take(first) for c in ints], axis=1), first=first, inverse=inverse)
 
 
 def _group(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(one plan of each distinct key, ascending; the key index of every plan). ``first`` is *a* plan of the
     key, not necessarily the earliest: the stages only read the key's columns from it. A small key range is
-    grouped through a table (linear); a large one by one unstable sort (what ``np.unique`` does with
-    ``return_index``, less its stable merge sort)."""
+    grouped through a table (linear); a large one by one sort of the keys with each plan's index packed in
+    their low bits (an argsort where that would overflow)."""
     n = key.size
     span = int(key.max()) + 1
     if span <= 4 * n:
@@ -55,10 +56,19 @@ def _group(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         plan_of[key] = np.arange(n, dtype=np.int64)
         present = plan_of >= 0
         return plan_of[present], (np.cumsum(present) - 1)[key]
-    order = key.argsort()
+    bits = max(1, (n - 1).bit_length())
+    if span.bit_length() + bits <= 62:
+        # each key with its plan's index in the low bits: one plain sort (SIMD in NumPy 2, a third of an
+        # argsort's time) gives the order and the sorted keys at once
+        packed = np.sort((key << bits) | np.arange(n, dtype=np.int64))
+        order = packed & ((1 << bits) - 1)
+        ordered = packed >> bits
+    else:
+        order = key.argsort()
+        ordered = key.take(order)
     step = np.empty(n, dtype=bool)
     step[0] = True
-    np.not_equal(key[order[1:]], key[order[:-1]], out=step[1:])
+    np.not_equal(ordered[1:], ordered[:-1], out=step[1:])
     inverse = np.empty(n, dtype=np.int64)
     inverse[order] = np.cumsum(step) - 1
     return order[step], inverse

@@ -325,8 +325,9 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     full = np.where(zero >= 2, 0.0, 1.0) if grad_unsharded is None else grad_unsharded
     group = dp if cp is None else dp * cp
     shard = _state_bytes(zero, group, full, w_bytes + weight_cache_bytes, master_bytes + state_bytes, grad_bytes)
-    expert_shard = shard if edp is None else _state_bytes(zero, edp, full, w_bytes + weight_cache_bytes,
-                                                          master_bytes + state_bytes, grad_bytes)
+    # the routed experts' states (none held: the dense shard stands in, times zero parameters)
+    expert_shard = shard if edp is None or held_expert is None else _state_bytes(
+        zero, edp, full, w_bytes + weight_cache_bytes, master_bytes + state_bytes, grad_bytes)
     expert = 0.0 if held_expert is None else held_expert
     # the edges' embedding, output head and final norm keep no low-precision weight cast
     uncached = ranks.of_positions(_high_precision_on_positions(costs, pp, mirrored if any_mirror else None))

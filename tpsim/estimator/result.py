@@ -236,9 +236,15 @@ class EstimateBatch:
         if not self.exposed_axis:  # a result built without the split: all exposed communication in one term
             out["exposed_comm"] = float(self.exposed_comm_s[i])
             return out
+        shape = self.step_time_s.shape
         for axis in ("tp", "cp", "ep", "pp", "dp"):
             value = self.exposed_axis.get(axis)
-            out[f"{axis}_comm"] = 0.0 if value is None else float(np.broadcast_to(value, self.step_time_s.shape)[i])
+            if value is None:
+                out[f"{axis}_comm"] = 0.0
+            elif type(value) is np.ndarray and value.shape == shape:  # the common case: no broadcast view
+                out[f"{axis}_comm"] = float(value[i])
+            else:
+                out[f"{axis}_comm"] = float(np.broadcast_to(value, shape)[i])
         return out
 
     def pipeline_split(self, i: int) -> dict[str, list[int]]:

@@ -86,11 +86,18 @@ class Schedule:
                 "optimizer": optimizer, "other": other}
 
 
-def _pick(position: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """values[position[i], i] for (3, n) values."""
+def _flat(position: np.ndarray) -> np.ndarray:
+    """The flat indices of values[position[i], i] in (k, n) arrays (:func:`_pick`; computed once per position
+    array where it picks several)."""
+    n = position.size
+    return position * n + np.arange(n)
+
+
+def _pick(position: np.ndarray, values: np.ndarray, flat: np.ndarray | None = None) -> np.ndarray:
+    """values[position[i], i] for (3, n) values; ``flat``: :func:`_flat` of ``position`` if already known."""
     n = position.size
     if values.ndim == 2 and values.shape[1] == n:  # one flat gather: half the time of the 2-D fancy index
-        return np.take(values, position * n + np.arange(n))
+        return values.take(_flat(position) if flat is None else flat)
     return values[position, np.arange(n)]
 
 
@@ -190,7 +197,8 @@ def slowest(valid: np.ndarray | bool, compute: np.ndarray, recompute: np.ndarray
     exist (the transformer path follows three positions, the op-graph path every rank)."""
     totals = np.where(valid, compute + recompute + exposed + overhead, -1.0)  # -1: no such rank
     slow = np.argmax(totals, axis=0)
-    return slow, tuple(_pick(slow, v) for v in (compute, recompute, exposed, overhead))
+    flat = _flat(slow)
+    return slow, tuple(_pick(slow, v, flat) for v in (compute, recompute, exposed, overhead))
 
 
 def zero3_layer(ag: np.ndarray, rs: np.ndarray, f_window: np.ndarray, b_window: np.ndarray, fwd_g: np.ndarray,
@@ -255,6 +263,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     rank_o = L * ctx.host_overhead_s + ranks.layer_sum(fixed, fixed_kinds)
     slow_rank, (c_stage, r_stage, x_stage, o_stage) = slowest(ranks.valid, rank_c, rank_r, rank_x, rank_o)
     slow = ranks.position_of(slow_rank)  # the slowest rank's position (its edges)
+    slow_flat = _flat(slow)
     on_slow = ranks.rank_sum(slow_rank)
     layers = on_slow.layers
     t_stage = c_stage + r_stage + x_stage + o_stage
@@ -310,14 +319,15 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     # once per step, synchronous, after the gradient reductions (Megatron-Core finalize_model_grads)
     tp_sync = 0.0 if comm.tp_grad_sync is None else _pick(slow_rank, comm.tp_grad_sync)
     exposed = m * x_stage + pp_exposed + dp_exposed + tp_sync
-    exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed, on_slow, kinds)
+    exposed_axis = _exposed_by_axis(comm, layers, slow, m, full, penalty, pp_exposed, dp_exposed, on_slow, kinds,
+                                    slow_flat=slow_flat)
     if comm.tp_grad_sync is not None:
         exposed_axis["tp"] = exposed_axis.get("tp", 0.0) + tp_sync
     step = compute + recompute_s + bubble + optimizer + exposed + overhead
     comm_total = {axis: m * (on_slow(comm.layer_fwd.get(axis, 0.0) + comm.layer_bwd.get(axis, 0.0)
                                      + np.where(full, comm.layer_fwd.get(axis, 0.0), 0.0),
                                      kinds.total(axis) if kinds else None)
-                             + _pick(slow, comm.edge.get(axis, np.zeros((3, pp.size)))))
+                             + _pick(slow, comm.edge.get(axis, np.zeros((3, pp.size))), slow_flat))
                   for axis in sorted(set(comm.layer_fwd) | set(comm.layer_bwd) | set(comm.edge))}
     comm_total["pp"] = pp_total
     if comm.tp_grad_sync is not None:
@@ -327,7 +337,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     # fixed costs, the edges' forward compute, the gathers exposed before them
     fixed_fwd = on_slow(fixed * _forward_share(ctx.fixed, full),
                         None if fixed_kinds is None else fixed_kinds * _forward_share(ctx.fixed, kinds.full, True))
-    edge_f = _pick(slow, on_positions(costs.first.fwd, costs.last.fwd, single))
+    edge_f = _pick(slow, on_positions(costs.first.fwd, costs.last.fwd, single), slow_flat)
     forward = m * (on_slow(costs.fwd + f_exp, kinds.forward if kinds else None) + fixed_fwd
                    + edge_f) + dp_forward
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
@@ -378,7 +388,8 @@ def scale_dp_exposure(dpt: "DataParallel", scale: float) -> "DataParallel":
 
 def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.ndarray, full: np.ndarray,
                      penalty: float, pp_exposed: np.ndarray, dp_exposed: np.ndarray,
-                     on_rank: "RankSum | None" = None, kinds: "_KindTimes | None" = None) -> dict:
+                     on_rank: "RankSum | None" = None, kinds: "_KindTimes | None" = None,
+                     slow_flat: np.ndarray | None = None) -> dict:
     """The exposed communication per step split by plan axis (the ``terms`` of docs/SCHEMAS.md T6): each axis's
     exposed layer collectives (the forward ones again under full recomputation) and the overlap penalty of its
     hidden ones, times the slowest rank's layers, plus its edge collectives, per micro-batch; the pipeline's
@@ -394,7 +405,7 @@ def _exposed_by_axis(comm: Comm, layers: np.ndarray, slow: np.ndarray, m: np.nda
             value = on_rank(per_layer, kinds.axis_exposed(axis) if kinds else None)
         edge = comm.edge.get(axis)
         if edge is not None:
-            value = value + _pick(slow, edge)
+            value = value + _pick(slow, edge, slow_flat)
         name = _TERM_AXIS.get(axis.split("-")[0], "ep")
         out[name] = out.get(name, 0.0) + m * value
     out["pp"] = out.get("pp", 0.0) + pp_exposed

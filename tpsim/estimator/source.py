@@ -155,11 +155,13 @@ class LayerCosts:
     def for_plans(self, index: np.ndarray) -> "LayerCosts":
         """The rows ``index`` of what the per-plan stages (schedule, memory, totals) read; the parts only
         partition and communication use (collectives, boundary bytes, edge parameters) are None."""
+        def along(x: np.ndarray | float, shape: tuple[int, ...]) -> np.ndarray:
+            a = np.asarray(x, dtype=float)  # a number or an array over the key rows, at the rows ``index``
+            return gather(a if a.shape == shape else np.broadcast_to(a, shape), index, 0)
+
         def edge(e: Edge) -> Edge:
-            hp = gather(np.broadcast_to(np.asarray(e.high_precision_params, dtype=float), e.fwd.shape), index, 0)
-            hp = hp - gather(np.broadcast_to(np.asarray(e.shared_params, dtype=float), e.fwd.shape), index, 0)
-            params = None if e.params is None else gather(
-                np.broadcast_to(np.asarray(e.params, dtype=float), e.fwd.shape), index, 0)
+            hp = along(e.high_precision_params, e.fwd.shape) - along(e.shared_params, e.fwd.shape)
+            params = None if e.params is None else along(e.params, e.fwd.shape)
             return Edge(fwd=gather(e.fwd, index, 0), bwd=gather(e.bwd, index, 0), comm=(), params=params,
                         shared_params=None, buffer_bytes=gather(e.buffer_bytes, index, 0), high_precision_params=hp)
 
