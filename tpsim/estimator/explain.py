@@ -76,7 +76,9 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
         "tp_comm": f"exposed TP collectives (collective model on {ctx.cluster.name}); {name} "
                    f"{_figure(stack, 'comm', 'tp_backward_overlap')}; plan tp_overlap: "
                    f"tpsim.estimator.comm.tp_overlap_exposed over {_figure(stack, 'comm', 'tp_overlap_phases')}, "
-                   f"{_figure(stack, 'comm', 'tp_overlap_exposed_share')}",
+                   f"{_figure(stack, 'comm', 'tp_overlap_exposed_share')}"
+                   + (f", the SMs its communication kernels take from the GEMMs "
+                      f"{_figure(stack, 'comm', 'tp_overlap_comm_sms')}" if terms.tp_overlap_comm_sms else ""),
         "cp_comm": f"exposed context-parallel exchanges (collective model on {ctx.cluster.name}, ring steps hidden "
                    "behind attention)",
         "ep_comm": f"exposed expert-parallel all-to-alls (collective model on {ctx.cluster.name})",

@@ -132,6 +132,9 @@ class StackTerms:
     tp_overlap_exposed_share: Mapping[str, Mapping[str, float | None]] = dataclasses.field(default_factory=dict)
     """phase -> collective -> share of a pipelined TP collective left exposed (its chunk that nothing hides;
     None: 1 / tp) (``comm.tp_overlap_exposed_share``)."""
+    tp_overlap_comm_sms: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    """phase -> collective -> SMs the communication kernels of a pipelined TP collective occupy while it runs
+    beside the GEMMs (``comm.tp_overlap_comm_sms``; missing: none, a copy-engine transfer)."""
     zero3_per_parameter: bool
     """ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of each layer / block (FSDP)."""
     zero3_persistence_elements: float
@@ -393,6 +396,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         tp_backward_overlap=bool(_value(stack, "comm", "tp_backward_overlap", True)),
         tp_overlap_phases=_phases(stack, where),
         tp_overlap_exposed_share=_exposed_share(stack, where),
+        tp_overlap_comm_sms=_comm_sms(stack, where),
         pp_overlap_interleaved=bool(_value(stack, "comm", "pp_overlap_interleaved", False)),
         dp_sync_per_chunk=bool(_value(stack, "comm", "dp_sync_per_chunk", False)),
         dp_bucket_elements=_bucket_rule(_value(stack, "comm", "dp_bucket_elements"),
@@ -521,6 +525,24 @@ def _exposed_share(stack: StackProfile, where: str) -> dict[str, dict[str, float
     if not ok:
         raise InputError(f"{where}: comm.tp_overlap_exposed_share={value!r} must map fwd / bwd to "
                          "{all_gather|reduce_scatter|all_reduce: a share in [0, 1] or 1/tp}")
+    return out
+
+
+def _comm_sms(stack: StackProfile, where: str) -> dict[str, dict[str, float]]:
+    """``comm.tp_overlap_comm_sms``: {phase: {collective: SMs >= 0}}."""
+    value = _value(stack, "comm", "tp_overlap_comm_sms", {})
+    ops = ("all_gather", "reduce_scatter", "all_reduce")
+    ok = isinstance(value, Mapping) and set(value) <= set(TP_PHASES)
+    out: dict[str, dict[str, float]] = {}
+    for phase, row in (value.items() if ok else ()):
+        if not isinstance(row, Mapping) or not set(row) <= set(ops) or not all(
+                not isinstance(v, bool) and isinstance(v, (int, float)) and 0.0 <= v <= 1024 for v in row.values()):
+            ok = False
+            break
+        out[phase] = {op: float(v) for op, v in row.items()}
+    if not ok:
+        raise InputError(f"{where}: comm.tp_overlap_comm_sms={value!r} must map fwd / bwd to "
+                         "{all_gather|reduce_scatter|all_reduce: SMs, a number in [0, 1024]}")
     return out
 
 
