@@ -309,18 +309,25 @@ def _tp_grad_sync(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
     return np.stack([curves.time(("tp",), "all_reduce", b[rows.first]) for b in nbytes])[:, rows.inverse]
 
 
-def _sm_shares(ctx: EstimationContext) -> dict[str, dict[str, float]]:
+def _sm_shares(ctx: EstimationContext) -> dict:
     """phase -> collective -> share of the device's SMs the stack's pipelined TP collectives occupy
-    (``comm.tp_overlap_comm_sms`` over the device's ``compute_units``)."""
+    (``comm.tp_overlap_comm_sms`` over the device's ``compute_units``), and under ``"penalty"`` the generic
+    overlap penalty the schedule charges every hidden second (``overlap_compute_penalty``); empty without the
+    figure."""
+    from ..hardware import overlap_penalty
+
     sms = getattr(ctx.terms, "tp_overlap_comm_sms", {}) or {}
     units = float(getattr(ctx.cluster.device, "compute_units", 0) or 0)
     if not sms or units <= 0:
         return {}
-    return {phase: {op: min(n / units, 1.0) for op, n in row.items()} for phase, row in sms.items()}
+    out: dict = {phase: {op: min(n / units, 1.0) for op, n in row.items()} for phase, row in sms.items()}
+    out["penalty"] = float(overlap_penalty(ctx.cluster.device, ctx.roofline.eff.overlap_compute_penalty))
+    return out
 
 
 def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray,
-                       first: np.ndarray | None = None, sm_share: np.ndarray | float = 0.0) -> np.ndarray:
+                       first: np.ndarray | None = None, sm_share: np.ndarray | float | None = None,
+                       penalty: float = 0.0) -> np.ndarray:
     """Exposed seconds of a layer phase's TP collectives (``total``) when they are pipelined with the GEMMs
     (plan field ``tp_overlap``: Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers; torchtitan async
     TP with torch.compile's micro-pipelining): each all-gather / reduce-scatter is split into ``tp`` chunks
@@ -329,14 +336,22 @@ def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray,
     ``transformer_engine/pytorch/module/base.py`` ``initialize_ub`` ring-exchange / pipelined modes), so the
     first chunk is exposed and the rest hides behind the phase's computation ``compute`` as far as it lasts.
     ``first``: the exposed chunks as the stack's decomposition has them (``comm.tp_overlap_exposed_share``)
-    instead of one ``total / tp``. ``sm_share``: the share of the SMs the collectives' communication kernels
-    occupy while they run beside the GEMMs (Transformer Engine userbuffers' ``num_sm`` CTAs; 0 for copy-engine
-    transfers): the computation loses that share of its rate for as long as the hidden part of the transfers
-    lasts, and the lost work is exposed time too."""
+    instead of one ``total / tp``.
+
+    The hidden part costs compute: the schedule charges every hidden second ``penalty`` (efficiency.yaml
+    ``overlap_compute_penalty``: NCCL kernels on their channels' SMs, :func:`tpsim.estimator.schedule.
+    layer_exposed`). ``sm_share`` (a stack's ``comm.tp_overlap_comm_sms`` over the device's SMs, time-weighted
+    over the phase's collectives) replaces that generic figure by the SMs the stack's own overlap kernels hold
+    (Transformer Engine userbuffers: 16 for pipelined and bulk overlaps, 1 for copy-engine ring exchanges):
+    the exposed time carries ``(sm_share - penalty) / (1 - penalty)`` of the hidden part, so that after the
+    schedule's penalty on the rest the hidden part costs exactly ``sm_share`` of itself."""
     if first is None:
         first = total / np.maximum(np.asarray(tp, dtype=float), 1.0)
     rest = np.maximum(total - first, 0.0)
-    return first + np.maximum(rest - compute, 0.0) + sm_share * np.minimum(rest, compute)
+    out = first + np.maximum(rest - compute, 0.0)
+    if sm_share is None:
+        return out
+    return out + (sm_share - penalty) / (1.0 - penalty) * np.minimum(rest, compute)
 
 
 def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
@@ -416,9 +431,8 @@ def _collective_traffic(curves: AxisCurves, comm: tuple[Collective, ...], work_f
             tp_sum[c.phase] = tp_sum[c.phase] + t
             share = shares.get(c.phase, {}).get(c.op)
             tp_first[c.phase] = tp_first[c.phase] + t * (1.0 / tp_size if share is None else share)
-            sm = sm_shares.get(c.phase, {}).get(c.op, 0.0)
-            if sm:
-                tp_sm[c.phase] = tp_sm[c.phase] + t * sm
+            if c.phase in sm_shares:  # the stack's SM share; a collective it does not name: the penalty's
+                tp_sm[c.phase] = tp_sm[c.phase] + t * sm_shares[c.phase].get(c.op, sm_shares["penalty"])
             alone = np.where(by_phase[c.phase], 0.0, alone)
         exposed[c.phase] = exposed[c.phase] + alone
         axis_exp = by_axis.setdefault(axis, np.zeros((2, n)))
@@ -431,9 +445,11 @@ def _collective_traffic(curves: AxisCurves, comm: tuple[Collective, ...], work_f
     if any(v.any() for v in by_phase.values()):
         for i, (phase, work) in enumerate((("fwd", work_fwd), ("bwd", work_bwd))):
             total = tp_sum[phase]
-            sm_share = np.divide(tp_sm[phase], total, out=np.zeros(n), where=total > 0)  # time-weighted mean
-            part = np.where(by_phase[phase], tp_overlap_exposed(total, work, tp_size, tp_first[phase], sm_share),
-                            0.0)
+            sm_share = None
+            if phase in sm_shares:  # time-weighted over the phase's collectives
+                sm_share = np.divide(tp_sm[phase], total, out=np.full(n, sm_shares["penalty"]), where=total > 0)
+            part = np.where(by_phase[phase], tp_overlap_exposed(total, work, tp_size, tp_first[phase], sm_share,
+                                                                sm_shares.get("penalty", 0.0)), 0.0)
             exposed[phase] = exposed[phase] + part
             by_axis.setdefault("tp", np.zeros((2, n)))[i] += part
     return fwd, bwd, exposed["fwd"], exposed["bwd"], by_axis, named
