@@ -68,7 +68,9 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
         "optimizer": f"optimizer step over the rank's parameter shard: {name} "
                      f"{_figure(stack, 'compute', 'optimizer_bytes_per_param')} at the achieved HBM bandwidth"
                      + (f", plus {_figure(stack, 'compute', 'grad_buffer_passes_per_step')} (whole buffer, "
-                        "not the shard)" if terms.grad_buffer_passes else ""),
+                        "not the shard)" if terms.grad_buffer_passes else "")
+                     + (", plus the once-per-step quantized weight copies (tpsim.estimator.schedule."
+                        "weight_cast_seconds)" if terms.weight_cache_bytes(dtype) else ""),
         "overhead": f"host time not hidden by the kernels: {name} {_figure(stack, 'compute', 'host_us_per_op')}, "
                     "launch gaps of tpsim/data/kernels/fixed.yaml"
                     + (f", ZeRO-3 fetches {_figure(stack, 'comm', 'host_us_per_collective')}"

@@ -239,6 +239,17 @@ class StackTerms:
                            moment=self.optimizer_state_bytes / 2.0, wire_params=wire,
                            wire_grads=self.grad_reduce_bytes, fp8_weights_kept=self.fp8_weights_kept)
 
+    def weight_cache_bytes(self, dtype: str) -> float:
+        """Bytes per parameter of the quantized weight copies a low-precision step keeps between micro-batches
+        (0 for 16/32-bit GEMMs): :data:`FP8_CAST_BYTES` copies at the dtype's bytes, block scales included
+        (DTYPE_BYTES: 1 for fp8, 1 + 1/32 for mxfp8, 0.5 + 1/16 for nvfp4), one fewer where the weights
+        themselves are kept in fp8 (``memory.fp8_weights_kept``)."""
+        from ..hardware import DTYPE_BYTES, is_low_precision
+
+        if not is_low_precision(dtype):
+            return 0.0
+        return DTYPE_BYTES[dtype] * (FP8_CAST_BYTES / 2 if self.fp8_weights_kept else FP8_CAST_BYTES)
+
     def dp_bucket(self, dp: np.ndarray) -> np.ndarray | None:
         """Parameters per gradient bucket for DP groups of ``dp`` ranks (None: the stack names no buckets)."""
         if self.dp_bucket_elements is None:
@@ -494,6 +505,12 @@ def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: 
 
 
 TP_PHASES = ("fwd", "bwd")
+FP8_CAST_BYTES = 2.0
+"""quantized copies per parameter (times the dtype's bytes): Transformer Engine keeps the fp8 cast of each weight
+and its transpose (Hopper's fp8 GEMMs need both layouts) between micro-batches of a step
+(transformer_engine/pytorch/module/linear.py, the ``is_first_microbatch`` weight caching that
+megatron/core/extensions/transformer_engine.py TELinear.forward drives); with fp8 weights kept
+(--fp8-param-gather) only the transpose."""
 
 
 def _phases(stack: StackProfile, where: str) -> tuple[str, ...]:
