@@ -647,3 +647,76 @@ def _llama8b_ring_cp4_layer():
     lc = layer_cost(model, compute, tp=one, sp=np.array([False]), micro_batch=one, recompute=np.array([0]),
                     dtype="bf16", attention="flash", cp=cp, cp_kind=np.array([0]), kv_repeat=True, cp_grad_bytes=4.0)
     return model, one, cp, lc, dict(tp=one, cp=cp, micro_batch=one, act_bytes=2.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(total=st.floats(0, 10), work=st.floats(0, 10), tp=st.integers(1, 64), share=st.floats(0, 0.5),
+       penalty=st.floats(0, 0.5))
+def test_comm_kernels_sms_replace_the_generic_overlap_penalty(total, work, tp, share, penalty):
+    """comm.tp_overlap_comm_sms: the hidden part of the pipelined transfers costs its kernels' SM share of
+    itself instead of the generic overlap penalty the schedule charges every hidden second (layer_exposed)."""
+    from tpsim.estimator.schedule import layer_exposed
+
+    args = (np.array([total]), np.array([work]), np.array([tp]))
+    plain = float(tp_overlap_exposed(*args)[0])
+    hidden = min(total * (1 - 1 / tp), work)
+    x = tp_overlap_exposed(*args, sm_share=share, penalty=penalty)
+    after = float(layer_exposed(np.array([total]), np.zeros(1), x, np.zeros(1), np.zeros(1, bool), penalty)[0])
+    assert after == pytest.approx(plain + share * hidden, abs=1e-9)
+    # the generic penalty alone (no stack figure): the same as before
+    before = float(layer_exposed(np.array([total]), np.zeros(1), tp_overlap_exposed(*args), np.zeros(1),
+                                 np.zeros(1, bool), penalty)[0])
+    assert before == pytest.approx(plain + penalty * (total - plain), abs=1e-9)
+    assert float(tp_overlap_exposed(*args, sm_share=penalty, penalty=penalty)[0]) == pytest.approx(plain)
+
+
+def _without_comm_sms(tmp_path):
+    text = _stack_text("megatron")
+    start = text.index("  tp_overlap_comm_sms:")
+    end = text.index("  pp_overlap_interleaved:")
+    path = tmp_path / "no_sms.yaml"
+    path.write_text(text[:start] + text[end:])
+    return path
+
+
+def test_userbuffers_sms_slow_only_overlapped_plans(gpt, tmp_path):
+    """megatron's Transformer Engine userbuffers defaults (16 SMs for pipelined and bulk overlaps, 1 for
+    copy-engine ring exchanges) instead of the generic overlap penalty (0.15 s per hidden second, ~20 of 132
+    SMs): with tp_overlap the exposed TP time falls, by less than the penalty's share of the traffic; compute
+    and the rest are unchanged; without tp_overlap nothing changes."""
+    from tpsim.estimator.comm import _sm_shares
+    from tpsim.estimator.context import context_for
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    sms = stack_terms(load_stack("megatron")).tp_overlap_comm_sms
+    assert sms == {"fwd": {"all_gather": 1.0, "reduce_scatter": 16.0},
+                   "bwd": {"all_gather": 8.5, "reduce_scatter": 16.0}}
+    assert stack_terms(load_stack("nemo")).tp_overlap_comm_sms == {}  # per-model ub configs: not a stack figure
+    model, _ = gpt
+    cluster = load_cluster("dgx-h100", gpus=8)
+    ctx = context_for(model, cluster, stack="megatron")
+    assert _sm_shares(ctx)["fwd"]["reduce_scatter"] == pytest.approx(16 / 132)
+    plain = _without_comm_sms(tmp_path)
+    plan = make_plan(model, 8, tp=8, pp=1, sp=True, zero=0, global_batch=8, tp_overlap=True)
+    te = estimate(model, cluster, plan, stack="megatron").to_dict()["terms"]
+    no = estimate(model, cluster, plan, stack=str(plain)).to_dict()["terms"]
+    saved = no["tp_comm"]["seconds"] - te["tp_comm"]["seconds"]
+    assert saved > 0
+    serial = estimate(model, cluster, dataclasses.replace(plan, tp_overlap=False), stack="megatron")
+    assert saved < 0.15 * serial.breakdown["tp_comm"]  # at most the generic penalty of the whole traffic
+    for k in ("compute", "recompute", "optimizer", "dp_comm"):
+        assert te[k]["seconds"] == pytest.approx(no[k]["seconds"])
+    assert serial.step_time_s == pytest.approx(
+        estimate(model, cluster, dataclasses.replace(plan, tp_overlap=False), stack=str(plain)).step_time_s)
+
+
+def test_comm_sms_must_be_counts_per_phase_and_collective(tmp_path):
+    from tpsim.errors import InputError
+    from tpsim.estimator.stackterms import stack_terms
+    from tpsim.stacks import load_stack
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(_stack_text("megatron").replace("reduce_scatter: 16}, bwd", "reduce_scatter: -16}, bwd"))
+    with pytest.raises(InputError, match="tp_overlap_comm_sms"):
+        stack_terms(load_stack(str(bad)))

@@ -12,7 +12,7 @@ Per micro-batch each linear quantizes its input (forward) and its output gradien
 recipe keeps only the 16-bit input for backward (torchao Float8Linear) quantizes the input again there for the
 weight-gradient GEMM (the optional third figure, ``backward_input``); :func:`cast_traffic` is the one formula
 the dense linears and the grouped expert GEMMs call. The weights' casts are kept between micro-batches and are
-not costed per token.
+not costed per token: once per step (tpsim.estimator.schedule.weight_cast_seconds).
 """
 
 from __future__ import annotations

@@ -224,7 +224,8 @@ def communication(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
                               layer_costs.take(layer_index[pairs.first]), ctx.terms.tp_backward_overlap,
                               overlapped[pairs.first], None if tp is None else np.asarray(tp)[pairs.first],
                               getattr(ctx.terms, "tp_overlap_phases", ("fwd", "bwd")),
-                              getattr(ctx.terms, "tp_overlap_exposed_share", {}), sends=not own_cuts)
+                              getattr(ctx.terms, "tp_overlap_exposed_share", {}), sends=not own_cuts,
+                              sm_shares=_sm_shares(ctx))
     fwd, bwd, f_exp, b_exp, edges, p2p, names, by_axis, by_kind = take_rows(per_pair, pairs.inverse)
     if own_cuts:
         sent = np.where(part.cuts, layer_costs.boundary_by_kind[:, layer_index], 0.0).max(axis=0)
@@ -308,8 +309,25 @@ def _tp_grad_sync(ctx: EstimationContext, layouts: Layouts, layout_index: np.nda
     return np.stack([curves.time(("tp",), "all_reduce", b[rows.first]) for b in nbytes])[:, rows.inverse]
 
 
+def _sm_shares(ctx: EstimationContext) -> dict:
+    """phase -> collective -> share of the device's SMs the stack's pipelined TP collectives occupy
+    (``comm.tp_overlap_comm_sms`` over the device's ``compute_units``), and under ``"penalty"`` the generic
+    overlap penalty the schedule charges every hidden second (``overlap_compute_penalty``); empty without the
+    figure."""
+    from ..hardware import overlap_penalty
+
+    sms = getattr(ctx.terms, "tp_overlap_comm_sms", {}) or {}
+    units = float(getattr(ctx.cluster.device, "compute_units", 0) or 0)
+    if not sms or units <= 0:
+        return {}
+    out: dict = {phase: {op: min(n / units, 1.0) for op, n in row.items()} for phase, row in sms.items()}
+    out["penalty"] = float(overlap_penalty(ctx.cluster.device, ctx.roofline.eff.overlap_compute_penalty))
+    return out
+
+
 def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray,
-                       first: np.ndarray | None = None) -> np.ndarray:
+                       first: np.ndarray | None = None, sm_share: np.ndarray | float | None = None,
+                       penalty: float = 0.0) -> np.ndarray:
     """Exposed seconds of a layer phase's TP collectives (``total``) when they are pipelined with the GEMMs
     (plan field ``tp_overlap``: Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers; torchtitan async
     TP with torch.compile's micro-pipelining): each all-gather / reduce-scatter is split into ``tp`` chunks
@@ -318,15 +336,28 @@ def tp_overlap_exposed(total: np.ndarray, compute: np.ndarray, tp: np.ndarray,
     ``transformer_engine/pytorch/module/base.py`` ``initialize_ub`` ring-exchange / pipelined modes), so the
     first chunk is exposed and the rest hides behind the phase's computation ``compute`` as far as it lasts.
     ``first``: the exposed chunks as the stack's decomposition has them (``comm.tp_overlap_exposed_share``)
-    instead of one ``total / tp``."""
+    instead of one ``total / tp``.
+
+    The hidden part costs compute: the schedule charges every hidden second ``penalty`` (efficiency.yaml
+    ``overlap_compute_penalty``: NCCL kernels on their channels' SMs, :func:`tpsim.estimator.schedule.
+    layer_exposed`). ``sm_share`` (a stack's ``comm.tp_overlap_comm_sms`` over the device's SMs, time-weighted
+    over the phase's collectives) replaces that generic figure by the SMs the stack's own overlap kernels hold
+    (Transformer Engine userbuffers: 16 for pipelined and bulk overlaps, 1 for copy-engine ring exchanges):
+    the exposed time carries ``(sm_share - penalty) / (1 - penalty)`` of the hidden part, so that after the
+    schedule's penalty on the rest the hidden part costs exactly ``sm_share`` of itself."""
     if first is None:
         first = total / np.maximum(np.asarray(tp, dtype=float), 1.0)
-    return first + np.maximum(total - first - compute, 0.0)
+    rest = np.maximum(total - first, 0.0)
+    out = first + np.maximum(rest - compute, 0.0)
+    if sm_share is None:
+        return out
+    return out + (sm_share - penalty) / (1.0 - penalty) * np.minimum(rest, compute)
 
 
 def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
                    tp_overlap: np.ndarray | None = None, tp: np.ndarray | None = None,
-                   phases: tuple[str, ...] = ("fwd", "bwd"), shares: Any = None, sends: bool = True):
+                   phases: tuple[str, ...] = ("fwd", "bwd"), shares: Any = None, sends: bool = True,
+                   sm_shares: Any = None):
     """Per (layout, layer key): layer totals per axis (fwd, bwd), exposed (fwd, bwd), edge totals per axis
     (first, last), pipeline transfer (None without ``sends``: the caller times the plan's own boundaries), the
     TP / PP names, the exposed parts per axis and, for a source with ``comm_by_kind``, the same per layer kind
@@ -335,12 +366,14 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
     where their ``hide`` says); ``tp_overlap`` (per pair): the TP collectives of the stack's ``phases``
     (``comm.tp_overlap_phases``) pipelined with the GEMMs over ``tp`` chunks; the other phase's stay as
     without it. ``shares``: phase -> op -> the share of each pipelined collective left exposed (its first or
-    last chunk; None or missing: 1 / tp)."""
+    last chunk; None or missing: 1 / tp); ``sm_shares``: phase -> op -> share of the SMs a pipelined collective's
+    communication kernels occupy (:func:`tp_overlap_exposed`)."""
     n = costs.fwd.size
     pipelined = np.zeros(n, dtype=bool) if tp_overlap is None else np.asarray(tp_overlap, dtype=bool)
     by_phase = {p: (pipelined if p in phases else np.zeros(n, dtype=bool)) for p in ("fwd", "bwd")}
     tp_size = np.ones(n) if tp is None else np.maximum(np.asarray(tp, dtype=float), 1.0)
-    rule = dict(overlap=overlap, by_phase=by_phase, tp_size=tp_size, shares=shares or {})
+    rule = dict(overlap=overlap, by_phase=by_phase, tp_size=tp_size, shares=shares or {},
+                sm_shares=sm_shares or {})
     fwd, bwd, f_exp, b_exp, by_axis, named = _collective_traffic(curves, costs.comm, costs.fwd, costs.bwd, **rule)
     by_kind = None
     if costs.comm_by_kind is not None:
@@ -371,13 +404,15 @@ def _layer_traffic(curves: AxisCurves, costs: LayerCosts, overlap: bool = True,
 
 def _collective_traffic(curves: AxisCurves, comm: tuple[Collective, ...], work_fwd: np.ndarray,
                         work_bwd: np.ndarray, *, overlap: bool, by_phase: dict, tp_size: np.ndarray,
-                        shares: dict):
+                        shares: dict, sm_shares: dict | None = None):
     """(totals per axis fwd, bwd; exposed fwd, bwd; exposed per axis (2, n); axis -> (preference, name code))
     of one layer's collectives ``comm`` behind its forward / backward compute ``work_*`` (the rules of
     :func:`_layer_traffic`)."""
     n = tp_size.size
     tp_sum = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
     tp_first = {"fwd": np.zeros(n), "bwd": np.zeros(n)}
+    tp_sm = {"fwd": np.zeros(n), "bwd": np.zeros(n)}  # sum of each collective's time x its SM share
+    sm_shares = sm_shares or {}
     by_axis: dict[str, np.ndarray] = {}
     fwd: dict[str, np.ndarray] = {}
     bwd: dict[str, np.ndarray] = {}
@@ -396,6 +431,8 @@ def _collective_traffic(curves: AxisCurves, comm: tuple[Collective, ...], work_f
             tp_sum[c.phase] = tp_sum[c.phase] + t
             share = shares.get(c.phase, {}).get(c.op)
             tp_first[c.phase] = tp_first[c.phase] + t * (1.0 / tp_size if share is None else share)
+            if c.phase in sm_shares:  # the stack's SM share; a collective it does not name: the penalty's
+                tp_sm[c.phase] = tp_sm[c.phase] + t * sm_shares[c.phase].get(c.op, sm_shares["penalty"])
             alone = np.where(by_phase[c.phase], 0.0, alone)
         exposed[c.phase] = exposed[c.phase] + alone
         axis_exp = by_axis.setdefault(axis, np.zeros((2, n)))
@@ -407,8 +444,12 @@ def _collective_traffic(curves: AxisCurves, comm: tuple[Collective, ...], work_f
         named[axis] = (np.where(better, rank, best), np.where(better, code, name))
     if any(v.any() for v in by_phase.values()):
         for i, (phase, work) in enumerate((("fwd", work_fwd), ("bwd", work_bwd))):
-            part = np.where(by_phase[phase], tp_overlap_exposed(tp_sum[phase], work, tp_size, tp_first[phase]),
-                            0.0)
+            total = tp_sum[phase]
+            sm_share = None
+            if phase in sm_shares:  # time-weighted over the phase's collectives
+                sm_share = np.divide(tp_sm[phase], total, out=np.full(n, sm_shares["penalty"]), where=total > 0)
+            part = np.where(by_phase[phase], tp_overlap_exposed(total, work, tp_size, tp_first[phase], sm_share,
+                                                                sm_shares.get("penalty", 0.0)), 0.0)
             exposed[phase] = exposed[phase] + part
             by_axis.setdefault("tp", np.zeros((2, n)))[i] += part
     return fwd, bwd, exposed["fwd"], exposed["bwd"], by_axis, named

@@ -23,7 +23,6 @@ import numpy as np
 from .. import pipeline
 from ..compute.base import ComputeModel
 from ..errors import InputError
-from ..hardware import DTYPE_BYTES, is_low_precision
 from ..model import ModelSpec
 from ..plan import Plan, PlanBatch, validate_plan
 from ..units import GiB
@@ -120,12 +119,6 @@ def _z3_collectives(ctx: EstimationContext, plans: PlanBatch) -> np.ndarray | fl
     return np.array([per_tp[int(t)] for t in plans.tp])
 
 
-FP8_CAST_BYTES = 2.0
-"""quantized copies per parameter (times the dtype's bytes): Transformer Engine keeps the fp8 cast of each weight and its transpose (Hopper's fp8 GEMMs
-need both layouts) between micro-batches of a step (transformer_engine/pytorch/module/linear.py, the
-``is_first_microbatch`` weight caching); with fp8 weights kept (--fp8-param-gather) only the transpose."""
-
-
 def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
     """Bytes per parameter of weights, their fp8 casts, gradients, master copy and optimizer moments under the
     context's stack; the CUDA context and NCCL buffers of each plan; the allocator reserve fraction."""
@@ -134,10 +127,7 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
     def per_dtype() -> dict:  # what depends on the context and the dtype alone: once per context
         terms, dtype = ctx.terms, plans.dtype
         sb = terms.state_bytes(dtype)
-        # the quantized weight copies at the dtype's bytes, block scales included (DTYPE_BYTES: 1 for fp8,
-        # 1 + 1/32 for mxfp8, 0.5 + 1/16 for nvfp4): the copy and its transpose / column-wise copy
-        cache = 0.0 if not is_low_precision(dtype) else \
-            DTYPE_BYTES[dtype] * (FP8_CAST_BYTES / 2 if terms.fp8_weights_kept else FP8_CAST_BYTES)
+        cache = terms.weight_cache_bytes(dtype)  # the quantized weight copies kept between micro-batches
         return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads, master_bytes=sb.master,
                     state_bytes=sb.moments, process=process_memory().cuda_context,
                     reserve_fraction=terms.allocator_reserve_fraction)

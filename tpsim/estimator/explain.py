@@ -68,7 +68,9 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
         "optimizer": f"optimizer step over the rank's parameter shard: {name} "
                      f"{_figure(stack, 'compute', 'optimizer_bytes_per_param')} at the achieved HBM bandwidth"
                      + (f", plus {_figure(stack, 'compute', 'grad_buffer_passes_per_step')} (whole buffer, "
-                        "not the shard)" if terms.grad_buffer_passes else ""),
+                        "not the shard)" if terms.grad_buffer_passes else "")
+                     + (", plus the once-per-step quantized weight copies (tpsim.estimator.schedule."
+                        "weight_cast_seconds)" if terms.weight_cache_bytes(dtype) else ""),
         "overhead": f"host time not hidden by the kernels: {name} {_figure(stack, 'compute', 'host_us_per_op')}, "
                     "launch gaps of tpsim/data/kernels/fixed.yaml"
                     + (f", ZeRO-3 fetches {_figure(stack, 'comm', 'host_us_per_collective')}"
@@ -76,7 +78,9 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
         "tp_comm": f"exposed TP collectives (collective model on {ctx.cluster.name}); {name} "
                    f"{_figure(stack, 'comm', 'tp_backward_overlap')}; plan tp_overlap: "
                    f"tpsim.estimator.comm.tp_overlap_exposed over {_figure(stack, 'comm', 'tp_overlap_phases')}, "
-                   f"{_figure(stack, 'comm', 'tp_overlap_exposed_share')}",
+                   f"{_figure(stack, 'comm', 'tp_overlap_exposed_share')}"
+                   + (f", the SMs its communication kernels take from the GEMMs "
+                      f"{_figure(stack, 'comm', 'tp_overlap_comm_sms')}" if terms.tp_overlap_comm_sms else ""),
         "cp_comm": f"exposed context-parallel exchanges (collective model on {ctx.cluster.name}, ring steps hidden "
                    "behind attention)",
         "ep_comm": f"exposed expert-parallel all-to-alls (collective model on {ctx.cluster.name})",

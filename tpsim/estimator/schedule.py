@@ -142,6 +142,19 @@ def grad_buffer_seconds(ctx: EstimationContext, params: np.ndarray, dtype: str) 
     return params * passes * ctx.terms.state_bytes(dtype).grads / ctx.fixed.hbm
 
 
+def weight_cast_seconds(ctx: EstimationContext, params: np.ndarray, dtype: str) -> np.ndarray:
+    """Once per step with low-precision GEMMs: the rank's weights quantized into the copies kept for the step's
+    micro-batches (:meth:`StackTerms.weight_cache_bytes`: the fp8 copy and its transpose), reading each weight
+    (its 16-bit copy, or the fp8 one where the stack keeps fp8 weights) at the achieved streaming bandwidth.
+    Transformer Engine casts on the first micro-batch only (``is_first_microbatch``, megatron/core/extensions/
+    transformer_engine.py TELinear.forward); a recipe that casts every call (torchao) pays at least this."""
+    cache = ctx.terms.weight_cache_bytes(dtype)
+    if not cache:
+        return np.zeros(np.shape(params))
+    read = DTYPE_BYTES[dtype] if ctx.terms.fp8_weights_kept else ctx.terms.state_bytes(dtype).weights
+    return params * (read + cache) / ctx.fixed.hbm
+
+
 def grad_accumulation_seconds(ctx: EstimationContext, params: np.ndarray, sharded: np.ndarray,
                               dp: np.ndarray, dtype: str) -> np.ndarray:
     """Per micro-batch: adding the layer weight gradients (16-bit GEMM output) into the gradient buffer where
@@ -311,6 +324,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     optimizer = optimizer_seconds(ctx, params, layers, dtype)
     # the gradient buffer's own passes: the full buffer where it holds the unreduced gradient (zero <= 1)
     optimizer = optimizer + grad_buffer_seconds(ctx, np.where(zero >= 2, params, part.largest), dtype)
+    optimizer = optimizer + weight_cast_seconds(ctx, part.largest, dtype)  # each rank casts its whole weights
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
     lo, hi = ctx.terms.host_range
     overhead_low, overhead_high = (

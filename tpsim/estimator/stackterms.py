@@ -132,6 +132,9 @@ class StackTerms:
     tp_overlap_exposed_share: Mapping[str, Mapping[str, float | None]] = dataclasses.field(default_factory=dict)
     """phase -> collective -> share of a pipelined TP collective left exposed (its chunk that nothing hides;
     None: 1 / tp) (``comm.tp_overlap_exposed_share``)."""
+    tp_overlap_comm_sms: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    """phase -> collective -> SMs the communication kernels of a pipelined TP collective occupy while it runs
+    beside the GEMMs (``comm.tp_overlap_comm_sms``; missing: none, a copy-engine transfer)."""
     zero3_per_parameter: bool
     """ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of each layer / block (FSDP)."""
     zero3_persistence_elements: float
@@ -235,6 +238,17 @@ class StackTerms:
         return state_bytes(dtype, grad_buffer=self.grad_buffer_bytes, master=self.main_params_bytes,
                            moment=self.optimizer_state_bytes / 2.0, wire_params=wire,
                            wire_grads=self.grad_reduce_bytes, fp8_weights_kept=self.fp8_weights_kept)
+
+    def weight_cache_bytes(self, dtype: str) -> float:
+        """Bytes per parameter of the quantized weight copies a low-precision step keeps between micro-batches
+        (0 for 16/32-bit GEMMs): :data:`FP8_CAST_BYTES` copies at the dtype's bytes, block scales included
+        (DTYPE_BYTES: 1 for fp8, 1 + 1/32 for mxfp8, 0.5 + 1/16 for nvfp4), one fewer where the weights
+        themselves are kept in fp8 (``memory.fp8_weights_kept``)."""
+        from ..hardware import DTYPE_BYTES, is_low_precision
+
+        if not is_low_precision(dtype):
+            return 0.0
+        return DTYPE_BYTES[dtype] * (FP8_CAST_BYTES / 2 if self.fp8_weights_kept else FP8_CAST_BYTES)
 
     def dp_bucket(self, dp: np.ndarray) -> np.ndarray | None:
         """Parameters per gradient bucket for DP groups of ``dp`` ranks (None: the stack names no buckets)."""
@@ -393,6 +407,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         tp_backward_overlap=bool(_value(stack, "comm", "tp_backward_overlap", True)),
         tp_overlap_phases=_phases(stack, where),
         tp_overlap_exposed_share=_exposed_share(stack, where),
+        tp_overlap_comm_sms=_comm_sms(stack, where),
         pp_overlap_interleaved=bool(_value(stack, "comm", "pp_overlap_interleaved", False)),
         dp_sync_per_chunk=bool(_value(stack, "comm", "dp_sync_per_chunk", False)),
         dp_bucket_elements=_bucket_rule(_value(stack, "comm", "dp_bucket_elements"),
@@ -490,6 +505,12 @@ def _choice(stack: StackProfile, section: str, key: str, default: str, allowed: 
 
 
 TP_PHASES = ("fwd", "bwd")
+FP8_CAST_BYTES = 2.0
+"""quantized copies per parameter (times the dtype's bytes): Transformer Engine keeps the fp8 cast of each weight
+and its transpose (Hopper's fp8 GEMMs need both layouts) between micro-batches of a step
+(transformer_engine/pytorch/module/linear.py, the ``is_first_microbatch`` weight caching that
+megatron/core/extensions/transformer_engine.py TELinear.forward drives); with fp8 weights kept
+(--fp8-param-gather) only the transpose."""
 
 
 def _phases(stack: StackProfile, where: str) -> tuple[str, ...]:
@@ -521,6 +542,24 @@ def _exposed_share(stack: StackProfile, where: str) -> dict[str, dict[str, float
     if not ok:
         raise InputError(f"{where}: comm.tp_overlap_exposed_share={value!r} must map fwd / bwd to "
                          "{all_gather|reduce_scatter|all_reduce: a share in [0, 1] or 1/tp}")
+    return out
+
+
+def _comm_sms(stack: StackProfile, where: str) -> dict[str, dict[str, float]]:
+    """``comm.tp_overlap_comm_sms``: {phase: {collective: SMs >= 0}}."""
+    value = _value(stack, "comm", "tp_overlap_comm_sms", {})
+    ops = ("all_gather", "reduce_scatter", "all_reduce")
+    ok = isinstance(value, Mapping) and set(value) <= set(TP_PHASES)
+    out: dict[str, dict[str, float]] = {}
+    for phase, row in (value.items() if ok else ()):
+        if not isinstance(row, Mapping) or not set(row) <= set(ops) or not all(
+                not isinstance(v, bool) and isinstance(v, (int, float)) and 0.0 <= v <= 1024 for v in row.values()):
+            ok = False
+            break
+        out[phase] = {op: float(v) for op, v in row.items()}
+    if not ok:
+        raise InputError(f"{where}: comm.tp_overlap_comm_sms={value!r} must map fwd / bwd to "
+                         "{all_gather|reduce_scatter|all_reduce: SMs, a number in [0, 1024]}")
     return out
 
 
