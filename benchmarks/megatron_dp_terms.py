@@ -105,6 +105,30 @@ def strong_table(rows) -> None:
         print(f"   {r.run_id[9:]:26s} dp{r.plan.dp:<3d} m {m:4d}  measured {r.measured_s:8.3f} s  "
               f"per slot {r.measured_s / slots:.4f} s")
     print("   (same per-slot work in all three; exposed DP can only lengthen the larger-dp rows' slots)")
+    # step = (m + (pp - 1) / v) t: per-micro-batch time t and bubble chunks v that fit the three rows best
+    import numpy as np
+
+    pts = [(r.plan.global_batch // (r.plan.micro_batch * r.plan.dp), r.plan.pp, r.measured_s) for r in rows
+           if "177B" in r.run_id]
+    def fit(v):
+        a = np.array([m + (pp - 1) / v for m, pp, _ in pts])
+        y = np.array([s for _, _, s in pts])
+        t = float((a / y).sum() / ((a / y) @ (a / y)))  # least squares on the relative error
+        return v, t, float(np.sqrt(np.mean((a * t / y - 1.0) ** 2)))
+
+    v, t, rel = min((fit(v) for v in np.arange(1.0, 8.01, 0.25)), key=lambda f: f[2])
+    _, t1, rel1 = fit(1.0)
+    print(f"   best fit of step = (m + (pp - 1) / v) t over the three: v = {v:.2f}, t = {t:.4f} s per micro-batch "
+          f"(rms {100 * rel:.1f}%); v = 1 (no interleaving, as the rows assume): t = {t1:.4f} s, rms "
+          f"{100 * rel1:.1f}%")
+    from tpsim.estimator import estimate
+
+    r96 = next(r for r in rows if r.run_id.endswith("177B_96gpu"))
+    e = estimate(r96.model, r96.cluster, r96.plan, stack=r96.stack)
+    rest = sum(float(e.terms[k]) for k in ("bubble", "dp_comm", "optimizer"))
+    per_mb = (e.step_time_s - rest) / e.plan.num_microbatches
+    print(f"   tpsim's per-micro-batch time of that plan (96-GPU row: step less bubble, DP and optimizer, / m): "
+          f"{per_mb:.4f} s")
     print()
 
 
