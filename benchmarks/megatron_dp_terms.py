@@ -18,7 +18,8 @@ Prints, from tpsim's own terms (nothing here is fitted and nothing is changed):
    interleaving) all three rows run the same per-micro-batch work, so the measured step divided by the
    1F1B slots (m + pp - 1) must be the same or grow with the exposed DP time (larger dp, fewer micro-batches).
 4. Sensitivity to plan fields the README leaves open (NOT adopted: the development set's plan is not re-chosen
-   here): micro-batch size of the pp 1 rows, interleaving of the pp > 1 rows.
+   here): micro-batch size of the pp 1 rows, interleaving of the pp > 1 rows; and the gradient reduce dtype
+   (Megatron-LM r0.8 validate_args forces fp32 for bf16 runs: a what-if only).
 5. With ``--refit V``: the Hopper in-situ GEMM fraction refitted (benchmarks/accuracy_runs.py fit_architecture,
    its 32 rows) with the Megatron pp > 1 rows interleaved at vpp V where V divides their layers per stage, and
    every family's mean |error| under it (a what-if for the conversion's open "no interleaving" choice: the
@@ -146,13 +147,18 @@ def sensitivity(rows) -> None:
 
     for mode, label in (("shipped", "as shipped"), ("mb 2", "mb 2 (pp 1 rows)"), ("mb 4", "mb 4 (pp 1 rows)"),
                         ("vpp 2", "vpp 2 (pp > 1, layers/pp even)"),
-                        ("vpp 4", "vpp 4 (pp > 1, layers/pp % 4 = 0)")):
+                        ("vpp 4", "vpp 4 (pp > 1, layers/pp % 4 = 0)"),
+                        ("bf16", "grad reduce bf16 (r0.8 forces fp32)")):
         parts = []
+        stack = None
+        if mode == "bf16":
+            from accuracy_runs import _stack_with
+            stack = _stack_with("megatron", "grad_reduce_dtype", "bf16")
         for r in rows:
-            e = estimate(r.model, r.cluster, change(r.plan, r, mode), stack=r.stack)
+            e = estimate(r.model, r.cluster, change(r.plan, r, mode), stack=stack or r.stack)
             parts.append(f"{r.run_id[9:].replace('weak_', '').replace('strong_177B_', 's')} "
                          f"{error_pct(r.measured_s, e.step_time_s):+.1f}")
-        print(f"   {label:34s} " + "  ".join(parts))
+        print(f"   {label:36s} " + "  ".join(parts))
 
 
 def refit(v: int) -> None:
