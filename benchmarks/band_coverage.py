@@ -12,6 +12,9 @@ Prints, on the development set and SC21 Table 1 (tpsim/data/runs/):
 * ``--spread``: each device and stack's uncalibrated residuals, their mean (the bias a calibration can remove)
   against their standard deviation (the scatter it cannot; runfit.model_sigma pools it): a bias below the
   standard error of a 3-run mean (sd / sqrt 3: the printed ratio under 1) is not identified by 3 runs alone;
+* ``--worse`` (with ``--families``): every choice of runs whose calibration leaves the family's other runs
+  worse than uncalibrated: the fitted runs with their uncalibrated errors, the factor set kept, its blend and
+  values, the other runs' median |error| before and after;
 * ``--split``: the development set split in halves (alternate runs of each device and stack), fitted on one
   half and predicting the other, both ways.
 
@@ -37,6 +40,8 @@ from tpsim.runs import shipped_runs, stack_name  # noqa: E402
 FAMILIES = (("Megatron-Core H100", "meg_h100"), ("NeMo H100", "nemo2407"), ("MPT H100", "mpt_h100"),
             ("MPT A100-40GB", "mpt_a100"), ("torchtitan H100", "tt_paper|tt_repo|tt_asynctp"),
             ("torchtitan A100", "tt_a100"), ("DeepSpeed SC21 Table 2", "sc21_t2"), ("SC21 Table 1", "sc21_t1"))
+WORSE = False
+"""``--worse``: list every choice that ends worse than uncalibrated (families)."""
 GUARD = True
 """``--plain``: the fit without its guard (no factor-set choice, no blend with the priors), for comparison."""
 
@@ -137,10 +142,16 @@ def families(runs, limit: int = 20, seed: int = 0, only: str = "") -> None:
             for chosen in choices:
                 on = [fam[i] for i in chosen]
                 rest = [r for i, r in enumerate(fam) if i not in chosen]
-                b, a, ins, h, _ = _calibrated_figures(on, rest)
+                b, a, ins, h, fit = _calibrated_figures(on, rest)
                 before_all.append(np.median(b))
                 after_all.append(np.median(a))
                 worse += int(np.median(a) > np.median(b) + 1e-9)
+                if WORSE and np.median(a) > np.median(b) + 1e-9:
+                    print(f"  worse: {label}, {k} runs "
+                          + ", ".join(f"{x.run_id} ({100 * (x.uncalibrated_s / x.measured_s - 1):+.1f}%)"
+                                      for x in fit.runs)
+                          + f": blend {fit.blend:g}, " + ", ".join(f"{f.name} {f.value:.3f}" for f in fit.factors)
+                          + f"; others' median |error| {100 * np.median(b):.1f}% -> {100 * np.median(a):.1f}%")
                 for j in (0, 1):
                     inside_all[j].extend(ins[j])
                     half_all[j].extend(h[j])
@@ -198,6 +209,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", action="store_true", help="calibration from 1 and 3 runs of each family")
     ap.add_argument("--split", action="store_true", help="split-half fit and prediction")
+    ap.add_argument("--worse", action="store_true", help="--families: list the choices that end worse than "
+                    "uncalibrated (fitted runs, factor set, blend)")
     ap.add_argument("--spread", action="store_true", help="each device and stack's residual bias and scatter")
     ap.add_argument("--choices", type=int, default=20, help="at most this many choices of runs per family")
     ap.add_argument("--plain", action="store_true", help="the fit without its guard (for comparison)")
@@ -207,8 +220,9 @@ def main() -> int:
                     "comma-separated words (e.g. 'megatron,compile')")
     args = ap.parse_args()
     started = time.perf_counter()
-    global GUARD
+    global GUARD, WORSE
     GUARD = not args.plain
+    WORSE = args.worse
     runs = shipped_runs()
     if not args.no_loo:
         uncalibrated(runs)

@@ -59,7 +59,8 @@ def test_synthetic_truth_is_recovered_within_the_stated_uncertainty(h100_torchti
     assert max(abs(r.calibrated_s / r.measured_s - 1) for r in fit.runs) < 0.025
     assert np.median([abs(r.loo_error) for r in fit.runs]) < 0.03
     loo = lambda f: np.mean([abs(r.loo_error) for r in f.runs])  # noqa: E731
-    assert loo(fit) <= loo(plain) + 1e-12 and fit.blend == 1.0
+    # taken (nearly) whole: these synthetic runs agree with the fit, so runfit.transfer_weight keeps > 99%
+    assert loo(fit) <= loo(plain) + 1e-12 and fit.blend > 0.99
     if n >= 10:
         assert [f.name for f in fit.factors] in (list(factors_for(n, levels)), list(factors_for(n)))
     for f in fit.factors:  # compute_scale (3 runs) lies within the truth's kernel factors
@@ -135,10 +136,10 @@ def test_guard_never_worse_than_uncalibrated_leave_one_out(h100_torchtitan):
             assert 0.0 <= fit.blend <= 1.0
             if fit.blend < 1.0:
                 assert any(w.startswith("guard:") for w in fit.warnings)
-    # a runs-identified common bias is taken whole
+    # a runs-identified common bias is taken (nearly) whole (runfit.transfer_weight: 99.5% measured)
     runs = [dataclasses.replace(r, measured=predict(r).step_time_s * 1.2) for r in base]
     fit = fit_runs(runs)
-    assert fit.blend == 1.0 and max(abs(r.loo_error) for r in fit.runs) < 0.03
+    assert fit.blend > 0.99 and max(abs(r.loo_error) for r in fit.runs) < 0.03
 
 
 def test_guard_falls_back_where_three_agreeing_runs_would_hurt_the_others(h100_torchtitan):
@@ -599,3 +600,23 @@ def test_group_variogram_levels_off_at_its_sill():
              for i, a in enumerate(res) for b in res[i + 1:]]
     far_pairs = np.mean([g for d, g in pairs if d >= np.median([d for d, _ in pairs])])
     assert far == pytest.approx(far_pairs, rel=0.05)  # never above what the far pairs show
+
+
+def test_transfer_weight_caps_the_blend_where_a_groups_residuals_are_each_runs_own():
+    """Three H100 Megatron-Core runs all over-predicted (+29%, +7%, +21%: the rows the model misses most) look
+    like a bias; the group's shipped residuals are mostly each run's own (variogram nugget 0.011 of 0.015), so
+    the fit is taken only the transfer weight of the way (runfit.transfer_weight), less than the leave-one-out
+    blend alone (1.0); runs of a group the shipped runs lack are not capped."""
+    from tpsim.runfit import transfer_weight
+
+    by_id = {r.run_id: r for r in load_runs(DEVELOPMENT_CSV)}
+    runs = [by_id[i] for i in ("meg_h100_weak_32B", "meg_h100_weak_314B", "meg_h100_strong_177B_4608gpu")]
+    fit = fit_runs(runs)
+    assert 0.0 < fit.blend < 0.9  # 0.75 measured
+    assert any("at most" in w and "carrying over" in w for w in fit.warnings)
+    loo = np.array([0.1, -0.05, 0.08])
+    # the weight grows with the runs' agreement and their common residual, and is 1 for an unknown group
+    assert transfer_weight("H100-SXM", "megatron", loo, 0.2) > transfer_weight("H100-SXM", "megatron", loo, 0.05)
+    assert transfer_weight("H100-SXM", "megatron", loo / 10, 0.2) > transfer_weight("H100-SXM", "megatron", loo, 0.2)
+    assert transfer_weight("H100-SXM", "megatron", loo, 0.0) < 0.5
+    assert transfer_weight("no-such-device", "megatron", loo, 0.0) == 1.0

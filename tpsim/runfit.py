@@ -28,7 +28,8 @@ its posterior standard deviation. Leave-one-out: the fit without run i predicts 
 each set's prior, against a per-run scatter whose prior is the shipped runs', :func:`model_sigma`) is kept, so a
 few runs that happen to agree on a bias smaller than the scatter the shipped families show are not taken as one;
 the chosen factors are then blended with their priors by the weight that minimizes the mean leave-one-out
-|error|; weight 0 is the uncalibrated model, so on the user's runs the calibration is never worse than
+|error|, at most the share of the runs' common residual that carries over to the group's other plans where the
+shipped runs have the device and stack (:func:`transfer_weight`); weight 0 is the uncalibrated model, so on the user's runs the calibration is never worse than
 uncalibrated out of sample (:func:`fit_runs`). Both are decided from the given runs only.
 
 **Residuals for bands.** :func:`shipped_residuals` predicts every run of ``tpsim/data/runs/`` (development set and
@@ -530,7 +531,8 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     ``compute_scale`` with the TP / DP overlap factors and one ``compute_scale``) and no factor at all compete by
     their :func:`log_evidence` on the runs (what the runs identify; no factor: the uncalibrated model, factors
     at their priors, ``w = 0``); the chosen factors are then blended with their priors, ``prior + w (fitted - prior)``, ``w`` in :data:`BLEND_GRID` minimizing the mean
-    leave-one-out |error|; ``w = 0`` is the uncalibrated model, so on the user's runs the calibration's
+    leave-one-out |error|, at most :func:`transfer_weight` (what the shipped runs of the device and stack say
+    carries over from ``n`` runs to other plans); ``w = 0`` is the uncalibrated model, so on the user's runs the calibration's
     leave-one-out error is never worse than uncalibrated (with one run nothing is left out: ``w = 1``).
     ``guard=False``: the full set, unblended (the plain Bayesian fit). ``links=False``: no link-level factors
     (a benchmark's comparison)."""
@@ -584,11 +586,16 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     else:
         order = candidates
     best = None
+    caps = []
     for cand in order:
         p0 = np.array([table[n].prior for n in cand.names])
+        cap = transfer_weight(device, stack, cand.loo_errors(1.0, p0, uncal, y),
+                              float(np.mean(np.log(y / uncal)))) if guard else 1.0
+        caps.append(cap)
         for w in (BLEND_GRID[::-1] if guard and len(runs) >= 2 else (1.0,)):
             if w == 0.0 and cand is not order[0]:
                 continue
+            w = min(w, cap)
             score = float(np.mean(np.abs(cand.loo_errors(w, p0, uncal, y))))
             # ties: the fuller fit (more factors, then the larger weight)
             if best is None or score < best[0] - 1e-12:
@@ -596,6 +603,7 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     if best is None:  # the evidence prefers no factor: the uncalibrated model
         best = (0.0, candidates[0], 0.0)
     _, chosen, w = best
+    cap = next((c for o, c in zip(order, caps) if o is chosen), 1.0)
     names = chosen.names
     p0 = np.array([table[n].prior for n in names])
     prior_sigma = np.array([table[n].sigma for n in names])
@@ -622,8 +630,11 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
                         f"{'is' if len(names) == 1 else 'are'} fitted")
     if w < 1.0 and (evidence is None or order):
         uncal_loo = float(np.median(np.abs((uncal - y) / y)))
-        warnings.append(f"guard: the fitted factors are taken {100 * w:.0f}% of the way from their priors (the "
-                        f"leave-one-out error is smallest there; uncalibrated median |error| {100 * uncal_loo:.1f}%)"
+        warnings.append(f"guard: the fitted factors are taken {100 * w:.0f}% of the way from their priors ("
+                        + (f"at most {100 * cap:.0f}%: the share of a run's residual its device and stack's shipped "
+                           f"runs show carrying over to their other plans; " if w >= cap - 1e-12 and cap < 1.0 else
+                           "the leave-one-out error is smallest there; ")
+                        + f"uncalibrated median |error| {100 * uncal_loo:.1f}%)"
                         + ("; the calibration is the uncalibrated model" if w == 0.0 else ""))
     for i, r in enumerate(runs):
         err = (linear[i] - y[i]) / y[i]
@@ -637,6 +648,33 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     return RunsFit(device=device, stack=stack, factors=factors, runs=results, sigma=sigma,
                    warnings=tuple(warnings), seconds=time.perf_counter() - started, runs_file=runs_file,
                    blend=w, links={lv: v for lv, v in links.items() if LINK_FACTORS[lv] in names})
+
+
+def transfer_weight(device: str, stack: str, loo: np.ndarray, common: float) -> float:
+    """How much of the runs' common residual carries over to another plan of their device and stack: the
+    weight of the best linear predictor of a plan's residual from the mean of ``n`` runs, ``n rho / (1 + (n - 1)
+    rho)``, ``rho`` the share of a run's residual variance that runs share. Variance components (posterior
+    means, the shipped runs' values worth ``residual_bands.calibrated_prior_dof`` runs): each run's own,
+    the nugget of the group's variogram (:func:`shipped_variogram`) pooled with the fit's leave-one-out errors
+    ``loo``; the shared, the group's mean squared residual less its nugget pooled with the runs' ``common``
+    (their mean log residual) squared less its noise. Runs that agree with the fit (small leave-one-out errors,
+    a large common residual) are taken nearly whole; three runs of a group whose residuals are mostly each
+    run's own (H100 Megatron-Core: nugget 0.011 of 0.015) are taken part of the way. 1 where the shipped runs
+    have no variogram of the group (a family they lack)."""
+    own = shipped_variogram().groups.get((device, stack))
+    n = len(loo)
+    e = np.array([r.error for r in shipped_residuals() if (r.device, r.stack) == (device, stack)])
+    if own is None or n < 1 or not len(e):
+        return 1.0
+    nu = float(band_data().residual["calibrated_prior_dof"])
+    nugget = float(own[0])
+    own2 = (nu * nugget + float(np.sum(np.square(loo)))) / (nu + n)
+    shared = max(float(np.mean(e ** 2)) - nugget, 0.0)
+    shared2 = (nu * shared + n * max(common ** 2 - own2 / n, 0.0)) / (nu + n)
+    if shared2 + own2 <= 0:
+        return 1.0
+    rho = shared2 / (shared2 + own2)
+    return float(n * rho / (1.0 + (n - 1) * rho))
 
 
 def log_evidence(a: np.ndarray, b: np.ndarray, prior_sigma: np.ndarray, sigma: float | None = None,
