@@ -346,12 +346,14 @@ class FixedCosts:
             object.__setattr__(self, "kernels_rerun", self.kernels_fwd)
 
     def layer(self, device_s: np.ndarray, forward_again: np.ndarray, host_s_per_op: float | None = None,
-              by_kind: bool = False) -> np.ndarray:
+              by_kind: bool = False, kernels: np.ndarray | None = None) -> np.ndarray:
         """Seconds one layer adds per micro-batch beyond its kernels' execution ``device_s``: the GPU gap of
         every kernel (the forward's again where ``forward_again``: full recomputation) plus the host time the
         GPU waits for (issue time beyond the device time, :func:`tpsim.compute.fixed.exposed_host_time`).
-        ``by_kind``: one layer of each kind, its own kernels (``device_s`` and ``forward_again`` (kinds, n))."""
-        kernels = self.kernels(forward_again, by_kind)
+        ``by_kind``: one layer of each kind, its own kernels (``device_s`` and ``forward_again`` (kinds, n));
+        ``kernels``: :meth:`kernels` of the same arguments where already known."""
+        if kernels is None:
+            kernels = self.kernels(forward_again, by_kind)
         gaps = kernels * self.gap_s
         host = kernels * (self.host_s_per_op if host_s_per_op is None else host_s_per_op)
         return gaps + np.maximum(host - (device_s + gaps), 0.0)

@@ -272,7 +272,10 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     rank_c = ranks.layer_sum(costs.fwd + costs.bwd, getattr(costs, "compute_by_kind", None)) + L * accum + edge_c
     rank_r = ranks.layer_sum(costs.recompute, getattr(costs, "recompute_by_kind", None))
     rank_x = ranks.layer_sum(x_layer, kinds.exposed if kinds else None) + edge_x
-    fixed, fixed_kinds = _fixed_per_layer(ctx, costs, zero, full, host_s_per_op, dp, kinds)
+    lo, hi = ctx.terms.host_range
+    # the main figure and the host-time band's ends share the kernel counts and device times
+    (fixed, fixed_kinds), band_lo, band_hi = _fixed_per_layer(ctx, costs, zero, full,
+                                                               (host_s_per_op, lo, hi), dp, kinds)
     rank_o = L * ctx.host_overhead_s + ranks.layer_sum(fixed, fixed_kinds)
     slow_rank, (c_stage, r_stage, x_stage, o_stage) = slowest(ranks.valid, rank_c, rank_r, rank_x, rank_o)
     slow = ranks.position_of(slow_rank)  # the slowest rank's position (its edges)
@@ -326,10 +329,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     optimizer = optimizer + grad_buffer_seconds(ctx, np.where(zero >= 2, params, part.largest), dtype)
     optimizer = optimizer + weight_cast_seconds(ctx, part.largest, dtype)  # each rank casts its whole weights
     compute, recompute_s, overhead = m * c_stage, m * r_stage, m * o_stage
-    lo, hi = ctx.terms.host_range
-    overhead_low, overhead_high = (
-        m * (layers * ctx.host_overhead_s + on_slow(*_fixed_per_layer(ctx, costs, zero, full, h, dp, kinds)))
-        for h in (lo, hi))
+    overhead_low, overhead_high = (m * (layers * ctx.host_overhead_s + on_slow(*band)) for band in (band_lo, band_hi))
     # once per step, synchronous, after the gradient reductions (Megatron-Core finalize_model_grads)
     tp_sync = 0.0 if comm.tp_grad_sync is None else _pick(slow_rank, comm.tp_grad_sync)
     exposed = m * x_stage + pp_exposed + dp_exposed + tp_sync
@@ -501,20 +501,32 @@ def _sum(arrays, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _fixed_per_layer(ctx: EstimationContext, costs: LayerCosts, zero: np.ndarray, full: np.ndarray,
-                     host_s_per_op: float | None, dp: np.ndarray, kinds: "_KindTimes | None"
-                     ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Fixed seconds per micro-batch of the mean layer (its kernels' gaps and exposed host time,
-    :meth:`FixedCosts.layer`, and ZeRO-3's hooks), and where the layers differ (traced units: ``kinds`` and the
-    source's kernels per kind) the same for one layer of each kind, (kinds, n), each with its own kernels and
-    device time (the rank sums them over its own layers: :meth:`Ranks.layer_sum`, :class:`RankSum`)."""
-    hooks = _zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp)
-    mean = ctx.fixed.layer(costs.fwd + costs.bwd + costs.recompute, full, host_s_per_op) + hooks
-    if kinds is None or ctx.fixed.kernels_by_kind is None or costs.compute_by_kind is None:
-        return mean, None
-    device = costs.compute_by_kind + costs.recompute_by_kind
-    own = (_zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp, kinds)  # each kind its own tensors' hooks
-           if ctx.terms.zero3_fetches(ctx.model, ctx.source, 1, by_kind=True) is not None else hooks)
-    return mean, ctx.fixed.layer(device, kinds.full, host_s_per_op, by_kind=True) + own
+                     hosts: tuple, dp: np.ndarray, kinds: "_KindTimes | None"
+                     ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """For each host time per op of ``hosts`` (None: the stack's): fixed seconds per micro-batch of the mean
+    layer (its kernels' gaps and exposed host time, :meth:`FixedCosts.layer`, and ZeRO-3's hooks), and where
+    the layers differ (traced units: ``kinds`` and the source's kernels per kind) the same for one layer of
+    each kind, (kinds, n), each with its own kernels and device time (the rank sums them over its own layers:
+    :meth:`Ranks.layer_sum`, :class:`RankSum`). The kernel counts and device times are computed once."""
+    f = ctx.fixed
+    device_s = costs.fwd + costs.bwd + costs.recompute
+    kernels = f.kernels(full)
+    by_kind = not (kinds is None or f.kernels_by_kind is None or costs.compute_by_kind is None)
+    if by_kind:
+        device = costs.compute_by_kind + costs.recompute_by_kind
+        k_kernels = f.kernels(kinds.full, True)
+        own_hooks = ctx.terms.zero3_fetches(ctx.model, ctx.source, 1, by_kind=True) is not None
+    out = []
+    for host_s_per_op in hosts:
+        hooks = _zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp)
+        mean = f.layer(device_s, full, host_s_per_op, kernels=kernels) + hooks
+        if not by_kind:
+            out.append((mean, None))
+            continue
+        own = (_zero3_hooks(ctx, costs, zero, full, host_s_per_op, dp, kinds)  # each kind its own tensors' hooks
+               if own_hooks else hooks)
+        out.append((mean, f.layer(device, kinds.full, host_s_per_op, by_kind=True, kernels=k_kernels) + own))
+    return out
 
 
 def _forward_share(fixed, forward_again: np.ndarray, by_kind: bool = False) -> np.ndarray:
