@@ -25,7 +25,11 @@ error, memory share) Pearson +0.29 / Spearman +0.38 over the 32 rows (megatron +
 memory 0.510 (GEMM-only 0.860 at memory 0.626); in sample mean |error| 5.81% -> 5.48%, rms 7.74% -> 7.65%;
 leave-one-out mean 5.99% -> 5.87%, rms 7.97% -> 8.19%, worst 21.5% -> 25.0% (meg_h100_strong_177B_96gpu);
 family means megatron 8.2 -> 7.7, nemo 5.0 -> 4.7, llm-foundry 3.9 -> 3.9; the unfitted H100-SXM-96GB
-torchtitan (eager) family 3.6% -> 7.1%. The LOO rms got worse: no Hopper memory fraction was adopted.
+torchtitan (eager) family 3.6% -> 7.1%. The LOO rms got worse: no Hopper memory fraction was adopted. The
+error follows the "rest" share (time neither fraction scales: exposed TP/DP/PP communication, bubbles, host)
+more closely: Pearson -0.60 over the 32 rows (megatron -0.71, nemo -0.48; gemm share +0.46): there rows with
+much exposed non-kernel time come out too slow and kernel-bound (small) rows too fast, the GEMM fraction
+splitting the difference. llm-foundry goes the other way (+0.81): its 512-GPU rows come out too fast.
 """
 
 from __future__ import annotations
@@ -167,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:12s} n={len(sub):2d}  memory share {100 * m.min():4.1f}-{100 * m.max():4.1f}%  "
               f"corr(error, memory share): Pearson {pearson:+.2f}, Spearman {spearman:+.2f}; "
               f"slope {slope:+.2f} error points per memory-share point")
+        for label, col in (("gemm", 3), ("rest", 4)):
+            v = np.array([x[col] for x in sub])
+            print(f"{'':12s}       corr(error, {label} share): Pearson {float(np.corrcoef(v, e)[0, 1]):+.2f}, "
+                  f"Spearman {float(np.corrcoef(_rank(v), _rank(e))[0, 1]):+.2f}")
     if args.joint:
         joint(rows, [r for r in every if r.cluster.device.architecture == "hopper" and r not in rows])
     return 0
