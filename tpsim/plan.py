@@ -10,6 +10,7 @@ checks a whole :class:`PlanBatch` at once; all three read the one rule table :da
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from itertools import combinations, permutations
 from typing import Any, Callable, Mapping
@@ -662,5 +663,6 @@ _AXIS_DEFAULTS = {"cp": 1, "cp_kind": 0, "ep": 1, "etp": 0, "schedule": 0, "tp_o
 _BOOL_COLUMNS = ("tp_overlap", "pp_embedding", "pp_loss")
 
 
+@functools.lru_cache(maxsize=256)
 def _order_index(order: str) -> int:
     return ORDERS.index(canonical_order(order))

@@ -304,7 +304,7 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     in flight are those of both, half each)."""
     schedule = pipeline.codes_of(schedule, pp.size)
     mirrored = pipeline.mirrored(schedule)
-    any_mirror = bool(np.any(mirrored))
+    any_mirror = bool(mirrored.any())
 
     ranks = part.ranks(for_memory=True)  # the three positions, or every rank where they do not bound the peak
     held, held_expert = part.rank_params(ranks)
