@@ -208,3 +208,16 @@ def test_distinct_rows_whose_packed_key_would_overflow():
         rows = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
         assert keys.rows.tolist() == np.unique(rows, axis=0).tolist()
         assert (keys.rows[keys.inverse] == rows).all() and (rows[keys.first] == keys.rows).all()
+
+
+def test_argmax_rows_is_numpys_argmax_with_ties_and_nans():
+    """The first row of each column's maximum, as np.argmax(axis=0), ties (the first) and NaN included."""
+    from tpsim.estimator.keys import argmax_rows
+
+    rng = np.random.default_rng(3)
+    for rows in (1, 2, 3, 4, 5):
+        a = rng.integers(0, 3, size=(rows, 600)).astype(float)  # many ties
+        a[:, :5] = -1.0
+        assert argmax_rows(a).tolist() == np.argmax(a, axis=0).tolist()
+        a[rows // 2, 7] = np.nan
+        assert argmax_rows(a).tolist() == np.argmax(a, axis=0).tolist()

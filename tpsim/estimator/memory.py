@@ -24,6 +24,7 @@ import numpy as np
 from .. import pipeline
 from ..comm_plan import local_shapes
 from ..model import LayerKind, ModelSpec
+from .keys import argmax_rows
 from .partition import on_positions
 
 
@@ -337,7 +338,7 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
         uncached_bytes = 0.0
     per_rank_states = (held - expert) * shard["total"] + expert * expert_shard["total"] - uncached_bytes
     allocated = np.where(ranks.valid, per_rank_states + activations + other, -1.0)
-    peak_position = np.argmax(allocated, axis=0)
+    peak_position = argmax_rows(allocated)
     columns = np.arange(peak_position.size)
     flat = peak_position * peak_position.size + columns
 
