@@ -212,7 +212,11 @@ class Ranks:
 
     def rank_sum(self, rank: np.ndarray) -> "RankSum":
         """The sums over the layers of rank ``rank[i]`` of plan i."""
-        layers = self.layers[rank, np.arange(rank.size)]
+        n = rank.size
+        if self.layers.ndim == 2 and self.layers.shape[1] == n:  # one flat gather (half a 2-D fancy index)
+            layers = self.layers.take(rank * n + np.arange(n))
+        else:
+            layers = self.layers[rank, np.arange(n)]
         counts = None if self.kind_counts is None else self.kind_counts[:, rank, np.arange(rank.size)]
         return RankSum(layers=layers, counts=counts)
 
