@@ -160,6 +160,26 @@ def test_pattern_store_keeps_rows_across_batches_and_restarts_when_they_differ(m
     assert built[4:] == [[2, 4], [2, 9, 4]] and len(store.keys) == 3
 
 
+def test_pattern_store_lookup_matches_a_dict_of_the_kept_rows():
+    """The packed lookup of kept rows (packed once, again when rows are added or a batch's values exceed the
+    packing's radix) finds exactly the rows a dict of the kept key rows gives, -1 for the others."""
+    from tpsim.estimator import caches
+
+    rng = np.random.default_rng(5)
+    store = caches.PatternStore()
+    kept = rng.integers(0, 6, size=(40, 3))
+    kept[:, 1] = 0  # a column of zeros
+    store.keys = np.unique(kept, axis=0)  # kept rows are distinct
+    at = {tuple(r): i for i, r in enumerate(store.keys.tolist())}
+    for top in (6, 6, 9):  # the second batch reuses the packing, the third exceeds its radix
+        asked = rng.integers(0, top, size=(30, 3))
+        asked[:, 1] = rng.integers(0, 2, size=30)
+        expected = [at.get(tuple(r), -1) for r in asked.tolist()]
+        assert store._find(asked).tolist() == expected
+    assert store.packed is not None and store.packed[0].tolist() == [9, 2, 9]
+    assert (np.array(expected) >= 0).any() and (np.array(expected) < 0).any()
+
+
 def test_chunks_in_any_order_give_the_rows_of_the_whole_batch(problem):
     """The kept communication patterns of earlier chunks give the same rows as the whole batch."""
     model, cluster, plans = problem
@@ -188,3 +208,16 @@ def test_distinct_rows_whose_packed_key_would_overflow():
         rows = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
         assert keys.rows.tolist() == np.unique(rows, axis=0).tolist()
         assert (keys.rows[keys.inverse] == rows).all() and (rows[keys.first] == keys.rows).all()
+
+
+def test_argmax_rows_is_numpys_argmax_with_ties_and_nans():
+    """The first row of each column's maximum, as np.argmax(axis=0), ties (the first) and NaN included."""
+    from tpsim.estimator.keys import argmax_rows
+
+    rng = np.random.default_rng(3)
+    for rows in (1, 2, 3, 4, 5):
+        a = rng.integers(0, 3, size=(rows, 600)).astype(float)  # many ties
+        a[:, :5] = -1.0
+        assert argmax_rows(a).tolist() == np.argmax(a, axis=0).tolist()
+        a[rows // 2, 7] = np.nan
+        assert argmax_rows(a).tolist() == np.argmax(a, axis=0).tolist()

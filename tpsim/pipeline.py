@@ -189,7 +189,6 @@ def in_flight(schedule: np.ndarray, position_rank: np.ndarray, pp: np.ndarray, v
     1) / vpp chunks' worth interleaved (Megatron's warm-up count; Korthikanti et al. 2022 section 4.2.3 for
     r = 0; torch's interleaved schedules use the same warm-up); GPipe every micro-batch; ZB-V pp on every rank;
     DualPipe 1F1B's count plus one, DualPipeV pp + 1/2 (PP + 1 chunk activations of half a stage each)."""
-    interleaved = (2 * (pp - position_rank - 1) + (vpp - 1) * pp + 1) / vpp
     plain = pp - position_rank
 
     def one(s: PipelineSchedule) -> np.ndarray:
@@ -198,12 +197,14 @@ def in_flight(schedule: np.ndarray, position_rank: np.ndarray, pp: np.ndarray, v
         elif s.name in ("zbv", "dualpipev"):
             base = np.broadcast_to(pp, np.shape(plain)).astype(float)
         elif s.chunks == 0:
+            interleaved = (2 * (plain - 1) + (vpp - 1) * pp + 1) / vpp
             base = np.where(vpp > 1, interleaved, plain)
         else:
             base = plain
-        return base + np.where(pp > 1, s.extra_in_flight, 0.0)
+        # no extra micro-batch: nothing to add (the counts stay exact integers either way)
+        return base + np.where(pp > 1, s.extra_in_flight, 0.0) if s.extra_in_flight else base
 
-    return np.minimum(_by_schedule(schedule, one), m).astype(float)
+    return np.minimum(_by_schedule(schedule, one), m).astype(float, copy=False)
 
 
 def describe(name: str) -> str:

@@ -10,6 +10,7 @@ checks a whole :class:`PlanBatch` at once; all three read the one rule table :da
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from itertools import combinations, permutations
 from typing import Any, Callable, Mapping
@@ -608,21 +609,21 @@ class PlanBatch:
         attentions = {p.attention for p in plans}
         if len(dtypes) > 1 or len(attentions) > 1:
             raise InputError("a plan batch shares one dtype and one attention kind")
-        ints = lambda values: np.array(values, dtype=np.int64)  # noqa: E731
-        bools = lambda values: np.array(values, dtype=bool)  # noqa: E731
-        return cls(tp=ints([p.tp for p in plans]), pp=ints([p.pp for p in plans]), vpp=ints([p.vpp for p in plans]),
-                   dp=ints([p.dp for p in plans]), sp=bools([p.sp for p in plans]),
-                   recompute=ints([RECOMPUTE.index(p.recompute) for p in plans]), zero=ints([p.zero for p in plans]),
-                   micro_batch=ints([p.micro_batch for p in plans]),
-                   global_batch=ints([p.global_batch for p in plans]), overlap=bools([p.overlap for p in plans]),
-                   order=ints([_order_index(p.order) for p in plans]), dtype=plans[0].dtype,
-                   attention=plans[0].attention, cp=ints([p.cp for p in plans]),
-                   cp_kind=ints([CP_KINDS.index(p.cp_kind) for p in plans]), ep=ints([p.ep for p in plans]),
-                   etp=ints([p.etp for p in plans]),
-                   schedule=ints([SCHEDULES.index(p.schedule) for p in plans]),
-                   tp_overlap=bools([p.tp_overlap for p in plans]), pp_first=ints([p.pp_first for p in plans]),
-                   pp_last=ints([p.pp_last for p in plans]), pp_embedding=bools([p.pp_embedding for p in plans]),
-                   pp_loss=bools([p.pp_loss for p in plans]))
+        # one array per column kind, rows = columns (each column a contiguous row): two conversions for the batch
+        # instead of one per column (a one-plan estimate builds this every call)
+        ints = np.array([(p.tp, p.pp, p.vpp, p.dp, RECOMPUTE.index(p.recompute), p.zero, p.micro_batch,
+                          p.global_batch, _order_index(p.order), p.cp, CP_KINDS.index(p.cp_kind), p.ep, p.etp,
+                          SCHEDULES.index(p.schedule), p.pp_first, p.pp_last) for p in plans], dtype=np.int64).T.copy()
+        bools = np.array([(p.sp, p.overlap, p.tp_overlap, p.pp_embedding, p.pp_loss) for p in plans],
+                         dtype=bool).T.copy()
+        (tp, pp, vpp, dp, recompute, zero, micro_batch, global_batch, order, cp, cp_kind, ep, etp, schedule,
+         pp_first, pp_last) = ints
+        sp, overlap, tp_overlap, pp_embedding, pp_loss = bools
+        return cls(tp=tp, pp=pp, vpp=vpp, dp=dp, sp=sp, recompute=recompute, zero=zero, micro_batch=micro_batch,
+                   global_batch=global_batch, overlap=overlap, order=order, dtype=plans[0].dtype,
+                   attention=plans[0].attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, schedule=schedule,
+                   tp_overlap=tp_overlap, pp_first=pp_first, pp_last=pp_last, pp_embedding=pp_embedding,
+                   pp_loss=pp_loss)
 
     def plan(self, i: int) -> Plan:
         """The i-th plan as a :class:`Plan`."""
@@ -662,5 +663,6 @@ _AXIS_DEFAULTS = {"cp": 1, "cp_kind": 0, "ep": 1, "etp": 0, "schedule": 0, "tp_o
 _BOOL_COLUMNS = ("tp_overlap", "pp_embedding", "pp_loss")
 
 
+@functools.lru_cache(maxsize=256)
 def _order_index(order: str) -> int:
     return ORDERS.index(canonical_order(order))

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .keys import concat_rows, distinct, field_names, sorted_values
+from .keys import concat_rows, field_names, sorted_values
 
 RECENT_BATCHES = 32
 """batches whose key rows a :class:`PatternStore` remembers whole."""
@@ -174,6 +174,9 @@ class PatternStore:
     nbytes: int = 0
     recent: dict = field(default_factory=dict)
     """the key rows' bytes of the last few batches -> their rows (a repeated plan or chunk: one lookup)."""
+    packed: Any = None
+    """(radix per column, the kept rows packed into int64 keys and sorted, their rows in ``keys``): the kept
+    rows grouped once (reset when rows are added), each batch's rows looked up in them by binary search."""
 
     def rows(self, keys: np.ndarray, build: Callable[[np.ndarray], Any]) -> np.ndarray:
         """Row of each key (distinct rows of small non-negative integers) in ``value``; ``build(positions)``
@@ -188,7 +191,7 @@ class PatternStore:
             new = build(missing)
             signature, size = structure(new), array_bytes(new)
             if self.value is not None and (signature != self.signature or self.nbytes + size > MEMO_BYTES):
-                self.keys = self.value = None  # start again: this batch's rows only
+                self.keys = self.value = self.packed = None  # start again: this batch's rows only
                 self.nbytes = 0
                 self.recent.clear()
                 if missing.size < len(keys):
@@ -197,6 +200,7 @@ class PatternStore:
                     signature, size = structure(new), array_bytes(new)
                 found = np.full(len(keys), -1, dtype=np.int64)
             start = 0 if self.keys is None else len(self.keys)
+            self.packed = None
             self.value = new if self.value is None else concat_rows(self.value, new)
             self.keys = keys[missing] if self.keys is None else np.concatenate([self.keys, keys[missing]])
             self.signature, self.nbytes = signature, self.nbytes + size
@@ -207,19 +211,43 @@ class PatternStore:
         return found
 
     def _find(self, keys: np.ndarray) -> np.ndarray:
-        """Row of each key in the store (-1: not kept): one grouping of the kept and the asked rows."""
+        """Row of each key in the store (-1: not kept): the batch's rows packed as the kept ones were
+        (:attr:`packed`) and looked up in them; kept rows are packed again only when rows were added or the
+        batch's values exceed their radix."""
         kept = self.keys
         if kept is None or not len(kept):
             return np.full(len(keys), -1, dtype=np.int64)
-        both = np.concatenate([kept, keys])
-        if both.min(initial=0) < 0 or math.prod(int(c) + 1 for c in both.max(axis=0)) >= 1 << 62:
-            # not packable into one int64 key: a dict of the rows
-            at = {tuple(r): i for i, r in enumerate(kept.tolist())}
-            return np.array([at.get(tuple(r), -1) for r in keys.tolist()], dtype=np.int64)
-        groups = distinct(*both.T).inverse
-        row_of = np.full(len(both), -1, dtype=np.int64)
-        row_of[groups[:len(kept)]] = np.arange(len(kept))
-        return row_of[groups[len(kept):]]
+        if keys.min(initial=0) < 0:
+            return self._find_in_dict(keys)
+        top = keys.max(axis=0) if len(keys) else np.zeros(kept.shape[1], dtype=np.int64)
+        packed = self.packed
+        if packed is None or np.any(top >= packed[0]):
+            radix = np.maximum(kept.max(axis=0), top) + 1
+            if kept.min(initial=0) < 0 or math.prod(int(r) for r in radix) >= 1 << 62:
+                return self._find_in_dict(keys)  # not packable into one int64 key: a dict of the rows
+            code = _pack(kept, radix)
+            order = np.argsort(code, kind="stable")
+            packed = self.packed = (radix, code.take(order), order)
+        radix, ordered, order = packed
+        code = _pack(keys, radix)
+        at = np.minimum(np.searchsorted(ordered, code), len(ordered) - 1)
+        return np.where(ordered.take(at) == code, order.take(at), -1)
+
+    def _find_in_dict(self, keys: np.ndarray) -> np.ndarray:
+        at = {tuple(r): i for i, r in enumerate(self.keys.tolist())}
+        return np.array([at.get(tuple(r), -1) for r in keys.tolist()], dtype=np.int64)
+
+
+def _pack(rows: np.ndarray, radix: np.ndarray) -> np.ndarray:
+    """Rows of small non-negative integers as one int64 each (mixed radix; the product of ``radix`` < 2**62)."""
+    code = rows[:, 0].astype(np.int64)
+    for j in range(1, rows.shape[1]):
+        r = int(radix[j])
+        if r == 1:  # a column of zeros adds nothing
+            continue
+        code *= r
+        code += rows[:, j]
+    return code
 
 
 def structure(value: Any) -> Any:

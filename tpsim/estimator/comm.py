@@ -151,7 +151,7 @@ class AxisCurves:
                 at = self.inverse.take(runs)
                 lines = lat.take(at, axis=0) + b.take(runs)[:, None] * spb.take(at, axis=0)
                 best = np.argmin(lines, axis=1)
-                seconds[runs] = lines.min(axis=1)  # the line argmin picks: its value
+                seconds[runs] = lines.take(np.arange(runs.size) * lines.shape[1] + best)  # the line argmin picks
                 names[runs] = codes.take(at * codes.shape[1] + best)
             hit = self._done[key] = (seconds, names)
         return hit

@@ -18,6 +18,8 @@ on a batch of one; no result depends on the batch it was computed in.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from .. import pipeline
@@ -281,7 +283,28 @@ def estimate(model: ModelSpec, cluster, plan: Plan, compute: ComputeModel | None
     training-stack profile, name or path (default megatron: a plan the stack cannot run is an
     :class:`~tpsim.errors.InputError` naming the rule); ``context`` (for another layer source) replaces the one
     :func:`context_for` would give."""
-    validate_plan(model, plan, cluster.num_gpus)
+    _validated(model, plan, cluster.num_gpus)
     ctx = context or context_for(model, cluster, compute, calibration, stack, flavor)
     ctx.check_stack(plan)
     return run_stages(ctx, PlanBatch.from_plans([plan])).to_estimate(0)
+
+
+_VALID: "OrderedDict[tuple, ModelSpec]" = OrderedDict()
+"""(id of the model, plan, GPUs) -> the model, for the last few thousand plans :func:`estimate` validated (the
+model kept, so its id names it while the entry lives; models and plans are frozen)."""
+_VALID_KEEP = 4096
+
+
+def _validated(model: ModelSpec, plan: Plan, num_gpus: int) -> None:
+    """:func:`~tpsim.plan.validate_plan`, once per (model, plan, GPU count) of the recent ones."""
+    key = (id(model), plan, num_gpus)
+    try:
+        if _VALID.get(key) is model:
+            return
+    except TypeError:  # a field of a type no plan has (a list): validate_plan names it
+        validate_plan(model, plan, num_gpus)
+        return
+    validate_plan(model, plan, num_gpus)
+    _VALID[key] = model
+    if len(_VALID) > _VALID_KEEP:
+        _VALID.popitem(last=False)

@@ -38,6 +38,8 @@ def distinct(*cols: np.ndarray) -> Keys:
         return Keys(rows=rows[first], first=first, inverse=inverse.reshape(-1))
     key = ints[0].copy()
     for c, r in zip(ints[1:], radix[1:]):  # in place: no array per column
+        if r == 1:  # a column of zeros adds nothing to the key
+            continue
         key *= r
         key += c
     first, inverse = _group(key)
@@ -79,6 +81,24 @@ def sorted_values(values: Any) -> np.ndarray:
     plain ``np.unique`` calls ``np.ma.is_masked`` and so imports numpy.ma (about 15 ms of a ``tpsim
     estimate`` process); the values returned are the same."""
     return np.unique(values, return_index=True)[0]
+
+
+def argmax_rows(a: np.ndarray) -> np.ndarray:
+    """``np.argmax(a, axis=0)`` of a (rows, n) array: the first row holding each column's maximum. For a few
+    rows over many columns by comparisons with the column maxima (NumPy's argmax along the strided first axis
+    is about twenty times slower there); NaN anywhere: NumPy's own (its first NaN)."""
+    rows = a.shape[0] if a.ndim == 2 else 0
+    if not 1 <= rows <= 4 or a.shape[1] < 256:
+        return np.argmax(a, axis=0)
+    top = a.max(axis=0)
+    if np.isnan(top).any():
+        return np.argmax(a, axis=0)
+    below = a[0] != top  # still no maximum in the rows seen
+    index = below.astype(np.intp)
+    for k in range(1, rows - 1):
+        below &= a[k] != top
+        index += below
+    return index
 
 
 def gather(a: np.ndarray, index: Any, axis: int = -1) -> np.ndarray:

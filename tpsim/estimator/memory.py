@@ -24,6 +24,7 @@ import numpy as np
 from .. import pipeline
 from ..comm_plan import local_shapes
 from ..model import LayerKind, ModelSpec
+from .keys import argmax_rows
 from .partition import on_positions
 
 
@@ -304,7 +305,7 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     in flight are those of both, half each)."""
     schedule = pipeline.codes_of(schedule, pp.size)
     mirrored = pipeline.mirrored(schedule)
-    any_mirror = bool(np.any(mirrored))
+    any_mirror = bool(mirrored.any())
 
     ranks = part.ranks(for_memory=True)  # the three positions, or every rank where they do not bound the peak
     held, held_expert = part.rank_params(ranks)
@@ -330,11 +331,14 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
         zero, edp, full, w_bytes + weight_cache_bytes, master_bytes + state_bytes, grad_bytes)
     expert = 0.0 if held_expert is None else held_expert
     # the edges' embedding, output head and final norm keep no low-precision weight cast
-    uncached = ranks.of_positions(_high_precision_on_positions(costs, pp, mirrored if any_mirror else None))
-    uncached_bytes = uncached * (weight_cache_bytes / np.where(zero == 3, group, 1.0))
+    if weight_cache_bytes:
+        uncached = ranks.of_positions(_high_precision_on_positions(costs, pp, mirrored if any_mirror else None))
+        uncached_bytes = uncached * (weight_cache_bytes / np.where(zero == 3, group, 1.0))
+    else:  # no low-precision weight copies: none to take off
+        uncached_bytes = 0.0
     per_rank_states = (held - expert) * shard["total"] + expert * expert_shard["total"] - uncached_bytes
     allocated = np.where(ranks.valid, per_rank_states + activations + other, -1.0)
-    peak_position = np.argmax(allocated, axis=0)
+    peak_position = argmax_rows(allocated)
     columns = np.arange(peak_position.size)
     flat = peak_position * peak_position.size + columns
 
@@ -347,7 +351,8 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     fixed = np.broadcast_to(np.asarray(process, dtype=float), pp.shape)
     buffers = np.broadcast_to(np.asarray(nccl, dtype=float), pp.shape)
     terms = {k: dense * shard[k] + held_expert * expert_shard[k] for k in ("weights", "grads", "optimizer_states")}
-    terms["weights"] = terms["weights"] - pick(uncached_bytes)
+    if weight_cache_bytes:
+        terms["weights"] = terms["weights"] - pick(uncached_bytes)
     terms.update(activations=pick(activations), cuda_context=fixed, nccl_buffers=buffers,
                  allocator_reserve=reserve_fraction * peak_allocated, other=pick(other))
     peak = peak_allocated * (1.0 + reserve_fraction) + fixed + buffers

@@ -12,7 +12,7 @@ import numpy as np
 
 from typing import TYPE_CHECKING
 
-from .keys import gather, per_distinct
+from .keys import argmax_rows, gather, per_distinct
 
 if TYPE_CHECKING:  # annotations only: the partition does not import the layer sources at run time
     from .source import LayerCosts
@@ -149,7 +149,7 @@ def _holding_most(valid: np.ndarray, params: np.ndarray, expert: np.ndarray | No
     held = np.where(valid, params, 0.0)
     if expert is None:
         return held.max(axis=0), 0.0
-    at = np.argmax(held, axis=0)
+    at = argmax_rows(held)
     return held[at, np.arange(at.size)], expert[at, np.arange(at.size)]
 
 
@@ -212,7 +212,11 @@ class Ranks:
 
     def rank_sum(self, rank: np.ndarray) -> "RankSum":
         """The sums over the layers of rank ``rank[i]`` of plan i."""
-        layers = self.layers[rank, np.arange(rank.size)]
+        n = rank.size
+        if self.layers.ndim == 2 and self.layers.shape[1] == n:  # one flat gather (half a 2-D fancy index)
+            layers = self.layers.take(rank * n + np.arange(n))
+        else:
+            layers = self.layers[rank, np.arange(n)]
         counts = None if self.kind_counts is None else self.kind_counts[:, rank, np.arange(rank.size)]
         return RankSum(layers=layers, counts=counts)
 

@@ -33,6 +33,7 @@ from ..plan import PlanBatch
 from ..precision import activation_bytes, wide
 from .comm import Comm
 from .context import EstimationContext
+from .keys import argmax_rows
 from .partition import Partition, RankSum, on_positions
 from .source import LayerCosts
 
@@ -209,7 +210,7 @@ def slowest(valid: np.ndarray | bool, compute: np.ndarray, recompute: np.ndarray
     micro-batch): the rank whose stage time paces the pipeline; arrays (ranks, plans), ``valid`` the ranks that
     exist (the transformer path follows three positions, the op-graph path every rank)."""
     totals = np.where(valid, compute + recompute + exposed + overhead, -1.0)  # -1: no such rank
-    slow = np.argmax(totals, axis=0)
+    slow = argmax_rows(totals)
     flat = _flat(slow)
     return slow, tuple(_pick(slow, v, flat) for v in (compute, recompute, exposed, overhead))
 

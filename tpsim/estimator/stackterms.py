@@ -231,13 +231,19 @@ class StackTerms:
     # ---- queries -------------------------------------------------------------------------------------------
     def state_bytes(self, dtype: str) -> "StateBytes":
         """Bytes per parameter of weights, master copy, gradients, moments and the DP wire under this stack
-        for GEMM precision ``dtype`` (:func:`tpsim.precision.state_bytes`)."""
-        from ..precision import state_bytes
+        for GEMM precision ``dtype`` (:func:`tpsim.precision.state_bytes`), remembered per dtype (the stages ask
+        for them several times a batch; the terms are frozen)."""
+        known = self.__dict__.setdefault("_state_bytes", {})
+        hit = known.get(dtype)
+        if hit is None:
+            from ..precision import state_bytes
 
-        wire = 1.0 if dtype == "fp8" and self.fp8_param_gather else self.param_gather_bytes
-        return state_bytes(dtype, grad_buffer=self.grad_buffer_bytes, master=self.main_params_bytes,
-                           moment=self.optimizer_state_bytes / 2.0, wire_params=wire,
-                           wire_grads=self.grad_reduce_bytes, fp8_weights_kept=self.fp8_weights_kept)
+            wire = 1.0 if dtype == "fp8" and self.fp8_param_gather else self.param_gather_bytes
+            hit = known[dtype] = state_bytes(dtype, grad_buffer=self.grad_buffer_bytes,
+                                             master=self.main_params_bytes, moment=self.optimizer_state_bytes / 2.0,
+                                             wire_params=wire, wire_grads=self.grad_reduce_bytes,
+                                             fp8_weights_kept=self.fp8_weights_kept)
+        return hit
 
     def weight_cache_bytes(self, dtype: str) -> float:
         """Bytes per parameter of the quantized weight copies a low-precision step keeps between micro-batches
@@ -259,7 +265,8 @@ class StackTerms:
 
     def reduces_per_microbatch(self, zero: np.ndarray, pp: np.ndarray) -> np.ndarray:
         """Per plan: gradients reduced after every micro-batch (else once per step)."""
-        return self.per_microbatch[(np.asarray(pp) > 1).astype(np.int64), np.asarray(zero, dtype=np.int64)]
+        table = self.per_microbatch  # (2, 4): one flat gather (a 2-D fancy index is twice as slow)
+        return table.take((np.asarray(pp) > 1) * table.shape[1] + np.asarray(zero, dtype=np.int64))
 
     def grads_sharded(self, zero: np.ndarray, pp: np.ndarray) -> np.ndarray:
         """Per plan: the gradient buffer holds only the rank's shard (ZeRO-2/3 reducing after every
