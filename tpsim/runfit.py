@@ -40,6 +40,7 @@ the few runs nearest its plan only: :func:`shipped_pool` predicts a run when its
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -461,6 +462,15 @@ class _SetFit:
     loo_theta: list
     """the factors fitted without run i (None where no run is left)."""
 
+    def shrunk(self, p0: np.ndarray, prior_sigma: np.ndarray) -> _SetFit:
+        """The set with each factor's offset from its prior (and each leave-one-out refit's) shrunk by the share
+        of its prior variance the runs remove, ``1 - posterior variance / prior variance``: a factor the runs
+        barely inform (an overlap factor of plans that expose little TP / DP time, one of several that move the
+        runs alike) keeps its prior, one they pin down is taken whole (:func:`fit_runs`)."""
+        r = np.clip(1.0 - np.diag(self.cov) / prior_sigma ** 2, 0.0, 1.0)
+        return dataclasses.replace(self, theta=p0 + r * (self.theta - p0),
+                                   loo_theta=[None if t is None else p0 + r * (t - p0) for t in self.loo_theta])
+
     def loo_errors(self, w: float, p0: np.ndarray, uncal: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Leave-one-out relative errors with the factors blended ``w`` of the way from the priors."""
         out = (uncal - y) / y
@@ -587,6 +597,10 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
         order = candidates
     best = None
     caps = []
+    if guard:
+        order = [c.shrunk(np.array([table[n].prior for n in c.names]), np.array([table[n].sigma for n in c.names]))
+                 for c in order]
+    uncal_err = np.abs((uncal - y) / y)
     for cand in order:
         p0 = np.array([table[n].prior for n in cand.names])
         cap = transfer_weight(device, stack, cand.loo_errors(1.0, p0, uncal, y),
@@ -596,7 +610,10 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
             if w == 0.0 and cand is not order[0]:
                 continue
             w = min(w, cap)
-            score = float(np.mean(np.abs(cand.loo_errors(w, p0, uncal, y))))
+            loo_w = np.abs(cand.loo_errors(w, p0, uncal, y))
+            if guard and w > 0.0 and np.any(loo_w > uncal_err + 1e-9):
+                continue  # a blend that predicts one of the runs, left out, worse than uncalibrated is refused
+            score = float(np.mean(loo_w))
             # ties: the fuller fit (more factors, then the larger weight)
             if best is None or score < best[0] - 1e-12:
                 best = (score, cand, w)
