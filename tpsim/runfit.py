@@ -30,7 +30,9 @@ few runs that happen to agree on a bias smaller than the scatter the shipped fam
 the chosen factors are then blended with their priors by the weight that minimizes the mean leave-one-out
 |error|, at most the share of the runs' common residual that carries over to the group's other plans where the
 shipped runs have the device and stack (:func:`transfer_weight`); weight 0 is the uncalibrated model, so on the user's runs the calibration is never worse than
-uncalibrated out of sample (:func:`fit_runs`). Both are decided from the given runs only.
+uncalibrated out of sample (:func:`fit_runs`). With 3-9 runs each factor is first shrunk toward its prior by
+the share of its prior variance the runs remove (:meth:`_SetFit.shrunk`), and a blend under which one of the runs,
+left out, is predicted worse than uncalibrated is refused. All of it is decided from the given runs only.
 
 **Residuals for bands.** :func:`shipped_residuals` predicts every run of ``tpsim/data/runs/`` (development set and
 SC21 Table 1) with the current, uncalibrated estimator: computed at run time and cached on disk under a hash of the
@@ -543,7 +545,9 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     at their priors, ``w = 0``); the chosen factors are then blended with their priors, ``prior + w (fitted - prior)``, ``w`` in :data:`BLEND_GRID` minimizing the mean
     leave-one-out |error|, at most :func:`transfer_weight` (what the shipped runs of the device and stack say
     carries over from ``n`` runs to other plans); ``w = 0`` is the uncalibrated model, so on the user's runs the calibration's
-    leave-one-out error is never worse than uncalibrated (with one run nothing is left out: ``w = 1``).
+    leave-one-out error is never worse than uncalibrated (with one run nothing is left out: ``w = 1``). With 3-9
+    runs the candidates' factors are shrunk by their posterior spread (:meth:`_SetFit.shrunk`) and a ``w`` under
+    which some run's leave-one-out |error| exceeds its uncalibrated |error| is refused.
     ``guard=False``: the full set, unblended (the plain Bayesian fit). ``links=False``: no link-level factors
     (a benchmark's comparison)."""
     started = time.perf_counter()
@@ -597,7 +601,8 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
         order = candidates
     best = None
     caps = []
-    if guard:
+    few = guard and 3 <= len(runs) < 10  # the sets compete; each factor shrunk, each run a check (docstring)
+    if few:
         order = [c.shrunk(np.array([table[n].prior for n in c.names]), np.array([table[n].sigma for n in c.names]))
                  for c in order]
     uncal_err = np.abs((uncal - y) / y)
@@ -611,7 +616,7 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
                 continue
             w = min(w, cap)
             loo_w = np.abs(cand.loo_errors(w, p0, uncal, y))
-            if guard and w > 0.0 and np.any(loo_w > uncal_err + 1e-9):
+            if few and w > 0.0 and np.any(loo_w > uncal_err + 1e-9):
                 continue  # a blend that predicts one of the runs, left out, worse than uncalibrated is refused
             score = float(np.mean(loo_w))
             # ties: the fuller fit (more factors, then the larger weight)
