@@ -154,7 +154,7 @@ def test_guard_refuses_a_blend_that_predicts_a_left_out_run_worse(h100_torchtita
     blend (75% and 50%, measured) under which each run, left out, is predicted no worse than uncalibrated."""
     base = [r for r in h100_torchtitan if r.plan.cp == 1][:3]
     runs = [dataclasses.replace(r, measured=predict(r).step_time_s * k) for r, k in zip(base, noise)]
-    fit = fit_runs(runs)
+    fit = fit_runs(runs, drop_outlier=False)  # (by default the 27% run is left out of the fit: the next test)
     assert 0.0 < fit.blend < 0.8
     for r in fit.runs:
         assert abs(r.loo_error) <= abs(r.uncalibrated_s / r.measured_s - 1) + 1e-9, (noise, r.run_id)
@@ -226,7 +226,9 @@ def test_outlier_and_span_warnings(h100_torchtitan):
     truth = {"gemm_scale": 1.1, "attention_scale": 1.1, "memory_scale": 1.0, "host_overhead_per_layer_us": 0.0}
     runs = _synthetic([r for r in h100_torchtitan if r.plan.cp == 1][:6], truth)
     runs[2] = dataclasses.replace(runs[2], measured=runs[2].measured * 1.5)
-    fit = fit_runs(runs)
+    fit = fit_runs(runs)  # left out of the fit (runfit._without_outlier), with a warning naming it
+    assert any(runs[2].run_id in w and "left out of the fit" in w for w in fit.warnings)
+    fit = fit_runs(runs, drop_outlier=False)
     assert any(runs[2].run_id in w and "disagrees" in w for w in fit.warnings)
     longseq = next(r for r in h100_torchtitan if r.model.seq_len > 8192 and r.plan.cp == 1)
     fit = fit_runs(_synthetic(runs[:3] + [longseq], truth))
@@ -655,3 +657,21 @@ def test_transfer_weight_caps_the_blend_where_a_groups_residuals_are_each_runs_o
     assert transfer_weight("H100-SXM", "megatron", loo / 10, 0.2) > transfer_weight("H100-SXM", "megatron", loo, 0.2)
     assert transfer_weight("H100-SXM", "megatron", loo, 0.0) < 0.5
     assert transfer_weight("no-such-device", "megatron", loo, 0.0) == 1.0
+
+
+def test_a_run_the_others_cannot_predict_is_left_out_of_the_fit(h100_torchtitan):
+    """Two runs measured 8% slower than the model (a bias the fit should take) and a third 45% slower (a
+    feature the factors do not represent): the other two runs' fit predicts the third far off, so it is left
+    out; the factors are those of the two runs alone, and the file still lists the third with its leave-one-out
+    error (the two runs' prediction of it)."""
+    base = [r for r in h100_torchtitan if r.plan.cp == 1][:3]
+    runs = [dataclasses.replace(r, measured=predict(r).step_time_s * k) for r, k in zip(base, (1.08, 1.45, 1.08))]
+    fit = fit_runs(runs)
+    two = fit_runs([runs[0], runs[2]])
+    assert fit.values == pytest.approx(two.values) and [f.name for f in fit.factors] == ["compute_scale"]
+    assert [r.run_id for r in fit.runs] == [r.run_id for r in runs]
+    far = fit.runs[1]
+    assert far.loo_error == pytest.approx(predict(runs[1], two.values).step_time_s / runs[1].measured - 1, abs=1e-6)
+    assert any(w.startswith(f"run {runs[1].run_id}") and "left out of the fit" in w for w in fit.warnings)
+    kept = fit_runs(runs, drop_outlier=False)  # without the rule the far run drags the factors
+    assert "left out" not in " ".join(kept.warnings)

@@ -534,7 +534,7 @@ def _fit_set(runs: Sequence[Run], names: tuple[str, ...], table: Mapping[str, Fa
 
 
 def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | None = None,
-             guard: bool = True, links: bool = True) -> RunsFit:
+             guard: bool = True, links: bool = True, drop_outlier: bool = True) -> RunsFit:
     """Fit the factors of :func:`factors_for` to ``runs`` (all of one device and stack: a run of another is one
     InputError naming its row). ``relinearize``: one more linearization around the solution (default: when at
     most 30 runs).
@@ -549,7 +549,9 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     runs the candidates' factors are shrunk by their posterior spread (:meth:`_SetFit.shrunk`) and a ``w`` under
     which some run's leave-one-out |error| exceeds its uncalibrated |error| is refused.
     ``guard=False``: the full set, unblended (the plain Bayesian fit). ``links=False``: no link-level factors
-    (a benchmark's comparison)."""
+    (a benchmark's comparison). ``drop_outlier`` (with the guard and 3-9 runs): a run the full set fitted to the
+    others predicts more than ``runs_fit.outlier_rel`` off and 3x the median leave-one-out |error| is left out
+    of the fit (:func:`_without_outlier`); the refit leaves out no other."""
     started = time.perf_counter()
     if not runs:
         raise InputError("no runs to fit")
@@ -605,6 +607,14 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     if few:
         order = [c.shrunk(np.array([table[n].prior for n in c.names]), np.array([table[n].sigma for n in c.names]))
                  for c in order]
+        if drop_outlier:
+            full = candidates[0].shrunk(np.array([table[n].prior for n in candidates[0].names]),
+                                        np.array([table[n].sigma for n in candidates[0].names]))
+            loo1 = np.abs(full.loo_errors(1.0, np.array([table[n].prior for n in full.names]), uncal, y))
+            worst = int(np.argmax(loo1))
+            if loo1[worst] > float(rf["outlier_rel"]) and loo1[worst] > 3.0 * float(np.median(loo1)):
+                return _without_outlier(runs, worst, uncal, started, runs_file=runs_file, relinearize=relinearize,
+                                        links=bool(links))
     uncal_err = np.abs((uncal - y) / y)
     for cand in order:
         p0 = np.array([table[n].prior for n in cand.names])
@@ -670,6 +680,26 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     return RunsFit(device=device, stack=stack, factors=factors, runs=results, sigma=sigma,
                    warnings=tuple(warnings), seconds=time.perf_counter() - started, runs_file=runs_file,
                    blend=w, links={lv: v for lv, v in links.items() if LINK_FACTORS[lv] in names})
+
+
+def _without_outlier(runs: Sequence[Run], worst: int, uncal: np.ndarray, started: float, **kw: Any) -> RunsFit:
+    """The fit of ``runs`` without run ``worst`` (one the others' full-set fit predicts far off: a feature the
+    factors do not represent, or a wrong plan or measurement), reported with every run: the left-out run's
+    leave-one-out error is the refit's prediction of it."""
+    rest = [r for i, r in enumerate(runs) if i != worst]
+    sub = fit_runs(rest, drop_outlier=False, **kw)
+    out = runs[worst]
+    pred = float(_steps([out], sub.values)[0]) if sub.values else float(uncal[worst])
+    y = out.measured
+    loo = (pred - y) / y
+    results = list(sub.runs)
+    results.insert(worst, RunResult(out.run_id, float(y), float(uncal[worst]), pred, loo, residual_of(out, pred)))
+    warnings = [f"run {out.run_id} (row {out.row}) is left out of the fit: the other runs' fit predicts it "
+                f"{100 * loo:+.1f}% off (more than {100 * float(band_data().runs_fit['outlier_rel']):.0f}% and 3x "
+                "the others' leave-one-out errors): a feature the factors do not represent, or a wrong plan or "
+                "measurement"] + list(sub.warnings)
+    return dataclasses.replace(sub, runs=tuple(results), warnings=tuple(warnings),
+                               seconds=time.perf_counter() - started)
 
 
 def transfer_weight(device: str, stack: str, loo: np.ndarray, common: float) -> float:
