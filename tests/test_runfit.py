@@ -54,13 +54,16 @@ def test_synthetic_truth_is_recovered_within_the_stated_uncertainty(h100_torchti
     # reproduces the synthetic runs, and leave-one-out predicts each within a few percent (the plain fit of 3
     # runs with 3 factors is held near the priors by the shipped runs' per-run error, runfit.model_sigma)
     fit = fit_runs(runs)
-    # (2.5%: the 3-run fit is one compute_scale, shrunk towards its prior; on H100-SXM-96GB it reproduces the
-    # runs to 2.04%; the uncalibrated model is 15-30% off them)
-    assert max(abs(r.calibrated_s / r.measured_s - 1) for r in fit.runs) < 0.025
-    assert np.median([abs(r.loo_error) for r in fit.runs]) < 0.03
+    # (3.5%: the 3-run fit is one compute_scale, shrunk towards its prior, and again by the share of its prior
+    # variance the runs remove (runfit._SetFit.shrunk); on H100-SXM-96GB it reproduces the runs to 3.05%, 2.04%
+    # before that second shrinkage; the uncalibrated model is 15-30% off them)
+    assert max(abs(r.calibrated_s / r.measured_s - 1) for r in fit.runs) < 0.035
+    # (4%: 3.69% measured, 2.9% before the second shrinkage of runfit._SetFit.shrunk)
+    assert np.median([abs(r.loo_error) for r in fit.runs]) < 0.04
     loo = lambda f: np.mean([abs(r.loo_error) for r in f.runs])  # noqa: E731
-    # taken (nearly) whole: these synthetic runs agree with the fit, so runfit.transfer_weight keeps > 99%
-    assert loo(fit) <= loo(plain) + 1e-12 and fit.blend > 0.99
+    # taken (nearly) whole: these synthetic runs agree with the fit, so runfit.transfer_weight keeps > 98%
+    # (98.7% measured; 99.5% before the factors' second shrinkage left larger leave-one-out errors)
+    assert loo(fit) <= loo(plain) + 1e-12 and fit.blend > 0.98
     if n >= 10:
         assert [f.name for f in fit.factors] in (list(factors_for(n, levels)), list(factors_for(n)))
     for f in fit.factors:  # compute_scale (3 runs) lies within the truth's kernel factors
@@ -136,10 +139,42 @@ def test_guard_never_worse_than_uncalibrated_leave_one_out(h100_torchtitan):
             assert 0.0 <= fit.blend <= 1.0
             if fit.blend < 1.0:
                 assert any(w.startswith("guard:") for w in fit.warnings)
-    # a runs-identified common bias is taken (nearly) whole (runfit.transfer_weight: 99.5% measured)
+    # a runs-identified common bias is taken (nearly) whole (runfit.transfer_weight: 99.2% measured; the
+    # factor shrunk by the share of its prior variance the 4 runs remove, 95%: leave-one-out 3.45% at most)
     runs = [dataclasses.replace(r, measured=predict(r).step_time_s * 1.2) for r in base]
     fit = fit_runs(runs)
-    assert fit.blend > 0.99 and max(abs(r.loo_error) for r in fit.runs) < 0.03
+    assert fit.blend > 0.99 and max(abs(r.loo_error) for r in fit.runs) < 0.04
+
+
+@pytest.mark.parametrize("noise", [(1.017, 1.266, 1.047), (1.266, 1.017, 1.047)])
+def test_guard_refuses_a_blend_that_predicts_a_left_out_run_worse(h100_torchtitan, noise):
+    """Three runs measured 2-5% slower than the model and one 27% slower (as a torchtitan-compile family's
+    context-parallel run, a feature the model misses): the other two runs, left out, would be predicted worse
+    than uncalibrated by the blend of least mean leave-one-out error (83%, measured); the guard takes a smaller
+    blend (75% and 50%, measured) under which each run, left out, is predicted no worse than uncalibrated."""
+    base = [r for r in h100_torchtitan if r.plan.cp == 1][:3]
+    runs = [dataclasses.replace(r, measured=predict(r).step_time_s * k) for r, k in zip(base, noise)]
+    fit = fit_runs(runs, drop_outlier=False)  # (by default the 27% run is left out of the fit: the next test)
+    assert 0.0 < fit.blend < 0.8
+    for r in fit.runs:
+        assert abs(r.loo_error) <= abs(r.uncalibrated_s / r.measured_s - 1) + 1e-9, (noise, r.run_id)
+
+
+def test_shrinkage_keeps_a_factor_the_runs_do_not_inform_at_its_prior():
+    """runfit._SetFit.shrunk: each factor's offset from its prior is multiplied by the share of its prior
+    variance the runs remove: one whose posterior spread is its prior's stays at the prior, one the runs pin
+    down is kept whole, one in between is shrunk by 1 - posterior / prior variance (and so its refits)."""
+    from tpsim.runfit import _SetFit
+
+    p0, ps = np.array([1.0, 1.0, 0.0]), np.array([0.1, 0.3, 100.0])
+    cov = np.diag([1e-12, 0.09, 7500.0])  # pinned down, not informed, a quarter of the prior variance removed
+    fit = _SetFit(("gemm_scale", "dp_exposed_scale", "host_overhead_per_layer_us"), np.array([1.2, 0.7, 80.0]),
+                  cov, np.zeros(3, dtype=bool), 0.05, np.ones(2), np.zeros((2, 3)), p0,
+                  [np.array([1.1, 0.5, 40.0]), None])
+    s = fit.shrunk(p0, ps)
+    assert s.theta == pytest.approx([1.2, 1.0, 20.0])
+    assert s.loo_theta[0] == pytest.approx([1.1, 1.0, 10.0]) and s.loo_theta[1] is None
+    assert fit.theta == pytest.approx([1.2, 0.7, 80.0])  # the fit itself is left as it was
 
 
 def test_guard_falls_back_where_three_agreeing_runs_would_hurt_the_others(h100_torchtitan):
@@ -191,7 +226,9 @@ def test_outlier_and_span_warnings(h100_torchtitan):
     truth = {"gemm_scale": 1.1, "attention_scale": 1.1, "memory_scale": 1.0, "host_overhead_per_layer_us": 0.0}
     runs = _synthetic([r for r in h100_torchtitan if r.plan.cp == 1][:6], truth)
     runs[2] = dataclasses.replace(runs[2], measured=runs[2].measured * 1.5)
-    fit = fit_runs(runs)
+    fit = fit_runs(runs)  # left out of the fit (runfit._without_outlier), with a warning naming it
+    assert any(runs[2].run_id in w and "left out of the fit" in w for w in fit.warnings)
+    fit = fit_runs(runs, drop_outlier=False)
     assert any(runs[2].run_id in w and "disagrees" in w for w in fit.warnings)
     longseq = next(r for r in h100_torchtitan if r.model.seq_len > 8192 and r.plan.cp == 1)
     fit = fit_runs(_synthetic(runs[:3] + [longseq], truth))
@@ -620,3 +657,21 @@ def test_transfer_weight_caps_the_blend_where_a_groups_residuals_are_each_runs_o
     assert transfer_weight("H100-SXM", "megatron", loo / 10, 0.2) > transfer_weight("H100-SXM", "megatron", loo, 0.2)
     assert transfer_weight("H100-SXM", "megatron", loo, 0.0) < 0.5
     assert transfer_weight("no-such-device", "megatron", loo, 0.0) == 1.0
+
+
+def test_a_run_the_others_cannot_predict_is_left_out_of_the_fit(h100_torchtitan):
+    """Two runs measured 8% slower than the model (a bias the fit should take) and a third 45% slower (a
+    feature the factors do not represent): the other two runs' fit predicts the third far off, so it is left
+    out; the factors are those of the two runs alone, and the file still lists the third with its leave-one-out
+    error (the two runs' prediction of it)."""
+    base = [r for r in h100_torchtitan if r.plan.cp == 1][:3]
+    runs = [dataclasses.replace(r, measured=predict(r).step_time_s * k) for r, k in zip(base, (1.08, 1.45, 1.08))]
+    fit = fit_runs(runs)
+    two = fit_runs([runs[0], runs[2]])
+    assert fit.values == pytest.approx(two.values) and [f.name for f in fit.factors] == ["compute_scale"]
+    assert [r.run_id for r in fit.runs] == [r.run_id for r in runs]
+    far = fit.runs[1]
+    assert far.loo_error == pytest.approx(predict(runs[1], two.values).step_time_s / runs[1].measured - 1, abs=1e-6)
+    assert any(w.startswith(f"run {runs[1].run_id}") and "left out of the fit" in w for w in fit.warnings)
+    kept = fit_runs(runs, drop_outlier=False)  # without the rule the far run drags the factors
+    assert "left out" not in " ".join(kept.warnings)

@@ -30,7 +30,9 @@ few runs that happen to agree on a bias smaller than the scatter the shipped fam
 the chosen factors are then blended with their priors by the weight that minimizes the mean leave-one-out
 |error|, at most the share of the runs' common residual that carries over to the group's other plans where the
 shipped runs have the device and stack (:func:`transfer_weight`); weight 0 is the uncalibrated model, so on the user's runs the calibration is never worse than
-uncalibrated out of sample (:func:`fit_runs`). Both are decided from the given runs only.
+uncalibrated out of sample (:func:`fit_runs`). With 3-9 runs each factor is first shrunk toward its prior by
+the share of its prior variance the runs remove (:meth:`_SetFit.shrunk`), and a blend under which one of the runs,
+left out, is predicted worse than uncalibrated is refused. All of it is decided from the given runs only.
 
 **Residuals for bands.** :func:`shipped_residuals` predicts every run of ``tpsim/data/runs/`` (development set and
 SC21 Table 1) with the current, uncalibrated estimator: computed at run time and cached on disk under a hash of the
@@ -40,6 +42,7 @@ the few runs nearest its plan only: :func:`shipped_pool` predicts a run when its
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -461,6 +464,15 @@ class _SetFit:
     loo_theta: list
     """the factors fitted without run i (None where no run is left)."""
 
+    def shrunk(self, p0: np.ndarray, prior_sigma: np.ndarray) -> _SetFit:
+        """The set with each factor's offset from its prior (and each leave-one-out refit's) shrunk by the share
+        of its prior variance the runs remove, ``1 - posterior variance / prior variance``: a factor the runs
+        barely inform (an overlap factor of plans that expose little TP / DP time, one of several that move the
+        runs alike) keeps its prior, one they pin down is taken whole (:func:`fit_runs`)."""
+        r = np.clip(1.0 - np.diag(self.cov) / prior_sigma ** 2, 0.0, 1.0)
+        return dataclasses.replace(self, theta=p0 + r * (self.theta - p0),
+                                   loo_theta=[None if t is None else p0 + r * (t - p0) for t in self.loo_theta])
+
     def loo_errors(self, w: float, p0: np.ndarray, uncal: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Leave-one-out relative errors with the factors blended ``w`` of the way from the priors."""
         out = (uncal - y) / y
@@ -522,7 +534,7 @@ def _fit_set(runs: Sequence[Run], names: tuple[str, ...], table: Mapping[str, Fa
 
 
 def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | None = None,
-             guard: bool = True, links: bool = True) -> RunsFit:
+             guard: bool = True, links: bool = True, drop_outlier: bool = True) -> RunsFit:
     """Fit the factors of :func:`factors_for` to ``runs`` (all of one device and stack: a run of another is one
     InputError naming its row). ``relinearize``: one more linearization around the solution (default: when at
     most 30 runs).
@@ -533,9 +545,13 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     at their priors, ``w = 0``); the chosen factors are then blended with their priors, ``prior + w (fitted - prior)``, ``w`` in :data:`BLEND_GRID` minimizing the mean
     leave-one-out |error|, at most :func:`transfer_weight` (what the shipped runs of the device and stack say
     carries over from ``n`` runs to other plans); ``w = 0`` is the uncalibrated model, so on the user's runs the calibration's
-    leave-one-out error is never worse than uncalibrated (with one run nothing is left out: ``w = 1``).
+    leave-one-out error is never worse than uncalibrated (with one run nothing is left out: ``w = 1``). With 3-9
+    runs the candidates' factors are shrunk by their posterior spread (:meth:`_SetFit.shrunk`) and a ``w`` under
+    which some run's leave-one-out |error| exceeds its uncalibrated |error| is refused.
     ``guard=False``: the full set, unblended (the plain Bayesian fit). ``links=False``: no link-level factors
-    (a benchmark's comparison)."""
+    (a benchmark's comparison). ``drop_outlier`` (with the guard and 3-9 runs): a run the full set fitted to the
+    others predicts more than ``runs_fit.outlier_rel`` off and 3x the median leave-one-out |error| is left out
+    of the fit (:func:`_without_outlier`); the refit leaves out no other."""
     started = time.perf_counter()
     if not runs:
         raise InputError("no runs to fit")
@@ -587,6 +603,19 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
         order = candidates
     best = None
     caps = []
+    few = guard and 3 <= len(runs) < 10  # the sets compete; each factor shrunk, each run a check (docstring)
+    if few:
+        order = [c.shrunk(np.array([table[n].prior for n in c.names]), np.array([table[n].sigma for n in c.names]))
+                 for c in order]
+        if drop_outlier:
+            full = candidates[0].shrunk(np.array([table[n].prior for n in candidates[0].names]),
+                                        np.array([table[n].sigma for n in candidates[0].names]))
+            loo1 = np.abs(full.loo_errors(1.0, np.array([table[n].prior for n in full.names]), uncal, y))
+            worst = int(np.argmax(loo1))
+            if loo1[worst] > float(rf["outlier_rel"]) and loo1[worst] > 3.0 * float(np.median(loo1)):
+                return _without_outlier(runs, worst, uncal, started, runs_file=runs_file, relinearize=relinearize,
+                                        links=bool(links))
+    uncal_err = np.abs((uncal - y) / y)
     for cand in order:
         p0 = np.array([table[n].prior for n in cand.names])
         cap = transfer_weight(device, stack, cand.loo_errors(1.0, p0, uncal, y),
@@ -596,7 +625,10 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
             if w == 0.0 and cand is not order[0]:
                 continue
             w = min(w, cap)
-            score = float(np.mean(np.abs(cand.loo_errors(w, p0, uncal, y))))
+            loo_w = np.abs(cand.loo_errors(w, p0, uncal, y))
+            if few and w > 0.0 and np.any(loo_w > uncal_err + 1e-9):
+                continue  # a blend that predicts one of the runs, left out, worse than uncalibrated is refused
+            score = float(np.mean(loo_w))
             # ties: the fuller fit (more factors, then the larger weight)
             if best is None or score < best[0] - 1e-12:
                 best = (score, cand, w)
@@ -648,6 +680,26 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     return RunsFit(device=device, stack=stack, factors=factors, runs=results, sigma=sigma,
                    warnings=tuple(warnings), seconds=time.perf_counter() - started, runs_file=runs_file,
                    blend=w, links={lv: v for lv, v in links.items() if LINK_FACTORS[lv] in names})
+
+
+def _without_outlier(runs: Sequence[Run], worst: int, uncal: np.ndarray, started: float, **kw: Any) -> RunsFit:
+    """The fit of ``runs`` without run ``worst`` (one the others' full-set fit predicts far off: a feature the
+    factors do not represent, or a wrong plan or measurement), reported with every run: the left-out run's
+    leave-one-out error is the refit's prediction of it."""
+    rest = [r for i, r in enumerate(runs) if i != worst]
+    sub = fit_runs(rest, drop_outlier=False, **kw)
+    out = runs[worst]
+    pred = float(_steps([out], sub.values)[0]) if sub.values else float(uncal[worst])
+    y = out.measured
+    loo = (pred - y) / y
+    results = list(sub.runs)
+    results.insert(worst, RunResult(out.run_id, float(y), float(uncal[worst]), pred, loo, residual_of(out, pred)))
+    warnings = [f"run {out.run_id} (row {out.row}) is left out of the fit: the other runs' fit predicts it "
+                f"{100 * loo:+.1f}% off (more than {100 * float(band_data().runs_fit['outlier_rel']):.0f}% and 3x "
+                "the others' leave-one-out errors): a feature the factors do not represent, or a wrong plan or "
+                "measurement"] + list(sub.warnings)
+    return dataclasses.replace(sub, runs=tuple(results), warnings=tuple(warnings),
+                               seconds=time.perf_counter() - started)
 
 
 def transfer_weight(device: str, stack: str, loo: np.ndarray, common: float) -> float:
