@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
         refuse_tokens(args, "a traced model (--model *.ops.json)")
         return run_estimate(args)
+    from .train_time import require_tokens
+
+    require_tokens(args)  # before the plan's notes reach stderr: a refusal is one line
     note = ""
     if args.from_file:
         from .export import from_launch_file
