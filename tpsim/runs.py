@@ -265,6 +265,8 @@ def _float(value: str, where: str, name: str) -> float:
         raise InputError(f"{where}: {name}={value!r} must be a finite number")
     if number <= 0:
         raise InputError(f"{where}: {name}={value!r} must be positive")
+    if number < 1e-15:  # 1e-300 s overflowed the fit's ratios into a NaN factor
+        raise InputError(f"{where}: {name}={value!r} is below the supported minimum 1e-15")
     if number > 1e15:
         raise InputError(f"{where}: {name}={value!r} is above the supported maximum 1e15")
     return number

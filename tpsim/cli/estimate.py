@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     from .train_time import format_train_time, whole_run
 
     run_figures = whole_run(args, model, cluster, result)
+    from .common import print_plan_notes
+
+    print_plan_notes(args)
     if args.json:
         if note:
             print(note, file=sys.stderr)

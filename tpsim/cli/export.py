@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     plan = build_plan(args, model, cluster, stack=format_stack(formats[0], args.stack) if len(formats) == 1 else None)
     ref, overrides = model_ref(args, model)
+    skipped = []
     jobs = []  # every format's files built and every destination checked before the first is written (all or
     for fmt in formats:  # nothing, issue 26: `--format all` exited 2 after writing two of four)
         out = args.out if len(formats) == 1 else f"{args.out}/{fmt}"
@@ -84,13 +85,19 @@ def run(args: argparse.Namespace) -> int:
         if len(formats) > 1:
             problem = export_violation(fmt, ctx, args.stack)
             if problem:
-                print(f"skipped {fmt}: {problem}", file=sys.stderr)
+                skipped.append((fmt, problem))
                 continue
         files = export_plan(fmt, ctx, args.stack)
         check_output_dir(out, "--out", force=args.force, protected=tuple(files))
         jobs.append((fmt, out, files))
-    if not jobs:
-        raise InputError(f"no format can run plan {plan.short()} (see the lines above)")
+    if not jobs:  # one line: every format's reason in it
+        raise InputError(f"no format can run plan {plan.short()}: "
+                         + "; ".join(f"{fmt}: {problem}" for fmt, problem in skipped))
+    from .common import print_plan_notes
+
+    print_plan_notes(args)
+    for fmt, problem in skipped:
+        print(f"skipped {fmt}: {problem}", file=sys.stderr)
     if len(formats) > 1 and not held:  # all or nothing: staged beside --out, renamed into place at the end
         _write_staged(jobs, out_dir)
         return 0
