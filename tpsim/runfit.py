@@ -565,7 +565,7 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     for r, u in zip(runs, uncal):  # before the fit: a run 1e9x off made its normal equations singular
         if not (u / MAX_RUN_RATIO <= r.measured <= u * MAX_RUN_RATIO):
             step = "" if r.measured_as == "step_time_s" else f" (a step time of {r.measured:.4g} s)"
-            raise InputError(f"run {r.run_id} (row {r.row}): {r.measured_as}={r.measured_value:g}{step} is more than "
+            raise InputError(f"run {r.run_id}{f' (row {r.row})' if r.row else ''}: {r.measured_as}={r.measured_value:g}{step} is more than "
                              f"{MAX_RUN_RATIO:g}x from the model's {u:.4g} s step (a unit or plan error the bounded "
                              "factors cannot explain)")
     candidates = [_fit_set(runs, names, table, y, relinearize, base)]

@@ -536,6 +536,7 @@ def read_log(path: str | Path) -> LogMeasurement:
         good = [v for v in values if math.isfinite(v) and v > 0]
         if good:
             value, n = _median_after_warmup(good)
+            memory = [m for m in memory if math.isfinite(m) and m > 0]  # "memory: 1e999GiB" read as inf
             return LogMeasurement(fmt, column, value * scale, n, convention, max(memory) if memory else None)
     raise InputError(f"log {p}: no iteration lines (Megatron 'elapsed time per iteration (ms)', NeMo "
                      "'train_step_timing', torchtitan 'step: ... tps: ...')")

@@ -149,7 +149,7 @@ def from_launch_file(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
     model = with_overrides(model, **{k: getattr(args, k, None) for k in SHAPE_FLAGS})
     name = args.cluster or imp.cluster_ref or model.default_plan.get("cluster") or "dgx-a100"
     gpus = args.gpus or imp.gpus or (model.default_plan.get("gpus") if not args.cluster else None)
-    cluster = load_cluster(name, gpus=gpus)
+    cluster = load_cluster(name, gpus=gpus, calibration=getattr(args, "calibration", None))  # was dropped
     plan = resolve_plan(imp, model, cluster.num_gpus, global_batch=args.global_batch, overrides=plan_fields(args))
     note = describe_import(imp)
     problem = load_stack(FORMAT_STACK[imp.format]).plan_violation(plan, model)
