@@ -190,3 +190,15 @@ def test_deepspeed_export_of_a_block_scaled_dtype_is_refused_not_a_traceback(tmp
                             "--tp", "2", "--stack", "megatron", "--dtype", "mxfp8", "--format", "deepspeed",
                             "--out", tmp_path / "ds", "--no-predict"], capsys)
     assert code == 2 and "dtype=mxfp8: Megatron-DeepSpeed" in err
+
+
+def test_a_fleet_without_failures_prints_no_infinite_mtbf(tmp_path, capsys):
+    rel = tmp_path / "rel.yaml"
+    rel.write_text("components:\n  gpu: {per: gpu, events: 0, units: 16384, hours: 1296, source: none}\n")
+    argv = ["train-time", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--layers", "4",
+            "--tokens", "1e12", "--reliability", rel]
+    code, out, _ = run_cli(argv, capsys)
+    line = next(x for x in out.splitlines() if x.startswith("interruptions"))
+    assert code == 0 and "inf" not in line and "none expected" in line, line
+    code, out, _ = run_cli(argv + ["--json"], capsys)
+    assert code == 0 and _finite_json(out)["train_time"]["mtbf_hours"] is None
