@@ -218,7 +218,9 @@ def compute_calibration(values: Mapping[str, float], device: str | None = None,
         if name not in known:
             raise InputError(f"values: unknown factor {str(name)[:60]!r} (known: {', '.join(known)})")
         host = name == "host_overhead_per_layer_us"  # finite; a fit's step may graze its bound 0
-        check_float(name, value, "values", minimum=-1e6 if host else 0.0, maximum=1e6 if host else 100.0)
+        # an exposed-communication factor may sit at its bound 0 (fully hidden; the calibration file's rule)
+        check_float(name, value, "values", minimum=-1e6 if host else 0.0, maximum=1e6 if host else 100.0,
+                    inclusive=name in EXPOSED_FACTORS)
     c = values.get("compute_scale")
     gemm = values.get("gemm_scale", c if c is not None else 1.0)
     attention = values.get("attention_scale", gemm)
@@ -445,6 +447,12 @@ def _linearize(runs: Sequence[Run], table: Mapping[str, Factor], names: Sequence
     return s0, jac
 
 
+MAX_RUN_SPEEDUP = 10.0
+"""a run measured more than this factor faster than the uncalibrated model is refused before the fit: the kernel
+factors' bounds (band.yaml runs_fit: kernels at most 2.5x faster than the model) cannot explain it, it is a unit
+or plan error, and its relative residual swamps the fit (a singular system, a sigma no calibration reader takes).
+A slower run is fitted: its residual is at most -100% and the priors hold the factors (tests/test_runfit.py)."""
+
 BLEND_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 """the weights of the fitted factors against their priors the guard chooses among (0: uncalibrated)."""
 
@@ -571,6 +579,12 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     links = {lv: v for lv, v in links.items() if LINK_FACTORS[lv] in names}
     base = _linearize(runs, table, names, {n: table[n].prior for n in names})
     uncal = base[0]
+    for r, u in zip(runs, uncal):  # before the fit: a run 1e9x faster made its normal equations singular
+        if r.measured * MAX_RUN_SPEEDUP < u:
+            step = "" if r.measured_as == "step_time_s" else f" (a step time of {r.measured:.4g} s)"
+            raise InputError(f"run {r.run_id}{f' (row {r.row})' if r.row else ''}: {r.measured_as}={r.measured_value:g}"
+                             f"{step} is more than {MAX_RUN_SPEEDUP:g}x faster than the model's {u:.4g} s step (a "
+                             "unit or plan error the bounded factors cannot explain)")
     candidates = [_fit_set(runs, names, table, y, relinearize, base)]
     if guard and links:  # the same without the link levels (what the runs identify, chosen below; on the
         # first linearization: its relinearization would cost as many estimator passes as the full set's)

@@ -265,6 +265,8 @@ def _float(value: str, where: str, name: str) -> float:
         raise InputError(f"{where}: {name}={value!r} must be a finite number")
     if number <= 0:
         raise InputError(f"{where}: {name}={value!r} must be positive")
+    if number < 1e-15:  # 1e-300 s overflowed the fit's ratios into a NaN factor
+        raise InputError(f"{where}: {name}={value!r} is below the supported minimum 1e-15")
     if number > 1e15:
         raise InputError(f"{where}: {name}={value!r} is above the supported maximum 1e15")
     return number
@@ -534,6 +536,7 @@ def read_log(path: str | Path) -> LogMeasurement:
         good = [v for v in values if math.isfinite(v) and v > 0]
         if good:
             value, n = _median_after_warmup(good)
+            memory = [m for m in memory if math.isfinite(m) and m > 0]  # "memory: 1e999GiB" read as inf
             return LogMeasurement(fmt, column, value * scale, n, convention, max(memory) if memory else None)
     raise InputError(f"log {p}: no iteration lines (Megatron 'elapsed time per iteration (ms)', NeMo "
                      "'train_step_timing', torchtitan 'step: ... tps: ...')")

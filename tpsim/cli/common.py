@@ -308,18 +308,25 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
 def build_plan(args: argparse.Namespace, model, cluster, stack=None):
     """The plan of the plan flags on top of the preset's defaults; without ``--schedule`` the stack's own
     schedule (its ``rules.schedules.default``). A preset default that conflicts with a flag given (or with
-    ``stack``'s rules) is dropped with one line on stderr (:func:`make_plan_as_typed`)."""
-    import sys
-
+    ``stack``'s rules) is dropped with one line on stderr (:func:`make_plan_as_typed`), printed by
+    :func:`print_plan_notes` once the verb's checks have passed (a refusal after it stays one line)."""
     from ..plan import make_plan_as_typed
 
     fields = plan_fields(args)
     if "schedule" not in fields:
         fields["schedule"] = (stack if stack is not None else build_stack(args, model)).rules.default_schedule
     plan, notes = make_plan_as_typed(model, cluster.num_gpus, global_batch=args.global_batch, stack=stack, **fields)
-    for line in notes:
-        print(line, file=sys.stderr)
+    args.plan_notes = list(notes)
     return plan
+
+
+def print_plan_notes(args: argparse.Namespace) -> None:
+    """The notes of :func:`build_plan` on stderr (once), when nothing left can refuse the command."""
+    import sys
+
+    for line in getattr(args, "plan_notes", ()):
+        print(line, file=sys.stderr)
+    args.plan_notes = []
 
 
 # ---- shared by estimate, export, plan, report and the traced-model paths (tpsim/cli/graph.py) ----------

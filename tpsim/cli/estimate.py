@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
         refuse_tokens(args, "a traced model (--model *.ops.json)")
         return run_estimate(args)
+    from .train_time import require_tokens
+
+    require_tokens(args)  # before the plan's notes reach stderr: a refusal is one line
     note = ""
     if args.from_file:
         from .export import from_launch_file
@@ -79,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     from .train_time import format_train_time, whole_run
 
     run_figures = whole_run(args, model, cluster, result)
+    from .common import print_plan_notes
+
+    print_plan_notes(args)
     if args.json:
         if note:
             print(note, file=sys.stderr)

@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     plan = build_plan(args, model, cluster, stack=format_stack(formats[0], args.stack) if len(formats) == 1 else None)
     ref, overrides = model_ref(args, model)
+    skipped = []
     jobs = []  # every format's files built and every destination checked before the first is written (all or
     for fmt in formats:  # nothing, issue 26: `--format all` exited 2 after writing two of four)
         out = args.out if len(formats) == 1 else f"{args.out}/{fmt}"
@@ -84,13 +85,19 @@ def run(args: argparse.Namespace) -> int:
         if len(formats) > 1:
             problem = export_violation(fmt, ctx, args.stack)
             if problem:
-                print(f"skipped {fmt}: {problem}", file=sys.stderr)
+                skipped.append((fmt, problem))
                 continue
         files = export_plan(fmt, ctx, args.stack)
         check_output_dir(out, "--out", force=args.force, protected=tuple(files))
         jobs.append((fmt, out, files))
-    if not jobs:
-        raise InputError(f"no format can run plan {plan.short()} (see the lines above)")
+    if not jobs:  # one line: every format's reason in it
+        raise InputError(f"no format can run plan {plan.short()}: "
+                         + "; ".join(f"{fmt}: {problem}" for fmt, problem in skipped))
+    from .common import print_plan_notes
+
+    print_plan_notes(args)
+    for fmt, problem in skipped:
+        print(f"skipped {fmt}: {problem}", file=sys.stderr)
     if len(formats) > 1 and not held:  # all or nothing: staged beside --out, renamed into place at the end
         _write_staged(jobs, out_dir)
         return 0
@@ -142,7 +149,7 @@ def from_launch_file(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
     model = with_overrides(model, **{k: getattr(args, k, None) for k in SHAPE_FLAGS})
     name = args.cluster or imp.cluster_ref or model.default_plan.get("cluster") or "dgx-a100"
     gpus = args.gpus or imp.gpus or (model.default_plan.get("gpus") if not args.cluster else None)
-    cluster = load_cluster(name, gpus=gpus)
+    cluster = load_cluster(name, gpus=gpus, calibration=getattr(args, "calibration", None))  # was dropped
     plan = resolve_plan(imp, model, cluster.num_gpus, global_batch=args.global_batch, overrides=plan_fields(args))
     note = describe_import(imp)
     problem = load_stack(FORMAT_STACK[imp.format]).plan_violation(plan, model)

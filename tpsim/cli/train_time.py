@@ -10,6 +10,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from .common import real_arg
@@ -79,7 +80,8 @@ def format_train_time(t: Any) -> str:
         f" band of step time and failure rates)",
         f"goodput              {100 * t.goodput:10.1f} %  (ideal / expected)",
         f"interruptions        {t.interruptions:10.0f}    ({t.interruptions_per_day:.2f} per day, "
-        f"{t.unexpected_per_day:.2f} unexpected; one every {t.mtbf_hours:.2f} h)",
+        f"{t.unexpected_per_day:.2f} unexpected; "
+        + (f"one every {t.mtbf_hours:.2f} h)" if math.isfinite(t.mtbf_hours) else "no failure rate: none expected)"),
         f"checkpoint           every {t.checkpoint_interval_s:,.0f} s, {t.checkpoint_mode}: "
         f"{t.checkpoint_gib_per_rank:.2f} GiB per rank, {t.checkpoint_tb:.2f} TB in all, write "
         f"{t.checkpoint_write_s:.1f} s, stall {t.checkpoint_stall_s:.3f} s",

@@ -58,11 +58,17 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     return config
 
 
+DTYPE_FLAGS = {"bf16": [["--bf16"]], "fp16": [["--fp16"]], "fp32": []}
+"""the precisions the exported arguments and ds_config.json state (the deepspeed stack's dtypes)."""
+
+
 def format_violation(ctx: ExportContext) -> str | None:
     """What Megatron-DeepSpeed's arguments cannot state about the plan."""
     plan = ctx.plan
     if plan.schedule not in SCHEDULE_FLAGS:
         return (f"schedule={plan.schedule}: Megatron-DeepSpeed runs 1F1B or ZB-H1 (--enable-zbh1-pipeline) only")
+    if plan.dtype not in DTYPE_FLAGS:  # --stack megatron let fp8/mxfp8 through to a KeyError (a traceback)
+        return f"dtype={plan.dtype}: Megatron-DeepSpeed's engine is written for {', '.join(DTYPE_FLAGS)} only"
     if plan.tp_overlap:
         return "tp_overlap: Megatron-DeepSpeed's DeepSpeed engine has no TP-communication overlap"
     if plan.pp_first or plan.pp_last or plan.pp_embedding or plan.pp_loss:
@@ -106,7 +112,7 @@ def launch_args(ctx: ExportContext) -> list[list[str]]:
     args += megatron._recompute(plan.recompute)
     if plan.recompute == "full":   # recompute through deepspeed.checkpointing (activation_checkpointing section)
         args.append(["--deepspeed-activation-checkpointing"])
-    args += {"bf16": [["--bf16"]], "fp16": [["--fp16"]], "fp32": []}[plan.dtype]
+    args += DTYPE_FLAGS[plan.dtype]
     if plan.attention == "flash":
         args.append(["--use-flash-attn-v2"])
     args += [["--deepspeed"], ["--deepspeed_config", CONFIG], ["--zero-stage", str(plan.zero)]]
