@@ -30,7 +30,7 @@ import hashlib
 import marshal
 import os
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Callable
 
 FORMAT = 2
@@ -76,11 +76,21 @@ def _package_files() -> list[tuple[bytes, frozenset, bytes]]:
     does not change while it runs; a process hashes them for several keys)."""
     if not _FILES:
         package = Path(__file__).resolve().parent
-        for path in sorted(package.rglob("*")):
-            rel = path.relative_to(package)
-            if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".csv", ".json"):
-                _FILES.append((str(rel).encode(), frozenset(rel.parts), path.read_bytes()))
+        found = []   # as sorted(package.rglob("*")) lists them (by path parts; symlinked folders not entered)
+        for root, _, names in os.walk(package):
+            rel = os.path.relpath(root, package)
+            base = () if rel == os.curdir else tuple(rel.split(os.sep))
+            for name in names:
+                full = os.path.join(root, name)
+                if PurePath(name).suffix in _HASHED and os.path.isfile(full):
+                    found.append((base + (name,), full))
+        for parts, full in sorted(found):
+            with open(full, "rb") as f:
+                _FILES.append((os.sep.join(parts).encode(), frozenset(parts), f.read()))
     return _FILES
+
+
+_HASHED = (".py", ".yaml", ".yml", ".csv", ".json")
 
 
 def entry_key(text: str, reader: str) -> str:
