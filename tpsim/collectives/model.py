@@ -27,7 +27,7 @@ from ..units import GB
 from .algorithms import (NVLS_TRAFFIC, GroupShape, Line, combine, direct_lines, gloo_lines, nvls_line,
                          p2p_lines, ring_lines, tree_lines)
 from .constants import NcclConstants, nccl_constants
-from .curve import OPS, CostCurve, tangent_lines
+from .curve import OPS, CostCurve, tangent_columns
 from .flows import (Flows, Segments, all_to_all_flows, chain_flows, hierarchical_groups, ring_flows,
                     ring_orders, split_by_node, tree_flows)
 from .groups import GroupSet, ShiftedFlows
@@ -230,12 +230,14 @@ class CollectiveModel:
             lines = [ln for ln in lines if ln.name.startswith(tuple(algorithms))]
             if not lines:
                 raise InputError(f"algorithms={list(algorithms)} match no candidate of {op} here")
-        lat, spb, names = [], [], []
+        lat: list[float] = []
+        spb: list[float] = []
+        names: list[str] = []
         for ln in lines:
-            for a, b in tangent_lines(ln.latency_s, ln.sec_per_byte, ln.sqrt_coef):
-                lat.append(a)
-                spb.append(b)
-                names.append(ln.name)
+            a, b = tangent_columns(ln.latency_s, ln.sec_per_byte, ln.sqrt_coef)
+            lat += a
+            spb += b
+            names += [ln.name] * len(a)
         return CostCurve(tuple(lat), tuple(spb), tuple(names))
 
     def _lines(self, op: str, groups: np.ndarray, digest: tuple | None = None) -> list[Line]:
