@@ -100,12 +100,6 @@ class StructuralRouter(RouteQueries):
         self._key_up0 = self._key_in0 + g
         self._key_down0 = self._key_up0 + _MAX_SPLITS * g
         self._entries: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        # the entries of every record key seen, flat: sorted keys, first entry and entry count of each
-        self._flat_keys = np.zeros(0, dtype=np.int64)
-        self._flat_start = np.zeros(0, dtype=np.int64)
-        self._flat_len = np.zeros(0, dtype=np.int64)
-        self._flat_edge = np.zeros(0, dtype=np.int64)
-        self._flat_frac = np.zeros(0)
         self._splits: dict[tuple, int] = {}
         self._split_list: list[tuple[tuple[str, float], ...]] = []
         self._pair_code = np.full(g * g, _UNKNOWN, dtype=np.int64)
@@ -400,42 +394,20 @@ class StructuralRouter(RouteQueries):
         return nodes[np.sort(first)]
 
     def _expand(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(local edge, fraction, index into ``keys``) of every template-route entry of ``keys``: gathered
-        from the entries of the keys seen so far, kept flat (sorted keys, their first entry and count)."""
-        keys = np.asarray(keys, dtype=np.int64).ravel()
-        if not keys.size:
-            return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
-        where = self._flat_where(keys)
-        if (where < 0).any():
-            self._flat_add(np.unique(keys[where < 0]))
-            where = self._flat_where(keys)
-        lens = self._flat_len[where]
+        """(local edge, fraction, index into ``keys``) of every template-route entry of ``keys`` (each
+        distinct key's entries looked up once)."""
+        uk, inv = np.unique(keys, return_inverse=True)
+        inv = inv.ravel()
+        parts = [self._entries.get(k) or self._entry(k) for k in uk.tolist()]
+        lens = np.array([len(e) for e, _ in parts], dtype=np.int64)
         if not lens.sum():
             return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
-        own, off = _spread_counts(lens)
-        pos = self._flat_start[where][own] + off
-        return self._flat_edge[pos], self._flat_frac[pos], own
-
-    def _flat_where(self, keys: np.ndarray) -> np.ndarray:
-        """Index of each key among the flat table's keys, -1 where it is not there yet."""
-        known = self._flat_keys
-        at = np.searchsorted(known, keys)
-        found = at < len(known)
-        found[found] = known[at[found]] == keys[found]
-        return np.where(found, at, -1)
-
-    def _flat_add(self, new: np.ndarray) -> None:
-        """Append the entries of the keys ``new`` (distinct, not in the table) to the flat table."""
-        parts = [self._entries.get(k) or self._entry(k) for k in new.tolist()]
-        lens = np.array([len(e) for e, _ in parts], dtype=np.int64)
-        start = len(self._flat_edge) + np.cumsum(lens) - lens
-        self._flat_edge = np.concatenate([self._flat_edge] + [e for e, _ in parts])
-        self._flat_frac = np.concatenate([self._flat_frac] + [f for _, f in parts])
-        keys = np.concatenate([self._flat_keys, new])
-        order = np.argsort(keys, kind="stable")
-        self._flat_keys = keys[order]
-        self._flat_start = np.concatenate([self._flat_start, start])[order]
-        self._flat_len = np.concatenate([self._flat_len, lens])[order]
+        flat_e = np.concatenate([e for e, _ in parts])
+        flat_f = np.concatenate([f for _, f in parts])
+        starts = np.cumsum(lens) - lens
+        own, off = _spread_counts(lens[inv])
+        pos = starts[inv][own] + off
+        return flat_e[pos], flat_f[pos], own
 
     def _entry(self, key: int) -> tuple[np.ndarray, np.ndarray]:
         """Local edges and fractions of one record key (see the key layout in ``__init__``)."""
