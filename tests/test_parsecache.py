@@ -185,3 +185,51 @@ def test_entries_of_another_secret_do_not_verify(cache, capsys, monkeypatch):
     cachefile._secret.cache_clear()
     assert cachefile.secret() is None
     assert load_yaml(DOC, "doc") == yaml.safe_load(DOC) and not capsys.readouterr().err
+
+
+def _shipped_yaml() -> list[Path]:
+    from tpsim.topology.files import topologies_dir
+
+    return [p for folder in (DATA, Path(topologies_dir())) for p in sorted(folder.rglob("*.yaml"))]
+
+
+def test_seed_documents_are_what_the_readers_build(tmp_path, monkeypatch):
+    """Every entry of the shipped parse seed (tpsim/data/parse_seed.marshal) that a current file's text and
+    reader key is the document that reader builds now; an entry keyed by no current file is never read."""
+    from tpsim.safeyaml import SAFE_READER, STRICT_READER, _parse_safe, _parse_strict
+
+    monkeypatch.setenv("TPSIM_CACHE_DIR", "off")
+    seed = parsecache.seed()
+    checked = 0
+    for path in _shipped_yaml():
+        text = path.read_text()
+        for reader, parse in ((SAFE_READER, _parse_safe), (STRICT_READER, lambda t: _parse_strict(t, str(path)))):
+            key = parsecache.entry_key(text, reader)
+            if key in seed:
+                assert parsecache.cached_parse(text, reader, lambda t: pytest.fail("parsed")) == parse(text)
+                checked += 1
+    assert checked > 0
+    calls = []
+    assert parsecache.cached_parse("seed: probe\n", SAFE_READER, lambda t: calls.append(t) or {"p": 1}) == {"p": 1}
+    assert calls == ["seed: probe\n"]   # not in the seed: parsed
+
+
+def test_seed_covers_every_shipped_yaml_file():
+    """The seed is current: each shipped YAML file has its entry (else regenerate it:
+    ``python tests/test_parsecache.py --write``; an out-of-date seed only costs a cold process time)."""
+    from tpsim.safeyaml import SAFE_READER
+
+    seed = parsecache.seed()
+    stale = [str(p) for p in _shipped_yaml() if parsecache.entry_key(p.read_text(), SAFE_READER) not in seed]
+    assert not stale, f"parse seed out of date for {stale}: run python tests/test_parsecache.py --write"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--write" in sys.argv[1:]:
+        from tpsim.safeyaml import write_parse_seed
+        from tpsim.topology.files import topologies_dir
+
+        files, entries = write_parse_seed([DATA, topologies_dir()])
+        print(f"wrote {parsecache.SEED_FILE}: {files} files, {entries} entries")

@@ -193,14 +193,18 @@ def _special(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: PathLike, mode: str = "wb", what: str = "output", overwrite: bool = True) -> Iterator[IO]:
+def atomic_writer(path: PathLike, mode: str = "wb", what: str = "output", overwrite: bool = True,
+                  durable: bool = True) -> Iterator[IO]:
     """Open a temporary file next to ``path`` for writing; on success it replaces ``path`` in one step
     (``os.replace``), on any failure or interrupt it is removed and ``path`` is left as it was. The new file
     gets the permissions a plain ``open(path, "w")`` would give. OSError -> InputError naming ``path``.
 
     ``overwrite=False`` (a destination checked before the work without ``--force``): the new file is linked
     into place only if nothing is there, in one step (``os.link`` fails on an existing name), so a file that
-    appeared at ``path`` during the work is kept and the run is refused with one line (issue 26)."""
+    appeared at ``path`` during the work is kept and the run is refused with one line (issue 26).
+
+    ``durable=False`` skips the ``fsync`` before the rename: for files whose reader verifies them and recomputes
+    a bad one (cache entries, sealed and checksummed), where a crash may cost the entry but never a wrong one."""
     p = Path(path).expanduser()
     if _special(p):
         try:
@@ -221,7 +225,8 @@ def atomic_writer(path: PathLike, mode: str = "wb", what: str = "output", overwr
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         if overwrite:
             os.replace(tmp, p)
@@ -252,9 +257,10 @@ def _link_new(tmp: str, p: Path, what: str) -> None:
     os.unlink(tmp)
 
 
-def atomic_write_bytes(path: PathLike, data: bytes, what: str = "output", overwrite: bool = True) -> Path:
+def atomic_write_bytes(path: PathLike, data: bytes, what: str = "output", overwrite: bool = True,
+                       durable: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_writer`)."""
-    with atomic_writer(path, "wb", what, overwrite=overwrite) as f:
+    with atomic_writer(path, "wb", what, overwrite=overwrite, durable=durable) as f:
         f.write(data)
     return Path(path)
 

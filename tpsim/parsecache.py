@@ -18,6 +18,10 @@ corrupt, forged, written by another Python), is discarded with one warning line 
 stderr and the file parsed again (then the entry rewritten). Entries are written atomically (a temporary
 file in the folder, then ``os.replace``); a folder that cannot be written is not an error (the document is
 just not kept). At most :data:`MAX_ENTRIES` entries are kept, oldest first out.
+
+Seed (issue 21, cold start): tpsim's own YAML files come parsed with the package (:data:`SEED_FILE`, under
+the same keys), looked up before the folder, so a process with an empty or no cache folder does not import
+PyYAML for them either; a file whose text changed since the seed was written is parsed as any other.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import hashlib
 import marshal
 import os
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Callable
 
 FORMAT = 2
@@ -36,6 +40,12 @@ MAX_ENTRY_BYTES = 64 << 20
 """largest entry read back (a parsed 4 MB YAML document is a few MB in marshal form)."""
 SUFFIX = ".yamlc"
 _DIGEST = 32
+SEED_FILE = Path(__file__).resolve().parent / "data" / "parse_seed.marshal"
+"""The documents of tpsim's shipped YAML files (``tpsim/data``, ``topologies``), parsed when they were last
+written (:func:`tpsim.safeyaml.write_parse_seed`; ``python tests/test_parsecache.py --write``) under the same
+keys as the cache entries: a cold process (an empty cache folder, or none) reads them without PyYAML. An edited
+file has another key and is parsed as before, so an out-of-date seed costs time, never a wrong document."""
+SEED_FORMAT = 1
 
 
 def cache_dir() -> Path | None:
@@ -66,11 +76,21 @@ def _package_files() -> list[tuple[bytes, frozenset, bytes]]:
     does not change while it runs; a process hashes them for several keys)."""
     if not _FILES:
         package = Path(__file__).resolve().parent
-        for path in sorted(package.rglob("*")):
-            rel = path.relative_to(package)
-            if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".csv", ".json"):
-                _FILES.append((str(rel).encode(), frozenset(rel.parts), path.read_bytes()))
+        found = []   # as sorted(package.rglob("*")) lists them (by path parts; symlinked folders not entered)
+        for root, _, names in os.walk(package):
+            rel = os.path.relpath(root, package)
+            base = () if rel == os.curdir else tuple(rel.split(os.sep))
+            for name in names:
+                full = os.path.join(root, name)
+                if PurePath(name).suffix in _HASHED and os.path.isfile(full):
+                    found.append((base + (name,), full))
+        for parts, full in sorted(found):
+            with open(full, "rb") as f:
+                _FILES.append((os.sep.join(parts).encode(), frozenset(parts), f.read()))
     return _FILES
+
+
+_HASHED = (".py", ".yaml", ".yml", ".csv", ".json")
 
 
 def entry_key(text: str, reader: str) -> str:
@@ -86,10 +106,14 @@ def cached_parse(text: str, reader: str, parse: Callable[[str], Any]) -> Any:
     objects (callers may modify what they get)."""
     from .cachefile import secret
 
+    key = entry_key(text, reader)
+    seeded = seed().get(key)
+    if seeded is not None:
+        return marshal.loads(seeded)
     folder = cache_dir()
     if folder is None or secret(folder.parent) is None:  # no secret to seal with: no cache (nothing unverified)
         return parse(text)
-    path = folder / (entry_key(text, reader) + SUFFIX)
+    path = folder / (key + SUFFIX)
     hit = _load(path)
     if hit is not _MISS:
         return hit
@@ -99,6 +123,35 @@ def cached_parse(text: str, reader: str, parse: Callable[[str], Any]) -> Any:
 
 
 _MISS = object()
+_SEED: dict[str, bytes] = {}
+_SEED_READ: list[bool] = []
+
+
+def seed() -> dict[str, bytes]:
+    """{entry key: marshal payload} of :data:`SEED_FILE` (read once per process; empty when the file is
+    missing, unreadable or of another format: every document is then parsed or read from the cache)."""
+    if not _SEED_READ:
+        _SEED_READ.append(True)
+        try:
+            data = marshal.loads(SEED_FILE.read_bytes())
+            entries = data.get("entries") if isinstance(data, dict) and data.get("format") == SEED_FORMAT else None
+            if isinstance(entries, dict):
+                _SEED.update((k, v) for k, v in entries.items() if isinstance(k, str) and isinstance(v, bytes))
+        except (OSError, EOFError, ValueError, TypeError):
+            pass
+    return _SEED
+
+
+def seed_payload(documents: dict[str, Any]) -> bytes:
+    """The bytes of a seed file holding ``documents`` ({entry key: parsed document}); documents marshal cannot
+    keep are left out."""
+    entries = {}
+    for key in sorted(documents):
+        try:
+            entries[key] = marshal.dumps(documents[key])
+        except ValueError:
+            continue
+    return marshal.dumps({"format": SEED_FORMAT, "entries": entries})
 
 
 def _load(path: Path) -> Any:
@@ -168,4 +221,4 @@ def _prune(folder: Path) -> None:
         pass
 
 
-__all__ = ["cache_dir", "cached_parse", "entry_key", "FORMAT", "MAX_ENTRIES"]
+__all__ = ["cache_dir", "cached_parse", "entry_key", "FORMAT", "MAX_ENTRIES", "SEED_FILE", "seed", "seed_payload"]

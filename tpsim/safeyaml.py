@@ -34,6 +34,11 @@ from .limits import MAX_JSON_DEPTH, MAX_NUMBER_DIGITS, MAX_YAML_BYTES, MAX_YAML_
 if TYPE_CHECKING:
     import yaml
 
+STRICT_READER = f"strict nodes={MAX_YAML_NODES} depth={MAX_JSON_DEPTH} digits={MAX_NUMBER_DIGITS}"
+"""the parse cache's name of :func:`load_yaml`'s reader (with its limits: other limits, other entries)."""
+SAFE_READER = "safe"
+"""the parse cache's name of :func:`load_data`'s reader."""
+
 # PyYAML is imported on first parse, not here: a document found in the parse cache (tpsim.parsecache) needs
 # no parser, and `tpsim estimate` with every file cached does not import PyYAML at all.
 
@@ -154,8 +159,7 @@ def load_yaml(text: str, where: str) -> Any:
     comes from the parse cache (:mod:`tpsim.parsecache`; only documents that passed every check are kept)."""
     from .parsecache import cached_parse
 
-    return cached_parse(text, f"strict nodes={MAX_YAML_NODES} depth={MAX_JSON_DEPTH} digits={MAX_NUMBER_DIGITS}",
-                        lambda t: _parse_strict(t, where))
+    return cached_parse(text, STRICT_READER, lambda t: _parse_strict(t, where))
 
 
 def _parse_strict(text: str, where: str) -> Any:
@@ -181,12 +185,35 @@ def load_data(path: str | os.PathLike[str]) -> Any:
 
     from .parsecache import cached_parse
 
-    def parse(text: str) -> Any:
-        import yaml
+    return cached_parse(Path(path).read_text(), SAFE_READER, _parse_safe)
 
-        return yaml.load(text, Loader=base_loader())
 
-    return cached_parse(Path(path).read_text(), "safe", parse)
+def _parse_safe(text: str) -> Any:
+    import yaml
+
+    return yaml.load(text, Loader=base_loader())
+
+
+def write_parse_seed(folders: list[os.PathLike[str]]) -> tuple[int, int]:
+    """Write :data:`tpsim.parsecache.SEED_FILE`: every YAML file under ``folders`` (tpsim/data and the
+    topologies folder) as both readers parse it (a file the strict reader refuses has no strict entry).
+    Returns (files, entries)."""
+    from pathlib import Path
+
+    from .io import atomic_write_bytes
+    from .parsecache import SEED_FILE, entry_key, seed_payload
+
+    files = [p for folder in folders for p in sorted(Path(folder).rglob("*.yaml"))]
+    documents: dict[str, Any] = {}
+    for path in files:
+        text = path.read_text()
+        documents[entry_key(text, SAFE_READER)] = _parse_safe(text)
+        try:
+            documents[entry_key(text, STRICT_READER)] = _parse_strict(text, str(path))
+        except InputError:
+            pass
+    atomic_write_bytes(SEED_FILE, seed_payload(documents), "parse seed")
+    return len(files), len(documents)
 
 
 def read_yaml(path: str | os.PathLike[str], what: str = "YAML file", max_bytes: int = MAX_YAML_BYTES) -> Any:

@@ -55,15 +55,19 @@ class CostCurve:
 
 TANGENT_EXPONENTS = range(6, 41)
 """Tangent points 2**6 = 64 B ... 2**40 = 1 TiB."""
+_TANGENT_ROOTS = tuple(2.0 ** (k / 2) for k in TANGENT_EXPONENTS)
+"""sqrt(s_k) of each tangent point (computed once: a search builds a few hundred curves of ~300 lines)."""
+
+
+def tangent_columns(latency_s: float, sec_per_byte: float, sqrt_coef: float) -> tuple[list[float], list[float]]:
+    """(latencies, sec_per_byte values) of the tangents of ``L + b s + c sqrt(s)`` at s = 2**k: at s_k the
+    tangent is ``(L + c sqrt(s_k) / 2) + (b + c / (2 sqrt(s_k))) s``; the line itself when c <= 0."""
+    if sqrt_coef <= 0:
+        return [latency_s], [sec_per_byte]
+    return ([latency_s + sqrt_coef * root / 2 for root in _TANGENT_ROOTS],
+            [sec_per_byte + sqrt_coef / (2 * root) for root in _TANGENT_ROOTS])
 
 
 def tangent_lines(latency_s: float, sec_per_byte: float, sqrt_coef: float) -> list[tuple[float, float]]:
-    """(latency, sec_per_byte) of the tangents of ``L + b s + c sqrt(s)`` at s = 2**k: at s_k the tangent is
-    ``(L + c sqrt(s_k) / 2) + (b + c / (2 sqrt(s_k))) s``."""
-    if sqrt_coef <= 0:
-        return [(latency_s, sec_per_byte)]
-    out = []
-    for k in TANGENT_EXPONENTS:
-        root = 2.0 ** (k / 2)
-        out.append((latency_s + sqrt_coef * root / 2, sec_per_byte + sqrt_coef / (2 * root)))
-    return out
+    """(latency, sec_per_byte) pairs of :func:`tangent_columns`."""
+    return list(zip(*tangent_columns(latency_s, sec_per_byte, sqrt_coef)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -27,13 +27,15 @@ from ..units import GB
 from .algorithms import (NVLS_TRAFFIC, GroupShape, Line, combine, direct_lines, gloo_lines, nvls_line,
                          p2p_lines, ring_lines, tree_lines)
 from .constants import NcclConstants, nccl_constants
-from .curve import OPS, CostCurve, tangent_lines
-from .fabric import GraphRouter
+from .curve import OPS, CostCurve, tangent_columns
 from .flows import (Flows, Segments, all_to_all_flows, chain_flows, hierarchical_groups, ring_flows,
                     ring_orders, split_by_node, tree_flows)
 from .groups import GroupSet, ShiftedFlows
 from .links import LinkRules
 from .structure import StructuralRouter
+
+if TYPE_CHECKING:  # the full-graph router is imported where a model uses it (irregular clusters, reference)
+    from .fabric import GraphRouter
 
 __all__ = ["CollectiveModel", "CollectiveResult", "get_collective_model", "nccl_tests_time", "ring_orders"]
 
@@ -91,8 +93,12 @@ class CollectiveModel:
         rules = LinkRules(calibrated=links, lane_limit_GBps={"nvlink": self.k.nvlink_lane_GBps[arch]},
                           efficiency_limit=self.k.link_efficiency)
         self.structural = not reference and is_structural(cluster)
-        self.router: StructuralRouter | GraphRouter = (StructuralRouter(cluster, rules) if self.structural
-                                                       else GraphRouter(cluster, rules))
+        if self.structural:
+            self.router: StructuralRouter | GraphRouter = StructuralRouter(cluster, rules)
+        else:
+            from .fabric import GraphRouter
+
+            self.router = GraphRouter(cluster, rules)
         self._curves: dict[tuple, CostCurve] = {}
         self._layouts: dict[tuple, tuple[np.ndarray, tuple]] = {}
         self._memo: dict[tuple, Any] = {}
@@ -224,12 +230,14 @@ class CollectiveModel:
             lines = [ln for ln in lines if ln.name.startswith(tuple(algorithms))]
             if not lines:
                 raise InputError(f"algorithms={list(algorithms)} match no candidate of {op} here")
-        lat, spb, names = [], [], []
+        lat: list[float] = []
+        spb: list[float] = []
+        names: list[str] = []
         for ln in lines:
-            for a, b in tangent_lines(ln.latency_s, ln.sec_per_byte, ln.sqrt_coef):
-                lat.append(a)
-                spb.append(b)
-                names.append(ln.name)
+            a, b = tangent_columns(ln.latency_s, ln.sec_per_byte, ln.sqrt_coef)
+            lat += a
+            spb += b
+            names += [ln.name] * len(a)
         return CostCurve(tuple(lat), tuple(spb), tuple(names))
 
     def _lines(self, op: str, groups: np.ndarray, digest: tuple | None = None) -> list[Line]:

@@ -12,7 +12,6 @@ from typing import Any
 
 from ..errors import InputError
 from ..limits import MAX_CONFIG_BYTES
-from .hf import from_hf_config
 from .presets import PRESETS, get_preset
 from .spec import ModelSpec
 
@@ -35,6 +34,8 @@ def load_model(name_or_path: str) -> ModelSpec:
         return get_preset(name_or_path)
     cfg = read_json_object(path)
     stem = path.parent.name if path.name == "config.json" else path.stem
+    from .hf import from_hf_config
+
     return from_hf_config(cfg, name=stem or "hf-model", source=str(path))
 
 

@@ -177,14 +177,15 @@ def _save(folder: Path, key: str, result: SearchResult) -> None:
         buf = io.BytesIO()
         np.savez(buf, __ranking=result.ranking, **{k: np.asarray(v) for k, v in result.columns.items()})
         data = buf.getvalue()
+        npz_sha = _sha(data)
         meta = {"enumerated": result.enumerated, "evaluated": result.evaluated, "rejected": dict(result.rejected),
                 "stack_rejected": dict(result.stack_rejected),
                 "elapsed_s": result.elapsed_s, "memo": result.memo, "duplicates": result.duplicates,
                 "left_out": result.left_out, "gpus": [int(p.cluster.num_gpus) for p in result.parts]}
-        header = _header_bytes(key, _sha(data), meta)
+        header = _header_bytes(key, npz_sha, meta)
         _write_atomic(folder / f"{key}.npz", data)
         _write_atomic(folder / f"{key}.json", header)
-        _KEYS[id(result)] = (key, _sha(data))
+        _KEYS[id(result)] = (key, npz_sha)
         _prune(folder)
     except (OSError, InputError):
         pass  # a cache that cannot be written is not an error
@@ -299,7 +300,7 @@ def _warn(path: Path, why: str) -> None:
 def _write_atomic(path: Path, data: bytes) -> None:
     from ..io import atomic_write_bytes
 
-    atomic_write_bytes(path, data, "cache entry")
+    atomic_write_bytes(path, data, "cache entry", durable=False)  # verified when read: a torn entry is recomputed
 
 
 def _prune(folder: Path) -> None:

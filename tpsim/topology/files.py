@@ -25,9 +25,15 @@ def topologies_dir() -> Path:
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env).expanduser().resolve()
-    repo = Path(__file__).resolve().parents[2] / "topologies"
-    packaged = Path(__file__).resolve().parents[1] / "topologies"   # a wheel may ship them as package data
+    repo, packaged = _default_dirs()
     return repo if repo.is_dir() or not packaged.is_dir() else packaged
+
+
+@lru_cache(maxsize=1)
+def _default_dirs() -> tuple[Path, Path]:
+    """(<repo root>/topologies, tpsim/topologies): where this file is does not change while it runs."""
+    here = Path(__file__).resolve()
+    return here.parents[2] / "topologies", here.parents[1] / "topologies"   # a wheel may ship them as package data
 
 
 def resolve(kind: str, name_or_path: str | os.PathLike[str], relative_to: Path | None = None) -> Path:

@@ -9,6 +9,7 @@ to GPUs in order: rank r sits on node r // gpus_per_node, local GPU r % gpus_per
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -49,6 +50,10 @@ class RankLayout:
             if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
                 raise InputError(f"{name}={size!r} must be a positive integer")
         object.__setattr__(self, "dims", tuple((str(d), int(n)) for d, n in self.dims))
+        # not fields (equality, hash and repr stay the dims'): the sizes as a dict and the rank count, asked for
+        # hundreds of times per search (np.prod per call was a tenth of a cold `tpsim plan`)
+        object.__setattr__(self, "_sizes", dict(self.dims))
+        object.__setattr__(self, "_world", math.prod(n for _, n in self.dims))
 
     @classmethod
     def from_order(cls, order: str | tuple[str, ...], **sizes: int) -> "RankLayout":
@@ -66,19 +71,31 @@ class RankLayout:
 
     @property
     def world(self) -> int:
-        return int(np.prod([n for _, n in self.dims], dtype=np.int64)) if self.dims else 1
+        return self._world
 
     def size(self, *axes: str) -> int:
         """Product of the sizes of ``axes`` (1 for axes the layout does not have)."""
-        sizes = dict(self.dims)
-        return int(np.prod([sizes.get(a, 1) for a in axes], dtype=np.int64))
+        sizes = self._sizes
+        return math.prod(sizes.get(a, 1) for a in axes)
 
     def groups(self, axes: str | tuple[str, ...]) -> np.ndarray:
         """Ranks that differ only along ``axes``: array (number of groups, group size), each group's ranks in
         layout order (innermost axis fastest), groups listed with the other axes' indices innermost fastest
-        (Megatron-Core ``generate_masked_orthogonal_rank_groups``)."""
+        (Megatron-Core ``generate_masked_orthogonal_rank_groups``). Read-only: the last few are kept (the
+        estimator and the collective model ask for the same groups one after the other)."""
         if isinstance(axes, str):
             axes = (axes,)
+        key = (self, tuple(axes))
+        hit = _RECENT_GROUPS.get(key)
+        if hit is None:
+            hit = self._groups(key[1])
+            hit.setflags(write=False)
+            if len(_RECENT_GROUPS) >= _RECENT:
+                _RECENT_GROUPS.pop(next(iter(_RECENT_GROUPS)))
+            _RECENT_GROUPS[key] = hit
+        return hit
+
+    def _groups(self, axes: tuple[str, ...]) -> np.ndarray:
         names = [d for d, _ in self.dims]
         bad = [a for a in axes if a not in names]
         if bad:
@@ -94,6 +111,11 @@ class RankLayout:
 
     def key(self) -> str:
         return "-".join(f"{d}{n}" for d, n in self.dims)
+
+
+_RECENT = 8
+_RECENT_GROUPS: dict[tuple[RankLayout, tuple[str, ...]], np.ndarray] = {}
+"""the last :data:`_RECENT` groups arrays (an array holds every rank: at 131k GPUs 1 MB each, so only a few)."""
 
 
 def nodes_spanned(group: tuple[int, ...], gpus_per_node: int) -> int:
