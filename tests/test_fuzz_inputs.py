@@ -66,8 +66,8 @@ def bounded(what: str):
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_cli(argv, capsys) -> None:
-    """One CLI call: status 0 or 2, and 2 means exactly one line on stderr."""
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """One CLI call: status 0 or 2, and 2 means exactly one line on stderr; returns (status, stdout, stderr)."""
     clear_cache()
     with bounded(" ".join(argv)[:200]):
         code = main(argv)
@@ -76,6 +76,7 @@ def run_cli(argv, capsys) -> None:
     if code == 2:
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("tpsim"), (argv, err)
+    return code, out, err
 
 
 # ----------------------------------------------------------------------------------------------- CLI vectors
