@@ -101,6 +101,22 @@ def argmax_rows(a: np.ndarray) -> np.ndarray:
     return index
 
 
+def flat_index(position: np.ndarray) -> np.ndarray:
+    """The flat indices of ``values[position[i], i]`` in (k, n) arrays (:func:`pick_rows`; computed once per
+    position array where it picks several)."""
+    n = position.size
+    return position * n + np.arange(n)
+
+
+def pick_rows(values: np.ndarray, position: np.ndarray, flat: np.ndarray | None = None) -> np.ndarray:
+    """``values[position[i], i]`` for (k, n) ``values`` (one row per column): one flat gather, half the time of
+    the 2-D fancy index; ``flat``: :func:`flat_index` of ``position`` if already known."""
+    n = position.size
+    if values.ndim == 2 and values.shape[1] == n:
+        return values.take(flat_index(position) if flat is None else flat)
+    return values[position, np.arange(n)]
+
+
 def gather(a: np.ndarray, index: Any, axis: int = -1) -> np.ndarray:
     """``a`` indexed by ``index`` along ``axis`` (``a[..., index]``, ``a[index]``, ``a[:, index]``):
     ``ndarray.take`` where ``index`` is an integer array (the same values; fancy indexing is two to five times

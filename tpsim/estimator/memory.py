@@ -24,7 +24,7 @@ import numpy as np
 from .. import pipeline
 from ..comm_plan import local_shapes
 from ..model import LayerKind, ModelSpec
-from .keys import argmax_rows
+from .keys import argmax_rows, flat_index, pick_rows
 from .partition import on_positions
 
 
@@ -339,11 +339,10 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     per_rank_states = (held - expert) * shard["total"] + expert * expert_shard["total"] - uncached_bytes
     allocated = np.where(ranks.valid, per_rank_states + activations + other, -1.0)
     peak_position = argmax_rows(allocated)
-    columns = np.arange(peak_position.size)
-    flat = peak_position * peak_position.size + columns
+    flat = flat_index(peak_position)
 
-    def pick(v: np.ndarray) -> np.ndarray:  # v[peak_position, columns]; one flat gather for (ranks, n) arrays
-        return np.take(v, flat) if v.ndim == 2 and v.shape[1] == peak_position.size else v[peak_position, columns]
+    def pick(v: np.ndarray) -> np.ndarray:  # v[peak_position, columns]
+        return pick_rows(v, peak_position, flat)
     held_expert = 0.0 if held_expert is None else pick(held_expert)
     held = pick(held)
     dense = held - held_expert

@@ -12,7 +12,7 @@ import numpy as np
 
 from typing import TYPE_CHECKING
 
-from .keys import argmax_rows, gather, per_distinct
+from .keys import argmax_rows, gather, per_distinct, pick_rows
 
 if TYPE_CHECKING:  # annotations only: the partition does not import the layer sources at run time
     from .source import LayerCosts
@@ -150,7 +150,7 @@ def _holding_most(valid: np.ndarray, params: np.ndarray, expert: np.ndarray | No
     if expert is None:
         return held.max(axis=0), 0.0
     at = argmax_rows(held)
-    return held[at, np.arange(at.size)], expert[at, np.arange(at.size)]
+    return pick_rows(held, at), pick_rows(expert, at)
 
 
 def _layer_sum(layers: np.ndarray, counts: np.ndarray | None, per_layer: np.ndarray,
@@ -212,11 +212,7 @@ class Ranks:
 
     def rank_sum(self, rank: np.ndarray) -> "RankSum":
         """The sums over the layers of rank ``rank[i]`` of plan i."""
-        n = rank.size
-        if self.layers.ndim == 2 and self.layers.shape[1] == n:  # one flat gather (half a 2-D fancy index)
-            layers = self.layers.take(rank * n + np.arange(n))
-        else:
-            layers = self.layers[rank, np.arange(n)]
+        layers = pick_rows(self.layers, rank)
         counts = None if self.kind_counts is None else self.kind_counts[:, rank, np.arange(rank.size)]
         return RankSum(layers=layers, counts=counts)
 

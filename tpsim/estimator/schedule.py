@@ -33,7 +33,7 @@ from ..plan import PlanBatch
 from ..precision import activation_bytes, wide
 from .comm import Comm
 from .context import EstimationContext
-from .keys import argmax_rows
+from .keys import argmax_rows, flat_index, pick_rows
 from .partition import Partition, RankSum, on_positions
 from .source import LayerCosts
 
@@ -87,19 +87,12 @@ class Schedule:
                 "optimizer": optimizer, "other": other}
 
 
-def _flat(position: np.ndarray) -> np.ndarray:
-    """The flat indices of values[position[i], i] in (k, n) arrays (:func:`_pick`; computed once per position
-    array where it picks several)."""
-    n = position.size
-    return position * n + np.arange(n)
+_flat = flat_index
 
 
 def _pick(position: np.ndarray, values: np.ndarray, flat: np.ndarray | None = None) -> np.ndarray:
-    """values[position[i], i] for (3, n) values; ``flat``: :func:`_flat` of ``position`` if already known."""
-    n = position.size
-    if values.ndim == 2 and values.shape[1] == n:  # one flat gather: half the time of the 2-D fancy index
-        return values.take(_flat(position) if flat is None else flat)
-    return values[position, np.arange(n)]
+    """values[position[i], i] for (3, n) values (:func:`~tpsim.estimator.keys.pick_rows`)."""
+    return pick_rows(values, position, flat)
 
 
 FP16_UNSCALE_BYTES = 8.0
