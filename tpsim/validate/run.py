@@ -13,7 +13,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..compute.scaled import ScaledCompute
 from .axis.case import AxisCase
@@ -253,15 +253,10 @@ def _block_summary(c: Case, per_case: dict[str, list], twin: Case | None, setup:
     s["framework_overhead_s"] = overhead
     s["predicted_without_overhead_s"] = {"fwd": raw_pred.fwd_s, "bwd": raw_pred.bwd_s}
     s["profile_grid_hits"] = len(grid_hits(c, setup.profile))
-    s["calibration_inputs"] = calibration_inputs(s, c.model, c.plan(), c.fused, setup,
-                                                 comm_s=raw_pred.fwd_s + raw_pred.bwd_s - _compute_s(c, setup))
+    compute_s = _block_compute_s(c.model, c.plan(), c.fused, setup)
+    s["calibration_inputs"] = calibration_inputs(s, setup, raw_pred.fwd_s + raw_pred.bwd_s
+                                                 - compute_s(setup.compute), compute_s)
     return s
-
-
-def _compute_s(c: Case, setup: Setup) -> float:
-    from ..estimator.block import predict_block
-    blk = predict_block(c.model, setup.cluster, c.plan(), compute=setup.compute, flavor="dtensor", fused=c.fused)
-    return blk.fwd_compute_s + blk.bwd_compute_s
 
 
 def _plan_summary(c: PlanCase, per_case: dict[str, list], twin: PlanCase | None, setup: Setup,
@@ -283,9 +278,10 @@ def _plan_summary(c: PlanCase, per_case: dict[str, list], twin: PlanCase | None,
     s["framework_overhead_s"] = overhead
     s["predicted_without_overhead_s"] = {k: raw_pred.slowest()[k] for k in ("fwd", "bwd", "optimizer", "other", "step")}
     if c.timed:
-        compute = _compute_s(c.block_case(), setup)
-        s["calibration_inputs"] = calibration_inputs(s, c.model, c.block_case().plan(), c.fused, setup,
-                                                     comm_s=raw_pred.slowest()["layer"] - compute)
+        block = c.block_case()
+        compute_s = _block_compute_s(block.model, block.plan(), block.fused, setup)
+        s["calibration_inputs"] = calibration_inputs(s, setup, raw_pred.slowest()["layer"]
+                                                     - compute_s(setup.compute), compute_s)
     return s
 
 
@@ -319,26 +315,12 @@ def _axis_summary(c: AxisCase, per_case: dict[str, list], twin: AxisCase | None,
         extra = (overhead or {"fwd": 0.0, "bwd": 0.0})
         s["predicted_at_estimator_imbalance_s"] = {"fwd": est.fwd_s + extra["fwd"], "bwd": est.bwd_s + extra["bwd"]}
     if s["phases"]:
-        s["calibration_inputs"] = _axis_calibration_inputs(s, c, setup, load, raw_pred)
+        def axis_compute_s(compute: Any) -> float:
+            p = predict_axis(c, setup.cluster, compute, load)
+            return p.fwd_compute_s + p.bwd_compute_s
+        comm = raw_pred.fwd_s + raw_pred.bwd_s - raw_pred.fwd_compute_s - raw_pred.bwd_compute_s
+        s["calibration_inputs"] = calibration_inputs(s, setup, comm, axis_compute_s)
     return s
-
-
-def _axis_calibration_inputs(summary: dict[str, Any], c: AxisCase, setup: Setup, load: int | None,
-                             raw_pred: Any) -> dict[str, Any] | None:
-    """:func:`calibration_inputs` for an :class:`AxisCase` (the parts from :func:`predict_axis`)."""
-    measured = next((p for p in summary["phases"] if p["name"] == "fwd+bwd"), None)
-    if measured is None:
-        return None
-    parts = {}
-    for kind in ("gemm", "attention", "memory"):
-        only = ScaledCompute(setup.raw, **{k: float(k == kind) for k in ("gemm", "attention", "memory")})
-        p = predict_axis(c, setup.cluster, only, load)
-        parts[f"{kind}_s"] = p.fwd_compute_s + p.bwd_compute_s
-    comm = raw_pred.fwd_s + raw_pred.bwd_s - raw_pred.fwd_compute_s - raw_pred.bwd_compute_s
-    fwd = next((p["measured_s"] for p in summary["phases"] if p["name"] == "fwd"), None)
-    return {"measured_s": measured["measured_s"], "measured_fwd_s": fwd, **parts, "comm_s": max(comm, 0.0),
-            "device": setup.cluster.device.name, "profile": str(setup.profile) if setup.profile else None,
-            "profile_device": _profile_device(setup.raw), "stack": VALIDATION_STACK}
 
 
 def _plan_twin_overhead(twin: PlanCase, ranks: list[dict[str, Any]], setup: Setup) -> dict[str, float]:
@@ -355,24 +337,32 @@ def _plan_twin_overhead(twin: PlanCase, ranks: list[dict[str, Any]], setup: Setu
     return over
 
 
-def calibration_inputs(summary: dict[str, Any], model: Any, plan: Any, fused: bool, setup: Setup,
-                       comm_s: float) -> dict[str, Any] | None:
+def calibration_inputs(summary: dict[str, Any], setup: Setup, comm_s: float,
+                       compute_s: Callable[[Any], float]) -> dict[str, Any] | None:
     """What ``tpsim calibrate --from-validation`` fits on: the measured fwd+bwd per layer and micro-batch, and
     the prediction's parts from the unscaled profile (GEMM, attention, memory-bound kernels; the rest, mostly
-    exposed communication, as predicted)."""
+    exposed communication, as predicted). ``compute_s(compute)``: the case's predicted compute seconds under a
+    compute model (each part: the unscaled profile with the other kinds of kernel set to zero)."""
     measured = next((p for p in summary["phases"] if p["name"] == "fwd+bwd"), None)
     if measured is None:
         return None
-    from ..estimator.block import predict_block
-    parts = {}
-    for kind in ("gemm", "attention", "memory"):
-        only = ScaledCompute(setup.raw, **{k: float(k == kind) for k in ("gemm", "attention", "memory")})
-        blk = predict_block(model, setup.cluster, plan, compute=only, flavor="dtensor", fused=fused)
-        parts[f"{kind}_s"] = blk.fwd_compute_s + blk.bwd_compute_s
+    kinds = ("gemm", "attention", "memory")
+    parts = {f"{kind}_s": compute_s(ScaledCompute(setup.raw, **{k: float(k == kind) for k in kinds}))
+             for kind in kinds}
     fwd = next((p["measured_s"] for p in summary["phases"] if p["name"] == "fwd"), None)
     return {"measured_s": measured["measured_s"], "measured_fwd_s": fwd, **parts, "comm_s": max(comm_s, 0.0),
             "device": setup.cluster.device.name, "profile": str(setup.profile) if setup.profile else None,
             "profile_device": _profile_device(setup.raw), "stack": VALIDATION_STACK}
+
+
+def _block_compute_s(model: Any, plan: Any, fused: bool, setup: Setup) -> Callable[[Any], float]:
+    """:func:`calibration_inputs`'s ``compute_s`` for a block (the estimator's own block costs)."""
+    from ..estimator.block import predict_block
+
+    def compute_s(compute: Any) -> float:
+        blk = predict_block(model, setup.cluster, plan, compute=compute, flavor="dtensor", fused=fused)
+        return blk.fwd_compute_s + blk.bwd_compute_s
+    return compute_s
 
 
 def _profile_device(compute: Any) -> str | None:

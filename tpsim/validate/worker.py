@@ -21,7 +21,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 FAIL_ENV = "TPSIM_VALIDATE_FAIL"
 
@@ -158,6 +158,28 @@ def _run_axis(data: dict[str, Any], world: int, rank: int) -> dict[str, Any]:
     return {"case": case.name, "rank": rank, **checks, **timing}
 
 
+def run_rank(run: Callable[[], None], out: Path, rank: int) -> NoReturn:
+    """Run one rank's work and leave the process: on an error, write ``error-rank<R>.json`` in ``out``, print
+    one line and exit 1 at once (the launcher stops the peers); on success exit 0 without running interpreter
+    and C++ static teardown: with the results written and the process group destroyed there is nothing left to
+    do, and a gloo/DeviceMesh thread still joinable at static destruction aborts the rank ('terminate called
+    without an active exception', SIGABRT) now and then."""
+    try:
+        run()
+    except BaseException as exc:
+        err = {"rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
+               "traceback": traceback.format_exc()}
+        try:
+            write_json_atomic(out / f"error-rank{rank}.json", err)
+        finally:
+            print(f"[tpsim validate] rank {rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr,
+                  flush=True)
+            os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tpsim.validate.worker")
     entry = parser.add_mutually_exclusive_group(required=True)
@@ -175,23 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(args.job.read_text())
     out = Path(job["out_dir"])
     rank = int(os.environ.get("RANK", 0))
-    try:
-        _run(job, out, rank)
-    except BaseException as exc:  # report and leave at once: peers are stopped by the launcher
-        err = {"rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
-               "traceback": traceback.format_exc()}
-        try:
-            write_json_atomic(out / f"error-rank{rank}.json", err)
-        finally:
-            print(f"[tpsim validate] rank {rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr,
-                  flush=True)
-            os._exit(1)
-    # Leave without running interpreter and C++ static teardown: with the results written and the process
-    # group destroyed there is nothing left to do, and a gloo/DeviceMesh thread still joinable at static
-    # destruction aborts the rank ('terminate called without an active exception', SIGABRT) now and then.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_rank(lambda: _run(job, out, rank), out, rank)
 
 
 if __name__ == "__main__":

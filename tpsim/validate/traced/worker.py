@@ -16,8 +16,6 @@ import json
 import os
 import statistics
 import sys
-import time
-import traceback
 from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
@@ -40,7 +38,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
 from ..modules.loss import as_loss
 from ..modules.conv_styles import CONV_TYPES, ChannelShard, ConvColwise, ConvRowwise
 from ..block.measure import Clock, CollectiveRecorder
-from ..worker import write_json_atomic
+from ..worker import run_rank, write_json_atomic
 
 NUMERICS_RTOL = 1e-8
 """max |sharded - unsharded| / max(max |unsharded|, 1) per tensor. The numerics check runs in float64: a
@@ -247,22 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(args.job.read_text())
     out = Path(job["out_dir"])
     rank = int(os.environ.get("RANK", 0))
-    try:
-        _run(job, out, rank)
-    except BaseException as exc:  # report and leave at once: the launcher stops the peers
-        err = {"rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
-               "traceback": traceback.format_exc()}
-        try:
-            write_json_atomic(out / f"error-rank{rank}.json", err)
-        finally:
-            print(f"[tpsim validate] rank {rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            os._exit(1)
-    # Leave without running interpreter and C++ static teardown: with the results written and the process
-    # group destroyed there is nothing left to do, and a gloo/DeviceMesh thread still joinable at static
-    # destruction aborts the rank ('terminate called without an active exception', SIGABRT) now and then.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_rank(lambda: _run(job, out, rank), out, rank)
 
 
 if __name__ == "__main__":
