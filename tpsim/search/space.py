@@ -239,13 +239,18 @@ def _reduces(lay: np.ndarray) -> np.ndarray:
 PER_LAYOUT = ("vpp", "sp", "recompute", "zero", "micro_batch", "overlap")
 
 
-def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace) -> Enumeration:
-    """The cartesian product of the space for ``num_gpus`` GPUs, as one PlanBatch (vectorized)."""
+def _checked_layouts(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace) -> np.ndarray:
+    """(layouts, LAYOUT_COLUMNS) int64: the space's layouts for ``num_gpus`` GPUs, after checking the counts."""
     if num_gpus <= 0:
         raise InputError(f"gpus={num_gpus} must be a positive integer")
     if global_batch <= 0:
         raise InputError(f"global_batch={global_batch} must be a positive integer")
-    layouts = np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, len(LAYOUT_COLUMNS))
+    return np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, len(LAYOUT_COLUMNS))
+
+
+def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace) -> Enumeration:
+    """The cartesian product of the space for ``num_gpus`` GPUs, as one PlanBatch (vectorized)."""
+    layouts = _checked_layouts(model, num_gpus, global_batch, space)
     pipe_vpp, pipe_schedule = space.pipes()
     per_layout = [np.arange(pipe_vpp.size), np.asarray(space.sp, dtype=bool),
                   np.asarray([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64),
@@ -298,11 +303,7 @@ class _Partial:
 def _partial(model: ModelSpec, num_gpus: int, global_batch: int, space: SearchSpace) -> _Partial:
     from ..plan import violation_codes
 
-    if num_gpus <= 0:
-        raise InputError(f"gpus={num_gpus} must be a positive integer")
-    if global_batch <= 0:
-        raise InputError(f"global_batch={global_batch} must be a positive integer")
-    layouts = np.array(_layouts(model, num_gpus, space), dtype=np.int64).reshape(-1, len(LAYOUT_COLUMNS))
+    layouts = _checked_layouts(model, num_gpus, global_batch, space)
     pipe_vpp, pipe_schedule = space.pipes()
     first = [np.arange(pipe_vpp.size), np.asarray(space.sp, dtype=bool),
              np.asarray(space.micro_batch, dtype=np.int64)]
