@@ -30,7 +30,7 @@ def distinct(*cols: np.ndarray) -> Keys:
     n = ints[0].size
     if n == 1:  # one plan: nothing to sort
         zero = np.zeros(1, dtype=np.int64)
-        return Keys(rows=np.stack(ints, axis=1), first=zero, inverse=zero)
+        return Keys(rows=np.concatenate(ints).reshape(1, -1), first=zero, inverse=zero)  # np.stack(ints, 1)
     radix = [int(c.max()) + 1 for c in ints]
     if math.prod(radix) >= 1 << 63:  # the packed key would overflow (byte counts as columns): sort the rows
         rows = np.stack(ints, axis=1)
@@ -106,6 +106,13 @@ def flat_index(position: np.ndarray) -> np.ndarray:
     position array where it picks several)."""
     n = position.size
     return position * n + np.arange(n)
+
+
+def broadcast_float(x: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``np.broadcast_to(np.asarray(x, dtype=float), shape)``: ``x`` itself where it already is a float array
+    of that shape (no view)."""
+    a = np.asarray(x, dtype=float)
+    return a if a.shape == shape else np.broadcast_to(a, shape)
 
 
 def pick_rows(values: np.ndarray, position: np.ndarray, flat: np.ndarray | None = None) -> np.ndarray:

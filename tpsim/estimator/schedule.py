@@ -33,7 +33,7 @@ from ..plan import PlanBatch
 from ..precision import activation_bytes, wide
 from .comm import Comm
 from .context import EstimationContext
-from .keys import argmax_rows, flat_index, pick_rows
+from .keys import argmax_rows, broadcast_float, flat_index, pick_rows
 from .partition import Partition, RankSum, on_positions
 from .source import LayerCosts
 
@@ -83,7 +83,7 @@ class Schedule:
         sum to ``step``."""
         optimizer = self.optimizer + self.dp_in_optimizer + self.tp_grad_sync
         other = self.bubble + self.pp_exposed + self.dp_after_backward
-        return {"fwd": np.broadcast_to(self.forward, self.step.shape), "bwd": self.step - self.forward - optimizer - other,
+        return {"fwd": broadcast_float(self.forward, self.step.shape), "bwd": self.step - self.forward - optimizer - other,
                 "optimizer": optimizer, "other": other}
 
 
