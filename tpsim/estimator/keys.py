@@ -38,7 +38,7 @@ def distinct(*cols: np.ndarray) -> Keys:
         return Keys(rows=rows[first], first=first, inverse=inverse.reshape(-1))
     key = ints[0].copy()
     for c, r in zip(ints[1:], radix[1:]):  # in place: no array per column
-        if r == 1:  # a column of zeros adds nothing to the key
+        if r == 1 or int(c.min()) == r - 1:  # a column of one value adds nothing to the key
             continue
         key *= r
         key += c
