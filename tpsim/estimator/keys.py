@@ -63,7 +63,7 @@ def _group(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         plan_of = np.full(span, -1, dtype=np.int64)
         plan_of[key] = np.arange(n, dtype=np.int64)
         present = plan_of >= 0
-        return plan_of[present], (np.cumsum(present) - 1)[key]
+        return plan_of[present], (np.cumsum(present) - 1).take(key, mode=TAKE_MODE)
     bits = max(1, (n - 1).bit_length())
     if span.bit_length() + bits <= 62:
         # each key with its plan's index in the low bits: one plain sort (SIMD in NumPy 2, a third of an
