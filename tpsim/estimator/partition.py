@@ -250,6 +250,7 @@ def _mirror(params: np.ndarray, expert: np.ndarray | None, last_shared: np.ndarr
 
 def positions(pp: np.ndarray) -> np.ndarray:
     """(3, n) bool: which positions exist for these pipeline sizes."""
+    pp = np.asarray(pp)
     out = np.empty((3,) + pp.shape, dtype=bool)  # np.stack([all true, pp > 1, pp > 2]), row by row
     out[0] = True
     np.greater(pp, 1, out=out[1])
