@@ -136,6 +136,8 @@ def paired(schedule: np.ndarray) -> np.ndarray:
 
 
 def _present(schedule: np.ndarray) -> list[int]:
+    if type(schedule) is np.ndarray and schedule.size == 1:  # one plan (``estimate``): its own code
+        return [int(schedule.reshape(-1)[0])]
     return np.flatnonzero(np.bincount(np.ravel(schedule), minlength=len(ENTRIES))).tolist()
 
 

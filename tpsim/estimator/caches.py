@@ -13,6 +13,8 @@ from .keys import concat_rows, field_names, sorted_values
 
 RECENT_BATCHES = 32
 """batches whose key rows a :class:`PatternStore` remembers whole."""
+RECENT_CELLS = 4096
+"""key cells (rows x columns) up to which a batch's pattern keys are remembered by their bytes."""
 MEMO_BYTES = 64 << 20
 """array bytes of stage results a context keeps (a repeated plan or search chunk reuses them)."""
 ENVELOPE_BYTES = np.logspace(0, 13, 131)
@@ -181,8 +183,10 @@ class PatternStore:
     def rows(self, keys: np.ndarray, build: Callable[[np.ndarray], Any]) -> np.ndarray:
         """Row of each key (distinct rows of small non-negative integers) in ``value``; ``build(positions)``
         computes the rows of the keys at those positions of ``keys`` (the missing ones, in one call)."""
-        asked = (keys.shape, keys.tobytes())
-        hit = self.recent.get(asked)
+        # a small batch (one plan, a few) is looked up by its bytes; a large one's bytes cost more to copy and
+        # hash than the binary search of :meth:`_find`
+        asked = (keys.shape, keys.tobytes()) if keys.size <= RECENT_CELLS else None
+        hit = None if asked is None else self.recent.get(asked)
         if hit is not None:
             return hit
         found = self._find(keys)
@@ -205,6 +209,8 @@ class PatternStore:
             self.keys = keys[missing] if self.keys is None else np.concatenate([self.keys, keys[missing]])
             self.signature, self.nbytes = signature, self.nbytes + size
             found[missing] = start + np.arange(missing.size)
+        if asked is None:
+            return found
         if len(self.recent) >= RECENT_BATCHES:
             self.recent.pop(next(iter(self.recent)))
         self.recent[asked] = found

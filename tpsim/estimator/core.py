@@ -32,7 +32,7 @@ from .band import step_band
 from .comm import LAYOUT_AXES, Comm, communication, layouts_of
 from .context import EstimationContext, context_for
 from .flops import layer_forward_flops, model_flops_per_sequence
-from .keys import Keys, distinct, sorted_values
+from .keys import TAKE_MODE, Keys, distinct, sorted_values
 from .memory import Memory, memory
 from .partition import Partition, SplitFields, partition
 from .result import Estimate, EstimateBatch
@@ -57,7 +57,7 @@ def kept_layer_costs(ctx: EstimationContext, plans: PlanBatch) -> tuple[LayerCos
     group from them)."""
     keys = distinct(*(getattr(plans, f) for f in ctx.source.key_fields))
     kept, rows = ctx.kept_layer_rows(keys.rows, plans.dtype, plans.attention)
-    return kept, rows.take(keys.inverse)
+    return kept, rows.take(keys.inverse, mode=TAKE_MODE)
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def _patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,
     store = ctx.pattern_store(plans.dtype, plans.attention)
     rows = store.rows(keys.rows, build)
     part, comm = store.value
-    return rows.take(keys.inverse), part, comm
+    return rows.take(keys.inverse, mode=TAKE_MODE), part, comm
 
 
 def plan_patterns(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts,

@@ -24,7 +24,7 @@ import numpy as np
 from .. import pipeline
 from ..comm_plan import local_shapes
 from ..model import LayerKind, ModelSpec
-from .keys import argmax_rows, flat_index, pick_rows
+from .keys import argmax_rows, broadcast_float, flat_index, pick_rows
 from .partition import on_positions
 
 
@@ -347,8 +347,8 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     held = pick(held)
     dense = held - held_expert
     peak_allocated = allocated.max(axis=0)
-    fixed = np.broadcast_to(np.asarray(process, dtype=float), pp.shape)
-    buffers = np.broadcast_to(np.asarray(nccl, dtype=float), pp.shape)
+    fixed = broadcast_float(process, pp.shape)
+    buffers = broadcast_float(nccl, pp.shape)
     terms = {k: dense * shard[k] + held_expert * expert_shard[k] for k in ("weights", "grads", "optimizer_states")}
     if weight_cache_bytes:
         terms["weights"] = terms["weights"] - pick(uncached_bytes)

@@ -98,8 +98,8 @@ class Partition:
         counts = self.rank_counts
         if counts is None and for_memory and self.peak_counts is not None and not np.all(self.middle_exact):
             counts = self.peak_counts
-        if counts is None:
-            return Ranks(layers=self.layers, valid=self.valid, kind_counts=self.kind_counts)
+        if counts is None:  # the layer counts as floats once: the stages multiply them by seconds and bytes
+            return Ranks(layers=self.layers.astype(float), valid=self.valid, kind_counts=self.kind_counts)
         return _every_rank(counts, self.pp)
 
     def rank_params(self, ranks: "Ranks") -> tuple[np.ndarray, np.ndarray | None]:
@@ -183,8 +183,10 @@ class Ranks:
     def rank_of(self, pp: np.ndarray) -> np.ndarray:
         """(ranks, n) the pipeline rank of each row: the positions' ranks 0, pp - 1 and 1 (the busiest middle
         rank holds rank 1's micro-batches in flight), or every rank's own."""
-        if self.rank is None:
-            return np.stack([np.zeros_like(pp), pp - 1, np.ones_like(pp)])
+        if self.rank is None:  # np.stack([zeros_like(pp), pp - 1, ones_like(pp)]), filled row by row
+            out = np.empty((3,) + pp.shape, dtype=pp.dtype)
+            out[0], out[1], out[2] = 0, pp - 1, 1
+            return out
         return self.rank
 
     def partner(self, values: np.ndarray) -> np.ndarray:
@@ -248,7 +250,12 @@ def _mirror(params: np.ndarray, expert: np.ndarray | None, last_shared: np.ndarr
 
 def positions(pp: np.ndarray) -> np.ndarray:
     """(3, n) bool: which positions exist for these pipeline sizes."""
-    return np.stack([np.ones(pp.shape, dtype=bool), pp > 1, pp > 2])
+    pp = np.asarray(pp)
+    out = np.empty((3,) + pp.shape, dtype=bool)  # np.stack([all true, pp > 1, pp > 2]), row by row
+    out[0] = True
+    np.greater(pp, 1, out=out[1])
+    np.greater(pp, 2, out=out[2])
+    return out
 
 
 def on_positions(first: np.ndarray, last: np.ndarray, single: np.ndarray, middle: np.ndarray | float = 0.0,

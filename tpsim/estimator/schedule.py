@@ -33,7 +33,7 @@ from ..plan import PlanBatch
 from ..precision import activation_bytes, wide
 from .comm import Comm
 from .context import EstimationContext
-from .keys import argmax_rows, flat_index, pick_rows
+from .keys import argmax_rows, broadcast_float, flat_index, pick_rows
 from .partition import Partition, RankSum, on_positions
 from .source import LayerCosts
 
@@ -83,7 +83,7 @@ class Schedule:
         sum to ``step``."""
         optimizer = self.optimizer + self.dp_in_optimizer + self.tp_grad_sync
         other = self.bubble + self.pp_exposed + self.dp_after_backward
-        return {"fwd": np.broadcast_to(self.forward, self.step.shape), "bwd": self.step - self.forward - optimizer - other,
+        return {"fwd": broadcast_float(self.forward, self.step.shape), "bwd": self.step - self.forward - optimizer - other,
                 "optimizer": optimizer, "other": other}
 
 
@@ -278,7 +278,8 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     layers = on_slow.layers
     t_stage = c_stage + r_stage + x_stage + o_stage
 
-    m = plans.global_batch // (plans.micro_batch * dp)
+    micro_batches = plans.global_batch // (plans.micro_batch * dp)
+    m = micro_batches.astype(float)  # cast once: every use below is float arithmetic on these exact counts
     bucket = ctx.terms.dp_bucket(group)
     share = None if bucket is None else np.minimum(bucket / np.maximum(part.largest, 1.0), 1.0)
     dpt = _data_parallel(costs, comm, layers, m, zero, overlap, penalty, per_mb, full=full, terms=ctx.terms, pp=pp,
@@ -351,7 +352,7 @@ def schedule(ctx: EstimationContext, plans: PlanBatch, costs: LayerCosts, comm: 
     return Schedule(compute=compute, recompute=recompute_s, bubble=bubble, optimizer=optimizer,
                     exposed_comm=exposed, overhead=overhead, overhead_low=np.minimum(overhead_low, overhead),
                     overhead_high=np.maximum(overhead_high, overhead), comm_total=comm_total, step=step,
-                    slowest=slow, micro_batches=m, exposed_axis=exposed_axis, forward=forward,
+                    slowest=slow, micro_batches=micro_batches, exposed_axis=exposed_axis, forward=forward,
                     pp_exposed=pp_exposed, dp_after_backward=dp_after, dp_in_optimizer=dp_in_opt,
                     tp_grad_sync=tp_sync)
 
