@@ -605,12 +605,15 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
         # each set against the uncalibrated model (no factor), on the first linearization (Occam: a factor is
         # kept only when the runs' differences from the model need it beyond the per-run scatter the shipped
         # runs show, not when a few runs happen to agree)
+        # (against the scatter the shipped runs of this device and stack show, where they hold the group:
+        # families scatter differently, and a bias that stands out of a tight family's scatter is one)
+        run_sigma = model_sigma(device, stack)
         b = (y - uncal) / y
         cols = {n: base[1][:, j] for j, n in enumerate(names)}
         cols["compute_scale"] = _compute_scale_column(base[1], names)[:, 0]
         evidence = [log_evidence(np.c_[[cols[n] for n in c.names]].T / y[:, None], b,
-                                 np.array([table[n].sigma for n in c.names])) for c in candidates]
-        none = log_evidence(np.zeros((len(runs), 0)), b, np.zeros(0))
+                                 np.array([table[n].sigma for n in c.names]), run_sigma) for c in candidates]
+        none = log_evidence(np.zeros((len(runs), 0)), b, np.zeros(0), run_sigma)
         top = int(np.argmax(evidence))
         order = [candidates[top]] if evidence[top] > none else []
     else:
@@ -668,7 +671,8 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     full = candidates[0].names
     if evidence is not None and not order:
         warnings.append(f"guard: the runs' differences from the uncalibrated model are within the per-run scatter "
-                        f"of the shipped runs ({100 * model_sigma():.1f}%): no factor is fitted (log evidence of "
+                        f"of the shipped runs of {device} / {stack} ({100 * run_sigma:.1f}%): no factor is fitted "
+                        f"(log evidence of "
                         f"{', '.join(candidates[top].names)}: {evidence[top] - none:+.2f} against none)")
     elif names != full:
         warnings.append(f"{len(runs)} runs do not identify {', '.join(full)} separately (their leave-one-out "
@@ -973,22 +977,37 @@ def shipped_residuals(use_cache: bool = True) -> tuple[Residual, ...]:
     return tuple(r.residual() for r in items)
 
 
-_SIGMA: list = []
+_SIGMA: dict = {}
 
 
-def model_sigma() -> float:
+def model_sigma(device: str | None = None, stack: str | None = None) -> float:
     """The per-run relative error a fit of factors cannot remove, a priori: the pooled within-(device, stack)
     standard deviation of the shipped runs' residuals under the current estimator (what one overall factor per
-    device and stack leaves), never below band.yaml ``runs_fit.run_sigma`` (measurement repeatability)."""
-    if _SIGMA:
-        return _SIGMA[0]
+    device and stack leaves), never below band.yaml ``runs_fit.run_sigma`` (measurement repeatability).
+
+    With ``device`` and ``stack`` whose group the shipped runs hold (at least band.yaml
+    ``residual_bands.min_runs`` runs): that group's own within-group scatter, pooled with the value above as a
+    prior worth ``residual_bands.calibrated_prior_dof`` runs. Families scatter differently (NeMo's H100 rows
+    about 2%, Megatron's 11%), and a bias that stands out of a tight family's scatter is one, while the same
+    bias in a scattered family is not."""
+    key = (device, stack) if device is not None and stack is not None else None
+    if key in _SIGMA:
+        return _SIGMA[key]
     groups: dict = {}
     for r in shipped_residuals():
         groups.setdefault((r.device, r.stack), []).append(r.error)
-    ss = sum(float(((np.array(v) - np.mean(v)) ** 2).sum()) for v in groups.values())
-    dof = sum(len(v) - 1 for v in groups.values())
-    value = max(float(band_data().runs_fit["run_sigma"]), math.sqrt(ss / dof) if dof > 0 else 0.0)
-    _SIGMA[:] = [value]
+    floor = float(band_data().runs_fit["run_sigma"])
+    if None not in _SIGMA:
+        ss = sum(float(((np.array(v) - np.mean(v)) ** 2).sum()) for v in groups.values())
+        dof = sum(len(v) - 1 for v in groups.values())
+        _SIGMA[None] = max(floor, math.sqrt(ss / dof) if dof > 0 else 0.0)
+    value = _SIGMA[None]
+    own = groups.get(key) if key is not None else None
+    if own is not None and len(own) >= int(band_data().residual["min_runs"]):
+        nu = float(band_data().residual["calibrated_prior_dof"])
+        e = np.array(own)
+        value = max(floor, math.sqrt((nu * value ** 2 + float(((e - e.mean()) ** 2).sum())) / (nu + len(e) - 1)))
+    _SIGMA[key] = value
     return value
 
 
