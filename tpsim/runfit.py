@@ -604,9 +604,7 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
         # which set the runs identify, and whether they ask for a calibration at all: the Bayesian evidence of
         # each set against the uncalibrated model (no factor), on the first linearization (Occam: a factor is
         # kept only when the runs' differences from the model need it beyond the per-run scatter the shipped
-        # runs show, not when a few runs happen to agree)
-        # (against the scatter the shipped runs of this device and stack show, where they hold the group:
-        # families scatter differently, and a bias that stands out of a tight family's scatter is one)
+        # runs of this device and stack show, not when a few runs happen to agree)
         run_sigma = model_sigma(device, stack)
         b = (y - uncal) / y
         cols = {n: base[1][:, j] for j, n in enumerate(names)}
@@ -672,8 +670,8 @@ def fit_runs(runs: Sequence[Run], *, runs_file: str = "", relinearize: bool | No
     if evidence is not None and not order:
         warnings.append(f"guard: the runs' differences from the uncalibrated model are within the per-run scatter "
                         f"of the shipped runs of {device} / {stack} ({100 * run_sigma:.1f}%): no factor is fitted "
-                        f"(log evidence of "
-                        f"{', '.join(candidates[top].names)}: {evidence[top] - none:+.2f} against none)")
+                        f"(log evidence of {', '.join(candidates[top].names)}: {evidence[top] - none:+.2f} "
+                        "against none)")
     elif names != full:
         warnings.append(f"{len(runs)} runs do not identify {', '.join(full)} separately (their leave-one-out "
                         f"errors are smaller with {', '.join(names)}): {', '.join(names)} "
@@ -987,9 +985,9 @@ def model_sigma(device: str | None = None, stack: str | None = None) -> float:
 
     With ``device`` and ``stack`` whose group the shipped runs hold (at least band.yaml
     ``residual_bands.min_runs`` runs): that group's own within-group scatter, pooled with the value above as a
-    prior worth ``residual_bands.calibrated_prior_dof`` runs. Families scatter differently (NeMo's H100 rows
-    about 2%, Megatron's 11%), and a bias that stands out of a tight family's scatter is one, while the same
-    bias in a scattered family is not."""
+    prior worth ``residual_bands.calibrated_prior_dof`` runs: families scatter differently, and a bias that
+    stands out of a tight family's scatter is one, while the same bias in a scattered family is not
+    (``benchmarks/band_coverage.py --spread`` prints each group's)."""
     key = (device, stack) if device is not None and stack is not None else None
     if key in _SIGMA:
         return _SIGMA[key]
