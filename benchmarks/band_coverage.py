@@ -1,6 +1,6 @@
 """Error bands and calibration from runs, measured on the shipped runs (docs/RUNS.md, docs/MODEL.md "Error band").
 
-    python benchmarks/band_coverage.py [--families] [--split]
+    python benchmarks/band_coverage.py [--families] [--unseen] [--split]
 
 Prints, on the development set and SC21 Table 1 (tpsim/data/runs/):
 
@@ -15,6 +15,10 @@ Prints, on the development set and SC21 Table 1 (tpsim/data/runs/):
 * ``--worse`` (with ``--families``): every choice of runs whose calibration leaves the family's other runs
   worse than uncalibrated: the fitted runs with their uncalibrated errors, the factor set kept, its blend and
   values, the other runs' median |error| before and after;
+* ``--unseen``: ``--families`` as if the shipped runs lacked the family's device and stack (the out-of-sample
+  case of a user's own cluster or stack): the fit's priors (``runfit.model_sigma``, ``transfer_weight``) and the
+  band's variogram are computed without that group's runs; the estimator itself is unchanged (its fitted
+  constants still saw them);
 * ``--split``: the development set split in halves (alternate runs of each device and stack), fitted on one
   half and predicting the other, both ways.
 
@@ -24,6 +28,7 @@ Every figure is computed here from the current estimator (nothing is stored); th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import sys
 import time
@@ -127,7 +132,7 @@ def _choices(n: int, k: int, limit: int, seed: int) -> list[tuple[int, ...]]:
 def families(runs, limit: int = 20, seed: int = 0, only: str = "") -> None:
     print(f"\ncalibration from k runs of a family (every choice of k runs, or a seeded sample of {limit}; the "
           "family's other runs predicted)")
-    pooled: dict = {1: ([], [], [0, 0]), 3: ([], [], [0, 0])}
+    pooled: dict = {1: ([], [], [0, 0], [], []), 3: ([], [], [0, 0], [], [])}
     print("family                       runs  k  choices  median|err| before  after   worse-than-before  band cov  "
           "half-width  (group left out of the variogram: cov, half-width)")
     for label, fam in family_groups(runs):
@@ -157,18 +162,75 @@ def families(runs, limit: int = 20, seed: int = 0, only: str = "") -> None:
                     half_all[j].extend(h[j])
                 pooled[k][0].extend(ins[0])
                 pooled[k][1].extend(h[0])
+                pooled[k][3].extend(ins[1])
+                pooled[k][4].extend(h[1])
             pooled[k][2][0] += worse
             pooled[k][2][1] += len(choices)
             print(f"{label:36s} {len(fam):4d} {k:2d} {len(choices):7d}  {100 * np.median(before_all):17.1f}% "
                   f"{100 * np.median(after_all):6.1f}%  {worse:6d} of {len(choices):<3d}      "
                   f"{100 * np.mean(inside_all[0]):5.0f}%  {100 * np.median(half_all[0]):8.1f}%   "
                   f"{100 * np.mean(inside_all[1]):5.0f}%  {100 * np.median(half_all[1]):5.1f}%")
-    for k, (ins, hw, (worse, total)) in pooled.items():
+    for k, (ins, hw, (worse, total), ins_u, hw_u) in pooled.items():
         if ins:
             print(f"every family, k={k}: worse than uncalibrated in {worse} of {total} choices; calibrated bands: "
                   f"coverage {100 * np.mean(ins):.0f}%, median half-width {100 * np.median(hw):.1f}% "
-                  f"({len(ins)} predictions)")
+                  f"({len(ins)} predictions); group left out of the variogram: coverage {100 * np.mean(ins_u):.0f}%, "
+                  f"median half-width {100 * np.median(hw_u):.1f}%")
     print("(targets: 3 runs <= 5% and never worse than uncalibrated; 1 run <= 8%; calibrated half-width <= 8%)")
+
+
+@contextlib.contextmanager
+def _without_group(key):
+    """The shipped residuals (and every prior read from them) without device and stack ``key``."""
+    import tpsim.runfit as rf
+
+    every = rf.shipped_residuals()
+    rf.shipped_residuals = lambda use_cache=True: tuple(x for x in every if (x.device, x.stack) != key)
+    rf._SIGMA.clear()
+    rf._VARIOGRAM.clear()
+    try:
+        yield
+    finally:
+        rf.shipped_residuals = shipped_residuals
+        rf._SIGMA.clear()
+        rf._VARIOGRAM.clear()
+
+
+def unseen(runs, limit: int = 20, seed: int = 0, only: str = "") -> None:
+    print(f"\ncalibration from k runs of a family whose device and stack the shipped runs lack (each family's "
+          f"group left out of the priors and the variogram; every choice of k runs or a seeded sample of {limit})")
+    print("family                               k  choices  median|err| before  after  worse-than-before  band cov  "
+          "half-width")
+    pooled: dict = {1: ([], [], [0, 0]), 3: ([], [], [0, 0])}
+    for label, fam in family_groups(runs):
+        if only and not any(o.strip().lower() in label.lower() for o in only.split(",")):
+            continue
+        if len(fam) < 4:
+            continue
+        with _without_group((fam[0].device, stack_name(fam[0].stack))):
+            for k in (1, 3):
+                before, after, inside, half, worse = [], [], [], [], 0
+                choices = _choices(len(fam), k, limit, seed)
+                for chosen in choices:
+                    b, a, ins, h, _ = _calibrated_figures([fam[i] for i in chosen],
+                                                          [r for i, r in enumerate(fam) if i not in chosen])
+                    before.append(np.median(b))
+                    after.append(np.median(a))
+                    worse += int(np.median(a) > np.median(b) + 1e-9)
+                    inside.extend(ins[0])
+                    half.extend(h[0])
+                pooled[k][0].extend(inside)
+                pooled[k][1].extend(half)
+                pooled[k][2][0] += worse
+                pooled[k][2][1] += len(choices)
+                print(f"{label:36s} {k:2d} {len(choices):7d}  {100 * np.median(before):17.1f}% "
+                      f"{100 * np.median(after):6.1f}%  {worse:6d} of {len(choices):<3d}     "
+                      f"{100 * np.mean(inside):5.0f}%  {100 * np.median(half):8.1f}%")
+    for k, (ins, hw, (worse, total)) in pooled.items():
+        if ins:
+            print(f"every family unseen, k={k}: worse than uncalibrated in {worse} of {total} choices; calibrated "
+                  f"bands: coverage {100 * np.mean(ins):.0f}%, median half-width {100 * np.median(hw):.1f}% "
+                  f"({len(ins)} predictions)")
 
 
 def spread() -> None:
@@ -209,6 +271,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", action="store_true", help="calibration from 1 and 3 runs of each family")
     ap.add_argument("--split", action="store_true", help="split-half fit and prediction")
+    ap.add_argument("--unseen", action="store_true", help="--families with each family's device and stack left "
+                    "out of the shipped runs' priors and variogram (the out-of-sample case)")
     ap.add_argument("--worse", action="store_true", help="--families: list the choices that end worse than "
                     "uncalibrated (fitted runs, factor set, blend)")
     ap.add_argument("--spread", action="store_true", help="each device and stack's residual bias and scatter")
@@ -228,6 +292,8 @@ def main() -> int:
         uncalibrated(runs)
     if args.families:
         families(runs, args.choices, args.seed, args.only)
+    if args.unseen:
+        unseen(runs, args.choices, args.seed, args.only)
     if args.spread:
         spread()
     if args.split:

@@ -579,17 +579,23 @@ def test_overlap_factors_move_only_the_exposed_tp_and_dp_time(tmp_path):
 
 
 def test_calibrated_band_uses_its_groups_own_variogram():
-    """A group of the shipped runs with enough pairs gets its own (nugget, slope); another the pooled one."""
+    """A group of the shipped runs with enough pairs gets its own (nugget, slope); another the typical group's:
+    the median of the groups' own at each distance, not the line through every pair (which the group with the
+    most pairs would set)."""
     from tpsim.estimator.band import fit_variogram
 
     rng = np.random.default_rng(0)
     res = [Residual(run_id=f"{g}{i}", device=g, stack="s", params=1e9 * (i + 1), gpus=8, tp=1, cp=1, pp=1,
                     error=float(rng.normal(0, sd)))
-           for g, sd in (("tight", 0.01), ("loose", 0.15)) for i in range(8)]
+           for g, sd, n in (("tight", 0.01, 8), ("mid", 0.04, 8), ("loose", 0.15, 16)) for i in range(n)]
     vg = fit_variogram(res)
-    tight, loose, other = (vg.for_group(g, "s") for g in ("tight", "loose", "new"))
-    assert tight.gamma(1.0) < other.gamma(1.0) < loose.gamma(1.0)
+    tight, mid, loose, other = (vg.for_group(g, "s") for g in ("tight", "mid", "loose", "new"))
     assert other is vg
+    for d in (0.5, 2.0, 8.0):
+        assert tight.gamma(d) < other.gamma(d) < loose.gamma(d)
+        assert other.gamma(d) == pytest.approx(mid.gamma(d))
+        assert np.allclose(other.gammas(np.array([[d, 2 * d]])), [[other.gamma(d), other.gamma(2 * d)]])
+    assert other.gamma(2.0) < vg.nugget + vg.slope * 2.0  # the pair-weighted line: the loose group's 120 pairs
 
 
 def test_band_pool_predicts_only_the_runs_a_band_reads(tmp_path, monkeypatch):

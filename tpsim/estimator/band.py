@@ -291,10 +291,21 @@ class Variogram:
     sill: float = math.inf
     """the most ``gamma`` reaches: two runs far apart differ as two independent residuals (the group's far
     pairs' mean half squared difference), not more the farther they are."""
+    typical: tuple[tuple[float, ...], ...] = ()
+    """the groups' own (nugget, slope, sill): where given, ``gamma(d)`` is their median at ``d``, the variogram
+    of a typical group (what a device and stack the runs lack is given: :func:`fit_variogram`)."""
 
     def gamma(self, d: float) -> float:
         """Between two different runs (a run with itself: 0; a new plan is never the same measurement)."""
-        return min(self.nugget + self.slope * d, max(self.sill, self.nugget))
+        return float(self.gammas(np.array([d], dtype=float))[0])
+
+    def gammas(self, d: np.ndarray) -> np.ndarray:
+        """:meth:`gamma` at each of the distances ``d`` (an array of any shape)."""
+        if self.typical:
+            t = np.array(self.typical, dtype=float)
+            n, s, c = (t[:, i].reshape((-1,) + (1,) * d.ndim) for i in range(3))
+            return np.median(np.minimum(n + s * d, np.maximum(c, n)), axis=0)
+        return np.minimum(self.nugget + self.slope * d, max(self.sill, self.nugget))
 
     def for_group(self, device: str, stack: str) -> "Variogram":
         """The variogram of runs of ``device`` and ``stack``: its group's own where the shipped runs have
@@ -307,7 +318,13 @@ class Variogram:
 
 def fit_variogram(residuals: Sequence[Residual]) -> Variogram:
     """The :class:`Variogram` of ``residuals`` (pairs of the same device and stack); with fewer than 10 pairs a
-    flat one at the pooled variance, never below half band.yaml ``runs_fit.run_sigma`` squared."""
+    flat one at the pooled variance, never below half band.yaml ``runs_fit.run_sigma`` squared.
+
+    Its groups with enough pairs have their own (:meth:`Variogram.for_group`); another device or stack (one the
+    runs lack) gets the median of the groups' own at each distance when two or more groups have one: a new
+    group is one more group, not one more set of pairs (the line through every pair weighs each group by its
+    pairs, so the two most scattered groups, 91 and 55 of 345 pairs, set a new group's band), else the line
+    through every pair."""
     floor = 0.5 * float(band_data().runs_fit["run_sigma"]) ** 2
     d, g, which = [], [], []
     for i, a in enumerate(residuals):
@@ -338,19 +355,22 @@ def fit_variogram(residuals: Sequence[Residual]) -> Variogram:
             if s_g < 0:  # no distance dependence: the group's mean half squared difference
                 n_g, s_g, sill = float(np.mean(gg)), 0.0, math.inf
             groups[key] = (max(float(n_g), floor), float(s_g), max(sill, floor))
-    return Variogram(max(float(nugget), floor), max(float(slope), 0.0), len(d), groups)
+    typical = tuple(groups.values()) if len(groups) >= 2 else ()
+    return Variogram(max(float(nugget), floor), max(float(slope), 0.0), len(d), groups, typical=typical)
 
 
 GROUP_PAIRS = 10
 """the fewest same-group run pairs (5 runs) that give a device and stack a variogram of its own."""
 
 
-def _kriging_var(vg: Variogram, to_plan: Sequence[float], among: np.ndarray) -> float:
+def _kriging_var(vg: Variogram, to_plan: np.ndarray, among: np.ndarray) -> float:
     """Variance of (the plan's residual - the mean of the runs'): ``2 mean_k gamma(d_0k) - mean_jk
-    gamma(d_jk)`` (the ordinary-kriging variance of equal weights)."""
+    gamma(d_jk)`` (the ordinary-kriging variance of equal weights), from the variogram's values at the plan's
+    distances to the runs (``to_plan``) and at the runs' distances among them (``among``, a run with itself
+    not counted)."""
     n = len(to_plan)
-    cross = 2.0 * sum(vg.gamma(x) for x in to_plan) / n
-    within = sum(vg.gamma(float(among[j, k])) for j in range(n) for k in range(n) if j != k) / (n * n)
+    cross = 2.0 * float(np.sum(to_plan)) / n
+    within = float(among.sum() - np.trace(among)) / (n * n)
     return max(cross - within, vg.nugget * 1e-3)
 
 
@@ -377,15 +397,16 @@ def calibrated_band(residuals: Sequence[Residual], vg: Variogram, *, params: flo
     among = np.array([[a.distance(*feats(b)) for b in pool] for a in pool])
     nu = float(cfg["calibrated_prior_dof"])
     ratio_ss, used = nu, 0
+    g_among = vg.gammas(among)
     if corrected and n >= 2:  # each run's leave-one-out error against the variance the others predict for it
         for i, r in enumerate(pool):
             rest = [j for j in range(n) if j != i]
-            v = _kriging_var(vg, [float(among[i, j]) for j in rest], among[np.ix_(rest, rest)])
+            v = _kriging_var(vg, g_among[i, rest], g_among[np.ix_(rest, rest)])
             ratio_ss += r.error ** 2 / v
             used += 1
     to_plan = [r.distance(params, gpus, tp, cp, pp, dtype, recompute, seq_len) for r in pool]
     if corrected:
-        base = _kriging_var(vg, to_plan, among)
+        base = _kriging_var(vg, vg.gammas(np.array(to_plan)), g_among)
     else:  # the runs' own errors (uncorrected, as the plan's) against the plan's residual variance
         base = max(vg.gamma(d) for d in to_plan)
         ratio_ss, used = nu + sum(r.error ** 2 for r in pool) / base, n
