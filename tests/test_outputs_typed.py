@@ -38,6 +38,17 @@ def test_a_conflicting_preset_default_is_dropped_with_one_line(capsys):
     assert (plan["tp"], plan["zero"], plan["pp"]) == (8, 3, 1) and "pp=4" in err
 
 
+def test_a_preset_zero_stage_the_plan_cannot_take_is_lowered_not_dropped(capsys):
+    """llama3-405b's preset runs ZeRO-2; Megatron offers ZeRO-1 at most with pipeline parallelism: the typed pp
+    keeps a sharded optimizer (zero=1), not a replicated one (the plain default 0: 12 B of Adam state per
+    parameter on every data-parallel rank)."""
+    code, out, err = run(capsys, "estimate", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", "1024",
+                         "--tp", "8", "--pp", "16", "--stack", "megatron", "--json")
+    assert code == 0, err
+    assert err.count("\n") == 1 and "zero=2 conflicts" in err and "dropped (zero=1 used)" in err
+    assert json.loads(out)["plan"]["zero"] == 1
+
+
 def test_a_conflict_between_typed_flags_is_refused_with_the_rule(capsys):
     code, _, err = run(capsys, "estimate", "--model", "llama3-70b", "--tp", "8", "--zero", "3", "--pp", "4")
     assert code == 2 and "zero=3 with pp=4" in err and "preset" not in err

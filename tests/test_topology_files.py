@@ -72,7 +72,10 @@ def test_a_good_custom_file_loads(tmp_path):
     (NODE.replace("{a: gpu, b: sw, pattern: all", "{a: \"gpu[0-2]\", b: sw, pattern: all")
          .replace("{a: gpu, b: pcie, link: pcie-gen4-x16}", "{a: \"gpu[0-1]\", b: pcie, pattern: all, "
                   "link: pcie-gen4-x16}"), CLUSTER, "devices.gpu", "gpu0 cannot reach gpu3"),
-    (NODE, CLUSTER.replace("gpus: 8", "gpus: 6"), "cluster.yaml", "gpus=6 is not a whole number of nodes"),
+    (NODE, CLUSTER.replace("gpus: 8", "gpus: 10"), "cluster.yaml", "gpus=10 is not a whole number of nodes"),
+    (NODE, CLUSTER.replace("gpus: 8", "gpus: 10\npartial_nodes: 4"), "cluster.yaml",
+     "gpus=10 cannot fill its nodes evenly in units of partial_nodes=4"),
+    (NODE, CLUSTER.replace("gpus: 8", "gpus: 16\npartial_nodes: 0"), "cluster.yaml", "partial_nodes=0"),
     (NODE, CLUSTER.replace("A100-SXM4-80GB", "Z9000"), "cluster.yaml", "device='Z9000' is unknown"),
     (NODE, CLUSTER.replace("hdr-fat-tree", "{use: hdr-fat-tree, radix: 0}"), "fabric hdr-fat-tree", "radix=0"),
     (NODE, CLUSTER.replace("hdr-fat-tree", "{use: hdr-fat-tree, wings: 2}"), "fabric", "unknown key 'wings'"),
@@ -82,7 +85,7 @@ def test_a_good_custom_file_loads(tmp_path):
     (NODE + "  - {a: nic, b: nic, link: hdr-nic}\n", CLUSTER, "links[3]", "to itself"),
     ("devices: [1, 2\n", CLUSTER, "node.yaml", "not valid YAML"),
 ], ids=["unknown-device-key", "unknown-cluster-key", "zero-bandwidth", "negative-bandwidth", "zero-lanes",
-        "unknown-link-kind", "duplicate-device-name", "duplicate-link", "unreachable-gpu", "partial-node",
+        "unknown-link-kind", "duplicate-device-name", "duplicate-link", "unreachable-gpu", "partial-node", "partial-node-units", "partial-nodes-zero",
         "unknown-device", "bad-radix", "unknown-fabric-key", "no-nic", "fabric-none-two-nodes", "self-link",
         "bad-yaml"])
 def test_bad_files_name_the_file_the_element_and_the_problem(tmp_path, node, cluster, element, problem, capsys):
@@ -119,6 +122,8 @@ def test_calibration_overrides_link_types_and_changes_the_fingerprint(tmp_path):
 def test_gpus_argument_is_checked():
     with pytest.raises(InputError, match="gpus=12 is not a whole number of nodes of 8 GPUs"):
         load_cluster("dgx-a100", gpus=12)
+    with pytest.raises(InputError, match="gpus=78 cannot fill its nodes evenly in units of partial_nodes=4"):
+        load_cluster("gb200-nvl72", gpus=78)
     with pytest.raises(InputError, match="gpus=0"):
         load_cluster("dgx-a100", gpus=0)
     with pytest.raises(InputError, match="cluster='nope' is unknown"):
@@ -247,3 +252,19 @@ def test_reads_what_tpsim_calibrate_writes(tmp_path):
     assert cluster.link("n0/gpu0", "n0/cpu0")["efficiency"] == 0.7
     assert cluster.link("n0/gpu0", "n0/cpu0")["latency_us"] == 21.5
     assert cluster.spec.calibration.provenance["gloo_ops"]["all_reduce"]["latency_us"] == 30.0
+
+
+@pytest.mark.parametrize("name,gpus,per_node,nodes", [
+    ("dgx-h100", 4, 4, 1),          # a job on part of one node: its first GPUs
+    ("dgx-h100", 16, 8, 2),
+    ("gb200-nvl72", 64, 64, 1),     # partial racks in whole compute trays (partial_nodes: 4)
+    ("gb200-nvl72", 128, 64, 2),
+    ("gb200-nvl72", 144, 72, 2),
+    ("gb300-nvl72", 256, 64, 4),
+    ("gb300-nvl72", 96, 48, 2),
+])
+def test_a_job_that_is_not_whole_nodes_fills_them_evenly(name, gpus, per_node, nodes):
+    """A job smaller than one node uses part of it; an NVL72 job that is not whole racks uses the same number
+    of whole trays on every rack (the largest that divides it)."""
+    cluster = load_cluster(name, gpus=gpus)
+    assert cluster.num_gpus == gpus and cluster.gpus_per_node == per_node and cluster.num_nodes == nodes

@@ -460,8 +460,9 @@ def make_plan_as_typed(model: ModelSpec, num_gpus: int, *, global_batch: int | N
         typed[name] = bool(typed[name])
     preset = {k: v for k, v in model.default_plan.items() if k in _PLAN_FIELDS and k not in typed}
 
-    def build(drop: tuple[str, ...]) -> Plan:
+    def build(drop: tuple[str, ...], lowered: dict | None = None) -> Plan:
         values = {k: v for k, v in preset.items() if k not in drop}
+        values.update(lowered or {})
         values.update(typed)
         plan = _plan_of(model, num_gpus, global_batch, values)
         if stack is not None:
@@ -475,16 +476,25 @@ def make_plan_as_typed(model: ModelSpec, num_gpus: int, *, global_batch: int | N
     except PlanError as first:
         if not typed or not preset:
             raise
+        # a preset's ZeRO stage the plan cannot take is lowered to the highest it can before it is dropped
+        # (ZeRO-2 of a preset under a stack that offers ZeRO-1 with pipeline parallelism keeps its sharded
+        # optimizer instead of the plain default, a replicated one)
         keys = tuple(preset)
         for size in range(1, len(keys) + 1):
             for drop in combinations(keys, size):
-                try:
-                    plan = build(drop)
-                except (PlanError, InputError):
-                    continue
-                shown = ", ".join(f"{k}={preset[k]}" for k in drop)
-                return plan, (f"note: the {model.name} preset's plan default {shown} conflicts with the plan given "
-                              f"({first}): dropped",)
+                lower = range(int(preset["zero"]) - 1, 0, -1) if "zero" in drop else ()
+                for stage in (*lower, None):
+                    try:
+                        if stage is None:
+                            plan = build(drop)
+                        else:
+                            plan = build(tuple(k for k in drop if k != "zero"), {"zero": stage})
+                    except (PlanError, InputError):
+                        continue
+                    shown = ", ".join(f"{k}={preset[k]}" for k in drop)
+                    how = "dropped" if stage is None else f"dropped (zero={stage} used)"
+                    return plan, (f"note: the {model.name} preset's plan default {shown} conflicts with the plan "
+                                  f"given ({first}): {how}",)
         raise
 
 

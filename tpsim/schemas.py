@@ -323,6 +323,8 @@ CLUSTER = register(Schema("cluster", {
     "node": Str(max_len=1024, required=True), "fabric": Any_(required=True, doc="a name or {use: name, ...}"),
     "device": Any_(required=True, doc="a device name or an inline device (tpsim.hardware)"),
     "gpus": Int("gpus", required=True), "gpus_per_node": Int("gpus", also=("all",)),
+    "partial_nodes": Int("gpus", doc="GPUs of one unit of a node (a compute tray): a job that is not a whole "
+                         "number of nodes fills each node evenly in these units (tpsim/topology/spec.py)"),
     "defaults": Map(Schema("cluster defaults", {"efficiency": Float(maximum=1.0)}, extra="refuse"), also=OPTIONAL),
     "calibration": Any_(doc="a calibration name, path or inline mapping (tpsim/calibration.py)"),
 }, extra="refuse", doc="a cluster file (topologies/README.md; tpsim/topology/spec.py)"))

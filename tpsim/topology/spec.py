@@ -340,7 +340,28 @@ def cluster_calibration(ref: Any, relative_to: Path, where: str) -> CalibrationS
 # ----------------------------------------------------------------------------------------------- clusters
 
 _CLUSTER_KEYS = ("name", "description", "source", "note", "node", "fabric", "device", "gpus", "gpus_per_node",
-                 "defaults", "calibration")
+                 "partial_nodes", "defaults", "calibration")
+
+
+def job_gpus_per_node(total: int, gpn: int, partial: Any, where: str) -> int:
+    """The GPUs of each node a job of ``total`` GPUs uses, on nodes of ``gpn``: all of them when ``total`` is a
+    whole number of nodes; ``total`` when the job is smaller than one node (a job on part of a node, its first
+    GPUs); else, where the cluster file sets ``partial_nodes: g`` (the GPUs of one unit of a node, a compute
+    tray of an NVL72 rack), the largest multiple of ``g`` up to ``gpn`` that divides ``total``, the same on
+    every node (128 GPUs of GB200 NVL72 racks: 2 racks of 64); otherwise an error naming both numbers."""
+    g = None if partial is None else positive(partial, where, "partial_nodes", integer=True, maximum=gpn)
+    if total % gpn == 0:
+        return gpn
+    if total < gpn:
+        return total
+    if g is not None:
+        for k in range(gpn - gpn % g, 0, -g):
+            if total % k == 0:
+                return k
+        raise InputError(f"{where}: gpus={total} cannot fill its nodes evenly in units of partial_nodes={g} GPUs "
+                         f"(nodes of {gpn} GPUs)")
+    raise InputError(f"{where}: gpus={total} is not a whole number of nodes of {gpn} GPUs ({total / gpn:g} nodes; "
+                     f"a cluster file's gpus_per_node sets how many GPUs of each node a job uses)")
 
 
 def _naming(where: str, fn: Any, *args: Any) -> Any:
@@ -387,9 +408,7 @@ def load_cluster_spec(name_or_path: str, gpus: int | None = None,
         gpn = positive(gpn_raw, where, "gpus_per_node", integer=True, maximum=LIMITS["gpus"])
     if template_gpus and gpn > template_gpus:
         raise InputError(f"{where}: gpus_per_node={gpn} but node {node.name} has {template_gpus} GPUs")
-    if total % gpn:
-        raise InputError(f"{where}: gpus={total} is not a whole number of nodes of {gpn} GPUs "
-                         f"({total / gpn:g} nodes)")
+    gpn = job_gpus_per_node(total, gpn, data.get("partial_nodes"), where)
     cal_spec = None
     if calibration is not None:
         cal_spec = cluster_calibration(calibration, Path.cwd(), "calibration")
