@@ -1,5 +1,6 @@
 """Plan validation: one line naming the constraint and the numbers."""
 
+import numpy as np
 import pytest
 
 from tpsim.errors import InputError, PlanError
@@ -62,3 +63,13 @@ def test_kv_heads_divisible_or_replicated():
     assert plan_violation(m, Plan(tp=4, dp=2, global_batch=2), 8) is None
     small = with_overrides(get_preset("llama3-8b"), kv_heads=2)
     assert plan_violation(small, Plan(tp=8, dp=1, global_batch=1), 8) is None  # 2 kv heads replicated over 8
+
+
+def test_plan_batch_of_an_empty_column_is_empty():
+    """A search space pruned to nothing builds an empty batch (scalars broadcast to it), not a numpy error
+    (it was reached by `tpsim report` on 2 GPUs of a DGX node, whose spaces the stack rules empty)."""
+    from tpsim.plan import PlanBatch
+
+    batch = PlanBatch.from_arrays(tp=np.zeros(0, dtype=np.int64), pp=np.zeros(0, dtype=np.int64), zero=1)
+    assert len(batch) == 0 and batch.zero.shape == (0,)
+    assert len(PlanBatch.from_arrays(tp=np.array([2, 4]), zero=1)) == 2 and len(PlanBatch.from_arrays(zero=1)) == 1

@@ -601,7 +601,8 @@ class PlanBatch:
 
     @classmethod
     def from_arrays(cls, *, dtype: str = "bf16", attention: str = "flash", **arrays: Any) -> "PlanBatch":
-        n = max(np.size(v) for v in arrays.values())
+        sizes = [np.size(v) for v in arrays.values() if np.ndim(v) > 0]
+        n = 0 if 0 in sizes else max(sizes, default=1)  # an empty column: an empty batch, scalars broadcast
         defaults = dict(tp=1, pp=1, vpp=1, dp=1, sp=False, recompute=0, zero=0, micro_batch=1, global_batch=1,
                         overlap=True, order=0, **_AXIS_DEFAULTS)
         cols = {}

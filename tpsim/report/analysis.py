@@ -104,7 +104,8 @@ def tp_sweep(model: ModelSpec, cluster: Any, global_batch: int, space: SearchSpa
 def scaling_counts(gpus: int, loader: Callable[[int], Any], span: int = SCALING_SPAN) -> list[Any]:
     """Clusters for the scaling study: ``gpus x 2**k`` from ``gpus / span`` to ``gpus x span`` (whole counts
     only), each kept where ``loader(count)`` builds it (a whole number of nodes that the topology can hold;
-    a count it refuses is left out)."""
+    a count it refuses is left out) and uses as many GPUs of each node as the asked count does (a study adds
+    or removes whole nodes: 4 GPUs, part of a DGX node, are left out of a 32-GPU study)."""
     if span < 1:
         raise InputError(f"scaling span={span} must be at least 1")
     counts, k = [], 1
@@ -113,14 +114,15 @@ def scaling_counts(gpus: int, loader: Callable[[int], Any], span: int = SCALING_
             counts.append(gpus // k)
         k *= 2
     counts = sorted(set(counts + [gpus * m for m in _powers_of_two(span) if gpus * m <= LIMITS["gpus"]]))
-    clusters = []
+    loaded = {}
     for n in counts:
         try:
-            clusters.append(loader(n))
+            loaded[n] = loader(n)
         except InputError:
             if n == gpus:
                 raise
-    return clusters
+    per_node = getattr(loaded[gpus], "gpus_per_node", 0)
+    return [c for n, c in loaded.items() if n == gpus or getattr(c, "gpus_per_node", per_node) >= per_node]
 
 
 def _powers_of_two(span: int) -> list[int]:
