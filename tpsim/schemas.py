@@ -259,7 +259,7 @@ _STACK_FIGURES: dict[str, dict[str, Any]] = {
     "comm": {"host_us_per_collective": _HOST_US, "reduce_bucket_elements": _ELEMENTS,
              "allgather_bucket_elements": _ELEMENTS, "zero3_prefetch_elements": _ELEMENTS,
              "zero3_persistence_threshold_elements": _ELEMENTS, "zero3_max_live_elements": _ELEMENTS,
-             "ep_node_dedup": Bool(also=OPTIONAL), "tp_backward_overlap": Bool(also=OPTIONAL),
+             "ep_node_dedup": Bool(also=OPTIONAL), "ep_a2a_overlap": Bool(also=OPTIONAL), "tp_backward_overlap": Bool(also=OPTIONAL),
              "fsdp_reshard_after_backward": Bool(also=OPTIONAL), "zero1_in_optimizer_step": Bool(also=OPTIONAL),
              "zero1_flat_copies": Bool(also=OPTIONAL), "pp_send_split_over_tp": Bool(also=OPTIONAL),
              "pp_overlap_interleaved": Bool(also=OPTIONAL),

@@ -59,7 +59,7 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
              "overlap_dp_default", "tp_overlap", "tp_backward_overlap", "tp_overlap_phases",
              "tp_overlap_exposed_share", "tp_overlap_comm_sms", "pp_overlap_interleaved", "dp_sync_per_chunk",
              "host_us_per_collective",
-             "ep_dispatch_dtype", "ep_node_dedup", "zero3_regather_in_recompute", "zero3_overlap_fraction",
+             "ep_dispatch_dtype", "ep_node_dedup", "ep_a2a_overlap", "zero3_regather_in_recompute", "zero3_overlap_fraction",
              "host_us_per_collective_rank", "fsdp_copy_in_out", "fsdp_reshard_after_backward",
              "zero1_in_optimizer_step", "zero1_flat_copies", "pp_send_split_over_tp", "fp8_param_gather",
              "cp_ring_exchange", "cp_grad_exchange_dtype", "cp_exchange_overlap"),
@@ -362,6 +362,33 @@ def _load(path: str, mtime: int, size: int) -> StackProfile:  # noqa: ARG001 (mt
 
     data = read_yaml(Path(path))
     return profile_from_mapping(data, path)
+
+
+def derived_stack(base: "str | Path | StackProfile", overrides: Mapping[str, Mapping[str, Any]],
+                  why: str) -> StackProfile:
+    """The profile ``base`` (a name, path or loaded profile) with the figures ``overrides`` ({section: {key:
+    value}}, sections comm / compute / memory) set to these values, each sourced ``why`` (the launch file and
+    flags that state them), validated as a profile file is. The name stays the base's (the residual groups and
+    the bands of a stack are by name); the version says what was changed."""
+    import copy
+
+    from .topology.files import read_yaml
+
+    path = base.path if isinstance(base, StackProfile) else stack_path(base)
+    data = copy.deepcopy(dict(read_yaml(Path(path))))
+    changed = []
+    for section, figures in overrides.items():
+        if section not in SECTION_KEYS:
+            raise InputError(f"{why}: section={section!r} is not one of {', '.join(SECTION_KEYS)}")
+        body = dict(data.get(section) or {})
+        for key, value in figures.items():
+            body[key] = {"value": value, "source": why}
+            changed.append(f"{section}.{key}={value}")
+        data[section] = body
+    if not changed:
+        return base if isinstance(base, StackProfile) else load_stack(base)
+    data["version"] = f"{str(data['version']).strip()}; with {', '.join(changed)} ({why})"
+    return profile_from_mapping(data, f"{path} + {why}")
 
 
 def profile_from_mapping(data: Mapping[str, Any], where: str) -> StackProfile:

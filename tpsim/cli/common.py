@@ -203,8 +203,10 @@ def add_stack_arg(p: argparse.ArgumentParser) -> None:
 
 def build_stack(args: argparse.Namespace, model=None):
     """The StackProfile of ``--stack`` (default: the model preset's stack, else megatron)."""
-    from ..stacks import load_stack
+    from ..stacks import StackProfile, load_stack
 
+    if isinstance(getattr(args, "stack", None), StackProfile):  # a launch file's figures on its stack (--from)
+        return args.stack
     preset = (model.default_plan.get("stack") if model is not None else None)
     return load_stack(getattr(args, "stack", None) or preset or "megatron")
 

@@ -147,6 +147,9 @@ def from_launch_file(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
     base = load_model(args.model) if args.model else None
     model = resolve_model(imp, base)
     model = with_overrides(model, **{k: getattr(args, k, None) for k in SHAPE_FLAGS})
+    from ..model.overrides import with_moe_balance
+
+    model = with_moe_balance(model, getattr(args, "moe_balance", None))  # --moe-balance was dropped with --from
     name = args.cluster or imp.cluster_ref or model.default_plan.get("cluster") or "dgx-a100"
     gpus = args.gpus or imp.gpus or (model.default_plan.get("gpus") if not args.cluster else None)
     cluster = load_cluster(name, gpus=gpus, calibration=getattr(args, "calibration", None))  # was dropped
@@ -157,4 +160,8 @@ def from_launch_file(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
         note += f"\n  warning: the {imp.format} stack would refuse this plan: {problem}"
     elif not getattr(args, "stack", None):
         args.stack = FORMAT_STACK[imp.format]  # estimate what the file's framework runs
+    if imp.stack_overrides and getattr(args, "stack", None):
+        from ..stacks import derived_stack
+
+        args.stack = derived_stack(args.stack, imp.stack_overrides, f"launch file {imp.path}")
     return model, cluster, plan, note

@@ -151,6 +151,7 @@ class EstimationContext:
                                  source=source or TransformerSource(
                                      model, flavor, terms.activation_storage,
                                      fp8_dispatch=terms.ep_fp8_dispatch, node_dedup=terms.ep_node_dedup,
+                                     ep_overlap=terms.ep_a2a_overlap,
                                      fp8_cast=terms.fp8_cast_bytes, edges=terms.model_edges, kv_repeat=terms.gqa_kv_repeat,
                                      p2p_split=terms.pp_send_split, cp_ring=terms.cp_ring),
                                  host_overhead_s=host, exposed_scale=exposed_scale, warnings=tuple(warnings),

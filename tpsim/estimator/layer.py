@@ -299,7 +299,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     divides the rank's tokens by cp (all GEMMs and memory-bound kernels on ``b s / cp`` tokens).
     ``recompute_modules``: what selective recomputation runs again in backward (Megatron-Core
     ``--recompute-modules``: the attention core, the norms, MLA's up-projections, the routed experts'
-    activation; :func:`_selective_seconds`); ``per_op``: selective is torchtitan's per-op policy instead
+    activation, :func:`_selective_seconds`; ``mlp``, a dense layer's whole MLP forward: its GEMMs, casts and
+    activation, not its sequence-parallel all-gather, which the recomputed forward repeats uncosted); ``per_op``: selective is torchtitan's per-op policy instead
     (:func:`_per_op_seconds`, dense layers with standard attention). ``fp8_cast``: with fp8 GEMMs, the
     stack's (forward, backward) bytes per element of each linear's input and output-gradient casts
     (``compute.fp8_cast_bytes_per_element``); mxfp8 and nvfp4 GEMMs pay their formats' casts instead
@@ -349,12 +350,14 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     f_local = (model.ffn_hidden_size if not kind.moe
                else model.num_shared_experts * model.shared_expert_ffn_hidden_size) / t
     dg_m = wg_m = np.zeros(n_plans)
+    before_mlp = fwd.t.copy()
     if not kind.moe or model.num_shared_experts:
         mlp_in = [f_local * (2 if gated else 1)] if (fused or not gated) else [f_local, f_local]
         dg_m, wg_m = _linears(fwd, bwd, compute, T, mlp_in, h, dtype, fp8_cast)
         fwd.add(compute.memory(act, T * f_local, dtype, False))
         bwd.add(compute.memory(act, T * f_local, dtype, True))
         _linear(fwd, bwd, compute, T, h, f_local, dtype, fp8_cast)
+    dense_mlp_f = (fwd.t - before_mlp) if not kind.moe else np.zeros(n_plans)  # the ``mlp`` module's forward
     shape = None
     if kind.moe:
         from .moe import add_expert_compute, expert_shape
@@ -377,6 +380,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     else:
         selective = _selective_seconds(compute, model, recompute_modules, attn_f.t, T=T, T_norm=T_norm,
                                        heads=heads, shape=shape, dtype=dtype)
+        if "mlp" in recompute_modules:
+            selective = selective + dense_mlp_f
     re_t = np.where(rc == 2, fwd.t, np.where(rc == 1, selective, 0.0))
     total = fwd.t + bwd.t
     measured = np.where(total > 0, (fwd.m + bwd.m) / np.where(total > 0, total, 1.0), 0.0)

@@ -113,7 +113,8 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     ``--recompute-modules``): ``core_attn`` the unfused scores; ``layernorm`` the norms' outputs (the inputs of
     the QKV / MLA down-projection and of the MLP, rebuilt from the stored norm inputs); ``mla_up_proj`` MLA's
     up-projected q, k, v (rebuilt from the stored latents); ``moe_act`` the routed experts' activation output
-    (the second GEMM's input). ``linear_bytes`` / ``attn_out_bytes``: bytes per element of the cached linear
+    (the second GEMM's input); ``mlp`` a dense layer's MLP (checkpointed whole: its input kept, the first GEMM's
+    output and the activation output rebuilt). ``linear_bytes`` / ``attn_out_bytes``: bytes per element of the cached linear
     inputs / of the attention output (fp8 activation caching, DeepSeek-V3 report section 3.3.3); default the
     activation's own bytes. ``per_op``: selective recomputation is torchtitan's per-op policy
     (:func:`per_op_sac_bytes`; dense layers with standard attention). ``attn_out_shared``: flash attention's
@@ -155,8 +156,12 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     moe = kind is not None and kind.moe
     f_local = (model.ffn_hidden_size if not moe
                else model.num_shared_experts * model.shared_expert_ffn_hidden_size) / t
-    # the first GEMM's output (2f gated, f) in 16 bits, the activation output (the second GEMM's input)
-    sharded = sharded + ((4.0 if model.gated else 2.0) * e + lb) * T * f_local
+    # the first GEMM's output (2f gated, f) in 16 bits, the activation output (the second GEMM's input); a dense
+    # MLP checkpointed whole (``mlp``) keeps only its input, the norm output counted above
+    mlp_b = ((4.0 if model.gated else 2.0) * e + lb) * T * f_local
+    if not moe and "mlp" in modules:
+        mlp_b = np.where(selective, 0.0, mlp_b)
+    sharded = sharded + mlp_b
     if moe:
         moe_act = selective & ("moe_act" in modules)
         sharded = sharded + _expert_activations(model, T, tp, sp, ep, etp, e, lb, moe_act)

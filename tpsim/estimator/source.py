@@ -223,7 +223,7 @@ class TransformerSource(LayerSource):
     kept apart so each pipeline rank holds exactly its layers' parameters (:attr:`kind_of_layer`)."""
 
     def __init__(self, model: ModelSpec, flavor: str = "megatron", storage: ActivationStorage | None = None,
-                 fp8_dispatch: bool = False, node_dedup: bool = False,
+                 fp8_dispatch: bool = False, node_dedup: bool = False, ep_overlap: bool = False,
                  fp8_cast: tuple[float, ...] = (0.0, 0.0), edges: bool = True, p2p_split: bool = True,
                  kv_repeat: bool = False, cp_ring=None):
         from .stackterms import RingExchange
@@ -245,6 +245,8 @@ class TransformerSource(LayerSource):
         """fp8 plans dispatch in fp8 (StackTerms.ep_fp8_dispatch)."""
         self.node_dedup = node_dedup
         """a token crosses the network once per destination node (StackTerms.ep_node_dedup)."""
+        self.ep_overlap = ep_overlap
+        """every schedule pairs micro-batches for the expert all-to-alls (StackTerms.ep_a2a_overlap)."""
         self.num_layers = model.num_layers
         self.tokens_per_sequence = model.seq_len
         # the pipeline schedule matters to a layer's cost where it pairs chunks (DualPipe: the expert all-to-alls
@@ -303,7 +305,7 @@ class TransformerSource(LayerSource):
         sp = sp.astype(bool)
         act_bytes = activation_bytes(dtype)
         axes = dict(tp=tp, sp=sp, micro_batch=mb, cp=cp, ep=ep, etp=etp, act_bytes=act_bytes,
-                    paired=pipeline.paired(keys["schedule"]) if model.is_moe else False)
+                    paired=(pipeline.paired(keys["schedule"]) | self.ep_overlap) if model.is_moe else False)
         kinds = [self._kind_costs(compute, kind, rc, cp_kind, dtype, attention, axes) for kind in self.kinds]
         mean = _mean_layer(kinds, self.weights)
         T = mb * float(model.seq_len) / cp

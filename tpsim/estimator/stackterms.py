@@ -190,6 +190,9 @@ class StackTerms:
     """fp8 plans send the dispatch all-to-all (and its backward twin, the gradients towards the experts) in fp8;
     the combine (and its twin) stay 16-bit (``comm.ep_dispatch_dtype``)."""
     ep_node_dedup: bool = False
+    ep_a2a_overlap: bool = False
+    """the expert all-to-alls of one micro-batch run under another's computation in the steady 1F1B state, as
+    DualPipe pairs chunks (``comm.ep_a2a_overlap``: Megatron-Core --overlap-moe-expert-parallel-comm)."""
     cp_ring: RingExchange = RingExchange()
     """how ring context parallelism exchanges K/V and dK/dV (``comm.cp_ring_exchange``,
     ``comm.cp_grad_exchange_dtype``; :class:`RingExchange`)."""
@@ -443,6 +446,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         activation_storage=_activation_storage(stack, where),
         ep_fp8_dispatch=_choice(stack, "comm", "ep_dispatch_dtype", "bf16", ("bf16", "fp8"), where) == "fp8",
         ep_node_dedup=bool(_value(stack, "comm", "ep_node_dedup", False)),
+        ep_a2a_overlap=bool(_value(stack, "comm", "ep_a2a_overlap", False)),
         fsdp_copies=bool(_value(stack, "comm", "fsdp_copy_in_out", False)),
         fsdp_reshard_after_backward=bool(_value(stack, "comm", "fsdp_reshard_after_backward", False)),
         zero1_in_optimizer=bool(_value(stack, "comm", "zero1_in_optimizer_step", False)),
@@ -464,10 +468,12 @@ def stack_terms(stack: StackProfile) -> StackTerms:
                                                                                   ("sm80", "sm90", "sm100")})
 
 
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp")
 """what selective recomputation may recompute, in Megatron-Core's ``--recompute-modules`` names
-(megatron/training/arguments.py): the attention core (scores), the norms' outputs, MLA's up-projections (q, k, v
-from the stored latents) and the routed experts' activation function (its output, the second GEMM's input)."""
+(megatron/training/arguments.py; megatron/core/transformer/transformer_config.py recompute_modules): the
+attention core (scores), the norms' outputs, MLA's up-projections (q, k, v from the stored latents), the routed
+experts' activation function (its output, the second GEMM's input) and a dense layer's MLP (checkpointed whole).
+Not modelled: ``moe`` and ``shared_experts`` (the MoE layer or its shared experts checkpointed whole)."""
 
 
 def _activation_storage(stack: StackProfile, where: str) -> ActivationStorage:

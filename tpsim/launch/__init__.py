@@ -154,4 +154,8 @@ def describe_import(imp: ImportedLaunch) -> str:
     """One line per note, for the user (what was approximated, ignored or unresolved)."""
     lines = [f"imported {imp.path} ({imp.format})"]
     lines += [f"  note: {n}" for n in imp.notes]
+    figures = [f"{section}.{key}={value}" for section, body in imp.stack_overrides.items()
+               for key, value in body.items()]
+    if figures:
+        lines.append(f"  stack: {FORMAT_STACK[imp.format]} with {', '.join(figures)} (from the file's flags)")
     return "\n".join(lines)

@@ -24,7 +24,8 @@ HEADER_TAG = "tpsim:"
 MOE_SHAPE_FIELDS = ("num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
                     "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_freq", "dense_layers",
                     "capacity_factor", "router_groups", "router_group_topk", "attention_kind", "q_lora_rank",
-                    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers")
+                    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers",
+                    "moe_balance")
 """ModelSpec fields of mixtures of experts, MLA and multi-token prediction an import may state."""
 PLAN_AXES_LATER = ("cp", "cp_kind", "ep", "etp")
 """plan fields of docs/SCHEMAS.md section 1 that a Plan may not have yet (read with defaults)."""
@@ -88,6 +89,9 @@ class ImportedLaunch:
     computed once the model is known."""
     notes: tuple[str, ...] = ()
     """unknown flags, unresolved variables, settings tpsim approximates: listed for the user."""
+    stack_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """stack figures the file sets beyond the plan ({section: {key: value}}: recomputed modules, optimizer and
+    gradient dtypes, fp8 parameters), applied to the format's stack (:func:`tpsim.stacks.derived_stack`)."""
 
 
 # ------------------------------------------------------------------------------------------------- header

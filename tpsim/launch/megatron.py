@@ -392,7 +392,8 @@ TEXT_FLAGS = ("--recompute-granularity", "--recompute-method", "--attention-back
               "--position-embedding-type", "--data-parallel-sharding-strategy", "--fp8-format", "--cp-comm-type",
               "--deepspeed_config", "--deepspeed-config", "--ckpt-format", "--recompute-modules",
              "--pipeline-model-parallel-layout", "--moe-layer-freq", "--moe-token-dispatcher-type",
-              "--moe-expert-capacity-factor", "--moe-router-score-function", "--rotary-percent")
+              "--moe-expert-capacity-factor", "--moe-router-score-function", "--rotary-percent",
+              "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype", "--main-grads-dtype")
 BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
               "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16", "--overlap-grad-reduce",
               "--overlap-param-gather", "--use-tp-pp-dp-mapping", "--swiglu", "--untie-embeddings-and-output-weights",
@@ -401,7 +402,10 @@ BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megat
               "--checkpoint-activations", "--deepspeed-activation-checkpointing", "--use-flash-attn-v2",
               "--init-model-with-meta-device", "--account-for-embedding-in-pipeline-split",
               "--account-for-loss-in-pipeline-split", "--moe-grouped-gemm", "--moe-router-enable-expert-bias",
-              "--multi-latent-attention", "--tp-comm-overlap", "--enable-zbh1-pipeline")
+              "--multi-latent-attention", "--tp-comm-overlap", "--enable-zbh1-pipeline",
+              "--use-precision-aware-optimizer", "--fp8-param-gather", "--grad-reduce-in-bf16",
+              "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing", "--moe-enable-deepep",
+              "--delay-wgrad-compute")
 KNOWN_FLAGS = set(INT_FLAGS) | set(TEXT_FLAGS) | set(BOOL_FLAGS)
 
 
@@ -464,6 +468,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     gpus = command.gpus_per_node * (command.nodes or 1) if command.gpus_per_node else None
     shape = {**header_shape(header), **shape}
     return ImportedLaunch(format="megatron", path=path, plan_fields=plan, model_shape=shape,
+                          stack_overrides=stack_overrides(f, plan, notes),
                           layers_per_virtual_stage=f.int("--num-layers-per-virtual-pipeline-stage"),
                           model_ref=header.get("model"), cluster_ref=header.get("cluster"),
                           gpus=gpus or _int_or_none(header.get("gpus")), notes=tuple(notes))
@@ -549,6 +554,68 @@ def _vpp_of(f: Flags, pp: int) -> int | None:
     return layers // (pp * per_stage)
 
 
+OPTIMIZER_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+"""Megatron's --exp-avg-dtype / --exp-avg-sq-dtype / --main-params-dtype / --main-grads-dtype values
+(arguments.py, the precision-aware optimizer of Transformer Engine's FusedAdam) as tpsim dtypes."""
+
+
+def stack_overrides(f: Flags, plan: Mapping[str, Any], notes: list[str]) -> dict[str, dict[str, Any]]:
+    """The stack figures the command line sets beyond the plan ({section: {key: value}}; the estimate runs the
+    format's stack with them, :func:`tpsim.stacks.derived_stack`): the modules selective recomputation runs
+    again (``--recompute-modules``), the precision-aware optimizer's moment, master and gradient dtypes, fp8
+    parameters (``--fp8-param-gather``: fp8 compute weights kept and gathered), bf16 gradient reduction, the
+    expert all-to-alls overlapped with another micro-batch's computation (``--overlap-moe-expert-parallel-comm``)
+    and DeepEP's node-deduplicated dispatch (``--moe-enable-deepep``)."""
+    from ..estimator.stackterms import RECOMPUTE_MODULES
+
+    memory: dict[str, Any] = {}
+    comm: dict[str, Any] = {}
+    if plan.get("recompute") == "selective" and f.has("--recompute-modules"):
+        modules = f.values("--recompute-modules")
+        known = [m for m in modules if m in RECOMPUTE_MODULES]
+        other = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if other:
+            notes.append(f"--recompute-modules {' '.join(other)}: not modelled (their activations are counted as "
+                         f"stored; tpsim recomputes {', '.join(RECOMPUTE_MODULES)})")
+        if known != ["core_attn"]:
+            memory["selective_recompute_modules"] = known
+    dtype_flags = ("--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype", "--main-grads-dtype")
+    given = {flag: f.text(flag) for flag in dtype_flags if f.has(flag)}
+    for flag, value in given.items():
+        if str(value).lower() not in OPTIMIZER_DTYPES:
+            raise InputError(f"{f.where}: {flag} {value!r} is not one of {', '.join(OPTIMIZER_DTYPES)}")
+    dt = {flag: OPTIMIZER_DTYPES[str(v).lower()] for flag, v in given.items()}
+    if dt and not f.has("--use-precision-aware-optimizer"):
+        if any(v != "fp32" for v in dt.values()):
+            notes.append(f"{' '.join(dt)} without --use-precision-aware-optimizer: ignored (Megatron needs it for "
+                         f"dtypes other than fp32)")
+    elif dt:
+        moments = {dt.get("--exp-avg-dtype", "fp32"), dt.get("--exp-avg-sq-dtype", "fp32")}
+        if len(moments) > 1:  # one dtype for both moments in tpsim: the wider one, said
+            notes.append(f"--exp-avg-dtype / --exp-avg-sq-dtype differ ({' / '.join(sorted(moments))}): both "
+                         f"estimated as fp32")
+            moments = {"fp32"}
+        memory["optimizer_state_dtype"] = moments.pop()
+        if "--main-params-dtype" in dt:
+            memory["main_params_dtype"] = dt["--main-params-dtype"]
+        if "--main-grads-dtype" in dt:
+            memory["grad_buffer_dtype"] = dt["--main-grads-dtype"]
+            comm["grad_reduce_dtype"] = dt["--main-grads-dtype"]
+    if f.has("--fp8-param-gather"):
+        if plan.get("dtype") in ("fp8", "mxfp8", "nvfp4"):
+            memory["fp8_weights_kept"] = True
+            comm["param_gather_dtype"] = "fp8"
+        else:
+            notes.append("--fp8-param-gather without an fp8 recipe: ignored")
+    if f.has("--grad-reduce-in-bf16"):
+        comm["grad_reduce_dtype"] = "bf16"
+    if f.has("--overlap-moe-expert-parallel-comm"):
+        comm["ep_a2a_overlap"] = True
+    if f.has("--moe-enable-deepep"):  # DeepEP: one RDMA copy per destination node, forwarded over NVLink
+        comm["ep_node_dedup"] = True
+    return {k: v for k, v in (("memory", memory), ("comm", comm)) if v}
+
+
 def _recompute_of(f: Flags, notes: list[str]) -> str:
     granularity = f.text("--recompute-granularity")
     if f.has("--recompute-activations") and granularity is None:
@@ -556,10 +623,7 @@ def _recompute_of(f: Flags, notes: list[str]) -> str:
     if granularity is None:
         return "full" if f.has("--checkpoint-activations") else "none"
     if granularity == "selective":
-        modules = f.values("--recompute-modules")
-        if modules and modules != ["core_attn"]:
-            notes.append(f"--recompute-modules {' '.join(modules)}: estimated as core-attention recomputation")
-        return "selective"
+        return "selective"  # the modules it runs again: stack_overrides
     if granularity != "full":
         raise InputError(f"{f.where}: --recompute-granularity {granularity!r} is not full or selective")
     method, layers = f.text("--recompute-method"), f.int("--recompute-num-layers")
@@ -668,6 +732,8 @@ def moe_shape(f: Flags, num_layers: int | None) -> dict[str, Any]:
         freq = f.text("--moe-layer-freq")
         shape.update(parse_layer_freq(freq, num_layers, f.where) if freq is not None
                      else {"moe_layer_freq": 1, "first_dense_layers": 0, "dense_layers": ()})
+        if f.has("--moe-router-force-load-balancing"):  # the benchmarks' forced balance (MoE-ModelZoo)
+            shape["moe_balance"] = "forced"
         groups = f.int("--moe-router-num-groups")
         if groups:
             shape.update(router_groups=groups, router_group_topk=f.int("--moe-router-group-topk") or groups)

@@ -1,0 +1,147 @@
+"""Issue 19: a Megatron launch file's stack figures (recomputed modules, optimizer dtypes, fp8 parameters, the
+expert all-to-all overlap, DeepEP, forced balance) are read into the stack the estimate runs, so a published
+recipe that only fits with them is accepted (tpsim/launch/megatron.py stack_overrides, tpsim/stacks.py
+derived_stack)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tpsim.cli import main
+from tpsim.errors import InputError
+from tpsim.estimator import estimate
+from tpsim.launch import import_launch
+from tpsim.model import load_model
+from tpsim.plan import make_plan
+from tpsim.stacks import derived_stack, load_stack
+from tpsim.topology import load_cluster
+
+# DeepSeek-V3 on 1024 H100: the plan and flags of Megatron-MoE-ModelZoo best_practice/DeepSeekV3 (run.sh, "best
+# config on 1024 H100 GPUs with 4096 sequence lengths": PP 8, VPP 4, TP 2, EP 64, GBS 8192, fp8; readme.md "Key
+# Configurations": DeepEP, fine-grained recomputation of mla_up_proj and mlp, FP8 primary weights, BF16 optimizer
+# states, EP A2A overlap, the flexible PP layout). Shape flags as Megatron-Bridge's DeepSeek-V3 provider.
+DSV3_H100 = """torchrun --nproc_per_node 8 --nnodes 128 pretrain_gpt.py \\
+  --tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 4 \\
+  --pipeline-model-parallel-layout "Et|(tt|)*30mL" --expert-model-parallel-size 64 \\
+  --use-distributed-optimizer --sequence-parallel --micro-batch-size 1 --global-batch-size 8192 \\
+  --num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-attention-heads 128 --seq-length 4096 \\
+  --max-position-embeddings 4096 --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 \\
+  --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --num-experts 256 --moe-router-topk 8 \\
+  --moe-ffn-hidden-size 2048 --moe-shared-expert-intermediate-size 2048 --moe-layer-freq "([0]*3+[1]*58)" \\
+  --moe-router-num-groups 8 --moe-router-group-topk 4 --moe-grouped-gemm --mtp-num-layers 1 --vocab-size 129280 \\
+  --bf16 --fp8-format e4m3 {extra} --overlap-grad-reduce --overlap-param-gather --swiglu --normalization RMSNorm \\
+  --disable-bias-linear --untie-embeddings-and-output-weights --position-embedding-type rope
+"""
+RECIPE_FLAGS = ("--fp8-param-gather --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 "
+                "--recompute-granularity selective --recompute-modules mla_up_proj mlp "
+                "--overlap-moe-expert-parallel-comm --delay-wgrad-compute --moe-token-dispatcher-type flex "
+                "--moe-enable-deepep --moe-router-force-load-balancing")
+
+
+def _write(tmp_path, extra: str, name: str = "run.sh"):
+    path = tmp_path / name
+    path.write_text(DSV3_H100.format(extra=extra))
+    return path
+
+
+def test_the_flags_become_stack_figures_and_the_model_balance(tmp_path):
+    imp = import_launch(_write(tmp_path, RECIPE_FLAGS), None)
+    assert imp.stack_overrides == {
+        "memory": {"selective_recompute_modules": ["mla_up_proj", "mlp"], "optimizer_state_dtype": "bf16",
+                   "fp8_weights_kept": True},
+        "comm": {"param_gather_dtype": "fp8", "ep_a2a_overlap": True, "ep_node_dedup": True}}
+    assert imp.model_shape["moe_balance"] == "forced"
+    plain = import_launch(_write(tmp_path, "", "plain.sh"), None)
+    assert plain.stack_overrides == {} and "moe_balance" not in plain.model_shape
+
+
+def test_what_tpsim_does_not_model_is_said(tmp_path):
+    imp = import_launch(_write(tmp_path, "--recompute-granularity selective --recompute-modules moe layernorm "
+                                         "--use-precision-aware-optimizer --exp-avg-dtype bf16 "
+                                         "--exp-avg-sq-dtype fp32"), None)
+    assert imp.stack_overrides["memory"] == {"selective_recompute_modules": ["layernorm"],
+                                             "optimizer_state_dtype": "fp32"}
+    assert any("--recompute-modules moe: not modelled" in n for n in imp.notes)
+    assert any("differ (bf16 / fp32)" in n for n in imp.notes)
+    # dtypes without the precision-aware optimizer: Megatron refuses them; tpsim says so and keeps fp32
+    imp = import_launch(_write(tmp_path, "--exp-avg-dtype bf16", "b.sh"), None)
+    assert imp.stack_overrides == {} and any("without --use-precision-aware-optimizer" in n for n in imp.notes)
+
+
+def test_a_bad_dtype_is_one_line_naming_the_flag(tmp_path, capsys):
+    path = _write(tmp_path, "--use-precision-aware-optimizer --exp-avg-dtype int4")
+    with pytest.raises(InputError, match=r"--exp-avg-dtype 'int4' is not one of fp32, bf16, fp16, fp8"):
+        import_launch(path, None)
+    assert main(["estimate", "--from", str(path), "--cluster", "dgx-h100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--exp-avg-dtype 'int4'" in err
+
+
+def test_derived_stack_keeps_the_name_and_validates_the_values():
+    stack = derived_stack("megatron", {"memory": {"optimizer_state_dtype": "bf16"}}, "launch file x.sh")
+    base = load_stack("megatron")
+    assert stack.name == base.name and stack.fingerprint() != base.fingerprint()
+    assert "memory.optimizer_state_dtype=bf16 (launch file x.sh)" in stack.version
+    assert stack.memory["optimizer_state_dtype"].value == "bf16"
+    assert stack.memory["optimizer_state_dtype"].source == "launch file x.sh"
+    assert derived_stack(base, {}, "nothing") is base
+    with pytest.raises(InputError, match="section='rules'"):
+        derived_stack("megatron", {"rules": {"sp": True}}, "x")
+    bad = derived_stack("megatron", {"memory": {"optimizer_state_dtype": "int4"}}, "x")
+    model = load_model("llama3-8b")
+    cluster = load_cluster("dgx-h100", gpus=8)
+    with pytest.raises(InputError, match="memory.optimizer_state_dtype"):
+        estimate(model, cluster, make_plan(model, 8, tp=8), stack=bad)
+
+
+def test_the_published_deepseek_v3_recipe_fits_only_with_its_flags(tmp_path, capsys):
+    """The recipe (Megatron-MoE-ModelZoo, 1024 H100): with its flags it fits with a plausible margin; the same
+    plan with Megatron's defaults (16-bit weights, fp32 moments, core_attn recomputation) does not."""
+    import json
+
+    code = main(["estimate", "--from", str(_write(tmp_path, RECIPE_FLAGS)), "--cluster", "dgx-h100", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads(out)
+    assert "stack: megatron with memory.selective_recompute_modules=['mla_up_proj', 'mlp']" in err
+    assert data["plan"]["tp"] == 2 and data["plan"]["pp"] == 8 and data["plan"]["vpp"] == 4
+    usable = data["peak_memory_gib"] + data["memory_headroom_gib"]
+    assert data["fits"] and 0.6 <= data["peak_memory_gib"] / usable <= 0.97, data["memory_gib"]
+    assert data["stack"] == "megatron"  # the residual groups and bands are the stack's
+    code = main(["estimate", "--from", str(_write(tmp_path, "", "plain.sh")), "--cluster", "dgx-h100", "--json"])
+    plain = json.loads(capsys.readouterr().out)
+    assert code == 0 and not plain["fits"]
+    assert plain["memory_gib"]["weights"] > 1.8 * data["memory_gib"]["weights"]          # fp8 primary weights
+    assert plain["memory_gib"]["optimizer_states"] > data["memory_gib"]["optimizer_states"]  # bf16 moments
+
+
+def test_the_expert_all_to_all_overlap_hides_exposed_expert_communication():
+    model = dataclasses.replace(load_model("mixtral-8x7b"), num_layers=4)
+    cluster = load_cluster("dgx-h100", gpus=64)
+    plan = make_plan(model, 64, tp=1, pp=1, ep=8, zero=1, micro_batch=1, global_batch=64, recompute="selective")
+    base = estimate(model, cluster, plan, stack="megatron")
+    over = estimate(model, cluster, plan, stack=derived_stack("megatron", {"comm": {"ep_a2a_overlap": True}}, "t"))
+    assert base.breakdown["ep_comm"] > 0
+    assert over.breakdown["ep_comm"] == pytest.approx(base.breakdown["ep_comm"])  # the same all-to-alls ...
+    assert over.terms["ep_comm"] < base.terms["ep_comm"]       # ... partly under the other micro-batch
+    assert over.step_time_s < base.step_time_s
+    assert over.breakdown["compute"] == pytest.approx(base.breakdown["compute"])
+
+
+def test_recomputing_a_dense_mlp_trades_memory_for_its_forward():
+    model = load_model("llama3-8b")
+    cluster = load_cluster("dgx-h100", gpus=8)
+    plan = make_plan(model, 8, tp=8, sp=True, recompute="selective", micro_batch=1, global_batch=8)
+    base = estimate(model, cluster, plan, stack="megatron")
+    mlp = estimate(model, cluster, plan,
+                   stack=derived_stack("megatron", {"memory": {"selective_recompute_modules": ["core_attn", "mlp"]}},
+                                       "t"))
+    assert mlp.memory_gib["activations"] < base.memory_gib["activations"]
+    assert mlp.breakdown["recompute"] > base.breakdown["recompute"]
+    # the MLP's forward is at most the layer's forward: recompute stays below full recomputation's
+    full = estimate(model, cluster, dataclasses.replace(plan, recompute="full"), stack="megatron")
+    assert mlp.breakdown["recompute"] < full.breakdown["recompute"]
+    assert np.isfinite(mlp.step_time_s)
