@@ -145,3 +145,25 @@ def test_recomputing_a_dense_mlp_trades_memory_for_its_forward():
     full = estimate(model, cluster, dataclasses.replace(plan, recompute="full"), stack="megatron")
     assert mlp.breakdown["recompute"] < full.breakdown["recompute"]
     assert np.isfinite(mlp.step_time_s)
+
+
+def test_a_bridge_recipe_carries_the_same_figures(tmp_path):
+    """A Megatron-Bridge recipe (the provider's keywords) gives the same stack figures as the command line."""
+    from tpsim.launch import export_context, export_plan
+
+    model = load_model("mixtral-8x7b")
+    cluster = load_cluster("dgx-h100", gpus=64)
+    plan = make_plan(model, 64, tp=1, pp=4, ep=8, zero=1, micro_batch=1, global_batch=64, recompute="selective")
+    ctx = export_context(model, cluster, plan, model_ref="mixtral-8x7b", cluster_ref="dgx-h100")
+    text = next(iter(export_plan("bridge", ctx).values()))
+    assert "recompute_modules=['core_attn']" in text
+    text = text.replace("recompute_modules=['core_attn']",
+                        'recompute_modules=["moe_act", "shared_experts"], overlap_moe_expert_parallel_comm=True, '
+                        'moe_enable_deepep=True, moe_router_force_load_balancing=True')
+    path = tmp_path / "recipe.py"
+    path.write_text(text)
+    imp = import_launch(path, None)
+    assert imp.stack_overrides == {"memory": {"selective_recompute_modules": ["moe_act"]},
+                                   "comm": {"ep_a2a_overlap": True, "ep_node_dedup": True}}
+    assert any("recompute_modules shared_experts: not modelled" in n for n in imp.notes)
+    assert not any("fields not used" in n and "moe_enable_deepep" in n for n in imp.notes)

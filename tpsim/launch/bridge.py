@@ -175,7 +175,8 @@ READ_MODEL = set(PLAN_OF_MODEL) | set(SHAPE_OF_MODEL) | {
     "kv_channels", "make_vocab_size_divisible_by", "normalization", "gated_linear_unit", "position_embedding_type",
     "add_bias_linear", "add_qkv_bias", "share_embeddings_and_output_weights", "cp_comm_type", "recompute_granularity",
     "recompute_modules", "recompute_method", "recompute_num_layers", "moe_grouped_gemm", "moe_token_dispatcher_type",
-    "expert_tensor_parallel_size", "moe_shared_expert_intermediate_size", "moe_layer_freq", "activation_func"}
+    "expert_tensor_parallel_size", "moe_shared_expert_intermediate_size", "moe_layer_freq", "activation_func",
+    "overlap_moe_expert_parallel_comm", "moe_enable_deepep", "moe_router_force_load_balancing"}
 READ_CONFIG = {("train", "global_batch_size"), ("train", "micro_batch_size"), ("dataset", "seq_length"),
                ("ddp", "use_distributed_optimizer"), ("ddp", "overlap_grad_reduce"), ("ddp", "overlap_param_gather"),
                ("ddp", "use_megatron_fsdp"), ("ddp", "data_parallel_sharding_strategy"),
@@ -273,6 +274,17 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         fields["etp"] = etp
     granularity = model.get("recompute_granularity")
     fields["recompute"] = granularity if granularity in ("selective", "full") else "none"
+    memory: dict[str, Any] = {}
+    comm: dict[str, Any] = {}
+    modules = model.get("recompute_modules")
+    if granularity == "selective" and isinstance(modules, (list, tuple)):
+        from .megatron import recompute_module_figures
+
+        memory.update(recompute_module_figures(list(modules), "recompute_modules", notes))
+    if model.get("overlap_moe_expert_parallel_comm") is True:
+        comm["ep_a2a_overlap"] = True
+    if model.get("moe_enable_deepep") is True:
+        comm["ep_node_dedup"] = True
     ddp = {k[1]: v for k, v in config.items() if k[0] == "ddp" and len(k) == 2}
     strategy = ddp.get("data_parallel_sharding_strategy", "no_shard")
     if ddp.get("use_megatron_fsdp") and strategy in ("optim_grads", "optim_grads_params"):
@@ -310,9 +322,12 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         shape.update(num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=int(shared))
         freq = model.get("moe_layer_freq", 1)
         shape.update(parse_layer_freq(str(freq).replace(" ", ""), shape.get("num_layers"), where))
+        if model.get("moe_router_force_load_balancing") is True:
+            shape["moe_balance"] = "forced"
     header = read_header(text)
     shape = {**header_shape(header), **shape}
     gpus = int(header["gpus"]) if header.get("gpus", "").isdigit() else None
+    overrides = {k: v for k, v in (("memory", memory), ("comm", comm)) if v}
     return ImportedLaunch(format="bridge", path=path, plan_fields=fields, model_shape=shape,
                           model_ref=header.get("model"), cluster_ref=header.get("cluster"), gpus=gpus,
-                          notes=tuple(notes))
+                          notes=tuple(notes), stack_overrides=overrides)

@@ -559,6 +559,20 @@ OPTIMIZER_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"
 (arguments.py, the precision-aware optimizer of Transformer Engine's FusedAdam) as tpsim dtypes."""
 
 
+def recompute_module_figures(modules: list, where: str, notes: list[str]) -> dict[str, Any]:
+    """``memory.selective_recompute_modules`` of Megatron-Core's recompute modules (empty when they are the
+    default, ``core_attn``); the ones tpsim does not model are said in a note."""
+    from ..estimator.stackterms import RECOMPUTE_MODULES
+
+    names = [str(m) for m in modules]
+    known = [m for m in names if m in RECOMPUTE_MODULES]
+    other = [m for m in names if m not in RECOMPUTE_MODULES]
+    if other:
+        notes.append(f"{where} {' '.join(other)}: not modelled (their activations are counted as stored; tpsim "
+                     f"recomputes {', '.join(RECOMPUTE_MODULES)})")
+    return {} if known == ["core_attn"] else {"selective_recompute_modules": known}
+
+
 def stack_overrides(f: Flags, plan: Mapping[str, Any], notes: list[str]) -> dict[str, dict[str, Any]]:
     """The stack figures the command line sets beyond the plan ({section: {key: value}}; the estimate runs the
     format's stack with them, :func:`tpsim.stacks.derived_stack`): the modules selective recomputation runs
@@ -566,19 +580,10 @@ def stack_overrides(f: Flags, plan: Mapping[str, Any], notes: list[str]) -> dict
     parameters (``--fp8-param-gather``: fp8 compute weights kept and gathered), bf16 gradient reduction, the
     expert all-to-alls overlapped with another micro-batch's computation (``--overlap-moe-expert-parallel-comm``)
     and DeepEP's node-deduplicated dispatch (``--moe-enable-deepep``)."""
-    from ..estimator.stackterms import RECOMPUTE_MODULES
-
     memory: dict[str, Any] = {}
     comm: dict[str, Any] = {}
     if plan.get("recompute") == "selective" and f.has("--recompute-modules"):
-        modules = f.values("--recompute-modules")
-        known = [m for m in modules if m in RECOMPUTE_MODULES]
-        other = [m for m in modules if m not in RECOMPUTE_MODULES]
-        if other:
-            notes.append(f"--recompute-modules {' '.join(other)}: not modelled (their activations are counted as "
-                         f"stored; tpsim recomputes {', '.join(RECOMPUTE_MODULES)})")
-        if known != ["core_attn"]:
-            memory["selective_recompute_modules"] = known
+        memory.update(recompute_module_figures(f.values("--recompute-modules"), "--recompute-modules", notes))
     dtype_flags = ("--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype", "--main-grads-dtype")
     given = {flag: f.text(flag) for flag in dtype_flags if f.has(flag)}
     for flag, value in given.items():
