@@ -185,7 +185,11 @@ def _without_group(key):
     import tpsim.runfit as rf
 
     every = rf.shipped_residuals()
-    rf.shipped_residuals = lambda use_cache=True: tuple(x for x in every if (x.device, x.stack) != key)
+
+    def without(use_cache: bool = True) -> tuple:  # noqa: ARG001 (shipped_residuals' signature)
+        return tuple(x for x in every if (x.device, x.stack) != key)
+
+    rf.shipped_residuals = without
     rf._SIGMA.clear()
     rf._VARIOGRAM.clear()
     try:
