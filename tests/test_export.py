@@ -155,7 +155,7 @@ def test_nemo_yaml_parses_and_uses_megatron_gpt_config_keys():
     data = yaml.safe_load(text)
     assert set(data) == {"trainer", "model"} and set(data["model"]) <= NEMO_MODEL_KEYS
     assert data["trainer"]["devices"] * data["trainer"]["num_nodes"] == 64
-    assert data["model"]["optim"]["name"] == "distributed_fused_adam"
+    assert data["model"]["optim"]["name"] == "mcore_distributed_optim"  # Megatron-Core's (the megatron stack)
     assert data["model"]["virtual_pipeline_model_parallel_size"] == 2
 
 

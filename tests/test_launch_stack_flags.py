@@ -167,3 +167,33 @@ def test_a_bridge_recipe_carries_the_same_figures(tmp_path):
                                    "comm": {"ep_a2a_overlap": True, "ep_node_dedup": True}}
     assert any("recompute_modules shared_experts: not modelled" in n for n in imp.notes)
     assert not any("fields not used" in n and "moe_enable_deepep" in n for n in imp.notes)
+
+
+def test_a_nemo_config_runs_nemos_optimizer_with_its_dtype(tmp_path, capsys):
+    """A NeMo 1.x config with optim.name distributed_fused_adam runs the nemo stack (NeMo's own distributed
+    optimizer); with optim.dtype bf16 (the Nemotron-4 340B launcher recipe) bf16 moments and no master copy, as
+    the development set's nemo-optim-bf16 stack. mcore_distributed_optim stays Megatron-Core's."""
+    import json
+
+    from tests.test_import import NEMO_YAML
+
+    path = tmp_path / "llama3_8b.yaml"
+    path.write_text(NEMO_YAML)
+    imp = import_launch(path)
+    assert imp.stack == "nemo" and imp.stack_overrides == {}
+    path.write_text(NEMO_YAML.replace("    name: distributed_fused_adam\n",
+                                      "    name: distributed_fused_adam\n    dtype: bf16\n"))
+    imp = import_launch(path)
+    assert imp.stack == "nemo"
+    assert imp.stack_overrides == {"memory": {"main_params_dtype": "none", "optimizer_state_dtype": "bf16"}}
+    assert main(["estimate", "--from", str(path), "--model", "llama3-8b", "--cluster", "dgx-h100", "--json"]) == 0
+    out, err = capsys.readouterr()
+    bf16 = json.loads(out)
+    assert bf16["stack"] == "nemo" and "stack: nemo with memory.main_params_dtype=none" in err
+    path.write_text(NEMO_YAML)
+    assert main(["estimate", "--from", str(path), "--model", "llama3-8b", "--cluster", "dgx-h100", "--json"]) == 0
+    fp32 = json.loads(capsys.readouterr().out)
+    assert fp32["stack"] == "nemo"
+    assert bf16["memory_gib"]["optimizer_states"] < 0.7 * fp32["memory_gib"]["optimizer_states"]
+    path.write_text(NEMO_YAML.replace("name: distributed_fused_adam", "name: mcore_distributed_optim"))
+    assert import_launch(path).stack is None

@@ -175,7 +175,7 @@ def _log_run(args: argparse.Namespace, log: str, launch: str, index: int):
     gpus = args.gpus or imp.gpus
     cluster = load_cluster(name, gpus=gpus)
     plan = resolve_plan(imp, model, cluster.num_gpus, global_batch=None, overrides={})
-    stack = args.stack or FORMAT_STACK[imp.format]
+    stack = args.stack or imp.stack or FORMAT_STACK[imp.format]
     return run_from_log(log, run_id=f"{Path(log).stem}#{index}", model=model, model_ref=str(launch),
                         cluster=name, gpus=cluster.num_gpus, stack=stack, plan=plan)
 

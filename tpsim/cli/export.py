@@ -155,11 +155,12 @@ def from_launch_file(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
     cluster = load_cluster(name, gpus=gpus, calibration=getattr(args, "calibration", None))  # was dropped
     plan = resolve_plan(imp, model, cluster.num_gpus, global_batch=args.global_batch, overrides=plan_fields(args))
     note = describe_import(imp)
-    problem = load_stack(FORMAT_STACK[imp.format]).plan_violation(plan, model)
+    runs_on = imp.stack or FORMAT_STACK[imp.format]
+    problem = load_stack(runs_on).plan_violation(plan, model)
     if problem:
         note += f"\n  warning: the {imp.format} stack would refuse this plan: {problem}"
     elif not getattr(args, "stack", None):
-        args.stack = FORMAT_STACK[imp.format]  # estimate what the file's framework runs
+        args.stack = runs_on  # estimate what the file's framework runs
     if imp.stack_overrides and getattr(args, "stack", None):
         from ..stacks import derived_stack
 

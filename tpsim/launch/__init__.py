@@ -157,5 +157,5 @@ def describe_import(imp: ImportedLaunch) -> str:
     figures = [f"{section}.{key}={value}" for section, body in imp.stack_overrides.items()
                for key, value in body.items()]
     if figures:
-        lines.append(f"  stack: {FORMAT_STACK[imp.format]} with {', '.join(figures)} (from the file's flags)")
+        lines.append(f"  stack: {imp.stack or FORMAT_STACK[imp.format]} with {', '.join(figures)} (from the file)")
     return "\n".join(lines)

@@ -89,6 +89,9 @@ class ImportedLaunch:
     computed once the model is known."""
     notes: tuple[str, ...] = ()
     """unknown flags, unresolved variables, settings tpsim approximates: listed for the user."""
+    stack: str | None = None
+    """the stack the file's framework runs when the file says (a NeMo config's distributed_fused_adam: the
+    ``nemo`` stack); None: the format's (``tpsim.launch.FORMAT_STACK``)."""
     stack_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """stack figures the file sets beyond the plan ({section: {key: value}}: recomputed modules, optimizer and
     gradient dtypes, fp8 parameters), applied to the format's stack (:func:`tpsim.stacks.derived_stack`)."""

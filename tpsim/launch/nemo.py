@@ -8,7 +8,9 @@ virtual_pipeline_model_parallel_size, context_parallel_size, expert_model_parall
 encoder_seq_length, num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups,
 normalization, activation, position_embedding_type, bias, share_embeddings_and_output_weights,
 activations_checkpoint_granularity / method / num_layers, mcore_gpt, fp8 / fp8_hybrid, use_flash_attention,
-optim.name (distributed_fused_adam = the distributed optimizer) and optim.overlap_grad_sync; ZeRO-2/3 are
+optim.name (the distributed optimizer: mcore_distributed_optim, Megatron-Core's, for the megatron stack;
+distributed_fused_adam, NeMo's Apex DistributedFusedAdam, when the prediction is the nemo stack's) and
+optim.overlap_grad_sync; ZeRO-2/3 are
 NeMo's torch FSDP (fsdp, fsdp_sharding_strategy 'grad' / 'full'). Context-parallel kind, expert tensor
 parallelism and the MoE shape are Megatron-Core ModelParallelConfig / TransformerConfig field names
 (cp_comm_type, expert_tensor_parallel_size, num_moe_experts, moe_router_topk, moe_ffn_hidden_size,
@@ -85,7 +87,8 @@ def config(ctx: ExportContext) -> dict[str, Any]:
         "fp8": plan.dtype == "fp8", "fp8_hybrid": plan.dtype == "fp8",
         "use_flash_attention": plan.attention == "flash",
         "fsdp": plan.zero in FSDP,
-        "optim": {"name": "distributed_fused_adam" if plan.zero == 1 else "fused_adam",
+        "optim": {"name": (("distributed_fused_adam" if (ctx.prediction or {}).get("stack") == "nemo"
+                            else "mcore_distributed_optim") if plan.zero == 1 else "fused_adam"),
                   "overlap_grad_sync": bool(plan.overlap)},
     }
     if plan.zero in FSDP:
@@ -181,6 +184,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         etp = get("expert_tensor_parallel_size")
         if etp is not None and _int(etp, "expert_tensor_parallel_size", where) != tp:
             fields["etp"] = etp
+    stack, overrides = _optimizer_stack(get("optim") or {}, notes)
     header = read_header(text)
     devices, nodes = trainer.get("devices"), trainer.get("num_nodes", 1)
     gpus = devices * (nodes or 1) if isinstance(devices, int) and devices > 0 and isinstance(nodes, (int, type(None))) \
@@ -189,7 +193,25 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
                           model_shape={**header_shape(header), **_shape(model, where)},
                           model_ref=header.get("model"), cluster_ref=header.get("cluster"),
                           gpus=gpus or ascii_int(header.get("gpus")),
-                          notes=tuple(notes))
+                          notes=tuple(notes), stack=stack, stack_overrides=overrides)
+
+
+def _optimizer_stack(optim: Mapping[str, Any], notes: list[str]) -> tuple[str | None, dict[str, dict[str, Any]]]:
+    """The stack a NeMo 1.x config's optimizer runs and its figures: ``distributed_fused_adam`` is NeMo's own
+    distributed optimizer (Apex DistributedFusedAdam, the ``nemo`` stack: 16-bit gradient buckets, the fp32
+    master as bf16 parameters plus remainders); with ``dtype: bf16`` it keeps bf16 moments and updates the bf16
+    parameters in place (no master copy: NeMo nemo/core/optim/distributed_adam.py with store_params off, as the
+    Nemotron-4 340B launcher recipe sets; tpsim/data/runs/stacks/nemo-optim-bf16.yaml). Other optimizers
+    (``mcore_distributed_optim``, ``fused_adam``) run Megatron-Core's (the format's ``megatron`` stack)."""
+    name = str(optim.get("name", ""))
+    if name != "distributed_fused_adam":
+        return None, {}
+    dtype = str(optim.get("dtype", "fp32")).lower()
+    if dtype in ("bf16", "bfloat16", "torch.bfloat16"):
+        return "nemo", {"memory": {"main_params_dtype": "none", "optimizer_state_dtype": "bf16"}}
+    if dtype not in ("fp32", "float32", "32", "torch.float32"):
+        notes.append(f"optim.dtype {optim.get('dtype')!r}: estimated as fp32 optimizer states")
+    return "nemo", {}
 
 
 def _int(value: Any, key: str, where: str) -> int:
@@ -216,8 +238,8 @@ def _zero(model: Mapping[str, Any], where: str) -> int:
             raise InputError(f"{where}: fsdp_sharding_strategy={strategy!r}: tpsim models 'grad' (ZeRO-2) and "
                              f"'full' (ZeRO-3)")
         return 2 if strategy == "grad" else 3
-    optim = (model.get("optim") or {}).get("name", "fused_adam")
-    return 1 if str(optim).startswith("distributed") else 0
+    optim = str((model.get("optim") or {}).get("name", "fused_adam"))
+    return 1 if optim.startswith("distributed") or optim == "mcore_distributed_optim" else 0
 
 
 def _dtype(precision: Any, model: Mapping[str, Any], where: str) -> str:
