@@ -197,3 +197,29 @@ def test_a_nemo_config_runs_nemos_optimizer_with_its_dtype(tmp_path, capsys):
     assert bf16["memory_gib"]["optimizer_states"] < 0.7 * fp32["memory_gib"]["optimizer_states"]
     path.write_text(NEMO_YAML.replace("name: distributed_fused_adam", "name: mcore_distributed_optim"))
     assert import_launch(path).stack is None
+
+
+@pytest.mark.parametrize("extra,compiled", [
+    ("[training]\ncompile = true\n", True),
+    ("[compile]\nenable = true\ncomponents = [\"model\", \"loss\"]\n", True),
+    ("[compile]\nenable = true\ncomponents = [\"loss\"]\n", False),
+    ("", False),
+])
+def test_a_compiled_torchtitan_job_runs_the_compile_stack(tmp_path, capsys, extra, compiled):
+    """torchtitan's training.compile (later [compile] enable with components) decides eager or compiled kernels:
+    the import runs the torchtitan-compile stack for a compiled model."""
+    import json
+
+    text = ("[model]\nname = \"llama3\"\nflavor = \"8B\"\n[parallelism]\ndata_parallel_shard_degree = 8\n"
+            "[activation_checkpoint]\nmode = \"selective\"\n")
+    if extra.startswith("[training]"):
+        text += "[training]\nlocal_batch_size = 1\nseq_len = 8192\ncompile = true\n"
+    else:
+        text += "[training]\nlocal_batch_size = 1\nseq_len = 8192\n" + extra
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    imp = import_launch(path)
+    assert imp.stack == ("torchtitan-compile" if compiled else None)
+    assert not any("tables not used" in n and "[compile]" in n for n in imp.notes)
+    assert main(["estimate", "--from", str(path), "--cluster", "dgx-h100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stack"] == ("torchtitan-compile" if compiled else "torchtitan")

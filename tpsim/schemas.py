@@ -157,6 +157,11 @@ TORCHTITAN = register(Schema("torchtitan", {
         "steps": Int(maximum=1 << 40),
         "mixed_precision_param": Enum("bfloat16", "float32"),
         "mixed_precision_reduce": Enum("bfloat16", "float32"),
+        "compile": Bool(),
+    })),
+    "compile": Map(Schema("torchtitan [compile]", {
+        "enable": Bool(),
+        "components": List(Str(max_len=64), max_len=16),
     })),
     "activation_checkpoint": Map(Schema("torchtitan [activation_checkpoint]", {
         "mode": Enum("none", "selective", "full"),

@@ -241,7 +241,9 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     gpus = ascii_int(header.get("gpus"))
     if gpus is None and dp is not None:
         gpus = dp * tp * pp * cp
+    compiled = _compiled(data, training, notes)
     return ImportedLaunch(format="torchtitan", path=path, plan_fields=fields, model_shape=shape,
+                          stack="torchtitan-compile" if compiled else None,
                           model_ref=header.get("model") or flavor_ref, cluster_ref=header.get("cluster"), gpus=gpus,
                           dp=dp, layers_per_virtual_stage=layers_per_stage, notes=tuple(notes) + _unused(data),
                           batch_per_replica=local if global_batch <= 0 and dp is None else None)
@@ -313,7 +315,20 @@ def _layers_per_stage(par: Mapping[str, Any], where: str) -> int | None:
     return per_stage
 
 
+def _compiled(data: Mapping[str, Any], training: Mapping[str, Any], notes: list[str]) -> bool:
+    """The job compiles the model (``training.compile = true``, or the later ``[compile] enable = true`` with
+    ``components`` holding "model"): it runs the ``torchtitan-compile`` stack's fused kernels."""
+    table = data.get("compile")
+    if isinstance(table, Mapping) and table.get("enable") is True:
+        components = table.get("components", ["model", "loss"])
+        if "model" not in components:
+            notes.append(f"[compile] components {components}: the model is not compiled (torchtitan eager)")
+            return False
+        return True
+    return training.get("compile") is True
+
+
 def _unused(data: Mapping[str, Any]) -> tuple[str, ...]:
-    read = {"job", "model", "training", "parallelism", "activation_checkpoint"}
+    read = {"job", "model", "training", "parallelism", "activation_checkpoint", "compile"}
     others = sorted(k for k in data if k not in read)
     return (f"tables not used by tpsim: {', '.join(f'[{k}]' for k in others)}",) if others else ()
