@@ -223,3 +223,36 @@ def test_a_compiled_torchtitan_job_runs_the_compile_stack(tmp_path, capsys, extr
     assert not any("tables not used" in n and "[compile]" in n for n in imp.notes)
     assert main(["estimate", "--from", str(path), "--cluster", "dgx-h100", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stack"] == ("torchtitan-compile" if compiled else "torchtitan")
+
+
+def test_calibrating_from_a_log_runs_the_launch_files_stack_figures(tmp_path, capsys):
+    """`calibrate --log LOG LAUNCH`: the run is predicted on the launch file's stack with its figures (its
+    recomputed modules and optimizer dtypes), the fit still names the stack megatron."""
+    import argparse
+
+    from tpsim.cli.calibrate import _log_run
+    from tests.test_runfit import MEGATRON_LOG
+
+    out = tmp_path / "mg"
+    assert main(["export", "--format", "megatron", "--out", str(out), "--model", "llama3-8b", "--cluster",
+                 "dgx-h100", "--gpus", "16", "--tp", "2", "--zero", "1", "--sp", "--global-batch", "64",
+                 "--recompute", "selective", "--no-predict"]) == 0
+    capsys.readouterr()
+    script = out / "megatron_args.sh"
+    text = script.read_text()
+    assert "--recompute-granularity selective" in text
+    script.write_text(text.replace("--recompute-granularity selective",
+                                   "--recompute-granularity selective --recompute-modules core_attn mlp "
+                                   "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16"))
+    log = tmp_path / "train.log"
+    log.write_text(MEGATRON_LOG)
+    args = argparse.Namespace(cluster="dgx-h100", gpus=None, stack=None)
+    run = _log_run(args, str(log), str(script), 1)
+    assert run.stack.name == "megatron"
+    assert run.stack.memory["selective_recompute_modules"].value == ["core_attn", "mlp"]
+    from tpsim.runfit import predict
+
+    plain = dataclasses.replace(run, stack="megatron")
+    assert predict(run).step_time_s > predict(plain).step_time_s  # the MLP forward runs again
+    assert main(["calibrate", "--log", str(log), str(script)]) == 0
+    assert "stack megatron" in capsys.readouterr().out

@@ -298,6 +298,7 @@ def _steps(runs: Sequence[Run], values: Mapping[str, float]) -> np.ndarray:
     from .estimator import context_for
     from .estimator.core import run_stages
     from .plan import PlanBatch
+    from .runs import stack_key
 
     out = np.empty(len(runs))
     groups: dict = {}
@@ -305,7 +306,7 @@ def _steps(runs: Sequence[Run], values: Mapping[str, float]) -> np.ndarray:
         if getattr(r.model, "family", "") == "opgraph":  # a traced graph: its own estimator, one by one
             out[i] = predict(r, calibration=fit_calibration(values, _cluster(r)), memo=True).step_time_s
             continue
-        groups.setdefault((id(r.model), r.cluster, r.gpus, str(r.stack)), []).append(i)
+        groups.setdefault((id(r.model), r.cluster, r.gpus, stack_key(r.stack)), []).append(i)
     for idx in groups.values():
         first = runs[idx[0]]
         cal = fit_calibration(values, _cluster(first))

@@ -111,7 +111,7 @@ class Run:
 
     def key(self) -> tuple:
         """What makes two rows the same run (model, cluster, GPUs, stack, plan, measurement)."""
-        return (self.model_ref, tuple(sorted(self.overrides.items())), self.cluster, self.gpus, self.stack,
+        return (self.model_ref, tuple(sorted(self.overrides.items())), self.cluster, self.gpus, stack_key(self.stack),
                 tuple(sorted(self.plan.to_dict().items())), self.measured_as, self.measured_value)
 
 
@@ -449,6 +449,11 @@ def runs_device_stack(runs: list[Run]) -> tuple[str, str]:
             raise InputError(f"{run.where}: stack={stack_name(run.stack)}, row {first.row} is {stack} (a runs "
                              "calibration is for one device and stack)")
     return device, stack
+
+
+def stack_key(ref: Any) -> str:
+    """A hashable key of a stack reference: the name or path, or a derived profile's fingerprint."""
+    return ref if isinstance(ref, str) else f"{ref.name}@{ref.fingerprint()[:16]}"
 
 
 def stack_name(ref: str) -> str:

@@ -349,8 +349,11 @@ def stack_path(name_or_path: str | Path) -> Path:
                      f"path)" + did_you_mean(text, STACK_NAMES + PRESET_STACKS))
 
 
-def load_stack(name_or_path: str | Path = DEFAULT_STACK) -> StackProfile:
-    """A training-stack profile by name (megatron, torchtitan, deepspeed) or path; cached per file version."""
+def load_stack(name_or_path: "str | Path | StackProfile" = DEFAULT_STACK) -> StackProfile:
+    """A training-stack profile by name (megatron, torchtitan, deepspeed) or path; cached per file version. A
+    profile is returned as given (a launch file's derived stack, :func:`derived_stack`)."""
+    if isinstance(name_or_path, StackProfile):
+        return name_or_path
     path = stack_path(name_or_path)
     stat = path.stat()
     return _load(str(path), stat.st_mtime_ns, stat.st_size)

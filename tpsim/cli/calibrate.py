@@ -176,6 +176,10 @@ def _log_run(args: argparse.Namespace, log: str, launch: str, index: int):
     cluster = load_cluster(name, gpus=gpus)
     plan = resolve_plan(imp, model, cluster.num_gpus, global_batch=None, overrides={})
     stack = args.stack or imp.stack or FORMAT_STACK[imp.format]
+    if imp.stack_overrides:  # the launch file's recomputed modules, optimizer dtypes, overlap flags (--from)
+        from ..stacks import derived_stack
+
+        stack = derived_stack(stack, imp.stack_overrides, f"launch file {launch}")
     return run_from_log(log, run_id=f"{Path(log).stem}#{index}", model=model, model_ref=str(launch),
                         cluster=name, gpus=cluster.num_gpus, stack=stack, plan=plan)
 
