@@ -83,7 +83,10 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
                       f"{_figure(stack, 'comm', 'tp_overlap_comm_sms')}" if terms.tp_overlap_comm_sms else ""),
         "cp_comm": f"exposed context-parallel exchanges (collective model on {ctx.cluster.name}, ring steps hidden "
                    "behind attention)",
-        "ep_comm": f"exposed expert-parallel all-to-alls (collective model on {ctx.cluster.name})",
+        "ep_comm": f"exposed expert-parallel all-to-alls (collective model on {ctx.cluster.name})"
+                   + "".join(f"; {name} {_figure(stack, 'comm', key)}"
+                             for key in ("ep_a2a_overlap", "ep_node_dedup", "ep_dispatch_dtype")
+                             if stack.figure("comm", key) is not None),
         "pp_comm": f"pipeline send/receive per chunk and micro-batch (collective model on {ctx.cluster.name})",
         "dp_comm": f"exposed data-parallel reduction and ZeRO gathers (collective model on {ctx.cluster.name}); "
                    f"{name} {_figure(stack, 'comm', 'dp_reduction_timing')}, "
