@@ -393,7 +393,8 @@ TEXT_FLAGS = ("--recompute-granularity", "--recompute-method", "--attention-back
               "--deepspeed_config", "--deepspeed-config", "--ckpt-format", "--recompute-modules",
              "--pipeline-model-parallel-layout", "--moe-layer-freq", "--moe-token-dispatcher-type",
               "--moe-expert-capacity-factor", "--moe-router-score-function", "--rotary-percent",
-              "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype", "--main-grads-dtype")
+              "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype", "--main-grads-dtype",
+              "--fp8-recipe", "--fp4-format", "--fp4-recipe")
 BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
               "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16", "--overlap-grad-reduce",
               "--overlap-param-gather", "--use-tp-pp-dp-mapping", "--swiglu", "--untie-embeddings-and-output-weights",
