@@ -59,12 +59,12 @@ def test_the_flags_become_stack_figures_and_the_model_balance(tmp_path):
 
 
 def test_what_tpsim_does_not_model_is_said(tmp_path):
-    imp = import_launch(_write(tmp_path, "--recompute-granularity selective --recompute-modules moe layernorm "
+    imp = import_launch(_write(tmp_path, "--recompute-granularity selective --recompute-modules shared_experts layernorm "
                                          "--use-precision-aware-optimizer --exp-avg-dtype bf16 "
                                          "--exp-avg-sq-dtype fp32"), None)
     assert imp.stack_overrides["memory"] == {"selective_recompute_modules": ["layernorm"],
                                              "optimizer_state_dtype": "fp32"}
-    assert any("--recompute-modules moe: not modelled" in n for n in imp.notes)
+    assert any("--recompute-modules shared_experts: not modelled" in n for n in imp.notes)
     assert any("differ (bf16 / fp32)" in n for n in imp.notes)
     # dtypes without the precision-aware optimizer: Megatron refuses them; tpsim says so and keeps fp32
     imp = import_launch(_write(tmp_path, "--exp-avg-dtype bf16", "b.sh"), None)
@@ -256,3 +256,20 @@ def test_calibrating_from_a_log_runs_the_launch_files_stack_figures(tmp_path, ca
     assert predict(run).step_time_s > predict(plain).step_time_s  # the MLP forward runs again
     assert main(["calibrate", "--log", str(log), str(script)]) == 0
     assert "stack megatron" in capsys.readouterr().out
+
+
+def test_recomputing_a_moe_layer_runs_its_all_to_alls_again():
+    """The moe module (a MoE layer checkpointed whole) drops the experts' activations and runs the layer's
+    forward again in backward, its dispatch and combine too; full recomputation repeats them as well."""
+    model = dataclasses.replace(load_model("mixtral-8x7b"), num_layers=4)
+    cluster = load_cluster("dgx-h100", gpus=64)
+    plan = make_plan(model, 64, tp=1, pp=1, ep=8, zero=1, micro_batch=1, global_batch=64, recompute="selective")
+    base = estimate(model, cluster, plan, stack="megatron")
+    moe = estimate(model, cluster, plan,
+                   stack=derived_stack("megatron", {"memory": {"selective_recompute_modules": ["core_attn", "moe"]}},
+                                       "t"))
+    assert moe.memory_gib["activations"] < 0.5 * base.memory_gib["activations"]
+    assert moe.breakdown["recompute"] > base.breakdown["recompute"]
+    assert moe.breakdown["ep_comm"] == pytest.approx(1.5 * base.breakdown["ep_comm"])  # 2 + 2 + 2 all-to-alls
+    full = estimate(model, cluster, dataclasses.replace(plan, recompute="full"), stack="megatron")
+    assert full.breakdown["ep_comm"] == pytest.approx(moe.breakdown["ep_comm"])

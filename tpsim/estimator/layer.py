@@ -365,6 +365,7 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
         shape = expert_shape(model, tokens_total=T, tp=tp, sp=sp, ep=_ones(n_plans) if ep is None else ep,
                              etp=etp_eff)
         add_expert_compute(fwd, bwd, compute, model, shape, dtype, fp8_cast)
+    moe_f = (fwd.t - before_mlp) if kind.moe else np.zeros(n_plans)  # the ``moe`` module's forward (experts)
 
     # norms, residuals, hidden dropout (on T/t tokens with sequence parallelism)
     norm = model.norm
@@ -382,6 +383,8 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
                                        heads=heads, shape=shape, dtype=dtype)
         if "mlp" in recompute_modules:
             selective = selective + dense_mlp_f
+        if "moe" in recompute_modules:  # the MoE layer checkpointed whole: router, experts, shared experts
+            selective = selective + moe_f
     re_t = np.where(rc == 2, fwd.t, np.where(rc == 1, selective, 0.0))
     total = fwd.t + bwd.t
     measured = np.where(total > 0, (fwd.m + bwd.m) / np.where(total > 0, total, 1.0), 0.0)

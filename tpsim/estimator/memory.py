@@ -164,7 +164,11 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     sharded = sharded + mlp_b
     if moe:
         moe_act = selective & ("moe_act" in modules)
-        sharded = sharded + _expert_activations(model, T, tp, sp, ep, etp, e, lb, moe_act)
+        experts = _expert_activations(model, T, tp, sp, ep, etp, e, lb, moe_act)
+        if "moe" in modules:  # the MoE layer checkpointed whole keeps only its input (the norm output above)
+            experts = np.where(selective, 0.0, experts)
+            sharded = sharded - np.where(selective, mlp_b, 0.0)  # its shared experts too
+        sharded = sharded + experts
     if attention == "unfused":
         scores = micro_batch * heads * s * s * ((5.0 if model.has_attention_dropout else 2.0) * e)
     else:

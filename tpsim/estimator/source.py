@@ -245,6 +245,8 @@ class TransformerSource(LayerSource):
         """fp8 plans dispatch in fp8 (StackTerms.ep_fp8_dispatch)."""
         self.node_dedup = node_dedup
         """a token crosses the network once per destination node (StackTerms.ep_node_dedup)."""
+        self._moe_recomputed = "moe" in self.storage.recompute_modules and not self.storage.per_op_sac
+        """selective recomputation runs a MoE layer's forward again (its all-to-alls too)."""
         self.ep_overlap = ep_overlap
         """every schedule pairs micro-batches for the expert all-to-alls (StackTerms.ep_a2a_overlap)."""
         self.num_layers = model.num_layers
@@ -253,7 +255,9 @@ class TransformerSource(LayerSource):
         # of one chunk hide behind the other's computation, tpsim.pipeline.paired)
         moe = ("ep", "etp", "schedule") if model.is_moe else ()
         self.key_fields = ("tp", "sp", "micro_batch", "recompute", "cp", "cp_kind") + moe
-        self.comm_fields = ("tp", "sp", "micro_batch", "cp", "cp_kind") + moe
+        # a MoE layer recomputed by the ``moe`` module runs its all-to-alls again (moe_layer_collectives(
+        # recomputed=)): its traffic depends on the recomputation
+        self.comm_fields = ("tp", "sp", "micro_batch", "cp", "cp_kind") + moe + (("recompute",) if moe else ())
         self.param_fields = ("tp",) + moe
         counts = model.layer_counts()
         self.kinds: tuple[LayerKind, ...] = tuple(counts)
@@ -358,7 +362,8 @@ class TransformerSource(LayerSource):
             ep_ops = moe_layer_collectives(model, axes, paired=(np.where(pairs, lc.fwd, 0.0), np.where(pairs, lc.bwd, 0.0))
                                            if np.any(pairs) else None,
                                            fp8_dispatch=self.fp8_dispatch and is_low_precision(dtype),
-                                           node_dedup=self.node_dedup)
+                                           node_dedup=self.node_dedup,
+                                           recomputed=(rc == 1) & self._moe_recomputed)
             comm += ep_ops
             tags += [("ep", i) for i in range(len(ep_ops))]
             working = working + _dispatch_buffers(model, axes)
@@ -582,7 +587,8 @@ def ring_working_bytes(model: ModelSpec, axes: dict, cp_kind: np.ndarray, ring=N
 
 
 def moe_layer_collectives(model: ModelSpec, axes: dict, paired: tuple[np.ndarray, np.ndarray] | None = None,
-                          fp8_dispatch: bool = False, node_dedup: bool = False) -> list[Collective]:
+                          fp8_dispatch: bool = False, node_dedup: bool = False,
+                          recomputed: np.ndarray | None = None) -> list[Collective]:
     """Expert-parallel collectives of one mixture-of-experts layer on the busiest rank (its routed copies,
     load imbalance included): dispatch and combine all-to-alls over ep (2 forward, 2 backward) and, with expert
     tensor parallelism, the all-gather / reduce-scatter of the received copies over etp. Exposed, unless the
@@ -614,6 +620,14 @@ def moe_layer_collectives(model: ModelSpec, axes: dict, paired: tuple[np.ndarray
         out += [Collective(("ep",), "all_to_all", phase, a2a, hide, 2.0),
                 Collective(("etp",), "all_gather", phase, gathered, 0.0, 1.0),
                 Collective(("etp",), "reduce_scatter", phase, gathered, 0.0, 1.0)]
+    if recomputed is not None:  # always listed (zero bytes where not recomputed): one layout for every chunk
+        # the MoE forward run again in backward by selective recomputation's ``moe`` module: its dispatch and
+        # combine, and the etp gather / scatter, once more, beside the backward's (full recomputation re-runs
+        # every forward collective in the schedule: schedule.layer_exposed)
+        hide = 0.0 if paired is None else paired[0]
+        out += [Collective(("ep",), "all_to_all", "bwd", np.where(recomputed, a2a, 0.0), hide, 2.0),
+                Collective(("etp",), "all_gather", "bwd", np.where(recomputed, gathered, 0.0), 0.0, 1.0),
+                Collective(("etp",), "reduce_scatter", "bwd", np.where(recomputed, gathered, 0.0), 0.0, 1.0)]
     return out
 
 

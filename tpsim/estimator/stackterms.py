@@ -468,12 +468,13 @@ def stack_terms(stack: StackProfile) -> StackTerms:
                                                                                   ("sm80", "sm90", "sm100")})
 
 
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe")
 """what selective recomputation may recompute, in Megatron-Core's ``--recompute-modules`` names
 (megatron/training/arguments.py; megatron/core/transformer/transformer_config.py recompute_modules): the
 attention core (scores), the norms' outputs, MLA's up-projections (q, k, v from the stored latents), the routed
-experts' activation function (its output, the second GEMM's input) and a dense layer's MLP (checkpointed whole).
-Not modelled: ``moe`` and ``shared_experts`` (the MoE layer or its shared experts checkpointed whole)."""
+experts' activation function (its output, the second GEMM's input), a dense layer's MLP and a MoE layer (each
+checkpointed whole: the MoE layer's dispatch and combine run again in backward). Not modelled:
+``shared_experts`` (the shared experts alone)."""
 
 
 def _activation_storage(stack: StackProfile, where: str) -> ActivationStorage:
