@@ -300,9 +300,10 @@ def layer_cost(model: ModelSpec, compute: ComputeModel, *, tp: np.ndarray, sp: n
     ``recompute_modules``: what selective recomputation runs again in backward (Megatron-Core
     ``--recompute-modules``: the attention core, the norms, MLA's up-projections, the routed experts'
     activation, :func:`_selective_seconds`; ``mlp``, a dense layer's whole MLP forward: its GEMMs, casts and
-    activation, not its sequence-parallel all-gather, which the recomputed forward repeats uncosted); ``per_op``: selective is torchtitan's per-op policy instead
-    (:func:`_per_op_seconds`, dense layers with standard attention). ``fp8_cast``: with fp8 GEMMs, the
-    stack's (forward, backward) bytes per element of each linear's input and output-gradient casts
+    activation, not its sequence-parallel all-gather, which the recomputed forward repeats uncosted; ``moe``, a
+    MoE layer's whole forward: shared and routed experts, its all-to-alls in the source's collectives);
+    ``per_op``: selective is torchtitan's per-op policy instead (:func:`_per_op_seconds`, dense layers with
+    standard attention). ``fp8_cast``: with fp8 GEMMs, the stack's (forward, backward) bytes per element of each linear's input and output-gradient casts
     (``compute.fp8_cast_bytes_per_element``); mxfp8 and nvfp4 GEMMs pay their formats' casts instead
     (:func:`tpsim.compute.quantize.linear_cast_bytes`). ``kv_repeat``: grouped-query K and V are copied to the
     query heads before the attention kernel and summed back in backward (:func:`_kv_repeat_elements`).
@@ -437,7 +438,7 @@ def _selective_seconds(compute: ComputeModel, model: ModelSpec, modules: frozens
             out = out + compute.gemm(T, heads * qk, float(model.q_lora_rank), dtype)[0]
         out = out + compute.gemm(T, heads * (model.qk_nope_head_dim + model.v_head_dim),
                                  float(model.kv_lora_rank), dtype)[0]
-    if "moe_act" in modules and shape is not None:
+    if "moe_act" in modules and "moe" not in modules and shape is not None:  # (``moe`` reruns the whole layer)
         act = "swiglu" if model.gated else "gelu"
         out = out + compute.memory(act, shape.copies * shape.ffn_local, dtype, False)[0]
     return out

@@ -114,7 +114,8 @@ def activation_bytes_per_layer(model: ModelSpec, *, tp: np.ndarray, sp: np.ndarr
     the QKV / MLA down-projection and of the MLP, rebuilt from the stored norm inputs); ``mla_up_proj`` MLA's
     up-projected q, k, v (rebuilt from the stored latents); ``moe_act`` the routed experts' activation output
     (the second GEMM's input); ``mlp`` a dense layer's MLP (checkpointed whole: its input kept, the first GEMM's
-    output and the activation output rebuilt). ``linear_bytes`` / ``attn_out_bytes``: bytes per element of the cached linear
+    output and the activation output rebuilt); ``moe`` a MoE layer (checkpointed whole: its experts' and shared
+    experts' activations rebuilt). ``linear_bytes`` / ``attn_out_bytes``: bytes per element of the cached linear
     inputs / of the attention output (fp8 activation caching, DeepSeek-V3 report section 3.3.3); default the
     activation's own bytes. ``per_op``: selective recomputation is torchtitan's per-op policy
     (:func:`per_op_sac_bytes`; dense layers with standard attention). ``attn_out_shared``: flash attention's
