@@ -273,3 +273,50 @@ def test_recomputing_a_moe_layer_runs_its_all_to_alls_again():
     assert moe.breakdown["ep_comm"] == pytest.approx(1.5 * base.breakdown["ep_comm"])  # 2 + 2 + 2 all-to-alls
     full = estimate(model, cluster, dataclasses.replace(plan, recompute="full"), stack="megatron")
     assert full.breakdown["ep_comm"] == pytest.approx(moe.breakdown["ep_comm"])
+
+
+def test_offloaded_optimizer_states_leave_the_device_between_steps():
+    """memory.optimizer_state_offload (Megatron-Core --offload-optimizer-states): the peak holds the larger of the
+    activations and the states (on the device for the step only), and each step moves the states over the GPU's
+    host link: PCIe on a DGX H100, NVLink-C2C on GB200 (7x faster, tpsim/data links)."""
+    model = load_model("llama3-70b")
+    plan = make_plan(model, 64, tp=4, pp=4, vpp=5, sp=True, zero=1, micro_batch=1, global_batch=128,
+                     recompute="selective")
+    offload = derived_stack("megatron", {"memory": {"optimizer_state_offload": True}}, "t")
+    extra = {}
+    for name in ("dgx-h100", "gb200-nvl72"):
+        cluster = load_cluster(name, gpus=64)
+        base, off = estimate(model, cluster, plan, stack="megatron"), estimate(model, cluster, plan, stack=offload)
+        states = base.memory_gib["optimizer_states"]
+        assert off.memory_gib["optimizer_states"] == pytest.approx(max(0.0, states - off.memory_gib["activations"]))
+        assert off.peak_memory_gib < base.peak_memory_gib - 0.9 * min(states, base.memory_gib["activations"])
+        assert sum(v for k, v in off.memory_gib.items()) == pytest.approx(off.peak_memory_gib)
+        extra[name] = off.breakdown["optimizer"] - base.breakdown["optimizer"]
+        assert extra[name] > 0
+        # the rank's states (master copy and moments) once over the link, both directions at once
+        assert extra[name] == pytest.approx(states * 2**30 / (cluster.layout.host_GBps * 1e9), rel=0.05)
+    assert extra["dgx-h100"] > 5 * extra["gb200-nvl72"]
+
+
+def test_the_gb200_deepseek_v3_recipe_fits_with_its_offloaded_states(tmp_path, capsys):
+    """Megatron-MoE-ModelZoo best_practice/DeepSeekV3/run_gb200.sh: 256 GB200, tp 1 pp 8 vpp 4 ep 32, MXFP8,
+    --recompute-modules mlp, --offload-optimizer-states, forced balance: it fits only with the offload."""
+    import json
+
+    text = (DSV3_H100.format(extra="--fp8-recipe mxfp8 --recompute-granularity selective --recompute-modules mlp "
+                                   "--moe-router-force-load-balancing OFFLOAD")
+            .replace("--nproc_per_node 8 --nnodes 128", "--nproc_per_node 4 --nnodes 64")
+            .replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 1")
+            .replace("--expert-model-parallel-size 64", "--expert-model-parallel-size 32"))
+    fits = {}
+    for flag in ("--offload-optimizer-states", ""):
+        path = tmp_path / f"gb200{len(flag)}.sh"
+        path.write_text(text.replace("OFFLOAD", flag))
+        assert main(["estimate", "--from", str(path), "--cluster", "gb200-nvl72", "--json"]) == 0
+        out, err = capsys.readouterr()
+        data = json.loads(out)
+        assert data["plan"]["tp"] == 1 and data["plan"]["vpp"] == 4 and data["cluster"]["gpus"] == 256
+        fits[bool(flag)] = data["fits"]
+        if flag:
+            assert "memory.optimizer_state_offload=True" in err and data["memory_gib"]["optimizer_states"] == 0
+    assert fits == {True: True, False: False}

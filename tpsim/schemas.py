@@ -281,7 +281,8 @@ _STACK_FIGURES: dict[str, dict[str, Any]] = {
                "fp8_activation_cache_bytes": _BYTES, "attention_output_cache_bytes": _BYTES,
                "attention_output_shared": Bool(also=OPTIONAL),
                "pipeline_extra_in_flight": Int(minimum=0, maximum=1 << 10, also=OPTIONAL),
-               "fp8_weights_kept": Bool(also=OPTIONAL), "pipeline_mirrored_stages": Bool(also=OPTIONAL)},
+               "fp8_weights_kept": Bool(also=OPTIONAL), "pipeline_mirrored_stages": Bool(also=OPTIONAL),
+               "optimizer_state_offload": Bool(also=OPTIONAL)},
 }
 
 

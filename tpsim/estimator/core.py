@@ -132,7 +132,8 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
         cache = terms.weight_cache_bytes(dtype)  # the quantized weight copies kept between micro-batches
         return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads, master_bytes=sb.master,
                     state_bytes=sb.moments, process=process_memory().cuda_context,
-                    reserve_fraction=terms.allocator_reserve_fraction)
+                    reserve_fraction=terms.allocator_reserve_fraction,
+                    states_offloaded=terms.optimizer_state_offload)
 
     fixed = ctx.constant(("memory_figures", plans.dtype), per_dtype)
     nccl = communicators(plans.tp, plans.dp, plans.pp, plans.cp, plans.ep) * process_memory().nccl_per_communicator

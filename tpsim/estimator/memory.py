@@ -297,7 +297,8 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
            w_bytes: float, master_bytes: float, grad_bytes: float, grad_unsharded: np.ndarray | None = None,
            state_bytes: float = 8.0, weight_cache_bytes: float = 0.0, process: np.ndarray | float = 0.0,
            nccl: np.ndarray | float = 0.0, reserve_fraction: float = 0.0, cp: np.ndarray | None = None,
-           edp: np.ndarray | None = None, schedule: np.ndarray | None = None) -> Memory:
+           edp: np.ndarray | None = None, schedule: np.ndarray | None = None,
+           states_offloaded: bool = False) -> Memory:
     """Model states (ZeRO-sharded), stored activations of the micro-batches in flight, and buffers, for the
     first, last and busiest middle pipeline rank at once ((position, plan) arrays), or for every pipeline rank
     where those three do not bound the peak (layers of different costs, or of several kinds whose rank 1 does not
@@ -312,7 +313,10 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     ``schedule`` (codes, default 1f1b): the micro-batches in flight are the schedule's
     (:func:`tpsim.pipeline.in_flight`); under a bidirectional schedule (DualPipe, DeepSeek-V3 report Table 2)
     rank r also holds stage pp - 1 - r (the partition's parameters already count both stages; the activations
-    in flight are those of both, half each)."""
+    in flight are those of both, half each). ``states_offloaded``: the optimizer moments and master copy are in
+    host memory during the forward and backward passes and on the device for the step only, when the
+    activations are freed (StackTerms.optimizer_state_offload): the rank holds the larger of the two, and the
+    ``optimizer_states`` term is what the states add above the activations."""
     schedule = pipeline.codes_of(schedule, pp.size)
     mirrored = pipeline.mirrored(schedule)
     any_mirror = bool(mirrored.any())
@@ -347,7 +351,13 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     else:  # no low-precision weight copies: none to take off
         uncached_bytes = 0.0
     per_rank_states = (held - expert) * shard["total"] + expert * expert_shard["total"] - uncached_bytes
-    allocated = np.where(ranks.valid, per_rank_states + activations + other, -1.0)
+    if states_offloaded:  # on the device for the step only, when the activations are freed
+        optim = (held - expert) * shard["optimizer_states"] + expert * expert_shard["optimizer_states"]
+        per_rank_states = per_rank_states - optim
+        activations_or_states = np.maximum(activations, optim)
+    else:
+        activations_or_states = activations
+    allocated = np.where(ranks.valid, per_rank_states + activations_or_states + other, -1.0)
     peak_position = argmax_rows(allocated)
     flat = flat_index(peak_position)
 
@@ -360,6 +370,8 @@ def memory(costs, part, *, pp: np.ndarray, vpp: np.ndarray, dp: np.ndarray, zero
     fixed = broadcast_float(process, pp.shape)
     buffers = broadcast_float(nccl, pp.shape)
     terms = {k: dense * shard[k] + held_expert * expert_shard[k] for k in ("weights", "grads", "optimizer_states")}
+    if states_offloaded:  # what the reloaded states add above the freed activations
+        terms["optimizer_states"] = np.maximum(terms["optimizer_states"] - pick(activations), 0.0)
     if weight_cache_bytes:
         terms["weights"] = terms["weights"] - pick(uncached_bytes)
     terms.update(activations=pick(activations), cuda_context=fixed, nccl_buffers=buffers,

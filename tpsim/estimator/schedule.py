@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import pipeline
+from ..errors import InputError
 from ..hardware import DTYPE_BYTES, overlap_penalty
 from ..plan import PlanBatch
 from ..precision import activation_bytes, wide
@@ -110,7 +111,16 @@ def optimizer_seconds(ctx: EstimationContext, params: np.ndarray, layers: np.nda
     parameter tensors of the rank's layers (the layer source's count where it has one) and the edges'."""
     per_layer = getattr(ctx.source, "tensors_per_layer", TENSORS_PER_LAYER)
     edges = getattr(ctx.source, "edge_tensors", EDGE_TENSORS)
-    return optimizer_step(ctx.terms, ctx.fixed.hbm, params, per_layer * layers + edges, dtype)
+    step = optimizer_step(ctx.terms, ctx.fixed.hbm, params, per_layer * layers + edges, dtype)
+    if ctx.terms.optimizer_state_offload:  # the states in, and out again, over the host link (both directions
+        # at once: full duplex), before and after the step (StackTerms.optimizer_state_offload)
+        sb = ctx.terms.state_bytes(dtype)
+        host = ctx.cluster.layout.host_GBps * 1e9
+        if host <= 0:
+            raise InputError(f"{ctx.cluster.name}: memory.optimizer_state_offload needs a GPU-to-host link, "
+                             f"the node has none")
+        step = step + params * (sb.master + sb.moments) / host
+    return step
 
 
 def optimizer_step(terms, hbm: float, params: np.ndarray, tensors: np.ndarray, dtype: str) -> np.ndarray:

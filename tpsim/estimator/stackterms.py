@@ -191,6 +191,12 @@ class StackTerms:
     the combine (and its twin) stay 16-bit (``comm.ep_dispatch_dtype``)."""
     ep_node_dedup: bool = False
     ep_a2a_overlap: bool = False
+    optimizer_state_offload: bool = False
+    """the optimizer moments and master weights live in host memory between steps, reloaded for the step and
+    offloaded after it (``memory.optimizer_state_offload``: Megatron-Core --offload-optimizer-states,
+    megatron/core/optimizer/cpu_offloading OptimizerStateOffloader, full-reload mode: D2H and H2D overlapped on
+    their CUDA streams): the peak holds the larger of the activations and the states, and each step moves the
+    states across the GPU's host link once each way (:func:`tpsim.estimator.schedule.optimizer_seconds`)."""
     """the expert all-to-alls of one micro-batch run under another's computation in the steady 1F1B state, as
     DualPipe pairs chunks (``comm.ep_a2a_overlap``: Megatron-Core --overlap-moe-expert-parallel-comm)."""
     cp_ring: RingExchange = RingExchange()
@@ -447,6 +453,7 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         ep_fp8_dispatch=_choice(stack, "comm", "ep_dispatch_dtype", "bf16", ("bf16", "fp8"), where) == "fp8",
         ep_node_dedup=bool(_value(stack, "comm", "ep_node_dedup", False)),
         ep_a2a_overlap=bool(_value(stack, "comm", "ep_a2a_overlap", False)),
+        optimizer_state_offload=bool(_value(stack, "memory", "optimizer_state_offload", False)),
         fsdp_copies=bool(_value(stack, "comm", "fsdp_copy_in_out", False)),
         fsdp_reshard_after_backward=bool(_value(stack, "comm", "fsdp_reshard_after_backward", False)),
         zero1_in_optimizer=bool(_value(stack, "comm", "zero1_in_optimizer_step", False)),

@@ -407,7 +407,12 @@ BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megat
               "--use-precision-aware-optimizer", "--fp8-param-gather", "--grad-reduce-in-bf16",
               "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing", "--moe-enable-deepep",
               "--delay-wgrad-compute")
-KNOWN_FLAGS = set(INT_FLAGS) | set(TEXT_FLAGS) | set(BOOL_FLAGS)
+NEWER_FLAGS = ("--offload-optimizer-states",)
+"""flags read here that Megatron-LM gained after the pinned commit of the argument tables (000c4ac2):
+``--offload-optimizer-states`` (Megatron-Core megatron/core/optimizer/cpu_offloading, OptimizerStateOffloader:
+the distributed optimizer's moments and master weights kept in host memory between steps; the
+Megatron-MoE-ModelZoo GB200 DeepSeek-V3 recipe sets it)."""
+KNOWN_FLAGS = set(INT_FLAGS) | set(TEXT_FLAGS) | set(BOOL_FLAGS) | set(NEWER_FLAGS)
 
 
 class Flags:
@@ -579,8 +584,9 @@ def stack_overrides(f: Flags, plan: Mapping[str, Any], notes: list[str]) -> dict
     format's stack with them, :func:`tpsim.stacks.derived_stack`): the modules selective recomputation runs
     again (``--recompute-modules``), the precision-aware optimizer's moment, master and gradient dtypes, fp8
     parameters (``--fp8-param-gather``: fp8 compute weights kept and gathered), bf16 gradient reduction, the
-    expert all-to-alls overlapped with another micro-batch's computation (``--overlap-moe-expert-parallel-comm``)
-    and DeepEP's node-deduplicated dispatch (``--moe-enable-deepep``)."""
+    expert all-to-alls overlapped with another micro-batch's computation (``--overlap-moe-expert-parallel-comm``),
+    DeepEP's node-deduplicated dispatch (``--moe-enable-deepep``) and the optimizer states kept in host memory
+    between steps (``--offload-optimizer-states``)."""
     memory: dict[str, Any] = {}
     comm: dict[str, Any] = {}
     if plan.get("recompute") == "selective" and f.has("--recompute-modules"):
@@ -619,6 +625,12 @@ def stack_overrides(f: Flags, plan: Mapping[str, Any], notes: list[str]) -> dict
         comm["ep_a2a_overlap"] = True
     if f.has("--moe-enable-deepep"):  # DeepEP: one RDMA copy per destination node, forwarded over NVLink
         comm["ep_node_dedup"] = True
+    if f.has("--offload-optimizer-states"):
+        if plan.get("zero", 0) < 1:
+            notes.append("--offload-optimizer-states without the distributed optimizer: ignored (Megatron-Core "
+                         "offloads the distributed optimizer's states)")
+        else:
+            memory["optimizer_state_offload"] = True
     return {k: v for k, v in (("memory", memory), ("comm", comm)) if v}
 
 

@@ -108,6 +108,26 @@ class NodeLayout:
     def num_gpus(self) -> int:
         return self.counts[self.gpu_group]
 
+    @property
+    def host_GBps(self) -> float:
+        """The first GPU's bandwidth to host memory (GB/s per direction, efficiency applied): the widest route
+        of at most three links to a CPU (Grace's NVLink-C2C, or PCIe through a switch), its narrowest link; 0
+        when the template has no CPU."""
+        best = 0.0
+        start = self.gpu(0)
+        frontier = [(start, float("inf"), 0)]
+        while frontier:
+            node, width, hops = frontier.pop()
+            for nxt in self.adjacency.get(node, ()):
+                attrs = self.edges[(node, nxt)]
+                w = min(width, attrs.bw_GBps * attrs.efficiency)
+                kind = self.devices[nxt]["kind"]
+                if kind == "cpu":
+                    best = max(best, w)
+                elif kind in ("pcie_switch", "nvswitch") and hops < 2:
+                    frontier.append((nxt, w, hops + 1))
+        return best
+
     def gpu(self, i: int) -> str:
         return f"{self.gpu_group}{i}"
 
