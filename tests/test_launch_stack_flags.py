@@ -320,3 +320,22 @@ def test_the_gb200_deepseek_v3_recipe_fits_with_its_offloaded_states(tmp_path, c
         if flag:
             assert "memory.optimizer_state_offload=True" in err and data["memory_gib"]["optimizer_states"] == 0
     assert fits == {True: True, False: False}
+
+
+@pytest.mark.parametrize("layout,pp,fields", [
+    ("Et|(tt|)*30mL", 8, {"pp_embedding": True, "pp_loss": True}),     # the ModelZoo H100 DeepSeek-V3 layout
+    ("Et*4|(tttt|)*14tmL", 4, None),                                    # its GB200 layout: no split flag gives it
+])
+def test_a_pipeline_layout_becomes_the_split_that_reproduces_it(layout, pp, fields):
+    """--pipeline-model-parallel-layout: the plan's split fields whose pipeline split is exactly the layout's
+    (embedding and loss counted as layers, first / last stage layers), else tpsim's own split with a note."""
+    from tpsim.estimator.partition import layer_split
+    from tpsim.launch.megatron import layout_chunks, split_of_layout
+
+    chunks = layout_chunks(layout)
+    assert sum(chunks) == 61 and len(chunks) % pp == 0
+    got = split_of_layout(chunks, pp)
+    assert got == fields
+    if fields is not None:
+        assert layer_split(61, pp, len(chunks) // pp, embedding=True, loss=True) == chunks
+    assert layout_chunks("E|t*3|(t|)*2tL") == (0, 3, 1, 1, 1)  # E|ttt|t|t|tL

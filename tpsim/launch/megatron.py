@@ -161,6 +161,58 @@ def layout_stages(text: str) -> tuple[int, int]:
     return stack[0][0] + 1, stack[0][1]
 
 
+def layout_chunks(text: str) -> tuple[int, ...]:
+    """Decoder layers of each stage of a layout string in model order (``t`` counted, ``E``, ``m``, ``L``
+    not), unrolled as Megatron's parse_str_to_list does; the layout is checked by :func:`layout_stages` first
+    (its size is bounded)."""
+    layout_stages(text)
+    body = text.replace(",", "").replace(" ", "")
+
+    def expand(i: int) -> tuple[str, int]:  # the unrolled text from i to the matching ")" (or the end)
+        out: list[str] = []
+        while i < len(body) and body[i] != ")":
+            if body[i] == "(":
+                inner, i = expand(i + 1)
+                item = inner
+                i += 1  # the ")"
+            else:
+                item, i = body[i], i + 1
+            if i < len(body) and body[i] == "*":
+                j = i + 1
+                while j < len(body) and body[j].isdigit():
+                    j += 1
+                item, i = item * int(body[i + 1:j]), j
+            out.append(item)
+        return "".join(out), i
+
+    unrolled, _ = expand(0)
+    return tuple(stage.count("t") for stage in unrolled.split("|"))
+
+
+def split_of_layout(chunks: tuple[int, ...], pp: int) -> dict[str, Any] | None:
+    """The plan's split fields (pp_first, pp_last, pp_embedding, pp_loss) whose pipeline split
+    (:func:`tpsim.estimator.partition.layer_split`) is exactly the layout's ``chunks``, or None when none is."""
+    from ..estimator.partition import layer_split
+
+    if len(chunks) % pp:
+        return None
+    vpp, layers = len(chunks) // pp, sum(chunks)
+    first = sum(chunks[k] for k in range(0, len(chunks), pp))
+    last = sum(chunks[k] for k in range(pp - 1, len(chunks), pp))
+    candidates = [dict(pp_first=f, pp_last=la, pp_embedding=e, pp_loss=lo)
+                  for f, la in ((0, 0), (first, 0), (0, last), (first, last))
+                  for e in (False, True) for lo in (False, True)]
+    for fields in candidates:
+        try:
+            split = layer_split(layers, pp, vpp, first=fields["pp_first"], last=fields["pp_last"],
+                                embedding=fields["pp_embedding"], loss=fields["pp_loss"])
+        except (ValueError, ZeroDivisionError):
+            continue
+        if tuple(split) == tuple(chunks):
+            return {k: v for k, v in fields.items() if v}
+    return None
+
+
 def _add(acc: list[int], item: tuple[int, ...]) -> None:
     for k in range(3):
         acc[k] += item[k]
@@ -498,8 +550,13 @@ def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
     if f.has("--sequence-parallel") and tp == 1:
         notes.append("--sequence-parallel with tp=1: Megatron disables it")
     if f.has("--pipeline-model-parallel-layout"):
-        notes.append("--pipeline-model-parallel-layout: the layer split is tpsim's own (chunks differ by at most "
-                     "one layer, extra layers on the middle ranks)")
+        split = split_of_layout(layout_chunks(f.text("--pipeline-model-parallel-layout")), pp)
+        if split is None:
+            notes.append("--pipeline-model-parallel-layout: the layer split is tpsim's own (chunks differ by at "
+                         "most one layer, extra layers on the middle ranks); no first/last-stage split gives the "
+                         "layout's")
+        else:
+            fields.update(split)
     if f.has("--tp-comm-overlap"):
         fields["tp_overlap"] = True
     for flag, name in (("--decoder-first-pipeline-num-layers", "pp_first"),
