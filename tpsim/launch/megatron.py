@@ -550,7 +550,13 @@ def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
     if f.has("--sequence-parallel") and tp == 1:
         notes.append("--sequence-parallel with tp=1: Megatron disables it")
     if f.has("--pipeline-model-parallel-layout"):
-        split = split_of_layout(layout_chunks(f.text("--pipeline-model-parallel-layout")), pp)
+        text = f.text("--pipeline-model-parallel-layout")
+        try:
+            chunks = layout_chunks(text)
+        except (ValueError, re.error):
+            raise InputError(f"{f.where}: --pipeline-model-parallel-layout {text!r} is not a layout of E, t, m, L "
+                             f"and |") from None
+        split = split_of_layout(chunks, pp)
         if split is None:
             notes.append("--pipeline-model-parallel-layout: the layer split is tpsim's own (chunks differ by at "
                          "most one layer, extra layers on the middle ranks); no first/last-stage split gives the "
