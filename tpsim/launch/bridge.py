@@ -177,6 +177,7 @@ READ_MODEL = set(PLAN_OF_MODEL) | set(SHAPE_OF_MODEL) | {
     "recompute_modules", "recompute_method", "recompute_num_layers", "moe_grouped_gemm", "moe_token_dispatcher_type",
     "expert_tensor_parallel_size", "moe_shared_expert_intermediate_size", "moe_layer_freq", "activation_func",
     "overlap_moe_expert_parallel_comm", "moe_enable_deepep", "moe_router_force_load_balancing"}
+"""(the last three: tpsim/launch/megatron.py MOE_COMM_OPTIONS and FORCED_BALANCE_OPTION)"""
 READ_CONFIG = {("train", "global_batch_size"), ("train", "micro_batch_size"), ("dataset", "seq_length"),
                ("ddp", "use_distributed_optimizer"), ("ddp", "overlap_grad_reduce"), ("ddp", "overlap_param_gather"),
                ("ddp", "use_megatron_fsdp"), ("ddp", "data_parallel_sharding_strategy"),
@@ -281,10 +282,9 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         from .megatron import recompute_module_figures
 
         memory.update(recompute_module_figures(list(modules), "recompute_modules", notes))
-    if model.get("overlap_moe_expert_parallel_comm") is True:
-        comm["ep_a2a_overlap"] = True
-    if model.get("moe_enable_deepep") is True:
-        comm["ep_node_dedup"] = True
+    from .megatron import FORCED_BALANCE_OPTION, MOE_COMM_OPTIONS
+
+    comm.update({figure: True for option, figure in MOE_COMM_OPTIONS.items() if model.get(option) is True})
     ddp = {k[1]: v for k, v in config.items() if k[0] == "ddp" and len(k) == 2}
     strategy = ddp.get("data_parallel_sharding_strategy", "no_shard")
     if ddp.get("use_megatron_fsdp") and strategy in ("optim_grads", "optim_grads_params"):
@@ -322,7 +322,7 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         shape.update(num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=int(shared))
         freq = model.get("moe_layer_freq", 1)
         shape.update(parse_layer_freq(str(freq).replace(" ", ""), shape.get("num_layers"), where))
-        if model.get("moe_router_force_load_balancing") is True:
+        if model.get(FORCED_BALANCE_OPTION) is True:
             shape["moe_balance"] = "forced"
     header = read_header(text)
     shape = {**header_shape(header), **shape}

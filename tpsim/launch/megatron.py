@@ -550,13 +550,7 @@ def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
     if f.has("--sequence-parallel") and tp == 1:
         notes.append("--sequence-parallel with tp=1: Megatron disables it")
     if f.has("--pipeline-model-parallel-layout"):
-        text = f.text("--pipeline-model-parallel-layout")
-        try:
-            chunks = layout_chunks(text)
-        except (ValueError, re.error):
-            raise InputError(f"{f.where}: --pipeline-model-parallel-layout {text!r} is not a layout of E, t, m, L "
-                             f"and |") from None
-        split = split_of_layout(chunks, pp)
+        split = split_of_layout(_layout_of(f), pp)
         if split is None:
             notes.append("--pipeline-model-parallel-layout: the layer split is tpsim's own (chunks differ by at "
                          "most one layer, extra layers on the middle ranks); no first/last-stage split gives the "
@@ -593,17 +587,23 @@ def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
     return fields
 
 
+def _layout_of(f: Flags) -> tuple[int, ...]:
+    """The decoder layers of each stage of ``--pipeline-model-parallel-layout`` (:func:`layout_chunks`), or the
+    import's one line naming the flag and the value."""
+    text = f.text("--pipeline-model-parallel-layout")
+    try:
+        return layout_chunks(text)
+    except (ValueError, re.error):
+        raise InputError(f"{f.where}: --pipeline-model-parallel-layout {text!r} is not a layout of E, t, m, L "
+                         f"and |") from None
+
+
 def _vpp_of(f: Flags, pp: int) -> int | None:
     """vpp from --pipeline-model-parallel-layout or --num-virtual-stages-per-pipeline-rank, or from
     --num-layers-per-virtual-pipeline-stage and --num-layers (without --num-layers: left to
     :func:`resolve_plan` once the model is known)."""
-    text = f.text("--pipeline-model-parallel-layout")
-    if text is not None:
-        try:
-            stages, _ = layout_stages(text)
-        except (ValueError, re.error):
-            raise InputError(f"{f.where}: --pipeline-model-parallel-layout {text!r} is not a layout of E, t, m, L "
-                             f"and |") from None
+    if f.has("--pipeline-model-parallel-layout"):
+        stages = len(_layout_of(f))
         if stages % pp:
             raise InputError(f"{f.where}: --pipeline-model-parallel-layout has {stages} stages, not a multiple of "
                              f"pp={pp}")
@@ -623,9 +623,22 @@ def _vpp_of(f: Flags, pp: int) -> int | None:
     return layers // (pp * per_stage)
 
 
+MOE_COMM_OPTIONS = {"overlap_moe_expert_parallel_comm": "ep_a2a_overlap", "moe_enable_deepep": "ep_node_dedup"}
+"""Megatron-Core MoE options (TransformerConfig fields; ``--overlap-moe-expert-parallel-comm``,
+``--moe-enable-deepep`` on the command line) and the stack ``comm`` figure each sets true: the expert
+all-to-alls of one micro-batch under another's computation; DeepEP's one RDMA copy per destination node,
+forwarded over NVLink. The command line and a Megatron-Bridge recipe read them from here."""
+FORCED_BALANCE_OPTION = "moe_router_force_load_balancing"
+"""the benchmarks' forced expert balance (the model's ``moe_balance: forced``)."""
+
 OPTIMIZER_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 """Megatron's --exp-avg-dtype / --exp-avg-sq-dtype / --main-params-dtype / --main-grads-dtype values
 (arguments.py, the precision-aware optimizer of Transformer Engine's FusedAdam) as tpsim dtypes."""
+
+
+def _flag(option: str) -> str:
+    """The command-line flag of a Megatron-Core option (``moe_enable_deepep`` -> ``--moe-enable-deepep``)."""
+    return "--" + option.replace("_", "-")
 
 
 def recompute_module_figures(modules: list, where: str, notes: list[str]) -> dict[str, Any]:
@@ -684,10 +697,7 @@ def stack_overrides(f: Flags, plan: Mapping[str, Any], notes: list[str]) -> dict
             notes.append("--fp8-param-gather without an fp8 recipe: ignored")
     if f.has("--grad-reduce-in-bf16"):
         comm["grad_reduce_dtype"] = "bf16"
-    if f.has("--overlap-moe-expert-parallel-comm"):
-        comm["ep_a2a_overlap"] = True
-    if f.has("--moe-enable-deepep"):  # DeepEP: one RDMA copy per destination node, forwarded over NVLink
-        comm["ep_node_dedup"] = True
+    comm.update({figure: True for option, figure in MOE_COMM_OPTIONS.items() if f.has(_flag(option))})
     if f.has("--offload-optimizer-states"):
         if plan.get("zero", 0) < 1:
             notes.append("--offload-optimizer-states without the distributed optimizer: ignored (Megatron-Core "
@@ -813,7 +823,7 @@ def moe_shape(f: Flags, num_layers: int | None) -> dict[str, Any]:
         freq = f.text("--moe-layer-freq")
         shape.update(parse_layer_freq(freq, num_layers, f.where) if freq is not None
                      else {"moe_layer_freq": 1, "first_dense_layers": 0, "dense_layers": ()})
-        if f.has("--moe-router-force-load-balancing"):  # the benchmarks' forced balance (MoE-ModelZoo)
+        if f.has(_flag(FORCED_BALANCE_OPTION)):
             shape["moe_balance"] = "forced"
         groups = f.int("--moe-router-num-groups")
         if groups:
