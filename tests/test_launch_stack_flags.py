@@ -328,7 +328,8 @@ def test_the_gb200_deepseek_v3_recipe_fits_with_its_offloaded_states(tmp_path, c
 ])
 def test_a_pipeline_layout_becomes_the_split_that_reproduces_it(layout, pp, fields):
     """--pipeline-model-parallel-layout: the plan's split fields whose pipeline split is exactly the layout's
-    (embedding and loss counted as layers, first / last stage layers), else tpsim's own split with a note."""
+    (embedding and loss counted as layers, first / last stage layers), else the plan's own pp_layout
+    (tests/test_pp_layout.py)."""
     from tpsim.estimator.partition import layer_split
     from tpsim.launch.megatron import layout_chunks, split_of_layout
 

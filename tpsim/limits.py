@@ -50,6 +50,7 @@ LIMITS: dict[str, int] = {
     "pp": 1 << 12,
     "vpp": 1 << 10,
     "pp_layers": 1 << 20,  # decoder layers of the first or last pipeline stage (--pp-first-layers)
+    "pp_chunks": 1 << 16,  # model chunks of an explicit pipeline layout (pp x vpp, --pp-layout)
     "dp": 1 << 20,
     "micro_batch": 1 << 16,
     "global_batch": 1 << 26,

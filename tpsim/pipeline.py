@@ -213,3 +213,92 @@ def describe(name: str) -> str:
     """One line for ``--why`` and docs: the schedule's title and source."""
     s = REGISTRY[name]
     return f"{s.name}: {s.title} ({s.source})"
+
+
+# ---- Megatron-Core pipeline layout strings (--pipeline-model-parallel-layout) --------------------------------
+LAYOUT_MAX_SYMBOLS = 1 << 20
+"""Symbols a pipeline layout may unroll to (a stage per ``|``, a layer per ``t``): far above any model
+(LIMITS: 4096 layers, pp x vpp stages), far below what multiplies out to gigabytes (``(t*10^6)*2000``)."""
+
+
+def layout_stages(text: str) -> tuple[int, int]:
+    """(stages, decoder layers) of a layout string, counted as Megatron's parse_str_to_list unrolls it
+    (``x*N`` repeats a symbol, ``(...)*N`` a group, groups nest) without unrolling it: each group's counts
+    are multiplied, and a layout of more than :data:`LAYOUT_MAX_SYMBOLS` symbols is refused (ValueError)."""
+    text = text.replace(",", "")
+    if len(text) > 4096 or set(text) - set("ELtm|()*0123456789 "):
+        raise ValueError(text[:40])
+    text = text.replace(" ", "")
+    # a stack of [pipes, layers, symbols] per open group; a closed group or a symbol is the "last" item
+    stack: list[list[int]] = [[0, 0, 0]]
+    last: tuple[int, int, int] | None = None
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "(":
+            stack.append([0, 0, 0])
+            last = None
+            i += 1
+        elif c == ")":
+            if len(stack) == 1:
+                raise ValueError("unbalanced )")
+            group = stack.pop()
+            last = (group[0], group[1], group[2])
+            _add(stack[-1], last)
+            i += 1
+        elif c == "*":
+            j = i + 1
+            while j < len(text) and text[j].isascii() and text[j].isdigit():
+                j += 1
+            if last is None or j == i + 1 or j - i - 1 > 7:
+                raise ValueError("bad repeat")
+            times = int(text[i + 1:j])
+            _add(stack[-1], tuple(-v for v in last))  # replace one copy by `times` copies
+            last = (last[0] * times, last[1] * times, last[2] * times)
+            _add(stack[-1], last)
+            last = None
+            i = j
+        elif c in "ELtm|":
+            last = (int(c == "|"), int(c == "t"), 1)
+            _add(stack[-1], last)
+            i += 1
+        else:
+            raise ValueError(c)
+        if stack[-1][2] > LAYOUT_MAX_SYMBOLS:
+            raise ValueError("too long")
+    if len(stack) != 1:
+        raise ValueError("unbalanced (")
+    return stack[0][0] + 1, stack[0][1]
+
+
+def layout_chunks(text: str) -> tuple[int, ...]:
+    """Decoder layers of each stage of a layout string in model order (``t`` counted, ``E``, ``m``, ``L``
+    not), unrolled as Megatron's parse_str_to_list does; the layout is checked by :func:`layout_stages` first
+    (its size is bounded)."""
+    layout_stages(text)
+    body = text.replace(",", "").replace(" ", "")
+
+    def expand(i: int) -> tuple[str, int]:  # the unrolled text from i to the matching ")" (or the end)
+        out: list[str] = []
+        while i < len(body) and body[i] != ")":
+            if body[i] == "(":
+                inner, i = expand(i + 1)
+                item = inner
+                i += 1  # the ")"
+            else:
+                item, i = body[i], i + 1
+            if i < len(body) and body[i] == "*":
+                j = i + 1
+                while j < len(body) and body[j].isdigit():
+                    j += 1
+                item, i = item * int(body[i + 1:j]), j
+            out.append(item)
+        return "".join(out), i
+
+    unrolled, _ = expand(0)
+    return tuple(stage.count("t") for stage in unrolled.split("|"))
+
+
+def _add(acc: list[int], item: tuple[int, ...]) -> None:
+    for k in range(3):
+        acc[k] += item[k]

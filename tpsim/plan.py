@@ -86,6 +86,11 @@ class Plan:
     """the embedding counts as one layer in the pipeline split (``--account-for-embedding-in-pipeline-split``)."""
     pp_loss: bool = False
     """the output layer and loss count as one layer (``--account-for-loss-in-pipeline-split``)."""
+    pp_layout: tuple[int, ...] = ()
+    """decoder layers of every model chunk in model order (chunk k on pipeline rank k mod pp; the embedding on
+    the first chunk, the output layer and loss on the last), ``pp x vpp`` counts that sum to the model's layers:
+    a split the other fields cannot express (Megatron ``--pipeline-model-parallel-layout``, torchtitan
+    ``module_fqns_per_model_part``); () : the split of the fields above."""
 
     @property
     def num_gpus(self) -> int:
@@ -121,6 +126,8 @@ class Plan:
         parts.append(f"pp{self.pp}")
         if self.vpp > 1:
             parts.append(f"v{self.vpp}")
+        if self.pp_layout:
+            parts.append(f"layout[{layout_text(self.pp_layout)}]")
         parts.append(f"dp{self.dp}")
         if self.sp:
             parts.append("sp")
@@ -194,6 +201,7 @@ def _check_types(plan: Plan) -> None:
     for name in ("tp_overlap", "pp_embedding", "pp_loss"):
         if not isinstance(getattr(plan, name), bool):
             raise InputError(f"{name}={getattr(plan, name)!r} must be true or false")
+    _check_layout(plan.pp_layout)
     for name in ("cp", "ep"):
         _count(name, getattr(plan, name))
     if not isinstance(plan.etp, int) or isinstance(plan.etp, bool) or plan.etp < 0:
@@ -201,6 +209,99 @@ def _check_types(plan: Plan) -> None:
     if plan.cp_kind not in CP_KINDS:
         raise InputError(f"cp_kind={plan.cp_kind!r} is not one of {', '.join(CP_KINDS)}")
     parse_order(plan.order)
+
+
+def _check_layout(layout: Any) -> None:
+    """pp_layout: a tuple of non-negative layer counts (one per model chunk), at most LIMITS["pp_chunks"]."""
+    from .limits import LIMITS
+
+    if not isinstance(layout, tuple) or any(not isinstance(n, int) or isinstance(n, bool) or n < 0
+                                            for n in layout):
+        raise InputError(f"pp_layout={layout!r} must be a list of non-negative layer counts, one per model chunk")
+    if len(layout) > LIMITS["pp_chunks"]:
+        raise InputError(f"pp_layout has {len(layout)} chunks: at most {LIMITS['pp_chunks']}")
+    for n in layout:
+        _count("pp_layout", n, minimum=0, limit="pp_layers")
+
+
+_LAYOUTS: dict[int, tuple[int, ...]] = {0: ()}
+"""PlanBatch ``pp_layout`` code -> the layout (0: none). Codes are content hashes, the same in every
+process, so that kept patterns and the plans of any process agree."""
+
+
+def layout_code(layout: tuple[int, ...]) -> int:
+    """The PlanBatch column value of a plan's ``pp_layout`` (registered for :func:`layout_of`)."""
+    if not layout:
+        return 0
+    import hashlib
+
+    code = 1 + int.from_bytes(hashlib.blake2b(",".join(map(str, layout)).encode(), digest_size=7).digest(), "big")
+    _LAYOUTS.setdefault(code, tuple(layout))
+    return code
+
+
+def layout_of(code: Any) -> tuple[int, ...]:
+    """The layout of a PlanBatch ``pp_layout`` code (:func:`layout_code`)."""
+    return _LAYOUTS[int(code)]
+
+
+def _layout_chunks(p: Any) -> Any:
+    """Chunks of each plan's pp_layout (0: none)."""
+    if isinstance(p, Plan):
+        return len(p.pp_layout)
+    codes = np.asarray(p.pp_layout)
+    if not codes.any():
+        return np.zeros(codes.shape, dtype=np.int64)
+    return np.array([len(layout_of(c)) for c in codes.tolist()], dtype=np.int64)
+
+
+def _layout_layers(p: Any) -> Any:
+    """Decoder layers of each plan's pp_layout (0: none)."""
+    if isinstance(p, Plan):
+        return sum(p.pp_layout)
+    codes = np.asarray(p.pp_layout)
+    if not codes.any():
+        return np.zeros(codes.shape, dtype=np.int64)
+    return np.array([sum(layout_of(c)) for c in codes.tolist()], dtype=np.int64)
+
+
+def _has_layout(p: Any) -> Any:
+    return bool(p.pp_layout) if isinstance(p, Plan) else np.asarray(p.pp_layout) != 0
+
+
+def parse_layout(text: str, where: str = "pp_layout") -> tuple[int, ...]:
+    """A pipeline layout as the command line and the runs CSV give it: decoder layers per model chunk joined
+    by commas (``3,2,2,...``), or a Megatron ``--pipeline-model-parallel-layout`` string (``Et*3|(tt|)*29m|L``:
+    its decoder layers per stage). One line naming ``where`` and the value otherwise."""
+    import re
+
+    from .limits import LIMITS, show
+
+    raw = str(text).strip()
+    if not raw:
+        raise InputError(f"{where} is empty: give decoder layers per model chunk (3,2,2) or a Megatron layout")
+    if re.fullmatch(r"[0-9]+(\s*,\s*[0-9]+)*", raw):
+        if raw.count(",") >= LIMITS["pp_chunks"]:
+            raise InputError(f"{where}: more than {LIMITS['pp_chunks']} model chunks")
+        layout = tuple(int(x) for x in raw.split(","))
+    else:
+        from .pipeline import layout_chunks
+
+        try:
+            layout = layout_chunks(raw)
+        except (ValueError, re.error):
+            raise InputError(f"{where}={show(raw)} is neither decoder layers per model chunk (3,2,2) nor a "
+                             f"Megatron pipeline layout of E, t, m, L and |") from None
+    try:
+        _check_layout(layout)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
+    return layout
+
+
+def layout_text(layout: tuple[int, ...]) -> str:
+    """A layout as the command line and the runs CSV write it: layer counts joined by commas."""
+    return ",".join(str(n) for n in layout)
 
 
 # ---- validity rules: one table for single plans (the message) and batches (vectorized) -------------------
@@ -314,6 +415,23 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, g: (f"pp_first={p.pp_first} + pp_last={p.pp_last} with pp={p.pp}: the stages must hold "
                           f"num_layers={m.num_layers} exactly, at most all of them on the first and last, and "
                           f"leave each other stage a layer")),
+    # an explicit pipeline layout (Megatron-Core --pipeline-model-parallel-layout)
+    Rule("pp-layout-needs-pp", "structure", "a pipeline layout needs pp > 1",
+         lambda m, p, g: (p.pp == 1) & _has_layout(p),
+         lambda m, p, g: f"pp_layout={layout_text(p.pp_layout)} needs pp > 1 (pp={p.pp})"),
+    Rule("pp-layout-fields", "structure", "a pipeline layout and the uneven-split fields together",
+         lambda m, p, g: _has_layout(p) & ((p.pp_first > 0) | (p.pp_last > 0) | _flag(p.pp_embedding)
+                                           | _flag(p.pp_loss)),
+         lambda m, p, g: (f"pp_layout={layout_text(p.pp_layout)} with {_split_text(p)}: the layout gives every "
+                          f"chunk's layers; give it or the split fields, not both")),
+    Rule("pp-layout-chunks", "structure", "a pipeline layout without one entry per model chunk (pp x vpp)",
+         lambda m, p, g: _has_layout(p) & (_layout_chunks(p) != p.pp * p.vpp),
+         lambda m, p, g: (f"pp_layout has {len(p.pp_layout)} chunks: pp={p.pp} x vpp={p.vpp} needs "
+                          f"{p.pp * p.vpp}")),
+    Rule("pp-layout-layers", "structure", "a pipeline layout that does not hold the model's layers exactly",
+         lambda m, p, g: _has_layout(p) & (_layout_layers(p) != m.num_layers),
+         lambda m, p, g: (f"pp_layout={layout_text(p.pp_layout)} holds {sum(p.pp_layout)} layers: the model has "
+                          f"num_layers={m.num_layers}")),
     Rule("batch", "divisibility", "global batch is not a multiple of micro-batch x dp",
          lambda m, p, g: p.global_batch % (p.micro_batch * p.dp) != 0,
          lambda m, p, g: (f"global batch {p.global_batch} is not a multiple of micro-batch {p.micro_batch} "
@@ -535,6 +653,9 @@ def plan_from_mapping(data: Mapping[str, Any]) -> Plan:
     unknown = set(data) - _PLAN_FIELDS
     if unknown:
         raise InputError(f"unknown plan field(s): {', '.join(sorted(unknown))}")
+    data = dict(data)
+    if isinstance(data.get("pp_layout"), list):
+        data["pp_layout"] = tuple(data["pp_layout"])
     plan = Plan(**data)
     _check_types(plan)
     return plan
@@ -588,6 +709,8 @@ class PlanBatch:
     pp_last: np.ndarray = None  # type: ignore[assignment]
     pp_embedding: np.ndarray = None  # type: ignore[assignment]
     pp_loss: np.ndarray = None  # type: ignore[assignment]
+    pp_layout: np.ndarray = None  # type: ignore[assignment]
+    """:func:`layout_code` of each plan's pp_layout (0: none)."""
 
     def __post_init__(self) -> None:
         n = int(self.tp.shape[0])
@@ -624,17 +747,18 @@ class PlanBatch:
         # instead of one per column (a one-plan estimate builds this every call)
         ints = np.array([(p.tp, p.pp, p.vpp, p.dp, RECOMPUTE.index(p.recompute), p.zero, p.micro_batch,
                           p.global_batch, _order_index(p.order), p.cp, CP_KINDS.index(p.cp_kind), p.ep, p.etp,
-                          SCHEDULES.index(p.schedule), p.pp_first, p.pp_last) for p in plans], dtype=np.int64).T.copy()
+                          SCHEDULES.index(p.schedule), p.pp_first, p.pp_last, layout_code(p.pp_layout))
+                         for p in plans], dtype=np.int64).T.copy()
         bools = np.array([(p.sp, p.overlap, p.tp_overlap, p.pp_embedding, p.pp_loss) for p in plans],
                          dtype=bool).T.copy()
         (tp, pp, vpp, dp, recompute, zero, micro_batch, global_batch, order, cp, cp_kind, ep, etp, schedule,
-         pp_first, pp_last) = ints
+         pp_first, pp_last, pp_layout) = ints
         sp, overlap, tp_overlap, pp_embedding, pp_loss = bools
         return cls(tp=tp, pp=pp, vpp=vpp, dp=dp, sp=sp, recompute=recompute, zero=zero, micro_batch=micro_batch,
                    global_batch=global_batch, overlap=overlap, order=order, dtype=plans[0].dtype,
                    attention=plans[0].attention, cp=cp, cp_kind=cp_kind, ep=ep, etp=etp, schedule=schedule,
                    tp_overlap=tp_overlap, pp_first=pp_first, pp_last=pp_last, pp_embedding=pp_embedding,
-                   pp_loss=pp_loss)
+                   pp_loss=pp_loss, pp_layout=pp_layout)
 
     def plan(self, i: int) -> Plan:
         """The i-th plan as a :class:`Plan`."""
@@ -646,7 +770,8 @@ class PlanBatch:
                     order=ORDERS[int(self.order[i])], attention=self.attention,
                     schedule=SCHEDULES[int(self.schedule[i])], tp_overlap=bool(self.tp_overlap[i]),
                     pp_first=int(self.pp_first[i]), pp_last=int(self.pp_last[i]),
-                    pp_embedding=bool(self.pp_embedding[i]), pp_loss=bool(self.pp_loss[i]))
+                    pp_embedding=bool(self.pp_embedding[i]), pp_loss=bool(self.pp_loss[i]),
+                    pp_layout=layout_of(self.pp_layout[i]))
 
     def take(self, index: np.ndarray) -> "PlanBatch":
         """Sub-batch of the rows ``index`` (boolean mask or integer indices)."""
@@ -669,7 +794,7 @@ class PlanBatch:
 
 
 _AXIS_DEFAULTS = {"cp": 1, "cp_kind": 0, "ep": 1, "etp": 0, "schedule": 0, "tp_overlap": False, "pp_first": 0,
-                  "pp_last": 0, "pp_embedding": False, "pp_loss": False}
+                  "pp_last": 0, "pp_embedding": False, "pp_loss": False, "pp_layout": 0}
 """columns of the issue-11 and third-wave axes and their values in a plan without them."""
 _BOOL_COLUMNS = ("tp_overlap", "pp_embedding", "pp_loss")
 

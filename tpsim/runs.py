@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from .errors import InputError
 from .hardware import DATA_DIR
 from .model import ModelSpec
-from .plan import Plan
+from .plan import Plan, parse_layout
 
 RUNS_DIR = DATA_DIR / "runs"
 """shipped runs files: ``development.csv`` (the published development set) and ``sc21.csv`` (SC21 Table 1)."""
@@ -44,7 +44,7 @@ INT_PLAN = ("tp", "cp", "pp", "vpp", "pp_first", "pp_last", "zero", "micro_batch
 BOOL_PLAN = ("sp", "pp_embedding", "pp_loss", "tp_overlap", "overlap")
 STR_PLAN = ("cp_kind", "schedule", "recompute", "dtype", "order", "attention")
 PLAN_COLUMNS = ("tp", "cp", "cp_kind", "pp", "vpp", "schedule", "pp_first", "pp_last", "pp_embedding", "pp_loss",
-                "zero", "sp", "recompute", "micro_batch", "global_batch", "dtype", "ep", "etp", "tp_overlap",
+                "pp_layout", "zero", "sp", "recompute", "micro_batch", "global_batch", "dtype", "ep", "etp", "tp_overlap",
                 "overlap", "order", "attention", "dp")
 MEASUREMENTS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
 """what a row may measure, in the order the loader takes the first one given (the others are kept)."""
@@ -333,6 +333,8 @@ def _run(row: Mapping[str, str], line: int, p: Path, check_stack: bool) -> Run:
         for name in STR_PLAN:
             if row.get(name):
                 fields[name] = row[name]
+        if row.get("pp_layout"):
+            fields["pp_layout"] = parse_layout(row["pp_layout"], f"{where}: pp_layout")
         dp = fields.pop("dp", None)
         gbs = fields.pop("global_batch", None)
         # a runs file states its plan: what it leaves out takes the Plan defaults, not the preset's plan

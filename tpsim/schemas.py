@@ -368,7 +368,7 @@ RUNS_ROW = register(Schema("runs", {
     "seq_len": Int("seq_len"), "experts": Int("num_experts"), "top_k": Int("experts_per_token"),
     "moe_balance": Str(max_len=64), "stack": _CELL,
     "tp": Int("tp"), "cp": Int("cp"), "pp": Int("pp"), "vpp": Int("vpp"), "dp": Int("dp"),
-    "pp_first": Int("pp_layers", minimum=0), "pp_last": Int("pp_layers", minimum=0),
+    "pp_first": Int("pp_layers", minimum=0), "pp_last": Int("pp_layers", minimum=0), "pp_layout": _CELL,
     "zero": Int(minimum=0, maximum=3), "micro_batch": Int("micro_batch"), "global_batch": Int("global_batch"),
     "ep": Int("ep"), "etp": Int("tp", minimum=0),
     **{k: Bool() for k in ("sp", "pp_embedding", "pp_loss", "tp_overlap", "overlap")},

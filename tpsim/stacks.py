@@ -218,7 +218,7 @@ def _columns(batch: PlanBatch) -> dict[str, Any]:
     cols: dict[str, Any] = {k: getattr(batch, k) for k in ("tp", "pp", "vpp", "dp", "sp", "recompute", "zero",
                                                           "micro_batch", "global_batch", "overlap", "order")}
     for name, default in (("cp", 1), ("ep", 1), ("cp_kind", 0), ("schedule", 0), ("pp_first", 0), ("pp_last", 0),
-                          ("pp_embedding", False), ("pp_loss", False), ("tp_overlap", False)):
+                          ("pp_embedding", False), ("pp_loss", False), ("tp_overlap", False), ("pp_layout", 0)):
         value = getattr(batch, name, None)
         cols[name] = np.broadcast_to(np.asarray(default if value is None else value), (n,))
     cols["dtype"], cols["attention"], cols["n"] = batch.dtype, batch.attention, n
@@ -295,23 +295,23 @@ RULES: tuple[Rule, ...] = (
     Rule("uneven-split", "the plan's own pipeline split not offered",
          lambda c, r, m: (not r.uneven_split) & ((c["pp_first"] > 0) | (c["pp_last"] > 0)
                                                  | np.asarray(c["pp_embedding"], dtype=bool)
-                                                 | np.asarray(c["pp_loss"], dtype=bool)),
-         lambda p, r, m: ("pp_first/pp_last/pp_embedding/pp_loss: the stack splits the layers its own way "
-                          "(an uneven split of the plan is not offered)")),
+                                                 | np.asarray(c["pp_loss"], dtype=bool) | (c["pp_layout"] != 0)),
+         lambda p, r, m: (f"{'pp_layout' if p.pp_layout else 'pp_first/pp_last/pp_embedding/pp_loss'}: the stack "
+                          "splits the layers its own way (an uneven split of the plan is not offered)")),
     Rule("tp-overlap", "TP communication overlap not offered by the stack",
          lambda c, r, m: (not r.tp_overlap) & np.asarray(c["tp_overlap"], dtype=bool) & (c["tp"] > 1),
          lambda p, r, m: (f"tp_overlap=True with tp={p.tp}: the stack has no mode that overlaps its TP "
                           f"collectives with the GEMMs (rules.tp_overlap)")),
     Rule("chunk-layers", "a model chunk would hold no layer",
-         lambda c, r, m: c["pp"] * c["vpp"] > m.num_layers + np.maximum(
+         lambda c, r, m: (c["pp"] * c["vpp"] > m.num_layers + np.maximum(
              2 if r.edges_as_layers else 0, np.asarray(c["pp_embedding"], dtype=np.int64)
-             + np.asarray(c["pp_loss"], dtype=np.int64)),
+             + np.asarray(c["pp_loss"], dtype=np.int64))) & (c["pp_layout"] == 0),
          lambda p, r, m: (f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} model chunks for num_layers={m.num_layers}: "
                           f"a chunk would hold no layer (the embedding and the output layer are not split as "
                           f"layers here)"), needs_model=True),
     Rule("stage-layers", "pp x vpp does not divide the layers",
          lambda c, r, m: r.layers_divisible_by_stages & (m.num_layers % (c["pp"] * c["vpp"]) != 0)
-         & ~(r.edges_as_layers & ((m.num_layers + 2) % (c["pp"] * c["vpp"]) == 0)),
+         & ~(r.edges_as_layers & ((m.num_layers + 2) % (c["pp"] * c["vpp"]) == 0)) & (c["pp_layout"] == 0),
          lambda p, r, m: (f"pp={p.pp} x vpp={p.vpp} = {p.pp * p.vpp} does not divide num_layers="
                           f"{m.num_layers}{' (nor num_layers + 2 with the embedding and output as layers)' if r.edges_as_layers else ''} "
                           f"(equal stages)"), needs_model=True),

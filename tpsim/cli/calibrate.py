@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 RUNS_HELP = ("Columns (docs/RUNS.md): run_id, model, cluster, gpus (required); layers hidden heads kv_heads ffn "
              "vocab seq_len experts top_k moe_balance; stack; plan fields tp cp cp_kind pp vpp schedule pp_first "
-             "pp_last pp_embedding pp_loss zero sp recompute micro_batch global_batch dtype ep etp tp_overlap "
+             "pp_last pp_embedding pp_loss pp_layout zero sp recompute micro_batch global_batch dtype ep etp tp_overlap "
              "overlap order attention dp; one measurement of step_time_s tokens_per_s tokens_per_s_per_gpu "
              "model_tflops_per_gpu (with flops_convention); peak_memory_gib, source, notes.")
 

@@ -123,6 +123,16 @@ def positive_int(text: str) -> int:
     return _integer(text, 1, MAX_CLI_INT)
 
 
+def _layout_arg(text: str) -> tuple[int, ...]:
+    """argparse type of ``--pp-layout`` (:func:`tpsim.plan.parse_layout`)."""
+    from ..plan import parse_layout
+
+    try:
+        return parse_layout(text, "--pp-layout")
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+
 def count_arg(field: str, minimum: int = 1) -> Callable[[str], int]:
     """argparse type: an integer in ``[minimum, tpsim.limits.LIMITS[field]]`` (the one table of bounds)."""
     from ..limits import LIMITS
@@ -259,6 +269,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="count the embedding as a layer in the pipeline split")
     g.add_argument("--pp-loss-as-layer", dest="pp_loss", action="store_true", default=None,
                    help="count the output layer and loss as a layer in the pipeline split")
+    g.add_argument("--pp-layout", dest="pp_layout", type=_layout_arg, metavar="LAYOUT",
+                   help="decoder layers of every model chunk (pp x vpp, in model order: 3,2,2,...,0) or a Megatron "
+                        "--pipeline-model-parallel-layout string (Et*3|(tt|)*29m|L); replaces the split flags")
 
 
 def add_dtype_arg(g: argparse.ArgumentParser | argparse._ArgumentGroup, help: str = "GEMM precision") -> None:
@@ -303,7 +316,7 @@ def build_cluster(args: argparse.Namespace, model):
 def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("tp", "cp", "cp_kind", "ep", "etp", "pp", "vpp", "sp", "recompute", "zero", "micro_batch", "dtype",
             "overlap", "order", "attention", "schedule", "tp_overlap", "pp_first", "pp_last", "pp_embedding",
-            "pp_loss")
+            "pp_loss", "pp_layout")
     return {k: getattr(args, k, None) for k in keys if getattr(args, k, None) is not None}
 
 

@@ -140,7 +140,7 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
     return dict(fixed, nccl=nccl)
 
 
-SPLIT_FIELDS = ("pp_first", "pp_last", "pp_embedding", "pp_loss")
+SPLIT_FIELDS = ("pp_first", "pp_last", "pp_embedding", "pp_loss", "pp_layout")
 """plan fields of an uneven pipeline split (docs/SCHEMAS.md T1)."""
 _EXPERT_FIELDS = ("ep", "etp")
 """plan fields that set the expert rank layout (with the layout axes)."""

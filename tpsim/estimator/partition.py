@@ -13,6 +13,7 @@ import numpy as np
 from typing import TYPE_CHECKING
 
 from .keys import argmax_rows, gather, per_distinct, pick_rows
+from ..errors import InputError
 
 if TYPE_CHECKING:  # annotations only: the partition does not import the layer sources at run time
     from .source import LayerCosts
@@ -294,6 +295,9 @@ def partition(num_layers: int, pp: np.ndarray, vpp: np.ndarray, costs: "LayerCos
     schedule puts stage pp - 1 - r on rank r too, :func:`_mirror`; parameters per rank (``costs`` are gathered
     to the same rows as ``pp``). With layers of several kinds (``costs.params_by_kind`` and the kind of every
     layer), each rank holds exactly its own layers' parameters (:func:`position_kind_counts`)."""
+    if weights is not None and split is not None and np.any(split.layout):
+        raise InputError("pp_layout: a traced model's pipeline split balances its units by cost (the layout "
+                         "counts decoder layers of a model spec)")
     valid = positions(pp)
     single = pp == 1
     edges = edge_params(costs, pp)
@@ -354,23 +358,28 @@ class SplitFields:
     last: np.ndarray
     embedding: np.ndarray
     loss: np.ndarray
+    layout: np.ndarray | int = 0
+    """:func:`tpsim.plan.layout_code` of each plan's explicit layout (0: none)."""
 
     @classmethod
     def of(cls, plans) -> "SplitFields | None":
         """The plans' split columns, or None where every plan splits evenly (the stack's rule)."""
+        layout = getattr(plans, "pp_layout", None)
+        layout = 0 if layout is None else layout
         if not (np.any(plans.pp_first) or np.any(plans.pp_last) or np.any(plans.pp_embedding)
-                or np.any(plans.pp_loss)):
+                or np.any(plans.pp_loss) or np.any(layout)):
             return None
-        return cls(first=plans.pp_first, last=plans.pp_last, embedding=plans.pp_embedding, loss=plans.pp_loss)
+        return cls(first=plans.pp_first, last=plans.pp_last, embedding=plans.pp_embedding, loss=plans.pp_loss,
+                   layout=layout)
 
     def columns(self, n: int) -> list[np.ndarray]:
         return [np.broadcast_to(np.asarray(c, dtype=np.int64), (n,)) for c in
-                (self.first, self.last, self.embedding, self.loss)]
+                (self.first, self.last, self.embedding, self.loss, self.layout)]
 
 
 def _split_columns(pp: np.ndarray, split: SplitFields | None) -> list[np.ndarray]:
     n = np.size(pp)
-    return split.columns(n) if split is not None else [np.zeros(n, dtype=np.int64)] * 4
+    return split.columns(n) if split is not None else [np.zeros(n, dtype=np.int64)] * 5
 
 
 @dataclass(frozen=True)
@@ -400,9 +409,12 @@ def stage_layers(num_layers: int, pp: np.ndarray, vpp: np.ndarray, edges_as_laye
 @lru_cache(maxsize=4096)
 def layer_split(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = False, first: int = 0,
                 last: int = 0, embedding: bool = False, loss: bool = False,
-                weights: tuple[float, ...] | None = None) -> tuple[int, ...]:
+                weights: tuple[float, ...] | None = None, layout: int | tuple[int, ...] = 0) -> tuple[int, ...]:
     """Decoder layers of each model chunk in model order (chunk k on rank k mod pp): the one pipeline split
     every path uses (estimator, traced graphs, exporters).
+
+    * The plan's explicit ``layout`` (``Plan.pp_layout``, or its :func:`tpsim.plan.layout_code`): those
+      chunks as given (the plan rules check that they are pp x vpp and hold the model's layers).
 
     * Layers of different costs (``weights``, one per layer: a traced graph's block instances and glue units):
       the contiguous chunks that minimise the largest chunk's weight (:func:`balanced_split`).
@@ -421,6 +433,10 @@ def layer_split(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = Fals
     chunks = pp * vpp
     if pp == 1:
         return (num_layers,)
+    if layout:
+        from ..plan import layout_of
+
+        return tuple(layout) if isinstance(layout, tuple) else layout_of(layout)
     if weights is not None:
         return balanced_split(weights, chunks)
     if first or last:
@@ -497,9 +513,10 @@ def _even(n: int, parts: int) -> list[int]:
 
 
 def rank_layers(num_layers: int, pp: int, vpp: int, edges_as_layers: bool = False, first: int = 0,
-                last: int = 0, embedding: bool = False, loss: bool = False) -> tuple[int, ...]:
+                last: int = 0, embedding: bool = False, loss: bool = False, layout: int = 0) -> tuple[int, ...]:
     """Decoder layers of every pipeline rank (its chunks of :func:`layer_split`)."""
-    sizes = layer_split(num_layers, pp, vpp, edges_as_layers, first, last, bool(embedding), bool(loss))
+    sizes = layer_split(num_layers, pp, vpp, edges_as_layers, first, last, bool(embedding), bool(loss),
+                        layout=layout)
     return tuple(sum(sizes[r::pp]) for r in range(pp))
 
 
@@ -600,7 +617,7 @@ def middle_dominated(kind_of_layer: np.ndarray, pp: np.ndarray, vpp: np.ndarray,
 
 @lru_cache(maxsize=256)
 def _rank_kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int, edges_as_layers: bool = False,
-                      first: int = 0, last: int = 0, embedding: int = 0, loss: int = 0,
+                      first: int = 0, last: int = 0, embedding: int = 0, loss: int = 0, layout: int = 0,
                       weights: tuple[float, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """((pp, kinds) layers of each kind on every rank of :func:`layer_split`, (layers,) the rank owning each
     layer); read-only."""
@@ -608,7 +625,7 @@ def _rank_kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: 
     owner = np.zeros(n, dtype=np.int64)
     start = 0
     for k, size in enumerate(layer_split(n, pp, vpp, edges_as_layers, first, last, bool(embedding), bool(loss),
-                                         weights)):
+                                         weights, layout=layout)):
         owner[start:start + size] = k % pp
         start += size
     kinds_arr = np.asarray(kind_of_layer)
@@ -620,10 +637,10 @@ def _rank_kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: 
 
 @lru_cache(maxsize=256)
 def _kind_counts(kind_of_layer: tuple[int, ...], kinds: int, pp: int, vpp: int, edges_as_layers: bool = False,
-                 first: int = 0, last: int = 0, embedding: int = 0, loss: int = 0,
+                 first: int = 0, last: int = 0, embedding: int = 0, loss: int = 0, layout: int = 0,
                  weights: tuple[float, ...] | None = None) -> np.ndarray:
     per_rank, owner = _rank_kind_counts(kind_of_layer, kinds, pp, vpp, edges_as_layers, first, last, embedding,
-                                        loss, weights)
+                                        loss, layout, weights)
     n = len(kind_of_layer)
     out = np.zeros((3, kinds))
     out[0] = per_rank[0]

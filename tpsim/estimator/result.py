@@ -257,7 +257,7 @@ class EstimateBatch:
             return {}
         chunks = list(layer_split(self.num_layers, pp, vpp, self.edges_as_layers, int(p.pp_first[i]),
                                   int(p.pp_last[i]), bool(p.pp_embedding[i]), bool(p.pp_loss[i]),
-                                  self.layer_weights))
+                                  self.layer_weights, layout=int(p.pp_layout[i])))
         return {"layers_per_rank": [sum(chunks[r::pp]) for r in range(pp)], "layers_per_chunk": chunks}
 
     def columns(self) -> dict[str, np.ndarray]:

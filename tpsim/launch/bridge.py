@@ -45,7 +45,7 @@ def format_violation(ctx: ExportContext) -> str | None:
         return f"order={plan.order}: the recipe has no rank-order field (Megatron-Core's default tp-cp-ep-dp-pp)"
     if ctx.model.shared_expert_gate:
         return "shared_expert_gate: Megatron-Core's TransformerConfig has no shared-expert gate (Qwen2-MoE)"
-    if plan.pp > 1 and not (plan.pp_first or plan.pp_last) and ctx.model.num_layers % (plan.pp * plan.vpp):
+    if plan.pp > 1 and not (plan.pp_first or plan.pp_last or plan.pp_layout) and ctx.model.num_layers % (plan.pp * plan.vpp):
         return (f"pp={plan.pp} x vpp={plan.vpp} does not divide num_layers={ctx.model.num_layers}: give "
                 "--pp-first-layers / --pp-last-layers")
     return None
@@ -72,6 +72,10 @@ def model_fields(ctx: ExportContext) -> dict[str, Any]:
               tp_comm_overlap=bool(plan.tp_overlap))
     if axis(plan, "cp") > 1:
         kw["cp_comm_type"] = CP_COMM[axis(plan, "cp_kind")]
+    if plan.pp_layout and plan.pp > 1:  # TransformerConfig.pipeline_model_parallel_layout (Megatron's layout string)
+        from .megatron import layout
+
+        kw["pipeline_model_parallel_layout"] = layout(m.num_layers, plan.pp, plan.vpp, m.mtp_layers, plan.pp_layout)
     if plan.pp_first:
         kw["num_layers_in_first_pipeline_stage"] = plan.pp_first
     if plan.pp_last:
@@ -157,6 +161,28 @@ def export_files(ctx: ExportContext) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------- import
+
+def _layout_fields(text: Any, pp: int, where: str) -> dict[str, Any]:
+    """Plan fields of ``pipeline_model_parallel_layout``: vpp, and the split fields that reproduce it or the
+    layout itself (:func:`tpsim.launch.megatron.split_of_layout`)."""
+    import re
+
+    from .megatron import layout_chunks, split_of_layout
+
+    if not isinstance(text, str):
+        raise InputError(f"{where}: pipeline_model_parallel_layout={text!r} must be a layout string of E, t, m, L "
+                         f"and |")
+    try:
+        chunks = layout_chunks(text)
+    except (ValueError, re.error):
+        raise InputError(f"{where}: pipeline_model_parallel_layout {text[:80]!r} is not a layout of E, t, m, L "
+                         f"and |") from None
+    if len(chunks) % max(pp, 1):
+        raise InputError(f"{where}: pipeline_model_parallel_layout has {len(chunks)} stages, not a multiple of "
+                         f"pp={pp}")
+    split = split_of_layout(chunks, pp)
+    return {"vpp": len(chunks) // max(pp, 1), **(split if split is not None else {"pp_layout": chunks})}
+
 
 PLAN_OF_MODEL = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
                  "virtual_pipeline_model_parallel_size": "vpp", "context_parallel_size": "cp",
@@ -270,6 +296,9 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         fields["cp_kind"] = "a2a" if comm == "a2a" else "ring"
         if comm not in ("p2p", "a2a"):
             notes.append(f"cp_comm_type {comm!r}: estimated as ring (p2p)")
+    layout_value = model.get("pipeline_model_parallel_layout")
+    if layout_value is not None:
+        fields.update(_layout_fields(layout_value, int(fields.get("pp", 1)), where))
     etp = model.get("expert_tensor_parallel_size")
     if int(fields.get("ep", 1)) > 1 and isinstance(etp, int) and etp != fields.get("tp", 1):
         fields["etp"] = etp

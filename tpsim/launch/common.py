@@ -241,8 +241,12 @@ def _model_from_shape(shape: Mapping[str, Any], imp: ImportedLaunch) -> ModelSpe
 
 
 FILE_STATES = {"schedule": "1f1b", "tp_overlap": False, "pp_first": 0, "pp_last": 0, "pp_embedding": False,
-               "pp_loss": False}
+               "pp_loss": False, "pp_layout": ()}
 """plan fields (docs/SCHEMAS.md T1) every launch format states by a flag or key whose absence is the default."""
+
+
+_SPLIT_SHAPE = frozenset(("pp", "vpp", "pp_first", "pp_last", "pp_embedding", "pp_loss"))
+"""command-line plan fields that replace an imported pipeline layout (they give another split)."""
 
 
 def resolve_plan(imp: ImportedLaunch, model: ModelSpec, gpus: int, global_batch: int | None = None,
@@ -252,7 +256,10 @@ def resolve_plan(imp: ImportedLaunch, model: ModelSpec, gpus: int, global_batch:
     fields = {k: v for k, v in imp.plan_fields.items() if v is not None}
     for k, v in FILE_STATES.items():   # a launch file states these: absent means the framework's default, not
         fields.setdefault(k, v)        # the model preset's (deepseek-v3's dualpipe is hai-llm's schedule)
-    fields.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if fields.get("pp_layout") and "pp_layout" not in given and given.keys() & _SPLIT_SHAPE:
+        fields["pp_layout"] = ()  # the file's layout was for its own pipeline shape: the command line's wins
+    fields.update(given)
     later = [k for k in PLAN_AXES_LATER if k in fields and fields[k] != AXIS_DEFAULTS[k]]
     missing = [k for k in later if k not in Plan.__dataclass_fields__]
     if missing:

@@ -71,8 +71,8 @@ def format_violation(ctx: ExportContext) -> str | None:
         return f"dtype={plan.dtype}: Megatron-DeepSpeed's engine is written for {', '.join(DTYPE_FLAGS)} only"
     if plan.tp_overlap:
         return "tp_overlap: Megatron-DeepSpeed's DeepSpeed engine has no TP-communication overlap"
-    if plan.pp_first or plan.pp_last or plan.pp_embedding or plan.pp_loss:
-        return ("pp_first/pp_last/pp_embedding/pp_loss: not yet written for Megatron-DeepSpeed (its --custom-partition "
+    if plan.pp_first or plan.pp_last or plan.pp_embedding or plan.pp_loss or plan.pp_layout:
+        return ("pp_first/pp_last/pp_embedding/pp_loss/pp_layout: not yet written for Megatron-DeepSpeed (its --custom-partition "
                 "splits by layer counts of its own)")
     return None
 

@@ -18,6 +18,7 @@ from ..model import ModelSpec
 from ..plan import Plan
 from ..stacks import order_key
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
+from ..pipeline import LAYOUT_MAX_SYMBOLS, layout_chunks, layout_stages  # noqa: F401 (re-exported)
 from .shell import Command, flag_values, parse_command
 
 FILENAME = "megatron_args.sh"
@@ -34,7 +35,10 @@ def plan_args(plan: Plan, model: ModelSpec) -> list[list[str]]:
     """Megatron arguments of the plan: parallel sizes, batch, recomputation, optimizer sharding, precision."""
     args: list[list[str]] = [["--tensor-model-parallel-size", str(plan.tp)],
                              ["--pipeline-model-parallel-size", str(plan.pp)]]
-    if plan.pp > 1 and split_flags(plan):
+    if plan.pp > 1 and plan.pp_layout:
+        args.append(["--pipeline-model-parallel-layout",
+                     shlex.quote(layout(model.num_layers, plan.pp, plan.vpp, model.mtp_layers, plan.pp_layout))])
+    elif plan.pp > 1 and split_flags(plan):
         args += split_flags(plan)
         if plan.vpp > 1:
             args.append(["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)])
@@ -80,113 +84,22 @@ def split_flags(plan: Plan) -> list[list[str]]:
 
 def chunk_layers(num_layers: int, pp: int, vpp: int) -> list[int]:
     """Layers of each model chunk in model order (chunk k = virtual stage k // pp on rank k % pp), split as
-    tpsim's estimator splits them (tpsim.estimator.memory.stage_layers): chunks differ by at most one layer and
-    the extra layers go to the middle ranks first, then half to the first and half to the last rank."""
-    base, extra = divmod(num_layers, pp * vpp)
-    counts = [base] * (pp * vpp)
-    middle = list(range(1, pp - 1))
-    to_middle = min(extra, len(middle) * vpp)
-    order = [v * pp + r for v in range(vpp) for r in middle]
-    for k in order[:to_middle]:
-        counts[k] += 1
-    left = extra - to_middle
-    for n, rank in ((left // 2, 0), (left - left // 2, pp - 1)):
-        for v in range(n):
-            counts[v * pp + rank] += 1
-    return counts
+    tpsim's estimator splits them (:func:`tpsim.estimator.partition.layer_split`, the stack's even rule)."""
+    from ..estimator.partition import layer_split
+
+    return list(layer_split(num_layers, pp, vpp))
 
 
-def layout(num_layers: int, pp: int, vpp: int, mtp: int = 0) -> str:
-    """``--pipeline-model-parallel-layout`` of :func:`chunk_layers`: stages in model order separated by ``|``,
-    ``E`` (embedding) first and ``L`` (loss) last, ``t*n`` for n decoder layers, ``m`` for each multi-token
-    prediction layer after the last decoder layer (megatron/core/transformer/pipeline_parallel_layer_layout.py:
-    the count of ``m`` must equal --mtp-num-layers, after every decoder layer)."""
-    stages = [f"t*{n}" if n > 1 else "t" * n for n in chunk_layers(num_layers, pp, vpp)]
+def layout(num_layers: int, pp: int, vpp: int, mtp: int = 0, chunks: tuple[int, ...] = ()) -> str:
+    """``--pipeline-model-parallel-layout`` of ``chunks`` (the plan's ``pp_layout``; empty: :func:`chunk_layers`):
+    stages in model order separated by ``|``, ``E`` (embedding) first and ``L`` (loss) last, ``t*n`` for n
+    decoder layers, ``m`` for each multi-token prediction layer after the last decoder layer, in the last stage
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py: the count of ``m`` must equal
+    --mtp-num-layers, after every decoder layer, in the last virtual stage of a rank; a stage may be empty)."""
+    sizes = list(chunks) if chunks else chunk_layers(num_layers, pp, vpp)
+    stages = [f"t*{n}" if n > 1 else "t" * n for n in sizes]
     stages[0], stages[-1] = "E" + stages[0], stages[-1] + "m" * mtp + "L"
     return "|".join(stages)
-
-
-LAYOUT_MAX_SYMBOLS = 1 << 20
-"""Symbols a pipeline layout may unroll to (a stage per ``|``, a layer per ``t``): far above any model
-(LIMITS: 4096 layers, pp x vpp stages), far below what multiplies out to gigabytes (``(t*10^6)*2000``)."""
-
-
-def layout_stages(text: str) -> tuple[int, int]:
-    """(stages, decoder layers) of a layout string, counted as Megatron's parse_str_to_list unrolls it
-    (``x*N`` repeats a symbol, ``(...)*N`` a group, groups nest) without unrolling it: each group's counts
-    are multiplied, and a layout of more than :data:`LAYOUT_MAX_SYMBOLS` symbols is refused (ValueError)."""
-    text = text.replace(",", "")
-    if len(text) > 4096 or set(text) - set("ELtm|()*0123456789 "):
-        raise ValueError(text[:40])
-    text = text.replace(" ", "")
-    # a stack of [pipes, layers, symbols] per open group; a closed group or a symbol is the "last" item
-    stack: list[list[int]] = [[0, 0, 0]]
-    last: tuple[int, int, int] | None = None
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c == "(":
-            stack.append([0, 0, 0])
-            last = None
-            i += 1
-        elif c == ")":
-            if len(stack) == 1:
-                raise ValueError("unbalanced )")
-            group = stack.pop()
-            last = (group[0], group[1], group[2])
-            _add(stack[-1], last)
-            i += 1
-        elif c == "*":
-            j = i + 1
-            while j < len(text) and text[j].isascii() and text[j].isdigit():
-                j += 1
-            if last is None or j == i + 1 or j - i - 1 > 7:
-                raise ValueError("bad repeat")
-            times = int(text[i + 1:j])
-            _add(stack[-1], tuple(-v for v in last))  # replace one copy by `times` copies
-            last = (last[0] * times, last[1] * times, last[2] * times)
-            _add(stack[-1], last)
-            last = None
-            i = j
-        elif c in "ELtm|":
-            last = (int(c == "|"), int(c == "t"), 1)
-            _add(stack[-1], last)
-            i += 1
-        else:
-            raise ValueError(c)
-        if stack[-1][2] > LAYOUT_MAX_SYMBOLS:
-            raise ValueError("too long")
-    if len(stack) != 1:
-        raise ValueError("unbalanced (")
-    return stack[0][0] + 1, stack[0][1]
-
-
-def layout_chunks(text: str) -> tuple[int, ...]:
-    """Decoder layers of each stage of a layout string in model order (``t`` counted, ``E``, ``m``, ``L``
-    not), unrolled as Megatron's parse_str_to_list does; the layout is checked by :func:`layout_stages` first
-    (its size is bounded)."""
-    layout_stages(text)
-    body = text.replace(",", "").replace(" ", "")
-
-    def expand(i: int) -> tuple[str, int]:  # the unrolled text from i to the matching ")" (or the end)
-        out: list[str] = []
-        while i < len(body) and body[i] != ")":
-            if body[i] == "(":
-                inner, i = expand(i + 1)
-                item = inner
-                i += 1  # the ")"
-            else:
-                item, i = body[i], i + 1
-            if i < len(body) and body[i] == "*":
-                j = i + 1
-                while j < len(body) and body[j].isdigit():
-                    j += 1
-                item, i = item * int(body[i + 1:j]), j
-            out.append(item)
-        return "".join(out), i
-
-    unrolled, _ = expand(0)
-    return tuple(stage.count("t") for stage in unrolled.split("|"))
 
 
 def split_of_layout(chunks: tuple[int, ...], pp: int) -> dict[str, Any] | None:
@@ -211,11 +124,6 @@ def split_of_layout(chunks: tuple[int, ...], pp: int) -> dict[str, Any] | None:
         if tuple(split) == tuple(chunks):
             return {k: v for k, v in fields.items() if v}
     return None
-
-
-def _add(acc: list[int], item: tuple[int, ...]) -> None:
-    for k in range(3):
-        acc[k] += item[k]
 
 
 def _recompute(recompute: str) -> list[list[str]]:
@@ -550,13 +458,9 @@ def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
     if f.has("--sequence-parallel") and tp == 1:
         notes.append("--sequence-parallel with tp=1: Megatron disables it")
     if f.has("--pipeline-model-parallel-layout"):
-        split = split_of_layout(_layout_of(f), pp)
-        if split is None:
-            notes.append("--pipeline-model-parallel-layout: the layer split is tpsim's own (chunks differ by at "
-                         "most one layer, extra layers on the middle ranks); no first/last-stage split gives the "
-                         "layout's")
-        else:
-            fields.update(split)
+        chunks = _layout_of(f)
+        split = split_of_layout(chunks, pp)
+        fields.update(split if split is not None else {"pp_layout": chunks})
     if f.has("--tp-comm-overlap"):
         fields["tp_overlap"] = True
     for flag, name in (("--decoder-first-pipeline-num-layers", "pp_first"),

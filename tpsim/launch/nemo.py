@@ -49,7 +49,8 @@ def format_violation(ctx: ExportContext) -> str | None:
         return (f"dtype={plan.dtype}: the NeMo 1.x config has fp8 / fp8_hybrid keys only (no MXFP8 or NVFP4 "
                 f"recipe key); export for megatron instead")
     t1 = [f"{k}={getattr(plan, k)}" for k, default in (("schedule", "1f1b"), ("tp_overlap", False), ("pp_first", 0),
-                                                        ("pp_last", 0), ("pp_embedding", False), ("pp_loss", False))
+                                                        ("pp_last", 0), ("pp_embedding", False), ("pp_loss", False),
+                                                        ("pp_layout", ()))
           if getattr(plan, k) != default]
     if t1:
         return (f"{', '.join(t1)}: not written to the NeMo 1.x YAML (the Megatron-LM and Megatron-Bridge formats "
