@@ -245,24 +245,14 @@ def layout_of(code: Any) -> tuple[int, ...]:
     return _LAYOUTS[int(code)]
 
 
-def _layout_chunks(p: Any) -> Any:
-    """Chunks of each plan's pp_layout (0: none)."""
+def _layout_stat(p: Any, stat: Callable[[tuple[int, ...]], int]) -> Any:
+    """``stat`` (len: chunks, sum: decoder layers) of each plan's pp_layout (0: none)."""
     if isinstance(p, Plan):
-        return len(p.pp_layout)
+        return stat(p.pp_layout)
     codes = np.asarray(p.pp_layout)
     if not codes.any():
         return np.zeros(codes.shape, dtype=np.int64)
-    return np.array([len(layout_of(c)) for c in codes.tolist()], dtype=np.int64)
-
-
-def _layout_layers(p: Any) -> Any:
-    """Decoder layers of each plan's pp_layout (0: none)."""
-    if isinstance(p, Plan):
-        return sum(p.pp_layout)
-    codes = np.asarray(p.pp_layout)
-    if not codes.any():
-        return np.zeros(codes.shape, dtype=np.int64)
-    return np.array([sum(layout_of(c)) for c in codes.tolist()], dtype=np.int64)
+    return np.array([stat(layout_of(c)) for c in codes.tolist()], dtype=np.int64)
 
 
 def _has_layout(p: Any) -> Any:
@@ -425,11 +415,11 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, g: (f"pp_layout={layout_text(p.pp_layout)} with {_split_text(p)}: the layout gives every "
                           f"chunk's layers; give it or the split fields, not both")),
     Rule("pp-layout-chunks", "structure", "a pipeline layout without one entry per model chunk (pp x vpp)",
-         lambda m, p, g: _has_layout(p) & (_layout_chunks(p) != p.pp * p.vpp),
+         lambda m, p, g: _has_layout(p) & (_layout_stat(p, len) != p.pp * p.vpp),
          lambda m, p, g: (f"pp_layout has {len(p.pp_layout)} chunks: pp={p.pp} x vpp={p.vpp} needs "
                           f"{p.pp * p.vpp}")),
     Rule("pp-layout-layers", "structure", "a pipeline layout that does not hold the model's layers exactly",
-         lambda m, p, g: _has_layout(p) & (_layout_layers(p) != m.num_layers),
+         lambda m, p, g: _has_layout(p) & (_layout_stat(p, sum) != m.num_layers),
          lambda m, p, g: (f"pp_layout={layout_text(p.pp_layout)} holds {sum(p.pp_layout)} layers: the model has "
                           f"num_layers={m.num_layers}")),
     Rule("batch", "divisibility", "global batch is not a multiple of micro-batch x dp",
