@@ -156,9 +156,44 @@ def test_megatron_bridge_writes_the_layout_and_reads_it_back(llama70, tmp_path):
     assert back.plan_fields["pp_layout"] == layout and back.plan_fields["vpp"] == 2
 
 
+@pytest.mark.parametrize("change", [dict(pp_layout=(9, 11, 10, 10, 10, 10, 10, 10)), dict(pp_first=4),
+                                    dict(pp_embedding=True, pp_loss=True)])
+def test_torchtitan_writes_the_split_as_module_lists_and_reads_it_back(llama70, tmp_path, change):
+    """torchtitan's parallelism.module_fqns_per_model_part: one module list per model chunk (pipeline_llm uses
+    it instead of its own split); the import reads the chunks back to the same split."""
+    model, cluster = llama70
+    plan = dataclasses.replace(_plan(model, vpp=2, zero=2), **change)
+    ctx = export_context(model, cluster, plan, model_ref="llama3-70b", cluster_ref="dgx-h100")
+    text = export_plan("torchtitan", ctx)["torchtitan.toml"]
+    assert "module_fqns_per_model_part" in text and "pipeline_parallel_layers_per_stage" not in text
+    path = tmp_path / "torchtitan.toml"
+    path.write_text(text)
+    imp = import_launch(path, None)
+    from tpsim.launch import resolve_model, resolve_plan
+    back = resolve_plan(imp, resolve_model(imp, model), 64)
+    want = estimate(model, cluster, plan, stack="torchtitan").pipeline_split["layers_per_chunk"]
+    assert estimate(model, cluster, back, stack="torchtitan").pipeline_split["layers_per_chunk"] == want
+    assert back.vpp == 2
+
+
+@pytest.mark.parametrize("parts,message", [
+    ([["tok_embeddings", "layers.1"], ["layers.0", "norm", "output"]], "once each, in order"),
+    ([["layers.0"], ["tok_embeddings", "layers.1", "norm", "output"]], "tok_embeddings must be on the first"),
+    ([["tok_embeddings", "layers.0", "norm"], ["layers.1", "output"]], "norm must be on the last"),
+    ([["tok_embeddings", "layers.0", "mlp"], ["layers.1", "norm", "output"]], "'mlp' is not tok_embeddings"),
+])
+def test_a_bad_module_list_is_one_line(tmp_path, parts, message):
+    import json
+    path = tmp_path / "torchtitan.toml"
+    path.write_text("[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"1F1B\"\n"
+                    f"module_fqns_per_model_part = {json.dumps(parts)}\n")
+    with pytest.raises(InputError, match=f"module_fqns_per_model_part.*{message}"):
+        import_launch(path, None)
+
+
 def test_formats_without_a_layout_key_refuse_it_with_one_line(llama70):
     model, cluster = llama70
-    for fmt, zero in (("torchtitan", 3), ("nemo", 1), ("deepspeed", 1)):
+    for fmt, zero in (("nemo", 1), ("deepspeed", 1)):
         plan = dataclasses.replace(_plan(model, zero=zero), pp_layout=(17, 21, 21, 21))
         ctx = export_context(model, cluster, plan, model_ref="llama3-70b", cluster_ref="dgx-h100")
         with pytest.raises(InputError, match=r"pp_layout[/=:]"):

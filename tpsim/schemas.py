@@ -148,6 +148,7 @@ TORCHTITAN = register(Schema("torchtitan", {
         "pipeline_parallel_microbatch_size": Int("micro_batch"),
         "pipeline_parallel_schedule": Str(max_len=64),
         "pipeline_parallel_layers_per_stage": Int("num_layers"),
+        "module_fqns_per_model_part": List(List(Str(max_len=256), max_len=1 << 14), max_len=1 << 14),
         "enable_async_tensor_parallel": Bool(),
     })),
     "training": Map(Schema("torchtitan [training]", {

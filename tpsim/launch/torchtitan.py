@@ -4,8 +4,8 @@ Keys are those of torchtitan/config/job_config.py at pytorch/torchtitan commit 0
 [training] local_batch_size / global_batch_size / seq_len / mixed_precision_param, [parallelism]
 data_parallel_replicate_degree / data_parallel_shard_degree / fsdp_reshard_after_forward /
 tensor_parallel_degree / pipeline_parallel_degree / pipeline_parallel_schedule /
-pipeline_parallel_layers_per_stage / pipeline_parallel_microbatch_size / context_parallel_degree /
-expert_parallel_degree, [activation_checkpoint] mode / selective_ac_option).
+pipeline_parallel_layers_per_stage / module_fqns_per_model_part / pipeline_parallel_microbatch_size /
+context_parallel_degree / expert_parallel_degree, [activation_checkpoint] mode / selective_ac_option).
 
 Batch semantics (torchtitan/train.py): gradient accumulation steps = global_batch_size / (local_batch_size x
 dp); with pipeline parallelism one schedule step runs local_batch_size / pipeline_parallel_microbatch_size
@@ -53,10 +53,6 @@ def format_violation(ctx: ExportContext) -> str | None:
     schedule = ctx.plan.schedule
     if schedule not in TORCHTITAN_SCHEDULES:
         return f"schedule={schedule}: torchtitan's pipeline_parallel_schedule has no {schedule} schedule"
-    if ctx.plan.pp_first or ctx.plan.pp_last or ctx.plan.pp_layout:
-        return (f"{'pp_layout' if ctx.plan.pp_layout else 'pp_first/pp_last'}: not yet written for torchtitan (this "
-                "exporter writes pipeline_parallel_layers_per_stage, equal stages; module_fqns_per_model_part is not "
-                "among the keys it targets)")
     if ctx.model.family != "llama":
         return f"model family {ctx.model.family} has no torchtitan model (torchtitan trains llama3-style models)"
     plan = ctx.plan
@@ -128,7 +124,14 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
         par["pipeline_parallel_schedule"] = ("Interleaved1F1B" if plan.schedule == "1f1b" and plan.vpp > 1
                                              else TORCHTITAN_SCHEDULES[plan.schedule])
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
-        if plan.vpp > 1:
+        if _own_split(plan):
+            # the plan's uneven split or layout, stage by stage (the chunks every path costs: layer_split)
+            from ..estimator.partition import layer_split
+
+            chunks = layer_split(model.num_layers, pp, plan.vpp, first=plan.pp_first, last=plan.pp_last,
+                                 embedding=plan.pp_embedding, loss=plan.pp_loss, layout=plan.pp_layout)
+            par["module_fqns_per_model_part"] = module_fqns(chunks)
+        elif plan.vpp > 1:
             # torchtitan counts tok_embeddings and norm + output as one layer each when it splits the stages
             # (generate_llm_fqn_per_model_part input_weight=1, output_weight=1): layers + 2 when that divides
             chunks = pp * plan.vpp
@@ -144,6 +147,57 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
         model_table["converters"] = ["float8"]
     return {"job": {"description": f"{model.name} on {ctx.cluster_desc} ({plan.short()})"},
             "model": model_table, "training": training, "parallelism": par, "activation_checkpoint": ac}
+
+
+def _own_split(plan: Any) -> bool:
+    return bool(plan.pp_first or plan.pp_last or plan.pp_embedding or plan.pp_loss or plan.pp_layout)
+
+
+def module_fqns(chunks: tuple[int, ...]) -> list[list[str]]:
+    """``parallelism.module_fqns_per_model_part`` of the decoder layers per model chunk: ``tok_embeddings`` on
+    the first, ``norm`` and ``output`` on the last, ``layers.i`` in order (the module names of torchtitan's
+    llama3 and deepseek_v3 models; torchtitan/distributed/pipeline_parallel.py pipeline_llm builds one stage
+    per list)."""
+    out, start = [], 0
+    for k, n in enumerate(chunks):
+        stage = [f"layers.{i}" for i in range(start, start + n)]
+        start += n
+        if k == 0:
+            stage.insert(0, "tok_embeddings")
+        if k == len(chunks) - 1:
+            stage += ["norm", "output"]
+        out.append(stage)
+    return out
+
+
+def chunks_of_fqns(parts: Any, where: str) -> tuple[int, ...]:
+    """Decoder layers per model chunk of ``module_fqns_per_model_part``: every ``layers.i`` once, in order over
+    the chunks, ``tok_embeddings`` on the first and ``norm`` / ``output`` on the last; one line naming the key
+    otherwise."""
+    key = f"{where}: parallelism.module_fqns_per_model_part"
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, list) for p in parts):
+        raise InputError(f"{key} must be a non-empty list of module-name lists (one per model chunk)")
+    layers: list[int] = []
+    chunks = []
+    for k, part in enumerate(parts):
+        n = 0
+        for name in part:
+            if not isinstance(name, str):
+                raise InputError(f"{key}[{k}]: {name!r} is not a module name")
+            if name.startswith("layers.") and name[7:].isascii() and name[7:].isdigit():
+                layers.append(int(name[7:]))
+                n += 1
+            elif name == "tok_embeddings" and k != 0:
+                raise InputError(f"{key}[{k}]: tok_embeddings must be on the first model chunk")
+            elif name in ("norm", "output") and k != len(parts) - 1:
+                raise InputError(f"{key}[{k}]: {name} must be on the last model chunk")
+            elif name not in ("tok_embeddings", "norm", "output"):
+                raise InputError(f"{key}[{k}]: {name!r} is not tok_embeddings, layers.<i>, norm or output")
+        chunks.append(n)
+    if layers != list(range(len(layers))):
+        raise InputError(f"{key}: the layers.<i> must appear once each, in order from layers.0 (got "
+                         f"{len(layers)} names, not 0..{len(layers) - 1} in order)")
+    return tuple(chunks)
 
 
 def export_files(ctx: ExportContext) -> dict[str, str]:
@@ -209,8 +263,19 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
             raise InputError(f"{where}: local_batch_size {local} is not a multiple of "
                              f"pipeline_parallel_microbatch_size {micro}")
         fields["micro_batch"] = micro
-        layers_per_stage = _layers_per_stage(par, where)
-        if layers_per_stage is None:
+        parts = par.get("module_fqns_per_model_part")
+        if parts is not None:   # the stages as listed (pipeline_llm uses them instead of its own split)
+            from .megatron import split_of_layout
+
+            chunks = chunks_of_fqns(parts, where)
+            if len(chunks) % pp:
+                raise InputError(f"{where}: parallelism.module_fqns_per_model_part has {len(chunks)} model chunks, "
+                                 f"not a multiple of pipeline_parallel_degree {pp}")
+            split = split_of_layout(chunks, pp)   # {}: Megatron's even split, not torchtitan's own: keep the list
+            fields.update(vpp=len(chunks) // pp, **(split if split else {"pp_layout": chunks}))
+        else:
+            layers_per_stage = _layers_per_stage(par, where)
+        if parts is None and layers_per_stage is None:
             fields["vpp"] = 1
         name = str(par.get("pipeline_parallel_schedule", "1F1B"))
         schedule = SCHEDULE_OF_NAME.get(name.lower())
