@@ -283,7 +283,9 @@ _STACK_FIGURES: dict[str, dict[str, Any]] = {
                "attention_output_shared": Bool(also=OPTIONAL),
                "pipeline_extra_in_flight": Int(minimum=0, maximum=1 << 10, also=OPTIONAL),
                "fp8_weights_kept": Bool(also=OPTIONAL), "pipeline_mirrored_stages": Bool(also=OPTIONAL),
-               "optimizer_state_offload": Bool(also=OPTIONAL)},
+               "optimizer_state_offload": Bool(also=OPTIONAL),
+               "optimizer_cpu_fraction": Float(minimum=0.0, inclusive=True, maximum=1.0, also=OPTIONAL),
+               "optimizer_cpu_overlap": Bool(also=OPTIONAL)},
 }
 
 
@@ -342,7 +344,8 @@ NODE = register(Schema("node template", {
     "name": Str(max_len=128), "description": Str(), "source": Str(required=True), "note": Any_(),
     "devices": Map(values=Map(Schema("node device group", {
         "kind": Str(max_len=32, doc="gpu, nvswitch, pcie_switch, cpu, nic (tpsim.topology.spec.DEVICE_KINDS)"),
-        "count": Int("node_devices", also=("any",)), "sharp": Bool(), "source": Any_(), "note": Any_(),
+        "count": Int("node_devices", also=("any",)), "sharp": Bool(), "memory_GBps": Float(maximum=1e5), "source": Any_(),
+        "note": Any_(),
     }, extra="refuse")), max_len=64, required=True),
     "links": List(Map(values=Any_()), max_len=4096, required=True),
 }, extra="refuse", doc="a node template (topologies/nodes/*.yaml)"))

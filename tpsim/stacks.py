@@ -72,7 +72,8 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "memory": ("grad_buffer_dtype", "grad_accumulation_buffer", "main_params_dtype", "optimizer_state_dtype",
                "fp8_weights_kept", "allocator_reserve_fraction", "selective_recompute_modules",
                "fp8_activation_cache_bytes", "attention_output_cache_bytes", "attention_output_shared",
-               "selective_recompute_policy", "logits_bytes_per_element", "optimizer_state_offload"),
+               "selective_recompute_policy", "logits_bytes_per_element", "optimizer_state_offload",
+               "optimizer_cpu_fraction", "optimizer_cpu_overlap"),
 }
 ATTENTION_IMPLEMENTATIONS = ("flash2", "flash3", "cudnn", "unfused")
 """names of the kernel models' attention implementations (``compute.default_attention`` values)."""

@@ -130,8 +130,10 @@ def _memory_figures(ctx: EstimationContext, plans: PlanBatch) -> dict:
         terms, dtype = ctx.terms, plans.dtype
         sb = terms.state_bytes(dtype)
         cache = terms.weight_cache_bytes(dtype)  # the quantized weight copies kept between micro-batches
-        return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads, master_bytes=sb.master,
-                    state_bytes=sb.moments, process=process_memory().cuda_context,
+        on_device = 1.0 - terms.optimizer_cpu_fraction  # the CPU part's states live in host memory
+        return dict(w_bytes=sb.weights, weight_cache_bytes=cache, grad_bytes=sb.grads,
+                    master_bytes=sb.master * on_device, state_bytes=sb.moments * on_device,
+                    process=process_memory().cuda_context,
                     reserve_fraction=terms.allocator_reserve_fraction,
                     states_offloaded=terms.optimizer_state_offload)
 

@@ -70,7 +70,13 @@ def term_sources(ctx: Any, dtype: str) -> dict[str, str]:
                      + (f", plus {_figure(stack, 'compute', 'grad_buffer_passes_per_step')} (whole buffer, "
                         "not the shard)" if terms.grad_buffer_passes else "")
                      + (", plus the once-per-step quantized weight copies (tpsim.estimator.schedule."
-                        "weight_cast_seconds)" if terms.weight_cache_bytes(dtype) else ""),
+                        "weight_cast_seconds)" if terms.weight_cache_bytes(dtype) else "")
+                     + (f"; memory.optimizer_cpu_fraction = {terms.optimizer_cpu_fraction:g} of it on the CPU beside "
+                        f"the GPU part: tpsim.estimator.schedule.CPU_ADAM_BYTES per parameter at "
+                        f"{ctx.cluster.layout.host_memory_GBps:.1f} GB/s per GPU (the node's CPU memory_GBps, "
+                        f"datasheet peak) and its copies at {ctx.cluster.layout.host_GBps:.1f} GB/s over the host "
+                        f"link{' beside it' if terms.optimizer_cpu_overlap else ' after it'}"
+                        if terms.optimizer_cpu_fraction else ""),
         "overhead": f"host time not hidden by the kernels: {name} {_figure(stack, 'compute', 'host_us_per_op')}, "
                     "launch gaps of tpsim/data/kernels/fixed.yaml"
                     + (f", ZeRO-3 fetches {_figure(stack, 'comm', 'host_us_per_collective')}"

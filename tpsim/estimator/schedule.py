@@ -111,7 +111,10 @@ def optimizer_seconds(ctx: EstimationContext, params: np.ndarray, layers: np.nda
     parameter tensors of the rank's layers (the layer source's count where it has one) and the edges'."""
     per_layer = getattr(ctx.source, "tensors_per_layer", TENSORS_PER_LAYER)
     edges = getattr(ctx.source, "edge_tensors", EDGE_TENSORS)
-    step = optimizer_step(ctx.terms, ctx.fixed.hbm, params, per_layer * layers + edges, dtype)
+    cpu = ctx.terms.optimizer_cpu_fraction
+    step = optimizer_step(ctx.terms, ctx.fixed.hbm, params * (1.0 - cpu), per_layer * layers + edges, dtype)
+    if cpu > 0.0:  # the CPU part beside the GPU part (HybridDeviceOptimizer.step: the GPU step is launched first)
+        step = np.maximum(step, cpu_optimizer_seconds(ctx, params * cpu))
     if ctx.terms.optimizer_state_offload:  # the states in, and out again, over the host link (both directions
         # at once: full duplex), before and after the step (StackTerms.optimizer_state_offload)
         sb = ctx.terms.state_bytes(dtype)
@@ -121,6 +124,31 @@ def optimizer_seconds(ctx: EstimationContext, params: np.ndarray, layers: np.nda
                              f"the node has none")
         step = step + params * (sb.master + sb.moments) / host
     return step
+
+
+CPU_ADAM_BYTES = 28.0
+"""host-memory bytes per parameter of one CPU AdamW step on fp32 values (torch.optim.AdamW fused=True, as
+Megatron-Core's HybridDeviceOptimizer builds it): read the parameter, its gradient and the two moments (16 B),
+write the parameter and the moments (12 B)."""
+CPU_COPY_BYTES = 8.0
+"""host-link bytes per parameter of the CPU part: its fp32 gradient down (4 B) and its fp32 updated value up
+(4 B, HybridDeviceOptimizer param_update_in_fp32)."""
+
+
+def cpu_optimizer_seconds(ctx: EstimationContext, params: np.ndarray) -> np.ndarray:
+    """The CPU part of a hybrid optimizer step over ``params`` parameters (StackTerms.optimizer_cpu_fraction):
+    the update at the node's host memory bandwidth per GPU (its CPUs' datasheet peak shared by its GPUs: a
+    lower bound on the time) and the copies over the GPU's host link, beside each other with
+    ``optimizer_cpu_overlap``, else one after the other."""
+    layout = ctx.cluster.layout
+    memory_bw, link = layout.host_memory_GBps * 1e9, layout.host_GBps * 1e9
+    if memory_bw <= 0 or link <= 0:
+        raise InputError(f"{ctx.cluster.name}: memory.optimizer_cpu_fraction needs the node's CPU memory "
+                         f"bandwidth (devices.cpu memory_GBps) and a GPU-to-host link; the node template has "
+                         f"{'no memory_GBps' if memory_bw <= 0 else 'no host link'}")
+    update = params * CPU_ADAM_BYTES / memory_bw
+    copies = params * CPU_COPY_BYTES / link
+    return np.maximum(update, copies) if ctx.terms.optimizer_cpu_overlap else update + copies
 
 
 def optimizer_step(terms, hbm: float, params: np.ndarray, tensors: np.ndarray, dtype: str) -> np.ndarray:

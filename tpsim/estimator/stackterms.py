@@ -191,6 +191,17 @@ class StackTerms:
     the combine (and its twin) stay 16-bit (``comm.ep_dispatch_dtype``)."""
     ep_node_dedup: bool = False
     ep_a2a_overlap: bool = False
+    optimizer_cpu_fraction: float = 0.0
+    """the share of the rank's optimizer states (master weights and moments) that live in host memory and are
+    updated there (``memory.optimizer_cpu_fraction``: Megatron-Core --optimizer-cpu-offload with
+    --optimizer-offload-fraction, megatron/core/optimizer/cpu_offloading HybridDeviceOptimizer, torch's fused
+    CPU AdamW): the device holds the rest, and the step runs the GPU part beside the CPU part, which streams
+    :data:`tpsim.estimator.schedule.CPU_ADAM_BYTES` per parameter at the host memory bandwidth and moves each
+    parameter's gradient down and its updated value up over the host link
+    (:func:`tpsim.estimator.schedule.optimizer_seconds`)."""
+    optimizer_cpu_overlap: bool = False
+    """the host-link copies of the CPU part run beside its update, group by group
+    (``memory.optimizer_cpu_overlap``: --overlap-cpu-optimizer-d2h-h2d); else after one another."""
     optimizer_state_offload: bool = False
     """the optimizer moments and master weights live in host memory between steps, reloaded for the step and
     offloaded after it (``memory.optimizer_state_offload``: Megatron-Core --offload-optimizer-states,
@@ -454,6 +465,8 @@ def stack_terms(stack: StackProfile) -> StackTerms:
         ep_node_dedup=bool(_value(stack, "comm", "ep_node_dedup", False)),
         ep_a2a_overlap=bool(_value(stack, "comm", "ep_a2a_overlap", False)),
         optimizer_state_offload=bool(_value(stack, "memory", "optimizer_state_offload", False)),
+        optimizer_cpu_fraction=_fraction_or_none(stack, "memory", "optimizer_cpu_fraction", where) or 0.0,
+        optimizer_cpu_overlap=bool(_value(stack, "memory", "optimizer_cpu_overlap", False)),
         fsdp_copies=bool(_value(stack, "comm", "fsdp_copy_in_out", False)),
         fsdp_reshard_after_backward=bool(_value(stack, "comm", "fsdp_reshard_after_backward", False)),
         zero1_in_optimizer=bool(_value(stack, "comm", "zero1_in_optimizer_step", False)),

@@ -354,7 +354,7 @@ TEXT_FLAGS = ("--recompute-granularity", "--recompute-method", "--attention-back
              "--pipeline-model-parallel-layout", "--moe-layer-freq", "--moe-token-dispatcher-type",
               "--moe-expert-capacity-factor", "--moe-router-score-function", "--rotary-percent",
               "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype", "--main-grads-dtype",
-              "--fp8-recipe", "--fp4-format", "--fp4-recipe")
+              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--optimizer-offload-fraction")
 BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
               "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16", "--overlap-grad-reduce",
               "--overlap-param-gather", "--use-tp-pp-dp-mapping", "--swiglu", "--untie-embeddings-and-output-weights",
@@ -366,7 +366,7 @@ BOOL_FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megat
               "--multi-latent-attention", "--tp-comm-overlap", "--enable-zbh1-pipeline",
               "--use-precision-aware-optimizer", "--fp8-param-gather", "--grad-reduce-in-bf16",
               "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing", "--moe-enable-deepep",
-              "--delay-wgrad-compute")
+              "--delay-wgrad-compute", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d")
 NEWER_FLAGS = ("--offload-optimizer-states",)
 """flags read here that Megatron-LM gained after the pinned commit of the argument tables (000c4ac2):
 ``--offload-optimizer-states`` (Megatron-Core megatron/core/optimizer/cpu_offloading, OptimizerStateOffloader:
@@ -565,8 +565,9 @@ def stack_overrides(f: Flags, plan: Mapping[str, Any], notes: list[str]) -> dict
     again (``--recompute-modules``), the precision-aware optimizer's moment, master and gradient dtypes, fp8
     parameters (``--fp8-param-gather``: fp8 compute weights kept and gathered), bf16 gradient reduction, the
     expert all-to-alls overlapped with another micro-batch's computation (``--overlap-moe-expert-parallel-comm``),
-    DeepEP's node-deduplicated dispatch (``--moe-enable-deepep``) and the optimizer states kept in host memory
-    between steps (``--offload-optimizer-states``)."""
+    DeepEP's node-deduplicated dispatch (``--moe-enable-deepep``), the optimizer states kept in host memory
+    between steps (``--offload-optimizer-states``) and the share of them held and updated on the CPU
+    (``--optimizer-cpu-offload``, ``--optimizer-offload-fraction``, ``--overlap-cpu-optimizer-d2h-h2d``)."""
     memory: dict[str, Any] = {}
     comm: dict[str, Any] = {}
     if plan.get("recompute") == "selective" and f.has("--recompute-modules"):
@@ -608,7 +609,32 @@ def stack_overrides(f: Flags, plan: Mapping[str, Any], notes: list[str]) -> dict
                          "offloads the distributed optimizer's states)")
         else:
             memory["optimizer_state_offload"] = True
+    if f.has("--optimizer-cpu-offload"):
+        memory.update(_cpu_optimizer(f, notes))
+    elif f.has("--optimizer-offload-fraction") or f.has("--overlap-cpu-optimizer-d2h-h2d"):
+        notes.append("--optimizer-offload-fraction / --overlap-cpu-optimizer-d2h-h2d without --optimizer-cpu-offload: "
+                     "ignored")
     return {k: v for k, v in (("memory", memory), ("comm", comm)) if v}
+
+
+def _cpu_optimizer(f: Flags, notes: list[str]) -> dict[str, Any]:
+    """``memory.optimizer_cpu_fraction`` (``--optimizer-offload-fraction``, Megatron-LM's default 1.0) and
+    ``memory.optimizer_cpu_overlap`` of ``--optimizer-cpu-offload`` (HybridDeviceOptimizer)."""
+    import math
+
+    text = f.text("--optimizer-offload-fraction")
+    try:
+        fraction = 1.0 if text is None else float(text)
+    except ValueError:
+        fraction = math.nan
+    if not 0.0 <= fraction <= 1.0:
+        raise InputError(f"{f.where}: --optimizer-offload-fraction {text!r} is not a fraction in [0, 1]")
+    if f.has("--offload-optimizer-states"):
+        raise InputError(f"{f.where}: --optimizer-cpu-offload with --offload-optimizer-states: the states either "
+                         f"stay on the CPU or visit it between steps, not both")
+    notes.append(f"--optimizer-cpu-offload: {fraction:g} of the optimizer states held and updated on the CPU "
+                 f"(its update timed at the node's CPU memory bandwidth: a lower bound)")
+    return {"optimizer_cpu_fraction": fraction, "optimizer_cpu_overlap": f.has("--overlap-cpu-optimizer-d2h-h2d")}
 
 
 def _recompute_of(f: Flags, notes: list[str]) -> str:

@@ -109,6 +109,13 @@ class NodeLayout:
         return self.counts[self.gpu_group]
 
     @property
+    def host_memory_GBps(self) -> float:
+        """Host memory bandwidth per GPU (GB/s): the node's CPUs' memory bandwidth (``memory_GBps``, datasheet
+        peak) shared evenly by its GPUs; 0 when the template gives none."""
+        total = sum(g.memory_GBps * g.count for g in self.template.devices if g.kind == "cpu")
+        return total / self.num_gpus if self.num_gpus else 0.0
+
+    @property
     def host_GBps(self) -> float:
         """The first GPU's bandwidth to host memory (GB/s per direction, efficiency applied): the widest route
         of at most three links to a CPU (Grace's NVLink-C2C, or PCIe through a switch), its narrowest link; 0

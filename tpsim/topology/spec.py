@@ -51,6 +51,9 @@ class DeviceGroup:
     """devices in the group; for a gpu group with ``count: any`` this is 0 until the cluster sets it."""
     sharp: bool = False
     """in-switch reduction (NVLink SHARP / IB SHARP)."""
+    memory_GBps: float = 0.0
+    """a CPU's memory bandwidth, GB/s (its DRAM's datasheet peak; 0: not given): what a CPU-side optimizer
+    step streams at (Megatron-Core HybridDeviceOptimizer, ``memory.optimizer_cpu_fraction``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,14 +204,20 @@ def _device_groups(body: Any, where: str) -> tuple[DeviceGroup, ...]:
         w = f"{where}: devices.{name}"
         if not _SELECTOR.match(str(name)) or "[" in str(name):
             raise InputError(f"{w}: name must be letters, digits, '_' or '-'")
-        check_keys(spec, ("kind", "count", "sharp", "source", "note"), w, required=("kind", "count"))
+        check_keys(spec, ("kind", "count", "sharp", "memory_GBps", "source", "note"), w, required=("kind", "count"))
         if spec["kind"] not in DEVICE_KINDS:
             raise InputError(f"{w}: kind={spec['kind']!r} is not one of {', '.join(DEVICE_KINDS)}")
         if spec["count"] == "any" and spec["kind"] == "gpu":
             count = 0
         else:
             count = positive(spec["count"], w, "count", integer=True, maximum=LIMITS["node_devices"])
-        groups.append(DeviceGroup(name=str(name), kind=spec["kind"], count=count, sharp=bool(spec.get("sharp"))))
+        memory_bw = 0.0
+        if "memory_GBps" in spec:
+            if spec["kind"] != "cpu":
+                raise InputError(f"{w}: memory_GBps is a CPU's memory bandwidth (kind cpu), not a {spec['kind']}'s")
+            memory_bw = positive(spec["memory_GBps"], w, "memory_GBps", maximum=1e5)
+        groups.append(DeviceGroup(name=str(name), kind=spec["kind"], count=count, sharp=bool(spec.get("sharp")),
+                                  memory_GBps=memory_bw))
     gpu_groups = [g for g in groups if g.kind == "gpu"]
     if len(gpu_groups) != 1:
         raise InputError(f"{where}: devices: need exactly one group of kind gpu, found {len(gpu_groups)}")
