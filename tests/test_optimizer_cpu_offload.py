@@ -123,3 +123,22 @@ def test_memory_bandwidth_belongs_to_a_cpu_group(tmp_path):
                     "  cpu: {kind: cpu, count: 1}\nlinks:\n  - {a: gpu, b: cpu, link: pcie-gen5-x16}\n")
     with pytest.raises(InputError, match="memory_GBps is a CPU's memory bandwidth"):
         load_node_template(node)
+
+
+def test_a_bridge_recipe_states_the_hybrid_optimizer_too(case, tmp_path):
+    """cfg.optimizer.optimizer_cpu_offload / optimizer_offload_fraction / overlap_cpu_optimizer_d2h_h2d
+    (Megatron-Core OptimizerConfig; its fraction defaults to 0.0)."""
+    from tpsim.launch import export_context, export_plan
+
+    model, cluster, plan = case
+    ctx = export_context(model, cluster, plan, model_ref="llama3-70b", cluster_ref="dgx-h100")
+    text = next(iter(export_plan("bridge", ctx).values()))
+    recipe = tmp_path / "recipe.py"
+    recipe.write_text(text + "\ncfg.optimizer.optimizer_cpu_offload = True\ncfg.optimizer.optimizer_offload_fraction = 0.75\n"
+                      "cfg.optimizer.overlap_cpu_optimizer_d2h_h2d = True\n")
+    imp = import_launch(recipe, None)
+    assert imp.stack_overrides["memory"] == {"optimizer_cpu_fraction": 0.75, "optimizer_cpu_overlap": True}
+    assert not any("fields not used" in n and "optimizer" in n for n in imp.notes)
+    recipe.write_text(text + "\ncfg.optimizer.optimizer_cpu_offload = True\ncfg.optimizer.optimizer_offload_fraction = 2\n")
+    with pytest.raises(InputError, match="optimizer_offload_fraction=2 is not a fraction"):
+        import_launch(recipe, None)

@@ -154,6 +154,7 @@ def test_megatron_bridge_writes_the_layout_and_reads_it_back(llama70, tmp_path):
     recipe.write_text(bridge)
     back = import_launch(recipe, None)
     assert back.plan_fields["pp_layout"] == layout and back.plan_fields["vpp"] == 2
+    assert not any("fields not used" in n and "pipeline_model_parallel_layout" in n for n in back.notes)
 
 
 @pytest.mark.parametrize("change", [dict(pp_layout=(9, 11, 10, 10, 10, 10, 10, 10)), dict(pp_first=4),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import InputError
 from .common import ExportContext, ImportedLaunch, axis, commented, header_lines, header_shape, read_header
@@ -162,6 +162,19 @@ def export_files(ctx: ExportContext) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------------- import
 
+def _cpu_optimizer(config: Mapping[tuple[str, ...], Any], where: str, notes: list[str]) -> dict[str, Any]:
+    """``memory.optimizer_cpu_fraction`` / ``optimizer_cpu_overlap`` of ``cfg.optimizer.optimizer_cpu_offload``
+    (Megatron-Core OptimizerConfig: ``optimizer_offload_fraction`` defaults to 0.0 there, unlike Megatron-LM's
+    command line)."""
+    fraction = config.get(("optimizer", "optimizer_offload_fraction"), 0.0)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
+        raise InputError(f"{where}: cfg.optimizer.optimizer_offload_fraction={fraction!r} is not a fraction in [0, 1]")
+    notes.append(f"cfg.optimizer.optimizer_cpu_offload: {float(fraction):g} of the optimizer states held and updated "
+                 f"on the CPU (its update timed at the node's CPU memory bandwidth: a lower bound)")
+    return {"optimizer_cpu_fraction": float(fraction),
+            "optimizer_cpu_overlap": config.get(("optimizer", "overlap_cpu_optimizer_d2h_h2d")) is True}
+
+
 def _layout_fields(text: Any, pp: int, where: str) -> dict[str, Any]:
     """Plan fields of ``pipeline_model_parallel_layout``: vpp, and the split fields that reproduce it or the
     layout itself (:func:`tpsim.launch.megatron.split_of_layout`)."""
@@ -202,12 +215,15 @@ READ_MODEL = set(PLAN_OF_MODEL) | set(SHAPE_OF_MODEL) | {
     "add_bias_linear", "add_qkv_bias", "share_embeddings_and_output_weights", "cp_comm_type", "recompute_granularity",
     "recompute_modules", "recompute_method", "recompute_num_layers", "moe_grouped_gemm", "moe_token_dispatcher_type",
     "expert_tensor_parallel_size", "moe_shared_expert_intermediate_size", "moe_layer_freq", "activation_func",
-    "overlap_moe_expert_parallel_comm", "moe_enable_deepep", "moe_router_force_load_balancing"}
+    "overlap_moe_expert_parallel_comm", "moe_enable_deepep", "moe_router_force_load_balancing",
+    "pipeline_model_parallel_layout"}
 """(the last three: tpsim/launch/megatron.py MOE_COMM_OPTIONS and FORCED_BALANCE_OPTION)"""
 READ_CONFIG = {("train", "global_batch_size"), ("train", "micro_batch_size"), ("dataset", "seq_length"),
                ("ddp", "use_distributed_optimizer"), ("ddp", "overlap_grad_reduce"), ("ddp", "overlap_param_gather"),
                ("ddp", "use_megatron_fsdp"), ("ddp", "data_parallel_sharding_strategy"),
-               ("optimizer", "use_distributed_optimizer"), ("mixed_precision",)}
+               ("optimizer", "use_distributed_optimizer"), ("optimizer", "optimizer_cpu_offload"),
+               ("optimizer", "optimizer_offload_fraction"), ("optimizer", "overlap_cpu_optimizer_d2h_h2d"),
+               ("mixed_precision",)}
 
 
 def read_recipe(path: Path, text: str) -> tuple[dict[str, Any], dict[tuple[str, ...], Any], list[str]]:
@@ -314,6 +330,8 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
     from .megatron import FORCED_BALANCE_OPTION, MOE_COMM_OPTIONS
 
     comm.update({figure: True for option, figure in MOE_COMM_OPTIONS.items() if model.get(option) is True})
+    if config.get(("optimizer", "optimizer_cpu_offload")) is True:
+        memory.update(_cpu_optimizer(config, where, notes))
     ddp = {k[1]: v for k, v in config.items() if k[0] == "ddp" and len(k) == 2}
     strategy = ddp.get("data_parallel_sharding_strategy", "no_shard")
     if ddp.get("use_megatron_fsdp") and strategy in ("optim_grads", "optim_grads_params"):
