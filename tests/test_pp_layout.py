@@ -114,7 +114,7 @@ def test_the_layout_survives_batches_json_and_the_runs_csv(llama70, tmp_path):
 def test_parse_layout_reads_counts_and_megatron_strings():
     assert parse_layout("3, 2,2") == (3, 2, 2)
     assert parse_layout(DSV3_LAYOUT) == (3,) + (2,) * 29 + (0, 0)
-    for bad in ("", "3,-1", "x", "E|t|(", "3,,2"):
+    for bad in ("", "3,-1", "x", "E|t|(", "3,,2", " , ", "t|t|t"):
         with pytest.raises(InputError, match="pp_layout"):
             parse_layout(bad)
 

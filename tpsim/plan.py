@@ -278,6 +278,8 @@ def parse_layout(text: str, where: str = "pp_layout") -> tuple[int, ...]:
         from .pipeline import layout_chunks
 
         try:
+            if "E" not in raw or "L" not in raw:  # Megatron-Core: the embedding first, the loss last
+                raise ValueError(raw)
             layout = layout_chunks(raw)
         except (ValueError, re.error):
             raise InputError(f"{where}={show(raw)} is neither decoder layers per model chunk (3,2,2) nor a "
