@@ -217,7 +217,7 @@ def _check_layout(layout: Any) -> None:
 
     if not isinstance(layout, tuple) or any(not isinstance(n, int) or isinstance(n, bool) or n < 0
                                             for n in layout):
-        raise InputError(f"pp_layout={layout!r} must be a list of non-negative layer counts, one per model chunk")
+        raise InputError(f"pp_layout={layout!r} must be a tuple of non-negative layer counts, one per model chunk")
     if len(layout) > LIMITS["pp_chunks"]:
         raise InputError(f"pp_layout has {len(layout)} chunks: at most {LIMITS['pp_chunks']}")
     for n in layout:
