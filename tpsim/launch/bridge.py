@@ -180,7 +180,7 @@ def _layout_fields(text: Any, pp: int, where: str) -> dict[str, Any]:
     layout itself (:func:`tpsim.launch.megatron.split_of_layout`)."""
     import re
 
-    from .megatron import layout_chunks, split_of_layout
+    from .megatron import fields_of_layout, layout_chunks
 
     if not isinstance(text, str):
         raise InputError(f"{where}: pipeline_model_parallel_layout={text!r} must be a layout string of E, t, m, L "
@@ -193,8 +193,7 @@ def _layout_fields(text: Any, pp: int, where: str) -> dict[str, Any]:
     if len(chunks) % max(pp, 1):
         raise InputError(f"{where}: pipeline_model_parallel_layout has {len(chunks)} stages, not a multiple of "
                          f"pp={pp}")
-    split = split_of_layout(chunks, pp)
-    return {"vpp": len(chunks) // max(pp, 1), **(split if split is not None else {"pp_layout": chunks})}
+    return {"vpp": len(chunks) // max(pp, 1), **fields_of_layout(chunks, pp)}
 
 
 PLAN_OF_MODEL = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",

@@ -102,6 +102,17 @@ def layout(num_layers: int, pp: int, vpp: int, mtp: int = 0, chunks: tuple[int, 
     return "|".join(stages)
 
 
+def fields_of_layout(chunks: tuple[int, ...], pp: int, even_is_own: bool = True) -> dict[str, Any]:
+    """The plan fields that give a layout's ``chunks`` (every import of a layout: Megatron, Megatron-Bridge,
+    torchtitan): the split fields that reproduce them (:func:`split_of_layout`), else the layout itself
+    (``pp_layout``). ``even_is_own`` False: the importing stack's own split is not Megatron's even one
+    (torchtitan counts the embedding and the output as layers), so chunks equal to that keep the layout."""
+    split = split_of_layout(chunks, pp)
+    if split or (split is not None and even_is_own):
+        return split
+    return {"pp_layout": tuple(chunks)}
+
+
 def split_of_layout(chunks: tuple[int, ...], pp: int) -> dict[str, Any] | None:
     """The plan's split fields (pp_first, pp_last, pp_embedding, pp_loss) whose pipeline split
     (:func:`tpsim.estimator.partition.layer_split`) is exactly the layout's ``chunks``, or None when none is."""
@@ -458,9 +469,7 @@ def plan_fields(f: Flags, notes: list[str]) -> dict[str, Any]:
     if f.has("--sequence-parallel") and tp == 1:
         notes.append("--sequence-parallel with tp=1: Megatron disables it")
     if f.has("--pipeline-model-parallel-layout"):
-        chunks = _layout_of(f)
-        split = split_of_layout(chunks, pp)
-        fields.update(split if split is not None else {"pp_layout": chunks})
+        fields.update(fields_of_layout(_layout_of(f), pp))
     if f.has("--tp-comm-overlap"):
         fields["tp_overlap"] = True
     for flag, name in (("--decoder-first-pipeline-num-layers", "pp_first"),

@@ -265,14 +265,13 @@ def import_text(path: Path, text: str) -> ImportedLaunch:
         fields["micro_batch"] = micro
         parts = par.get("module_fqns_per_model_part")
         if parts is not None:   # the stages as listed (pipeline_llm uses them instead of its own split)
-            from .megatron import split_of_layout
+            from .megatron import fields_of_layout
 
             chunks = chunks_of_fqns(parts, where)
             if len(chunks) % pp:
                 raise InputError(f"{where}: parallelism.module_fqns_per_model_part has {len(chunks)} model chunks, "
                                  f"not a multiple of pipeline_parallel_degree {pp}")
-            split = split_of_layout(chunks, pp)   # {}: Megatron's even split, not torchtitan's own: keep the list
-            fields.update(vpp=len(chunks) // pp, **(split if split else {"pp_layout": chunks}))
+            fields.update(vpp=len(chunks) // pp, **fields_of_layout(chunks, pp, even_is_own=False))
         else:
             layers_per_stage = _layers_per_stage(par, where)
         if parts is None and layers_per_stage is None:
